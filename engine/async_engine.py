@@ -1,0 +1,104 @@
+"""The async API: generate(request) → async iterator of outputs, the step loop in its own thread.
+
+The model runs in one background thread (torch releases the GIL inside kernels), so the HTTP event
+loop stays responsive. Requests and cancellations reach the loop through a queue and are applied
+between steps; outputs come back through call_soon_threadsafe.
+"""
+
+import asyncio
+import logging
+import queue
+import threading
+from collections.abc import AsyncIterator
+
+from engine.engine import LLMEngine, RequestOutput
+from engine.sequence import GenerationRequest
+
+log = logging.getLogger(__name__)
+
+
+class EngineStopped(RuntimeError):
+    pass
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._stopping = False
+        self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(timeout=10)
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
+        """Outputs of every choice until all have finished; closing the iterator cancels."""
+        if self._stopping:
+            raise EngineStopped("the engine is shutting down")
+        self.engine.validate(request)  # raises RequestError before anything is queued
+        outputs: asyncio.Queue[RequestOutput] = asyncio.Queue()
+        self._streams[request.request_id] = (asyncio.get_running_loop(), outputs)
+        self._send(("add", request))
+        pending = request.n
+        try:
+            while pending:
+                out = await outputs.get()
+                if out.finish_reason is not None:
+                    pending -= 1
+                yield out
+        finally:
+            self._streams.pop(request.request_id, None)
+            if pending:
+                self._send(("abort", request.request_id))
+
+    def _send(self, message: tuple) -> None:
+        self._inbox.put(message)
+        self._wake.set()
+
+    def _drain_inbox(self) -> None:
+        while True:
+            try:
+                kind, payload = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "abort":
+                self.engine.abort(payload)
+                continue
+            try:
+                self.engine.add_request(payload)
+            except ValueError as exc:
+                log.warning("request %s refused: %s", payload.request_id, exc)
+                self._deliver(
+                    [
+                        RequestOutput(payload.request_id, c, "", finish_reason="error")
+                        for c in range(payload.n)
+                    ]
+                )
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            target = self._streams.get(out.request_id)
+            if target is not None:
+                loop, stream = target
+                loop.call_soon_threadsafe(stream.put_nowait, out)
+
+    def _loop(self) -> None:
+        while not self._stopping:
+            self._drain_inbox()
+            if not self.engine.has_work():
+                self._wake.wait(timeout=1.0)
+                self._wake.clear()
+                continue
+            try:
+                outputs = self.engine.step()
+            except Exception:  # the loop must outlive any one bad step
+                log.exception("engine step failed; failing the requests in flight")
+                outputs = self.engine.fail_all()
+            self._deliver(outputs)

@@ -1,0 +1,176 @@
+"""Attention over the paged KV layout: one interface, a PyTorch (CPU) and a flash-attn (CUDA) backend.
+
+The KV pool of a layer is `[num_blocks, block_size, num_kv_heads, head_dim]` for K and for V. A step's
+tokens are flattened into one batch: decodes first (one token each), then prefill chunks.
+"""
+
+from dataclasses import dataclass
+from itertools import accumulate
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class SeqSlice:
+    """One sequence's part of a step: `num_new` tokens after `num_computed` already cached."""
+
+    block_table: list[int]
+    num_computed: int
+    num_new: int
+
+    @property
+    def context_len(self) -> int:
+        return self.num_computed + self.num_new
+
+
+@dataclass
+class AttentionMetadata:
+    slot_mapping: torch.Tensor  # [T] flat slot of each new token's K/V
+    num_decodes: int  # the first num_decodes tokens are single-token decodes
+    # PyTorch backend: K/V gather indices
+    decode_kv_index: torch.Tensor | None = None  # [B, Lmax]
+    decode_mask: torch.Tensor | None = None  # [B, 1, 1, Lmax], True where attended
+    prefills: list[tuple[int, int, torch.Tensor]] | None = None  # (q_start, q_end, kv_index [L])
+    # flash-attn backend
+    cu_seqlens_q: torch.Tensor | None = None
+    cu_seqlens_k: torch.Tensor | None = None
+    max_seqlen_q: int = 0
+    max_seqlen_k: int = 0
+    block_tables: torch.Tensor | None = None  # [B, max_blocks] int32
+
+
+def _slot_mapping(slices: list[SeqSlice], block_size: int) -> list[int]:
+    slots: list[int] = []
+    for s in slices:
+        for pos in range(s.num_computed, s.context_len):
+            slots.append(s.block_table[pos // block_size] * block_size + pos % block_size)
+    return slots
+
+
+class TorchAttention:
+    """Reference backend: gathers each sequence's K/V from the pool and calls SDPA."""
+
+    default_block_size = 16
+
+    def __init__(self, block_size: int, device: torch.device):
+        self.block_size = block_size
+        self.device = device
+        self._offsets = torch.arange(block_size, device=device)
+
+    def _kv_index(self, s: SeqSlice) -> torch.Tensor:
+        blocks = torch.tensor(s.block_table, dtype=torch.long, device=self.device)
+        return (blocks[:, None] * self.block_size + self._offsets).flatten()[: s.context_len]
+
+    def build_metadata(self, slices: list[SeqSlice], num_decodes: int) -> AttentionMetadata:
+        slots = torch.tensor(_slot_mapping(slices, self.block_size), device=self.device)
+        meta = AttentionMetadata(slot_mapping=slots, num_decodes=num_decodes, prefills=[])
+        if num_decodes:
+            decodes = slices[:num_decodes]
+            max_len = max(s.context_len for s in decodes)
+            index = torch.zeros(num_decodes, max_len, dtype=torch.long, device=self.device)
+            lengths = torch.tensor([s.context_len for s in decodes], device=self.device)
+            for i, s in enumerate(decodes):
+                index[i, : s.context_len] = self._kv_index(s)
+            meta.decode_kv_index = index
+            positions = torch.arange(max_len, device=self.device)
+            meta.decode_mask = (positions[None, :] < lengths[:, None])[:, None, None, :]
+        start = num_decodes
+        for s in slices[num_decodes:]:
+            meta.prefills.append((start, start + s.num_new, self._kv_index(s)))
+            start += s.num_new
+        return meta
+
+    def forward(
+        self,
+        q: torch.Tensor,  # [T, Hq, D]
+        k: torch.Tensor,  # [T, Hkv, D]
+        v: torch.Tensor,
+        k_cache: torch.Tensor,  # [num_blocks, block_size, Hkv, D]
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> torch.Tensor:
+        k_flat = k_cache.view(-1, *k_cache.shape[2:])
+        v_flat = v_cache.view(-1, *v_cache.shape[2:])
+        k_flat.index_copy_(0, meta.slot_mapping, k)
+        v_flat.index_copy_(0, meta.slot_mapping, v)
+        out = torch.empty_like(q)
+        n = meta.num_decodes
+        if n:
+            keys = k_flat[meta.decode_kv_index].transpose(1, 2)  # [B, Hkv, L, D]
+            values = v_flat[meta.decode_kv_index].transpose(1, 2)
+            out[:n] = F.scaled_dot_product_attention(
+                q[:n].unsqueeze(2), keys, values, attn_mask=meta.decode_mask, enable_gqa=True
+            ).squeeze(2)
+        for q_start, q_end, kv_index in meta.prefills:
+            num_new, context = q_end - q_start, kv_index.numel()
+            mask = None
+            if num_new != context:  # a later chunk: its queries see every earlier token
+                rows = torch.arange(context - num_new, context, device=q.device)
+                mask = torch.arange(context, device=q.device)[None, :] <= rows[:, None]
+            out[q_start:q_end] = F.scaled_dot_product_attention(
+                q[q_start:q_end].transpose(0, 1),
+                k_flat[kv_index].transpose(0, 1),
+                v_flat[kv_index].transpose(0, 1),
+                attn_mask=mask,
+                is_causal=mask is None,
+                enable_gqa=True,
+            ).transpose(0, 1)
+        return out
+
+
+class FlashAttention:
+    """CUDA backend: flash-attn's varlen kernel reading K/V through block tables."""
+
+    # flash-attn's paged path takes only page sizes that are multiples of 256
+    default_block_size = 256
+
+    def __init__(self, block_size: int, device: torch.device):
+        if block_size % 256:
+            raise ValueError(
+                f"flash-attn needs a block size that is a multiple of 256, not {block_size}"
+            )
+        from flash_attn import flash_attn_varlen_func  # optional extra `cuda`: imported only here
+
+        self._varlen = flash_attn_varlen_func
+        self.block_size = block_size
+        self.device = device
+
+    def build_metadata(self, slices: list[SeqSlice], num_decodes: int) -> AttentionMetadata:
+        def int32(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.int32, device=self.device)
+
+        q_lens = [s.num_new for s in slices]
+        k_lens = [s.context_len for s in slices]
+        width = max(len(s.block_table) for s in slices)
+        tables = [s.block_table + [0] * (width - len(s.block_table)) for s in slices]
+        return AttentionMetadata(
+            slot_mapping=torch.tensor(_slot_mapping(slices, self.block_size), device=self.device),
+            num_decodes=num_decodes,
+            cu_seqlens_q=int32([0, *accumulate(q_lens)]),
+            cu_seqlens_k=int32([0, *accumulate(k_lens)]),
+            max_seqlen_q=max(q_lens),
+            max_seqlen_k=max(k_lens),
+            block_tables=torch.tensor(tables, dtype=torch.int32, device=self.device),
+        )
+
+    def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, meta.slot_mapping, k)
+        v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, meta.slot_mapping, v)
+        return self._varlen(
+            q,
+            k_cache,
+            v_cache,
+            cu_seqlens_q=meta.cu_seqlens_q,
+            cu_seqlens_k=meta.cu_seqlens_k,
+            max_seqlen_q=meta.max_seqlen_q,
+            max_seqlen_k=meta.max_seqlen_k,
+            causal=True,  # bottom-right aligned: a chunk's queries see all earlier context
+            block_table=meta.block_tables,
+        )
+
+
+def make_attention(device: torch.device, block_size: int) -> TorchAttention | FlashAttention:
+    """flash-attn on CUDA, PyTorch elsewhere; block_size 0 takes the backend's default."""
+    backend = FlashAttention if device.type == "cuda" else TorchAttention
+    return backend(block_size or backend.default_block_size, device)

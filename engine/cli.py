@@ -1,0 +1,56 @@
+"""`tokenyard engine`: load a model and serve it over HTTP."""
+
+import argparse
+import logging
+
+from tokenyard.settings import get_settings
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    s = get_settings()
+    p = sub.add_parser(
+        "engine", help="serve a Llama model with the paged continuous-batching engine"
+    )
+    p.add_argument(
+        "--model",
+        default=s.engine_model,
+        help="'smollm2' (packaged), a GGUF file or a Hugging Face directory",
+    )
+    p.add_argument("--host", default=s.engine_host)
+    p.add_argument("--port", type=int, default=s.engine_port)
+    p.add_argument("--device", default=s.engine_device, help="auto | cpu | cuda[:N]")
+    p.add_argument("--block-size", type=int, default=s.engine_block_size)
+    p.add_argument("--kv-cache-gib", type=float, default=s.engine_kv_cache_gib)
+    p.add_argument("--num-blocks", type=int, default=0, help="KV blocks (overrides --kv-cache-gib)")
+    p.add_argument("--max-batched-tokens", type=int, default=s.engine_max_batched_tokens)
+    p.add_argument("--max-seqs", type=int, default=s.engine_max_seqs)
+    p.add_argument("--max-model-len", type=int, default=0)
+    p.add_argument("--no-prefix-caching", action="store_true", default=not s.engine_prefix_caching)
+    p.add_argument("--served-model-name", default="")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> None:
+    import uvicorn
+
+    from engine.async_engine import AsyncEngine
+    from engine.config import EngineConfig
+    from engine.engine import LLMEngine
+    from engine.server import create_app
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    config = EngineConfig(
+        model=args.model,
+        device=args.device,
+        block_size=args.block_size,
+        kv_cache_gib=args.kv_cache_gib,
+        num_blocks=args.num_blocks,
+        max_num_batched_tokens=args.max_batched_tokens,
+        max_num_seqs=args.max_seqs,
+        max_model_len=args.max_model_len,
+        enable_prefix_caching=not args.no_prefix_caching,
+        served_model_name=args.served_model_name,
+    )
+    engine = AsyncEngine(LLMEngine(config))
+    engine.start()
+    uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level="warning")

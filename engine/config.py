@@ -1,0 +1,44 @@
+"""Model and engine settings."""
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """What the forward pass needs to know about a Llama checkpoint."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    # Llama 3 style scaling: {"rope_type": "llama3", "factor", "low_freq_factor", ...}, or None
+    rope_scaling: dict | None = None
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class EngineConfig:
+    """How the engine runs a model: device, cache size and scheduling budget."""
+
+    model: str = "smollm2"
+    device: str = "auto"  # auto | cpu | cuda[:N]
+    dtype: str = "auto"  # auto: fp32 on CPU (bf16 matmuls are ~100x slower there), bf16 on CUDA
+    # tokens per KV block; 0 picks the attention backend's default (16 on CPU, 256 for flash-attn)
+    block_size: int = 0
+    kv_cache_gib: float = 1.0  # memory budget for the KV pool
+    num_blocks: int = 0  # overrides kv_cache_gib when > 0 (tests use small pools)
+    max_num_batched_tokens: int = 512  # per-step token budget (decodes + prefill chunks)
+    max_num_seqs: int = 64  # sequences running at once
+    max_model_len: int = 0  # 0: the model's context length
+    enable_prefix_caching: bool = True
+    # interactive requests waiting behind running batch work may preempt it, not only on OOM
+    preempt_batch_for_interactive: bool = True
+    served_model_name: str = field(default="")

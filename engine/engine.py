@@ -1,0 +1,313 @@
+"""The step loop: schedule, run one flattened forward pass, sample, detokenize, account."""
+
+import itertools
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from engine.attention import SeqSlice, make_attention
+from engine.config import EngineConfig
+from engine.detokenizer import IncrementalText
+from engine.kv_cache import BlockManager, blocks_for_budget, kv_pool
+from engine.loader import load_weights, resolve_model_path
+from engine.metrics import EngineMetrics
+from engine.model import LlamaModel
+from engine.sampler import Sampled, Sampler
+from engine.scheduler import Scheduler
+from engine.sequence import GenerationRequest, SeqStatus, Sequence
+from engine.tokenizer import Tokenizer
+
+
+class RequestError(ValueError):
+    """A request the engine can never serve; maps to an OpenAI-style 400."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.message, self.param, self.code = message, param, code
+
+
+@dataclass
+class SeqStats:
+    """A finished sequence's accounting, for usage and billing."""
+
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    queue: float
+    prefill: float
+    ttft: float
+    e2e: float
+    compute: float
+    token_gaps: list[float]
+    preemptions: int
+
+
+@dataclass
+class RequestOutput:
+    """What one step produced for one choice of one request."""
+
+    request_id: str
+    choice: int
+    text: str
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[Sampled] = field(default_factory=list)
+    finish_reason: str | None = None  # stop | length | cancelled | error
+    stats: SeqStats | None = None  # set with finish_reason
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+class LLMEngine:
+    """Synchronous core; AsyncEngine drives it from one thread."""
+
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        self.device = _device(config.device)
+        self.dtype = _dtype(config.dtype, self.device)
+        path = resolve_model_path(config.model)
+        self.model_config, weights = load_weights(path)
+        self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
+        self.model = LlamaModel(self.model_config, self.max_model_len)
+        self.model.load(weights)
+        del weights
+        self.model.to(self.device, self.dtype).eval()
+        self.tokenizer = Tokenizer.load(path, self.model_config.eos_token_ids)
+        self.attention = make_attention(self.device, config.block_size)
+        self.block_size = self.attention.block_size
+        num_blocks = config.num_blocks or blocks_for_budget(
+            self.model_config, self.block_size, self.dtype, config.kv_cache_gib
+        )
+        self.kv_caches = kv_pool(
+            self.model_config, num_blocks, self.block_size, self.dtype, self.device
+        )
+        self.blocks = BlockManager(num_blocks, self.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            self.blocks,
+            config.max_num_batched_tokens,
+            config.max_num_seqs,
+            config.preempt_batch_for_interactive,
+        )
+        self.sampler = Sampler(self.tokenizer.eos_token_ids, self.device)
+        self.model_name = config.served_model_name or config.model
+        self.metrics = EngineMetrics(self.model_name)
+        self._seq_ids = itertools.count()
+        self._requests: dict[str, list[Sequence]] = {}
+        self._texts: dict[int, IncrementalText] = {}
+        self._seen_queries = self._seen_hits = 0  # prefix-cache counters already exported
+
+    # ------------------------------------------------------------ requests
+
+    def validate(self, request: GenerationRequest) -> None:
+        """Raise RequestError for a request that could never be served."""
+        prompt, params = len(request.prompt_ids), request.params
+        if prompt == 0:
+            raise RequestError("the prompt is empty", "prompt")
+        if prompt + params.max_tokens > self.max_model_len:
+            raise RequestError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you "
+                f"requested {prompt + params.max_tokens} tokens ({prompt} in the prompt, "
+                f"{params.max_tokens} for the completion). Please reduce the length of the prompt "
+                "or of max_tokens.",
+                "messages",
+                "context_length_exceeded",
+            )
+        if self.blocks.blocks_needed(prompt + params.max_tokens) > self.blocks.num_blocks:
+            capacity = self.blocks.num_blocks * self.block_size
+            raise RequestError(
+                f"prompt plus max_tokens ({prompt + params.max_tokens} tokens) is more than this "
+                f"engine's KV cache can ever hold ({capacity} tokens)",
+                "max_tokens",
+                "kv_cache_capacity_exceeded",
+            )
+
+    def add_request(self, request: GenerationRequest) -> None:
+        self.validate(request)
+        if request.request_id in self._requests:
+            raise RequestError(f"request id {request.request_id!r} is in flight", "request_id")
+        seqs = [
+            Sequence(next(self._seq_ids), request, choice, list(request.prompt_ids))
+            for choice in range(request.n)
+        ]
+        self._requests[request.request_id] = seqs
+        for seq in seqs:
+            self._texts[seq.seq_id] = IncrementalText(list(request.params.stop))
+            self.scheduler.add(seq)
+
+    def abort(self, request_id: str) -> None:
+        """The client is gone: free its sequences now, report nothing more."""
+        for seq in self._requests.pop(request_id, []):
+            if seq.status != SeqStatus.FINISHED:
+                self.scheduler.finish(seq, "cancelled")
+            self._forget(seq)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    def load(self) -> dict:
+        return {
+            "model": self.model_name,
+            "block_size": self.block_size,
+            "total_blocks": self.blocks.num_blocks,
+            "free_blocks": self.blocks.num_free,
+            "running": len(self.scheduler.running),
+            "waiting": self.scheduler.num_waiting,
+            "tokens_queued": self.scheduler.waiting_tokens(),
+            "max_model_len": self.max_model_len,
+        }
+
+    # ------------------------------------------------------------ one step
+
+    @torch.inference_mode()
+    def step(self) -> list[RequestOutput]:
+        batch = self.scheduler.schedule()
+        if not batch.items:
+            return []
+        start = time.perf_counter()
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slices: list[SeqSlice] = []
+        producing: list[Sequence] = []  # sequences whose last token is computed this step
+        rows: list[int] = []
+        for seq, num_new in batch.items:
+            first = seq.num_computed
+            input_ids += seq.token_ids[first : first + num_new]
+            positions += range(first, first + num_new)
+            slices.append(SeqSlice(seq.table.blocks, first, num_new))
+            if first + num_new == seq.num_tokens:
+                producing.append(seq)
+                rows.append(len(input_ids) - 1)
+            if seq.timings.first_scheduled is None:
+                seq.timings.first_scheduled = start - seq.request.arrival
+        meta = self.attention.build_metadata(slices, batch.num_decodes)
+        hidden = self.model(
+            torch.tensor(input_ids, device=self.device),
+            torch.tensor(positions, device=self.device),
+            self.kv_caches,
+            self.attention,
+            meta,
+        )
+        logits = self.model.logits(hidden[rows]) if rows else None
+        sampled = self.sampler(logits, producing) if rows else []
+        now = time.perf_counter()
+        self._account(batch.items, now - start)
+        outputs = [self._append(seq, s, now) for seq, s in zip(producing, sampled, strict=True)]
+        self._update_gauges(len(batch.preempted))
+        return outputs
+
+    def _account(self, items: list[tuple[Sequence, int]], elapsed: float) -> None:
+        """Split the step's wall time across its sequences by tokens processed; commit blocks."""
+        total = sum(n for _, n in items)
+        for seq, num_new in items:
+            seq.timings.compute += elapsed * num_new / total
+            seq.num_computed += num_new
+            self.blocks.commit_full_blocks(seq.table, seq.token_ids, seq.num_computed)
+            if seq.num_computed >= seq.num_prompt and seq.timings.prefill_done is None:
+                seq.timings.prefill_done = time.perf_counter() - seq.request.arrival
+
+    def _append(self, seq: Sequence, sampled: Sampled, now: float) -> RequestOutput:
+        params, timings = seq.request.params, seq.timings
+        token = sampled.token_id
+        seq.token_ids.append(token)
+        elapsed = now - seq.request.arrival
+        if timings.first_token is None:
+            timings.first_token = elapsed
+        else:
+            timings.token_gaps.append(elapsed - timings.last_token)
+        timings.last_token = elapsed
+        text = self._texts[seq.seq_id]
+        finish = None
+        is_eos = token in self.tokenizer.eos_token_ids and not params.ignore_eos
+        if is_eos or token in params.stop_token_ids:
+            finish = "stop"
+            delta = ""
+        else:
+            delta = text.add(
+                lambda ids: self.tokenizer.decode(ids, params.skip_special_tokens), seq.output_ids
+            )
+            if text.stopped:
+                finish = "stop"
+        if finish is None and (
+            len(seq.output_ids) >= params.max_tokens or seq.num_tokens >= self.max_model_len
+        ):
+            finish = "length"
+        out = RequestOutput(seq.request.request_id, seq.choice, delta, [token], [sampled])
+        if finish is not None:
+            out.text += text.flush()
+            self.scheduler.finish(seq, finish)
+            out.finish_reason, out.stats = finish, self._stats(seq)
+            self._finished(seq)
+        return out
+
+    def _stats(self, seq: Sequence) -> SeqStats:
+        t = seq.timings
+        first = t.first_scheduled or 0.0
+        stats = SeqStats(
+            prompt_tokens=seq.num_prompt,
+            cached_tokens=max(seq.num_cached, 0),
+            completion_tokens=len(seq.output_ids),
+            queue=first,
+            prefill=(t.prefill_done or first) - first,
+            ttft=t.first_token or 0.0,
+            e2e=t.last_token or 0.0,
+            compute=t.compute,
+            token_gaps=t.token_gaps,
+            preemptions=seq.preemptions,
+        )
+        labels = (self.model_name, seq.priority.name.lower())
+        self.metrics.ttft.labels(*labels).observe(stats.ttft)
+        self.metrics.e2e.labels(*labels).observe(stats.e2e)
+        self.metrics.queue.labels(*labels).observe(stats.queue)
+        itl = self.metrics.itl.labels(*labels)
+        for gap in stats.token_gaps:
+            itl.observe(gap)
+        self.metrics.tokens.labels(*labels).inc(stats.completion_tokens)
+        return stats
+
+    def _finished(self, seq: Sequence) -> None:
+        self._forget(seq)
+        seqs = self._requests.get(seq.request.request_id, [])
+        if all(s.status == SeqStatus.FINISHED for s in seqs):
+            self._requests.pop(seq.request.request_id, None)
+
+    def _forget(self, seq: Sequence) -> None:
+        self._texts.pop(seq.seq_id, None)
+        self.sampler.forget(seq)
+
+    def _update_gauges(self, preempted: int) -> None:
+        m, name = self.metrics, self.model_name
+        m.kv_usage.labels(name).set(1 - self.blocks.num_free / self.blocks.num_blocks)
+        m.running.labels(name).set(len(self.scheduler.running))
+        m.waiting.labels(name).set(self.scheduler.num_waiting)
+        if preempted:
+            m.preemptions.labels(name).inc(preempted)
+        queries, hits = self.blocks.prefix_queries, self.blocks.prefix_hits
+        m.prefix_queries.labels(name).inc(queries - self._seen_queries)
+        m.prefix_hits.labels(name).inc(hits - self._seen_hits)
+        self._seen_queries, self._seen_hits = queries, hits
+
+    def fail_all(self, reason: str = "error") -> list[RequestOutput]:
+        """After an unexpected error in a step: end every sequence rather than the loop."""
+        outputs = []
+        for request_id, seqs in list(self._requests.items()):
+            for seq in seqs:
+                if seq.status != SeqStatus.FINISHED:
+                    self.scheduler.finish(seq, reason)
+                    outputs.append(
+                        RequestOutput(
+                            request_id, seq.choice, "", finish_reason=reason, stats=self._stats(seq)
+                        )
+                    )
+                self._forget(seq)
+            self._requests.pop(request_id)
+        return outputs

@@ -1,0 +1,257 @@
+"""OpenAI request bodies (with vLLM's sampling extras), validation, and response shapes."""
+
+import time
+import uuid
+
+import msgspec
+
+from engine.engine import RequestError, RequestOutput, SeqStats
+from engine.sampler import Sampled
+from engine.sequence import Priority, SamplingParams
+
+
+class StreamOptions(msgspec.Struct, kw_only=True):
+    include_usage: bool = False
+
+
+class ChatMessage(msgspec.Struct, kw_only=True):
+    role: str
+    content: str | list[dict] | None = None
+    name: str | None = None
+    tool_calls: list[dict] | None = None
+    tool_call_id: str | None = None
+
+
+class _Common(msgspec.Struct, kw_only=True):
+    model: str
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    user: str | None = None
+    # vLLM's extra sampling parameters, with vLLM's names and meaning
+    top_k: int = -1
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool = True
+    # tokenyard: what the gateway also sends as headers (x-tenant, x-priority, x-request-id)
+    tenant: str | None = None
+    priority: str | None = None
+    request_id: str | None = None
+
+
+class ChatRequest(_Common, kw_only=True):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[dict] | None = None
+
+
+class CompletionRequest(_Common, kw_only=True):
+    # a string, token ids, or a list of either (msgspec allows one array-like type in a union)
+    prompt: str | list[str | int | list[int]]
+    logprobs: int | None = None
+    echo: bool = False
+    max_tokens: int | None = 16  # OpenAI's default for completions
+
+
+MAX_N = 16
+MAX_STOPS = 16
+MAX_TOP_LOGPROBS = 20
+
+
+def decode_body(body: bytes, kind: type[msgspec.Struct]):
+    """JSON → request struct, with errors that name the parameter."""
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except msgspec.ValidationError as exc:
+        message = str(exc)
+        param = message.rsplit("at `$.", 1)[1].rstrip("`") if "at `$." in message else None
+        raise RequestError(message, param) from None
+    except msgspec.DecodeError as exc:
+        raise RequestError(f"the body is not valid JSON: {exc}") from None
+
+
+def _check(ok: bool, param: str, message: str) -> None:
+    if not ok:
+        raise RequestError(f"{param}: {message}", param)
+
+
+def sampling_params(req: _Common, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    _check(req.n >= 1 and req.n <= MAX_N, "n", f"must be between 1 and {MAX_N}")
+    _check(max_tokens is None or max_tokens >= 1, "max_tokens", "must be at least 1")
+    _check(0.0 <= req.temperature <= 2.0, "temperature", "must be between 0 and 2")
+    _check(0.0 < req.top_p <= 1.0, "top_p", "must be in (0, 1]")
+    _check(req.top_k == -1 or req.top_k >= 0, "top_k", "must be -1 (off), 0 (off) or positive")
+    _check(0.0 <= req.min_p <= 1.0, "min_p", "must be between 0 and 1")
+    _check(-2.0 <= req.presence_penalty <= 2.0, "presence_penalty", "must be between -2 and 2")
+    _check(-2.0 <= req.frequency_penalty <= 2.0, "frequency_penalty", "must be between -2 and 2")
+    _check(0.0 < req.repetition_penalty <= 2.0, "repetition_penalty", "must be in (0, 2]")
+    _check(req.min_tokens >= 0, "min_tokens", "must not be negative")
+    _check(
+        max_tokens is None or req.min_tokens <= max_tokens,
+        "min_tokens",
+        "must not exceed max_tokens",
+    )
+    stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    _check(len(stops) <= MAX_STOPS, "stop", f"at most {MAX_STOPS} stop sequences")
+    _check(all(stops), "stop", "stop sequences must not be empty")
+    _check(
+        logprobs is None or 0 <= logprobs <= MAX_TOP_LOGPROBS,
+        "top_logprobs" if isinstance(req, ChatRequest) else "logprobs",
+        f"must be between 0 and {MAX_TOP_LOGPROBS}",
+    )
+    return SamplingParams(
+        max_tokens=max_tokens or 0,  # 0: filled in from the context left, once the prompt is known
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=req.top_k if req.top_k > 0 else -1,
+        min_p=req.min_p,
+        presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty,
+        repetition_penalty=req.repetition_penalty,
+        seed=req.seed,
+        stop=stops,
+        stop_token_ids=list(req.stop_token_ids or []),
+        ignore_eos=req.ignore_eos,
+        min_tokens=req.min_tokens,
+        logprobs=logprobs,
+        skip_special_tokens=req.skip_special_tokens,
+    )
+
+
+def chat_params(req: ChatRequest) -> SamplingParams:
+    _check(bool(req.messages), "messages", "must not be empty")
+    _check(req.top_logprobs is None or req.logprobs, "top_logprobs", "needs logprobs set to true")
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    return sampling_params(req, req.max_completion_tokens or req.max_tokens, logprobs)
+
+
+def completion_params(req: CompletionRequest) -> SamplingParams:
+    _check(not req.echo, "echo", "is not supported")
+    return sampling_params(req, req.max_tokens, req.logprobs)
+
+
+def completion_prompts(req: CompletionRequest) -> list[str | list[int]]:
+    """The prompt field's forms → a list of prompts (text or token ids)."""
+    prompt = req.prompt
+    if isinstance(prompt, str):
+        return [prompt]
+    _check(bool(prompt), "prompt", "must not be empty")
+    if all(isinstance(p, int) for p in prompt):
+        return [list(prompt)]  # type: ignore[list-item]
+    if all(isinstance(p, str) for p in prompt) or all(isinstance(p, list) for p in prompt):
+        return list(prompt)  # type: ignore[arg-type]
+    raise RequestError("prompt: must be a string, token ids, or a list of either", "prompt")
+
+
+def message_text(content: str | list[dict] | None) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    parts = []
+    for part in content:
+        if part.get("type") != "text":
+            raise RequestError(
+                f"content part type {part.get('type')!r} is not supported", "messages"
+            )
+        parts.append(part.get("text", ""))
+    return "".join(parts)
+
+
+def parse_priority(value: str | None) -> Priority:
+    if value is None:
+        return Priority.INTERACTIVE
+    try:
+        return Priority[value.upper()]
+    except KeyError:
+        raise RequestError("priority must be 'interactive' or 'batch'", "priority") from None
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+# ---------------------------------------------------------------- responses
+
+
+def usage(stats: list[SeqStats]) -> dict:
+    prompt = stats[0].prompt_tokens
+    completion = sum(s.completion_tokens for s in stats)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": stats[0].cached_tokens},
+    }
+
+
+def timings(stats: list[SeqStats]) -> dict:
+    gaps = [g for s in stats for g in s.token_gaps]
+    return {
+        "queue": min(s.queue for s in stats),
+        "prefill": max(s.prefill for s in stats),
+        "ttft": min(s.ttft for s in stats),
+        "e2e": max(s.e2e for s in stats),
+        "compute": sum(s.compute for s in stats),
+        "itl_mean": sum(gaps) / len(gaps) if gaps else 0.0,
+    }
+
+
+def chat_logprobs(sampled: list[Sampled], token_text) -> dict:
+    def entry(token_id: int, logprob: float) -> dict:
+        text = token_text(token_id)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+    return {
+        "content": [
+            {
+                **entry(s.token_id, s.logprob),
+                "top_logprobs": [entry(t, lp) for t, lp in (s.top_logprobs or [])],
+            }
+            for s in sampled
+        ]
+    }
+
+
+def completion_logprobs(sampled: list[Sampled], token_text, offset: int) -> dict:
+    tokens = [token_text(s.token_id) for s in sampled]
+    offsets = []
+    for token in tokens:
+        offsets.append(offset)
+        offset += len(token)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [s.logprob for s in sampled],
+        "top_logprobs": [{token_text(t): lp for t, lp in (s.top_logprobs or [])} for s in sampled],
+        "text_offset": offsets,
+    }
+
+
+class Choice:
+    """Accumulates one choice's outputs for a non-streamed response."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.sampled: list[Sampled] = []
+        self.finish_reason: str | None = None
+        self.stats: SeqStats | None = None
+
+    def add(self, out: RequestOutput) -> None:
+        self.text.append(out.text)
+        self.sampled += out.logprobs
+        if out.finish_reason is not None:
+            self.finish_reason, self.stats = out.finish_reason, out.stats
+
+
+def created() -> int:
+    return int(time.time())

@@ -1,0 +1,49 @@
+"""Tokenizer and chat template from the model's own files (GGUF metadata or an HF directory)."""
+
+import os
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+
+class Tokenizer:
+    def __init__(self, hf: PreTrainedTokenizerBase, eos_token_ids: tuple[int, ...]):
+        self.hf = hf
+        ids = set(eos_token_ids)
+        if hf.eos_token_id is not None:
+            ids.add(hf.eos_token_id)
+        self.eos_token_ids = tuple(sorted(ids))
+        self._fast = getattr(hf, "_tokenizer", None)  # the Rust tokenizer: no Python overhead
+
+    @classmethod
+    def load(cls, path: str, eos_token_ids: tuple[int, ...] = ()) -> "Tokenizer":
+        if path.endswith(".gguf"):
+            hf = AutoTokenizer.from_pretrained(
+                os.path.dirname(path), gguf_file=os.path.basename(path)
+            )
+        else:
+            hf = AutoTokenizer.from_pretrained(path)
+        return cls(hf, eos_token_ids)
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(self.hf.chat_template)
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text)
+
+    def apply_chat_template(
+        self, messages: list[dict], tools: list[dict] | None = None
+    ) -> list[int]:
+        text = self.hf.apply_chat_template(
+            messages, tools=tools, add_generation_prompt=True, tokenize=False
+        )
+        # the template already wrote BOS and friends
+        return self.hf.encode(text, add_special_tokens=False)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        if self._fast is not None:
+            return self._fast.decode(ids, skip_special_tokens=skip_special_tokens)
+        return self.hf.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_text(self, token_id: int) -> str:
+        return self.decode([token_id], skip_special_tokens=False)
