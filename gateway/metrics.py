@@ -1,0 +1,43 @@
+"""Prometheus metrics of the gateway (one registry per process; scrape each gateway)."""
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REGISTRY = CollectorRegistry()
+
+REQUESTS = Counter(
+    "tokenyard_gateway_requests_total",
+    "Completion requests answered, by model and HTTP status",
+    ["model", "status"],
+    registry=REGISTRY,
+)
+REFUSALS = Counter(
+    "tokenyard_gateway_refusals_total",
+    "Requests refused by a quota or platform limit, by the limit's code",
+    ["code"],
+    registry=REGISTRY,
+)
+TOKENS = Counter(
+    "tokenyard_gateway_tokens_total",
+    "Tokens settled, by team, model and kind (prompt, completion, cached)",
+    ["team", "model", "kind"],
+    registry=REGISTRY,
+)
+IN_FLIGHT = Gauge(
+    "tokenyard_gateway_in_flight",
+    "Requests holding a reservation in this process",
+    registry=REGISTRY,
+)
+LATENCY = Histogram(
+    "tokenyard_gateway_request_seconds",
+    "End-to-end request time as the gateway sees it",
+    ["model", "stream"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+    registry=REGISTRY,
+)
+TTFT = Histogram(
+    "tokenyard_gateway_ttft_seconds",
+    "Time to the upstream's first streamed byte",
+    ["model"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+    registry=REGISTRY,
+)

@@ -1,0 +1,317 @@
+"""One completion request's walk: auth → checks → reserve → upstream → relay → settle.
+
+Every path that reserved settles exactly once, including refusals by the upstream, upstream
+failures, and clients that hang up mid-stream (settling then runs in a task of its own, outside the
+cancelled response).
+"""
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+import msgspec
+from litestar import Request, Response
+from litestar.response import Stream
+
+from gateway import metrics
+from gateway.auth import Authenticator
+from gateway.errors import GatewayError
+from gateway.keys import TIERS, TeamPolicy
+from gateway.quotas import LeaseKeeper, Quotas, Reservation, Usage, kv_pages
+from gateway.streaming import StreamResult, UsageIn, relay, reply_decoder
+from gateway.upstream import Backends, ModelInfo, Upstream, UpstreamCall, UpstreamStream
+from gateway.validation import Parsed, parse
+from tokenyard.settings import Settings
+
+PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
+
+
+def _min_set(*caps: int) -> int:
+    """The tightest of the caps that are set (0 = unset)."""
+    return min((c for c in caps if c > 0), default=0)
+
+
+def _tier(request: Request, parsed: Parsed, policy: TeamPolicy) -> str:
+    tier = request.headers.get("x-tier") or request.headers.get("x-priority") or parsed.tier
+    if tier is None:
+        return policy.default_tier
+    if tier not in TIERS:
+        raise GatewayError(400, f"tier must be one of {', '.join(TIERS)}", param="tier")
+    return tier
+
+
+def _size(parsed: Parsed, info: ModelInfo, policy: TeamPolicy, settings: Settings) -> int:
+    """The max_tokens to forward, after the token and context caps."""
+    token_cap = _min_set(policy.max_tokens, settings.gateway_max_tokens)
+    context = _min_set(policy.max_context, settings.gateway_max_context, info.max_model_len)
+    prompt = parsed.prompt_tokens
+    if context and prompt >= context:
+        raise GatewayError(
+            400,
+            f"the prompt (about {prompt} tokens) does not fit the context limit of {context}",
+            code="context_length_exceeded",
+            param="messages" if "messages" in parsed.body else "prompt",
+        )
+    if parsed.max_tokens is None:  # unset: as much as the caps allow
+        return _min_set(token_cap, context - prompt if context else 0) or 256
+    if token_cap and parsed.max_tokens > token_cap:
+        raise GatewayError(
+            400,
+            f"max_tokens is {parsed.max_tokens}, above this team's cap of {token_cap}",
+            code="max_tokens_exceeded",
+            param="max_tokens",
+        )
+    if context and prompt + parsed.max_tokens > context:
+        raise GatewayError(
+            400,
+            f"prompt (about {prompt} tokens) + max_tokens ({parsed.max_tokens}) exceeds the "
+            f"context limit of {context}",
+            code="context_length_exceeded",
+            param="max_tokens",
+        )
+    return parsed.max_tokens
+
+
+def _usage(got: UsageIn | None, fallback_prompt: int, fallback_completion: int) -> Usage:
+    if got is None:  # the upstream never reported: settle the estimate
+        return Usage(fallback_prompt, fallback_completion, 0)
+    cached = got.prompt_tokens_details.cached_tokens if got.prompt_tokens_details else 0
+    return Usage(got.prompt_tokens, got.completion_tokens, cached)
+
+
+class Proxy:
+    def __init__(
+        self, settings: Settings, auth: Authenticator, quotas: Quotas, backends: Backends
+    ) -> None:
+        self.settings = settings
+        self.auth = auth
+        self.quotas = quotas
+        self.backends = backends
+        self.keeper = LeaseKeeper(quotas, settings.gateway_lease_s)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def handle(self, request: Request, kind: Literal["chat", "completion"]) -> Response:
+        try:
+            return await self._handle(request, kind)
+        except GatewayError as exc:
+            if exc.status in (429, 503) and exc.code:
+                metrics.REFUSALS.labels(exc.code).inc()
+            raise
+
+    async def _handle(self, request: Request, kind: Literal["chat", "completion"]) -> Response:
+        started = time.perf_counter()
+        policy = await self.auth.authenticate(request.headers.get("authorization"))
+        parsed = parse(await request.body(), kind)
+        upstream = self.backends.get(parsed.model)
+        if upstream is None or (policy.models and parsed.model not in policy.models):
+            raise GatewayError(
+                404,
+                f"the model {parsed.model!r} does not exist or you do not have access to it",
+                code="model_not_found",
+                param="model",
+            )
+        if not upstream.info.ready:
+            raise GatewayError(
+                503, f"model {parsed.model!r} is not ready", code="model_not_ready", retry_after=1
+            )
+        tier = _tier(request, parsed, policy)
+        max_tokens = _size(parsed, upstream.info, policy, self.settings)
+        body = parsed.body
+        body["max_tokens"] = max_tokens
+        if parsed.stream:  # the gateway settles from the usage chunk, so always ask for it
+            body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+        request_id = (
+            request.headers.get("x-request-id")
+            or parsed.request_id
+            or "req-" + os.urandom(12).hex()
+        )
+        tokens = parsed.prompt_tokens + parsed.n * max_tokens
+        pages = kv_pages(parsed.prompt_tokens, max_tokens, parsed.n, upstream.info.block_size)
+        lease_id = os.urandom(9).hex()  # never the client's id: clients may reuse theirs
+        call = UpstreamCall(
+            PATHS[kind],
+            msgspec.json.encode(body),
+            {
+                "content-type": "application/json",
+                "x-tenant": policy.team,
+                "x-priority": tier,
+                "x-request-id": request_id,
+            },
+        )
+        res = await self.quotas.reserve(policy, lease_id, tokens, pages, tier == "batch")
+        self.keeper.active[lease_id] = res
+        metrics.IN_FLIGHT.inc()
+        headers = {"x-request-id": request_id, "x-tokenyard-model": upstream.info.name}
+        event = {
+            "request_id": request_id,
+            "team": policy.team,
+            "model": parsed.model,
+            "model_served": upstream.info.name,
+            "tier": tier,
+            "stream": parsed.stream,
+            "ts": time.time(),
+        }
+        try:
+            return await self._forward(upstream, call, parsed, res, event, headers, started)
+        except BaseException as exc:
+            # settles nothing if the response already settled (or its stream body owns settling)
+            status = exc.status if isinstance(exc, GatewayError) else 500
+            await self._settle(res, upstream, Usage(), event, started, status=status)
+            raise
+
+    async def _forward(
+        self,
+        upstream: Upstream,
+        call: UpstreamCall,
+        parsed: Parsed,
+        res: Reservation,
+        event: dict[str, Any],
+        headers: dict[str, str],
+        started: float,
+    ) -> Response:
+        if not parsed.stream:
+            reply = await upstream.complete(call)
+            got = None
+            if reply.status == 200:
+                with contextlib.suppress(msgspec.DecodeError):
+                    got = reply_decoder.decode(reply.body)
+            usage = _usage(got.usage, parsed.prompt_tokens, 0) if got else Usage()
+            event["timings"] = got.timings if got else None
+            await self._settle(res, upstream, usage, event, started, status=reply.status)
+            return Response(
+                reply.body,
+                status_code=reply.status,
+                media_type=reply.content_type,
+                headers=headers,
+            )
+        stream = await upstream.open_stream(call)
+        if stream.status != 200:
+            refusal = await stream.read_all()
+            await self._settle(res, upstream, Usage(), event, started, status=stream.status)
+            return Response(
+                refusal, status_code=stream.status, media_type="application/json", headers=headers
+            )
+        # from here on the body settles, however the stream ends
+        body_iter = _StreamBody(self, stream, parsed, res, upstream, event, started)
+        return Stream(body_iter, media_type="text/event-stream", headers=headers)
+
+    def finish_stream(self, body: "_StreamBody") -> None:
+        """Close the upstream and settle; from a task of its own, because when the client hung up
+        the response's scope is being cancelled."""
+        result = body.result
+        usage = _usage(result.usage, body.parsed.prompt_tokens, result.chunks)
+        body.event["timings"] = result.timings
+        body.event["error"] = result.error
+        if result.first_byte is not None:
+            metrics.TTFT.labels(body.upstream.info.name).observe(result.first_byte - body.started)
+        status = 200 if result.error is None else 502
+        self._spawn(
+            self._close_and_settle(
+                body.stream, body.res, body.upstream, usage, body.event, body.started, status
+            )
+        )
+
+    async def _close_and_settle(
+        self,
+        stream: UpstreamStream,
+        res: Reservation,
+        upstream: Upstream,
+        usage: Usage,
+        event: dict[str, Any],
+        started: float,
+        status: int,
+    ) -> None:
+        try:
+            await stream.aclose()
+        finally:
+            await self._settle(res, upstream, usage, event, started, status)
+
+    async def _settle(
+        self,
+        res: Reservation,
+        upstream: Upstream,
+        usage: Usage,
+        event: dict[str, Any],
+        started: float,
+        status: int,
+    ) -> None:
+        if self.keeper.active.pop(res.lease_id, None) is None:
+            return  # already settled
+        metrics.IN_FLIGHT.dec()
+        model = upstream.info.name
+        elapsed = time.perf_counter() - started
+        event.update(
+            status=status,
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            cached_tokens=usage.cached_tokens,
+            e2e=elapsed,
+        )
+        metrics.REQUESTS.labels(model, str(status)).inc()
+        metrics.LATENCY.labels(model, "1" if event["stream"] else "0").observe(elapsed)
+        team = res.policy.team
+        metrics.TOKENS.labels(team, model, "prompt").inc(usage.prompt_tokens)
+        metrics.TOKENS.labels(team, model, "completion").inc(usage.completion_tokens)
+        metrics.TOKENS.labels(team, model, "cached").inc(usage.cached_tokens)
+        await self.quotas.settle(res, model, usage, event)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)  # a strong reference until it is done
+        task.add_done_callback(self._tasks.discard)
+
+    async def drain(self) -> None:
+        """On shutdown: let pending settles finish."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+class _StreamBody:
+    """The SSE body of one response. Settles when the relay ends, fails or is cancelled, and also
+    when the response is dropped before it was ever iterated (a client gone before the first
+    byte): a plain async generator that never started would never run its cleanup."""
+
+    def __init__(
+        self,
+        proxy: Proxy,
+        stream: UpstreamStream,
+        parsed: Parsed,
+        res: Reservation,
+        upstream: Upstream,
+        event: dict[str, Any],
+        started: float,
+    ) -> None:
+        self.proxy = proxy
+        self.stream = stream
+        self.parsed = parsed
+        self.res = res
+        self.upstream = upstream
+        self.event = event
+        self.started = started
+        self.result = StreamResult()
+        self.finished = False
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._relay()
+
+    async def _relay(self) -> AsyncIterator[bytes]:
+        try:
+            async for piece in relay(
+                self.stream, self.parsed.include_usage, self.result, time.perf_counter
+            ):
+                yield piece
+        finally:
+            self._finish()
+
+    def _finish(self) -> None:
+        if not self.finished:
+            self.finished = True
+            self.proxy.finish_stream(self)
+
+    def __del__(self) -> None:
+        if not self.finished:
+            with contextlib.suppress(RuntimeError):  # no running loop: shutting down
+                self._finish()

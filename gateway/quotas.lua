@@ -1,0 +1,147 @@
+-- Quota scripts: each runs atomically inside Redis, so any number of gateways agree.
+-- Time comes from Redis (TIME), never from a gateway's clock. A limit of 0 means unlimited.
+-- Leases (concurrency, KV pages) live in a sorted set scored by expiry; a dead gateway's leases
+-- are purged by the next reservation of the same team once they expire.
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+-- drop expired leases, returning their KV pages to the team's total
+local function purge(leases, pages, now)
+  local expired = redis.call('ZRANGEBYSCORE', leases, '-inf', now)
+  if #expired == 0 then return end
+  for _, id in ipairs(expired) do
+    if pages then
+      local p = redis.call('HGET', pages, id)
+      if p then
+        redis.call('HINCRBY', pages, '#sum', -tonumber(p))
+        redis.call('HDEL', pages, id)
+      end
+    end
+  end
+  redis.call('ZREMRANGEBYSCORE', leases, '-inf', now)
+end
+
+-- release one lease (settle): returns nothing; idempotent
+local function release(leases, pages, id)
+  redis.call('ZREM', leases, id)
+  if pages then
+    local p = redis.call('HGET', pages, id)
+    if p then
+      redis.call('HINCRBY', pages, '#sum', -tonumber(p))
+      redis.call('HDEL', pages, id)
+    end
+  end
+end
+
+local op = ARGV[1]
+
+if op == 'reserve' then
+  -- KEYS: rpm bucket, tpm bucket, day tokens, day usd (micro-dollars), team leases, team pages,
+  --       platform leases, platform batch leases
+  -- ARGV: op, lease id, rpm, tpm, tokens/day, usd/day (micro), concurrency, kv pages,
+  --       platform concurrency, platform batch concurrency, tokens, pages, lease ms, batch (0/1)
+  local id = ARGV[2]
+  local rpm, tpm, tpd, upd = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
+  local conc, kvp = tonumber(ARGV[7]), tonumber(ARGV[8])
+  local pconc, pbatch = tonumber(ARGV[9]), tonumber(ARGV[10])
+  local tokens, pages, lease_ms, batch = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13]), ARGV[14] == '1'
+  local now = now_ms()
+  local to_midnight = 86400 - math.floor(now / 1000) % 86400
+  local worst, wait = nil, -1
+
+  local function refuse(code, seconds)
+    if seconds > wait then worst, wait = code, seconds end
+  end
+
+  -- token bucket: holds up to `limit`, refills limit/minute continuously
+  local function bucket(key, limit, amount, code)
+    if limit <= 0 then return nil end
+    local state = redis.call('HMGET', key, 'level', 'ts')
+    local level = tonumber(state[1]) or limit
+    local ts = tonumber(state[2]) or now
+    level = math.min(limit, level + (now - ts) * limit / 60000)
+    if amount > limit then
+      refuse(code, 60)  -- can never fit; the message says so
+    elseif level < amount then
+      refuse(code, math.ceil((amount - level) * 60 / limit))
+    end
+    return level
+  end
+
+  local rpm_level = bucket(KEYS[1], rpm, 1, 'requests_per_minute')
+  local tpm_level = bucket(KEYS[2], tpm, tokens, 'tokens_per_minute')
+  if tpd > 0 and (tonumber(redis.call('GET', KEYS[3])) or 0) + tokens > tpd then
+    refuse('tokens_per_day', to_midnight)
+  end
+  if upd > 0 and (tonumber(redis.call('GET', KEYS[4])) or 0) >= upd then
+    refuse('usd_per_day', to_midnight)
+  end
+  purge(KEYS[5], KEYS[6], now)
+  if conc > 0 and redis.call('ZCARD', KEYS[5]) >= conc then refuse('concurrency', 1) end
+  if kvp > 0 and (tonumber(redis.call('HGET', KEYS[6], '#sum')) or 0) + pages > kvp then
+    refuse('kv_pages', pages > kvp and 60 or 1)
+  end
+  purge(KEYS[7], nil, now)
+  purge(KEYS[8], nil, now)
+  if pconc > 0 and redis.call('ZCARD', KEYS[7]) >= pconc then refuse('platform_concurrency', 1) end
+  if batch and pbatch > 0 and redis.call('ZCARD', KEYS[8]) >= pbatch then
+    refuse('platform_batch_concurrency', 1)
+  end
+  if worst then return {0, worst, math.max(1, wait)} end
+
+  -- everything fits: take it all
+  if rpm_level then
+    redis.call('HSET', KEYS[1], 'level', rpm_level - 1, 'ts', now)
+    redis.call('PEXPIRE', KEYS[1], 120000)
+  end
+  if tpm_level then
+    redis.call('HSET', KEYS[2], 'level', tpm_level - tokens, 'ts', now)
+    redis.call('PEXPIRE', KEYS[2], 120000)
+  end
+  redis.call('INCRBY', KEYS[3], tokens)
+  redis.call('EXPIRE', KEYS[3], 172800)
+  redis.call('ZADD', KEYS[5], now + lease_ms, id)
+  redis.call('HSET', KEYS[6], id, pages)
+  redis.call('HINCRBY', KEYS[6], '#sum', pages)
+  redis.call('ZADD', KEYS[7], now + lease_ms, id)
+  if batch then redis.call('ZADD', KEYS[8], now + lease_ms, id) end
+  return {1}
+
+elseif op == 'settle' then
+  -- KEYS: tpm bucket, day tokens, team leases, team pages, platform leases, platform batch leases,
+  --       team usage for the day, usage stream
+  -- ARGV: op, lease id, tokens reserved, tokens used, tpm limit, model, prompt, completion,
+  --       cached, event (JSON)
+  local id = ARGV[2]
+  local delta = tonumber(ARGV[4]) - tonumber(ARGV[3])  -- < 0: refund the unused reservation
+  local tpm = tonumber(ARGV[5])
+  -- refunds do not depend on the lease: a lease that expired early still reserved tokens
+  if tpm > 0 and delta ~= 0 then
+    local level = tonumber(redis.call('HGET', KEYS[1], 'level'))
+    if level then redis.call('HSET', KEYS[1], 'level', math.min(tpm, level - delta)) end
+  end
+  if delta ~= 0 and redis.call('EXISTS', KEYS[2]) == 1 then redis.call('INCRBY', KEYS[2], delta) end
+  release(KEYS[3], KEYS[4], id)
+  release(KEYS[5], nil, id)
+  release(KEYS[6], nil, id)
+  local model = ARGV[6]
+  redis.call('HINCRBY', KEYS[7], model .. '|requests', 1)
+  redis.call('HINCRBY', KEYS[7], model .. '|prompt_tokens', ARGV[7])
+  redis.call('HINCRBY', KEYS[7], model .. '|completion_tokens', ARGV[8])
+  redis.call('HINCRBY', KEYS[7], model .. '|cached_tokens', ARGV[9])
+  redis.call('EXPIRE', KEYS[7], 40 * 86400)
+  redis.call('XADD', KEYS[8], 'MAXLEN', '~', 1000000, '*', 'event', ARGV[10])
+  return 1
+
+elseif op == 'renew' then
+  -- KEYS: lease sets; ARGV: op, lease ms, then the lease id held in each KEYS[i]
+  local until_ms = now_ms() + tonumber(ARGV[2])
+  for i, key in ipairs(KEYS) do
+    redis.call('ZADD', key, 'XX', until_ms, ARGV[i + 2])
+  end
+  return #KEYS
+end
+return redis.error_reply('unknown op ' .. tostring(op))

@@ -1,0 +1,275 @@
+"""Per-team and platform quotas, enforced by one Lua script call per request (quotas.lua).
+
+reserve() takes everything a request may use (a request, prompt + max_tokens tokens, a concurrency
+lease, KV pages) or nothing; settle() swaps the reservation for the actual usage, releases the
+leases and appends the usage event; a LeaseKeeper renews the leases of running requests so that
+only a dead gateway's leases expire.
+"""
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
+
+import msgspec
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from gateway.errors import GatewayError
+from gateway.keys import TeamPolicy
+
+log = logging.getLogger("tokenyard.gateway")
+
+USAGE_STREAM = "ty:usage-events"
+_SCRIPT = (Path(__file__).parent / "quotas.lua").read_text()
+_PLATFORM_CODES = {"platform_concurrency", "platform_batch_concurrency"}
+_MESSAGES = {
+    "requests_per_minute": "requests per minute",
+    "tokens_per_minute": "tokens per minute",
+    "tokens_per_day": "tokens per day",
+    "usd_per_day": "dollars per day",
+    "concurrency": "concurrent requests",
+    "kv_pages": "KV-cache pages in flight",
+    "platform_concurrency": "platform requests in flight",
+    "platform_batch_concurrency": "platform batch requests in flight",
+}
+USAGE_FIELDS = ("requests", "prompt_tokens", "completion_tokens", "cached_tokens")
+
+
+def day_number(when: date | None = None) -> int:
+    """Days since the epoch (UTC): the suffix of daily keys."""
+    if when is None:
+        return int(time.time() // 86400)
+    return (when - date(1970, 1, 1)).days
+
+
+def kv_pages(prompt_tokens: int, max_tokens: int, n: int, block_size: int) -> int:
+    """Pages a request can occupy on a paged engine; 0 where the model is not self-hosted."""
+    if block_size <= 0:
+        return 0
+    return n * math.ceil((prompt_tokens + max_tokens) / block_size)
+
+
+class TeamKeys:
+    """Redis key names of one team; the {team} hash tag keeps them in one Cluster slot."""
+
+    def __init__(self, team: str) -> None:
+        base = f"ty:{{{team}}}"
+        self.rpm = f"{base}:rpm"
+        self.tpm = f"{base}:tpm"
+        self.leases = f"{base}:leases"
+        self.pages = f"{base}:pages"
+        self.base = base
+
+    def day_tokens(self, day: int) -> str:
+        return f"{self.base}:tokens:{day}"
+
+    def day_usd(self, day: int) -> str:
+        return f"{self.base}:usd:{day}"
+
+    def usage(self, day: int) -> str:
+        return f"{self.base}:usage:{day}"
+
+
+PLATFORM_LEASES = "ty:platform:leases"
+PLATFORM_BATCH_LEASES = "ty:platform:batch-leases"
+
+
+@dataclass
+class Reservation:
+    lease_id: str
+    policy: TeamPolicy
+    keys: TeamKeys
+    day: int
+    tokens: int
+    pages: int
+    batch: bool
+    enforced: bool = True  # False: admitted without Redis (fail-open), nothing to settle
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+
+
+class Quotas:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        *,
+        lease_s: float,
+        fail_open: bool,
+        max_concurrency: int = 0,
+        max_batch_concurrency: int = 0,
+    ) -> None:
+        self.redis = redis
+        self.lease_ms = int(lease_s * 1000)
+        self.fail_open = fail_open
+        self.max_concurrency = max_concurrency
+        self.max_batch_concurrency = max_batch_concurrency
+        self._script = redis.register_script(_SCRIPT)
+        self._keys_by_team: dict[str, TeamKeys] = {}
+
+    def team_keys(self, team: str) -> TeamKeys:
+        keys = self._keys_by_team.get(team)
+        if keys is None:
+            keys = self._keys_by_team[team] = TeamKeys(team)
+        return keys
+
+    async def reserve(
+        self, policy: TeamPolicy, lease_id: str, tokens: int, pages: int, batch: bool
+    ) -> Reservation:
+        keys = self.team_keys(policy.team)
+        day = day_number()
+        res = Reservation(lease_id, policy, keys, day, tokens, pages, batch)
+        try:
+            result = await self._script(
+                keys=[
+                    keys.rpm,
+                    keys.tpm,
+                    keys.day_tokens(day),
+                    keys.day_usd(day),
+                    keys.leases,
+                    keys.pages,
+                    PLATFORM_LEASES,
+                    PLATFORM_BATCH_LEASES,
+                ],
+                args=[
+                    "reserve",
+                    lease_id,
+                    policy.rpm,
+                    policy.tpm,
+                    policy.tokens_per_day,
+                    int(policy.usd_per_day * 1_000_000),
+                    policy.concurrency,
+                    policy.kv_pages,
+                    self.max_concurrency,
+                    self.max_batch_concurrency,
+                    tokens,
+                    pages,
+                    self.lease_ms,
+                    1 if batch else 0,
+                ],
+            )
+        except RedisError as exc:
+            if self.fail_open:
+                log.warning("quota store unreachable, admitting without quotas: %s", exc)
+                res.enforced = False
+                return res
+            raise GatewayError(
+                503,
+                "quota store unavailable; retry shortly",
+                code="quota_store_unavailable",
+                retry_after=1,
+            ) from None
+        if result[0] == 1:
+            return res
+        code = result[1].decode() if isinstance(result[1], bytes) else result[1]
+        retry_after = int(result[2])
+        what = _MESSAGES[code]
+        if code in _PLATFORM_CODES:
+            raise GatewayError(
+                503, f"the platform is at its limit of {what}", code=code, retry_after=retry_after
+            )
+        raise GatewayError(
+            429,
+            f"team {policy.team!r} is over its limit of {what} "
+            f"(this request needs {tokens} tokens, {pages} KV pages)",
+            code=code,
+            retry_after=retry_after,
+        )
+
+    async def settle(self, res: Reservation, model: str, usage: Usage, event: dict) -> None:
+        """Replace the reservation with actual usage; never raises (leases expire regardless)."""
+        if not res.enforced:
+            return
+        keys = res.keys
+        used = usage.prompt_tokens + usage.completion_tokens
+        try:
+            await self._script(
+                keys=[
+                    keys.tpm,
+                    keys.day_tokens(res.day),
+                    keys.leases,
+                    keys.pages,
+                    PLATFORM_LEASES,
+                    PLATFORM_BATCH_LEASES,
+                    keys.usage(res.day),
+                    USAGE_STREAM,
+                ],
+                args=[
+                    "settle",
+                    res.lease_id,
+                    res.tokens,
+                    used,
+                    res.policy.tpm,
+                    model,
+                    usage.prompt_tokens,
+                    usage.completion_tokens,
+                    usage.cached_tokens,
+                    msgspec.json.encode(event),
+                ],
+            )
+        except RedisError as exc:
+            log.warning("could not settle %s (its leases will expire): %s", res.lease_id, exc)
+
+    async def renew(self, reservations: list[Reservation]) -> None:
+        keys: list[str] = []
+        ids: list[str] = []
+        for res in reservations:
+            if not res.enforced:
+                continue
+            keys += [res.keys.leases, PLATFORM_LEASES]
+            ids += [res.lease_id, res.lease_id]
+            if res.batch:
+                keys.append(PLATFORM_BATCH_LEASES)
+                ids.append(res.lease_id)
+        if keys:
+            await self._script(keys=keys, args=["renew", self.lease_ms, *ids])
+
+    async def record_spend(self, team: str, usd: float, day: int | None = None) -> None:
+        """Billing's hook: add priced spend to the team's daily dollars (checked by reserve)."""
+        key = self.team_keys(team).day_usd(day_number() if day is None else day)
+        await self.redis.incrby(key, round(usd * 1_000_000))
+        await self.redis.expire(key, 172800)
+
+    async def usage(self, team: str, day: int) -> dict[str, dict[str, int]]:
+        raw = await self.redis.hgetall(self.team_keys(team).usage(day))
+        out: dict[str, dict[str, int]] = {}
+        for field, value in raw.items():
+            model, _, name = field.decode().rpartition("|")
+            out.setdefault(model, dict.fromkeys(USAGE_FIELDS, 0))[name] = int(value)
+        return out
+
+
+class LeaseKeeper:
+    """Renews every running request's leases in one script call per period (lease / 3)."""
+
+    def __init__(self, quotas: Quotas, lease_s: float) -> None:
+        self.quotas = quotas
+        self.period = lease_s / 3
+        self.active: dict[str, Reservation] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.period)
+            try:
+                await self.quotas.renew(list(self.active.values()))
+            except RedisError as exc:
+                log.warning("lease renewal failed: %s", exc)

@@ -1,0 +1,94 @@
+"""SSE relay: pass the upstream's events through as they arrive, watching for the usage chunk.
+
+The gateway always asks the upstream for the usage chunk (it settles quotas from it) and drops it
+again when the client did not ask for it. Events are forwarded per upstream read, so a slow client
+slows the upstream read (backpressure) instead of buffering without bound.
+"""
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from gateway.upstream import UpstreamBroken, UpstreamStream
+
+
+class _Details(msgspec.Struct):
+    cached_tokens: int = 0
+
+
+class UsageIn(msgspec.Struct):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    prompt_tokens_details: _Details | None = None
+
+
+class _Chunk(msgspec.Struct):
+    choices: list[msgspec.Raw] = []
+    usage: UsageIn | None = None
+    timings: dict[str, Any] | None = None
+
+
+class Reply(msgspec.Struct):
+    """The parts of a non-streamed completion the gateway reads."""
+
+    usage: UsageIn | None = None
+    timings: dict[str, Any] | None = None
+
+
+_chunk_decoder = msgspec.json.Decoder(_Chunk)
+reply_decoder = msgspec.json.Decoder(Reply)
+
+
+@dataclass
+class StreamResult:
+    usage: UsageIn | None = None
+    timings: dict[str, Any] | None = None
+    chunks: int = 0  # content chunks seen: the completion-token estimate if usage never comes
+    error: str | None = None
+    first_byte: float | None = field(default=None)
+
+
+def error_event(message: str, code: str) -> bytes:
+    body = {"error": {"message": message, "type": "server_error", "param": None, "code": code}}
+    return b"data: " + msgspec.json.encode(body) + b"\n\n"
+
+
+def _keep(event: bytes, result: StreamResult, include_usage: bool) -> bool:
+    if not event.startswith(b"data:"):
+        return True  # comments, retry hints: pass through
+    payload = event[5:].strip()
+    if payload == b"[DONE]":
+        return True
+    try:
+        chunk = _chunk_decoder.decode(payload)
+    except msgspec.DecodeError:
+        return True
+    if chunk.choices:
+        result.chunks += 1
+    if chunk.usage is not None:
+        result.usage = chunk.usage
+        result.timings = chunk.timings
+        return include_usage or bool(chunk.choices)
+    return True
+
+
+async def relay(
+    stream: UpstreamStream, include_usage: bool, result: StreamResult, clock: Any
+) -> AsyncIterator[bytes]:
+    buffer = b""
+    try:
+        async for data in stream.chunks():
+            if result.first_byte is None:
+                result.first_byte = clock()
+            buffer += data.replace(b"\r\n", b"\n") if b"\r" in data else data
+            if b"\n\n" not in buffer:
+                continue
+            *events, buffer = buffer.split(b"\n\n")
+            out = [e + b"\n\n" for e in events if e and _keep(e, result, include_usage)]
+            if out:
+                yield b"".join(out)
+    except UpstreamBroken as exc:
+        result.error = str(exc)
+        yield error_event("the model's server failed mid-stream", "upstream_error")

@@ -1,0 +1,219 @@
+"""A fake OpenAI-protocol upstream (engine-protocol routes) for gateway tests and the benchmark.
+
+It is not under test: it answers fast and deterministically. Directives in the prompt text steer it:
+`#chunks=N` (default 20, capped by max_tokens), `#delay=S` (seconds between chunks),
+`#fail=K` (drop the connection after K chunks), `#status=C` (refuse with HTTP C).
+Usage: prompt_tokens = whitespace-separated words of the prompt, completion_tokens = chunks sent.
+GET /stats tells what it saw (active, cancelled, completed streams; last request's headers).
+
+Run: python tests/gateway/fake_upstream.py --port P [--model NAME] [--block-size B]
+"""
+
+import argparse
+import asyncio
+import re
+import time
+from typing import Any
+
+import msgspec
+
+_DIRECTIVE = re.compile(r"#(chunks|delay|fail|status)=([0-9.]+)")
+
+
+class Stats:
+    def __init__(self) -> None:
+        self.active = 0
+        self.max_active = 0
+        self.cancelled = 0
+        self.completed = 0
+        self.requests = 0
+        self.last_headers: dict[str, str] = {}
+        self.last_body: Any = None
+
+
+def _prompt_text(body: dict[str, Any]) -> str:
+    if "messages" in body:
+        parts = []
+        for m in body["messages"]:
+            content = m.get("content")
+            if isinstance(content, str):
+                parts.append(content)
+            elif isinstance(content, list):
+                parts += [p.get("text", "") for p in content if isinstance(p, dict)]
+        return " ".join(parts)
+    prompt = body.get("prompt", "")
+    return prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
+
+
+def make_app(model: str, block_size: int, max_model_len: int) -> Any:
+    stats = Stats()
+
+    async def send_json(send: Any, status: int, data: Any, headers: list | None = None) -> None:
+        body = msgspec.json.encode(data)
+        await send(
+            {
+                "type": "http.response.start",
+                "status": status,
+                "headers": [(b"content-type", b"application/json"), *(headers or [])],
+            }
+        )
+        await send({"type": "http.response.body", "body": body})
+
+    async def read_body(receive: Any) -> bytes:
+        chunks = []
+        while True:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                return b"".join(chunks)
+
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        path = scope["path"]
+        if scope["method"] == "GET":
+            if path == "/health":
+                return await send_json(send, 200, {"status": "ok"})
+            if path == "/load":
+                load = {
+                    "model": model,
+                    "block_size": block_size,
+                    "total_blocks": 1000,
+                    "free_blocks": 1000,
+                    "running": stats.active,
+                    "waiting": 0,
+                    "tokens_queued": 0,
+                    "max_model_len": max_model_len,
+                }
+                return await send_json(send, 200, load)
+            if path == "/stats":
+                return await send_json(send, 200, {**stats.__dict__})
+            if path == "/v1/models":
+                return await send_json(send, 200, {"object": "list", "data": [{"id": model}]})
+            return await send_json(send, 404, {"error": {"message": "no route"}})
+
+        body = msgspec.json.decode(await read_body(receive))
+        headers = {k.decode(): v.decode() for k, v in scope["headers"]}
+        stats.requests += 1
+        stats.last_headers = headers
+        stats.last_body = body
+        rid = headers.get("x-request-id", "fake")
+        echo = [(b"x-request-id", rid.encode())]
+        text = _prompt_text(body)
+        directives = {k: float(v) for k, v in _DIRECTIVE.findall(text)}
+        if "status" in directives:
+            error = {"message": "refused", "type": "invalid_request_error", "param": None}
+            return await send_json(send, int(directives["status"]), {"error": error})
+        chat = path.endswith("/chat/completions")
+        n_chunks = min(int(directives.get("chunks", 20)), int(body.get("max_tokens") or 16))
+        usage = {
+            "prompt_tokens": len(text.split()),
+            "completion_tokens": n_chunks,
+            "total_tokens": len(text.split()) + n_chunks,
+            "prompt_tokens_details": {"cached_tokens": 0},
+        }
+        timings = {"queue": 0.0, "prefill": 0.0, "ttft": 0.0, "e2e": 0.0, "compute": 0.0}
+        created = int(time.time())
+        kind = "chat.completion" if chat else "text_completion"
+        if not body.get("stream"):
+            choice: dict[str, Any] = {"index": 0, "finish_reason": "length"}
+            if chat:
+                choice["message"] = {"role": "assistant", "content": "tok " * n_chunks}
+            else:
+                choice["text"] = "tok " * n_chunks
+            reply = {
+                "id": f"cmpl-{rid}",
+                "object": kind,
+                "created": created,
+                "model": model,
+                "choices": [choice],
+                "usage": usage,
+                "timings": timings,
+            }
+            return await send_json(send, 200, reply, echo)
+
+        disconnected = asyncio.Event()
+
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            disconnected.set()
+
+        watcher = asyncio.create_task(watch())
+        stats.active += 1
+        stats.max_active = max(stats.max_active, stats.active)
+        sse = [(b"content-type", b"text/event-stream"), *echo]
+        await send({"type": "http.response.start", "status": 200, "headers": sse})
+        try:
+            delay = directives.get("delay", 0.0)
+            for i in range(n_chunks):
+                if "fail" in directives and i == int(directives["fail"]):
+                    raise ConnectionAbortedError("fake upstream fails mid-stream (#fail)")
+                if delay:
+                    await asyncio.sleep(delay)
+                if disconnected.is_set():
+                    stats.cancelled += 1
+                    return
+                if chat:
+                    choice = {"index": 0, "delta": {"content": "tok "}, "finish_reason": None}
+                else:
+                    choice = {"index": 0, "text": "tok ", "finish_reason": None}
+                chunk = {
+                    "id": f"cmpl-{rid}",
+                    "object": kind + (".chunk" if chat else ""),
+                    "created": created,
+                    "model": model,
+                    "choices": [choice],
+                }
+                event = b"data: " + msgspec.json.encode(chunk) + b"\n\n"
+                await send({"type": "http.response.body", "body": event, "more_body": True})
+            tail = b""
+            if (body.get("stream_options") or {}).get("include_usage"):
+                last = {
+                    "id": f"cmpl-{rid}",
+                    "object": kind + (".chunk" if chat else ""),
+                    "created": created,
+                    "model": model,
+                    "choices": [],
+                    "usage": usage,
+                    "timings": timings,
+                }
+                tail = b"data: " + msgspec.json.encode(last) + b"\n\n"
+            await send({"type": "http.response.body", "body": tail + b"data: [DONE]\n\n"})
+            stats.completed += 1
+        finally:
+            stats.active -= 1
+            watcher.cancel()
+
+    return app
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--model", default="fake")
+    parser.add_argument("--block-size", type=int, default=16)
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    args = parser.parse_args()
+    import uvicorn
+
+    app = make_app(args.model, args.block_size, args.max_model_len)
+    uvicorn.run(
+        app,
+        host="127.0.0.1",
+        port=args.port,
+        loop="uvloop",
+        http="httptools",
+        access_log=False,
+        log_level="warning",
+    )
+
+
+if __name__ == "__main__":
+    main()
