@@ -55,19 +55,19 @@ def wait_http(url: str, timeout: float = 120.0) -> None:
 
 @contextlib.contextmanager
 def process(command: list[str], env: dict[str, str] | None = None) -> Iterator[None]:
-    log = tempfile.TemporaryFile()
-    proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        yield
-    finally:
-        proc.terminate()
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
         try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        if proc.returncode not in (0, -15):
-            log.seek(0)
-            sys.stderr.write(log.read().decode(errors="replace")[-3000:])
+            yield
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            if proc.returncode not in (0, -15):
+                log.seek(0)
+                sys.stderr.write(log.read().decode(errors="replace")[-3000:])
 
 
 def ensure_litellm() -> Path:
@@ -96,24 +96,23 @@ class Result:
 async def _read_response(reader: asyncio.StreamReader) -> int:
     """Read one HTTP/1.1 response (content-length or chunked); returns its status."""
     head = await reader.readuntil(b"\r\n\r\n")
-    status = int(head[9:12])
-    lower = head.lower()
-    if b"transfer-encoding: chunked" in lower:
+    lines = head.lower().split(b"\r\n")
+    status = int(lines[0][9:12])
+    # exact header names: LiteLLM also sends the upstream's as llm_provider-content-length etc.
+    headers = dict(line.split(b":", 1) for line in lines[1:] if b":" in line)
+    if headers.get(b"transfer-encoding", b"").strip() == b"chunked":
         while True:
             size = int((await reader.readline()).split(b";")[0], 16)
             if size == 0:
                 await reader.readline()
                 return status
             await reader.readexactly(size + 2)
-    start = lower.index(b"content-length:") + 15
-    length = int(lower[start : lower.index(b"\r\n", start)])
+    length = int(headers[b"content-length"])
     await reader.readexactly(length)
     return status
 
 
-async def _worker(
-    port: int, request: bytes, until: float, warm_until: float, out: Result
-) -> None:
+async def _worker(port: int, request: bytes, until: float, warm_until: float, out: Result) -> None:
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
         while (t0 := time.perf_counter()) < until:
@@ -230,7 +229,7 @@ def main() -> None:
                         flush=True,
                     )
 
-    print("| target | stream | concurrency | req/s | p50 ms | p99 ms | added p50 ms | added p99 ms |")
+    print("| target | stream | concurrency | req/s | p50 ms | p99 ms | added p50 ms | added p99 |")
     print("|---|---|---|---|---|---|---|---|")
     for (name, stream, concurrency), r in results.items():
         base = results["direct", stream, concurrency]
@@ -248,7 +247,7 @@ def main() -> None:
                 ratio = results["tokenyard", stream, concurrency].rps / max(
                     results["litellm", stream, concurrency].rps, 1e-9
                 )
-                print(f"\ntokenyard / litellm req/s, stream={stream}, c={concurrency}: {ratio:.1f}x")
+                print(f"\ntokenyard/litellm req/s, stream={stream}, c={concurrency}: {ratio:.1f}x")
 
 
 if __name__ == "__main__":

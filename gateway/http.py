@@ -89,9 +89,7 @@ class HttpResponse:
                         buffer += data
                         pieces, buffer, done = _dechunk(buffer)
                         if pieces:
-                            deadline.reschedule(
-                                asyncio.get_running_loop().time() + self._pool.timeout
-                            )
+                            deadline.reschedule(loop.time() + self._pool.timeout)
                             yield pieces
                         if done:
                             break

@@ -5,6 +5,7 @@ people can tell keys apart and revoke one without holding it.
 """
 
 import hashlib
+import re
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +17,8 @@ from sqlmodel import Session, select
 from gateway.db import ApiKey, Team
 
 KEY_PREFIX_LEN = 12
+# team names appear in Redis keys and metrics labels: keep them plain
+TEAM_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 TIERS = ("interactive", "batch")
 # Team fields a caller may set with create/update (the CLI's flags)
 LIMIT_FIELDS = (
@@ -91,6 +94,8 @@ def _apply(team: Team, limits: dict[str, Any]) -> None:
 
 
 def create_team(engine: Engine, name: str, **limits: Any) -> Team:
+    if not TEAM_NAME.fullmatch(name):
+        raise ValueError("team names are 1-64 letters, digits, '_', '.' or '-'")
     with Session(engine) as session:
         if session.exec(select(Team).where(Team.name == name)).first():
             raise ManagementError(f"team {name!r} already exists")

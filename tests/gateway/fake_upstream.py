@@ -23,12 +23,18 @@ _DIRECTIVE = re.compile(r"#(chunks|delay|fail|status)=([0-9.]+)")
 class Stats:
     def __init__(self) -> None:
         self.active = 0
-        self.max_active = 0
         self.cancelled = 0
         self.completed = 0
         self.requests = 0
         self.last_headers: dict[str, str] = {}
         self.last_body: Any = None
+        # per x-tenant: streams in flight now, their maximum, and stream-seconds served
+        self.tenants: dict[str, dict[str, float]] = {}
+
+    def tenant(self, name: str) -> dict[str, float]:
+        return self.tenants.setdefault(
+            name, {"active": 0, "max_active": 0, "busy_s": 0.0, "cancelled": 0, "completed": 0}
+        )
 
 
 def _prompt_text(body: dict[str, Any]) -> str:
@@ -146,8 +152,11 @@ def make_app(model: str, block_size: int, max_model_len: int) -> Any:
             disconnected.set()
 
         watcher = asyncio.create_task(watch())
+        tenant = stats.tenant(headers.get("x-tenant", ""))
         stats.active += 1
-        stats.max_active = max(stats.max_active, stats.active)
+        tenant["active"] += 1
+        tenant["max_active"] = max(tenant["max_active"], tenant["active"])
+        began = time.monotonic()
         sse = [(b"content-type", b"text/event-stream"), *echo]
         await send({"type": "http.response.start", "status": 200, "headers": sse})
         try:
@@ -159,6 +168,7 @@ def make_app(model: str, block_size: int, max_model_len: int) -> Any:
                     await asyncio.sleep(delay)
                 if disconnected.is_set():
                     stats.cancelled += 1
+                    tenant["cancelled"] += 1
                     return
                 if chat:
                     choice = {"index": 0, "delta": {"content": "tok "}, "finish_reason": None}
@@ -187,8 +197,11 @@ def make_app(model: str, block_size: int, max_model_len: int) -> Any:
                 tail = b"data: " + msgspec.json.encode(last) + b"\n\n"
             await send({"type": "http.response.body", "body": tail + b"data: [DONE]\n\n"})
             stats.completed += 1
+            tenant["completed"] += 1
         finally:
             stats.active -= 1
+            tenant["active"] -= 1
+            tenant["busy_s"] += time.monotonic() - began
             watcher.cancel()
 
     return app

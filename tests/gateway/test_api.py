@@ -1,0 +1,208 @@
+"""The OpenAI-compatible API through the official SDK: auth, completions, streaming, models, usage,
+bad input, and the management CLI."""
+
+import subprocess
+import time
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.gateway.conftest import MODEL, TOKENYARD, reservations, upstream_stats
+
+CHAT = [{"role": "user", "content": "one two three #chunks=4"}]
+
+
+def test_auth_errors_and_revocation(gateway: Any, team: Any, base_env: dict, redis_server) -> None:
+    _, key = team()
+    with pytest.raises(openai.AuthenticationError) as err:
+        gateway.client("ty-not-a-key").models.list()
+    assert err.value.code == "invalid_api_key"
+    assert err.value.body["type"] == "authentication_error"
+    missing = httpx.get(gateway.url + "/v1/models")
+    assert missing.status_code == 401
+    assert missing.json()["error"]["code"] == "missing_api_key"
+
+    client = gateway.client(key)
+    assert client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=4).choices
+    prefix = key[:12]
+    cli = subprocess.run(
+        [*TOKENYARD, "keys", "revoke", prefix], env=base_env, capture_output=True, text=True
+    )
+    assert cli.returncode == 0, cli.stderr
+    revoked_at = time.monotonic()
+    while True:  # the in-process cache may answer for at most its TTL (0.5 s)
+        try:
+            client.models.list()
+        except openai.AuthenticationError:
+            break
+        assert time.monotonic() - revoked_at < 1.0, "revoked key still accepted after 1 s"
+        time.sleep(0.05)
+    # the secret never reaches the logs
+    assert key not in gateway.log.read_text()
+
+
+def test_chat_completion_and_headers(gateway: Any, team: Any, upstream: str) -> None:
+    name, key = team()
+    raw = gateway.client(key).chat.completions.with_raw_response.create(
+        model=MODEL, messages=CHAT, max_tokens=10, extra_headers={"x-request-id": "my-req-1"}
+    )
+    reply = raw.parse()
+    assert reply.choices[0].message.content == "tok " * 4
+    assert reply.usage.completion_tokens == 4
+    assert raw.headers["x-request-id"] == "my-req-1"
+    assert raw.headers["x-tokenyard-model"] == MODEL
+    seen = upstream_stats(upstream)["last_headers"]
+    assert seen["x-tenant"] == name
+    assert seen["x-priority"] == "interactive"
+    assert seen["x-request-id"] == "my-req-1"
+
+
+def test_streaming_with_and_without_usage(gateway: Any, team: Any, upstream: str) -> None:
+    _, key = team(default_tier="batch")
+    client = gateway.client(key)
+    chunks = list(
+        client.chat.completions.create(
+            model=MODEL, messages=CHAT, max_tokens=10, stream=True, extra_body={"tier": "batch"}
+        )
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == "tok " * 4
+    assert all(c.usage is None for c in chunks)  # not asked for: the gateway drops it
+    assert upstream_stats(upstream)["last_headers"]["x-priority"] == "batch"
+    chunks = list(
+        client.completions.create(
+            model=MODEL,
+            prompt="a b c #chunks=3",
+            max_tokens=10,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert [c.choices[0].text for c in chunks[:-1]] == ["tok "] * 3
+    assert chunks[-1].usage.completion_tokens == 3
+    assert chunks[-1].usage.prompt_tokens == 4
+
+
+def test_models_and_model_access(gateway: Any, team: Any) -> None:
+    _, key = team()
+    models = gateway.client(key).models.list().data
+    assert [m.id for m in models] == [MODEL]
+    assert models[0].model_extra["ready"] is True
+    _, restricted = team(models="other-model")
+    client = gateway.client(restricted)
+    assert client.models.list().data == []
+    for model in (MODEL, "no-such-model"):
+        with pytest.raises(openai.NotFoundError) as err:
+            client.chat.completions.create(model=model, messages=CHAT)
+        assert err.value.code == "model_not_found"
+        assert err.value.body["param"] == "model"
+
+
+def test_usage_endpoint_reports_settled_tokens(gateway: Any, team: Any) -> None:
+    _, key = team()
+    client = gateway.client(key)
+    client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=50)
+    list(client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=50, stream=True))
+    time.sleep(0.2)  # a stream settles just after its last byte
+    usage = httpx.get(gateway.url + "/v1/usage", headers={"authorization": f"Bearer {key}"}).json()
+    row = usage["models"][MODEL]
+    # the upstream's counts (4 words, 4 chunks), not the reservation (estimate + max_tokens)
+    assert row == {
+        "requests": 2,
+        "prompt_tokens": 8,
+        "completion_tokens": 8,
+        "cached_tokens": 0,
+        "total_tokens": 16,
+    }
+    bad = httpx.get(
+        gateway.url + "/v1/usage?date=yesterday", headers={"authorization": f"Bearer {key}"}
+    )
+    assert bad.status_code == 400
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code", "param"),
+    [
+        (b"{not json", 400, "invalid_json", None),
+        (b"[1, 2]", 400, None, None),
+        (b'{"model": "fake", "messages": "hi"}', 400, None, "messages"),
+        (b'{"model": 7, "messages": [{"role": "user", "content": "x"}]}', 400, None, "model"),
+        (b'{"messages": [{"role": "user", "content": "x"}]}', 400, None, "model"),
+        (
+            b'{"model": "nope", "messages": [{"role": "user", "content": "x"}]}',
+            404,
+            "model_not_found",
+            "model",
+        ),
+        (
+            b'{"model": "fake", "max_tokens": 5000, "messages": [{"role": "user", "content": "x"}]}',
+            400,
+            "max_tokens_exceeded",
+            "max_tokens",
+        ),
+        (
+            b'{"model": "fake", "max_tokens": 100, "messages": [{"role": "user", "content": "'
+            + b"x" * 9000
+            + b'"}]}',
+            400,
+            "context_length_exceeded",
+            "messages",
+        ),
+        (
+            b'{"model": "fake", "max_tokens": 1900, "messages": [{"role": "user", "content": "'
+            + b"x" * 600
+            + b'"}]}',
+            400,
+            "context_length_exceeded",
+            "max_tokens",
+        ),
+        (
+            b'{"model": "fake", "messages": [{"role": "user", "content": "'
+            + b"x" * 5_000_000
+            + b'"}]}',
+            413,
+            "request_too_large",
+            None,
+        ),
+    ],
+)
+def test_bad_input_is_refused_openai_style(
+    gateway: Any, team: Any, redis_server: Any, body: bytes, status: int, code: Any, param: Any
+) -> None:
+    name, key = team()
+    reply = httpx.post(
+        gateway.url + "/v1/chat/completions",
+        content=body,
+        headers={"authorization": f"Bearer {key}", "content-type": "application/json"},
+    )
+    assert reply.status_code == status, reply.text
+    error = reply.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert (error["code"], error["param"]) == (code, param)
+    assert reservations(redis_server.client(), name)["leases"] == 0
+
+
+def test_health_ready_metrics(gateway: Any) -> None:
+    assert httpx.get(gateway.url + "/health").json() == {"status": "ok"}
+    ready = httpx.get(gateway.url + "/ready").json()
+    assert ready == {"ready": True, "redis": True, "models": {MODEL: True}}
+    text = httpx.get(gateway.url + "/metrics").text
+    assert "tokenyard_gateway_requests_total" in text
+
+
+def test_teams_cli(base_env: dict) -> None:
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*TOKENYARD, *args], env=base_env, capture_output=True, text=True)
+
+    made = run("teams", "create", "cli-team", "--rpm", "5", "--kv-pages", "40", "--models", "a,b")
+    assert made.returncode == 0, made.stderr
+    assert "rpm=5" in made.stdout and "kv_pages=40" in made.stdout and "models=a,b" in made.stdout
+    assert run("teams", "create", "cli-team").returncode == 1  # exists
+    updated = run("teams", "update", "cli-team", "--rpm", "7", "--usd-per-day", "2.5")
+    assert "rpm=7" in updated.stdout and "usd_per_day=2.5" in updated.stdout
+    assert "cli-team: rpm=7" in run("teams", "list").stdout
+    key = run("keys", "create", "--team", "cli-team").stdout.strip().splitlines()[-1]
+    assert key.startswith("ty-") and len(key) > 40
+    assert run("keys", "create", "--team", "no-team").returncode == 1
+    assert run("keys", "revoke", "ty-nosuchkey").returncode == 1

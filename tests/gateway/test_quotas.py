@@ -1,0 +1,257 @@
+"""Every quota through a real Redis and the official SDK: refusals name the limit and say when to
+retry, reservations settle to actual usage, and nothing stays reserved afterwards."""
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import redis.asyncio as aioredis
+
+from gateway.quotas import Quotas
+from tests.gateway.conftest import MODEL, day_tokens, reservations, upstream_stats, wait_until
+
+
+def chat(n_words: int = 3, chunks: int = 4, delay: float = 0.0) -> list[dict[str, str]]:
+    words = " ".join(["w"] * (n_words - 1))
+    directive = f"#chunks={chunks}" + (f" #delay={delay}" if delay else "")
+    return [{"role": "user", "content": f"{words} {directive}"}]
+
+
+def refused(call: Any) -> openai.APIStatusError:
+    with pytest.raises(openai.APIStatusError) as err:
+        call()
+    return err.value
+
+
+def test_requests_per_minute(gateway: Any, team: Any) -> None:
+    _, key = team(rpm=2)
+    client = gateway.client(key)
+    for _ in range(2):
+        client.chat.completions.create(model=MODEL, messages=chat(), max_tokens=5)
+    err = refused(lambda: client.chat.completions.create(model=MODEL, messages=chat()))
+    assert err.status_code == 429
+    assert err.code == "requests_per_minute"
+    assert err.body["type"] == "rate_limit_error"
+    # 2/minute refills one request every 30 s
+    assert 28 <= int(err.response.headers["retry-after"]) <= 30
+
+
+def test_tokens_per_minute_reserves_max_tokens_and_refunds(
+    gateway: Any, team: Any, redis_server: Any
+) -> None:
+    name, key = team(tpm=200)
+    client = gateway.client(key)
+    messages = chat(chunks=5)  # "w w #chunks=5": reserves 4 + 5 + 3 + 120 = 132, uses 3 + 5
+    client.chat.completions.create(model=MODEL, messages=messages, max_tokens=120)
+    # admitted only because the unused 112 tokens came back
+    client.chat.completions.create(model=MODEL, messages=messages, max_tokens=120)
+    assert day_tokens(redis_server.client(), name) == 16  # settled to the upstream's counts
+    # a stream holding 134 leaves no room for another 132 while it runs
+    stream = client.chat.completions.create(
+        model=MODEL, messages=chat(chunks=5, delay=0.2), max_tokens=120, stream=True
+    )
+    next(iter(stream))
+    err = refused(
+        lambda: client.chat.completions.create(model=MODEL, messages=messages, max_tokens=120)
+    )
+    assert err.status_code == 429 and err.code == "tokens_per_minute"
+    # level = 200 - 16 - 134 = 50 (plus a little refill); needs 132: 82 / 200 min = 24.6 s
+    assert 23 <= int(err.response.headers["retry-after"]) <= 25
+    stream.close()
+    err = refused(
+        lambda: client.chat.completions.create(model=MODEL, messages=messages, max_tokens=300)
+    )
+    assert err.code == "tokens_per_minute"  # larger than the whole limit: never fits
+
+
+def test_tokens_per_day_retry_after_is_midnight(gateway: Any, team: Any) -> None:
+    _, key = team(tokens_per_day=150)
+    client = gateway.client(key)
+    client.chat.completions.create(model=MODEL, messages=chat(), max_tokens=100)
+    err = refused(
+        lambda: client.chat.completions.create(model=MODEL, messages=chat(), max_tokens=140)
+    )
+    assert err.status_code == 429 and err.code == "tokens_per_day"
+    to_midnight = 86400 - int(time.time()) % 86400
+    assert abs(int(err.response.headers["retry-after"]) - to_midnight) <= 2
+
+
+def test_usd_per_day_hook(gateway: Any, team: Any, redis_server: Any) -> None:
+    name, key = team(usd_per_day=1.0)
+    client = gateway.client(key)
+    client.chat.completions.create(model=MODEL, messages=chat(), max_tokens=5)
+
+    async def spend() -> None:  # what billing will do once it prices usage
+        redis = aioredis.Redis.from_url(redis_server.url)
+        await Quotas(redis, lease_s=30, fail_open=False).record_spend(name, 1.25)
+        await redis.aclose()
+
+    asyncio.run(spend())
+    err = refused(lambda: client.chat.completions.create(model=MODEL, messages=chat()))
+    assert err.status_code == 429 and err.code == "usd_per_day"
+
+
+def test_concurrency_and_kv_pages(gateway: Any, team: Any, redis_server: Any) -> None:
+    r = redis_server.client()
+    name, key = team(concurrency=2)
+    client = gateway.client(key)
+    slow = chat(chunks=10, delay=0.1)
+    streams = [
+        client.chat.completions.create(model=MODEL, messages=slow, max_tokens=10, stream=True)
+        for _ in range(2)
+    ]
+    for s in streams:
+        next(iter(s))
+    assert reservations(r, name)["leases"] == 2
+    err = refused(lambda: client.chat.completions.create(model=MODEL, messages=chat()))
+    assert err.status_code == 429 and err.code == "concurrency"
+    assert err.response.headers["retry-after"] == "1"
+    for s in streams:
+        list(s)
+    wait_until(lambda: reservations(r, name)["leases"] == 0, 2, "leases released")
+    client.chat.completions.create(model=MODEL, messages=chat(), max_tokens=5)
+
+    # KV pages: "w w #chunks=10 #delay=0.1" is 25 bytes -> 7 + 5 + 3 = 15 tokens estimated;
+    # + max_tokens 17 = 32 = 2 pages of the upstream's 16-token blocks
+    name, key = team(kv_pages=5)
+    client = gateway.client(key)
+    streams = [
+        client.chat.completions.create(model=MODEL, messages=slow, max_tokens=17, stream=True)
+        for _ in range(2)
+    ]
+    for s in streams:
+        next(iter(s))
+    assert reservations(r, name)["pages"] == 4
+    err = refused(lambda: client.chat.completions.create(model=MODEL, messages=slow, max_tokens=17))
+    assert err.status_code == 429 and err.code == "kv_pages"
+    # one page still fits: "w w #chunks=4" is 13 bytes -> 12 tokens, + 4 = 16
+    client.chat.completions.create(model=MODEL, messages=chat(), max_tokens=4)
+    for s in streams:
+        s.close()
+    wait_until(lambda: reservations(r, name)["pages"] == 0, 2, "pages released")
+
+
+def test_platform_caps_keep_room_for_interactive(start_gateway: Any, team: Any) -> None:
+    gw = start_gateway(gateway_max_concurrency="3", gateway_max_batch_concurrency="1")
+    _, key = team()
+    client = gw.client(key)
+    slow = chat(chunks=10, delay=0.1)
+    batch = client.chat.completions.create(
+        model=MODEL, messages=slow, max_tokens=10, stream=True, extra_headers={"x-tier": "batch"}
+    )
+    next(iter(batch))
+    err = refused(
+        lambda: client.chat.completions.create(
+            model=MODEL, messages=chat(), max_tokens=5, extra_headers={"x-tier": "batch"}
+        )
+    )
+    assert err.status_code == 503 and err.code == "platform_batch_concurrency"
+    assert err.response.headers["retry-after"] == "1"
+    interactive = [
+        client.chat.completions.create(model=MODEL, messages=slow, max_tokens=10, stream=True)
+        for _ in range(2)
+    ]
+    for s in interactive:
+        next(iter(s))
+    err = refused(lambda: client.chat.completions.create(model=MODEL, messages=chat()))
+    assert err.status_code == 503 and err.code == "platform_concurrency"
+    for s in [batch, *interactive]:
+        s.close()
+
+
+def test_upstream_failure_mid_stream_settles_usage_so_far(
+    gateway: Any, team: Any, redis_server: Any
+) -> None:
+    name, key = team()
+    client = gateway.client(key)
+    seen = []
+    with pytest.raises(openai.APIError):
+        for chunk in client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "x #fail=3"}],
+            max_tokens=10,
+            stream=True,
+        ):
+            seen.append(chunk)
+    assert len(seen) == 3
+    r = redis_server.client()
+    # no usage chunk came: the estimate (1 + 5 + 3) plus the 3 chunks streamed settle
+    wait_until(lambda: day_tokens(r, name) == 14, 2, "mid-stream failure settled")
+    assert reservations(r, name)["leases"] == 0
+
+
+def test_storm_leaves_no_reservation(
+    gateway: Any, team: Any, redis_server: Any, upstream: str
+) -> None:
+    """Bad, refused, failed and cancelled requests at once; afterwards Redis holds nothing for
+    the team, and the day's token counter equals exactly the usage that was settled."""
+    name, key = team(concurrency=4, kv_pages=40, tpm=100_000)
+    r = redis_server.client()
+    headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+    url = gateway.url + "/v1/chat/completions"
+
+    def body(content: str, **extra: Any) -> dict:
+        return {"model": MODEL, "messages": [{"role": "user", "content": content}], **extra}
+
+    def cancel_stream(http: httpx.Client) -> None:
+        # hang up after the first event; the upstream must see the disconnect
+        with http.stream(
+            "POST",
+            url,
+            json=body("a #chunks=20 #delay=0.05", stream=True, max_tokens=20),
+            headers=headers,
+        ) as response:
+            if response.status_code == 200:
+                next(response.iter_bytes())
+
+    def timeout_request(http: httpx.Client) -> None:
+        # a client that gives up before the first byte (non-streamed)
+        try:
+            http.post(url, json=body("a #chunks=5"), headers=headers, timeout=0.001)
+        except httpx.TimeoutException:
+            pass
+
+    calls = [
+        lambda h: h.post(url, content=b"{broken", headers=headers),
+        lambda h: h.post(url, json={"model": MODEL}, headers=headers),
+        lambda h: h.post(url, json=body("x", max_tokens=99999), headers=headers),
+        lambda h: h.post(url, json=body("x #status=400"), headers=headers),
+        lambda h: h.post(url, json=body("x #status=500", stream=True), headers=headers),
+        lambda h: h.post(url, json=body("x #fail=2", stream=True), headers=headers),
+        lambda h: h.post(url, json=body("x #chunks=3", stream=True), headers=headers),
+        lambda h: h.post(url, json=body("x #chunks=3"), headers=headers),
+        cancel_stream,
+        timeout_request,
+    ]
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        with httpx.Client(timeout=10) as http:
+            for j in range(12):
+                try:
+                    calls[(i + j) % len(calls)](http)
+                except Exception as exc:
+                    errors.append(exc)
+
+    before = upstream_stats(upstream)["tenants"].get(name, {}).get("cancelled", 0)
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(10)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+
+    def drained() -> bool:
+        return reservations(r, name) == {"leases": 0, "pages": 0, "platform_leases": 0}
+
+    wait_until(drained, 5, "every reservation released")
+    settled = httpx.get(
+        gateway.url + "/v1/usage", headers={"authorization": f"Bearer {key}"}
+    ).json()
+    assert day_tokens(r, name) == settled["total_tokens"] > 0
+    cancelled = upstream_stats(upstream)["tenants"][name]["cancelled"] - before
+    assert cancelled >= 6, "client hang-ups did not cancel the upstream streams"
