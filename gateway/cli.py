@@ -202,7 +202,7 @@ def _up(args: argparse.Namespace) -> int:
                 engine.wait()
         if embedded is not None:
             with contextlib.suppress(Exception):
-                embedded.shutdown(save=True, now=True)
+                embedded.shutdown(save=True)
     return 0
 
 

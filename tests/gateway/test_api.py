@@ -136,7 +136,8 @@ def test_usage_endpoint_reports_settled_tokens(gateway: Any, team: Any) -> None:
             "model",
         ),
         (
-            b'{"model": "fake", "max_tokens": 5000, "messages": [{"role": "user", "content": "x"}]}',
+            b'{"model": "fake", "max_tokens": 5000, '
+            b'"messages": [{"role": "user", "content": "x"}]}',
             400,
             "max_tokens_exceeded",
             "max_tokens",

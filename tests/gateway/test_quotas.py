@@ -2,6 +2,7 @@
 retry, reservations settle to actual usage, and nothing stays reserved afterwards."""
 
 import asyncio
+import contextlib
 import threading
 import time
 from typing import Any
@@ -210,10 +211,8 @@ def test_storm_leaves_no_reservation(
 
     def timeout_request(http: httpx.Client) -> None:
         # a client that gives up before the first byte (non-streamed)
-        try:
+        with contextlib.suppress(httpx.TimeoutException):
             http.post(url, json=body("a #chunks=5"), headers=headers, timeout=0.001)
-        except httpx.TimeoutException:
-            pass
 
     calls = [
         lambda h: h.post(url, content=b"{broken", headers=headers),

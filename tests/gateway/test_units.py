@@ -1,4 +1,4 @@
-"""In-process checks of the pieces with arithmetic in them: estimates, KV pages, chunked decoding."""
+"""In-process checks of the pieces with arithmetic in them: estimates, pages, chunked decoding."""
 
 import pytest
 

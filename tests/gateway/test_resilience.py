@@ -1,0 +1,215 @@
+"""Several gateways sharing one Redis, gateways dying, Redis going away, and `tokenyard up`."""
+
+import asyncio
+import functools
+import os
+import select
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import psutil
+
+from tests.gateway.conftest import (
+    MODEL,
+    TOKENYARD,
+    RedisServer,
+    free_port,
+    reservations,
+    upstream_stats,
+    wait_until,
+)
+
+
+async def hammer(urls: list[str], key: str, content: str, max_tokens: int, seconds: float) -> int:
+    """12 clients spread over the gateways, each retrying at once when refused; returns how many
+    requests were admitted."""
+    admitted = 0
+
+    async def client_loop(i: int) -> None:
+        nonlocal admitted
+        client = openai.AsyncOpenAI(
+            base_url=urls[i % len(urls)] + "/v1", api_key=key, max_retries=0
+        )
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                stream = await client.chat.completions.create(
+                    model=MODEL,
+                    messages=[{"role": "user", "content": content}],
+                    max_tokens=max_tokens,
+                    stream=True,
+                )
+                async for _ in stream:
+                    pass
+                admitted += 1
+            except openai.RateLimitError:
+                await asyncio.sleep(0.005)
+        await client.close()
+
+    await asyncio.gather(*(client_loop(i) for i in range(12)))
+    return admitted
+
+
+def test_two_gateways_agree_on_concurrency_and_kv_pages(
+    start_gateway: Any, team: Any, upstream: str, redis_server: Any
+) -> None:
+    gateways = [start_gateway(), start_gateway()]
+    urls = [gw.url for gw in gateways]
+    seconds = 3.0
+    stream_s = 0.4  # each stream holds its slot for 8 x 50 ms at the upstream
+    content = "w #chunks=8 #delay=0.05"
+    cases = [
+        ({"concurrency": 4}, 4, 10),
+        # 23 bytes -> 6 + 5 + 3 = 14 tokens + 34 = 48 = 3 pages of 16: 10 pages admit 3 at once
+        ({"kv_pages": 10}, 3, 34),
+    ]
+    for limits, limit, max_tokens in cases:
+        name, key = team(**limits)
+        began = time.monotonic()
+        admitted = asyncio.run(hammer(urls, key, content, max_tokens, seconds))
+        # after the deadline no stream starts and the last ones drain: leave that out
+        wall = time.monotonic() - began - stream_s
+        seen = upstream_stats(upstream)["tenants"][name]
+        assert seen["max_active"] == limit, (limits, seen)  # never exceeded, and reached
+        # the upstream was busy with this team's streams for at least (limit - 1) x the time:
+        # under-admission by more than one request would leave it idler
+        assert seen["busy_s"] / wall >= limit - 1, (limits, seen, wall)
+        assert admitted >= (limit - 1) * wall / stream_s
+        leases = functools.partial(reservations, redis_server.client(), name)
+        wait_until(lambda: leases()["leases"] == 0, 2, "leases freed")  # noqa: B023 - called now
+
+
+def test_leases_renew_while_streaming_and_expire_after_a_killed_gateway(
+    gateway: Any, start_gateway: Any, team: Any
+) -> None:
+    doomed = start_gateway(gateway_lease_s="1.5")
+    _, key = team(concurrency=1)
+    stream = doomed.client(key).chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "x #chunks=60 #delay=0.1"}],
+        max_tokens=60,
+        stream=True,
+    )
+    next(iter(stream))
+    survivor = gateway.client(key)
+
+    def try_once() -> int:
+        try:
+            survivor.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "x #chunks=1"}], max_tokens=1
+            )
+            return 200
+        except openai.RateLimitError as err:
+            assert err.code == "concurrency"
+            return 429
+
+    time.sleep(2.5)  # past the 1.5 s lease: only renewal keeps it
+    assert try_once() == 429
+    doomed.proc.send_signal(signal.SIGKILL)
+    doomed.proc.wait()
+    killed_at = time.monotonic()
+    assert try_once() == 429  # the dead gateway's lease is still valid for up to 1.5 s
+    while try_once() == 429:
+        assert time.monotonic() - killed_at < 2.5, "lease of a killed gateway never expired"
+        time.sleep(0.1)
+    assert time.monotonic() - killed_at >= 0.3
+
+
+def test_redis_outage_fails_closed_then_recovers(start_gateway: Any, team: Any) -> None:
+    server = RedisServer()
+    server.start()
+    try:
+        closed = start_gateway(redis_url=server.url)
+        opened = start_gateway(redis_url=server.url, gateway_fail_open="true")
+        _, key = team()
+        messages = [{"role": "user", "content": "x #chunks=2"}]
+        for gw in (closed, opened):
+            gw.client(key).chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
+
+        server.stop()
+        try:
+            closed.client(key).chat.completions.create(model=MODEL, messages=messages)
+            raise AssertionError("served without its quota store")
+        except openai.APIStatusError as err:
+            assert err.status_code == 503
+            assert err.code == "quota_store_unavailable"
+            assert err.response.headers["retry-after"] == "1"
+        assert httpx.get(closed.url + "/ready").status_code == 503
+        reply = opened.client(key).chat.completions.create(model=MODEL, messages=messages)
+        assert reply.choices[0].message.content == "tok tok "
+        assert closed.proc.poll() is None
+
+        server.start()  # same port, empty: the gateway reconnects by itself
+        wait_until(
+            lambda: closed.client(key).chat.completions.create(model=MODEL, messages=messages),
+            5,
+            "recovery after Redis returned",
+        )
+        assert httpx.get(closed.url + "/ready").status_code == 200
+    finally:
+        server.stop()
+
+
+def _read_until(proc: subprocess.Popen[str], marker: str, timeout: float) -> str:
+    out = ""
+    deadline = time.monotonic() + timeout
+    assert proc.stdout is not None
+    while marker not in out:
+        assert time.monotonic() < deadline, f"no {marker!r} in: {out}"
+        ready, _, _ = select.select([proc.stdout], [], [], 0.2)
+        if ready:
+            line = proc.stdout.readline()
+            assert line, f"exited early: {out}"
+            out += line
+    return out
+
+
+def test_up_starts_embedded_redis_and_gateway_and_stops_cleanly(
+    upstream: str, tmp_path: Path
+) -> None:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("TOKENYARD_REDIS_URL", "TOKENYARD_DATABASE_URL")
+    }
+    env |= {"TOKENYARD_DATA_DIR": str(tmp_path), "TOKENYARD_ENGINE_URLS": f"{MODEL}={upstream}"}
+    port = free_port()
+    proc = subprocess.Popen(
+        [*TOKENYARD, "up", "--port", str(port)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        banner = _read_until(proc, "Ctrl-C stops everything", 30)
+        lines = banner.splitlines()
+        key = lines[lines.index("API key (shown once):") + 1]
+        assert f"Bearer {key}" in banner and f'api_key="{key}"' in banner
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: httpx.get(url + "/ready").status_code == 200, 20, "up's gateway")
+        client = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
+        reply = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi #chunks=2"}]
+        )
+        assert reply.choices[0].message.content == "tok tok "
+        redis_procs = [
+            p
+            for p in psutil.process_iter(["name", "cwd"])
+            if p.info["name"] == "redis-server" and p.info["cwd"] == str(tmp_path)
+        ]
+        assert len(redis_procs) == 1, "embedded Redis not running under the data dir"
+        assert (tmp_path / "tokenyard.db").exists()
+
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(20) == 0
+        psutil.wait_procs(redis_procs, timeout=5)
+        assert not any(p.is_running() for p in redis_procs), "embedded Redis left running"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
