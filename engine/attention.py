@@ -1,7 +1,7 @@
-"""Attention over the paged KV layout: one interface, a PyTorch (CPU) and a flash-attn (CUDA) backend.
+"""Attention over the paged KV layout: one interface; PyTorch (CPU) and flash-attn (CUDA) backends.
 
-The KV pool of a layer is `[num_blocks, block_size, num_kv_heads, head_dim]` for K and for V. A step's
-tokens are flattened into one batch: decodes first (one token each), then prefill chunks.
+The KV pool of a layer is `[num_blocks, block_size, num_kv_heads, head_dim]` for K and for V.
+A step's tokens are flattened into one batch: decodes first (one token each), then prefill chunks.
 """
 
 from dataclasses import dataclass

@@ -1,4 +1,4 @@
-"""The paged KV cache: a preallocated block pool, block tables, prefix hashes, ref counts, LRU reuse.
+"""Paged KV cache: a preallocated block pool, block tables, prefix hashes, ref counts, LRU reuse.
 
 A full block is identified by a hash chained with its parent's, so two sequences whose prompts
 share a prefix share its blocks. A block whose last reference goes away keeps its hash and stays

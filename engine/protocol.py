@@ -1,5 +1,6 @@
 """OpenAI request bodies (with vLLM's sampling extras), validation, and response shapes."""
 
+import re
 import time
 import uuid
 
@@ -76,7 +77,11 @@ def decode_body(body: bytes, kind: type[msgspec.Struct]):
         return msgspec.json.decode(body, type=kind)
     except msgspec.ValidationError as exc:
         message = str(exc)
-        param = message.rsplit("at `$.", 1)[1].rstrip("`") if "at `$." in message else None
+        # "Expected `int`, got `str` - at `$.max_tokens`" / "Object missing required field `model`"
+        where = re.search(r"at `\$\.?([^`]*)`", message)
+        missing = re.search(r"missing required field `([^`]+)`", message)
+        parts = [where.group(1) if where else "", missing.group(1) if missing else ""]
+        param = ".".join(p for p in parts if p) or None
         raise RequestError(message, param) from None
     except msgspec.DecodeError as exc:
         raise RequestError(f"the body is not valid JSON: {exc}") from None

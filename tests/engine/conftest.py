@@ -1,0 +1,74 @@
+"""Shared engine fixtures: the SmolLM2 GGUF, the engine, and transformers as the reference."""
+
+import os
+
+import pytest
+import torch
+
+from engine.config import EngineConfig
+from engine.engine import LLMEngine
+from engine.loader import resolve_model_path
+from engine.sequence import GenerationRequest, SamplingParams
+
+
+@pytest.fixture(scope="session")
+def gguf_path() -> str:
+    return resolve_model_path("smollm2")
+
+
+@pytest.fixture(scope="session")
+def reference(gguf_path):
+    """transformers' own GGUF loading: the engine is tested against it."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path), dtype=torch.float32
+    )
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def engine_factory():
+    """Engines share weights loading cost poorly, so build few: cache by config."""
+    cache: dict[tuple, LLMEngine] = {}
+
+    def make(**overrides) -> LLMEngine:
+        key = tuple(sorted(overrides.items()))
+        if key not in cache:
+            cache[key] = LLMEngine(EngineConfig(device="cpu", **overrides))
+        engine = cache[key]
+        assert not engine.has_work()
+        return engine
+
+    return make
+
+
+def run_to_completion(engine: LLMEngine, requests: list[GenerationRequest]) -> dict[str, list]:
+    """Drive the synchronous engine; outputs per request id, and check blocks after each step."""
+    for request in requests:
+        engine.add_request(request)
+    outputs: dict[str, list] = {r.request_id: [] for r in requests}
+    while engine.has_work():
+        for out in engine.step():
+            outputs[out.request_id].append(out)
+        assert_block_invariants(engine)
+    return outputs
+
+
+def assert_block_invariants(engine: LLMEngine) -> None:
+    tables = [s.table for s in engine.scheduler.running]
+    engine.blocks.check_invariants(tables)
+    waiting_tables = [
+        s.table for t in engine.scheduler.waiting.values() for q in t.values() for s in q
+    ]
+    assert all(not t.blocks for t in waiting_tables), "a waiting sequence holds blocks"
+
+
+def assert_all_blocks_free(engine: LLMEngine) -> None:
+    assert not engine.has_work()
+    assert engine.blocks.num_free == engine.blocks.num_blocks
+    engine.blocks.check_invariants([])
+
+
+def greedy(max_tokens: int, **kw) -> SamplingParams:
+    return SamplingParams(max_tokens=max_tokens, temperature=0.0, **kw)

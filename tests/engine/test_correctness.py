@@ -1,0 +1,99 @@
+"""The engine's greedy output is token-identical to transformers on the same GGUF."""
+
+import pytest
+import torch
+
+from engine.sequence import GenerationRequest
+
+from .conftest import assert_all_blocks_free, greedy, run_to_completion
+from .prompts import SYSTEM, chat_prompts
+
+MAX_NEW = 24
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(engine_factory):
+    tokenizer = engine_factory(num_blocks=2048).tokenizer
+    ids = [tokenizer.apply_chat_template(m) for m in chat_prompts()]
+    # shared system prompt: the mixed batch hits the prefix cache
+    ids += [
+        tokenizer.apply_chat_template([{"role": "system", "content": SYSTEM}, *m])
+        for m in chat_prompts()[:4]
+    ]
+    return ids
+
+
+@pytest.fixture(scope="module")
+def expected(reference, prompt_ids):
+    outs = []
+    with torch.inference_mode():
+        for ids in prompt_ids:
+            x = torch.tensor([ids])
+            y = reference.generate(
+                x,
+                attention_mask=torch.ones_like(x),
+                max_new_tokens=MAX_NEW,
+                do_sample=False,
+                min_new_tokens=MAX_NEW,
+                pad_token_id=2,
+            )
+            outs.append(y[0, len(ids) :].tolist())
+    return outs
+
+
+def test_prompts_cover_lengths(prompt_ids):
+    lengths = sorted(len(p) for p in prompt_ids)
+    assert len(prompt_ids) >= 20
+    assert lengths[0] < 64 and lengths[-1] > 400
+
+
+def test_alone_matches_transformers(engine_factory, prompt_ids, expected):
+    engine = engine_factory(num_blocks=2048)
+    for i, ids in enumerate(prompt_ids):
+        out = run_to_completion(
+            engine, [GenerationRequest(f"alone-{i}", ids, greedy(MAX_NEW, min_tokens=MAX_NEW))]
+        )
+        tokens = [t for o in out[f"alone-{i}"] for t in o.token_ids]
+        assert tokens == expected[i], f"prompt {i} ({len(ids)} tokens)"
+    assert_all_blocks_free(engine)
+
+
+def test_mixed_batch_matches_transformers(engine_factory, prompt_ids, expected):
+    # a small pool and token budget: chunked prefill, prefix-cache hits and preemption all happen
+    engine = engine_factory(num_blocks=96, max_num_batched_tokens=128, max_num_seqs=16)
+    hits_before = engine.blocks.prefix_hits
+    requests = [
+        GenerationRequest(f"mixed-{i}", ids, greedy(MAX_NEW, min_tokens=MAX_NEW))
+        for i, ids in enumerate(prompt_ids)
+    ]
+    out = run_to_completion(engine, requests)
+    for i in range(len(prompt_ids)):
+        tokens = [t for o in out[f"mixed-{i}"] for t in o.token_ids]
+        assert tokens == expected[i], f"prompt {i} ({len(prompt_ids[i])} tokens)"
+    assert engine.scheduler.num_preemptions > 0, "the workload was meant to force a preemption"
+    assert engine.blocks.prefix_hits > hits_before, "the shared system prompt should hit the cache"
+    cached = [o[-1].stats.cached_tokens for o in out.values()]
+    assert max(cached) >= engine.block_size
+    assert_all_blocks_free(engine)
+
+
+def test_last_position_logits_close(engine_factory, reference, prompt_ids):
+    """fp32 both sides: max abs difference of the last position's logits below 2e-3."""
+    from engine.attention import SeqSlice
+    from engine.kv_cache import BlockTable
+
+    engine = engine_factory(num_blocks=2048)
+    for ids in (prompt_ids[0], prompt_ids[-1]):
+        table = BlockTable()
+        engine.blocks.grow(table, len(ids))
+        meta = engine.attention.build_metadata([SeqSlice(table.blocks, 0, len(ids))], 0)
+        with torch.inference_mode():
+            hidden = engine.model(
+                torch.tensor(ids), torch.arange(len(ids)), engine.kv_caches, engine.attention, meta
+            )
+            ours = engine.model.logits(hidden[-1:])[0]
+            theirs = reference(torch.tensor([ids])).logits[0, -1]
+        engine.blocks.release(table)
+        assert (ours - theirs).abs().max().item() < 2e-3
+        assert ours.argmax() == theirs.argmax()
+    assert_all_blocks_free(engine)

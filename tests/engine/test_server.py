@@ -1,0 +1,281 @@
+"""The engine's HTTP server, driven by the official openai SDK and raw HTTP."""
+
+import asyncio
+import socket
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from engine.async_engine import AsyncEngine
+from engine.server import create_app
+
+POOL = 256
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(engine_factory):
+    core = engine_factory(num_blocks=POOL, max_num_batched_tokens=256)
+    engine = AsyncEngine(core)
+    engine.start()
+    port = free_port()
+    config = uvicorn.Config(create_app(engine), host="127.0.0.1", port=port, log_level="warning")
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            if httpx.get(f"{url}/health").status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    yield url, core
+    srv.should_exit = True
+    thread.join(timeout=10)
+    engine.stop()
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=server[0] + "/v1", api_key="unused")
+
+
+def wait_idle(url: str, core, timeout=15.0) -> dict:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        load = httpx.get(f"{url}/load").json()
+        if load["running"] == 0 and load["waiting"] == 0 and load["free_blocks"] == POOL:
+            core.blocks.check_invariants([])
+            return load
+        time.sleep(0.05)
+    raise AssertionError(f"engine not idle: {load}")
+
+
+MESSAGES = [{"role": "user", "content": "Name three colours."}]
+
+
+def test_chat_non_streamed_and_streamed_agree(client, server):
+    raw = client.chat.completions.with_raw_response.create(
+        model="smollm2",
+        messages=MESSAGES,
+        max_tokens=12,
+        temperature=0,
+        extra_headers={"x-request-id": "abc123"},
+    )
+    assert raw.headers["x-request-id"] == "abc123"
+    full = raw.parse()
+    assert full.id == "chatcmpl-abc123"
+    text = full.choices[0].message.content
+    assert text and full.choices[0].finish_reason in ("stop", "length")
+    assert full.usage.prompt_tokens > 10
+    assert full.usage.completion_tokens <= 12
+    assert full.usage.total_tokens == full.usage.prompt_tokens + full.usage.completion_tokens
+
+    stream = client.chat.completions.create(
+        model="smollm2",
+        messages=MESSAGES,
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert streamed == text
+    assert (
+        chunks[-1].choices == []
+        and chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+    )
+    # the second request found the first one's prompt in the prefix cache
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0
+    wait_idle(*server)
+
+
+def test_n_choices_logprobs_and_seed(client):
+    a = client.chat.completions.create(
+        model="smollm2",
+        messages=MESSAGES,
+        max_tokens=6,
+        temperature=1.0,
+        seed=7,
+        n=3,
+        logprobs=True,
+        top_logprobs=2,
+    )
+    b = client.chat.completions.create(
+        model="smollm2",
+        messages=MESSAGES,
+        max_tokens=6,
+        temperature=1.0,
+        seed=7,
+        n=3,
+        logprobs=True,
+        top_logprobs=2,
+    )
+    assert [c.index for c in a.choices] == [0, 1, 2]
+    assert [c.message.content for c in a.choices] == [c.message.content for c in b.choices]
+    entry = a.choices[0].logprobs.content[0]
+    assert entry.logprob <= 0 and len(entry.top_logprobs) == 2
+    assert entry.top_logprobs[0].logprob >= entry.logprob
+
+
+def test_completions_with_several_prompts_and_stop(client):
+    out = client.completions.create(
+        model="smollm2",
+        prompt=["The capital of France is", "1, 2, 3, 4,"],
+        max_tokens=8,
+        temperature=0,
+    )
+    assert [c.index for c in out.choices] == [0, 1]
+    assert all(c.text for c in out.choices)
+    stopped = client.completions.create(
+        model="smollm2", prompt="1, 2, 3, 4,", max_tokens=16, temperature=0, stop=["7"]
+    )
+    assert "7" not in stopped.choices[0].text
+    assert stopped.choices[0].finish_reason == "stop"
+
+
+def test_vllm_extras_are_accepted(client):
+    out = client.completions.create(
+        model="smollm2",
+        prompt="Hello",
+        max_tokens=5,
+        temperature=0,
+        extra_body={
+            "top_k": 5,
+            "min_p": 0.05,
+            "repetition_penalty": 1.1,
+            "min_tokens": 5,
+            "ignore_eos": True,
+        },
+    )
+    assert out.usage.completion_tokens == 5
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param", "code"),
+    [
+        ({"model": "smollm2", "messages": MESSAGES, "max_tokens": "x"}, 400, "max_tokens", None),
+        ({"model": "smollm2", "messages": MESSAGES, "temperature": 5}, 400, "temperature", None),
+        ({"model": "smollm2", "messages": MESSAGES, "n": 0}, 400, "n", None),
+        ({"model": "smollm2", "messages": []}, 400, "messages", None),
+        ({"messages": MESSAGES}, 400, "model", None),
+        ({"model": "nope", "messages": MESSAGES}, 404, "model", "model_not_found"),
+        (
+            {"model": "smollm2", "messages": [{"role": "user", "content": "hi " * 9000}]},
+            400,
+            "messages",
+            "context_length_exceeded",
+        ),
+        (
+            {"model": "smollm2", "messages": MESSAGES, "max_tokens": POOL * 16},
+            400,
+            "max_tokens",
+            "kv_cache_capacity_exceeded",
+        ),
+    ],
+)
+def test_bad_input_gets_openai_errors(server, body, status, param, code):
+    r = httpx.post(f"{server[0]}/v1/chat/completions", json=body)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    assert error["param"] == param and error["code"] == code and error["message"]
+    assert error["type"] == "invalid_request_error"
+
+
+def test_malformed_json_and_sdk_errors(server, client):
+    r = httpx.post(
+        f"{server[0]}/v1/chat/completions",
+        content=b"{nope",
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == 400 and "JSON" in r.json()["error"]["message"]
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="smollm2", prompt="x", max_tokens=1, temperature=-1)
+    assert err.value.body["param"] == "temperature"
+
+
+def test_disconnect_cancels_and_storm_leaves_every_block_free(server):
+    url, core = server
+
+    async def storm():
+        async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+
+            async def cancelled_stream(i):
+                body = {
+                    "model": "smollm2",
+                    "prompt": f"Story {i}:",
+                    "max_tokens": 200,
+                    "stream": True,
+                    "ignore_eos": True,
+                }
+                async with http.stream("POST", "/v1/completions", json=body) as r:
+                    async for _ in r.aiter_lines():
+                        break  # first event, then the client leaves
+
+            async def cancelled_plain(i):
+                body = {
+                    "model": "smollm2",
+                    "prompt": f"Essay {i}:",
+                    "max_tokens": 200,
+                    "ignore_eos": True,
+                }
+                with pytest.raises(httpx.ReadTimeout):
+                    await http.post("/v1/completions", json=body, timeout=0.5)
+
+            async def bad(i):
+                r = await http.post("/v1/completions", json={"model": "smollm2", "prompt": i})
+                assert r.status_code == 400
+
+            async def good(i):
+                r = await http.post(
+                    "/v1/completions", json={"model": "smollm2", "prompt": "Hi", "max_tokens": 3}
+                )
+                assert r.status_code == 200
+
+            jobs = [f(i) for i in range(6) for f in (cancelled_stream, cancelled_plain, bad, good)]
+            await asyncio.gather(*jobs)
+
+    asyncio.run(storm())
+    load = wait_idle(url, core)
+    assert load["total_blocks"] == POOL
+
+
+def test_load_and_metrics(server, client):
+    url, _ = server
+    client.completions.create(model="smollm2", prompt="Count: 1, 2,", max_tokens=3)
+    load = httpx.get(f"{url}/load").json()
+    assert set(load) >= {
+        "free_blocks",
+        "total_blocks",
+        "running",
+        "waiting",
+        "tokens_queued",
+        "block_size",
+    }
+    metrics = httpx.get(f"{url}/metrics").text
+    for name in (
+        "tokenyard_engine_ttft_seconds_count",
+        "tokenyard_engine_itl_seconds_bucket",
+        "tokenyard_engine_e2e_seconds_sum",
+        "tokenyard_engine_queue_seconds_count",
+        "tokenyard_engine_kv_usage_ratio",
+        "tokenyard_engine_running",
+        "tokenyard_engine_waiting",
+        "tokenyard_engine_prefix_cache_hits_tokens_total",
+        "tokenyard_engine_preemptions_total",
+    ):
+        assert name in metrics, name
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["smollm2"]
