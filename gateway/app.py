@@ -2,7 +2,7 @@
 
 import asyncio
 import logging
-from datetime import date
+from datetime import UTC, date, datetime
 from typing import Any
 
 import msgspec
@@ -68,11 +68,7 @@ class CompletionsController(Controller):
         policy = await proxy.auth.authenticate(request.headers.get("authorization"))
         raw = request.query_params.get("date")
         try:
-            when = (
-                date.fromisoformat(raw)
-                if raw
-                else date.fromordinal(date(1970, 1, 1).toordinal() + day_number())
-            )
+            when = date.fromisoformat(raw) if raw else datetime.now(UTC).date()
         except ValueError:
             raise GatewayError(400, "date must be YYYY-MM-DD", param="date") from None
         try:

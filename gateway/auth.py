@@ -5,6 +5,7 @@ Each cache layer lives `ttl` seconds, so a revoked key stops working within 2 x 
 lookup and never logged.
 """
 
+import asyncio
 import contextlib
 import time
 
@@ -32,6 +33,9 @@ class Authenticator:
         self.redis = redis
         self.ttl = ttl
         self._local: dict[str, tuple[float, TeamPolicy | None]] = {}
+        # one lookup per key at a time: when the cache entry of a busy key expires, its concurrent
+        # requests wait for the same lookup instead of each querying Redis and SQL
+        self._inflight: dict[str, asyncio.Future[TeamPolicy | None]] = {}
 
     async def authenticate(self, authorization: str | None) -> TeamPolicy:
         if not authorization:
@@ -53,10 +57,22 @@ class Authenticator:
         hit = self._local.get(key_hash)
         if hit is not None and hit[0] > now:
             return hit[1]
-        policy = await self._from_redis_or_sql(key_hash)
+        pending = self._inflight.get(key_hash)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        pending = self._inflight[key_hash] = asyncio.get_running_loop().create_future()
+        try:
+            policy = await self._from_redis_or_sql(key_hash)
+        except BaseException as exc:
+            pending.set_exception(exc)
+            pending.exception()  # retrieved: no "never retrieved" warning when nobody waited
+            raise
+        finally:
+            del self._inflight[key_hash]
         if len(self._local) >= _MAX_LOCAL:
             self._local.clear()
         self._local[key_hash] = (now + self.ttl, policy)
+        pending.set_result(policy)
         return policy
 
     async def _from_redis_or_sql(self, key_hash: str) -> TeamPolicy | None:

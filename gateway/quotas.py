@@ -21,6 +21,7 @@ from redis.exceptions import RedisError
 
 from gateway.errors import GatewayError
 from gateway.keys import TeamPolicy
+from gateway.store import BatchedScript
 
 log = logging.getLogger("tokenyard.gateway")
 
@@ -113,7 +114,7 @@ class Quotas:
         self.fail_open = fail_open
         self.max_concurrency = max_concurrency
         self.max_batch_concurrency = max_batch_concurrency
-        self._script = redis.register_script(_SCRIPT)
+        self._script = BatchedScript(redis, _SCRIPT)
         self._keys_by_team: dict[str, TeamKeys] = {}
 
     def team_keys(self, team: str) -> TeamKeys:

@@ -87,7 +87,7 @@ class Gateway(Process):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         super().__init__([*TOKENYARD, "gateway", "--port", str(self.port)], env, log)
-        wait_until(lambda: httpx.get(self.url + "/ready").status_code == 200, 30, "gateway ready")
+        wait_until(lambda: httpx.get(self.url + "/health").status_code == 200, 30, "gateway up")
 
     def client(self, key: str, **kwargs: Any) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, **kwargs)

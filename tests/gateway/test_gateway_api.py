@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway.conftest import MODEL, TOKENYARD, reservations, upstream_stats
+from tests.gateway.conftest import MODEL, TOKENYARD, free_port, reservations, upstream_stats
 
 CHAT = [{"role": "user", "content": "one two three #chunks=4"}]
 
@@ -190,6 +190,19 @@ def test_health_ready_metrics(gateway: Any) -> None:
     assert ready == {"ready": True, "redis": True, "models": {MODEL: True}}
     text = httpx.get(gateway.url + "/metrics").text
     assert "tokenyard_gateway_requests_total" in text
+
+
+def test_engine_down_is_503_not_ready(start_gateway: Any, team: Any) -> None:
+    gw = start_gateway(engine_urls=f"{MODEL}=http://127.0.0.1:{free_port()}")
+    _, key = team()
+    client = gw.client(key)
+    assert client.models.list().data[0].model_extra["ready"] is False
+    with pytest.raises(openai.APIStatusError) as err:
+        client.chat.completions.create(model=MODEL, messages=CHAT)
+    assert err.value.status_code == 503
+    assert err.value.code == "model_not_ready"
+    assert err.value.response.headers["retry-after"] == "1"
+    assert httpx.get(gw.url + "/ready").status_code == 503
 
 
 def test_teams_cli(base_env: dict) -> None:
