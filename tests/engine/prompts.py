@@ -33,11 +33,14 @@ FILLER = (
 
 
 def chat_prompts() -> list[list[dict]]:
-    """Short and long user turns (the long ones carry several hundred tokens of context)."""
+    """Short and long user turns (the long ones carry several hundred tokens of context).
+
+    The question comes first, so that only the system prompt is shared between them.
+    """
     prompts = []
     for i, topic in enumerate(TOPICS):
         context = FILLER * (i % 5) * 2  # 0 to ~450 tokens of context
-        prompts.append([{"role": "user", "content": context + topic}])
+        prompts.append([{"role": "user", "content": f"{topic} {context}".strip()}])
     return prompts
 
 
