@@ -43,11 +43,12 @@ def _tier(request: Request, parsed: Parsed, policy: TeamPolicy) -> str:
     return tier
 
 
-def _size(parsed: Parsed, info: ModelInfo, policy: TeamPolicy, settings: Settings) -> int:
+def _size(
+    parsed: Parsed, prompt: int, info: ModelInfo, policy: TeamPolicy, settings: Settings
+) -> int:
     """The max_tokens to forward, after the token and context caps."""
     token_cap = _min_set(policy.max_tokens, settings.gateway_max_tokens)
     context = _min_set(policy.max_context, settings.gateway_max_context, info.max_model_len)
-    prompt = parsed.prompt_tokens
     if context and prompt >= context:
         raise GatewayError(
             400,
@@ -79,7 +80,7 @@ def _usage(got: UsageIn | None, fallback_prompt: int, fallback_completion: int) 
     if got is None:  # the upstream never reported: settle the estimate
         return Usage(fallback_prompt, fallback_completion, 0)
     cached = got.prompt_tokens_details.cached_tokens if got.prompt_tokens_details else 0
-    return Usage(got.prompt_tokens, got.completion_tokens, cached)
+    return Usage(got.prompt_tokens, got.completion_tokens, cached, reported=True)
 
 
 class Proxy:
@@ -118,7 +119,8 @@ class Proxy:
                 503, f"model {parsed.model!r} is not ready", code="model_not_ready", retry_after=1
             )
         tier = _tier(request, parsed, policy)
-        max_tokens = _size(parsed, upstream.info, policy, self.settings)
+        prompt = parsed.prompt_tokens + upstream.info.prompt_extra
+        max_tokens = _size(parsed, prompt, upstream.info, policy, self.settings)
         body = parsed.body
         body["max_tokens"] = max_tokens
         if parsed.stream:  # the gateway settles from the usage chunk, so always ask for it
@@ -128,8 +130,8 @@ class Proxy:
             or parsed.request_id
             or "req-" + os.urandom(12).hex()
         )
-        tokens = parsed.prompt_tokens + parsed.n * max_tokens
-        pages = kv_pages(parsed.prompt_tokens, max_tokens, parsed.n, upstream.info.block_size)
+        tokens = prompt + parsed.n * max_tokens
+        pages = kv_pages(prompt, max_tokens, parsed.n, upstream.info.block_size)
         lease_id = os.urandom(9).hex()  # never the client's id: clients may reuse theirs
         call = UpstreamCall(
             PATHS[kind],
@@ -152,14 +154,17 @@ class Proxy:
             "model_served": upstream.info.name,
             "tier": tier,
             "stream": parsed.stream,
+            "prompt_estimate": parsed.prompt_tokens,  # from the bytes alone
+            "prompt_reserved": prompt,  # with the learned overhead: the fallback usage
             "ts": time.time(),
         }
         try:
             return await self._forward(upstream, call, parsed, res, event, headers, started)
         except BaseException as exc:
-            # settles nothing if the response already settled (or its stream body owns settling)
+            # a no-op if the response already settled (or its stream body owns settling); a task
+            # of its own because a cancelled request would cancel an await here as well
             status = exc.status if isinstance(exc, GatewayError) else 500
-            await self._settle(res, upstream, Usage(), event, started, status=status)
+            self._spawn(self._settle(res, upstream, Usage(), event, started, status=status))
             raise
 
     async def _forward(
@@ -178,7 +183,7 @@ class Proxy:
             if reply.status == 200:
                 with contextlib.suppress(msgspec.DecodeError):
                     got = reply_decoder.decode(reply.body)
-            usage = _usage(got.usage, parsed.prompt_tokens, 0) if got else Usage()
+            usage = _usage(got.usage, event["prompt_reserved"], 0) if got else Usage()
             event["timings"] = got.timings if got else None
             await self._settle(res, upstream, usage, event, started, status=reply.status)
             return Response(
@@ -202,7 +207,7 @@ class Proxy:
         """Close the upstream and settle; from a task of its own, because when the client hung up
         the response's scope is being cancelled."""
         result = body.result
-        usage = _usage(result.usage, body.parsed.prompt_tokens, result.chunks)
+        usage = _usage(result.usage, body.event["prompt_reserved"], result.chunks)
         body.event["timings"] = result.timings
         body.event["error"] = result.error
         if result.first_byte is not None:
@@ -241,6 +246,8 @@ class Proxy:
         if self.keeper.active.pop(res.lease_id, None) is None:
             return  # already settled
         metrics.IN_FLIGHT.dec()
+        if usage.reported and usage.prompt_tokens:
+            upstream.info.observe_prompt(event["prompt_estimate"], usage.prompt_tokens)
         model = upstream.info.name
         elapsed = time.perf_counter() - started
         event.update(

@@ -97,6 +97,7 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    reported: bool = False  # by the upstream (else the gateway's estimate)
 
 
 class Quotas:

@@ -31,6 +31,16 @@ class ModelInfo:
     ready: bool = False
     block_size: int = 0  # 0: not a paged self-hosted engine, no KV-page quota
     max_model_len: int = 0  # 0: unknown
+    # prompt tokens the byte estimate misses (chat template, default system prompt), learned from
+    # the usage the upstream reports
+    prompt_overhead: float = 0.0
+
+    def observe_prompt(self, estimate: int, actual: int) -> None:
+        self.prompt_overhead += 0.1 * ((actual - estimate) - self.prompt_overhead)
+
+    @property
+    def prompt_extra(self) -> int:
+        return max(0, round(self.prompt_overhead))
 
 
 @dataclass

@@ -5,6 +5,7 @@ import pytest
 from gateway.errors import GatewayError
 from gateway.http import _dechunk
 from gateway.quotas import kv_pages
+from gateway.upstream import ModelInfo
 from gateway.validation import estimate_prompt_tokens, parse
 
 
@@ -49,3 +50,13 @@ def test_dechunk_across_reads() -> None:
         pieces, rest, done = _dechunk(rest + wire[i : i + 3])
         out += pieces
     assert (out, rest, done) == (b"hello world", b"", True)
+
+
+def test_prompt_overhead_is_learned_and_never_negative() -> None:
+    info = ModelInfo("m")
+    for _ in range(60):  # the template adds ~20 tokens the byte estimate cannot see
+        info.observe_prompt(estimate=11, actual=32)
+    assert info.prompt_extra == 21
+    for _ in range(60):
+        info.observe_prompt(estimate=40, actual=30)  # an estimate above the truth adds nothing
+    assert info.prompt_extra == 0
