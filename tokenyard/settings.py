@@ -29,8 +29,10 @@ class Settings(BaseSettings):
     gateway_port: int = 8000
     # Redis unreachable: refuse with 503 (closed) or serve without quotas (open)
     gateway_fail_open: bool = False
-    gateway_key_cache_s: float = 0.5  # per layer (process, Redis): a revoked key dies within 2x this
-    gateway_lease_s: float = 30.0  # concurrency/KV-page lease lifetime, renewed while a request runs
+    # per cache layer (process, Redis): a revoked key dies within twice this
+    gateway_key_cache_s: float = 0.5
+    # concurrency/KV-page lease lifetime, renewed while a request runs
+    gateway_lease_s: float = 30.0
     gateway_max_body_bytes: int = 4 * 1024 * 1024
     gateway_max_tokens: int = 4096  # platform cap on max_tokens (also the default when unset)
     gateway_max_context: int = 0  # platform cap on prompt + max_tokens; 0: the model's window
