@@ -119,6 +119,7 @@ class Proxy:
                 503, f"model {parsed.model!r} is not ready", code="model_not_ready", retry_after=1
             )
         tier = _tier(request, parsed, policy)
+        self._check_saturation(upstream.info, tier)
         prompt = parsed.prompt_tokens + upstream.info.prompt_extra
         max_tokens = _size(parsed, prompt, upstream.info, policy, self.settings)
         body = parsed.body
@@ -166,6 +167,20 @@ class Proxy:
             status = exc.status if isinstance(exc, GatewayError) else 500
             self._spawn(self._settle(res, upstream, Usage(), event, started, status=status))
             raise
+
+    def _check_saturation(self, info: ModelInfo, tier: str) -> None:
+        """Refuse rather than queue without bound behind a saturated engine (its /load, polled
+        every second); batch gives way at half the queue so interactive work always gets in."""
+        limit = self.settings.gateway_max_upstream_waiting
+        if tier == "batch":
+            limit = (limit + 1) // 2
+        if limit and info.waiting >= limit:
+            raise GatewayError(
+                503,
+                f"model {info.name!r} is saturated ({info.waiting} requests queued)",
+                code="upstream_saturated",
+                retry_after=1,
+            )
 
     async def _forward(
         self,

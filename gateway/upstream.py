@@ -31,6 +31,7 @@ class ModelInfo:
     ready: bool = False
     block_size: int = 0  # 0: not a paged self-hosted engine, no KV-page quota
     max_model_len: int = 0  # 0: unknown
+    waiting: int = 0  # requests queued upstream at the last poll
     # prompt tokens the byte estimate misses (chat template, default system prompt), learned from
     # the usage the upstream reports
     prompt_overhead: float = 0.0
@@ -91,6 +92,7 @@ class _Load(msgspec.Struct):
     model: str
     block_size: int = 0
     max_model_len: int = 0
+    waiting: int = 0
 
 
 def _unavailable(name: str, exc: Exception) -> GatewayError:
@@ -158,6 +160,7 @@ class EngineUpstream:
         self.info.ready = response.status == 200
         self.info.block_size = load.block_size
         self.info.max_model_len = load.max_model_len
+        self.info.waiting = load.waiting
 
     async def aclose(self) -> None:
         await self._http.aclose()

@@ -38,6 +38,9 @@ class Settings(BaseSettings):
     gateway_max_context: int = 0  # platform cap on prompt + max_tokens; 0: the model's window
     gateway_max_concurrency: int = 0  # platform-wide requests in flight; 0: unlimited
     gateway_max_batch_concurrency: int = 0  # of which batch tier; 0: unlimited
+    # an engine with this many requests queued is saturated: refuse (batch at half of it, so batch
+    # backlog never makes interactive wait); 0: never
+    gateway_max_upstream_waiting: int = 0
     gateway_upstream_timeout_s: float = 600.0
 
 

@@ -4,7 +4,8 @@ It is not under test: it answers fast and deterministically. Directives in the p
 `#chunks=N` (default 20, capped by max_tokens), `#delay=S` (seconds between chunks),
 `#fail=K` (drop the connection after K chunks), `#status=C` (refuse with HTTP C).
 Usage: prompt_tokens = whitespace-separated words of the prompt, completion_tokens = chunks sent.
-GET /stats tells what it saw (active, cancelled, completed streams; last request's headers).
+GET /stats tells what it saw (active, cancelled, completed streams; last request's headers);
+POST /control {"waiting": N} sets the queue depth /load reports.
 
 Run: python tests/gateway/fake_upstream.py --port P [--model NAME] [--block-size B]
 """
@@ -23,6 +24,7 @@ _DIRECTIVE = re.compile(r"#(chunks|delay|fail|status)=([0-9.]+)")
 class Stats:
     def __init__(self) -> None:
         self.active = 0
+        self.waiting = 0  # reported on /load; set with POST /control {"waiting": N}
         self.cancelled = 0
         self.completed = 0
         self.requests = 0
@@ -93,7 +95,7 @@ def make_app(model: str, block_size: int, max_model_len: int) -> Any:
                     "total_blocks": 1000,
                     "free_blocks": 1000,
                     "running": stats.active,
-                    "waiting": 0,
+                    "waiting": stats.waiting,
                     "tokens_queued": 0,
                     "max_model_len": max_model_len,
                 }
@@ -105,6 +107,9 @@ def make_app(model: str, block_size: int, max_model_len: int) -> Any:
             return await send_json(send, 404, {"error": {"message": "no route"}})
 
         body = msgspec.json.decode(await read_body(receive))
+        if path == "/control":
+            stats.waiting = body["waiting"]
+            return await send_json(send, 200, {"waiting": stats.waiting})
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         stats.requests += 1
         stats.last_headers = headers

@@ -164,6 +164,37 @@ def test_platform_caps_keep_room_for_interactive(start_gateway: Any, team: Any) 
         s.close()
 
 
+def test_saturated_engine_refuses_batch_first(start_gateway: Any, team: Any, upstream: str) -> None:
+    gw = start_gateway(gateway_max_upstream_waiting="4")
+    _, key = team()
+    client = gw.client(key)
+    messages = chat()
+
+    def ask(tier: str) -> int:
+        try:
+            client.chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=2, extra_headers={"x-tier": tier}
+            )
+            return 200
+        except openai.APIStatusError as err:
+            assert err.code == "upstream_saturated"
+            assert err.response.headers["retry-after"] == "1"
+            return err.status_code
+
+    def queued(n: int) -> None:
+        httpx.post(upstream + "/control", json={"waiting": n})
+        time.sleep(1.3)  # the gateway polls /load every second
+
+    try:
+        queued(2)  # half the limit: batch waits, interactive still goes in
+        assert (ask("batch"), ask("interactive")) == (503, 200)
+        queued(4)
+        assert (ask("batch"), ask("interactive")) == (503, 503)
+    finally:
+        queued(0)
+    assert (ask("batch"), ask("interactive")) == (200, 200)
+
+
 def test_upstream_failure_mid_stream_settles_usage_so_far(
     gateway: Any, team: Any, redis_server: Any
 ) -> None:
