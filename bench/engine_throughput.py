@@ -3,10 +3,11 @@
 64 chat requests (prompts 30-600 tokens, outputs 16-256 tokens long-tailed, EOS ignored, greedy)
 run through (a) the engine in-process, (b) the engine over HTTP at full concurrency, (c)
 transformers one request at a time and (d) in static batches of 8. A second workload gives every
-request the same ~500-token system prompt and compares TTFT with prefix caching on and off.
+request the same ~500-token system prompt (and 30-100 tokens of its own) and compares TTFT with
+prefix caching on and off.
 Before that, the script measures this machine's fp32 matmul rate and memory bandwidth and derives
-the workload's compute floor: prefill FLOPs at the matmul rate plus, per generated token, one read
-of the weights at the memory bandwidth.
+the workload's compute floor: prefill FLOPs at the matmul rate plus one read of the weights per
+decode step at the memory bandwidth (all sequences batched, as many steps as the longest output).
 
     .venv/bin/python bench/engine_throughput.py [--requests 64] [--skip-transformers]
 """
@@ -14,6 +15,7 @@ of the weights at the memory bandwidth.
 import argparse
 import asyncio
 import itertools
+import json
 import os
 import random
 import resource
@@ -50,10 +52,12 @@ def pct(values: list[float], q: float) -> float:
 
 
 def make_workload(tokenizer, n: int, seed: int, shared_system: str | None):
+    """Prompts of 30-600 tokens; with a shared ~500-token system prompt, the user part is what
+    is left of that: 30-100 tokens."""
     rng = random.Random(seed)
     work = []
     for i in range(n):
-        target = rng.randint(30, 600)
+        target = rng.randint(30, 100) if shared_system else rng.randint(30, 600)
         words = [rng.choice(WORDS) for _ in range(target)]
         text = f"Request {i}: " + " ".join(words)
         ids = tokenizer.encode(text)[: max(1, target - 30)]
@@ -97,14 +101,19 @@ def machine_rates() -> tuple[float, float]:
 
 
 def floor_tokens_per_s(engine: LLMEngine, work, gflops: float, gbps: float) -> float:
-    params = sum(p.numel() for p in engine.model.parameters())
-    weight_bytes = params * 4
-    prompt_tokens = sum(len(ids) for _, ids, _ in work)
-    output_tokens = sum(n for _, _, n in work)
-    seconds = 2 * params * prompt_tokens / (gflops * 1e9) + output_tokens * weight_bytes / (
-        gbps * 1e9
-    )
-    return output_tokens / seconds
+    """Output tokens/s if prefill ran at the matmul rate and decoding were bound by one read of
+    the weights per step, every sequence batched (as many steps as the longest output)."""
+    cfg = engine.model_config
+    linear = sum(p.numel() for p in engine.model.layers.parameters() if p.dim() == 2)
+    prefill_flops = 0.0
+    for _, ids, _ in work:
+        n = len(ids)
+        attention = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * n * n / 2
+        prefill_flops += 2 * linear * n + attention
+    weight_bytes = sum(p.numel() for p in engine.model.parameters()) * 4
+    steps = max(n for _, _, n in work)
+    seconds = prefill_flops / (gflops * 1e9) + steps * weight_bytes / (gbps * 1e9)
+    return sum(n for _, _, n in work) / seconds
 
 
 # ---------------------------------------------------------------- runs
@@ -186,8 +195,11 @@ def run_http(work, name: str, port: int, extra_args: list[str]) -> dict:
                     last = None
                     async with http.stream("POST", "/v1/chat/completions", json=body) as r:
                         async for line in r.aiter_lines():
-                            if not line.startswith("data: {") or '"content":"' not in line:
+                            if not line.startswith("data: {"):
                                 continue
+                            choices = json.loads(line[6:])["choices"]
+                            if not choices or not choices[0]["delta"].get("content"):
+                                continue  # the role chunk, the finish chunk
                             now = time.perf_counter()
                             if last is None:
                                 ttfts.append(now - sent)

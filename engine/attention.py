@@ -28,10 +28,11 @@ class SeqSlice:
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] flat slot of each new token's K/V
     num_decodes: int  # the first num_decodes tokens are single-token decodes
-    # PyTorch backend: K/V gather indices
-    decode_kv_index: torch.Tensor | None = None  # [B, Lmax]
-    decode_mask: torch.Tensor | None = None  # [B, 1, 1, Lmax], True where attended
-    prefills: list[tuple[int, int, torch.Tensor]] | None = None  # (q_start, q_end, kv_index [L])
+    # PyTorch backend: which blocks to gather
+    decode_kv_index: torch.Tensor | None = None  # [B, max_blocks] block ids
+    decode_mask: torch.Tensor | None = None  # [B, 1, 1, max_blocks * block_size], True: attended
+    # per prefill chunk: (q_start, q_end, its block ids, context length)
+    prefills: list[tuple[int, int, torch.Tensor, int]] | None = None
     # flash-attn backend
     cu_seqlens_q: torch.Tensor | None = None
     cu_seqlens_k: torch.Tensor | None = None
@@ -49,35 +50,36 @@ def _slot_mapping(slices: list[SeqSlice], block_size: int) -> list[int]:
 
 
 class TorchAttention:
-    """Reference backend: gathers each sequence's K/V from the pool and calls SDPA."""
+    """Reference backend: gathers each sequence's K/V blocks from the pool and calls SDPA.
+
+    Gathers whole blocks (index_select over the block dimension copies block-sized runs, much
+    faster than indexing token by token); the tail past a sequence's length is masked or cut.
+    """
 
     default_block_size = 16
 
     def __init__(self, block_size: int, device: torch.device):
         self.block_size = block_size
         self.device = device
-        self._offsets = torch.arange(block_size, device=device)
 
-    def _kv_index(self, s: SeqSlice) -> torch.Tensor:
-        blocks = torch.tensor(s.block_table, dtype=torch.long, device=self.device)
-        return (blocks[:, None] * self.block_size + self._offsets).flatten()[: s.context_len]
+    def _blocks(self, s: SeqSlice) -> torch.Tensor:
+        used = -(-s.context_len // self.block_size)
+        return torch.tensor(s.block_table[:used], dtype=torch.long, device=self.device)
 
     def build_metadata(self, slices: list[SeqSlice], num_decodes: int) -> AttentionMetadata:
         slots = torch.tensor(_slot_mapping(slices, self.block_size), device=self.device)
         meta = AttentionMetadata(slot_mapping=slots, num_decodes=num_decodes, prefills=[])
         if num_decodes:
             decodes = slices[:num_decodes]
-            max_len = max(s.context_len for s in decodes)
-            index = torch.zeros(num_decodes, max_len, dtype=torch.long, device=self.device)
+            width = max(-(-s.context_len // self.block_size) for s in decodes)
+            tables = [s.block_table[:width] + [0] * (width - len(s.block_table)) for s in decodes]
+            meta.decode_kv_index = torch.tensor(tables, dtype=torch.long, device=self.device)
             lengths = torch.tensor([s.context_len for s in decodes], device=self.device)
-            for i, s in enumerate(decodes):
-                index[i, : s.context_len] = self._kv_index(s)
-            meta.decode_kv_index = index
-            positions = torch.arange(max_len, device=self.device)
+            positions = torch.arange(width * self.block_size, device=self.device)
             meta.decode_mask = (positions[None, :] < lengths[:, None])[:, None, None, :]
         start = num_decodes
         for s in slices[num_decodes:]:
-            meta.prefills.append((start, start + s.num_new, self._kv_index(s)))
+            meta.prefills.append((start, start + s.num_new, self._blocks(s), s.context_len))
             start += s.num_new
         return meta
 
@@ -90,28 +92,30 @@ class TorchAttention:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        k_flat = k_cache.view(-1, *k_cache.shape[2:])
-        v_flat = v_cache.view(-1, *v_cache.shape[2:])
-        k_flat.index_copy_(0, meta.slot_mapping, k)
-        v_flat.index_copy_(0, meta.slot_mapping, v)
+        heads, dim = k_cache.shape[2:]
+        k_cache.view(-1, heads, dim).index_copy_(0, meta.slot_mapping, k)
+        v_cache.view(-1, heads, dim).index_copy_(0, meta.slot_mapping, v)
         out = torch.empty_like(q)
         n = meta.num_decodes
         if n:
-            keys = k_flat[meta.decode_kv_index].transpose(1, 2)  # [B, Hkv, L, D]
-            values = v_flat[meta.decode_kv_index].transpose(1, 2)
+            index = meta.decode_kv_index.flatten()
+            keys = k_cache.index_select(0, index).view(n, -1, heads, dim).transpose(1, 2)
+            values = v_cache.index_select(0, index).view(n, -1, heads, dim).transpose(1, 2)
             out[:n] = F.scaled_dot_product_attention(
                 q[:n].unsqueeze(2), keys, values, attn_mask=meta.decode_mask, enable_gqa=True
             ).squeeze(2)
-        for q_start, q_end, kv_index in meta.prefills:
-            num_new, context = q_end - q_start, kv_index.numel()
+        for q_start, q_end, blocks, context in meta.prefills:
+            num_new = q_end - q_start
+            keys = k_cache.index_select(0, blocks).view(-1, heads, dim)[:context]
+            values = v_cache.index_select(0, blocks).view(-1, heads, dim)[:context]
             mask = None
             if num_new != context:  # a later chunk: its queries see every earlier token
                 rows = torch.arange(context - num_new, context, device=q.device)
                 mask = torch.arange(context, device=q.device)[None, :] <= rows[:, None]
             out[q_start:q_end] = F.scaled_dot_product_attention(
                 q[q_start:q_end].transpose(0, 1),
-                k_flat[kv_index].transpose(0, 1),
-                v_flat[kv_index].transpose(0, 1),
+                keys.transpose(0, 1),
+                values.transpose(0, 1),
                 attn_mask=mask,
                 is_causal=mask is None,
                 enable_gqa=True,

@@ -129,7 +129,7 @@ def create_app(engine: AsyncEngine) -> Litestar:
         if name not in (model_name, core.config.model):
             raise HTTPException(
                 status_code=404,
-                detail=f"The model {name!r} does not exist here (this engine serves {model_name!r})",
+                detail=f"The model {name!r} does not exist (this engine serves {model_name!r})",
                 extra={"code": "model_not_found", "param": "model"},
             )
 
