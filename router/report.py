@@ -1,0 +1,96 @@
+"""The evaluation report of a trained classifier: JSON for machines, Markdown for people."""
+
+import json
+from pathlib import Path
+from typing import Any
+
+_SECTIONS = (
+    ("mmlu_in_domain", "MMLU, in-domain (seeded split, test part)"),
+    ("mmlu_subject_held_out", "MMLU, whole subjects held out (every prompt scored out-of-fold)"),
+    ("gsm8k", "GSM8K (seeded split, test part)"),
+    ("mt_bench", "MT-Bench (never trained on; 72 questions, sanity check only)"),
+)
+_METRICS = (("apgr", "APGR", False), ("cpt50", "CPT(50%)", True), ("cpt80", "CPT(80%)", True))
+
+
+def _cell(m: dict[str, float], percent: bool) -> str:
+    if m["value"] != m["value"]:  # nan: AUROC on judge scores
+        return "—"
+    if percent:
+        return f"{m['value']:.1%} [{m['low']:.1%}, {m['high']:.1%}]"
+    return f"{m['value']:.3f} [{m['low']:.3f}, {m['high']:.3f}]"
+
+
+def _table(section: dict[str, Any]) -> list[str]:
+    lines = [
+        "| router | APGR | CPT(50%) | CPT(80%) | AUROC (weak fails) |",
+        "|---|---|---|---|---|",
+    ]
+    for name, metrics in section["routers"].items():
+        cells = [_cell(metrics[key], percent) for key, _, percent in _METRICS]
+        cells.append(_cell(metrics["auroc_weak_fails"], False))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    diff = section["minus_length"]["classifier"]
+    lines += [
+        "",
+        "Classifier minus length rule (paired bootstrap, same resampled prompts): "
+        f"APGR {diff['apgr']['value']:+.3f} [{diff['apgr']['low']:+.3f}, "
+        f"{diff['apgr']['high']:+.3f}], CPT(50%) {diff['cpt50']['value']:+.1%} "
+        f"[{diff['cpt50']['low']:+.1%}, {diff['cpt50']['high']:+.1%}].",
+    ]
+    return lines
+
+
+def write_report(report: dict[str, Any], metadata: dict[str, Any], stem: Path) -> None:
+    stem.with_suffix(".json").write_text(json.dumps(report, indent=1) + "\n")
+    config = metadata["config"]
+    lines = [
+        f"# Complexity classifier {metadata['version']}: evaluation report",
+        "",
+        "Written by `tokenyard router train`. Weak model Mixtral-8x7B-Instruct-v0.1, strong "
+        "gpt-4-1106-preview; per-prompt outcomes from RouteLLM (router/data/README.md), "
+        "decontaminated with RouteLLM's lists. Metrics as RouteLLM defines them (11 thresholds "
+        "at the score deciles); 95% bootstrap intervals over prompts "
+        f"({config['bootstrap_resamples']} resamples, seed {config['seed']}). Random and length "
+        "routing are computed on the same prompts in the same run.",
+        "",
+        f"Chosen on validation (never on test): **{metadata['chosen']['name']}**; "
+        f"sklearn {metadata['sklearn_version']}; data sha256 `{metadata['data_sha256'][:16]}…`.",
+        "",
+        "Notes:",
+        "- The label is *escalate* (the weak model fails and the strong one succeeds) when "
+        "validation picks it, as it has in every run so far: a prompt both models fail gains "
+        "nothing from escalation, and APGR only counts gains. AUROC below is still for *weak "
+        "model fails*.",
+        "- The shipped artifact is fit on the train part only; validation picks the candidate "
+        "and calibrates the share → threshold curve; the test part is only reported here.",
+        "- The subject-held-out rows are scored by K models of the chosen recipe, each trained "
+        "without the held-out subjects (nor any verbatim duplicate of their prompts); they "
+        "estimate how the recipe transfers to unseen topics, not the shipped artifact.",
+        "- Length rule: prompt length in characters, longer → strong.",
+        "",
+        "| candidate | val APGR MMLU | val APGR GSM8K | selection score |",
+        "|---|---|---|---|",
+    ]
+    lines += [
+        f"| {v['candidate']} | {v['mmlu']:.3f} | {v['gsm8k']:.3f} | {v['selection']:.3f} |"
+        for v in metadata["validation"]
+    ]
+    for key, title in _SECTIONS:
+        section = report["evaluations"][key]
+        lines += [
+            "",
+            f"## {title}",
+            "",
+            f"{section['n']} prompts; always-weak quality {section['weak_quality']:.3f}, "
+            f"always-strong {section['strong_quality']:.3f}.",
+            "",
+            *_table(section),
+        ]
+        if "folds" in section:
+            lines += ["", "| fold | prompts | APGR | subjects |", "|---|---|---|---|"]
+            lines += [
+                f"| {f['fold']} | {f['n']} | {f['apgr']:.3f} | {', '.join(f['subjects'])} |"
+                for f in section["folds"]
+            ]
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")

@@ -1,0 +1,69 @@
+"""The shipped artifact: it loads, scores sensibly, its thresholds calibrate, its report holds."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from router.metrics import router_metrics
+from router.train import outcomes, prompts_hash
+
+from .conftest import Shipped
+
+
+def test_loads_and_scores_in_unit_interval(shipped: Shipped) -> None:
+    clf = shipped.classifier
+    assert clf.version == "v1"
+    for prompt in ("", "hi", "What is 2+2?", "x " * 50_000, shipped.data.gsm8k[0].prompt):
+        s = clf.score(prompt)
+        assert isinstance(s, float)
+        assert 0.0 <= s <= 1.0
+
+
+def test_fast_path_equals_pipeline(shipped: Shipped) -> None:
+    prompts = [e.prompt for e in shipped.data.part("test")][::5]
+    fast = np.array([shipped.classifier.score(p) for p in prompts])
+    np.testing.assert_allclose(fast, shipped.classifier.score_many(prompts), rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("bench", ["mmlu", "gsm8k"])
+def test_held_out_hard_prompts_score_higher(shipped: Shipped, bench: str) -> None:
+    part = shipped.data.mmlu_part if bench == "mmlu" else shipped.data.gsm8k_part
+    examples = part("test")
+    scores = shipped.classifier.score_many([e.prompt for e in examples])
+    hard = np.array([e.weak_fails for e in examples])
+    assert scores[hard].mean() > scores[~hard].mean()
+
+
+def test_threshold_curve_is_monotone(shipped: Shipped) -> None:
+    clf = shipped.classifier
+    thresholds = [clf.threshold_for_strong_share(s) for s in np.linspace(0, 1, 201)]
+    assert all(a >= b for a, b in itertools.pairwise(thresholds))
+    with pytest.raises(ValueError):
+        clf.threshold_for_strong_share(1.5)
+
+
+@pytest.mark.parametrize("share", [0.1, 0.2, 0.3, 0.5, 0.7, 0.9])
+def test_calibrated_threshold_realises_share_on_held_out(shipped: Shipped, share: float) -> None:
+    # calibrated on validation prompts, checked on test prompts it never saw
+    scores = shipped.test_scores
+    realised = float((scores >= shipped.classifier.threshold_for_strong_share(share)).mean())
+    assert abs(realised - share) <= 0.04
+
+
+def test_share_zero_routes_nothing(shipped: Shipped) -> None:
+    scores = shipped.classifier.score_many([e.prompt for e in shipped.data.part("val")])
+    assert not (scores >= shipped.classifier.threshold_for_strong_share(0.0)).any()
+
+
+@pytest.mark.parametrize("name", ["mmlu_in_domain", "gsm8k"])
+def test_report_recomputes_from_shipped_artifact(shipped: Shipped, name: str) -> None:
+    bench = "mmlu" if name == "mmlu_in_domain" else "gsm8k"
+    part = shipped.data.mmlu_part if bench == "mmlu" else shipped.data.gsm8k_part
+    examples = part("test")
+    assert prompts_hash(examples) == shipped.classifier.metadata["test_prompts_sha256"][bench]
+    weak, strong = outcomes(examples)
+    got = router_metrics(shipped.classifier.score_many([e.prompt for e in examples]), weak, strong)
+    reported = shipped.report["evaluations"][name]["routers"]["classifier"]
+    for field in ("apgr", "cpt50", "cpt80", "auroc_weak_fails"):
+        assert getattr(got, field) == pytest.approx(reported[field]["value"], abs=1e-9)

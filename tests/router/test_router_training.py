@@ -1,0 +1,77 @@
+"""Training determinism, leakage-free splits, and the metrics on cases with known answers."""
+
+import argparse
+
+import numpy as np
+import pytest
+
+from router.cli import add_parser
+from router.dataset import load_gsm8k, load_mmlu, normalise, random_split, subject_folds
+from router.metrics import apgr, cpt, routing_curve
+from router.train import Candidate, fit, score
+
+
+@pytest.fixture(scope="module")
+def mmlu() -> list:
+    return load_mmlu()
+
+
+def test_decontaminated_counts_match_routellm(mmlu: list) -> None:
+    # RouteLLM: 14,042 MMLU rows and 1,319 GSM8K rows before dropping the contaminated ones
+    assert len(mmlu) == 14_037
+    assert len(load_gsm8k()) == 1_307
+
+
+def test_training_is_deterministic_with_a_seed(mmlu: list) -> None:
+    rng = np.random.default_rng(1)
+    subset = [mmlu[i] for i in rng.choice(len(mmlu), 800, replace=False)]
+    probe = [e.prompt for e in mmlu[:200]]
+    candidate = Candidate(target="escalate", c=1.0)
+    first = score(fit(candidate, subset, seed=3), probe)
+    second = score(fit(candidate, subset, seed=3), probe)
+    np.testing.assert_array_equal(first, second)
+
+
+def test_random_split_keeps_duplicates_together(mmlu: list) -> None:
+    split = random_split(mmlu, seed=0, val_frac=0.15, test_frac=0.25)
+    parts = [
+        {normalise(mmlu[i].prompt) for i in idx} for idx in (split.train, split.val, split.test)
+    ]
+    assert not parts[0] & parts[2] and not parts[1] & parts[2] and not parts[0] & parts[1]
+    assert len(split.train) + len(split.val) + len(split.test) == len(mmlu)
+    again = random_split(mmlu, seed=0, val_frac=0.15, test_frac=0.25)
+    np.testing.assert_array_equal(split.test, again.test)
+
+
+def test_subject_folds_hold_out_whole_subjects(mmlu: list) -> None:
+    folds = subject_folds(mmlu, n_folds=5, seed=0)
+    subjects = [{mmlu[i].subject for i in fold} for fold in folds]
+    for k, s in enumerate(subjects):
+        for other in subjects[k + 1 :]:
+            assert not s & other
+        # every example of a held-out subject is in the fold
+        assert sum(len(f) for f in folds) == len(mmlu)
+        assert all(mmlu[i].subject in s for i in folds[k])
+
+
+def test_metrics_on_known_routers() -> None:
+    rng = np.random.default_rng(0)
+    n = 20_000
+    weak = rng.random(n) < 0.6
+    strong = weak | (rng.random(n) < 0.5)
+    gain = strong & ~weak
+    oracle = routing_curve(gain.astype(float) + 0.01 * rng.random(n), weak, strong)
+    random = routing_curve(rng.random(n), weak, strong)
+    assert oracle.strong_share[0] == 0.0 and oracle.strong_share[-1] == 1.0
+    assert apgr(random) == pytest.approx(0.5, abs=0.02)
+    assert cpt(random, 0.5) == pytest.approx(0.5, abs=0.03)
+    assert apgr(oracle) > 0.8
+    # the oracle recovers half the gap by sending half of the gain prompts up
+    assert cpt(oracle, 0.5) == pytest.approx(gain.mean() / 2, abs=0.03)
+
+
+def test_cli_registers_router_train() -> None:
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["router", "train", "--seed", "7", "--bootstrap", "10"])
+    assert args.seed == 7 and args.bootstrap == 10 and callable(args.run)
