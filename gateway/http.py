@@ -104,6 +104,9 @@ class HttpResponse:
         except (OSError, ValueError, asyncio.IncompleteReadError, TimeoutError) as exc:
             self.close()
             raise HttpError(f"reading the response: {exc!r}") from exc
+        except BaseException:  # cancelled, or the consumer stopped early: the server must see it
+            self.close()
+            raise
         self._conn = None
         self._pool.release(conn)
 
@@ -192,6 +195,9 @@ class HttpPool:
         except (OSError, ValueError, IndexError, TimeoutError) as exc:
             conn.close()
             raise HttpError(f"{self.host}:{self.port}: {exc!r}") from exc
+        except BaseException:  # cancelled while waiting: drop the request upstream too
+            conn.close()
+            raise
         return HttpResponse(self, conn, status, headers)
 
     async def aclose(self) -> None:

@@ -22,7 +22,14 @@ from gateway.errors import GatewayError
 from gateway.keys import TIERS, TeamPolicy
 from gateway.quotas import LeaseKeeper, Quotas, Reservation, Usage, kv_pages
 from gateway.streaming import StreamResult, UsageIn, relay, reply_decoder
-from gateway.upstream import Backends, ModelInfo, Upstream, UpstreamCall, UpstreamStream
+from gateway.upstream import (
+    Backends,
+    ModelInfo,
+    Upstream,
+    UpstreamCall,
+    UpstreamReply,
+    UpstreamStream,
+)
 from gateway.validation import Parsed, parse
 from tokenyard.settings import Settings
 
@@ -160,13 +167,39 @@ class Proxy:
             "ts": time.time(),
         }
         try:
-            return await self._forward(upstream, call, parsed, res, event, headers, started)
+            return await self._forward(
+                request, upstream, call, parsed, res, event, headers, started
+            )
         except BaseException as exc:
             # a no-op if the response already settled (or its stream body owns settling); a task
             # of its own because a cancelled request would cancel an await here as well
             status = exc.status if isinstance(exc, GatewayError) else 500
             self._spawn(self._settle(res, upstream, Usage(), event, started, status=status))
             raise
+
+    async def _complete_unless_gone(
+        self, request: Request, upstream: Upstream, call: UpstreamCall
+    ) -> UpstreamReply:
+        """The upstream's whole reply, unless the client hangs up first: then the upstream call is
+        dropped at once, so the engine frees the sequence instead of finishing it for nobody."""
+        task = asyncio.current_task()
+        assert task is not None
+
+        async def watch() -> None:
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            task.cancel()
+
+        watcher = asyncio.get_running_loop().create_task(watch())
+        try:
+            return await upstream.complete(call)
+        except asyncio.CancelledError:
+            if not (watcher.done() and not watcher.cancelled()):
+                raise  # cancelled from elsewhere
+            task.uncancel()
+            raise GatewayError(499, "the client closed the request", code="client_closed") from None
+        finally:
+            watcher.cancel()
 
     def _check_saturation(self, info: ModelInfo, tier: str) -> None:
         """Refuse rather than queue without bound behind a saturated engine (its /load, polled
@@ -184,6 +217,7 @@ class Proxy:
 
     async def _forward(
         self,
+        request: Request,
         upstream: Upstream,
         call: UpstreamCall,
         parsed: Parsed,
@@ -193,7 +227,7 @@ class Proxy:
         started: float,
     ) -> Response:
         if not parsed.stream:
-            reply = await upstream.complete(call)
+            reply = await self._complete_unless_gone(request, upstream, call)
             got = None
             if reply.status == 200:
                 with contextlib.suppress(msgspec.DecodeError):

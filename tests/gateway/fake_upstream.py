@@ -1,8 +1,8 @@
 """A fake OpenAI-protocol upstream (engine-protocol routes) for gateway tests and the benchmark.
 
 It is not under test: it answers fast and deterministically. Directives in the prompt text steer it:
-`#chunks=N` (default 20, capped by max_tokens), `#delay=S` (seconds between chunks),
-`#fail=K` (drop the connection after K chunks), `#status=C` (refuse with HTTP C).
+`#chunks=N` (default 20, capped by max_tokens), `#delay=S` (seconds between chunks, also when not
+streamed), `#fail=K` (drop the connection after K chunks), `#status=C` (refuse with HTTP C).
 Usage: prompt_tokens = whitespace-separated words of the prompt, completion_tokens = chunks sent.
 GET /stats tells what it saw (active, cancelled, completed streams; last request's headers);
 POST /control {"waiting": N} sets the queue depth /load reports.
@@ -133,6 +133,15 @@ def make_app(model: str, block_size: int, max_model_len: int) -> Any:
         created = int(time.time())
         kind = "chat.completion" if chat else "text_completion"
         if not body.get("stream"):
+            delay = directives.get("delay", 0.0)
+            if delay:  # generate "slowly", noticing a client that hangs up meanwhile
+                gone = asyncio.create_task(receive())
+                done, _ = await asyncio.wait({gone}, timeout=delay * n_chunks)
+                if done:
+                    stats.cancelled += 1
+                    stats.tenant(headers.get("x-tenant", ""))["cancelled"] += 1
+                    return
+                gone.cancel()
             choice: dict[str, Any] = {"index": 0, "finish_reason": "length"}
             if chat:
                 choice["message"] = {"role": "assistant", "content": "tok " * n_chunks}

@@ -195,6 +195,26 @@ def test_saturated_engine_refuses_batch_first(start_gateway: Any, team: Any, ups
     assert (ask("batch"), ask("interactive")) == (200, 200)
 
 
+def test_client_hanging_up_on_a_whole_reply_cancels_it(
+    gateway: Any, team: Any, upstream: str, redis_server: Any
+) -> None:
+    name, key = team(concurrency=1)
+    with pytest.raises(httpx.TimeoutException):  # 2 s of "generation"; the client gives up first
+        httpx.post(
+            gateway.url + "/v1/chat/completions",
+            json={"model": MODEL, "messages": chat(chunks=20, delay=0.1), "max_tokens": 20},
+            headers={"authorization": f"Bearer {key}"},
+            timeout=0.3,
+        )
+    hung_up = time.monotonic()
+    wait_until(
+        lambda: upstream_stats(upstream)["tenants"][name]["cancelled"] == 1, 2, "upstream cancel"
+    )
+    wait_until(lambda: reservations(redis_server.client(), name)["leases"] == 0, 2, "lease freed")
+    assert time.monotonic() - hung_up < 1.0  # at once, not when the reply would have finished
+    gateway.client(key).chat.completions.create(model=MODEL, messages=chat(), max_tokens=2)
+
+
 def test_upstream_failure_mid_stream_settles_usage_so_far(
     gateway: Any, team: Any, redis_server: Any
 ) -> None:
