@@ -221,70 +221,37 @@ def run_http(work, name: str, port: int, extra_args: list[str]) -> dict:
 
 def run_transformers(model, work, batch: int, name: str) -> dict:
     """Static batches (left-padded) generate until the batch's longest output; one at a time: 1."""
-    from transformers.generation.streamers import BaseStreamer
+    from transformers import LogitsProcessor, LogitsProcessorList
 
-    class Clock(BaseStreamer):
-        """generate() calls put() with the prompt, then once per generated token."""
+    class Tick(LogitsProcessor):
+        """Called once per decoding step (the whole batch's): a timestamp per generated token."""
 
         def __init__(self) -> None:
             self.times: list[float] = []
 
-        def put(self, value) -> None:
+        def __call__(self, ids, scores):
             self.times.append(time.perf_counter())
-
-        def end(self) -> None:
-            pass
+            return scores
 
     ttfts, itls, tokens = [], [], 0
     start = time.perf_counter()
+    pad = 2
     with torch.inference_mode():
         for b in range(0, len(work), batch):
             group = work[b : b + batch]
             width = max(len(ids) for _, ids, _ in group)
-            pad = 2
             input_ids = torch.tensor([[pad] * (width - len(ids)) + ids for _, ids, _ in group])
             mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for _, ids, _ in group])
             longest = max(n for _, _, n in group)
-            clock = Clock()
-            if batch == 1:
-                model.generate(
-                    input_ids,
-                    attention_mask=mask,
-                    max_new_tokens=longest,
-                    min_new_tokens=longest,
-                    do_sample=False,
-                    pad_token_id=pad,
-                    streamer=clock,
-                )
-            else:  # a streamer takes one sequence: time the batch's steps instead
-                _timed_batch(model, input_ids, mask, longest, pad, clock)
-            gen_times = clock.times[1:]
-            ttfts += [gen_times[0] - start] * len(group)  # every request arrived at the start
-            itls += [b - a for a, b in itertools.pairwise(gen_times)] * len(group)
+            tick = Tick()
+            model.generate(
+                input_ids, attention_mask=mask, max_new_tokens=longest, min_new_tokens=longest,
+                do_sample=False, pad_token_id=pad, logits_processor=LogitsProcessorList([tick]),
+            )  # fmt: skip
+            ttfts += [tick.times[0] - start] * len(group)  # every request arrived at the start
+            itls += [b - a for a, b in itertools.pairwise(tick.times)] * len(group)
             tokens += sum(n for _, _, n in group)  # only the tokens each request asked for
     return summary(name, tokens, time.perf_counter() - start, ttfts, itls)
-
-
-def _timed_batch(model, input_ids, mask, longest, pad, clock) -> None:
-    from transformers import LogitsProcessor, LogitsProcessorList
-
-    class Tick(LogitsProcessor):
-        """Called once per decoding step of the whole batch: a timestamp per step."""
-
-        def __call__(self, ids, scores):
-            clock.times.append(time.perf_counter())
-            return scores
-
-    clock.times.append(time.perf_counter())
-    model.generate(
-        input_ids,
-        attention_mask=mask,
-        max_new_tokens=longest,
-        min_new_tokens=longest,
-        do_sample=False,
-        pad_token_id=pad,
-        logits_processor=LogitsProcessorList([Tick()]),
-    )
 
 
 def main() -> None:

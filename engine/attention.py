@@ -28,10 +28,9 @@ class SeqSlice:
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] flat slot of each new token's K/V
     num_decodes: int  # the first num_decodes tokens are single-token decodes
-    # PyTorch backend: which blocks to gather
-    decode_kv_index: torch.Tensor | None = None  # [B, max_blocks] block ids
-    decode_mask: torch.Tensor | None = None  # [B, 1, 1, max_blocks * block_size], True: attended
-    # per prefill chunk: (q_start, q_end, its block ids, context length)
+    # PyTorch backend: per group of decodes of similar length, (first, end, block ids [B, W],
+    # mask [B, 1, 1, W * block_size]); per prefill chunk, (q_start, q_end, block ids, context)
+    decodes: list[tuple[int, int, torch.Tensor, torch.Tensor]] | None = None
     prefills: list[tuple[int, int, torch.Tensor, int]] | None = None
     # flash-attn backend
     cu_seqlens_q: torch.Tensor | None = None
@@ -62,21 +61,32 @@ class TorchAttention:
         self.block_size = block_size
         self.device = device
 
+    def _width(self, s: SeqSlice) -> int:
+        return -(-s.context_len // self.block_size)
+
+    def _decode_group(self, group: list[SeqSlice], first: int, end: int) -> tuple:
+        width = max(self._width(s) for s in group)
+        tables = [s.block_table[:width] + [0] * (width - len(s.block_table)) for s in group]
+        blocks = torch.tensor(tables, dtype=torch.long, device=self.device)
+        lengths = torch.tensor([s.context_len for s in group], device=self.device)
+        positions = torch.arange(width * self.block_size, device=self.device)
+        mask = (positions[None, :] < lengths[:, None])[:, None, None, :]
+        return first, end, blocks, mask
+
     def _blocks(self, s: SeqSlice) -> torch.Tensor:
-        used = -(-s.context_len // self.block_size)
-        return torch.tensor(s.block_table[:used], dtype=torch.long, device=self.device)
+        return torch.tensor(s.block_table[: self._width(s)], dtype=torch.long, device=self.device)
 
     def build_metadata(self, slices: list[SeqSlice], num_decodes: int) -> AttentionMetadata:
         slots = torch.tensor(_slot_mapping(slices, self.block_size), device=self.device)
-        meta = AttentionMetadata(slot_mapping=slots, num_decodes=num_decodes, prefills=[])
-        if num_decodes:
-            decodes = slices[:num_decodes]
-            width = max(-(-s.context_len // self.block_size) for s in decodes)
-            tables = [s.block_table[:width] + [0] * (width - len(s.block_table)) for s in decodes]
-            meta.decode_kv_index = torch.tensor(tables, dtype=torch.long, device=self.device)
-            lengths = torch.tensor([s.context_len for s in decodes], device=self.device)
-            positions = torch.arange(width * self.block_size, device=self.device)
-            meta.decode_mask = (positions[None, :] < lengths[:, None])[:, None, None, :]
+        meta = AttentionMetadata(slots, num_decodes, decodes=[], prefills=[])
+        first = 0
+        while first < num_decodes:  # decodes come sorted by length: group similar widths
+            base = self._width(slices[first])
+            end = first + 1
+            while end < num_decodes and self._width(slices[end]) <= base * 1.25 + 1:
+                end += 1
+            meta.decodes.append(self._decode_group(slices[first:end], first, end))
+            first = end
         start = num_decodes
         for s in slices[num_decodes:]:
             meta.prefills.append((start, start + s.num_new, self._blocks(s), s.context_len))
@@ -96,13 +106,16 @@ class TorchAttention:
         k_cache.view(-1, heads, dim).index_copy_(0, meta.slot_mapping, k)
         v_cache.view(-1, heads, dim).index_copy_(0, meta.slot_mapping, v)
         out = torch.empty_like(q)
-        n = meta.num_decodes
-        if n:
-            index = meta.decode_kv_index.flatten()
-            keys = k_cache.index_select(0, index).view(n, -1, heads, dim).transpose(1, 2)
-            values = v_cache.index_select(0, index).view(n, -1, heads, dim).transpose(1, 2)
-            out[:n] = F.scaled_dot_product_attention(
-                q[:n].unsqueeze(2), keys, values, attn_mask=meta.decode_mask, enable_gqa=True
+        for first, end, blocks, mask in meta.decodes:
+            n = end - first
+            keys = k_cache.index_select(0, blocks.flatten()).view(n, -1, heads, dim)
+            values = v_cache.index_select(0, blocks.flatten()).view(n, -1, heads, dim)
+            out[first:end] = F.scaled_dot_product_attention(
+                q[first:end].unsqueeze(2),
+                keys.transpose(1, 2),
+                values.transpose(1, 2),
+                attn_mask=mask,
+                enable_gqa=True,
             ).squeeze(2)
         for q_start, q_end, blocks, context in meta.prefills:
             num_new = q_end - q_start

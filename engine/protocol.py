@@ -189,14 +189,17 @@ def new_request_id() -> str:
 # ---------------------------------------------------------------- responses
 
 
-def usage(stats: list[SeqStats]) -> dict:
-    prompt = stats[0].prompt_tokens
+def usage(stats: list[SeqStats], n: int) -> dict:
+    """Usage of one or several prompts (n choices each): each prompt counts once, every choice's
+    completion counts."""
+    prompts = stats[::n]
+    prompt = sum(s.prompt_tokens for s in prompts)
     completion = sum(s.completion_tokens for s in stats)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": stats[0].cached_tokens},
+        "prompt_tokens_details": {"cached_tokens": sum(s.cached_tokens for s in prompts)},
     }
 
 

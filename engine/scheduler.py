@@ -164,7 +164,10 @@ class Scheduler:
             scheduled[seq] = num_new
             budget -= num_new
 
-        items = sorted(scheduled.items(), key=lambda item: item[1] != 1)  # decodes first
+        # decodes first, shortest context first (attention batches decodes of similar length)
+        items = sorted(
+            scheduled.items(), key=lambda it: (it[1] != 1, it[0].num_tokens * (it[1] == 1))
+        )
         num_decodes = sum(1 for _, n in items if n == 1)
         return ScheduledBatch(items, num_decodes, preempted)
 

@@ -3,6 +3,7 @@
 import asyncio
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 import msgspec
 from litestar import Litestar, MediaType, Request, Response, get, post
@@ -11,7 +12,7 @@ from litestar.response import Stream
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from engine.async_engine import AsyncEngine, EngineStopped
-from engine.engine import RequestError, RequestOutput
+from engine.engine import RequestError, RequestOutput, SeqStats
 from engine.protocol import (
     ChatRequest,
     Choice,
@@ -29,6 +30,7 @@ from engine.protocol import (
     timings,
     usage,
 )
+from engine.sampler import Sampled
 from engine.sequence import GenerationRequest, SamplingParams
 
 log = logging.getLogger(__name__)
@@ -95,32 +97,68 @@ async def _merged(
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
+async def _events(
+    outputs: AsyncIterator[tuple[int, RequestOutput]],
+    base: dict,
+    n: int,
+    total: int,
+    choice_of,
+    include_usage: bool,
+    opening: list[dict] | None = None,
+) -> AsyncIterator[bytes]:
+    """SSE chunks of one response; `choice_of(index, output)` shapes a choice."""
+    if opening:
+        yield _sse({**base, "choices": opening})
+    stats: dict[int, SeqStats] = {}
+    async for prompt, out in outputs:
+        index = prompt * n + out.choice
+        if out.finish_reason == "error":
+            yield _sse(error_body("the engine failed while generating", "server_error"))
+            break
+        if out.stats:
+            stats[index] = out.stats
+        if out.text or out.finish_reason is not None or out.logprobs[0].logprob is not None:
+            yield _sse({**base, "choices": [choice_of(index, out)]})
+    if include_usage and len(stats) == total:
+        ordered = [stats[i] for i in range(total)]
+        yield _sse({**base, "choices": [], "usage": usage(ordered, n), "timings": timings(ordered)})
+    yield b"data: [DONE]\n\n"
+
+
+async def _collect(
+    outputs: AsyncIterator[tuple[int, RequestOutput]], n: int, total: int, request: Request
+) -> list[Choice]:
+    choices = [Choice() for _ in range(total)]
+
+    async def run() -> None:
+        async for prompt, out in outputs:
+            choices[prompt * n + out.choice].add(out)
+
+    await _unless_disconnected(run(), request)
+    if any(c.finish_reason == "error" for c in choices):
+        raise RuntimeError("the engine failed while generating")
+    return choices
+
+
 def create_app(engine: AsyncEngine) -> Litestar:
     core = engine.engine
     tokenizer = core.tokenizer
     model_name = core.model_name
 
-    def fill_max_tokens(params: SamplingParams, prompt_len: int) -> SamplingParams:
-        if params.max_tokens == 0:  # not given: whatever context is left
-            params.max_tokens = max(1, core.max_model_len - prompt_len)
-        return params
-
     def generation_request(
-        request: Request,
-        body_fields,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        suffix: str = "",
+        request: Request, body, prompt_ids: list[int], params: SamplingParams, suffix: str
     ) -> GenerationRequest:
+        if params.max_tokens == 0:  # not given: whatever context is left
+            params = replace(params, max_tokens=max(1, core.max_model_len - len(prompt_ids)))
         headers = request.headers
         gen = GenerationRequest(
-            request_id=(headers.get("x-request-id") or body_fields.request_id or new_request_id())
+            request_id=(headers.get("x-request-id") or body.request_id or new_request_id())
             + suffix,
             prompt_ids=prompt_ids,
-            params=fill_max_tokens(params, len(prompt_ids)),
-            n=body_fields.n,
-            priority=parse_priority(headers.get("x-priority") or body_fields.priority),
-            tenant=headers.get("x-tenant") or body_fields.tenant or body_fields.user or "default",
+            params=params,
+            n=body.n,
+            priority=parse_priority(headers.get("x-priority") or body.priority),
+            tenant=headers.get("x-tenant") or body.tenant or body.user or "default",
         )
         core.validate(gen)
         return gen
@@ -133,237 +171,133 @@ def create_app(engine: AsyncEngine) -> Litestar:
                 extra={"code": "model_not_found", "param": "model"},
             )
 
-    def response_headers(request_id: str) -> dict[str, str]:
-        return {"x-request-id": request_id}
+    async def respond(
+        request: Request,
+        body,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        kind: str,
+        choice_of,
+        final_choice_of,
+        opening: list[dict] | None = None,
+    ):
+        """Run the prompts (n choices each) and answer streamed or not, as the body asks."""
+        many = len(prompts) > 1
+        gens = [
+            generation_request(request, body, ids, params, f"-{i}" if many else "")
+            for i, ids in enumerate(prompts)
+        ]
+        request_id = gens[0].request_id.removesuffix("-0")
+        n, total = body.n, body.n * len(gens)
+        prefix = "chatcmpl" if kind == "chat.completion" else "cmpl"
+        base = {"id": f"{prefix}-{request_id}", "created": created(), "model": model_name}
+        headers = {"x-request-id": request_id}
+        outputs = _merged([engine.generate(g) for g in gens])
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            chunk = {**base, "object": f"{kind}.chunk" if kind == "chat.completion" else kind}
+            events = _events(outputs, chunk, n, total, choice_of, include_usage, opening)
+            return Stream(
+                events, media_type="text/event-stream", headers={**SSE_HEADERS, **headers}
+            )
 
-    # ------------------------------------------------------------ chat
+        choices = await _collect(outputs, n, total, request)
+        stats = [c.stats for c in choices]
+        return Response(
+            {
+                **base,
+                "object": kind,
+                "choices": [final_choice_of(i, c) for i, c in enumerate(choices)],
+                "usage": usage(stats, n),
+                "timings": timings(stats),
+            },
+            headers=headers,
+        )
 
     @post("/v1/chat/completions", status_code=200)
     async def chat_completions(request: Request) -> Response | Stream:
-        req = decode_body(await request.body(), ChatRequest)
-        check_model(req.model)
-        params = chat_params(req)
+        body = decode_body(await request.body(), ChatRequest)
+        check_model(body.model)
+        params = chat_params(body)
         messages = []
-        for m in req.messages:
+        for m in body.messages:
             message = {"role": m.role, "content": message_text(m.content)}
             for key in ("name", "tool_calls", "tool_call_id"):
                 if getattr(m, key) is not None:
                     message[key] = getattr(m, key)
             messages.append(message)
-        prompt_ids = tokenizer.apply_chat_template(messages, req.tools)
-        gen = generation_request(request, req, prompt_ids, params)
-        cid = f"chatcmpl-{gen.request_id}"
+        prompt = tokenizer.apply_chat_template(messages, body.tools)
         with_logprobs = params.logprobs is not None
 
-        def logprobs_of(out_sampled) -> dict | None:
-            return chat_logprobs(out_sampled, tokenizer.token_text) if with_logprobs else None
+        def logprobs_of(sampled: list[Sampled]) -> dict | None:
+            return chat_logprobs(sampled, tokenizer.token_text) if with_logprobs else None
 
-        if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        def chunk_choice(index: int, out: RequestOutput) -> dict:
+            return {
+                "index": index,
+                "delta": {"content": out.text} if out.text else {},
+                "logprobs": logprobs_of(out.logprobs),
+                "finish_reason": out.finish_reason,
+            }
 
-            async def events() -> AsyncIterator[bytes]:
-                base = {
-                    "id": cid,
-                    "object": "chat.completion.chunk",
-                    "created": created(),
-                    "model": model_name,
-                }
-                yield _sse(
-                    {
-                        **base,
-                        "choices": [
-                            {
-                                "index": i,
-                                "delta": {"role": "assistant", "content": ""},
-                                "logprobs": None,
-                                "finish_reason": None,
-                            }
-                            for i in range(gen.n)
-                        ],
-                    }
-                )
-                stats = []
-                async for out in engine.generate(gen):
-                    if out.finish_reason == "error":
-                        yield _sse(error_body("the engine failed while generating", "server_error"))
-                        break
-                    if out.stats:
-                        stats.append(out.stats)
-                    if not out.text and out.finish_reason is None and not with_logprobs:
-                        continue  # text held back (a possible stop string): nothing to say yet
-                    delta = {"content": out.text} if out.text else {}
-                    yield _sse(
-                        {
-                            **base,
-                            "choices": [
-                                {
-                                    "index": out.choice,
-                                    "delta": delta,
-                                    "logprobs": logprobs_of(out.logprobs),
-                                    "finish_reason": out.finish_reason,
-                                }
-                            ],
-                        }
-                    )
-                if include_usage and len(stats) == gen.n:
-                    yield _sse(
-                        {**base, "choices": [], "usage": usage(stats), "timings": timings(stats)}
-                    )
-                yield b"data: [DONE]\n\n"
+        def final_choice(index: int, c: Choice) -> dict:
+            return {
+                "index": index,
+                "message": {"role": "assistant", "content": "".join(c.text)},
+                "logprobs": logprobs_of(c.sampled),
+                "finish_reason": c.finish_reason,
+            }
 
-            return Stream(
-                events(),
-                media_type="text/event-stream",
-                headers={**SSE_HEADERS, **response_headers(gen.request_id)},
-            )
-
-        choices = [Choice() for _ in range(gen.n)]
-
-        async def collect() -> None:
-            async for out in engine.generate(gen):
-                choices[out.choice].add(out)
-
-        await _unless_disconnected(collect(), request)
-        _raise_if_failed(choices)
-        stats = [c.stats for c in choices]
-        return Response(
+        opening = [
             {
-                "id": cid,
-                "object": "chat.completion",
-                "created": created(),
-                "model": model_name,
-                "choices": [
-                    {
-                        "index": i,
-                        "message": {"role": "assistant", "content": "".join(c.text)},
-                        "logprobs": logprobs_of(c.sampled),
-                        "finish_reason": c.finish_reason,
-                    }
-                    for i, c in enumerate(choices)
-                ],
-                "usage": usage(stats),
-                "timings": timings(stats),
-            },
-            headers=response_headers(gen.request_id),
+                "index": i,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+            for i in range(body.n)
+        ]
+        return await respond(
+            request, body, [prompt], params, "chat.completion", chunk_choice, final_choice, opening
         )
-
-    # ------------------------------------------------------------ completions
 
     @post("/v1/completions", status_code=200)
     async def completions(request: Request) -> Response | Stream:
-        req = decode_body(await request.body(), CompletionRequest)
-        check_model(req.model)
-        params = completion_params(req)
+        body = decode_body(await request.body(), CompletionRequest)
+        check_model(body.model)
+        params = completion_params(body)
         prompts = [
-            p if isinstance(p, list) else tokenizer.encode(p) for p in completion_prompts(req)
+            p if isinstance(p, list) else tokenizer.encode(p) for p in completion_prompts(body)
         ]
-        many = len(prompts) > 1
-        gens = [
-            generation_request(
-                request,
-                req,
-                ids,
-                SamplingParams(**vars(params)) if many else params,
-                f"-{i}" if many else "",
-            )
-            for i, ids in enumerate(prompts)
-        ]
-        request_id = gens[0].request_id.removesuffix("-0")
-        cid = f"cmpl-{request_id}"
-        n = req.n
         with_logprobs = params.logprobs is not None
-        offsets = [0] * (n * len(gens))
+        offsets = [0] * (body.n * len(prompts))  # text_offset continues across chunks
 
-        def logprobs_of(index: int, sampled) -> dict | None:
+        def logprobs_of(index: int, sampled: list[Sampled]) -> dict | None:
             if not with_logprobs:
                 return None
             out = completion_logprobs(sampled, tokenizer.token_text, offsets[index])
-            if out["text_offset"]:
-                last = out["tokens"][-1]
-                offsets[index] = out["text_offset"][-1] + len(last)
+            if out["tokens"]:
+                offsets[index] = out["text_offset"][-1] + len(out["tokens"][-1])
             return out
 
-        def stream_outputs():
-            return _merged([engine.generate(g) for g in gens])
+        def chunk_choice(index: int, out: RequestOutput) -> dict:
+            return {
+                "index": index,
+                "text": out.text,
+                "logprobs": logprobs_of(index, out.logprobs),
+                "finish_reason": out.finish_reason,
+            }
 
-        if req.stream:
-            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        def final_choice(index: int, c: Choice) -> dict:
+            return {
+                "index": index,
+                "text": "".join(c.text),
+                "logprobs": logprobs_of(index, c.sampled),
+                "finish_reason": c.finish_reason,
+            }
 
-            async def events() -> AsyncIterator[bytes]:
-                base = {
-                    "id": cid,
-                    "object": "text_completion",
-                    "created": created(),
-                    "model": model_name,
-                }
-                stats = []
-                async for p, out in stream_outputs():
-                    if out.finish_reason == "error":
-                        yield _sse(error_body("the engine failed while generating", "server_error"))
-                        break
-                    if out.stats:
-                        stats.append(out.stats)
-                    if not out.text and out.finish_reason is None and not with_logprobs:
-                        continue
-                    index = p * n + out.choice
-                    yield _sse(
-                        {
-                            **base,
-                            "choices": [
-                                {
-                                    "index": index,
-                                    "text": out.text,
-                                    "logprobs": logprobs_of(index, out.logprobs),
-                                    "finish_reason": out.finish_reason,
-                                }
-                            ],
-                        }
-                    )
-                if include_usage and len(stats) == n * len(gens):
-                    yield _sse(
-                        {
-                            **base,
-                            "choices": [],
-                            "usage": _usage_over(stats, n),
-                            "timings": timings(stats),
-                        }
-                    )
-                yield b"data: [DONE]\n\n"
-
-            return Stream(
-                events(),
-                media_type="text/event-stream",
-                headers={**SSE_HEADERS, **response_headers(request_id)},
-            )
-
-        choices = [Choice() for _ in range(n * len(gens))]
-
-        async def collect() -> None:
-            async for p, out in stream_outputs():
-                choices[p * n + out.choice].add(out)
-
-        await _unless_disconnected(collect(), request)
-        _raise_if_failed(choices)
-        stats = [c.stats for c in choices]
-        return Response(
-            {
-                "id": cid,
-                "object": "text_completion",
-                "created": created(),
-                "model": model_name,
-                "choices": [
-                    {
-                        "index": i,
-                        "text": "".join(c.text),
-                        "logprobs": logprobs_of(i, c.sampled),
-                        "finish_reason": c.finish_reason,
-                    }
-                    for i, c in enumerate(choices)
-                ],
-                "usage": _usage_over(stats, n),
-                "timings": timings(stats),
-            },
-            headers=response_headers(request_id),
+        return await respond(
+            request, body, prompts, params, "text_completion", chunk_choice, final_choice
         )
 
     # ------------------------------------------------------------ the rest
@@ -407,27 +341,6 @@ def create_app(engine: AsyncEngine) -> Litestar:
         on_shutdown=[engine.stop],
         request_max_body_size=8 * 2**20,
     )
-
-
-def _usage_over(stats: list, n: int) -> dict:
-    """Usage of several prompts: each prompt counts once, every choice's completion counts."""
-    groups = [stats[i : i + n] for i in range(0, len(stats), n)]
-    totals = [usage(g) for g in groups]
-    prompt = sum(t["prompt_tokens"] for t in totals)
-    completion = sum(t["completion_tokens"] for t in totals)
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-        "prompt_tokens_details": {
-            "cached_tokens": sum(t["prompt_tokens_details"]["cached_tokens"] for t in totals)
-        },
-    }
-
-
-def _raise_if_failed(choices: list[Choice]) -> None:
-    if any(c.finish_reason == "error" for c in choices):
-        raise RuntimeError("the engine failed while generating")
 
 
 def _json_error(status: int, body: dict) -> Response:

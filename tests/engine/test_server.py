@@ -103,26 +103,13 @@ def test_chat_non_streamed_and_streamed_agree(client, server):
 
 
 def test_n_choices_logprobs_and_seed(client):
-    a = client.chat.completions.create(
-        model="smollm2",
-        messages=MESSAGES,
-        max_tokens=6,
-        temperature=1.0,
-        seed=7,
-        n=3,
-        logprobs=True,
-        top_logprobs=2,
-    )
-    b = client.chat.completions.create(
-        model="smollm2",
-        messages=MESSAGES,
-        max_tokens=6,
-        temperature=1.0,
-        seed=7,
-        n=3,
-        logprobs=True,
-        top_logprobs=2,
-    )
+    def sample():
+        return client.chat.completions.create(
+            model="smollm2", messages=MESSAGES, max_tokens=6, temperature=1.0, seed=7, n=3,
+            logprobs=True, top_logprobs=2,
+        )  # fmt: skip
+
+    a, b = sample(), sample()
     assert [c.index for c in a.choices] == [0, 1, 2]
     assert [c.message.content for c in a.choices] == [c.message.content for c in b.choices]
     entry = a.choices[0].logprobs.content[0]
