@@ -27,20 +27,30 @@ def reference(gguf_path):
     return model.eval()
 
 
+_ENGINES: dict[tuple, LLMEngine] = {}
+
+
 @pytest.fixture(scope="session")
 def engine_factory():
-    """Engines share weights loading cost poorly, so build few: cache by config."""
-    cache: dict[tuple, LLMEngine] = {}
+    """Loading takes seconds, so engines are built once per configuration and shared."""
 
     def make(**overrides) -> LLMEngine:
         key = tuple(sorted(overrides.items()))
-        if key not in cache:
-            cache[key] = LLMEngine(EngineConfig(device="cpu", **overrides))
-        engine = cache[key]
+        if key not in _ENGINES:
+            _ENGINES[key] = LLMEngine(EngineConfig(device="cpu", **overrides))
+        engine = _ENGINES[key]
         assert not engine.has_work()
         return engine
 
     return make
+
+
+@pytest.fixture(autouse=True)
+def block_accounting_holds():
+    """After every test, every engine's block accounting is consistent."""
+    yield
+    for engine in _ENGINES.values():
+        assert_block_invariants(engine)
 
 
 def run_to_completion(engine: LLMEngine, requests: list[GenerationRequest]) -> dict[str, list]:
