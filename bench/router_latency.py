@@ -84,7 +84,7 @@ def main() -> None:
                 f"| {name} (n={section['n']}) | {router} | {m['apgr']['value']:.3f} "
                 f"[{m['apgr']['low']:.3f}, {m['apgr']['high']:.3f}] | "
                 f"{m['cpt50']['value']:.1%} [{m['cpt50']['low']:.1%}, {m['cpt50']['high']:.1%}] | "
-                + ("—" if auroc != auroc else f"{auroc:.3f}")
+                + ("—" if auroc is None else f"{auroc:.3f}")
                 + " |"
             )
 

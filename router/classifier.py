@@ -12,6 +12,7 @@ turns into a score using the curve calibrated on validation prompts at training 
 
 import json
 import math
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -137,10 +138,13 @@ class ComplexityClassifier:
         path = Path(path)
         metadata = json.loads(path.with_suffix(".json").read_text())
         if metadata["sklearn_version"] != sklearn.__version__:
-            # pickles across sklearn versions may load yet score differently: fail loudly
-            raise RuntimeError(
+            # the compiled scorer reads only vocabularies and weights, which are stable across
+            # versions, so serving goes on; the tests (fast path == pipeline, report recomputed)
+            # are what proves the artifact still scores as evaluated
+            warnings.warn(
                 f"{path.name} was trained with scikit-learn {metadata['sklearn_version']}, "
-                f"this is {sklearn.__version__}: retrain with `tokenyard router train`"
+                f"this is {sklearn.__version__}; retrain with `tokenyard router train`",
+                stacklevel=2,
             )
         pipeline = joblib.load(path)
         return cls(pipeline=pipeline, metadata=metadata, compiled=_Compiled.from_pipeline(pipeline))

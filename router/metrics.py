@@ -122,6 +122,8 @@ def bootstrap(
     fields = ("apgr", "cpt50", "cpt80", "auroc_weak_fails")
 
     def interval(value: float, samples: np.ndarray) -> Interval:
+        if np.isnan(samples).all():  # AUROC on judge scores: undefined
+            return Interval(value=float("nan"), low=float("nan"), high=float("nan"))
         lo, hi = np.nanpercentile(samples, [2.5, 97.5])
         return Interval(value=value, low=float(lo), high=float(hi))
 

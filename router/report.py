@@ -13,8 +13,8 @@ _SECTIONS = (
 _METRICS = (("apgr", "APGR", False), ("cpt50", "CPT(50%)", True), ("cpt80", "CPT(80%)", True))
 
 
-def _cell(m: dict[str, float], percent: bool) -> str:
-    if m["value"] != m["value"]:  # nan: AUROC on judge scores
+def _cell(m: dict[str, float | None], percent: bool) -> str:
+    if m["value"] is None:  # undefined: AUROC on judge scores
         return "—"
     if percent:
         return f"{m['value']:.1%} [{m['low']:.1%}, {m['high']:.1%}]"

@@ -11,6 +11,7 @@ Splits (all seeded, all grouped by normalised prompt so duplicates never straddl
 
 import hashlib
 import json
+import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -189,8 +190,12 @@ def evaluate(
     }
 
 
-def _intervals(metrics: dict[str, Interval]) -> dict[str, dict[str, float]]:
-    return {k: asdict(v) for k, v in metrics.items()}
+def _intervals(metrics: dict[str, Interval]) -> dict[str, dict[str, float | None]]:
+    # JSON has no NaN: an undefined metric is null
+    return {
+        k: {f: None if math.isnan(x) else x for f, x in asdict(v).items()}
+        for k, v in metrics.items()
+    }
 
 
 def subject_held_out(
