@@ -117,7 +117,7 @@ class Data:
     gsm8k_split: Splits
 
     def part(self, name: str) -> list[Example]:
-        """ "train" / "val" / "test": MMLU and GSM8K together."""
+        """The "train", "val" or "test" part of MMLU and GSM8K together."""
         return [self.mmlu[i] for i in getattr(self.mmlu_split, name)] + [
             self.gsm8k[i] for i in getattr(self.gsm8k_split, name)
         ]
