@@ -11,21 +11,9 @@ from typing import Any
 
 import httpx
 
+from gateway.limits import LIMIT_FIELDS
 from tokenyard.settings import Settings, get_settings
 
-# team flags: (flag, field, type)
-_TEAM_FLAGS = [
-    ("--rpm", "rpm", int),
-    ("--tpm", "tpm", int),
-    ("--tokens-per-day", "tokens_per_day", int),
-    ("--usd-per-day", "usd_per_day", float),
-    ("--concurrency", "concurrency", int),
-    ("--kv-pages", "kv_pages", int),
-    ("--max-tokens", "max_tokens", int),
-    ("--max-context", "max_context", int),
-    ("--models", "models", str),
-    ("--default-tier", "default_tier", str),
-]
 DEMO_TEAM = "demo"
 
 
@@ -37,14 +25,12 @@ def _sql(settings: Settings) -> Any:
 
 def _limits(args: argparse.Namespace) -> dict[str, Any]:
     return {
-        field: getattr(args, field)
-        for _, field, _ in _TEAM_FLAGS
-        if getattr(args, field) is not None
+        field: getattr(args, field) for field in LIMIT_FIELDS if getattr(args, field) is not None
     }
 
 
 def _print_team(team: Any) -> None:
-    fields = ", ".join(f"{name}={getattr(team, name)}" for _, name, _ in _TEAM_FLAGS)
+    fields = ", ".join(f"{name}={getattr(team, name)}" for name in LIMIT_FIELDS)
     print(f"{team.name}: {fields}")
 
 
@@ -224,8 +210,8 @@ def add_parser(sub: Any) -> None:
     for action in ("create", "update"):
         t = tsub.add_parser(action)
         t.add_argument("name")
-        for flag, field, kind in _TEAM_FLAGS:
-            t.add_argument(flag, dest=field, type=kind, default=None)
+        for field, kind in LIMIT_FIELDS.items():
+            t.add_argument("--" + field.replace("_", "-"), dest=field, type=kind, default=None)
     tsub.add_parser("list")
     teams.set_defaults(run=_teams)
 

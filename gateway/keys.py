@@ -15,24 +15,11 @@ from sqlalchemy import Engine
 from sqlmodel import Session, select
 
 from gateway.db import ApiKey, Team
+from gateway.limits import LIMIT_FIELDS, TIERS
 
 KEY_PREFIX_LEN = 12
 # team names appear in Redis keys and metrics labels: keep them plain
 TEAM_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-TIERS = ("interactive", "batch")
-# Team fields a caller may set with create/update (the CLI's flags)
-LIMIT_FIELDS = (
-    "rpm",
-    "tpm",
-    "tokens_per_day",
-    "usd_per_day",
-    "concurrency",
-    "kv_pages",
-    "max_tokens",
-    "max_context",
-    "models",
-    "default_tier",
-)
 
 
 class TeamPolicy(msgspec.Struct, frozen=True):

@@ -19,7 +19,8 @@ from litestar.response import Stream
 from gateway import metrics
 from gateway.auth import Authenticator
 from gateway.errors import GatewayError
-from gateway.keys import TIERS, TeamPolicy
+from gateway.keys import TeamPolicy
+from gateway.limits import TIERS
 from gateway.quotas import LeaseKeeper, Quotas, Reservation, Usage, kv_pages
 from gateway.streaming import StreamResult, UsageIn, relay, reply_decoder
 from gateway.upstream import (

@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import NoScriptError
 
 from tokenyard.settings import Settings
 
@@ -76,7 +76,7 @@ class BatchedScript:
             if any(isinstance(r, NoScriptError) for r in results):  # Redis restarted or flushed
                 await self.redis.script_load(self.source)
                 results = await self._send(batch)
-        except RedisError as exc:
+        except Exception as exc:  # every waiter must hear of it, whatever it was
             results = [exc] * len(batch)
         for (_, _, future), result in zip(batch, results, strict=True):
             if future.done():  # its request was cancelled meanwhile

@@ -155,18 +155,20 @@ def test_redis_outage_fails_closed_then_recovers(start_gateway: Any, team: Any) 
         server.stop()
 
 
-def _read_until(proc: subprocess.Popen[str], marker: str, timeout: float) -> str:
-    out = ""
+def _read_until(proc: subprocess.Popen[bytes], marker: str, timeout: float) -> str:
+    """Raw reads of the pipe: a buffered readline could hold the marker back from select."""
+    out = b""
     deadline = time.monotonic() + timeout
     assert proc.stdout is not None
-    while marker not in out:
-        assert time.monotonic() < deadline, f"no {marker!r} in: {out}"
-        ready, _, _ = select.select([proc.stdout], [], [], 0.2)
+    fd = proc.stdout.fileno()
+    while marker.encode() not in out:
+        assert time.monotonic() < deadline, f"no {marker!r} in: {out.decode()}"
+        ready, _, _ = select.select([fd], [], [], 0.2)
         if ready:
-            line = proc.stdout.readline()
-            assert line, f"exited early: {out}"
-            out += line
-    return out
+            data = os.read(fd, 65536)
+            assert data, f"exited early: {out.decode()}"
+            out += data
+    return out.decode()
 
 
 def _alive(proc: psutil.Process) -> bool:
@@ -191,7 +193,6 @@ def test_up_starts_embedded_redis_and_gateway_and_stops_cleanly(
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
-        text=True,
     )
     try:
         banner = _read_until(proc, "Ctrl-C stops everything", 30)
