@@ -220,4 +220,11 @@ def test_up_starts_embedded_redis_and_gateway_and_stops_cleanly(
         wait_until(lambda: not any(_alive(p) for p in redis_procs), 5, "embedded Redis to stop")
     finally:
         if proc.poll() is None:
-            proc.kill()
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        for p in psutil.process_iter(["name", "cwd"]):  # never leave a daemonized Redis behind
+            if p.info["name"] == "redis-server" and p.info["cwd"] == str(tmp_path):
+                p.kill()
