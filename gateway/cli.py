@@ -187,9 +187,22 @@ def _up(args: argparse.Namespace) -> int:
                 os.killpg(engine.pid, signal.SIGKILL)
                 engine.wait()
         if embedded is not None:
-            with contextlib.suppress(Exception):
-                embedded.shutdown(save=True)
+            _stop_embedded(embedded)
     return 0
+
+
+def _stop_embedded(embedded: Any) -> None:
+    """Save and stop the embedded Redis; if it cannot save (disk, deleted dir), Redis refuses to
+    stop, so stop it without saving rather than leave it running."""
+    import redis
+
+    try:
+        embedded.shutdown(save=True)
+    except redis.ResponseError:
+        with contextlib.suppress(redis.RedisError):
+            embedded.shutdown(nosave=True)
+    except redis.RedisError:
+        pass  # already gone
 
 
 def _model_names(settings: Settings) -> list[str]:
