@@ -8,18 +8,21 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
+-- give one lease's KV pages back to the team's total
+local function free_pages(pages, id)
+  local p = redis.call('HGET', pages, id)
+  if p then
+    redis.call('HINCRBY', pages, '#sum', -tonumber(p))
+    redis.call('HDEL', pages, id)
+  end
+end
+
 -- drop expired leases, returning their KV pages to the team's total
 local function purge(leases, pages, now)
   local expired = redis.call('ZRANGEBYSCORE', leases, '-inf', now)
   if #expired == 0 then return end
-  for _, id in ipairs(expired) do
-    if pages then
-      local p = redis.call('HGET', pages, id)
-      if p then
-        redis.call('HINCRBY', pages, '#sum', -tonumber(p))
-        redis.call('HDEL', pages, id)
-      end
-    end
+  if pages then
+    for _, id in ipairs(expired) do free_pages(pages, id) end
   end
   redis.call('ZREMRANGEBYSCORE', leases, '-inf', now)
 end
@@ -27,13 +30,7 @@ end
 -- release one lease (settle): returns nothing; idempotent
 local function release(leases, pages, id)
   redis.call('ZREM', leases, id)
-  if pages then
-    local p = redis.call('HGET', pages, id)
-    if p then
-      redis.call('HINCRBY', pages, '#sum', -tonumber(p))
-      redis.call('HDEL', pages, id)
-    end
-  end
+  if pages then free_pages(pages, id) end
 end
 
 local op = ARGV[1]
