@@ -22,13 +22,15 @@ up: install
 	$(VENV)/bin/tokenyard up --port $(PORT)
 
 test: install
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
 bench: install
 	$(PY) bench/engine_throughput.py
+	$(PY) bench/gateway_overhead.py
+	$(PY) bench/router_latency.py
 
 clean:
 	rm -rf $(VENV)
