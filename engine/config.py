@@ -1,6 +1,6 @@
 """Model and engine settings."""
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -41,4 +41,4 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     # interactive requests waiting behind running batch work may preempt it, not only on OOM
     preempt_batch_for_interactive: bool = True
-    served_model_name: str = field(default="")
+    served_model_name: str = ""  # the name clients use; empty: `model`

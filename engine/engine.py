@@ -285,15 +285,15 @@ class LLMEngine:
         self.sampler.forget(seq)
 
     def _update_gauges(self, preempted: int) -> None:
-        m, name = self.metrics, self.model_name
-        m.kv_usage.labels(name).set(1 - self.blocks.num_free / self.blocks.num_blocks)
-        m.running.labels(name).set(len(self.scheduler.running))
-        m.waiting.labels(name).set(self.scheduler.num_waiting)
+        m = self.metrics
+        m.kv_usage.set(1 - self.blocks.num_free / self.blocks.num_blocks)
+        m.running.set(len(self.scheduler.running))
+        m.waiting.set(self.scheduler.num_waiting)
         if preempted:
-            m.preemptions.labels(name).inc(preempted)
+            m.preemptions.inc(preempted)
         queries, hits = self.blocks.prefix_queries, self.blocks.prefix_hits
-        m.prefix_queries.labels(name).inc(queries - self._seen_queries)
-        m.prefix_hits.labels(name).inc(hits - self._seen_hits)
+        m.prefix_queries.inc(queries - self._seen_queries)
+        m.prefix_hits.inc(hits - self._seen_hits)
         self._seen_queries, self._seen_hits = queries, hits
 
     def fail_all(self, reason: str = "error") -> list[RequestOutput]:

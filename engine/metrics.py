@@ -6,45 +6,38 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 
 
 class EngineMetrics:
+    """Per-request series are labelled by model and priority; engine-wide ones are bound to the
+    model here, so callers just set or increment them."""
+
     def __init__(self, model: str):
         self.registry = CollectorRegistry()
-        labels = ["model", "priority"]
+        per_request = ["model", "priority"]
 
         def histogram(name: str, doc: str) -> Histogram:
-            return Histogram(name, doc, labels, buckets=_LATENCY_BUCKETS, registry=self.registry)
+            return Histogram(
+                f"tokenyard_engine_{name}", doc, per_request, buckets=_LATENCY_BUCKETS,
+                registry=self.registry,
+            )  # fmt: skip
 
-        self.ttft = histogram("tokenyard_engine_ttft_seconds", "Time to first token")
-        self.itl = histogram("tokenyard_engine_itl_seconds", "Inter-token latency")
-        self.e2e = histogram("tokenyard_engine_e2e_seconds", "Arrival to last token")
-        self.queue = histogram("tokenyard_engine_queue_seconds", "Arrival to first scheduling")
-        self.kv_usage = Gauge(
-            "tokenyard_engine_kv_usage_ratio",
-            "Share of KV blocks in use",
-            ["model"],
-            registry=self.registry,
-        )
-        self.running = Gauge(
-            "tokenyard_engine_running", "Sequences running", ["model"], registry=self.registry
-        )
-        self.waiting = Gauge(
-            "tokenyard_engine_waiting", "Sequences waiting", ["model"], registry=self.registry
-        )
-        self.prefix_queries = Counter(
-            "tokenyard_engine_prefix_cache_queries_tokens",
-            "Prompt tokens looked up in the prefix cache",
-            ["model"],
-            registry=self.registry,
-        )
-        self.prefix_hits = Counter(
-            "tokenyard_engine_prefix_cache_hits_tokens",
-            "Prompt tokens found in the prefix cache",
-            ["model"],
-            registry=self.registry,
-        )
-        self.preemptions = Counter(
-            "tokenyard_engine_preemptions", "Sequences preempted", ["model"], registry=self.registry
-        )
+        def engine_wide(kind: type[Gauge] | type[Counter], name: str, doc: str):
+            series = kind(f"tokenyard_engine_{name}", doc, ["model"], registry=self.registry)
+            return series.labels(model)
+
+        self.ttft = histogram("ttft_seconds", "Time to first token")
+        self.itl = histogram("itl_seconds", "Inter-token latency")
+        self.e2e = histogram("e2e_seconds", "Arrival to last token")
+        self.queue = histogram("queue_seconds", "Arrival to first scheduling")
         self.tokens = Counter(
-            "tokenyard_engine_generated_tokens", "Tokens generated", labels, registry=self.registry
+            "tokenyard_engine_generated_tokens", "Tokens generated", per_request,
+            registry=self.registry,
+        )  # fmt: skip
+        self.kv_usage = engine_wide(Gauge, "kv_usage_ratio", "Share of KV blocks in use")
+        self.running = engine_wide(Gauge, "running", "Sequences running")
+        self.waiting = engine_wide(Gauge, "waiting", "Sequences waiting")
+        self.prefix_queries = engine_wide(
+            Counter, "prefix_cache_queries_tokens", "Prompt tokens looked up in the prefix cache"
         )
-        self.model = model
+        self.prefix_hits = engine_wide(
+            Counter, "prefix_cache_hits_tokens", "Prompt tokens found in the prefix cache"
+        )
+        self.preemptions = engine_wide(Counter, "preemptions", "Sequences preempted")

@@ -24,10 +24,6 @@ class Tokenizer:
             hf = AutoTokenizer.from_pretrained(path)
         return cls(hf, eos_token_ids)
 
-    @property
-    def has_chat_template(self) -> bool:
-        return bool(self.hf.chat_template)
-
     def encode(self, text: str) -> list[int]:
         return self.hf.encode(text)
 
