@@ -11,6 +11,9 @@ from litestar.exceptions import HTTPException
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.exceptions import RedisError
 
+from backends.base import Upstream
+from backends.engine import EngineUpstream, parse_engine_urls
+from backends.registry import Backends
 from gateway import metrics
 from gateway.auth import Authenticator
 from gateway.db import database_url, get_engine
@@ -18,7 +21,6 @@ from gateway.errors import GatewayError, gateway_error_handler, http_error_handl
 from gateway.proxy import Proxy
 from gateway.quotas import Quotas, day_number
 from gateway.store import connect, embedded_redis, redis_url
-from gateway.upstream import Backends, EngineUpstream, Upstream, parse_engine_urls
 from tokenyard.settings import Settings, get_settings
 
 log = logging.getLogger("tokenyard.gateway")

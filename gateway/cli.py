@@ -206,7 +206,7 @@ def _stop_embedded(embedded: Any) -> None:
 
 
 def _model_names(settings: Settings) -> list[str]:
-    from gateway.upstream import parse_engine_urls
+    from backends.engine import parse_engine_urls
 
     spec = settings.engine_urls or f"http://{settings.engine_host}:{settings.engine_port}"
     return [name for name, _ in parse_engine_urls(spec, settings.engine_model)]

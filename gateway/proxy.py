@@ -16,6 +16,8 @@ import msgspec
 from litestar import Request, Response
 from litestar.response import Stream
 
+from backends.base import ModelInfo, Upstream, UpstreamCall, UpstreamReply, UpstreamStream
+from backends.registry import Backends
 from gateway import metrics
 from gateway.auth import Authenticator
 from gateway.errors import GatewayError
@@ -23,14 +25,6 @@ from gateway.keys import TeamPolicy
 from gateway.limits import TIERS
 from gateway.quotas import LeaseKeeper, Quotas, Reservation, Usage, kv_pages
 from gateway.streaming import StreamResult, UsageIn, relay, reply_decoder
-from gateway.upstream import (
-    Backends,
-    ModelInfo,
-    Upstream,
-    UpstreamCall,
-    UpstreamReply,
-    UpstreamStream,
-)
 from gateway.validation import Parsed, parse
 from tokenyard.settings import Settings
 

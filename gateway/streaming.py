@@ -11,7 +11,7 @@ from typing import Any
 
 import msgspec
 
-from gateway.upstream import UpstreamBroken, UpstreamStream
+from backends.base import UpstreamBroken, UpstreamStream
 
 
 class _Details(msgspec.Struct):

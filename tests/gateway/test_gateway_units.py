@@ -2,10 +2,10 @@
 
 import pytest
 
+from backends.base import ModelInfo
+from backends.http import _dechunk
 from gateway.errors import GatewayError
-from gateway.http import _dechunk
 from gateway.quotas import kv_pages
-from gateway.upstream import ModelInfo
 from gateway.validation import estimate_prompt_tokens, parse
 
 

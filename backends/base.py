@@ -1,0 +1,90 @@
+"""The one interface between the gateway and whatever serves a model.
+
+`Upstream` is all the gateway knows about a backend: send an OpenAI-protocol request (whole or
+streamed) and say what the model is (readiness, KV block size, context window, load). Whatever the
+provider speaks, a backend answers in OpenAI's shapes: a `chat.completion` body, or SSE events of
+`chat.completion.chunk`s ending with a usage chunk (and `timings` where the engine measured them).
+"""
+
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from gateway.errors import GatewayError
+
+log = logging.getLogger("tokenyard.backends")
+
+
+class UpstreamBroken(Exception):
+    """The upstream failed after the response started (connection lost mid-stream)."""
+
+
+@dataclass
+class ModelInfo:
+    name: str
+    ready: bool = False
+    block_size: int = 0  # 0: not a paged self-hosted engine, no KV-page quota
+    max_model_len: int = 0  # 0: unknown
+    waiting: int = 0  # requests queued upstream at the last poll
+    # prompt tokens the byte estimate misses (chat template, default system prompt), learned from
+    # the usage the upstream reports
+    prompt_overhead: float = 0.0
+
+    def observe_prompt(self, estimate: int, actual: int) -> None:
+        self.prompt_overhead += 0.1 * ((actual - estimate) - self.prompt_overhead)
+
+    @property
+    def prompt_extra(self) -> int:
+        return max(0, round(self.prompt_overhead))
+
+
+@dataclass
+class UpstreamCall:
+    path: str  # /v1/chat/completions or /v1/completions
+    body: bytes
+    headers: dict[str, str] = field(default_factory=dict)  # x-tenant, x-priority, x-request-id
+
+
+@dataclass
+class UpstreamReply:
+    status: int
+    body: bytes
+    content_type: str
+
+
+class UpstreamStream(Protocol):
+    status: int
+
+    async def read_all(self) -> bytes:
+        """The whole body: for refusals (status >= 400), which are JSON, not SSE."""
+        ...
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        """Raw SSE bytes as they arrive (no framing guaranteed)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Drop the connection: the engine cancels the sequence and frees its KV blocks."""
+        ...
+
+
+class Upstream(Protocol):
+    info: ModelInfo
+
+    async def complete(self, call: UpstreamCall) -> UpstreamReply: ...
+
+    async def open_stream(self, call: UpstreamCall) -> UpstreamStream: ...
+
+    async def refresh(self) -> None:
+        """Re-read readiness and load; called periodically."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+def unavailable(name: str, exc: Exception) -> GatewayError:
+    log.warning("upstream %s unreachable: %s", name, exc)
+    return GatewayError(
+        503, f"model {name!r} is unavailable", code="upstream_unavailable", retry_after=1
+    )
