@@ -26,7 +26,10 @@ class ModelInfo:
     ready: bool = False
     block_size: int = 0  # 0: not a paged self-hosted engine, no KV-page quota
     max_model_len: int = 0  # 0: unknown
-    waiting: int = 0  # requests queued upstream at the last poll
+    waiting: int = 0  # requests queued upstream at the last poll (the least-loaded replica's)
+    kv_usage: float = 0.0  # share of KV blocks in use at the last poll (the least-loaded replica's)
+    provider: str = "self-hosted"
+    circuit: str = "closed"  # the breaker's state: closed, open, half_open (never routed to: open)
     # prompt tokens the byte estimate misses (chat template, default system prompt), learned from
     # the usage the upstream reports
     prompt_overhead: float = 0.0

