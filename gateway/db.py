@@ -32,6 +32,11 @@ class Team(SQLModel, table=True):
     max_context: int | None = None  # cap on prompt + max_tokens
     models: str = ""  # comma-separated allowed models; empty: all
     default_tier: str = "interactive"
+    # model="auto": escalate prompts scoring at or above this (0-1), or, when unset, the share of
+    # traffic to send to the strong model (calibrated to a score); both unset: the catalog default
+    auto_threshold: float | None = None
+    strong_share: float | None = None
+    batch_tokens_per_day: int | None = None  # the batch tier's own daily budget
     created_at: datetime = Field(default_factory=_now)
 
 
@@ -43,6 +48,7 @@ class ApiKey(SQLModel, table=True):
     team_id: int = Field(foreign_key="team.id", index=True)
     revoked: bool = False
     created_at: datetime = Field(default_factory=_now)
+    last_used_at: datetime | None = None
 
 
 def database_url(settings: Settings) -> str:

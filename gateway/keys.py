@@ -36,6 +36,8 @@ class TeamPolicy(msgspec.Struct, frozen=True):
     max_context: int = 0
     models: tuple[str, ...] = ()
     default_tier: str = "interactive"
+    auto_threshold: float | None = None
+    strong_share: float | None = None
 
 
 class ManagementError(Exception):
@@ -66,6 +68,8 @@ def policy_of(team: Team) -> TeamPolicy:
         max_context=team.max_context or 0,
         models=tuple(m for m in team.models.split(",") if m),
         default_tier=team.default_tier,
+        auto_threshold=team.auto_threshold,
+        strong_share=team.strong_share,
     )
 
 
@@ -75,6 +79,8 @@ def _apply(team: Team, limits: dict[str, Any]) -> None:
             raise ValueError(f"unknown team field {name!r}")
         if name == "default_tier" and value not in TIERS:
             raise ValueError(f"default_tier must be one of {TIERS}")
+        if name in ("auto_threshold", "strong_share") and value is not None and not 0 <= value <= 1:
+            raise ValueError(f"{name} must be between 0 and 1")
         if name == "models" and not isinstance(value, str):
             value = ",".join(value)
         setattr(team, name, value)

@@ -14,4 +14,6 @@ LIMIT_FIELDS: dict[str, type] = {
     "max_context": int,
     "models": str,
     "default_tier": str,
+    "auto_threshold": float,
+    "strong_share": float,
 }
