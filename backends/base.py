@@ -86,8 +86,13 @@ class Upstream(Protocol):
     async def aclose(self) -> None: ...
 
 
-def unavailable(name: str, exc: Exception) -> GatewayError:
+class BackendUnavailable(GatewayError):
+    """The backend failed before the first byte of its reply (after its own retries): nothing
+    reached the client, so the gateway may try the next model of the route."""
+
+
+def unavailable(name: str, exc: Exception) -> BackendUnavailable:
     log.warning("upstream %s unreachable: %s", name, exc)
-    return GatewayError(
+    return BackendUnavailable(
         503, f"model {name!r} is unavailable", code="upstream_unavailable", retry_after=1
     )
