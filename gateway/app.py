@@ -12,7 +12,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.exceptions import RedisError
 
 from backends.base import Upstream
-from backends.engine import EngineUpstream, parse_engine_urls
+from backends.engine import EngineUpstream
 from backends.registry import Backends
 from gateway import metrics
 from gateway.auth import Authenticator
@@ -21,6 +21,9 @@ from gateway.errors import GatewayError, gateway_error_handler, http_error_handl
 from gateway.proxy import Proxy
 from gateway.quotas import Quotas, day_number
 from gateway.store import connect, embedded_redis, redis_url
+from router.catalog import Catalog, ModelEntry, load_catalog
+from router.classifier import ComplexityClassifier
+from router.policy import AUTO, Router, Scorer
 from tokenyard.settings import Settings, get_settings
 
 log = logging.getLogger("tokenyard.gateway")
@@ -50,17 +53,12 @@ class CompletionsController(Controller):
         proxy = _proxy(request)
         policy = await proxy.auth.authenticate(request.headers.get("authorization"))
         data = [
-            {
-                "id": name,
-                "object": "model",
-                "created": 0,
-                "owned_by": "tokenyard",
-                "ready": upstream.info.ready,
-                "max_model_len": upstream.info.max_model_len,
-            }
-            for name, upstream in proxy.backends.upstreams.items()
-            if not policy.models or name in policy.models
+            _model_card(m, proxy.backends.get(m.id))
+            for m in proxy.router.catalog.by_price()
+            if not policy.models or m.id in policy.models
         ]
+        if data:  # "auto" routes among the models the team may use
+            data.append({"id": AUTO, "object": "model", "created": 0, "owned_by": "tokenyard"})
         return _json({"object": "list", "data": data})
 
     @get("/usage")
@@ -93,6 +91,25 @@ class CompletionsController(Controller):
         )
 
 
+def _model_card(entry: ModelEntry, upstream: Upstream | None) -> dict[str, Any]:
+    """OpenAI's model object, with what the catalog and the backend's live state say of it."""
+    info = upstream.info if upstream else None
+    return {
+        "id": entry.id,
+        "object": "model",
+        "created": 0,
+        "owned_by": entry.provider,
+        "available": upstream is not None,  # configured: replicas known or its API key set
+        "ready": bool(info and info.ready),
+        "circuit": info.circuit if info else None,
+        "max_model_len": (info.max_model_len if info else 0) or entry.max_context,
+        "capability": entry.capability,
+        "tiers": list(entry.tiers),
+        "pricing": msgspec.to_builtins(entry.price),
+        "fallbacks": list(entry.fallbacks),
+    }
+
+
 class OpsController(Controller):
     @get("/health")
     async def health(self) -> Response[bytes]:
@@ -120,11 +137,12 @@ def internal_error_handler(_: Request, exc: Exception) -> Response[bytes]:
     return GatewayError(500, "internal error", code="internal_error").response()
 
 
-def build_backends(settings: Settings) -> Backends:
-    spec = settings.engine_urls or f"http://{settings.engine_host}:{settings.engine_port}"
+def build_backends(catalog: Catalog, settings: Settings) -> Backends:
+    """One backend per model the platform can call (replicas known, or its API key set)."""
     upstreams: dict[str, Upstream] = {
-        name: EngineUpstream(name, url, settings.gateway_upstream_timeout_s)
-        for name, url in parse_engine_urls(spec, settings.engine_model)
+        m.id: EngineUpstream(m.id, m.base_urls[0], settings.gateway_upstream_timeout_s)
+        for m in catalog.models.values()
+        if m.configured and m.provider == "self-hosted"
     }
     return Backends(upstreams)
 
@@ -147,9 +165,11 @@ def create_app(settings: Settings | None = None) -> Litestar:
             max_concurrency=settings.gateway_max_concurrency,
             max_batch_concurrency=settings.gateway_max_batch_concurrency,
         )
-        backends = build_backends(settings)
+        catalog = load_catalog(settings)
+        backends = build_backends(catalog, settings)
         auth = Authenticator(sql, redis, settings.gateway_key_cache_s)
-        proxy = Proxy(settings, auth, quotas, backends)
+        router = Router(catalog, Scorer(ComplexityClassifier.load))
+        proxy = Proxy(settings, auth, quotas, backends, router)
         app.state.proxy = proxy
         await backends.start()
         proxy.keeper.start()

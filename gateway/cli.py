@@ -175,7 +175,7 @@ def _up(args: argparse.Namespace) -> int:
         if keys.get_team(sql, DEMO_TEAM) is None:
             keys.create_team(sql, DEMO_TEAM, rpm=600, tpm=200_000, concurrency=16)
         key = keys.create_key(sql, DEMO_TEAM).key
-        model = next(iter(_model_names(settings)))
+        model = _demo_model(settings)
         print(_banner(key, args.port, model), flush=True)
         serve(settings, args.host, args.port)  # returns on Ctrl-C / SIGTERM
     finally:
@@ -205,11 +205,12 @@ def _stop_embedded(embedded: Any) -> None:
         pass  # already gone
 
 
-def _model_names(settings: Settings) -> list[str]:
-    from backends.engine import parse_engine_urls
+def _demo_model(settings: Settings) -> str:
+    """The model the banner's examples name: the catalog's first self-hosted one."""
+    from router.catalog import load_catalog
 
-    spec = settings.engine_urls or f"http://{settings.engine_host}:{settings.engine_port}"
-    return [name for name, _ in parse_engine_urls(spec, settings.engine_model)]
+    models = load_catalog(settings).models.values()
+    return next(m.id for m in models if m.provider == "self-hosted")
 
 
 def add_parser(sub: Any) -> None:

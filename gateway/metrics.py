@@ -41,3 +41,23 @@ TTFT = Histogram(
     buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
     registry=REGISTRY,
 )
+ROUTES = Counter(
+    "tokenyard_router_decisions_total",
+    "Routing decisions, by the model asked (a model or auto) and the decision (direct, weak, "
+    "strong: auto escalated)",
+    ["asked", "decision"],
+    registry=REGISTRY,
+)
+OVERFLOWS = Counter(
+    "tokenyard_router_overflows_total",
+    "Candidates skipped for a request, by model and why (saturated, down: circuit open or not "
+    "ready)",
+    ["model", "reason"],
+    registry=REGISTRY,
+)
+FALLBACKS = Counter(
+    "tokenyard_router_fallbacks_total",
+    "Requests moved to the next model after a backend failed before its first byte",
+    ["from_model", "to_model"],
+    registry=REGISTRY,
+)

@@ -10,13 +10,21 @@ import contextlib
 import os
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgspec
 from litestar import Request, Response
 from litestar.response import Stream
 
-from backends.base import ModelInfo, Upstream, UpstreamCall, UpstreamReply, UpstreamStream
+from backends.base import (
+    BackendUnavailable,
+    ModelInfo,
+    Upstream,
+    UpstreamCall,
+    UpstreamReply,
+    UpstreamStream,
+)
 from backends.registry import Backends
 from gateway import metrics
 from gateway.auth import Authenticator
@@ -26,6 +34,7 @@ from gateway.limits import TIERS
 from gateway.quotas import LeaseKeeper, Quotas, Reservation, Usage, kv_pages
 from gateway.streaming import StreamResult, UsageIn, relay, reply_decoder
 from gateway.validation import Parsed, parse
+from router.policy import NoRoute, Route, Router, Saturation
 from tokenyard.settings import Settings
 
 PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
@@ -85,14 +94,44 @@ def _usage(got: UsageIn | None, fallback_prompt: int, fallback_completion: int) 
     return Usage(got.prompt_tokens, got.completion_tokens, cached, reported=True)
 
 
+@dataclass
+class _Call:
+    """A request before it is addressed to a model: the body is encoded per attempt, with the
+    model that attempt goes to."""
+
+    kind: Literal["chat", "completion"]
+    body: dict[str, Any]
+    headers: dict[str, str]
+
+    def to(self, upstream: Upstream) -> UpstreamCall:
+        self.body["model"] = upstream.info.name
+        return UpstreamCall(PATHS[self.kind], msgspec.json.encode(self.body), self.headers)
+
+
+def _decision(route: Route) -> str:
+    """How the route was chosen: direct (a named model), or auto's weak / strong class."""
+    if route.score is None:
+        return "direct"
+    return "strong" if route.escalated else "weak"
+
+
 class Proxy:
     def __init__(
-        self, settings: Settings, auth: Authenticator, quotas: Quotas, backends: Backends
+        self,
+        settings: Settings,
+        auth: Authenticator,
+        quotas: Quotas,
+        backends: Backends,
+        router: Router,
     ) -> None:
         self.settings = settings
         self.auth = auth
         self.quotas = quotas
         self.backends = backends
+        self.router = router
+        self.saturation = Saturation(
+            settings.gateway_max_upstream_waiting, settings.router_max_kv_usage
+        )
         self.keeper = LeaseKeeper(quotas, settings.gateway_lease_s)
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -108,20 +147,12 @@ class Proxy:
         started = time.perf_counter()
         policy = await self.auth.authenticate(request.headers.get("authorization"))
         parsed = parse(await request.body(), kind)
-        upstream = self.backends.get(parsed.model)
-        if upstream is None or (policy.models and parsed.model not in policy.models):
-            raise GatewayError(
-                404,
-                f"the model {parsed.model!r} does not exist or you do not have access to it",
-                code="model_not_found",
-                param="model",
-            )
-        if not upstream.info.ready:
-            raise GatewayError(
-                503, f"model {parsed.model!r} is not ready", code="model_not_ready", retry_after=1
-            )
         tier = _tier(request, parsed, policy)
-        self._check_saturation(upstream.info, tier)
+        try:
+            route = self.router.route(parsed.model, parsed.body, policy, tier)
+        except NoRoute as exc:
+            raise GatewayError(404, str(exc), code="model_not_found", param="model") from None
+        upstream = self._first_open(route, tier)
         prompt = parsed.prompt_tokens + upstream.info.prompt_extra
         max_tokens = _size(parsed, prompt, upstream.info, policy, self.settings)
         body = parsed.body
@@ -136,9 +167,9 @@ class Proxy:
         tokens = prompt + parsed.n * max_tokens
         pages = kv_pages(prompt, max_tokens, parsed.n, upstream.info.block_size)
         lease_id = os.urandom(9).hex()  # never the client's id: clients may reuse theirs
-        call = UpstreamCall(
-            PATHS[kind],
-            msgspec.json.encode(body),
+        call = _Call(
+            kind,
+            body,
             {
                 "content-type": "application/json",
                 "x-tenant": policy.team,
@@ -149,7 +180,10 @@ class Proxy:
         res = await self.quotas.reserve(policy, lease_id, tokens, pages, tier == "batch")
         self.keeper.active[lease_id] = res
         metrics.IN_FLIGHT.inc()
-        headers = {"x-request-id": request_id, "x-tokenyard-model": upstream.info.name}
+        headers = {"x-request-id": request_id, "x-tokenyard-route": _decision(route)}
+        if route.score is not None:
+            headers["x-tokenyard-score"] = f"{route.score:.4f}"
+        metrics.ROUTES.labels(route.asked, _decision(route)).inc()
         event = {
             "request_id": request_id,
             "team": policy.team,
@@ -163,13 +197,14 @@ class Proxy:
         }
         try:
             return await self._forward(
-                request, upstream, call, parsed, res, event, headers, started
+                request, route, upstream, call, parsed, res, event, headers, started
             )
         except BaseException as exc:
             # a no-op if the response already settled (or its stream body owns settling); a task
             # of its own because a cancelled request would cancel an await here as well
             status = exc.status if isinstance(exc, GatewayError) else 500
-            self._spawn(self._settle(res, upstream, Usage(), event, started, status=status))
+            served = self.backends.get(event["model_served"]) or upstream
+            self._spawn(self._settle(res, served, Usage(), event, started, status=status))
             raise
 
     async def _complete_unless_gone(
@@ -196,21 +231,79 @@ class Proxy:
         finally:
             watcher.cancel()
 
-    def _check_saturation(self, info: ModelInfo, tier: str) -> None:
-        """Refuse rather than queue without bound behind a saturated engine (its /load, polled
-        every second); batch gives way at half the queue so interactive work always gets in."""
-        limit = self.settings.gateway_max_upstream_waiting
-        if tier == "batch":
-            limit = (limit + 1) // 2
-        if limit and info.waiting >= limit:
+    def _usable(self, upstream: Upstream | None, tier: str) -> str | None:
+        """Why this backend cannot take a request now (None: it can)."""
+        if upstream is None:
+            return "unconfigured"
+        if upstream.info.circuit == "open" or not upstream.info.ready:
+            return "down"
+        if self.saturation.saturated(upstream.info, tier):
+            return "saturated"
+        return None
+
+    def _next_open(self, route: Route, tier: str, after: int) -> tuple[int, Upstream] | None:
+        """The next candidate of the route, from index `after`, that can take the request;
+        candidates skipped for load or an open circuit count as overflow."""
+        for i in range(after, len(route.candidates)):
+            upstream = self.backends.get(route.candidates[i])
+            why = self._usable(upstream, tier)
+            if why is None:
+                assert upstream is not None
+                return i, upstream
+            if why != "unconfigured":
+                metrics.OVERFLOWS.labels(route.candidates[i], why).inc()
+        return None
+
+    def _first_open(self, route: Route, tier: str) -> Upstream:
+        found = self._next_open(route, tier, 0)
+        if found is not None:
+            return found[1]
+        infos = [u.info for m in route.candidates if (u := self.backends.get(m))]
+        if any(i.ready and i.circuit != "open" for i in infos):
+            queued = min(i.waiting for i in infos)
             raise GatewayError(
                 503,
-                f"model {info.name!r} is saturated ({info.waiting} requests queued)",
+                f"model {route.candidates[0]!r} and its fallbacks are saturated ({queued} "
+                "requests queued)",
                 code="upstream_saturated",
                 retry_after=1,
             )
+        raise GatewayError(
+            503,
+            f"model {route.candidates[0]!r} and its fallbacks are not ready",
+            code="model_not_ready",
+            retry_after=1,
+        )
 
     async def _forward(
+        self,
+        request: Request,
+        route: Route,
+        upstream: Upstream,
+        call: "_Call",
+        parsed: Parsed,
+        res: Reservation,
+        event: dict[str, Any],
+        headers: dict[str, str],
+        started: float,
+    ) -> Response:
+        """Send the request to `upstream`; while a backend fails before its first byte, try the
+        route's next usable candidate (nothing has reached the client yet)."""
+        index = route.candidates.index(upstream.info.name)
+        while True:
+            event["model_served"] = headers["x-tokenyard-model"] = upstream.info.name
+            try:
+                return await self._send(
+                    request, upstream, call.to(upstream), parsed, res, event, headers, started
+                )
+            except BackendUnavailable:
+                found = self._next_open(route, str(event["tier"]), index + 1)
+                if found is None:
+                    raise
+                metrics.FALLBACKS.labels(upstream.info.name, found[1].info.name).inc()
+                index, upstream = found
+
+    async def _send(
         self,
         request: Request,
         upstream: Upstream,

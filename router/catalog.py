@@ -165,7 +165,9 @@ def load_catalog(settings: Settings) -> Catalog:
     else the local engine (`engine_host`/`engine_port`) for the first self-hosted model."""
     path = settings.catalog or DEFAULT_CATALOG
     catalog = Catalog.load(path, settings.engine_urls)
-    missing = [m for m in catalog.models.values() if m.provider == "self-hosted" and not m.base_urls]
+    missing = [
+        m for m in catalog.models.values() if m.provider == "self-hosted" and not m.base_urls
+    ]
     if missing and not settings.engine_urls:
         local = f"{missing[0].id}=http://{settings.engine_host}:{settings.engine_port}"
         catalog = Catalog.load(path, local)

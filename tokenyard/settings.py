@@ -41,10 +41,46 @@ class Settings(BaseSettings):
     gateway_max_context: int = 0  # platform cap on prompt + max_tokens; 0: the model's window
     gateway_max_concurrency: int = 0  # platform-wide requests in flight; 0: unlimited
     gateway_max_batch_concurrency: int = 0  # of which batch tier; 0: unlimited
-    # an engine with this many requests queued is saturated: refuse (batch at half of it, so batch
-    # backlog never makes interactive wait); 0: never
+    # an engine with this many requests queued is saturated: overflow to the fallbacks, else refuse
+    # (batch at half of it, so batch backlog never makes interactive wait); 0: never
     gateway_max_upstream_waiting: int = 0
+    # a self-hosted model with this share of its KV cache in use overflows to its fallbacks; 0: off
+    router_max_kv_usage: float = 0.0
     gateway_upstream_timeout_s: float = 600.0
+    # backends (fields named backend_* belong to backends/; see docs/backends.md)
+    backend_connect_timeout_s: float = 5.0  # TCP/TLS connect to an upstream; past it: retried
+    # streamed: request sent → first body byte; past it the attempt is dropped and retried
+    backend_first_token_timeout_s: float = 60.0
+    # longest wait for the upstream's next byte (a non-streamed reply: its whole wait)
+    backend_read_timeout_s: float = 600.0
+    backend_retry_attempts: int = 3  # tries per request, the first included, before the first byte
+    backend_retry_backoff_s: float = 0.25  # first backoff, doubling per retry, jittered
+    backend_retry_backoff_max_s: float = 4.0
+    backend_retry_after_max_s: float = 10.0  # an upstream's Retry-After is honoured up to this
+    backend_breaker_failures: int = 5  # consecutive failed requests that open a backend's breaker
+    # ... or this share of failures among at least breaker_min_requests in a breaker_window_s window
+    backend_breaker_error_rate: float = 0.5
+    backend_breaker_min_requests: int = 20
+    backend_breaker_window_s: float = 30.0
+    backend_breaker_open_s: float = 30.0  # open this long, then one half-open probe is let through
+    backend_breaker_probe_s: float = 60.0  # a probe that never reports frees its lock after this
+    backend_replica_cooldown_s: float = 5.0  # an engine replica that failed is skipped this long
+    # prefix affinity keeps a prompt prefix on its replica while that replica's load is within this
+    # of the least loaded (load: waiting requests + KV share in use + requests sent since its poll)
+    backend_affinity_margin: float = 2.0
+    backend_affinity_chars: int = 256  # prompt characters hashed for affinity (about a KV block)
+    backend_max_connections: int = 256  # per commercial backend's httpx pool
+    # bearer token of the admin-scoped APIs (all teams' usage); empty: those APIs are off
+    admin_key: str = ""
+    # billing: the usage consumer in each gateway (see docs/billing.md)
+    billing_consumer_group: str = "billing"  # one Redis consumer group per deployment
+    billing_batch_size: int = 500  # usage events written to SQL per transaction
+    # how long one read waits for new events: also how late a record can land in SQL
+    billing_block_ms: int = 200
+    # a pending event idle this long (its consumer died or is stuck) is claimed by another
+    billing_claim_idle_s: float = 30.0
+    # SQL down: retry the same batch after this, doubling up to 30 s (nothing is acknowledged)
+    billing_retry_s: float = 0.5
 
 
 @lru_cache

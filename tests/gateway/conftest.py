@@ -126,6 +126,7 @@ def base_env(redis_server: RedisServer, upstream: str, data_dir: Path) -> dict[s
         "TOKENYARD_DATABASE_URL": f"sqlite:///{data_dir}/tokenyard.db",
         "TOKENYARD_REDIS_URL": redis_server.url,
         "TOKENYARD_ENGINE_URLS": f"{MODEL}={upstream}",
+        "TOKENYARD_CATALOG": str(Path(__file__).parent / "catalog.toml"),
     }
 
 

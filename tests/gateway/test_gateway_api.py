@@ -87,8 +87,9 @@ def test_streaming_with_and_without_usage(gateway: Any, team: Any, upstream: str
 def test_models_and_model_access(gateway: Any, team: Any) -> None:
     _, key = team()
     models = gateway.client(key).models.list().data
-    assert [m.id for m in models] == [MODEL]
+    assert [m.id for m in models] == [MODEL, "auto"]
     assert models[0].model_extra["ready"] is True
+    assert models[0].owned_by == "self-hosted"
     _, restricted = team(models="other-model")
     client = gateway.client(restricted)
     assert client.models.list().data == []

@@ -1,0 +1,142 @@
+"""The routing policy: which models may serve a request, in the order to try them.
+
+An explicit model is tried first, then its fallback chain. `model="auto"` scores the prompt with the
+complexity classifier: below the team's threshold it goes to the cheapest model, at or above it to
+the cheapest model of the catalog's strong capability, each followed by its fallbacks. Every
+candidate must be allowed for the team and serve the request's tier; the gateway then skips the
+ones that are down (circuit open, not ready) or saturated, and falls back on a failure before the
+first byte.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from backends.base import ModelInfo
+from router.catalog import Catalog, ModelEntry
+
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class Route:
+    asked: str
+    candidates: tuple[str, ...]  # in the order to try; the first is the policy's choice
+    score: float | None = None  # the classifier's, for model="auto"
+    escalated: bool = False  # auto sent it to the strong class
+
+
+class TeamRouting(Protocol):
+    """What a team's policy says about routing (gateway.keys.TeamPolicy has these fields)."""
+
+    @property
+    def models(self) -> tuple[str, ...]: ...  # allowed models; empty: all
+
+    @property
+    def auto_threshold(self) -> float | None: ...
+
+    @property
+    def strong_share(self) -> float | None: ...
+
+
+class NoRoute(Exception):
+    """No model in the catalog can serve the request: unknown, not allowed, or not for this tier."""
+
+
+class Scorer:
+    """The complexity classifier, loaded on first use so processes that never route "auto" (and
+    the CLI) do not pay for loading it; thresholds from shares are cached."""
+
+    def __init__(self, load: Callable[[], Any]) -> None:
+        self._load = load
+        self._classifier: Any = None
+        self._thresholds: dict[float, float] = {}
+
+    @property
+    def classifier(self) -> Any:
+        if self._classifier is None:
+            self._classifier = self._load()
+        return self._classifier
+
+    def score(self, prompt: str) -> float:
+        return float(self.classifier.score(prompt))
+
+    def threshold(self, share: float) -> float:
+        if share not in self._thresholds:
+            self._thresholds[share] = self.classifier.threshold_for_strong_share(share)
+        return self._thresholds[share]
+
+
+def prompt_text(body: dict[str, Any]) -> str:
+    """What the classifier scores: the last user turn (chat), or the prompt (completions)."""
+    messages = body.get("messages")
+    if messages is None:
+        prompt = body.get("prompt")
+        return prompt if isinstance(prompt, str) else ""
+    for message in reversed(messages):
+        if message.get("role") != "user":
+            continue
+        content = message.get("content")
+        if isinstance(content, str):
+            return content
+        if isinstance(content, list):
+            return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""
+
+
+class Router:
+    def __init__(self, catalog: Catalog, scorer: Scorer) -> None:
+        self.catalog = catalog
+        self.scorer = scorer
+
+    def _eligible(self, entry: ModelEntry, team: TeamRouting, tier: str) -> bool:
+        return (not team.models or entry.id in team.models) and tier in entry.tiers
+
+    def route(self, model: str, body: dict[str, Any], team: TeamRouting, tier: str) -> Route:
+        if model != AUTO:
+            entry = self.catalog.get(model)
+            if entry is None or (team.models and model not in team.models):
+                raise NoRoute(f"the model {model!r} does not exist or you do not have access to it")
+            if tier not in entry.tiers:
+                raise NoRoute(f"the model {model!r} does not serve the {tier} tier")
+            return Route(model, self._chain(model, team, tier))
+        score = self.scorer.score(prompt_text(body))
+        escalated = score >= self._threshold(team)
+        need = self.catalog.auto.strong_capability if escalated else 0
+        pool = [
+            m
+            for m in self.catalog.by_price()
+            if m.capability >= need and m.configured and self._eligible(m, team, tier)
+        ]
+        if not pool:
+            raise NoRoute(f"no model this team may use can serve the {tier} tier")
+        candidates = list(self._chain(pool[0].id, team, tier))
+        # after the chosen model's own fallbacks, the rest of its class by price
+        candidates += [m.id for m in pool if m.id not in candidates]
+        return Route(AUTO, tuple(candidates), score, escalated)
+
+    def _chain(self, model: str, team: TeamRouting, tier: str) -> tuple[str, ...]:
+        entries = (self.catalog.models[m] for m in self.catalog.chain(model))
+        return tuple(m.id for m in entries if m.id == model or self._eligible(m, team, tier))
+
+    def _threshold(self, team: TeamRouting) -> float:
+        if team.auto_threshold is not None:
+            return team.auto_threshold
+        share = team.strong_share
+        return self.scorer.threshold(self.catalog.auto.strong_share if share is None else share)
+
+
+@dataclass(frozen=True)
+class Saturation:
+    """When a self-hosted model counts as saturated: its least-loaded replica has this many
+    requests queued, or this share of its KV cache in use (0: that test is off). Batch gives way at
+    half the queue, so batch backlog never makes interactive traffic overflow."""
+
+    max_waiting: int = 0
+    max_kv_usage: float = 0.0
+
+    def saturated(self, info: ModelInfo, tier: str) -> bool:
+        limit = (self.max_waiting + 1) // 2 if tier == "batch" else self.max_waiting
+        if limit and info.waiting >= limit:
+            return True
+        return bool(self.max_kv_usage) and info.kv_usage >= self.max_kv_usage
