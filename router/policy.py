@@ -102,14 +102,15 @@ class Router:
             return Route(model, self._chain(model, team, tier))
         score = self.scorer.score(prompt_text(body))
         escalated = score >= self._threshold(team)
-        need = self.catalog.auto.strong_capability if escalated else 0
-        pool = [
-            m
-            for m in self.catalog.by_price()
-            if m.capability >= need and m.configured and self._eligible(m, team, tier)
+        usable = [
+            m for m in self.catalog.by_price() if m.configured and self._eligible(m, team, tier)
         ]
-        if not pool:
+        if not usable:
             raise NoRoute(f"no model this team may use can serve the {tier} tier")
+        need = self.catalog.auto.strong_capability if escalated else 0
+        # a team with no model of the strong class gets its most capable ones instead
+        need = min(need, max(m.capability for m in usable))
+        pool = [m for m in usable if m.capability >= need]
         candidates = list(self._chain(pool[0].id, team, tier))
         # after the chosen model's own fallbacks, the rest of its class by price
         candidates += [m.id for m in pool if m.id not in candidates]

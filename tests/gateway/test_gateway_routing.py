@@ -1,0 +1,157 @@
+"""Routing through the gateway: model="auto" by the classifier and the team's threshold, overflow
+when the cheap model's engine is saturated, fallback when it is down, the served model reported."""
+
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from router.classifier import ComplexityClassifier
+from tests.gateway.conftest import HERE, Process, free_port, upstream_stats, wait_until
+
+EASY = "hi! how are you today?"
+HARD = (
+    "A uniform solid sphere of mass M and radius R rolls without slipping down an incline of "
+    "angle theta. Derive its linear acceleration and the minimum coefficient of static friction "
+    "required. Which of the following is correct? (A) 5/7 g sin(theta) (B) 3/5 g sin(theta) "
+    "(C) 2/3 g sin(theta) (D) g sin(theta)"
+)
+
+
+def _catalog(path: Path) -> Path:
+    path.write_text(
+        """
+[auto]
+strong_capability = 3
+
+[[models]]
+id = "cheap"
+provider = "self-hosted"
+price = { input = 0.02, output = 0.05 }
+capability = 1
+fallbacks = ["strong"]
+
+[[models]]
+id = "strong"
+provider = "self-hosted"
+price = { input = 3.0, output = 15.0 }
+capability = 3
+"""
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """Two fake engines, one per model."""
+    logs = tmp_path_factory.mktemp("engines")
+    urls, procs = {}, []
+    for name in ("cheap", "strong"):
+        port = free_port()
+        command = [sys.executable, str(HERE / "fake_upstream.py"), "--port", str(port)]
+        procs.append(Process([*command, "--model", name], {}, logs / f"{name}.log"))
+        urls[name] = f"http://127.0.0.1:{port}"
+    for url in urls.values():
+        wait_until(lambda u=url: httpx.get(u + "/health").status_code == 200, 20, "fake engine")
+    yield urls
+    for proc in procs:
+        proc.stop()
+
+
+@pytest.fixture
+def routed(start_gateway: Any, engines: dict[str, str], tmp_path: Path) -> Any:
+    spec = ",".join(f"{name}={url}" for name, url in engines.items())
+    for url in engines.values():
+        httpx.post(url + "/control", json={"waiting": 0})
+    return start_gateway(
+        catalog=str(_catalog(tmp_path / "catalog.toml")),
+        engine_urls=spec,
+        gateway_max_upstream_waiting="4",
+    )
+
+
+def _ask(client: openai.OpenAI, model: str, text: str) -> Any:
+    return client.chat.completions.with_raw_response.create(
+        model=model, messages=[{"role": "user", "content": text + " #chunks=2"}], max_tokens=4
+    )
+
+
+def test_auto_routes_by_score_and_threshold(routed: Any, team: Any, engines: dict) -> None:
+    classifier = ComplexityClassifier.load()
+    easy, hard = classifier.score(EASY + " #chunks=2"), classifier.score(HARD + " #chunks=2")
+    assert easy < hard
+    _, key = team(auto_threshold=(easy + hard) / 2)
+    client = routed.client(key)
+    low = _ask(client, "auto", EASY)
+    assert low.headers["x-tokenyard-model"] == "cheap"
+    assert low.headers["x-tokenyard-route"] == "weak"
+    assert float(low.headers["x-tokenyard-score"]) == pytest.approx(easy, abs=1e-4)
+    assert upstream_stats(engines["cheap"])["last_body"]["model"] == "cheap"
+    high = _ask(client, "auto", HARD)
+    assert high.headers["x-tokenyard-model"] == "strong"
+    assert high.headers["x-tokenyard-route"] == "strong"
+    assert upstream_stats(engines["strong"])["last_body"]["model"] == "strong"
+    # a team that wants everything on the strong model, and one that wants nothing there
+    _, everything = team(strong_share=1.0)
+    assert _ask(routed.client(everything), "auto", EASY).headers["x-tokenyard-model"] == "strong"
+    _, nothing = team(strong_share=0.0)
+    assert _ask(routed.client(nothing), "auto", HARD).headers["x-tokenyard-model"] == "cheap"
+    metrics = httpx.get(routed.url + "/metrics").text
+    assert 'tokenyard_router_decisions_total{asked="auto",decision="strong"}' in metrics
+    assert 'tokenyard_router_decisions_total{asked="auto",decision="weak"}' in metrics
+
+
+def test_saturated_engine_overflows_to_the_fallback(routed: Any, team: Any, engines: dict) -> None:
+    _, key = team()
+    client = routed.client(key)
+    assert _ask(client, "cheap", EASY).headers["x-tokenyard-model"] == "cheap"
+    httpx.post(engines["cheap"] + "/control", json={"waiting": 10})
+    # the gateway polls /load every second
+    wait_until(
+        lambda: _ask(client, "cheap", EASY).headers["x-tokenyard-model"] == "strong", 5, "overflow"
+    )
+    reply = _ask(client, "cheap", EASY)
+    assert reply.headers["x-tokenyard-route"] == "direct"
+    assert reply.parse().choices[0].message.content
+    metrics = httpx.get(routed.url + "/metrics").text
+    assert 'tokenyard_router_overflows_total{model="cheap",reason="saturated"}' in metrics
+    # both saturated: refused with Retry-After, not queued
+    httpx.post(engines["strong"] + "/control", json={"waiting": 10})
+    wait_until(lambda: _ask_status(client) == 503, 5, "both saturated")
+    with pytest.raises(openai.APIStatusError) as err:
+        _ask(client, "cheap", EASY)
+    assert err.value.code == "upstream_saturated"
+    assert err.value.response.headers["retry-after"] == "1"
+
+
+def _ask_status(client: openai.OpenAI) -> int:
+    try:
+        return _ask(client, "cheap", EASY).http_response.status_code
+    except openai.APIStatusError as exc:
+        return exc.status_code
+
+
+def test_down_engine_falls_back_and_models_lists_the_catalog(
+    start_gateway: Any, team: Any, engines: dict, tmp_path: Path
+) -> None:
+    httpx.post(engines["strong"] + "/control", json={"waiting": 0})
+    dead = f"http://127.0.0.1:{free_port()}"
+    gw = start_gateway(
+        catalog=str(_catalog(tmp_path / "catalog.toml")),
+        engine_urls=f"cheap={dead},strong={engines['strong']}",
+    )
+    _, key = team()
+    client = gw.client(key)
+    reply = _ask(client, "cheap", EASY)
+    assert reply.headers["x-tokenyard-model"] == "strong"
+    cards = {m.id: m.model_extra for m in client.models.list().data}
+    assert set(cards) == {"cheap", "strong", "auto"}
+    assert cards["cheap"]["ready"] is False and cards["strong"]["ready"] is True
+    assert cards["cheap"]["fallbacks"] == ["strong"]
+    assert cards["strong"]["pricing"] == {"input": 3.0, "cached_input": 0.0, "output": 15.0}
+    metrics = httpx.get(gw.url + "/metrics").text
+    assert 'tokenyard_router_overflows_total{model="cheap",reason="down"}' in metrics

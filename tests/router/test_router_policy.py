@@ -1,0 +1,217 @@
+"""The catalog and the routing policy: chains, team restrictions, tiers, auto's two classes,
+thresholds from shares, saturation."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from backends.base import ModelInfo
+from router.catalog import DEFAULT_CATALOG, Catalog, CatalogError, Price, load_catalog
+from router.classifier import ComplexityClassifier
+from router.policy import AUTO, NoRoute, Router, Saturation, Scorer, prompt_text
+from tokenyard.settings import Settings
+
+CATALOG = """
+[auto]
+strong_capability = 3
+strong_share = 0.25
+
+[[models]]
+id = "tiny"
+provider = "self-hosted"
+base_urls = ["http://127.0.0.1:1"]
+price = { input = 0.01, output = 0.02 }
+capability = 1
+fallbacks = ["mini"]
+
+[[models]]
+id = "mini"
+provider = "openai"
+base_urls = ["http://127.0.0.1:2/v1"]
+api_key_env = "TEST_POLICY_OPENAI_KEY"
+price = { input = 0.15, cached_input = 0.075, output = 0.6 }
+capability = 2
+tiers = ["interactive"]
+fallbacks = ["tiny"]
+
+[[models]]
+id = "big"
+provider = "anthropic"
+base_urls = ["http://127.0.0.1:3"]
+api_key_env = "TEST_POLICY_ANTHROPIC_KEY"
+price = { input = 3.0, cached_input = 0.3, output = 15.0 }
+capability = 3
+fallbacks = ["bigger", "mini"]
+
+[[models]]
+id = "bigger"
+provider = "openai"
+base_urls = ["http://127.0.0.1:2/v1"]
+api_key_env = "TEST_POLICY_OPENAI_KEY"
+price = { input = 5.0, output = 20.0 }
+capability = 3
+"""
+
+
+@dataclass(frozen=True)
+class Team:
+    models: tuple[str, ...] = ()
+    auto_threshold: float | None = None
+    strong_share: float | None = None
+
+
+@pytest.fixture
+def catalog(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Catalog:
+    monkeypatch.setenv("TEST_POLICY_OPENAI_KEY", "sk-test")
+    monkeypatch.setenv("TEST_POLICY_ANTHROPIC_KEY", "sk-ant-test")
+    path = tmp_path / "catalog.toml"
+    path.write_text(CATALOG)
+    return Catalog.load(path)
+
+
+@pytest.fixture(scope="module")
+def classifier() -> ComplexityClassifier:
+    return ComplexityClassifier.load()
+
+
+def chat(text: str) -> dict:
+    return {
+        "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": text}]
+    }
+
+
+EASY = "hi! how are you today?"
+HARD = (
+    "A uniform solid sphere of mass M and radius R rolls without slipping down an incline of "
+    "angle theta. Derive its linear acceleration and the minimum coefficient of static friction "
+    "required, then compare with a thin spherical shell. Which of the following is correct? "
+    "(A) 5/7 g sin(theta) (B) 3/5 g sin(theta) (C) 2/3 g sin(theta) (D) g sin(theta)"
+)
+
+
+def test_shipped_catalog_loads_and_commercial_models_without_keys_are_unconfigured(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for var in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    catalog = load_catalog(Settings(engine_urls="", catalog=""))
+    by_provider = {m.provider for m in catalog.models.values()}
+    assert by_provider == {"self-hosted", "openai", "anthropic"}
+    configured = {m.id for m in catalog.models.values() if m.configured}
+    assert configured == {"smollm2"}  # the local engine fills in the self-hosted replicas
+    assert catalog.models["smollm2"].base_urls == ("http://127.0.0.1:8100",)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-x")
+    assert Catalog.load(DEFAULT_CATALOG).models["gpt-4o"].configured
+
+
+def test_engine_urls_name_replicas_and_add_models() -> None:
+    settings = Settings(engine_urls="http://a:1,smollm2=http://b:2,other=http://c:3")
+    catalog = load_catalog(settings)
+    assert catalog.models["smollm2"].base_urls == ("http://a:1", "http://b:2")
+    assert catalog.models["other"].provider == "self-hosted"
+    assert catalog.models["other"].base_urls == ("http://c:3",)
+
+
+def test_catalog_rejects_bad_files(tmp_path: Path) -> None:
+    bad = {
+        "unknown fallback": '[[models]]\nid = "a"\nprovider = "openai"\nfallbacks = ["zz"]\n',
+        "bad provider": '[[models]]\nid = "a"\nprovider = "azure"\n',
+        "duplicate id": '[[models]]\nid = "a"\nprovider = "openai"\n' * 2,
+        "auto as a model": '[[models]]\nid = "auto"\nprovider = "openai"\n',
+        "unknown field": '[[models]]\nid = "a"\nprovider = "openai"\nprize = 3\n',
+        "not toml": "[[models]\n",
+    }
+    for what, text in bad.items():
+        path = tmp_path / "c.toml"
+        path.write_text(text)
+        with pytest.raises(CatalogError):
+            Catalog.load(path)
+            pytest.fail(what)
+
+
+def test_price_counts_cached_tokens_at_their_own_rate() -> None:
+    price = Price(input=2.5, cached_input=1.25, output=10.0)
+    # 1,000 prompt tokens of which 400 cached, 200 completion tokens
+    expected = (600 * 2.5 + 400 * 1.25 + 200 * 10.0) / 1e6
+    assert price.cost(1000, 400, 200) == pytest.approx(expected)
+
+
+def test_explicit_model_chain_respects_team_and_tier(catalog: Catalog) -> None:
+    router = Router(catalog, Scorer(ComplexityClassifier.load))
+    route = router.route("big", chat(EASY), Team(), "interactive")
+    assert route.candidates == ("big", "bigger", "mini", "tiny")
+    assert route.score is None
+    # batch: "mini" serves interactive only, so it drops out of the chain
+    assert router.route("big", chat(EASY), Team(), "batch").candidates == ("big", "bigger", "tiny")
+    # a team restricted to big and tiny never falls back to the others
+    team = Team(models=("big", "tiny"))
+    assert router.route("big", chat(EASY), team, "interactive").candidates == ("big", "tiny")
+    with pytest.raises(NoRoute):
+        router.route("bigger", chat(EASY), team, "interactive")
+    with pytest.raises(NoRoute):
+        router.route("mini", chat(EASY), Team(), "batch")
+    with pytest.raises(NoRoute):
+        router.route("nope", chat(EASY), Team(), "interactive")
+
+
+def test_auto_sends_easy_prompts_cheap_and_hard_ones_up(
+    catalog: Catalog, classifier: ComplexityClassifier
+) -> None:
+    router = Router(catalog, Scorer(lambda: classifier))
+    easy, hard = classifier.score(EASY), classifier.score(HARD)
+    assert easy < hard
+    team = Team(auto_threshold=(easy + hard) / 2)
+    low = router.route(AUTO, chat(EASY), team, "interactive")
+    assert (low.candidates[0], low.escalated, low.score) == ("tiny", False, pytest.approx(easy))
+    high = router.route(AUTO, chat(HARD), team, "interactive")
+    assert high.escalated and high.candidates[0] == "big"  # the cheapest of capability 3
+    assert high.candidates[:3] == ("big", "bigger", "mini")
+    # the threshold decides: below both scores, everything escalates; above both, nothing does
+    assert router.route(AUTO, chat(EASY), Team(auto_threshold=0.0), "interactive").escalated
+    assert not router.route(AUTO, chat(HARD), Team(auto_threshold=1.01), "interactive").escalated
+    # a team allowed only the cheap model gets it even for hard prompts
+    tiny_only = router.route(AUTO, chat(HARD), Team(models=("tiny",), auto_threshold=0.0), "batch")
+    assert tiny_only.candidates == ("tiny",)
+
+
+def test_strong_share_is_calibrated_into_a_threshold(
+    catalog: Catalog, classifier: ComplexityClassifier
+) -> None:
+    router = Router(catalog, Scorer(lambda: classifier))
+    prompts = [EASY, HARD, "what is 17 * 23?", "translate 'good morning' to French"] * 3
+    for share, expect_any, expect_all in ((0.0, False, False), (1.0, True, True)):
+        routes = [
+            router.route(AUTO, chat(p), Team(strong_share=share), "interactive") for p in prompts
+        ]
+        escalated = [r.escalated for r in routes]
+        assert any(escalated) is expect_any and all(escalated) is expect_all
+    # no team setting: the catalog's default share, through the classifier's calibration curve
+    expected = classifier.threshold_for_strong_share(0.25)
+    route = router.route(AUTO, chat(HARD), Team(), "interactive")
+    assert route.escalated == (classifier.score(HARD) >= expected)
+
+
+def test_prompt_text_takes_the_last_user_turn() -> None:
+    body = {
+        "messages": [
+            {"role": "user", "content": "first"},
+            {"role": "assistant", "content": "ok"},
+            {"role": "user", "content": [{"type": "text", "text": "second"}, {"type": "x"}]},
+        ]
+    }
+    assert prompt_text(body) == "second "
+    assert prompt_text({"prompt": "complete me"}) == "complete me"
+    assert prompt_text({"prompt": [1, 2, 3]}) == ""
+
+
+def test_saturation_by_queue_and_kv_usage_batch_gives_way_first() -> None:
+    sat = Saturation(max_waiting=4, max_kv_usage=0.9)
+    info = ModelInfo(name="tiny", ready=True, waiting=2, kv_usage=0.5)
+    assert not sat.saturated(info, "interactive")
+    assert sat.saturated(info, "batch")  # batch overflows at half the queue
+    info.waiting = 4
+    assert sat.saturated(info, "interactive")
+    info.waiting, info.kv_usage = 0, 0.95
+    assert sat.saturated(info, "interactive")
+    assert not Saturation().saturated(info, "interactive")  # both tests off
