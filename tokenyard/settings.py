@@ -20,6 +20,9 @@ class Settings(BaseSettings):
     engine_max_batched_tokens: int = 512
     engine_max_seqs: int = 64
     engine_prefix_caching: bool = True
+    # on SIGTERM: stop accepting, let running requests finish for up to this many seconds, then
+    # cancel them; 0: wait without a deadline
+    engine_drain_s: float = 30.0
     # the model catalog (TOML, see router/catalog.toml); empty: the shipped one
     catalog: str = ""
     # gateway (fields named gateway_* belong to it; see README "Gateway")
@@ -47,6 +50,9 @@ class Settings(BaseSettings):
     # a self-hosted model with this share of its KV cache in use overflows to its fallbacks; 0: off
     router_max_kv_usage: float = 0.0
     gateway_upstream_timeout_s: float = 600.0
+    # on SIGTERM: stop accepting, let in-flight requests and streams finish for up to this many
+    # seconds, then cancel them (they settle); 0: wait without a deadline
+    gateway_drain_s: float = 30.0
     # backends (fields named backend_* belong to backends/; see docs/backends.md)
     backend_connect_timeout_s: float = 5.0  # TCP/TLS connect to an upstream; past it: retried
     # streamed: request sent → first body byte; past it the attempt is dropped and retried
