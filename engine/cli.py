@@ -27,6 +27,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-model-len", type=int, default=0)
     p.add_argument("--no-prefix-caching", action="store_true", default=not s.engine_prefix_caching)
     p.add_argument("--served-model-name", default="")
+    p.add_argument(
+        "--drain-s",
+        type=float,
+        default=s.engine_drain_s,
+        help="on SIGTERM, seconds running requests may take to finish (0: no deadline)",
+    )
     p.set_defaults(run=run)
 
 
@@ -53,4 +59,10 @@ def run(args: argparse.Namespace) -> None:
     )
     engine = AsyncEngine(LLMEngine(config))
     engine.start()
-    uvicorn.run(create_app(engine), host=args.host, port=args.port, log_level="warning")
+    uvicorn.run(
+        create_app(engine),
+        host=args.host,
+        port=args.port,
+        log_level="warning",
+        timeout_graceful_shutdown=args.drain_s or None,
+    )

@@ -101,6 +101,8 @@ def serve(settings: Settings, host: str, port: int) -> None:
         http="httptools",
         access_log=False,
         log_level="warning",
+        # SIGTERM: stop accepting, give in-flight requests and streams this long, then cancel them
+        timeout_graceful_shutdown=settings.gateway_drain_s or None,
     )
 
 
