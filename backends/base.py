@@ -6,8 +6,9 @@ provider speaks, a backend answers in OpenAI's shapes: a `chat.completion` body,
 `chat.completion.chunk`s ending with a usage chunk (and `timings` where the engine measured them).
 """
 
+import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -89,6 +90,60 @@ class Upstream(Protocol):
 class BackendUnavailable(GatewayError):
     """The backend failed before the first byte of its reply (after its own retries): nothing
     reached the client, so the gateway may try the next model of the route."""
+
+
+class BufferedStream:
+    """A streamed request the upstream refused: status >= 400 and a JSON error body, no SSE."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        self.status = status
+        self._body = body
+
+    async def read_all(self) -> bytes:
+        return self._body
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        yield self._body
+
+    async def aclose(self) -> None:
+        pass
+
+
+class LiveStream:
+    """A 200 stream whose first bytes already arrived (the point of no retry). `source` raises
+    UpstreamBroken if the upstream fails later; `broken` is told (the circuit breaker counts it)."""
+
+    status = 200
+
+    def __init__(
+        self,
+        source: AsyncIterator[bytes],
+        close: Callable[[], Awaitable[None]],
+        broken: Callable[[], Awaitable[None]],
+    ) -> None:
+        self._source = source
+        self._close = close
+        self._broken = broken
+
+    async def read_all(self) -> bytes:
+        return b"".join([chunk async for chunk in self.chunks()])
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._source:
+                yield chunk
+        except UpstreamBroken:
+            await self._broken()
+            raise
+
+    async def aclose(self) -> None:
+        await self._close()
+
+
+def error_body(message: str, kind: str, code: str | None = None, param: str | None = None) -> bytes:
+    """OpenAI's error shape, for refusals a backend translates from another provider's."""
+    detail = {"message": message, "type": kind, "param": param, "code": code}
+    return json.dumps({"error": detail}).encode()
 
 
 def unavailable(name: str, exc: Exception) -> BackendUnavailable:

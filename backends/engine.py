@@ -1,19 +1,32 @@
-"""The tokenyard engine server as a backend (docs/engine-protocol.md)."""
+"""The tokenyard engine server as a backend (docs/engine-protocol.md), over one or more replicas.
 
+Each replica's `/load` is polled (`refresh`). A request goes to the least-loaded ready replica,
+except that requests sharing a prompt prefix (the first ~KV block of the first message or prompt)
+go to the same replica, chosen by rendezvous hashing, while its load is within `affinity_margin` of
+the least loaded: the engine's prefix cache then serves the shared prefix. A replica that fails is
+skipped for `cooldown_s`, and the attempt is retried on another.
+"""
+
+import asyncio
+import hashlib
 import logging
+import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 import msgspec
 
 from backends.base import (
+    BufferedStream,
+    LiveStream,
     ModelInfo,
     UpstreamBroken,
     UpstreamCall,
     UpstreamReply,
     UpstreamStream,
-    unavailable,
 )
 from backends.http import HttpError, HttpPool, HttpResponse
+from backends.retry import Guard, Retryable, check_status
 
 log = logging.getLogger("tokenyard.backends")
 
@@ -21,82 +34,209 @@ log = logging.getLogger("tokenyard.backends")
 class _Load(msgspec.Struct):
     model: str
     block_size: int = 0
-    max_model_len: int = 0
+    total_blocks: int = 0
+    free_blocks: int = 0
     waiting: int = 0
+    max_model_len: int = 0
 
 
-class _EngineStream:
-    def __init__(self, response: HttpResponse, name: str) -> None:
-        self._response = response
-        self._name = name
-        self.status = response.status
+class _Message(msgspec.Struct):
+    content: str | list[dict[str, object]] | None = None
 
-    async def read_all(self) -> bytes:
-        try:
-            return await self._response.read()
-        except HttpError as exc:
-            raise unavailable(self._name, exc) from None
 
-    async def chunks(self) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in self._response.iter_chunks():
-                yield chunk
-        except HttpError as exc:
-            raise UpstreamBroken(f"{self._name}: {exc}") from exc
+class _Prefix(msgspec.Struct):
+    """What prefix affinity reads of a request body."""
 
-    async def aclose(self) -> None:
-        self._response.close()
+    messages: list[_Message] | None = None
+    prompt: str | list[object] | None = None
+
+
+_prefix_decoder = msgspec.json.Decoder(_Prefix)
+
+
+def prefix_text(body: bytes, chars: int) -> str:
+    """The first `chars` characters of the first message (often the system prompt) or prompt."""
+    try:
+        request = _prefix_decoder.decode(body)
+    except msgspec.DecodeError:
+        return ""
+    text = ""
+    if request.messages:
+        content = request.messages[0].content
+        if isinstance(content, str):
+            text = content
+        elif content:
+            text = "".join(str(p.get("text", "")) for p in content)
+    elif isinstance(request.prompt, str):
+        text = request.prompt
+    return text[:chars]
+
+
+@dataclass
+class Replica:
+    url: str
+    http: HttpPool
+    probe: HttpPool  # its own pool: a probe never waits behind requests
+    ready: bool = False
+    waiting: int = 0
+    kv_usage: float = 0.0
+    sent: int = 0  # requests sent since the last poll, which its load does not count yet
+    down_until: float = 0.0
+    block_size: int = 0
+    max_model_len: int = 0
+
+    @property
+    def load(self) -> float:
+        return self.waiting + self.sent + self.kv_usage
+
+    def weight(self, key: bytes) -> bytes:
+        return hashlib.blake2b(key + self.url.encode(), digest_size=8).digest()
 
 
 class EngineUpstream:
-    """A tokenyard engine server (docs/engine-protocol.md)."""
+    def __init__(
+        self,
+        info: ModelInfo,
+        urls: tuple[str, ...],
+        guard: Guard,
+        cooldown_s: float = 5.0,
+        affinity_margin: float = 2.0,
+        affinity_chars: int = 256,
+    ) -> None:
+        if not urls:
+            raise ValueError(f"{info.name}: no engine replica URLs")
+        policy = guard.policy
+        self.info = info
+        self.replicas = [
+            Replica(
+                url,
+                HttpPool(url, policy.read_timeout_s, policy.connect_timeout_s),
+                HttpPool(url, 2.0, policy.connect_timeout_s),
+            )
+            for url in urls
+        ]
+        self._guard = guard
+        self._cooldown_s = cooldown_s
+        self._margin = affinity_margin
+        self._chars = affinity_chars
 
-    def __init__(self, name: str, url: str, timeout: float) -> None:
-        self.info = ModelInfo(name=name)
-        self._http = HttpPool(url, timeout)
-        self._probe = HttpPool(url, 2.0)  # its own pool: a probe never waits behind requests
+    def pick(self, body: bytes, exclude: set[str] | None = None) -> Replica:
+        """The replica for this request: by prefix affinity within the load margin, else the least
+        loaded; ready and not cooling down first, any as a last resort."""
+        now = time.monotonic()
+        fresh = [r for r in self.replicas if r.url not in (exclude or ())]
+        live = [r for r in fresh if r.ready and r.down_until <= now]
+        candidates = live or fresh or self.replicas
+        least = min(candidates, key=lambda r: r.load)
+        prefix = prefix_text(body, self._chars) if len(candidates) > 1 else ""
+        if prefix:
+            key = prefix.encode()
+            home = max(candidates, key=lambda r: r.weight(key))
+            if home.load <= least.load + self._margin:
+                return home
+        return least
+
+    async def _send(self, call: UpstreamCall, tried: set[str]) -> tuple[Replica, HttpResponse]:
+        replica = self.pick(call.body, tried)
+        tried.add(replica.url)
+        replica.sent += 1
+        try:
+            response = await replica.http.request("POST", call.path, call.body, call.headers)
+        except HttpError as exc:
+            self._cool(replica, exc)
+            raise Retryable(f"{replica.url}: {exc}") from exc
+        if response.status == 503:  # the replica is shutting down
+            response.close()
+            self._cool(replica, "503")
+        try:
+            check_status(response.status, response.headers)
+        except Retryable:
+            response.close()
+            raise
+        return replica, response
+
+    def _cool(self, replica: Replica, why: object) -> None:
+        log.warning("engine replica %s failed, skipped %ss: %s", replica.url, self._cooldown_s, why)
+        replica.down_until = time.monotonic() + self._cooldown_s
 
     async def complete(self, call: UpstreamCall) -> UpstreamReply:
-        try:
-            response = await self._http.request("POST", call.path, call.body, call.headers)
-            body = await response.read()
-        except HttpError as exc:
-            raise unavailable(self.info.name, exc) from None
-        return UpstreamReply(
-            response.status, body, response.headers.get("content-type", "application/json")
-        )
+        tried: set[str] = set()
+
+        async def attempt() -> UpstreamReply:
+            replica, response = await self._send(call, tried)
+            try:
+                body = await response.read()
+            except HttpError as exc:
+                self._cool(replica, exc)
+                raise Retryable(f"{replica.url}: {exc}") from exc
+            kind = response.headers.get("content-type", "application/json")
+            return UpstreamReply(response.status, body, kind)
+
+        return await self._guard.run(attempt)
 
     async def open_stream(self, call: UpstreamCall) -> UpstreamStream:
-        try:
-            response = await self._http.request("POST", call.path, call.body, call.headers)
-        except HttpError as exc:
-            raise unavailable(self.info.name, exc) from None
-        return _EngineStream(response, self.info.name)
+        tried: set[str] = set()
 
-    async def refresh(self) -> None:
+        async def attempt() -> tuple[HttpResponse, bytes, AsyncIterator[bytes]] | BufferedStream:
+            replica, response = await self._send(call, tried)
+            try:
+                if response.status != 200:  # a refusal: JSON, read whole
+                    return BufferedStream(response.status, await response.read())
+                chunks = response.iter_chunks()
+                async with asyncio.timeout(self._guard.policy.first_token_timeout_s):
+                    first = await anext(chunks, b"")
+            except (HttpError, TimeoutError) as exc:
+                response.close()
+                self._cool(replica, exc)
+                raise Retryable(f"{replica.url}: no first byte: {exc!r}") from exc
+            return response, first, chunks
+
+        result = await self._guard.run(attempt)
+        if isinstance(result, BufferedStream):
+            return result
+        response, first, chunks = result
+
+        async def source() -> AsyncIterator[bytes]:
+            yield first
+            try:
+                async for chunk in chunks:
+                    yield chunk
+            except HttpError as exc:
+                raise UpstreamBroken(f"{self.info.name}: {exc}") from exc
+
+        async def close() -> None:
+            response.close()
+
+        return LiveStream(source(), close, self._guard.failed)
+
+    async def _poll(self, replica: Replica) -> None:
         try:
-            response = await self._probe.request("GET", "/load")
+            response = await replica.probe.request("GET", "/load")
             load = msgspec.json.decode(await response.read(), type=_Load)
         except (HttpError, msgspec.DecodeError, msgspec.ValidationError):
-            self.info.ready = False
+            replica.ready = False
             return
-        self.info.ready = response.status == 200
-        self.info.block_size = load.block_size
-        self.info.max_model_len = load.max_model_len
-        self.info.waiting = load.waiting
+        replica.ready = response.status == 200
+        replica.waiting = load.waiting
+        replica.kv_usage = 1 - load.free_blocks / load.total_blocks if load.total_blocks else 0.0
+        replica.sent = 0
+        replica.block_size = load.block_size
+        replica.max_model_len = load.max_model_len
+
+    async def refresh(self) -> None:
+        await asyncio.gather(*(self._poll(r) for r in self.replicas))
+        ready = [r for r in self.replicas if r.ready]
+        if ready:
+            least = min(ready, key=lambda r: r.load)
+            self.info.waiting = least.waiting
+            self.info.kv_usage = least.kv_usage
+            self.info.block_size = least.block_size
+            # the smallest window, so a request sized for it fits whichever replica serves it
+            self.info.max_model_len = min(r.max_model_len for r in ready)
+        self._guard.set_reachable(bool(ready))
+        await self._guard.refresh()
 
     async def aclose(self) -> None:
-        await self._http.aclose()
-        await self._probe.aclose()
-
-
-def parse_engine_urls(spec: str, default_model: str) -> list[tuple[str, str]]:
-    """ "URL" or "MODEL=URL", comma-separated; a bare URL serves `default_model`."""
-    pairs = []
-    for item in filter(None, (part.strip() for part in spec.split(","))):
-        name, sep, url = item.partition("=")
-        pairs.append((name, url) if sep else (default_model, item))
-    names = [name for name, _ in pairs]
-    if len(set(names)) != len(names):
-        raise ValueError("one engine URL per model until the router lands: " + spec)
-    return pairs
+        for replica in self.replicas:
+            await replica.http.aclose()
+            await replica.probe.aclose()

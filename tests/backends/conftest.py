@@ -1,0 +1,124 @@
+"""Backend test fixtures: a real Redis server, the fake OpenAI and Anthropic servers and two fake
+engine replicas (tests/gateway/fake_upstream.py), each a process on a free port."""
+
+import os
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+
+from backends.base import Upstream
+from backends.factory import build_upstream
+from router.catalog import ModelEntry
+from tests.gateway.conftest import Process, RedisServer, free_port, wait_until
+from tokenyard.settings import Settings
+
+HERE = Path(__file__).parent
+FAKE_ENGINE = HERE.parent / "gateway" / "fake_upstream.py"
+KEY_ENV = "TOKENYARD_TEST_BACKEND_KEY"
+
+
+def start_server(script: Path, log: Path, *args: str) -> tuple[Process, str]:
+    port = free_port()
+    proc = Process([sys.executable, str(script), "--port", str(port), *args], dict(os.environ), log)
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: httpx.get(url + "/health").status_code == 200, 20, script.name)
+    return proc, url
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+async def redis(redis_server: RedisServer) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_server.url)
+    await client.flushall()
+    yield client
+    await client.aclose()
+
+
+def _server(script: Path, tmp: pytest.TempPathFactory, *args: str) -> Iterator[str]:
+    proc, url = start_server(script, tmp.mktemp(script.stem) / "server.log", *args)
+    yield url
+    proc.stop()
+
+
+@pytest.fixture(scope="session")
+def openai_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from _server(HERE / "fake_openai.py", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def anthropic_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from _server(HERE / "fake_anthropic.py", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[str]]:
+    """Two engine replicas serving the model `fake`."""
+    started = [
+        start_server(FAKE_ENGINE, tmp_path_factory.mktemp("engine") / "log", "--model", "fake")
+        for _ in range(2)
+    ]
+    yield [url for _, url in started]
+    for proc, _ in started:
+        proc.stop()
+
+
+def control(url: str, **body: Any) -> None:
+    httpx.post(url + "/control", json=body).raise_for_status()
+
+
+def stats(url: str) -> dict[str, Any]:
+    return httpx.get(url + "/stats").json()
+
+
+def fast_settings(**overrides: Any) -> Settings:
+    """Settings with short backoffs and timeouts, so fault tests run in a few seconds."""
+    values: dict[str, Any] = {
+        "backend_retry_attempts": 3,
+        "backend_retry_backoff_s": 0.01,
+        "backend_retry_backoff_max_s": 0.05,
+        "backend_connect_timeout_s": 1.0,
+        "backend_first_token_timeout_s": 2.0,
+        "backend_read_timeout_s": 5.0,
+        "backend_breaker_failures": 100,
+        "backend_breaker_min_requests": 1000,
+    }
+    return Settings(**{**values, **overrides})
+
+
+@pytest.fixture
+async def make_upstream(
+    redis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Any]:
+    """Build a backend through the factory: make_upstream(provider, urls, **settings)."""
+    monkeypatch.setenv(KEY_ENV, "sk-test-secret")
+    built: list[Upstream] = []
+
+    def make(provider: str, urls: list[str], model_id: str = "m", **settings: Any) -> Upstream:
+        entry = ModelEntry(
+            id=model_id,
+            provider=provider,  # type: ignore[arg-type]
+            upstream_model={"openai": "gpt-4o-mini", "anthropic": "claude-3-5-haiku-latest"}.get(
+                provider, ""
+            ),
+            base_urls=tuple(urls),
+            api_key_env="" if provider == "self-hosted" else KEY_ENV,
+        )
+        upstream = build_upstream(entry, redis, fast_settings(**settings))
+        built.append(upstream)
+        return upstream
+
+    yield make
+    for upstream in built:
+        await upstream.aclose()

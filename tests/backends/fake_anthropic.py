@@ -1,0 +1,164 @@
+"""A fake Anthropic Messages API: POST /v1/messages, streamed or not, in Anthropic's wire format.
+
+Streams are `event: NAME` + `data: {"type": NAME, ...}` pairs in the documented order:
+message_start, then per content block content_block_start / content_block_delta (text_delta,
+input_json_delta) / content_block_stop, a ping, message_delta (stop_reason, usage.output_tokens),
+message_stop. Errors are {"type": "error", "error": {"type", "message"}, "request_id"} with the
+documented status per type (529 overloaded_error), and `event: error` inside a stream.
+
+Like Anthropic it refuses a request without `x-api-key` (401) or `anthropic-version` (400), without
+`max_tokens`, with a role other than user/assistant, with two consecutive turns of one role (the
+strictest reading of the API, so a translation that forgets to merge them fails here), or with a
+tool_result whose tool_use_id the previous assistant turn did not use. Faults and output follow the
+prompt directives and the control endpoint described in fake_common.py.
+
+Run: python tests/backends/fake_anthropic.py --port P
+"""
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+if not __package__:  # run as a script: make `tests` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.backends.fake_common import (
+    Directives,
+    Send,
+    main,
+    make_asgi,
+    pace,
+    send_json,
+    start_sse,
+    text_of,
+)
+
+TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error"}
+TYPES |= {404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error"}
+TYPES |= {500: "api_error", 529: "overloaded_error"}
+INPUT = {"city": "Paris"}
+
+
+def error(status: int, message: str) -> dict[str, Any]:
+    kind = TYPES.get(status, "api_error" if status >= 500 else "invalid_request_error")
+    return {"type": "error", "error": {"type": kind, "message": message}, "request_id": "req_fake"}
+
+
+def prompt_text(body: dict[str, Any]) -> str:
+    system = body.get("system")
+    parts = [text_of(system)] if system else []
+    parts += [text_of(m.get("content")) for m in body.get("messages") or []]
+    return " ".join(parts)
+
+
+def invalid(body: dict[str, Any]) -> str | None:
+    """Why Anthropic would refuse this body, or None."""
+    if not isinstance(body.get("max_tokens"), int):
+        return "max_tokens: Field required"
+    if not body.get("model"):
+        return "model: Field required"
+    previous_role, used_ids = None, set()
+    for i, m in enumerate(body.get("messages") or []):
+        role = m.get("role")
+        if role not in ("user", "assistant"):
+            return f"messages.{i}.role: Input should be 'user' or 'assistant'"
+        if role == previous_role:
+            return "messages: roles must alternate between 'user' and 'assistant'"
+        blocks = m["content"] if isinstance(m.get("content"), list) else []
+        for block in blocks:
+            if block.get("type") == "tool_result" and block.get("tool_use_id") not in used_ids:
+                return f"messages.{i}: tool_result without a matching tool_use"
+        used_ids = {b.get("id") for b in blocks if b.get("type") == "tool_use"}
+        previous_role = role
+    return None
+
+
+def _usage(body: dict[str, Any], d: Directives, output: int) -> dict[str, Any]:
+    words = len(prompt_text(body).split())
+    cached = min(d.cached, words)
+    return {
+        "input_tokens": words - cached,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": cached,
+        "output_tokens": output,
+    }
+
+
+def _event(name: str, payload: dict[str, Any]) -> bytes:
+    data = msgspec.json.encode({"type": name, **payload})
+    return b"event: " + name.encode() + b"\ndata: " + data + b"\n\n"
+
+
+async def handle(
+    path: str,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    d: Directives,
+    send: Send,
+) -> None:
+    if path != "/v1/messages":
+        return await send_json(send, 404, error(404, f"Not found: {path}"))
+    if not headers.get("x-api-key"):
+        return await send_json(send, 401, error(401, "x-api-key header is required"))
+    if not headers.get("anthropic-version"):
+        return await send_json(send, 400, error(400, "anthropic-version header is required"))
+    if (why := invalid(body)) is not None:
+        return await send_json(send, 400, error(400, why))
+    tools = body.get("tools") or []
+    tool = tools[0]["name"] if d.tool and tools else None
+    pieces = [f"w{i} " for i in range(d.chunks)]
+    stop = "tool_use" if tool else "end_turn"
+    message = {
+        "id": "msg_fake",
+        "type": "message",
+        "role": "assistant",
+        "model": body["model"],
+        "content": [],
+        "stop_reason": None,
+        "stop_sequence": None,
+    }
+    if not body.get("stream"):
+        content: list[dict[str, Any]] = [{"type": "text", "text": "".join(pieces)}]
+        if tool:
+            content.append({"type": "tool_use", "id": "toolu_fake", "name": tool, "input": INPUT})
+        reply = {**message, "content": content, "stop_reason": stop}
+        return await send_json(send, 200, {**reply, "usage": _usage(body, d, d.chunks)})
+
+    start = {**message, "usage": _usage(body, d, 1)}
+    events = [_event("message_start", {"message": start})]
+    events.append(
+        _event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
+    )
+    events.append(_event("ping", {}))
+    for piece in pieces:
+        delta = {"type": "text_delta", "text": piece}
+        events.append(_event("content_block_delta", {"index": 0, "delta": delta}))
+    events.append(_event("content_block_stop", {"index": 0}))
+    if tool:
+        block = {"type": "tool_use", "id": "toolu_fake", "name": tool, "input": {}}
+        events.append(_event("content_block_start", {"index": 1, "content_block": block}))
+        for part in ("", '{"city"', ': "Paris"}'):
+            delta = {"type": "input_json_delta", "partial_json": part}
+            events.append(_event("content_block_delta", {"index": 1, "delta": delta}))
+        events.append(_event("content_block_stop", {"index": 1}))
+    final = {"delta": {"stop_reason": stop, "stop_sequence": None}}
+    events.append(_event("message_delta", {**final, "usage": {"output_tokens": d.chunks}}))
+    events.append(_event("message_stop", {}))
+    if d.stream_error is not None:
+        failure = {"error": {"type": "overloaded_error", "message": "Overloaded"}}
+        events = [*events[: d.stream_error], _event("error", failure)]
+    await start_sse(send)
+    for sent, event in enumerate(events):
+        await pace(d, sent)
+        await send({"type": "http.response.body", "body": event, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
+
+
+def make_app() -> Any:
+    return make_asgi(handle, error, prompt_text)
+
+
+if __name__ == "__main__":
+    main(make_app, "a fake Anthropic Messages API for tests")
