@@ -2,7 +2,6 @@
 
 import asyncio
 import logging
-from datetime import UTC, date, datetime
 from typing import Any
 
 import msgspec
@@ -14,12 +13,14 @@ from redis.exceptions import RedisError
 from backends.base import Upstream
 from backends.engine import EngineUpstream
 from backends.registry import Backends
+from billing.api import UsageController
+from billing.consumer import UsageConsumer
 from gateway import metrics
 from gateway.auth import Authenticator
 from gateway.db import database_url, get_engine
 from gateway.errors import GatewayError, gateway_error_handler, http_error_handler
 from gateway.proxy import Proxy
-from gateway.quotas import Quotas, day_number
+from gateway.quotas import Quotas
 from gateway.store import connect, embedded_redis, redis_url
 from router.catalog import Catalog, ModelEntry, load_catalog
 from router.classifier import ComplexityClassifier
@@ -60,35 +61,6 @@ class CompletionsController(Controller):
         if data:  # "auto" routes among the models the team may use
             data.append({"id": AUTO, "object": "model", "created": 0, "owned_by": "tokenyard"})
         return _json({"object": "list", "data": data})
-
-    @get("/usage")
-    async def usage(self, request: Request) -> Response[bytes]:
-        """The calling team's usage for one UTC date (?date=YYYY-MM-DD, default today)."""
-        proxy = _proxy(request)
-        policy = await proxy.auth.authenticate(request.headers.get("authorization"))
-        raw = request.query_params.get("date")
-        try:
-            when = date.fromisoformat(raw) if raw else datetime.now(UTC).date()
-        except ValueError:
-            raise GatewayError(400, "date must be YYYY-MM-DD", param="date") from None
-        try:
-            models = await proxy.quotas.usage(policy.team, day_number(when))
-        except RedisError:
-            raise GatewayError(
-                503, "usage store unavailable", code="quota_store_unavailable", retry_after=1
-            ) from None
-        for row in models.values():
-            row["total_tokens"] = row["prompt_tokens"] + row["completion_tokens"]
-        return _json(
-            {
-                "object": "usage",
-                "team": policy.team,
-                "date": when.isoformat(),
-                "models": models,
-                "total_tokens": sum(row["total_tokens"] for row in models.values()),
-                "limits": msgspec.to_builtins(policy),
-            }
-        )
 
 
 def _model_card(entry: ModelEntry, upstream: Upstream | None) -> dict[str, Any]:
@@ -173,16 +145,19 @@ def create_app(settings: Settings | None = None) -> Litestar:
         app.state.proxy = proxy
         await backends.start()
         proxy.keeper.start()
+        app.state.usage_consumer = UsageConsumer(redis, sql, settings)
+        app.state.usage_consumer.start()
 
     async def shutdown(app: Litestar) -> None:
         proxy: Proxy = app.state.proxy
         await proxy.drain()
+        await app.state.usage_consumer.stop()
         await proxy.keeper.stop()
         await proxy.backends.aclose()
         await proxy.quotas.redis.aclose()
 
     return Litestar(
-        route_handlers=[CompletionsController, OpsController],
+        route_handlers=[CompletionsController, UsageController, OpsController],
         on_startup=[startup],
         on_shutdown=[shutdown],
         exception_handlers={

@@ -11,6 +11,7 @@ from functools import lru_cache
 from sqlalchemy import Engine
 from sqlmodel import Field, SQLModel, create_engine
 
+from billing.migrate import upgrade
 from tokenyard.settings import Settings
 
 
@@ -63,5 +64,5 @@ def get_engine(url: str) -> Engine:
     # check_same_thread: the gateway reads SQLite from a worker thread on cache misses
     connect_args = {"check_same_thread": False} if url.startswith("sqlite") else {}
     engine = create_engine(url, connect_args=connect_args, pool_pre_ping=True)
-    SQLModel.metadata.create_all(engine)
+    upgrade(engine)  # the schema, these tables included, is Alembic's (billing/migrations)
     return engine

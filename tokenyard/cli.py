@@ -9,6 +9,7 @@ SUBCOMMANDS = [
     ("engine.cli", "add_parser"),
     ("router.cli", "add_parser"),
     ("gateway.cli", "add_parser"),
+    ("billing.cli", "add_parser"),
 ]
 
 

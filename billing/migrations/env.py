@@ -1,0 +1,36 @@
+"""Alembic environment: every table of the platform (gateway teams and keys, billing usage).
+
+Runs on the connection billing.migrate passes in; from the alembic command line, on the database
+the settings name.
+"""
+
+from alembic import context
+from sqlalchemy import Connection
+from sqlmodel import SQLModel
+
+import billing.models
+import gateway.db
+from tokenyard.settings import get_settings
+
+assert billing.models and gateway.db  # imported for their tables in SQLModel.metadata
+
+
+def _migrate(connection: Connection) -> None:
+    context.configure(
+        connection=connection,
+        target_metadata=SQLModel.metadata,
+        render_as_batch=connection.dialect.name == "sqlite",  # SQLite alters by copying tables
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+connection = context.config.attributes.get("connection")
+if connection is not None:
+    _migrate(connection)
+else:
+    from sqlalchemy import create_engine
+
+    engine = create_engine(gateway.db.database_url(get_settings()))
+    with engine.begin() as conn:
+        _migrate(conn)

@@ -1,0 +1,58 @@
+"""Writing usage records to SQL: a batch of rows in one transaction, idempotent by request id, the
+daily rollups updated in the same transaction for exactly the rows that were new."""
+
+from collections.abc import Callable, Iterable
+from datetime import date
+from typing import Any
+
+from sqlalchemy import Engine, Insert, Table
+from sqlalchemy.dialects import postgresql, sqlite
+
+from billing.models import ROLLUP_SUMS, UsageDaily, UsageRecord
+
+_RECORDS: Table = UsageRecord.__table__  # type: ignore[attr-defined]
+_DAILY: Table = UsageDaily.__table__  # type: ignore[attr-defined]
+_INSERTS: dict[str, Callable[[Table], Insert]] = {
+    "sqlite": sqlite.insert,
+    "postgresql": postgresql.insert,
+}
+
+
+def _rollup_deltas(rows: Iterable[dict[str, Any]]) -> dict[tuple[date, str, str], dict[str, Any]]:
+    deltas: dict[tuple[date, str, str], dict[str, Any]] = {}
+    for row in rows:
+        key = (row["day"], row["team"], row["model_served"])
+        delta = deltas.setdefault(key, dict.fromkeys(ROLLUP_SUMS, 0))
+        delta["requests"] += 1
+        delta["errors"] += row["status"] != 200
+        for name in ROLLUP_SUMS[2:]:
+            delta[name] += row[name]
+    return deltas
+
+
+def write(engine: Engine, rows: list[dict[str, Any]]) -> int:
+    """Insert the rows whose request id is not stored yet and add them to the rollups; returns how
+    many were new. All or nothing: on any error nothing is written."""
+    unique = list({row["request_id"]: row for row in reversed(rows)}.values())[::-1]
+    if not unique:
+        return 0
+    insert = _INSERTS[engine.dialect.name]
+    with engine.begin() as conn:
+        stmt = (
+            insert(_RECORDS)
+            .values(unique)
+            .on_conflict_do_nothing(index_elements=["request_id"])
+            .returning(_RECORDS.c.request_id)
+        )
+        inserted = set(conn.execute(stmt).scalars())
+        new = [row for row in unique if row["request_id"] in inserted]
+        # sorted: concurrent writers lock rollup rows in one order (no deadlocks on PostgreSQL)
+        for (day, team, model), delta in sorted(_rollup_deltas(new).items()):
+            up = insert(_DAILY).values(day=day, team=team, model=model, **delta)
+            conn.execute(
+                up.on_conflict_do_update(
+                    index_elements=["day", "team", "model"],
+                    set_={name: _DAILY.c[name] + up.excluded[name] for name in ROLLUP_SUMS},
+                )
+            )
+    return len(new)

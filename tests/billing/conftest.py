@@ -1,0 +1,149 @@
+"""Billing fixtures: a store on SQLite and (where its binaries are installed) on a throwaway
+PostgreSQL cluster, usage events, and the gateway fixtures (Redis, fake upstream, gateways)."""
+
+import contextlib
+import glob
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, create_engine, func, select, text
+
+from billing.models import ROLLUP_SUMS, UsageRecord
+from gateway.db import get_engine
+from tests.gateway.conftest import (  # noqa: F401 - fixtures, by name
+    base_env,
+    data_dir,
+    free_port,
+    redis_server,
+    sql,
+    start_gateway,
+    team,
+    upstream,
+    wait_until,
+)
+
+
+def _pg_bin() -> Path | None:
+    found = shutil.which("pg_ctl")
+    if found:
+        return Path(os.path.realpath(found)).parent
+    dirs = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
+    return Path(dirs[-1]) if dirs else None
+
+
+class Postgres:
+    """A throwaway cluster in a temp dir; as the postgres user when run as root (it refuses
+    root)."""
+
+    def __init__(self, bin_dir: Path) -> None:
+        self.bin = bin_dir
+        self.dir = Path(tempfile.mkdtemp(prefix="ty-pg-"))
+        self.port = free_port()
+        self.as_user: list[str] = []
+        if os.geteuid() == 0:
+            shutil.chown(self.dir, "postgres")
+            self.as_user = ["runuser", "-u", "postgres", "--"]
+        self.data = self.dir / "data"
+        self.admin_url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, *command: str) -> None:
+        subprocess.run([*self.as_user, *command], check=True, capture_output=True, timeout=60)
+
+    def init(self) -> None:
+        self._run(str(self.bin / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres")
+
+    def start(self) -> None:
+        options = f"-p {self.port} -k {self.dir} -h 127.0.0.1 -F"  # -F: no fsync, a test cluster
+        log = str(self.dir / "log")
+        self._run(
+            str(self.bin / "pg_ctl"), "-D", str(self.data), "-o", options, "-l", log, "-w", "start"
+        )
+
+    def stop(self) -> None:
+        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop")
+
+    def new_database(self) -> str:
+        name = "ty_" + uuid.uuid4().hex[:12]
+        admin = create_engine(self.admin_url, isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+        admin.dispose()
+        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{name}"
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Postgres]:
+    bin_dir = _pg_bin()
+    if bin_dir is None or not (bin_dir / "initdb").exists():
+        pytest.skip("PostgreSQL is not installed (no pg_ctl/initdb): apt-get install postgresql")
+    if os.geteuid() == 0 and shutil.which("runuser") is None:
+        pytest.skip("running as root without runuser: PostgreSQL refuses to run as root")
+    server = Postgres(bin_dir)
+    server.init()
+    server.start()
+    yield server
+    with contextlib.suppress(subprocess.CalledProcessError):
+        server.stop()
+    shutil.rmtree(server.dir, ignore_errors=True)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def billing_db(request: pytest.FixtureRequest, tmp_path: Path) -> Engine:
+    """A migrated, empty billing store on each database."""
+    if request.param == "sqlite":
+        return get_engine(f"sqlite:///{tmp_path}/billing.db")
+    return get_engine(request.getfixturevalue("postgres").new_database())
+
+
+def event(**fields: Any) -> dict[str, Any]:
+    """A usage event as gateway/proxy.py makes it."""
+    return {
+        "request_id": "req-" + uuid.uuid4().hex,
+        "team": "alpha",
+        "model": "m",
+        "model_served": "m",
+        "tier": "interactive",
+        "stream": False,
+        "prompt_estimate": 9,
+        "prompt_reserved": 10,
+        "ts": time.time(),
+        "key_prefix": "ty-abcdefghi",
+        "status": 200,
+        "prompt_tokens": 10,
+        "completion_tokens": 5,
+        "cached_tokens": 2,
+        "e2e": 0.25,
+        "timings": {"queue": 0.01, "ttft": 0.05, "compute": 0.2},
+        "provider": "self-hosted",
+        "usage_reported": True,
+        "cost_usd": 0.001,
+        "list_cost_usd": 0.002,
+        **fields,
+    }
+
+
+def record_sums(engine: Engine, team_name: str, day: date) -> dict[str, Any]:
+    """The rollup columns summed straight from the records: what the rollups must equal."""
+    t = UsageRecord.__table__  # type: ignore[attr-defined]
+    columns = [func.count(), func.coalesce(func.sum((t.c.status != 200).cast(t.c.status.type)), 0)]
+    columns += [func.coalesce(func.sum(t.c[name]), 0) for name in ROLLUP_SUMS[2:]]
+    with engine.connect() as conn:
+        row = conn.execute(select(*columns).where(t.c.team == team_name, t.c.day == day)).one()
+    return dict(zip(ROLLUP_SUMS, row, strict=True))
+
+
+def records(engine: Engine, team_name: str) -> list[UsageRecord]:
+    from sqlmodel import Session
+    from sqlmodel import select as sm_select
+
+    with Session(engine) as session:
+        return list(session.exec(sm_select(UsageRecord).where(UsageRecord.team == team_name)))

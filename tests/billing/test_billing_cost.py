@@ -1,0 +1,82 @@
+"""Cost arithmetic per provider, and how a usage event becomes a record."""
+
+from datetime import UTC, date, datetime
+
+import msgspec
+import pytest
+
+from billing.events import decoder, key_prefix, to_row
+from billing.pricing import costs
+from billing.settle import price
+from gateway.quotas import Usage
+from router.catalog import Catalog, ModelEntry, Price
+from tests.billing.conftest import event
+
+CATALOG = Catalog.load()
+
+
+@pytest.mark.parametrize(
+    ("model", "expected"),
+    [
+        # (1000 - 400) * 0.15 + 400 * 0.075 + 200 * 0.60, per 1M
+        ("gpt-4o-mini", (600 * 0.15 + 400 * 0.075 + 200 * 0.60) / 1e6),
+        ("gpt-4o", (600 * 2.50 + 400 * 1.25 + 200 * 10.00) / 1e6),
+        ("claude-3-5-haiku", (600 * 0.80 + 400 * 0.08 + 200 * 4.00) / 1e6),
+        ("claude-sonnet-4", (600 * 3.00 + 400 * 0.30 + 200 * 15.00) / 1e6),
+    ],
+)
+def test_commercial_models_cost_their_list_price_cached_tokens_included(
+    model: str, expected: float
+) -> None:
+    got = costs(CATALOG.get(model), 1000, 400, 200, None)
+    assert got.charged == pytest.approx(expected, rel=1e-12)
+    assert got.list == got.charged
+    # engine timings never change a commercial model's price
+    assert costs(CATALOG.get(model), 1000, 400, 200, {"compute": 9.0}) == got
+
+
+def test_self_hosted_is_charged_engine_time_and_reports_list_price_beside_it() -> None:
+    entry = CATALOG.get("smollm2")
+    assert entry is not None and entry.provider == "self-hosted"
+    got = costs(entry, 1000, 400, 200, {"compute": 1.8})
+    assert got.charged == pytest.approx(1.8 * 0.10 / 3600, rel=1e-12)
+    assert got.list == pytest.approx((600 * 0.02 + 400 * 0.01 + 200 * 0.05) / 1e6, rel=1e-12)
+    # an engine that reported no timings: the list price is all there is
+    assert costs(entry, 1000, 400, 200, None).charged == got.list
+
+
+def test_unknown_model_costs_nothing() -> None:
+    assert costs(None, 1000, 0, 1000, {"compute": 1.0}).charged == 0.0
+
+
+def test_price_fills_the_event() -> None:
+    entry = ModelEntry(id="m", provider="openai", price=Price(input=1.0, cached_input=0.5))
+    ev = {"model_served": "m"}
+    priced = price(entry, "alpha", "m", Usage(100, 10, 40, reported=True), ev)
+    assert priced.charged == pytest.approx((60 * 1.0 + 40 * 0.5) / 1e6)
+    assert ev == {
+        "model_served": "m",
+        "provider": "openai",
+        "usage_reported": True,
+        "cost_usd": priced.charged,
+        "list_cost_usd": priced.list,
+    }
+
+
+def test_event_to_row() -> None:
+    ts = datetime(2026, 3, 4, 23, 59, 59, tzinfo=UTC).timestamp()
+    row = to_row(decoder.decode(msgspec.json.encode(event(request_id="r1", ts=ts, e2e=2.0))))
+    assert row["day"] == date(2026, 3, 4)  # the UTC day the request started
+    assert row["finished_at"] == datetime(2026, 3, 5, 0, 0, 1, tzinfo=UTC)
+    assert (row["queue_s"], row["ttft_s"], row["compute_s"]) == (0.01, 0.05, 0.2)
+    assert row["finish_reason"] is None
+    failed = to_row(decoder.decode(msgspec.json.encode(event(status=502, timings=None))))
+    assert failed["finish_reason"] == "error" and failed["compute_s"] is None
+    gone = to_row(decoder.decode(msgspec.json.encode(event(status=499))))
+    assert gone["finish_reason"] == "cancelled"
+
+
+def test_key_prefix_is_never_the_key() -> None:
+    key = "ty-" + "x" * 43
+    assert key_prefix(f"Bearer {key}") == key[:12]
+    assert key_prefix(None) == ""
