@@ -26,8 +26,8 @@ COPY router router
 COPY backends backends
 COPY billing billing
 COPY admin_ui admin_ui
-# psycopg: the PostgreSQL driver behind TOKENYARD_DATABASE_URL=postgresql+psycopg://…
-RUN pip install . "psycopg[binary]>=3.1,<4"
+# (psycopg, the driver behind TOKENYARD_DATABASE_URL=postgresql+psycopg://…, is a dependency)
+RUN pip install .
 
 FROM build AS build-engine-cpu
 # the SmolLM2-135M-Instruct GGUF; only its file is used, so none of its dependencies
