@@ -1,0 +1,381 @@
+"""OpenAI chat ⇄ Anthropic Messages: translation both ways (requests, replies, stream chunk
+sequences, tool calls, errors), and the Anthropic backend against the fake Anthropic server."""
+
+import json
+
+import pytest
+
+from backends.anthropic_wire import ChunkWriter, StreamError, chat_reply, error_reply
+from backends.anthropic_wire import messages_request as translate
+from backends.base import BackendUnavailable, UpstreamBroken, UpstreamCall
+from gateway.errors import GatewayError
+from tests.backends.conftest import control, stats
+
+CHAT = "/v1/chat/completions"
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "weather",
+            "description": "the weather in a city",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+]
+CONVERSATION = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "developer", "content": [{"type": "text", "text": "Use tools."}]},
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "user", "content": [{"type": "text", "text": "And quickly."}]},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "weather", "arguments": '{"city": "Paris"}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+    {"role": "user", "content": "Thanks, and Rome?"},
+]
+
+
+def sse_events(raw: bytes) -> list[dict]:
+    return [
+        json.loads(block[6:])
+        for block in raw.decode().split("\n\n")
+        if block.startswith("data: ") and block != "data: [DONE]"
+    ]
+
+
+def test_request_translation_merges_roles_and_maps_tools():
+    out = translate(
+        {
+            "model": "claude",
+            "messages": CONVERSATION,
+            "max_tokens": 50,
+            "stop": "END",
+            "temperature": 1.5,
+            "top_p": 0.9,
+            "user": "u-1",
+            "tools": TOOLS,
+            "tool_choice": {"type": "function", "function": {"name": "weather"}},
+            "parallel_tool_calls": False,
+            "seed": 3,
+            "tier": "batch",
+        },
+        "claude-3-5-haiku-latest",
+    )
+    assert out["model"] == "claude-3-5-haiku-latest"
+    assert out["system"] == "Be brief.\n\nUse tools."
+    assert [m["role"] for m in out["messages"]] == ["user", "assistant", "user"]
+    assert out["messages"][0]["content"] == [
+        {"type": "text", "text": "Weather in Paris?"},
+        {"type": "text", "text": "And quickly."},
+    ]
+    assert out["messages"][1]["content"] == [
+        {"type": "tool_use", "id": "call_1", "name": "weather", "input": {"city": "Paris"}}
+    ]
+    assert out["messages"][2]["content"] == [
+        {"type": "tool_result", "tool_use_id": "call_1", "content": "sunny"},
+        {"type": "text", "text": "Thanks, and Rome?"},
+    ]
+    assert out["max_tokens"] == 50 and out["stop_sequences"] == ["END"]
+    assert out["temperature"] == 1.0 and out["top_p"] == 0.9
+    assert out["metadata"] == {"user_id": "u-1"}
+    assert out["tools"] == [
+        {
+            "name": "weather",
+            "description": "the weather in a city",
+            "input_schema": TOOLS[0]["function"]["parameters"],
+        }
+    ]
+    assert out["tool_choice"] == {
+        "type": "tool",
+        "name": "weather",
+        "disable_parallel_tool_use": True,
+    }
+    assert "seed" not in out and "tier" not in out and "stream" not in out
+
+
+@pytest.mark.parametrize(
+    ("choice", "expected"),
+    [("auto", {"type": "auto"}), ("required", {"type": "any"}), ("none", {"type": "none"})],
+)
+def test_tool_choice_strings(choice, expected):
+    body = {"messages": [{"role": "user", "content": "x"}], "tools": TOOLS, "tool_choice": choice}
+    assert translate(body, "c")["tool_choice"] == expected
+
+
+def test_images_and_default_max_tokens():
+    content = [
+        {"type": "text", "text": "what is this"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+        {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}},
+    ]
+    out = translate({"messages": [{"role": "user", "content": content}]}, "c")
+    assert out["max_tokens"] == 4096
+    assert out["messages"][0]["content"][1:] == [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}},
+        {"type": "image", "source": {"type": "url", "url": "https://example.com/cat.png"}},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("n", 2), ("logprobs", True), ("response_format", {"type": "json_object"})],
+)
+def test_unsupported_parameters_are_a_400_naming_them(field, value):
+    with pytest.raises(GatewayError) as err:
+        translate({"messages": [{"role": "user", "content": "x"}], field: value}, "c")
+    assert err.value.status == 400 and err.value.param == field
+
+
+def test_reply_translation_text_tools_and_usage():
+    message = {
+        "id": "msg_1",
+        "type": "message",
+        "role": "assistant",
+        "model": "claude-3-5-haiku-20241022",
+        "content": [
+            {"type": "text", "text": "Let me check."},
+            {"type": "tool_use", "id": "toolu_1", "name": "weather", "input": {"city": "Rome"}},
+        ],
+        "stop_reason": "tool_use",
+        "usage": {
+            "input_tokens": 10,
+            "output_tokens": 7,
+            "cache_read_input_tokens": 100,
+            "cache_creation_input_tokens": 5,
+        },
+    }
+    reply = chat_reply(message, "claude-3-5-haiku")
+    assert reply["object"] == "chat.completion" and reply["model"] == "claude-3-5-haiku"
+    choice = reply["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] == "Let me check."
+    assert choice["message"]["tool_calls"] == [
+        {
+            "id": "toolu_1",
+            "type": "function",
+            "function": {"name": "weather", "arguments": '{"city": "Rome"}'},
+        }
+    ]
+    assert reply["usage"] == {
+        "prompt_tokens": 115,
+        "completion_tokens": 7,
+        "total_tokens": 122,
+        "prompt_tokens_details": {"cached_tokens": 100},
+    }
+
+
+@pytest.mark.parametrize(
+    ("stop", "finish"),
+    [("end_turn", "stop"), ("stop_sequence", "stop"), ("max_tokens", "length")],
+)
+def test_finish_reasons(stop, finish):
+    message = {"content": [{"type": "text", "text": "x"}], "stop_reason": stop, "usage": {}}
+    assert chat_reply(message, "m")["choices"][0]["finish_reason"] == finish
+
+
+@pytest.mark.parametrize(
+    ("status", "kind", "want_status", "want_type"),
+    [
+        (400, "invalid_request_error", 400, "invalid_request_error"),
+        (401, "authentication_error", 401, "authentication_error"),
+        (429, "rate_limit_error", 429, "rate_limit_error"),
+        (500, "api_error", 500, "server_error"),
+        (529, "overloaded_error", 503, "server_error"),
+    ],
+)
+def test_error_translation(status, kind, want_status, want_type):
+    raw = json.dumps({"type": "error", "error": {"type": kind, "message": "nope"}}).encode()
+    got_status, body = error_reply(status, raw)
+    assert got_status == want_status
+    assert json.loads(body) == {
+        "error": {"message": "nope", "type": want_type, "param": None, "code": kind}
+    }
+
+
+def test_stream_chunk_sequence_with_a_tool_call():
+    writer = ChunkWriter("claude-x", include_usage=True)
+    start = {"message": {"id": "msg_9", "usage": {"input_tokens": 4, "output_tokens": 1}}}
+    events = [
+        ("message_start", start),
+        ("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}}),
+        ("ping", {}),
+        ("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": "Hi"}}),
+        ("content_block_stop", {"index": 0}),
+        (
+            "content_block_start",
+            {
+                "index": 1,
+                "content_block": {"type": "tool_use", "id": "toolu_2", "name": "f", "input": {}},
+            },
+        ),
+        (
+            "content_block_delta",
+            {"index": 1, "delta": {"type": "input_json_delta", "partial_json": '{"a":'}},
+        ),
+        (
+            "content_block_delta",
+            {"index": 1, "delta": {"type": "input_json_delta", "partial_json": " 1}"}},
+        ),
+        ("content_block_stop", {"index": 1}),
+        ("message_delta", {"delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 9}}),
+        ("message_stop", {}),
+    ]
+    raw = b"".join(writer.write(kind, data) for kind, data in events)
+    assert raw.endswith(b"data: [DONE]\n\n")
+    chunks = sse_events(raw)
+    assert {(c["object"], c["id"]) for c in chunks} == {("chat.completion.chunk", "chatcmpl-msg_9")}
+    deltas = [c["choices"][0]["delta"] if c["choices"] else None for c in chunks]
+    assert deltas == [
+        {"role": "assistant", "content": ""},
+        {"content": "Hi"},
+        {
+            "tool_calls": [
+                {
+                    "index": 0,
+                    "id": "toolu_2",
+                    "type": "function",
+                    "function": {"name": "f", "arguments": ""},
+                }
+            ]
+        },
+        {"tool_calls": [{"index": 0, "function": {"arguments": '{"a":'}}]},
+        {"tool_calls": [{"index": 0, "function": {"arguments": " 1}"}}]},
+        {},
+        None,
+    ]
+    assert chunks[-2]["choices"][0]["finish_reason"] == "tool_calls"
+    assert chunks[-1]["usage"]["prompt_tokens"] == 4
+    assert chunks[-1]["usage"]["completion_tokens"] == 9
+
+
+def test_stream_without_usage_and_error_events():
+    writer = ChunkWriter("m", include_usage=False)
+    writer.write("message_start", {"message": {"id": "x", "usage": {}}})
+    tail = sse_events(writer.write("message_stop", {}))
+    assert [c["choices"][0]["finish_reason"] for c in tail] == ["stop"]
+    with pytest.raises(StreamError) as err:
+        writer.write("error", {"error": {"type": "overloaded_error", "message": "Overloaded"}})
+    assert err.value.status == 503 and err.value.kind == "overloaded_error"
+
+
+def chat(content: str, **extra: object) -> UpstreamCall:
+    body = {"model": "claude", "messages": [{"role": "user", "content": content}], **extra}
+    return UpstreamCall(CHAT, json.dumps(body).encode(), {})
+
+
+async def test_complete_against_the_fake(make_upstream, anthropic_url):
+    upstream = make_upstream("anthropic", [anthropic_url], model_id="haiku")
+    reply = await upstream.complete(chat("hello there #chunks=3 #cached=1", max_tokens=20))
+    assert reply.status == 200
+    body = json.loads(reply.body)
+    assert body["model"] == "haiku"
+    assert body["choices"][0]["message"]["content"] == "w0 w1 w2 "
+    assert body["usage"]["prompt_tokens"] == 4  # every word: cached ones included
+    assert body["usage"]["prompt_tokens_details"]["cached_tokens"] == 1
+    seen = stats(anthropic_url)
+    assert seen["last_path"] == "/v1/messages"
+    assert seen["last_headers"]["x-api-key"] == "sk-test-secret"
+    assert seen["last_headers"]["anthropic-version"] == "2023-06-01"
+    assert seen["last_body"]["model"] == "claude-3-5-haiku-latest"
+
+
+async def test_a_tool_conversation_round_trips_against_the_fake(make_upstream, anthropic_url):
+    upstream = make_upstream("anthropic", [anthropic_url])
+    body = {"model": "c", "messages": [*CONVERSATION, {"role": "user", "content": "#tool"}]}
+    reply = await upstream.complete(
+        UpstreamCall(CHAT, json.dumps({**body, "tools": TOOLS}).encode(), {})
+    )
+    assert reply.status == 200, reply.body  # the fake refuses unmerged roles
+    choice = json.loads(reply.body)["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    assert json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"]) == {
+        "city": "Paris"
+    }
+
+
+async def test_stream_against_the_fake(make_upstream, anthropic_url):
+    upstream = make_upstream("anthropic", [anthropic_url], model_id="haiku")
+    stream = await upstream.open_stream(
+        chat("#tool #chunks=2", stream=True, stream_options={"include_usage": True}, tools=TOOLS)
+    )
+    raw = b"".join([c async for c in stream.chunks()])
+    await stream.aclose()
+    chunks = sse_events(raw)
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert text == "w0 w1 "
+    arguments = "".join(
+        call["function"].get("arguments", "")
+        for c in chunks
+        if c["choices"]
+        for call in c["choices"][0]["delta"].get("tool_calls", [])
+    )
+    assert json.loads(arguments) == {"city": "Paris"}
+    assert chunks[-2]["choices"][0]["finish_reason"] == "tool_calls"
+    assert chunks[-1]["usage"]["completion_tokens"] == 2
+    assert raw.endswith(b"data: [DONE]\n\n")
+
+
+async def test_completions_endpoint_is_a_clear_400(make_upstream, anthropic_url):
+    upstream = make_upstream("anthropic", [anthropic_url])
+    body = json.dumps({"model": "c", "prompt": "x"}).encode()
+    with pytest.raises(GatewayError) as err:
+        await upstream.complete(UpstreamCall("/v1/completions", body, {}))
+    assert err.value.status == 400 and err.value.code == "unsupported_endpoint"
+
+
+async def test_refusals_are_translated_and_overload_is_retried(make_upstream, anthropic_url):
+    upstream = make_upstream("anthropic", [anthropic_url])
+    control(anthropic_url, reset=True)
+    reply = await upstream.complete(chat("bad #status=400"))
+    assert reply.status == 400
+    assert json.loads(reply.body)["error"]["type"] == "invalid_request_error"
+    stream = await upstream.open_stream(chat("no #status=401", stream=True))
+    assert stream.status == 401
+    assert json.loads(await stream.read_all())["error"]["code"] == "authentication_error"
+    reply = await upstream.complete(chat("busy #status=529 #times=2"))
+    assert reply.status == 200
+    assert stats(anthropic_url)["requests"] == 5
+    with pytest.raises(BackendUnavailable):
+        await upstream.complete(chat("down #status=529"))
+
+
+async def test_an_error_event_first_is_retried_later_it_breaks_the_stream(
+    make_upstream, anthropic_url
+):
+    upstream = make_upstream("anthropic", [anthropic_url])
+    control(anthropic_url, reset=True)
+    with pytest.raises(BackendUnavailable):
+        await upstream.open_stream(chat("overloaded #stream_error=0", stream=True))
+    assert stats(anthropic_url)["requests"] == 3
+    stream = await upstream.open_stream(chat("later #stream_error=4 #chunks=3", stream=True))
+    got = []
+    with pytest.raises(UpstreamBroken):
+        async for chunk in stream.chunks():
+            got.append(chunk)
+    await stream.aclose()
+    assert [c["choices"][0]["delta"] for c in sse_events(b"".join(got))] == [
+        {"role": "assistant", "content": ""},
+        {"content": "w0 "},
+    ]
+    assert stats(anthropic_url)["requests"] == 4
+
+
+async def test_a_cut_stream_is_broken_and_not_retried(make_upstream, anthropic_url):
+    upstream = make_upstream("anthropic", [anthropic_url])
+    control(anthropic_url, reset=True)
+    stream = await upstream.open_stream(chat("cut #cut=5 #chunks=4", stream=True))
+    got = []
+    with pytest.raises(UpstreamBroken):
+        async for chunk in stream.chunks():
+            got.append(chunk)
+    text = [c["choices"][0]["delta"].get("content") for c in sse_events(b"".join(got))]
+    assert text == ["", "w0 ", "w1 "]
+    assert stats(anthropic_url)["requests"] == 1
