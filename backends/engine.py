@@ -122,11 +122,12 @@ class EngineUpstream:
 
     def pick(self, body: bytes, exclude: set[str] | None = None) -> Replica:
         """The replica for this request: by prefix affinity within the load margin, else the least
-        loaded; ready and not cooling down first, any as a last resort."""
+        loaded; among the ready ones not cooling down, else those not cooling down (not polled
+        yet), else any not yet tried for this request."""
         now = time.monotonic()
-        fresh = [r for r in self.replicas if r.url not in (exclude or ())]
-        live = [r for r in fresh if r.ready and r.down_until <= now]
-        candidates = live or fresh or self.replicas
+        untried = [r for r in self.replicas if r.url not in (exclude or ())] or self.replicas
+        usable = [r for r in untried if r.down_until <= now]
+        candidates = [r for r in usable if r.ready] or usable or untried
         least = min(candidates, key=lambda r: r.load)
         prefix = prefix_text(body, self._chars) if len(candidates) > 1 else ""
         if prefix:
