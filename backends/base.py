@@ -144,10 +144,3 @@ def error_body(message: str, kind: str, code: str | None = None, param: str | No
     """OpenAI's error shape, for refusals a backend translates from another provider's."""
     detail = {"message": message, "type": kind, "param": param, "code": code}
     return json.dumps({"error": detail}).encode()
-
-
-def unavailable(name: str, exc: Exception) -> BackendUnavailable:
-    log.warning("upstream %s unreachable: %s", name, exc)
-    return BackendUnavailable(
-        503, f"model {name!r} is unavailable", code="upstream_unavailable", retry_after=1
-    )

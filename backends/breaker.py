@@ -11,7 +11,6 @@ every second) and updated at once by this process's own transitions. Failures ar
 refresh.
 """
 
-import logging
 import os
 import time
 from dataclasses import dataclass
@@ -21,10 +20,8 @@ from typing import Literal
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from backends.base import BackendUnavailable
+from backends.base import BackendUnavailable, log
 from backends.metrics import BREAKER_STATE, BREAKER_TRANSITIONS
-
-log = logging.getLogger("tokenyard.backends")
 
 State = Literal["closed", "open", "half_open"]
 _LEVEL = {"closed": 0, "half_open": 1, "open": 2}

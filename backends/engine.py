@@ -9,7 +9,6 @@ skipped for `cooldown_s`, and the attempt is retried on another.
 
 import asyncio
 import hashlib
-import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -24,11 +23,10 @@ from backends.base import (
     UpstreamCall,
     UpstreamReply,
     UpstreamStream,
+    log,
 )
 from backends.http import HttpError, HttpPool, HttpResponse
 from backends.retry import Guard, Retryable, check_status
-
-log = logging.getLogger("tokenyard.backends")
 
 
 class _Load(msgspec.Struct):
