@@ -8,10 +8,11 @@ import msgspec
 from litestar import Controller, Litestar, Request, Response, get, post
 from litestar.exceptions import HTTPException
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from backends.base import Upstream
-from backends.engine import EngineUpstream
+from backends.factory import build_upstream
 from backends.registry import Backends
 from billing.api import UsageController
 from billing.consumer import UsageConsumer
@@ -109,12 +110,10 @@ def internal_error_handler(_: Request, exc: Exception) -> Response[bytes]:
     return GatewayError(500, "internal error", code="internal_error").response()
 
 
-def build_backends(catalog: Catalog, settings: Settings) -> Backends:
+def build_backends(catalog: Catalog, redis: Redis, settings: Settings) -> Backends:
     """One backend per model the platform can call (replicas known, or its API key set)."""
     upstreams: dict[str, Upstream] = {
-        m.id: EngineUpstream(m.id, m.base_urls[0], settings.gateway_upstream_timeout_s)
-        for m in catalog.models.values()
-        if m.configured and m.provider == "self-hosted"
+        m.id: build_upstream(m, redis, settings) for m in catalog.models.values() if m.configured
     }
     return Backends(upstreams)
 
@@ -138,7 +137,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             max_batch_concurrency=settings.gateway_max_batch_concurrency,
         )
         catalog = load_catalog(settings)
-        backends = build_backends(catalog, settings)
+        backends = build_backends(catalog, redis, settings)
         auth = Authenticator(sql, redis, settings.gateway_key_cache_s)
         router = Router(catalog, Scorer(ComplexityClassifier.load))
         proxy = Proxy(settings, auth, quotas, backends, router)
