@@ -6,6 +6,7 @@ import glob
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -14,22 +15,42 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from sqlalchemy import Engine, create_engine, func, select, text
+from sqlmodel import Session
+from sqlmodel import select as sm_select
 
 from billing.models import ROLLUP_SUMS, UsageRecord
 from gateway.db import get_engine
 from tests.gateway.conftest import (  # noqa: F401 - fixtures, by name
+    Process,
     base_env,
     data_dir,
     free_port,
     redis_server,
     sql,
-    start_gateway,
     team,
     upstream,
     wait_until,
 )
+
+HERE = Path(__file__).parent
+MODEL = "fake"
+COMPUTE_S = 0.5  # what the fake engine reports per request
+USD_PER_HOUR = 36.0  # so a request costs 0.5 s × $0.01/s = $0.005
+PRICE = {"input": 1.0, "cached_input": 0.5, "output": 2.0}  # per 1M: the list-price figure
+ADMIN_KEY = "admin-" + uuid.uuid4().hex
+CHAT = [{"role": "user", "content": "one two three four #chunks=5"}]
+CHARGED = COMPUTE_S * USD_PER_HOUR / 3600
+
+
+def list_price(prompt: int, cached: int, completion: int) -> float:
+    return (
+        (prompt - cached) * PRICE["input"]
+        + cached * PRICE["cached_input"]
+        + completion * PRICE["output"]
+    ) / 1e6
 
 
 def _pg_bin() -> Path | None:
@@ -142,8 +163,39 @@ def record_sums(engine: Engine, team_name: str, day: date) -> dict[str, Any]:
 
 
 def records(engine: Engine, team_name: str) -> list[UsageRecord]:
-    from sqlmodel import Session
-    from sqlmodel import select as sm_select
-
     with Session(engine) as session:
         return list(session.exec(sm_select(UsageRecord).where(UsageRecord.team == team_name)))
+
+
+@pytest.fixture(scope="session")
+def billing_env(
+    base_env: dict[str, str],  # noqa: F811 - the fixture imported above
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[dict[str, str]]:
+    """A fake engine that reports engine time, priced by a catalog of its own."""
+    work = tmp_path_factory.mktemp("billing")
+    port = free_port()
+    command = [sys.executable, str(HERE / "fake_engine.py"), "--port", str(port)]
+    engine = Process(
+        [*command, "--model", MODEL, "--compute", str(COMPUTE_S)], base_env, work / "engine.log"
+    )
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: httpx.get(url + "/health").status_code == 200, 20, "fake engine")
+    catalog = work / "catalog.toml"
+    catalog.write_text(
+        f'[[models]]\nid = "{MODEL}"\nprovider = "self-hosted"\nusd_per_hour = {USD_PER_HOUR}\n'
+        f"price = {{ input = {PRICE['input']}, cached_input = {PRICE['cached_input']}, "
+        f"output = {PRICE['output']} }}\n"
+    )
+    yield {
+        **base_env,
+        "TOKENYARD_ENGINE_URLS": f"{MODEL}={url}",
+        "TOKENYARD_CATALOG": str(catalog),
+        "TOKENYARD_ADMIN_KEY": ADMIN_KEY,
+        "TOKENYARD_BILLING_BLOCK_MS": "50",
+        "TOKENYARD_BILLING_CLAIM_IDLE_S": "1",
+        "TOKENYARD_BILLING_RETRY_S": "0.1",
+        # auth stays cached while the kill test holds SQL locked
+        "TOKENYARD_GATEWAY_KEY_CACHE_S": "600",
+    }
+    engine.stop()

@@ -9,7 +9,14 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway.conftest import MODEL, TOKENYARD, free_port, reservations, upstream_stats
+from tests.gateway.conftest import (
+    MODEL,
+    TOKENYARD,
+    free_port,
+    reservations,
+    upstream_stats,
+    wait_until,
+)
 
 CHAT = [{"role": "user", "content": "one two three #chunks=4"}]
 
@@ -105,15 +112,22 @@ def test_usage_endpoint_reports_settled_tokens(gateway: Any, team: Any) -> None:
     client = gateway.client(key)
     client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=50)
     list(client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=50, stream=True))
-    time.sleep(0.2)  # a stream settles just after its last byte
-    usage = httpx.get(gateway.url + "/v1/usage", headers={"authorization": f"Bearer {key}"}).json()
-    row = usage["models"][MODEL]
+
+    def usage() -> dict:
+        url = gateway.url + "/v1/usage"
+        return httpx.get(url, headers={"authorization": f"Bearer {key}"}).json()
+
+    # billing's consumer writes the records from the usage stream moments after settling
+    wait_until(lambda: usage()["requests"] == 2, 5, "both requests recorded")
     # the upstream's counts (4 words, 4 chunks), not the reservation (estimate + max_tokens)
-    assert row == {
+    assert usage()["models"][MODEL] == {
         "requests": 2,
+        "errors": 0,
         "prompt_tokens": 8,
-        "completion_tokens": 8,
         "cached_tokens": 0,
+        "completion_tokens": 8,
+        "cost_usd": 0.0,  # the test catalog gives the fake model no price
+        "list_cost_usd": 0.0,
         "total_tokens": 16,
     }
     bad = httpx.get(

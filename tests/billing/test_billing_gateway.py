@@ -1,0 +1,156 @@
+"""Billing through real gateways: every request recorded from the usage stream, priced by engine
+time, streamed requests billed like whole ones, daily dollar budgets enforced from the costs, the
+usage API (team-scoped, admin, CSV), the report CLI and the cost counters."""
+
+import csv
+import io
+import subprocess
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from sqlalchemy import Engine
+
+from billing.models import UsageRecord
+from gateway.quotas import day_number
+from tests.billing.conftest import (
+    ADMIN_KEY,
+    CHARGED,
+    CHAT,
+    COMPUTE_S,
+    MODEL,
+    list_price,
+    record_sums,
+    records,
+)
+from tests.gateway.conftest import TOKENYARD, Gateway, wait_until
+
+
+@pytest.fixture(scope="module")
+def gw(billing_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Gateway]:
+    gateway = Gateway(billing_env, tmp_path_factory.mktemp("billing-gw") / "gateway.log")
+    yield gateway
+    gateway.stop()
+
+
+def wait_records(sql: Engine, team: str, count: int) -> list[UsageRecord]:
+    wait_until(lambda: len(records(sql, team)) >= count, 10, f"{count} usage records of {team}")
+    got = records(sql, team)
+    assert len(got) == count
+    return got
+
+
+def usage(gw: Gateway, key: str, query: str = "") -> httpx.Response:
+    return httpx.get(gw.url + "/v1/usage" + query, headers={"authorization": f"Bearer {key}"})
+
+
+def test_streamed_requests_are_billed_like_whole_ones(gw: Gateway, team: Any, sql: Engine) -> None:
+    name, key = team()
+    client = gw.client(key)
+    client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=10)
+    chunks = list(
+        client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=10, stream=True)
+    )
+    assert all(c.usage is None for c in chunks)  # the client did not ask for usage; billing did
+    # a stream that breaks before its usage chunk: billed from what was counted
+    with pytest.raises(openai.APIError):
+        list(
+            client.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "x #fail=2"}], stream=True
+            )
+        )
+    got = sorted(wait_records(sql, name, 3), key=lambda r: (r.status, r.stream))
+    whole, streamed, broken = got
+    assert (whole.stream, streamed.stream, broken.stream) == (False, True, True)
+    for r in (whole, streamed):
+        assert (r.prompt_tokens, r.completion_tokens, r.cached_tokens) == (5, 5, 0)
+        assert r.usage_reported and r.status == 200 and r.provider == "self-hosted"
+        assert r.cost_usd == pytest.approx(CHARGED)
+        assert r.list_cost_usd == pytest.approx(list_price(5, 0, 5))
+        assert r.compute_s == COMPUTE_S and r.key_prefix == key[:12] and r.team == name
+    assert broken.status == 502 and not broken.usage_reported
+    assert broken.completion_tokens == 2  # the chunks that were streamed
+    assert broken.cost_usd == broken.list_cost_usd > 0  # no engine time reported: list price
+
+
+def test_daily_dollar_budget_is_enforced_from_costs(
+    gw: Gateway, team: Any, redis_server: Any
+) -> None:
+    name, key = team(usd_per_day=2.5 * CHARGED)
+    client = gw.client(key)
+    for _ in range(3):  # $0, $0.005, $0.010 spent before each: under $0.0125
+        client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=10)
+    spent = int(redis_server.client().get(f"ty:{{{name}}}:usd:{day_number()}"))
+    assert spent == round(3 * CHARGED * 1_000_000)
+    with pytest.raises(openai.RateLimitError) as err:
+        client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=10)
+    assert err.value.code == "usd_per_day"
+
+
+def test_usage_api_cli_and_metrics(gw: Gateway, team: Any, sql: Engine, billing_env: dict) -> None:
+    a, key_a = team()
+    b, key_b = team()
+    for _ in range(2):
+        gw.client(key_a).chat.completions.create(model=MODEL, messages=CHAT, max_tokens=10)
+    with pytest.raises(openai.BadRequestError):
+        gw.client(key_b).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "x #status=400"}]
+        )
+    wait_records(sql, a, 2)
+    wait_records(sql, b, 1)
+    today = datetime.now(UTC).date().isoformat()
+
+    mine = usage(gw, key_a).json()
+    assert (mine["team"], mine["date"], mine["end"]) == (a, today, today)
+    assert mine["models"][MODEL] == {
+        "requests": 2,
+        "errors": 0,
+        "prompt_tokens": 10,
+        "cached_tokens": 0,
+        "completion_tokens": 10,
+        "cost_usd": pytest.approx(2 * CHARGED),
+        "list_cost_usd": pytest.approx(2 * list_price(5, 0, 5)),
+        "total_tokens": 20,
+    }
+    assert [row["team"] for row in mine["data"]] == [a]  # never another team's rows
+    theirs = usage(gw, key_b, f"?date={today}&end={today}").json()
+    assert (theirs["requests"], theirs["errors"]) == (1, 1)
+
+    exported = usage(gw, key_a, "?format=csv")
+    assert exported.headers["content-type"].startswith("text/csv")
+    table = list(csv.DictReader(io.StringIO(exported.text)))
+    assert [(r["team"], r["model"], r["requests"]) for r in table] == [(a, MODEL, "2")]
+
+    for query, param in [
+        ("?date=yesterday", "date"),
+        ("?end=2020-01-01", "end"),
+        ("?date=2026-01-01&end=2027-06-01", "end"),
+        ("?format=xml", "format"),
+    ]:
+        bad = usage(gw, key_a, query)
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == param
+
+    admin = gw.url + "/v1/admin/usage"
+    assert httpx.get(admin, headers={"authorization": f"Bearer {key_a}"}).status_code == 401
+    everyone = httpx.get(admin, headers={"authorization": f"Bearer {ADMIN_KEY}"}).json()
+    assert {a, b} <= {row["team"] for row in everyone["data"]}
+    only_b = httpx.get(admin + f"?team={b}", headers={"authorization": f"Bearer {ADMIN_KEY}"})
+    assert {row["team"] for row in only_b.json()["data"]} == {b}
+
+    report = subprocess.run(
+        [*TOKENYARD, "billing", "report", "--date", today, "--team", a, "--csv"],
+        env=billing_env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert report.stdout.splitlines()[1].startswith(f"{today},{a},{MODEL},2,0,10,0,10,")
+    assert record_sums(sql, a, datetime.now(UTC).date())["requests"] == 2
+
+    scraped = httpx.get(gw.url + "/metrics").text
+    charged = f'tokenyard_billing_cost_usd_total{{basis="charged",model="{MODEL}",team="{a}"}}'
+    line = next(x for x in scraped.splitlines() if x.startswith(charged))
+    assert float(line.split()[-1]) == pytest.approx(2 * CHARGED)

@@ -1,0 +1,126 @@
+"""No usage is lost: a gateway is SIGKILLed mid-load while SQL is unavailable (SQLite locked
+exclusively); afterwards every request a client saw complete has exactly one record."""
+
+import os
+import signal
+import sqlite3
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import Engine, func, select
+
+from billing import reports
+from billing.models import UsageRecord
+from gateway.quotas import USAGE_STREAM
+from tests.billing.conftest import MODEL, record_sums, records
+from tests.gateway.conftest import Gateway, wait_until
+
+ROUNDS = 30  # per worker
+WORKERS = 4
+
+
+def send(gw: Gateway, key: str, stream: bool) -> str | None:
+    """One request; its id if the client received the whole response, else None."""
+    rid = "kill-" + uuid.uuid4().hex
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "a b c #chunks=3 #delay=0.01"}],
+        "max_tokens": 5,
+        "stream": stream,
+    }
+    headers = {"authorization": f"Bearer {key}", "x-request-id": rid}
+    try:
+        with httpx.stream(
+            "POST", gw.url + "/v1/chat/completions", json=body, headers=headers, timeout=30
+        ) as response:
+            data = response.read()
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None
+    complete = data.rstrip().endswith(b"data: [DONE]") if stream else bool(data)
+    return rid if complete else None
+
+
+def held_by(r: Any, gw: Gateway) -> int:
+    """Events pending (read, unacknowledged) at the usage consumer of this gateway's process."""
+    consumers = r.xinfo_consumers(USAGE_STREAM, "billing")
+    return sum(c["pending"] for c in consumers if f"-{gw.proc.pid}-" in c["name"].decode())
+
+
+def test_sigkill_mid_load_with_sql_down_loses_nothing(
+    billing_env: dict[str, str], team: Any, sql: Engine, tmp_path: Path, redis_server: Any
+) -> None:
+    name, key = team()
+    env = {**billing_env, "TOKENYARD_BILLING_BATCH_SIZE": "8"}
+    doomed = Gateway(env, tmp_path / "doomed.log")
+    survivor = Gateway(env, tmp_path / "survivor.log")
+    completed: list[str] = []
+    try:
+        for gw in (doomed, survivor):  # the key's policy cached before SQL goes away
+            rid = send(gw, key, stream=False)
+            assert rid is not None
+            completed.append(rid)
+        wait_until(lambda: len(records(sql, name)) == 2, 10, "the warm-up records")
+
+        lock = sqlite3.connect(str(sql.url.database), timeout=10)
+        lock.execute("BEGIN EXCLUSIVE")  # SQL unavailable: no consumer can commit
+        half = threading.Event()
+        appending = threading.Lock()
+
+        def worker(i: int) -> None:
+            for j in range(ROUNDS):
+                gw = doomed if (i + j) % 2 else survivor
+                rid = send(gw, key, stream=bool(j % 3 == 0))
+                if rid is not None:
+                    with appending:
+                        completed.append(rid)
+                if j == ROUNDS // 2:
+                    half.set()
+
+        threads = [threading.Thread(target=worker, args=(i,)) for i in range(WORKERS)]
+        for t in threads:
+            t.start()
+        half.wait(60)
+        r = redis_server.client()
+        # the doomed gateway's consumer holds events it read but cannot commit
+        wait_until(lambda: held_by(r, doomed) > 0, 10, "the doomed consumer to hold events")
+        os.kill(doomed.proc.pid, signal.SIGKILL)
+        for t in threads:
+            t.join()
+        orphaned = held_by(r, doomed)
+        assert orphaned > 0
+        lock.rollback()
+        lock.close()
+
+        expected = set(completed)
+        assert len(expected) > WORKERS * ROUNDS // 3
+        wait_until(
+            lambda: expected <= {rec.request_id for rec in records(sql, name)},
+            60,
+            "a record for every completed request",
+        )
+        assert held_by(r, doomed) == 0  # the survivor claimed what the dead one held
+    finally:
+        doomed.stop()
+        survivor.stop()
+    table = UsageRecord.__table__  # type: ignore[attr-defined]
+    with sql.connect() as conn:
+        counts = dict(
+            conn.execute(
+                select(table.c.request_id, func.count())
+                .where(table.c.team == name)
+                .group_by(table.c.request_id)
+            ).all()
+        )
+    assert all(counts.get(rid) == 1 for rid in expected)
+    day = records(sql, name)[0].day
+    sums = record_sums(sql, name, day)
+    rollup = reports.daily(sql, day, day, name)
+    assert sum(row.requests for row in rollup) == sums["requests"] == len(counts)
+    assert sum(row.prompt_tokens for row in rollup) == sums["prompt_tokens"]
+    assert sum(row.cost_usd for row in rollup) == pytest.approx(sums["cost_usd"])
