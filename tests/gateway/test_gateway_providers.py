@@ -1,0 +1,149 @@
+"""Commercial models through the gateway, against local servers that speak OpenAI's and Anthropic's
+wire protocols: the served model is named, a failure before the first byte falls back to the next
+model, the breaker opens, half-opens and closes across requests, and a stream cut mid-way ends with
+an error event instead of a second answer."""
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.backends.conftest import HERE as BACKENDS
+from tests.backends.conftest import control, start_server, stats
+from tests.gateway.conftest import wait_until
+
+# start_gateway(name=…) sets TOKENYARD_<NAME>: the keys reach the gateway's environment that way
+OPENAI_KEY, ANTHROPIC_KEY = "TOKENYARD_TEST_OPENAI_KEY", "TOKENYARD_TEST_ANTHROPIC_KEY"
+
+
+@pytest.fixture(scope="module")
+def providers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    logs = tmp_path_factory.mktemp("providers")
+    oa, oa_url = start_server(BACKENDS / "fake_openai.py", logs / "openai.log")
+    an, an_url = start_server(BACKENDS / "fake_anthropic.py", logs / "anthropic.log")
+    yield {"openai": oa_url, "anthropic": an_url}
+    oa.stop()
+    an.stop()
+
+
+@pytest.fixture
+def gw(start_gateway: Any, providers: dict[str, str], tmp_path: Path) -> Any:
+    for url in providers.values():
+        control(url, reset=True)
+    catalog = tmp_path / "catalog.toml"
+    catalog.write_text(
+        f"""
+[[models]]
+id = "gpt-fake"
+provider = "openai"
+upstream_model = "gpt-4o-mini"
+base_urls = ["{providers["openai"]}/v1"]
+api_key_env = "{OPENAI_KEY}"
+price = {{ input = 0.15, cached_input = 0.075, output = 0.6 }}
+fallbacks = ["claude-fake"]
+
+[[models]]
+id = "claude-fake"
+provider = "anthropic"
+upstream_model = "claude-3-5-haiku-latest"
+base_urls = ["{providers["anthropic"]}"]
+api_key_env = "{ANTHROPIC_KEY}"
+price = {{ input = 0.8, cached_input = 0.08, output = 4.0 }}
+"""
+    )
+    return start_gateway(
+        catalog=str(catalog),
+        test_openai_key="sk-test-openai",
+        test_anthropic_key="sk-ant-test",
+        backend_retry_attempts="2",
+        backend_retry_backoff_s="0.01",
+        backend_breaker_failures="2",
+        backend_breaker_open_s="1",
+    )
+
+
+CHAT = [{"role": "user", "content": "Say something #chunks=3"}]
+
+
+def test_openai_and_anthropic_models_serve_through_the_gateway(gw: Any, team: Any) -> None:
+    _, key = team()
+    client = gw.client(key)
+    reply = client.chat.completions.with_raw_response.create(model="gpt-fake", messages=CHAT)
+    assert reply.headers["x-tokenyard-model"] == "gpt-fake"
+    completion = reply.parse()
+    assert completion.model == "gpt-fake" and completion.choices[0].message.content
+    chunks = list(
+        client.chat.completions.create(
+            model="claude-fake",
+            messages=[{"role": "system", "content": "be brief"}, *CHAT],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text and all(c.model == "claude-fake" for c in chunks)
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+    finish = [
+        c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason
+    ]
+    assert finish == ["stop"]
+    models = {m.id: m for m in client.models.list().data}
+    assert models["gpt-fake"].owned_by == "openai" and models["gpt-fake"].model_extra["ready"]
+    assert models["claude-fake"].model_extra["circuit"] == "closed"
+
+
+def test_failure_before_first_byte_falls_back_and_the_breaker_cycles(
+    gw: Any, team: Any, providers: dict[str, str]
+) -> None:
+    _, key = team()
+    client = gw.client(key)
+    control(providers["openai"], fail_next=100, status=500)
+    for _ in range(2):  # each: 2 attempts at gpt-fake, then claude-fake serves
+        reply = client.chat.completions.with_raw_response.create(model="gpt-fake", messages=CHAT)
+        assert reply.headers["x-tokenyard-model"] == "claude-fake"
+        assert reply.parse().choices[0].message.content
+    assert stats(providers["openai"])["requests"] == 4
+    # two failed requests opened gpt-fake's breaker: it is skipped without being called
+    reply = client.chat.completions.with_raw_response.create(model="gpt-fake", messages=CHAT)
+    assert reply.headers["x-tokenyard-model"] == "claude-fake"
+    assert stats(providers["openai"])["requests"] == 4
+    metrics = httpx.get(gw.url + "/metrics").text
+    assert 'tokenyard_router_fallbacks_total{from_model="gpt-fake",to_model="claude-fake"} 2.0' in (
+        metrics
+    )
+    assert 'tokenyard_router_overflows_total{model="gpt-fake",reason="down"}' in metrics
+    # the provider recovers; after the open time one probe goes through and closes the breaker
+    control(providers["openai"], reset=True)
+
+    def served_by_openai() -> bool:
+        r = client.chat.completions.with_raw_response.create(model="gpt-fake", messages=CHAT)
+        return r.headers["x-tokenyard-model"] == "gpt-fake"
+
+    wait_until(served_by_openai, 5, "the half-open probe")
+    cards = {m.id: m.model_extra for m in client.models.list().data}
+    assert cards["gpt-fake"]["circuit"] == "closed"
+
+
+def test_stream_cut_mid_way_ends_with_an_error_event_and_no_second_answer(
+    gw: Any, team: Any, providers: dict[str, str]
+) -> None:
+    _, key = team()
+    body = {
+        "model": "gpt-fake",
+        "messages": [{"role": "user", "content": "long answer #chunks=8 #cut=4"}],
+        "stream": True,
+    }
+    headers = {"authorization": f"Bearer {key}"}
+    with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body, headers=headers) as r:
+        assert r.status_code == 200
+        events = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] != "[DONE]"
+    error = json.loads(events[-1])["error"]
+    assert error["code"] == "upstream_error"
+    content = [json.loads(e) for e in events[:-1]]
+    assert content and all(c["model"] == "gpt-fake" for c in content)
+    assert stats(providers["openai"])["requests"] == 1  # never retried after the first byte
+    assert stats(providers["anthropic"])["requests"] == 0  # and never answered twice
