@@ -49,7 +49,6 @@ class Settings(BaseSettings):
     gateway_max_upstream_waiting: int = 0
     # a self-hosted model with this share of its KV cache in use overflows to its fallbacks; 0: off
     router_max_kv_usage: float = 0.0
-    gateway_upstream_timeout_s: float = 600.0
     # on SIGTERM: stop accepting, let in-flight requests and streams finish for up to this many
     # seconds, then cancel them (they settle); 0: wait without a deadline
     gateway_drain_s: float = 30.0
