@@ -29,7 +29,8 @@ class UsageEvent(msgspec.Struct):
     cost_usd: float = 0.0
     list_cost_usd: float = 0.0
     e2e: float = 0.0
-    timings: dict[str, Any] | None = None
+    timings: dict[str, Any] | None = None  # the engine's: queue, ttft, compute (self-hosted)
+    ttft: float | None = None  # the gateway's own first-byte time, where it measured one
     finish_reason: str | None = None
     error: str | None = None
 
@@ -77,7 +78,7 @@ def to_row(event: UsageEvent) -> dict[str, Any]:
         "usage_reported": event.usage_reported,
         "cost_usd": event.cost_usd,
         "list_cost_usd": event.list_cost_usd,
-        "ttft_s": _seconds(timings, "ttft"),
+        "ttft_s": event.ttft if event.ttft is not None else _seconds(timings, "ttft"),
         "latency_s": event.e2e,
         "queue_s": _seconds(timings, "queue"),
         "compute_s": _seconds(timings, "compute"),

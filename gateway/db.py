@@ -53,8 +53,11 @@ class ApiKey(SQLModel, table=True):
 
 
 def database_url(settings: Settings) -> str:
-    if settings.database_url:
-        return settings.database_url
+    url = settings.database_url
+    if url:
+        # the driver installed is psycopg 3: a plain postgres URL would ask for psycopg2
+        scheme, _, rest = url.partition("://")
+        return f"postgresql+psycopg://{rest}" if scheme in ("postgres", "postgresql") else url
     os.makedirs(settings.data_dir, exist_ok=True)
     return f"sqlite:///{os.path.abspath(settings.data_dir)}/tokenyard.db"
 

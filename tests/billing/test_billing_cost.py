@@ -70,6 +70,8 @@ def test_event_to_row() -> None:
     assert row["finished_at"] == datetime(2026, 3, 5, 0, 0, 1, tzinfo=UTC)
     assert (row["queue_s"], row["ttft_s"], row["compute_s"]) == (0.01, 0.05, 0.2)
     assert row["finish_reason"] is None
+    measured = to_row(decoder.decode(msgspec.json.encode(event(ttft=0.3, finish_reason="stop"))))
+    assert (measured["ttft_s"], measured["finish_reason"]) == (0.3, "stop")  # the gateway's own
     failed = to_row(decoder.decode(msgspec.json.encode(event(status=502, timings=None))))
     assert failed["finish_reason"] == "error" and failed["compute_s"] is None
     gone = to_row(decoder.decode(msgspec.json.encode(event(status=499))))
