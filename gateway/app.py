@@ -14,6 +14,8 @@ from redis.exceptions import RedisError
 from backends.base import Upstream
 from backends.factory import build_upstream
 from backends.registry import Backends
+from batch.api import BatchesController, FilesController
+from batch.worker import BatchWorker
 from billing.api import UsageController
 from billing.consumer import UsageConsumer
 from gateway import metrics
@@ -146,9 +148,12 @@ def create_app(settings: Settings | None = None) -> Litestar:
         proxy.keeper.start()
         app.state.usage_consumer = UsageConsumer(redis, sql, settings)
         app.state.usage_consumer.start()
+        app.state.batch_worker = BatchWorker(proxy, sql, settings)
+        app.state.batch_worker.start()
 
     async def shutdown(app: Litestar) -> None:
         proxy: Proxy = app.state.proxy
+        await app.state.batch_worker.stop()  # first: its requests' settles are then drained
         await proxy.drain()
         await app.state.usage_consumer.stop()
         await proxy.keeper.stop()
@@ -156,7 +161,13 @@ def create_app(settings: Settings | None = None) -> Litestar:
         await proxy.quotas.redis.aclose()
 
     return Litestar(
-        route_handlers=[CompletionsController, UsageController, OpsController],
+        route_handlers=[
+            CompletionsController,
+            UsageController,
+            OpsController,
+            FilesController,
+            BatchesController,
+        ],
         on_startup=[startup],
         on_shutdown=[shutdown],
         exception_handlers={

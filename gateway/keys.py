@@ -29,6 +29,7 @@ class TeamPolicy(msgspec.Struct, frozen=True):
     rpm: int = 0  # 0: unlimited (the Lua script's convention)
     tpm: int = 0
     tokens_per_day: int = 0
+    batch_tokens_per_day: int = 0  # the batch tier's own daily budget, instead of tokens_per_day
     usd_per_day: float = 0.0
     concurrency: int = 0
     kv_pages: int = 0
@@ -61,6 +62,7 @@ def policy_of(team: Team) -> TeamPolicy:
         rpm=team.rpm or 0,
         tpm=team.tpm or 0,
         tokens_per_day=team.tokens_per_day or 0,
+        batch_tokens_per_day=team.batch_tokens_per_day or 0,
         usd_per_day=team.usd_per_day or 0.0,
         concurrency=team.concurrency or 0,
         kv_pages=team.kv_pages or 0,

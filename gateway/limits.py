@@ -7,6 +7,7 @@ LIMIT_FIELDS: dict[str, type] = {
     "rpm": int,
     "tpm": int,
     "tokens_per_day": int,
+    "batch_tokens_per_day": int,
     "usd_per_day": float,
     "concurrency": int,
     "kv_pages": int,

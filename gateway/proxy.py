@@ -26,6 +26,7 @@ from backends.base import (
     UpstreamStream,
 )
 from backends.registry import Backends
+from billing.events import key_prefix
 from gateway import metrics
 from gateway.auth import Authenticator
 from gateway.errors import GatewayError
@@ -145,9 +146,50 @@ class Proxy:
 
     async def _handle(self, request: Request, kind: Literal["chat", "completion"]) -> Response:
         started = time.perf_counter()
-        policy = await self.auth.authenticate(request.headers.get("authorization"))
+        authorization = request.headers.get("authorization")
+        policy = await self.auth.authenticate(authorization)
         parsed = parse(await request.body(), kind)
         tier = _tier(request, parsed, policy)
+        request_id = (
+            request.headers.get("x-request-id")
+            or parsed.request_id
+            or "req-" + os.urandom(12).hex()
+        )
+        return await self._serve(
+            request, kind, policy, parsed, tier, request_id, key_prefix(authorization), started
+        )
+
+    async def run_batch_request(
+        self,
+        policy: TeamPolicy,
+        kind: Literal["chat", "completion"],
+        body: bytes,
+        request_id: str,
+        key: str,
+    ) -> tuple[int, bytes]:
+        """The batch worker's call: an already-authenticated, non-streamed request of the batch
+        tier, through the same routing, quotas and settling as an HTTP one. Refusals raise
+        GatewayError as they do for HTTP callers."""
+        started = time.perf_counter()
+        parsed = parse(body, kind)
+        if parsed.stream:
+            raise GatewayError(400, "batch requests cannot stream", param="stream")
+        response = await self._serve(None, kind, policy, parsed, "batch", request_id, key, started)
+        return response.status_code, response.content
+
+    async def _serve(
+        self,
+        request: Request | None,
+        kind: Literal["chat", "completion"],
+        policy: TeamPolicy,
+        parsed: Parsed,
+        tier: str,
+        request_id: str,
+        key: str,
+        started: float,
+    ) -> Response:
+        """Route, reserve, forward. `request` is None for internal (batch) calls: nobody to
+        stream to or to hang up."""
         try:
             route = self.router.route(parsed.model, parsed.body, policy, tier)
         except NoRoute as exc:
@@ -159,11 +201,6 @@ class Proxy:
         body["max_tokens"] = max_tokens
         if parsed.stream:  # the gateway settles from the usage chunk, so always ask for it
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
-        request_id = (
-            request.headers.get("x-request-id")
-            or parsed.request_id
-            or "req-" + os.urandom(12).hex()
-        )
         tokens = prompt + parsed.n * max_tokens
         pages = kv_pages(prompt, max_tokens, parsed.n, upstream.info.block_size)
         lease_id = os.urandom(9).hex()  # never the client's id: clients may reuse theirs
@@ -194,6 +231,7 @@ class Proxy:
             "prompt_estimate": parsed.prompt_tokens,  # from the bytes alone
             "prompt_reserved": prompt,  # with the learned overhead: the fallback usage
             "ts": time.time(),
+            "key_prefix": key,
         }
         try:
             return await self._forward(
@@ -208,10 +246,12 @@ class Proxy:
             raise
 
     async def _complete_unless_gone(
-        self, request: Request, upstream: Upstream, call: UpstreamCall
+        self, request: Request | None, upstream: Upstream, call: UpstreamCall
     ) -> UpstreamReply:
         """The upstream's whole reply, unless the client hangs up first: then the upstream call is
         dropped at once, so the engine frees the sequence instead of finishing it for nobody."""
+        if request is None:  # an internal call: nobody to hang up
+            return await upstream.complete(call)
         task = asyncio.current_task()
         assert task is not None
 
@@ -277,7 +317,7 @@ class Proxy:
 
     async def _forward(
         self,
-        request: Request,
+        request: Request | None,
         route: Route,
         upstream: Upstream,
         call: "_Call",
@@ -305,7 +345,7 @@ class Proxy:
 
     async def _send(
         self,
-        request: Request,
+        request: Request | None,
         upstream: Upstream,
         call: UpstreamCall,
         parsed: Parsed,

@@ -36,9 +36,9 @@ end
 local op = ARGV[1]
 
 if op == 'reserve' then
-  -- KEYS: rpm bucket, tpm bucket, day tokens, day usd (micro-dollars), team leases, team pages,
-  --       platform leases, platform batch leases
-  -- ARGV: op, lease id, rpm, tpm, tokens/day, usd/day (micro), concurrency, kv pages,
+  -- KEYS: rpm bucket, tpm bucket, day tokens (the batch tier's own counter for batch), day usd
+  --       (micro-dollars), team leases, team pages, platform leases, platform batch leases
+  -- ARGV: op, lease id, rpm, tpm, tokens/day (of that counter), usd/day (micro), concurrency, kv pages,
   --       platform concurrency, platform batch concurrency, tokens, pages, lease ms, batch (0/1)
   local id = ARGV[2]
   local rpm, tpm, tpd, upd = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])

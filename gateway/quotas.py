@@ -32,6 +32,7 @@ _MESSAGES = {
     "requests_per_minute": "requests per minute",
     "tokens_per_minute": "tokens per minute",
     "tokens_per_day": "tokens per day",
+    "batch_tokens_per_day": "batch tokens per day",
     "usd_per_day": "dollars per day",
     "concurrency": "concurrent requests",
     "kv_pages": "KV-cache pages in flight",
@@ -69,6 +70,9 @@ class TeamKeys:
     def day_tokens(self, day: int) -> str:
         return f"{self.base}:tokens:{day}"
 
+    def day_batch_tokens(self, day: int) -> str:
+        return f"{self.base}:batch-tokens:{day}"
+
     def day_usd(self, day: int) -> str:
         return f"{self.base}:usd:{day}"
 
@@ -90,6 +94,12 @@ class Reservation:
     pages: int
     batch: bool
     enforced: bool = True  # False: admitted without Redis (fail-open), nothing to settle
+
+    @property
+    def day_key(self) -> str:
+        """The daily token counter: the batch tier has its own budget, apart from interactive."""
+        keys = self.keys
+        return keys.day_batch_tokens(self.day) if self.batch else keys.day_tokens(self.day)
 
 
 @dataclass
@@ -135,7 +145,7 @@ class Quotas:
                 keys=[
                     keys.rpm,
                     keys.tpm,
-                    keys.day_tokens(day),
+                    res.day_key,
                     keys.day_usd(day),
                     keys.leases,
                     keys.pages,
@@ -147,7 +157,7 @@ class Quotas:
                     lease_id,
                     policy.rpm,
                     policy.tpm,
-                    policy.tokens_per_day,
+                    policy.batch_tokens_per_day if batch else policy.tokens_per_day,
                     int(policy.usd_per_day * 1_000_000),
                     policy.concurrency,
                     policy.kv_pages,
@@ -173,6 +183,8 @@ class Quotas:
         if result[0] == 1:
             return res
         code = result[1].decode() if isinstance(result[1], bytes) else result[1]
+        if code == "tokens_per_day" and batch:
+            code = "batch_tokens_per_day"
         retry_after = int(result[2])
         what = _MESSAGES[code]
         if code in _PLATFORM_CODES:
@@ -197,7 +209,7 @@ class Quotas:
             await self._script(
                 keys=[
                     keys.tpm,
-                    keys.day_tokens(res.day),
+                    res.day_key,
                     keys.leases,
                     keys.pages,
                     PLATFORM_LEASES,

@@ -86,6 +86,18 @@ class Settings(BaseSettings):
     billing_claim_idle_s: float = 30.0
     # SQL down: retry the same batch after this, doubling up to 30 s (nothing is acknowledged)
     billing_retry_s: float = 0.5
+    # batch tier: the worker in each gateway (see docs/batch.md)
+    batch_window_s: float = 0.0  # a job's completion window; 0: the one it asks for (24h)
+    batch_poll_s: float = 0.5  # how often the worker claims work, expires and finalizes jobs
+    batch_max_concurrency: int = 64  # batch requests one gateway runs at once, at most
+    # a new batch request starts only while no self-hosted engine has requests queued or its KV
+    # cache this full: batch fills spare capacity and never queues ahead of interactive traffic
+    batch_max_kv_usage: float = 0.9
+    # a claimed request's lease in SQL, renewed while it runs: a dead gateway's requests are
+    # claimed again this long after it died
+    batch_lease_s: float = 60.0
+    batch_callback_attempts: int = 6  # POSTs of an inline batch's callback before giving up
+    batch_callback_backoff_s: float = 1.0  # first wait between them, doubling up to a minute
 
 
 @lru_cache

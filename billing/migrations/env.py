@@ -8,11 +8,13 @@ from alembic import context
 from sqlalchemy import Connection
 from sqlmodel import SQLModel
 
+import batch.models
 import billing.models
 import gateway.db
 from tokenyard.settings import get_settings
 
-assert billing.models and gateway.db  # imported for their tables in SQLModel.metadata
+# imported for their tables in SQLModel.metadata
+assert batch.models and billing.models and gateway.db
 
 
 def _migrate(connection: Connection) -> None:

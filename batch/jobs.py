@@ -1,0 +1,457 @@
+"""The batch tier's SQL operations (synchronous: the API and the worker run them in a thread).
+
+Claims are conditional UPDATEs checked by row count, so any number of gateway processes sharing the
+database never run one request twice; finalizing is claimed the same way, in the transaction that
+writes the output files, so a job is finalized exactly once.
+"""
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from sqlalchemy import Engine, func, update
+from sqlmodel import Session, col, select
+
+from batch.files import Line, output_line
+from batch.models import BatchFile, BatchJob, BatchRequest
+
+ACTIVE = ("validating", "in_progress", "cancelling")  # not yet final
+CANCELLED = ("batch_cancelled", "The batch was cancelled before this request ran.")
+EXPIRED = (
+    "batch_expired",
+    "This request could not be executed before the completion window expired.",
+)
+
+
+def new_id(prefix: str) -> str:
+    return prefix + os.urandom(12).hex()
+
+
+def create_file(
+    engine: Engine, team: str, filename: str, purpose: str, content: bytes
+) -> BatchFile:
+    with Session(engine, expire_on_commit=False) as session:
+        row = BatchFile(
+            id=new_id("file-"),
+            team=team,
+            filename=filename,
+            purpose=purpose,
+            bytes=len(content),
+            created_at=int(time.time()),
+            content=content,
+        )
+        session.add(row)
+        session.commit()
+        return row
+
+
+def get_file(engine: Engine, team: str, file_id: str) -> BatchFile | None:
+    """A team's file; another team's is as absent as one that never existed."""
+    with Session(engine) as session:
+        row = session.get(BatchFile, file_id)
+        return row if row is not None and row.team == team else None
+
+
+def create_job(
+    engine: Engine,
+    *,
+    team: str,
+    key_prefix: str,
+    endpoint: str,
+    lines: list[Line],
+    window_s: float,
+    completion_window: str = "24h",
+    input_file_id: str | None = None,
+    metadata: dict[str, str] | None = None,
+    callback_url: str | None = None,
+    priority: int = 0,
+) -> BatchJob:
+    """The job and its requests in one transaction: in progress at once (lines were checked)."""
+    now = int(time.time())
+    job = BatchJob(
+        id=new_id("batch_"),
+        team=team,
+        key_prefix=key_prefix,
+        endpoint=endpoint,
+        input_file_id=input_file_id,
+        completion_window=completion_window,
+        status="in_progress",
+        priority=priority,
+        metadata_json=msgspec.json.encode(metadata).decode(),
+        total=len(lines),
+        created_at=now,
+        in_progress_at=now,
+        expires_at=now + round(window_s),
+        callback_url=callback_url,
+    )
+    with Session(engine, expire_on_commit=False) as session:
+        session.add(job)
+        session.flush()  # the job's row first: requests reference it
+        for i, line in enumerate(lines):
+            code, message = line.error or (None, None)
+            session.add(
+                BatchRequest(
+                    id=new_id("batch_req_"),
+                    batch_id=job.id,
+                    line=i,
+                    custom_id=line.custom_id,
+                    body=line.body,
+                    state="done" if line.error else "pending",
+                    error_code=code,
+                    error_message=message,
+                )
+            )
+        session.commit()
+        return job
+
+
+def get_job(engine: Engine, team: str, batch_id: str) -> BatchJob | None:
+    with Session(engine) as session:
+        job = session.get(BatchJob, batch_id)
+        return job if job is not None and job.team == team else None
+
+
+def list_jobs(engine: Engine, team: str, after: str | None, limit: int) -> list[BatchJob]:
+    """A team's jobs, newest first, after the cursor job (OpenAI's `after` pagination)."""
+    with Session(engine) as session:
+        query = select(BatchJob).where(BatchJob.team == team)
+        if after:
+            cursor = session.get(BatchJob, after)
+            if cursor is not None:
+                query = query.where(
+                    (col(BatchJob.created_at) < cursor.created_at)
+                    | ((BatchJob.created_at == cursor.created_at) & (col(BatchJob.id) < after))
+                )
+        query = query.order_by(col(BatchJob.created_at).desc(), col(BatchJob.id).desc())
+        return list(session.exec(query.limit(limit)))
+
+
+def cancel_job(engine: Engine, team: str, batch_id: str) -> BatchJob | None:
+    with Session(engine, expire_on_commit=False) as session:
+        session.exec(
+            update(BatchJob)  # type: ignore[call-overload]
+            .where(
+                col(BatchJob.id) == batch_id,
+                col(BatchJob.team) == team,
+                col(BatchJob.status).in_(("validating", "in_progress")),
+            )
+            .values(status="cancelling", cancelling_at=int(time.time()))
+        )
+        session.commit()
+        job = session.get(BatchJob, batch_id)
+        return job if job is not None and job.team == team else None
+
+
+def progress(engine: Engine, batch_id: str) -> tuple[int, int]:
+    """(completed, failed) so far: requests answered with a 2xx, and the other finished ones."""
+    with Session(engine) as session:
+        ok = col(BatchRequest.status_code).between(200, 299)
+        rows = session.exec(
+            select(ok, func.count())
+            .where(BatchRequest.batch_id == batch_id, BatchRequest.state == "done")
+            .group_by(ok)
+        ).all()
+    counts = {bool(k): n for k, n in rows}
+    return counts.get(True, 0), counts.get(False, 0)
+
+
+@dataclass
+class Claimed:
+    """A request this process now holds the lease of, with what running it needs."""
+
+    id: str
+    batch_id: str
+    team: str
+    key_prefix: str
+    endpoint: str
+    body: bytes
+    attempts: int
+
+
+def claim(engine: Engine, owner: str, lease_s: float, limit: int) -> list[Claimed]:
+    """Lease up to `limit` runnable requests: pending ones, and running ones whose holder's lease
+    ran out (a dead gateway's). Higher-priority, then older jobs first, in line order."""
+    now = time.time()
+    claimed: list[Claimed] = []
+    with Session(engine) as session:
+        runnable = (
+            (col(BatchRequest.state) == "pending") & (col(BatchRequest.not_before) <= now)
+        ) | ((col(BatchRequest.state) == "running") & (col(BatchRequest.lease_until) < now))
+        candidates = session.exec(
+            select(BatchRequest, BatchJob)
+            .join(BatchJob, col(BatchJob.id) == BatchRequest.batch_id)
+            .where(BatchJob.status == "in_progress", BatchJob.expires_at > now, runnable)
+            .order_by(
+                col(BatchJob.priority).desc(), col(BatchJob.created_at), col(BatchRequest.line)
+            )
+            .limit(limit)
+        ).all()
+        for row, job in candidates:
+            took = session.exec(
+                update(BatchRequest)  # type: ignore[call-overload]
+                .where(
+                    col(BatchRequest.id) == row.id,
+                    col(BatchRequest.state) == row.state,
+                    col(BatchRequest.lease_until) == row.lease_until,
+                )
+                .values(
+                    state="running",
+                    lease_owner=owner,
+                    lease_until=now + lease_s,
+                    attempts=row.attempts + 1,
+                )
+            )
+            session.commit()
+            if took.rowcount == 1:
+                claimed.append(
+                    Claimed(
+                        row.id,
+                        job.id,
+                        job.team,
+                        job.key_prefix,
+                        job.endpoint,
+                        row.body,
+                        row.attempts + 1,
+                    )
+                )
+    return claimed
+
+
+def renew(engine: Engine, owner: str, ids: list[str], lease_s: float) -> None:
+    if not ids:
+        return
+    with Session(engine) as session:
+        session.exec(
+            update(BatchRequest)  # type: ignore[call-overload]
+            .where(
+                col(BatchRequest.id).in_(ids),
+                col(BatchRequest.lease_owner) == owner,
+                col(BatchRequest.state) == "running",
+            )
+            .values(lease_until=time.time() + lease_s)
+        )
+        session.commit()
+
+
+def finish(
+    engine: Engine,
+    owner: str,
+    request_id: str,
+    *,
+    status_code: int | None = None,
+    upstream_request_id: str | None = None,
+    response: bytes | None = None,
+    error: tuple[str, str] | None = None,
+) -> None:
+    """Record a request's outcome, if this process still holds it."""
+    code, message = error or (None, None)
+    with Session(engine) as session:
+        session.exec(
+            update(BatchRequest)  # type: ignore[call-overload]
+            .where(
+                col(BatchRequest.id) == request_id,
+                col(BatchRequest.lease_owner) == owner,
+                col(BatchRequest.state) == "running",
+            )
+            .values(
+                state="done",
+                status_code=status_code,
+                request_id=upstream_request_id,
+                response=response,
+                error_code=code,
+                error_message=message,
+            )
+        )
+        session.commit()
+
+
+def release(engine: Engine, owner: str, request_id: str, not_before: float) -> None:
+    """Give a request back (refused by a quota, or this process stopping): retried later."""
+    with Session(engine) as session:
+        session.exec(
+            update(BatchRequest)  # type: ignore[call-overload]
+            .where(
+                col(BatchRequest.id) == request_id,
+                col(BatchRequest.lease_owner) == owner,
+                col(BatchRequest.state) == "running",
+            )
+            .values(state="pending", lease_owner=None, lease_until=0.0, not_before=not_before)
+        )
+        session.commit()
+
+
+def stopping_jobs(engine: Engine) -> dict[str, tuple[str, str]]:
+    """Jobs being cancelled or past their window, with the error their unfinished requests get."""
+    now = time.time()
+    with Session(engine) as session:
+        rows = session.exec(
+            select(BatchJob.id, BatchJob.status).where(
+                (col(BatchJob.status) == "cancelling")
+                | ((col(BatchJob.status) == "in_progress") & (col(BatchJob.expires_at) <= now))
+            )
+        ).all()
+    return {job_id: CANCELLED if status == "cancelling" else EXPIRED for job_id, status in rows}
+
+
+def abandon(engine: Engine, batch_id: str, error: tuple[str, str]) -> None:
+    """A stopping job's requests that are not running (or whose holder died) end with `error`."""
+    now = time.time()
+    with Session(engine) as session:
+        session.exec(
+            update(BatchRequest)  # type: ignore[call-overload]
+            .where(
+                col(BatchRequest.batch_id) == batch_id,
+                (col(BatchRequest.state) == "pending")
+                | ((col(BatchRequest.state) == "running") & (col(BatchRequest.lease_until) < now)),
+            )
+            .values(state="done", error_code=error[0], error_message=error[1])
+        )
+        session.commit()
+
+
+def finishable_jobs(engine: Engine) -> list[str]:
+    """Active jobs with no request left pending or running."""
+    with Session(engine) as session:
+        unfinished = (
+            select(BatchRequest.id)
+            .where(BatchRequest.batch_id == BatchJob.id, BatchRequest.state != "done")
+            .exists()
+        )
+        return list(
+            session.exec(select(BatchJob.id).where(col(BatchJob.status).in_(ACTIVE), ~unfinished))
+        )
+
+
+def finalize(engine: Engine, batch_id: str) -> BatchJob | None:
+    """Write the output and error files and end the job: completed, or cancelled / expired for a
+    job stopped early. None when another process finalized it, or it still has work."""
+    now = int(time.time())
+    with Session(engine, expire_on_commit=False) as session:
+        job = session.get(BatchJob, batch_id)
+        if job is None or job.status not in ACTIVE:
+            return None
+        was = job.status
+        took = session.exec(
+            update(BatchJob)  # type: ignore[call-overload]
+            .where(col(BatchJob.id) == batch_id, col(BatchJob.status) == was)
+            .values(status="finalizing", finalizing_at=now)
+        )
+        if took.rowcount != 1:
+            return None
+        rows = session.exec(
+            select(BatchRequest)
+            .where(BatchRequest.batch_id == batch_id)
+            .order_by(col(BatchRequest.line))
+        ).all()
+        if any(r.state != "done" for r in rows):
+            session.rollback()
+            return None
+        out: list[bytes] = []
+        err: list[bytes] = []
+        for r in rows:
+            error = (r.error_code, r.error_message or "") if r.error_code else None
+            line = output_line(r.id, r.custom_id, r.status_code, r.request_id, r.response, error)
+            ok = r.status_code is not None and 200 <= r.status_code < 300
+            (out if ok else err).append(line + b"\n")
+        for lines, attr in ((out, "output_file_id"), (err, "error_file_id")):
+            if lines:
+                content = b"".join(lines)
+                produced = BatchFile(
+                    id=new_id("file-"),
+                    team=job.team,
+                    filename=f"{batch_id}_{attr.removesuffix('_file_id')}.jsonl",
+                    purpose="batch_output",
+                    bytes=len(content),
+                    created_at=now,
+                    content=content,
+                )
+                session.add(produced)
+                setattr(job, attr, produced.id)
+        job.completed, job.failed = len(out), len(err)
+        if was == "cancelling":
+            job.status, job.cancelled_at = "cancelled", now
+        elif job.expires_at <= now:
+            job.status, job.expired_at = "expired", now
+        else:
+            job.status, job.completed_at = "completed", now
+        job.finalizing_at = now
+        if job.callback_url:
+            job.callback_state = "pending"
+        session.add(job)
+        session.commit()
+        return job
+
+
+def claim_callback(engine: Engine, lease_s: float) -> BatchJob | None:
+    """A finished job whose callback is due and not being delivered by another process."""
+    now = time.time()
+    with Session(engine, expire_on_commit=False) as session:
+        job = session.exec(
+            select(BatchJob).where(
+                BatchJob.callback_state == "pending", BatchJob.callback_lease_until < now
+            )
+        ).first()
+        if job is None:
+            return None
+        took = session.exec(
+            update(BatchJob)  # type: ignore[call-overload]
+            .where(
+                col(BatchJob.id) == job.id,
+                col(BatchJob.callback_lease_until) == job.callback_lease_until,
+            )
+            .values(callback_lease_until=now + lease_s)
+        )
+        session.commit()
+        return job if took.rowcount == 1 else None
+
+
+def callback_done(engine: Engine, batch_id: str, delivered: bool) -> None:
+    with Session(engine) as session:
+        session.exec(
+            update(BatchJob)  # type: ignore[call-overload]
+            .where(col(BatchJob.id) == batch_id)
+            .values(callback_state="delivered" if delivered else "failed")
+        )
+        session.commit()
+
+
+def batch_object(job: BatchJob, counts: tuple[int, int] | None = None) -> dict[str, Any]:
+    """OpenAI's batch object. `counts`: (completed, failed) so far, for a job still running."""
+    completed, failed = counts if counts is not None else (job.completed, job.failed)
+    return {
+        "id": job.id,
+        "object": "batch",
+        "endpoint": job.endpoint,
+        "errors": None,
+        "input_file_id": job.input_file_id,
+        "completion_window": job.completion_window,
+        "status": job.status,
+        "output_file_id": job.output_file_id,
+        "error_file_id": job.error_file_id,
+        "created_at": job.created_at,
+        "in_progress_at": job.in_progress_at,
+        "expires_at": job.expires_at,
+        "finalizing_at": job.finalizing_at,
+        "completed_at": job.completed_at,
+        "failed_at": job.failed_at,
+        "expired_at": job.expired_at,
+        "cancelling_at": job.cancelling_at,
+        "cancelled_at": job.cancelled_at,
+        "request_counts": {"total": job.total, "completed": completed, "failed": failed},
+        "metadata": msgspec.json.decode(job.metadata_json),
+    }
+
+
+def file_object(row: BatchFile) -> dict[str, Any]:
+    return {
+        "id": row.id,
+        "object": "file",
+        "bytes": row.bytes,
+        "created_at": row.created_at,
+        "filename": row.filename,
+        "purpose": row.purpose,
+        "status": "processed",
+        "status_details": None,
+    }

@@ -1,0 +1,184 @@
+"""The batch worker, one per gateway process: claims pending requests from SQL and runs them through
+the gateway's own request path (routing, quotas of the batch tier, billing), as many at once as the
+engines have spare room; expires, cancels and finalizes jobs; delivers callbacks.
+
+Nothing lives only in memory: a request is leased in SQL while it runs, so when a gateway dies its
+unfinished requests are claimed again once their lease runs out, and finished ones are never re-run.
+"""
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+
+import anyio
+import httpx
+from sqlalchemy import Engine
+
+from backends.base import BackendUnavailable
+from batch import jobs
+from batch.callbacks import deliver
+from batch.files import ENDPOINTS
+from batch.models import BatchJob
+from gateway.errors import GatewayError
+from gateway.keys import TeamPolicy, get_team, policy_of
+from gateway.proxy import Proxy
+from tokenyard.settings import Settings
+
+log = logging.getLogger("tokenyard.batch")
+
+# new requests started per poll, at most: the engines' load is polled about once a second, so a
+# gentle ramp lets their queue depth show before batch overfills them
+_RAMP = 8
+_POLICY_TTL_S = 5.0  # limit changes reach running batch jobs this fast
+
+
+class BatchWorker:
+    def __init__(self, proxy: Proxy, sql: Engine, settings: Settings) -> None:
+        self.proxy = proxy
+        self.sql = sql
+        self.settings = settings
+        self.owner = os.urandom(8).hex()  # this process, as lease holder
+        self.running: dict[str, tuple[str, asyncio.Task[None]]] = {}  # request id → (batch, task)
+        self.stopping: dict[str, tuple[str, str]] = {}  # batch id → error its requests end with
+        self._policies: dict[str, tuple[float, TeamPolicy | None]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._loop: asyncio.Task[None] | None = None
+        self._client = httpx.AsyncClient(timeout=10)
+        self._renewed = 0.0
+        self.seconds_per_request = 1.0  # moving average, for estimated completion times
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        """Stop claiming, and give the requests still running back for another process to run."""
+        if self._loop:
+            self._loop.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop
+        for request_id, (_, task) in list(self.running.items()):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            await self._sql(jobs.release, self.sql, self.owner, request_id, 0.0)
+        await self._client.aclose()
+
+    async def _sql(self, fn, *args, **kwargs):  # type: ignore[no-untyped-def]
+        return await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs))
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self.tick()
+            except Exception:
+                log.exception("batch worker tick failed")
+            await asyncio.sleep(self.settings.batch_poll_s)
+
+    async def tick(self) -> None:
+        await self._stop_jobs()
+        for batch_id in await self._sql(jobs.finishable_jobs, self.sql):
+            job = await self._sql(jobs.finalize, self.sql, batch_id)
+            if job is not None:
+                log.info("batch %s %s", job.id, job.status)
+        room = self.room()
+        if room:
+            claimed = await self._sql(
+                jobs.claim, self.sql, self.owner, self.settings.batch_lease_s, room
+            )
+            for request in claimed:
+                task = asyncio.get_running_loop().create_task(self._execute(request))
+                self.running[request.id] = (request.batch_id, task)
+                task.add_done_callback(lambda _, rid=request.id: self.running.pop(rid, None))
+        if time.monotonic() - self._renewed > self.settings.batch_lease_s / 3:
+            self._renewed = time.monotonic()
+            ids = list(self.running)
+            await self._sql(jobs.renew, self.sql, self.owner, ids, self.settings.batch_lease_s)
+        await self._callbacks()
+
+    def room(self) -> int:
+        """How many more requests to start now: none while a self-hosted engine has a queue or a
+        nearly full KV cache (interactive requests would wait behind batch work)."""
+        for upstream in self.proxy.backends.upstreams.values():
+            info = upstream.info
+            if info.provider != "self-hosted" or not info.ready:
+                continue
+            if info.waiting > 0 or info.kv_usage >= self.settings.batch_max_kv_usage:
+                return 0
+        return max(0, min(_RAMP, self.settings.batch_max_concurrency - len(self.running)))
+
+    async def _stop_jobs(self) -> None:
+        """Cancelled and expired jobs: their requests running here are stopped, the others end
+        with the job's error, so the job can be finalized with what was done."""
+        self.stopping = await self._sql(jobs.stopping_jobs, self.sql)
+        for batch_id, error in self.stopping.items():
+            for batch, task in list(self.running.values()):
+                if batch == batch_id:
+                    task.cancel()
+            await self._sql(jobs.abandon, self.sql, batch_id, error)
+
+    async def _policy(self, team: str) -> TeamPolicy | None:
+        now = time.monotonic()
+        hit = self._policies.get(team)
+        if hit is None or hit[0] < now:
+            row = await self._sql(get_team, self.sql, team)
+            hit = self._policies[team] = (now + _POLICY_TTL_S, policy_of(row) if row else None)
+        return hit[1]
+
+    async def _execute(self, request: jobs.Claimed) -> None:
+        started = time.monotonic()
+        upstream_id = "req-" + os.urandom(12).hex()  # per attempt: billing keeps one per id
+        retry_in = 1  # a refusal for load or quota: run it again after this (seconds)
+        try:
+            policy = await self._policy(request.team)
+            if policy is None:
+                raise GatewayError(401, f"team {request.team!r} no longer exists", "invalid_team")
+            status, body = await self.proxy.run_batch_request(
+                policy, ENDPOINTS[request.endpoint], request.body, upstream_id, request.key_prefix
+            )
+        except GatewayError as exc:
+            status, body, retry_in = exc.status, exc.body(), exc.retry_after or retry_in
+        except BackendUnavailable as exc:
+            log.info("batch request %s: no backend (%s), retried later", request.id, exc)
+            status, body = 503, b""
+        except asyncio.CancelledError:
+            error = self.stopping.get(request.batch_id)
+            if error is not None:  # the job was cancelled or expired (else: shutting down)
+                await self._sql(jobs.finish, self.sql, self.owner, request.id, error=error)
+            raise
+        except Exception:
+            log.exception("batch request %s failed", request.id)
+            status, body = 500, GatewayError(500, "internal error", "internal_error").body()
+        if status in (429, 503):  # a quota or a saturated engine: not failed, run again later
+            await self._sql(jobs.release, self.sql, self.owner, request.id, time.time() + retry_in)
+            return
+        self.seconds_per_request += 0.1 * (time.monotonic() - started - self.seconds_per_request)
+        await self._sql(
+            jobs.finish,
+            self.sql,
+            self.owner,
+            request.id,
+            status_code=status,
+            upstream_request_id=upstream_id,
+            response=body,
+        )
+
+    async def _callbacks(self) -> None:
+        job = await self._sql(jobs.claim_callback, self.sql, self.settings.batch_lease_s)
+        if job is None or not job.callback_url:
+            return
+        task = asyncio.get_running_loop().create_task(self._callback(job))
+        self._tasks.add(task)  # referenced until done
+        task.add_done_callback(self._tasks.discard)
+
+    async def _callback(self, job: BatchJob) -> None:
+        assert job.callback_url
+        ok = await deliver(
+            self._client,
+            job.callback_url,
+            jobs.batch_object(job),
+            self.settings.batch_callback_attempts,
+            self.settings.batch_callback_backoff_s,
+        )
+        await self._sql(jobs.callback_done, self.sql, job.id, ok)

@@ -1,0 +1,152 @@
+"""The batch tier through the official openai SDK: round trip, malformed lines, team isolation."""
+
+from typing import Any
+
+import openai
+import pytest
+import redis as redis_sync
+
+from gateway.quotas import day_number
+from tests.batch.conftest import FAST, MODEL, jsonl, line, read_lines, submit, wait_final
+from tests.gateway.conftest import upstream_stats
+
+
+def test_sdk_round_trip(start_gateway: Any, team: Any, upstream: str, redis_server: Any) -> None:
+    gw = start_gateway(**FAST)
+    name, key = team()
+    client = gw.client(key)
+    items = [line(f"req-{i}", f"question {i} #chunks=3") for i in range(6)]
+    items.append(line("auto-1", "routed by the classifier #chunks=3", model="auto"))
+    batch = submit(client, items, metadata={"project": "nightly"})
+    assert batch.status == "in_progress" and batch.metadata == {"project": "nightly"}
+    assert batch.request_counts.total == 7
+
+    done = wait_final(client, batch.id)
+    assert done.status == "completed" and done.completed_at is not None
+    assert done.error_file_id is None, read_lines(client, done.error_file_id)
+    assert (done.request_counts.completed, done.request_counts.failed) == (7, 0)
+    output = read_lines(client, done.output_file_id)
+    assert sorted(o["custom_id"] for o in output) == sorted(i["custom_id"] for i in items)
+    for o in output:
+        assert o["id"].startswith("batch_req_") and o["error"] is None
+        assert o["response"]["status_code"] == 200
+        assert o["response"]["body"]["choices"][0]["message"]["content"] == "tok " * 3
+    out_file = client.files.retrieve(done.output_file_id)
+    assert out_file.purpose == "batch_output"
+    # the batch tier reached the engine as such, attributed to the team and counted in its usage
+    headers = upstream_stats(upstream)["last_headers"]
+    assert headers["x-priority"] == "batch" and headers["x-tenant"] == name
+    usage = redis_server.client().hgetall(f"ty:{{{name}}}:usage:{day_number()}")
+    assert int(usage[f"{MODEL}|requests".encode()]) == 7
+    assert [b.id for b in client.batches.list()] == [batch.id]
+
+
+def test_malformed_lines_go_to_the_error_file(start_gateway: Any, team: Any) -> None:
+    gw = start_gateway(**FAST)
+    _, key = team()
+    client = gw.client(key)
+    good = [line("a"), line("b")]
+    content = (
+        jsonl(good)
+        + b"{oops\n"
+        + jsonl(
+            [
+                {**line("c"), "url": "/v1/embeddings"},
+                {k: v for k, v in line("d").items() if k != "custom_id"},
+                line("a"),
+                line("e", "refused upstream #status=400"),
+            ]
+        )
+    )
+    uploaded = client.files.create(file=("in.jsonl", content), purpose="batch")
+    batch = client.batches.create(
+        input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
+    )
+    done = wait_final(client, batch.id)
+    assert done.status == "completed"
+    counts = done.request_counts
+    assert (counts.total, counts.completed, counts.failed) == (7, 2, 5)
+    assert sorted(o["custom_id"] for o in read_lines(client, done.output_file_id)) == ["a", "b"]
+    errors = read_lines(client, done.error_file_id)
+    codes = sorted((e["error"] or {}).get("code", "") for e in errors)
+    assert codes == [
+        "",
+        "duplicate_custom_id",
+        "invalid_json_line",
+        "invalid_url",
+        "missing_custom_id",
+    ]
+    # a request the model refused has its response in the error file, as OpenAI's do
+    [refused] = [e for e in errors if e["response"] is not None]
+    assert refused["custom_id"] == "e" and refused["response"]["status_code"] == 400
+
+
+def test_bad_requests_are_refused_up_front(start_gateway: Any, team: Any) -> None:
+    gw = start_gateway(**FAST)
+    _, key = team()
+    client = gw.client(key)
+    uploaded = client.files.create(file=("in.jsonl", jsonl([line("a")])), purpose="batch")
+    with pytest.raises(openai.BadRequestError) as err:
+        client.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h"
+        )
+    assert err.value.body["param"] == "endpoint"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.batches.create(
+            input_file_id=uploaded.id, endpoint="/v1/completions", completion_window="1h"
+        )
+    assert err.value.body["param"] == "completion_window"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.files.create(file=("in.jsonl", b"{}"), purpose="fine-tune")
+    assert err.value.body["param"] == "purpose"
+
+
+def test_a_team_sees_only_its_own(start_gateway: Any, team: Any) -> None:
+    gw = start_gateway(**FAST)
+    owner = gw.client(team()[1])
+    other = gw.client(team()[1])
+    batch = submit(owner, [line("a")])
+    file_id = batch.input_file_id
+    for call in (
+        lambda: other.files.retrieve(file_id),
+        lambda: other.files.content(file_id),
+        lambda: other.batches.retrieve(batch.id),
+        lambda: other.batches.cancel(batch.id),
+        lambda: other.batches.create(
+            input_file_id=file_id, endpoint="/v1/chat/completions", completion_window="24h"
+        ),
+    ):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    assert list(other.batches.list()) == []
+    assert wait_final(owner, batch.id).status == "completed"  # and the owner's job is untouched
+
+
+def test_daily_batch_budget(
+    start_gateway: Any, team: Any, redis_server: redis_sync.Redis, upstream: str
+) -> None:
+    """Batch spends its own daily budget: over it, batch requests are refused (and the job's wait
+    until its window ends), while the team's interactive traffic is unaffected."""
+    gw = start_gateway(batch_window_s="4", **FAST)
+    name, key = team(batch_tokens_per_day=60)
+    client = gw.client(key)
+    chat = [{"role": "user", "content": "hi #chunks=2"}]
+    with pytest.raises(openai.RateLimitError) as err:
+        client.chat.completions.create(
+            model=MODEL, messages=chat, max_tokens=100, extra_headers={"x-tier": "batch"}
+        )
+    assert err.value.code == "batch_tokens_per_day"
+    interactive = client.chat.completions.create(model=MODEL, messages=chat, max_tokens=100)
+    assert interactive.choices[0].finish_reason == "length"
+
+    batch = submit(
+        client, [line("small", "hi #chunks=2", max_tokens=20), line("big", max_tokens=100)]
+    )
+    done = wait_final(client, batch.id, timeout=30)
+    assert done.status == "expired" and done.expired_at is not None
+    assert [o["custom_id"] for o in read_lines(client, done.output_file_id)] == ["small"]
+    [late] = read_lines(client, done.error_file_id)
+    assert late["custom_id"] == "big" and late["error"]["code"] == "batch_expired"
+    r = redis_server.client()
+    spent = int(r.get(f"ty:{{{name}}}:batch-tokens:{day_number()}") or 0)
+    assert 0 < spent <= 60

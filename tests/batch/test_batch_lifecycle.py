@@ -1,0 +1,139 @@
+"""A job's life beyond the happy path: a gateway killed mid-job, cancel, the completion window,
+and the inline form's callback."""
+
+import threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from typing import Any, ClassVar
+
+import httpx
+import msgspec
+from sqlmodel import Session, select
+
+from batch.models import BatchRequest
+from tests.batch.conftest import FAST, line, read_lines, submit, wait_final
+from tests.gateway.conftest import upstream_stats, wait_until
+
+
+def _rows(sql: Any, batch_id: str) -> list[BatchRequest]:
+    with Session(sql) as session:
+        return list(session.exec(select(BatchRequest).where(BatchRequest.batch_id == batch_id)))
+
+
+def test_restart_mid_job_resumes_without_redoing(
+    start_gateway: Any, team: Any, upstream: str, sql: Any
+) -> None:
+    settings = {**FAST, "batch_max_concurrency": "2"}
+    first = start_gateway(**settings)
+    _, key = team()
+    items = [line(f"r{i}", "slow #chunks=2 #delay=0.4", max_tokens=2) for i in range(8)]
+    before = upstream_stats(upstream)
+    batch = submit(first.client(key), items)
+
+    # kill -9 once some requests are done and others are on their way
+    wait_until(lambda: sum(r.state == "done" for r in _rows(sql, batch.id)) >= 2, 30, "progress")
+    first.proc.kill()
+    first.proc.wait()
+    finished = {r.id: r.request_id for r in _rows(sql, batch.id) if r.state == "done"}
+    assert 2 <= len(finished) < len(items)
+
+    second = start_gateway(**settings)
+    done = wait_final(second.client(key), batch.id)
+    assert done.status == "completed" and done.request_counts.completed == len(items)
+    output = read_lines(second.client(key), done.output_file_id)
+    assert sorted(o["custom_id"] for o in output) == sorted(i["custom_id"] for i in items)
+    # requests finished before the kill kept their first (and only) answer
+    assert {o["id"]: o["response"]["request_id"] for o in output if o["id"] in finished} == finished
+    # the upstream answered every request exactly once: the only repeats are the ones the kill
+    # cut off mid-way (the upstream saw their connection drop)
+    after = upstream_stats(upstream)
+    answered = (after["requests"] - before["requests"]) - (after["cancelled"] - before["cancelled"])
+    assert answered == len(items)
+
+
+def test_cancel(start_gateway: Any, team: Any, upstream: str) -> None:
+    gw = start_gateway(**FAST, batch_max_concurrency="1")
+    client = gw.client(team()[1])
+    items = [line(f"r{i}", "slow #chunks=2 #delay=0.3", max_tokens=2) for i in range(6)]
+    before = upstream_stats(upstream)["requests"]
+    batch = submit(client, items)
+    wait_until(lambda: client.batches.retrieve(batch.id).request_counts.completed >= 1, 30, "one")
+    cancelling = client.batches.cancel(batch.id)
+    assert cancelling.status in ("cancelling", "cancelled") and cancelling.cancelling_at
+
+    done = wait_final(client, batch.id)
+    assert done.status == "cancelled" and done.cancelled_at is not None
+    counts = done.request_counts
+    assert counts.completed >= 1 and counts.completed + counts.failed == len(items)
+    assert counts.completed < len(items)
+    errors = read_lines(client, done.error_file_id)
+    assert {e["error"]["code"] for e in errors} == {"batch_cancelled"}
+    assert len(read_lines(client, done.output_file_id)) == counts.completed
+    assert upstream_stats(upstream)["requests"] - before < len(items)  # the rest never ran
+
+
+def test_window_expiry_delivers_what_was_done(start_gateway: Any, team: Any) -> None:
+    gw = start_gateway(**FAST, batch_max_concurrency="1", batch_window_s="2")
+    client = gw.client(team()[1])
+    items = [line(f"r{i}", "slow #chunks=2 #delay=0.3", max_tokens=2) for i in range(10)]
+    batch = submit(client, items)
+    assert batch.expires_at - batch.created_at == 2
+
+    done = wait_final(client, batch.id)
+    assert done.status == "expired" and done.expired_at is not None
+    output = read_lines(client, done.output_file_id)
+    errors = read_lines(client, done.error_file_id)
+    assert 1 <= len(output) < len(items)  # about 3 fit in the window
+    assert all(o["response"]["status_code"] == 200 for o in output)
+    assert {e["error"]["code"] for e in errors} == {"batch_expired"}
+    got = sorted(o["custom_id"] for o in output + errors)
+    assert got == sorted(i["custom_id"] for i in items)
+
+
+class _Callbacks(BaseHTTPRequestHandler):
+    """Answers 500 to the first POST, 200 after; keeps what it was sent."""
+
+    received: ClassVar[list[dict[str, Any]]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["content-length"]))
+        self.received.append(msgspec.json.decode(body))
+        self.send_response(500 if len(self.received) == 1 else 200)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+def test_inline_batch_with_callback(start_gateway: Any, team: Any) -> None:
+    server = HTTPServer(("127.0.0.1", 0), _Callbacks)
+    _Callbacks.received = []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        gw = start_gateway(**FAST, batch_callback_backoff_s="0.2")
+        _, key = team()
+        requests = [{"custom_id": f"q{i}", "body": line("x")["body"]} for i in range(3)]
+        requests.append({"body": line("y")["body"]})  # no custom_id: named by position
+        reply = httpx.post(
+            gw.url + "/v1/batch",
+            headers={"authorization": f"Bearer {key}"},
+            json={
+                "requests": requests,
+                "callback_url": f"http://127.0.0.1:{server.server_port}/done",
+                "priority": 5,
+            },
+        )
+        assert reply.status_code == 200, reply.text
+        answer = reply.json()
+        assert answer["batch_id"].startswith("batch_") and answer["estimated_completion"] > 0
+
+        wait_until(lambda: len(_Callbacks.received) >= 2, 30, "the callback's retry")
+        first, retry = _Callbacks.received[:2]
+        assert first == retry  # the same delivery, attempted again
+        assert retry["id"] == answer["batch_id"] and retry["status"] == "completed"
+        assert retry["request_counts"] == {"total": 4, "completed": 4, "failed": 0}
+        client = gw.client(key)
+        output = read_lines(client, retry["output_file_id"])
+        assert sorted(o["custom_id"] for o in output) == ["3", "q0", "q1", "q2"]
+    finally:
+        server.shutdown()
