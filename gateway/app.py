@@ -11,6 +11,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from admin_ui.app import admin_router
 from backends.base import Upstream
 from backends.factory import build_upstream
 from backends.registry import Backends
@@ -167,6 +168,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             OpsController,
             FilesController,
             BatchesController,
+            admin_router,
         ],
         on_startup=[startup],
         on_shutdown=[shutdown],

@@ -1,13 +1,15 @@
 """API key → team, through two short-lived caches (this process, then Redis) in front of SQL.
 
 Each cache layer lives `ttl` seconds, so a revoked key stops working within 2 x ttl everywhere
-(revoke also deletes the Redis entry, leaving only the in-process layer). Keys are hashed before any
-lookup and never logged.
+(revoke and team changes delete the Redis entries, leaving only the in-process layer). Keys are
+hashed before any lookup and never logged. Each key's last use goes to a Redis hash by its prefix,
+at most once per _LAST_USED_EVERY_S per process, in the background: never a SQL write per request.
 """
 
 import asyncio
 import contextlib
 import time
+from collections.abc import Iterable
 
 import anyio
 import msgspec
@@ -16,15 +18,25 @@ from redis.exceptions import RedisError
 from sqlalchemy import Engine
 
 from gateway.errors import GatewayError
-from gateway.keys import TeamPolicy, hash_key, lookup_key
+from gateway.keys import KEY_PREFIX_LEN, TeamPolicy, hash_key, lookup_key
 
 _MAX_LOCAL = 10_000  # bounded so that a flood of random keys cannot grow memory
+LAST_USED = "ty:key-last-used"  # hash: key prefix -> unix time of its last authenticated request
+_LAST_USED_EVERY_S = 5.0
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(TeamPolicy | None)
 
 
 def cache_key(key_hash: str) -> str:
     return f"ty:key:{key_hash}"
+
+
+async def forget(redis: aioredis.Redis, key_hashes: Iterable[str]) -> None:
+    """Drop the Redis-cached lookups of these keys (revoked, or their team changed): every gateway
+    then sees the change once its own process cache expires, within `ttl`."""
+    names = [cache_key(h) for h in key_hashes]
+    if names:
+        await redis.delete(*names)
 
 
 class Authenticator:
@@ -36,6 +48,8 @@ class Authenticator:
         # one lookup per key at a time: when the cache entry of a busy key expires, its concurrent
         # requests wait for the same lookup instead of each querying Redis and SQL
         self._inflight: dict[str, asyncio.Future[TeamPolicy | None]] = {}
+        self._last_used: dict[str, float] = {}  # prefix -> when this process last wrote it
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def authenticate(self, authorization: str | None) -> TeamPolicy:
         if not authorization:
@@ -50,7 +64,23 @@ class Authenticator:
         policy = await self._lookup(hash_key(key.strip()))
         if policy is None:
             raise GatewayError(401, "invalid or revoked API key", code="invalid_api_key")
+        self._mark_used(key.strip()[:KEY_PREFIX_LEN])
         return policy
+
+    def _mark_used(self, prefix: str) -> None:
+        now = time.time()
+        if now - self._last_used.get(prefix, 0.0) < _LAST_USED_EVERY_S:
+            return
+        if len(self._last_used) >= _MAX_LOCAL:
+            self._last_used.clear()
+        self._last_used[prefix] = now
+        task = asyncio.get_running_loop().create_task(self._write_last_used(prefix, now))
+        self._tasks.add(task)  # referenced until done, or the loop may collect it mid-flight
+        task.add_done_callback(self._tasks.discard)
+
+    async def _write_last_used(self, prefix: str, now: float) -> None:
+        with contextlib.suppress(RedisError):  # a missed timestamp is harmless
+            await self.redis.hset(LAST_USED, prefix, str(int(now)))
 
     async def _lookup(self, key_hash: str) -> TeamPolicy | None:
         now = time.monotonic()

@@ -1,4 +1,4 @@
-"""Team and API-key management: the functions the CLI (and later the admin UI) call.
+"""Team and API-key management: the functions the CLI and the admin UI call.
 
 A key is `ty-` + 32 random url-safe bytes. Only its sha256 is stored, with a short visible prefix so
 people can tell keys apart and revoke one without holding it.
@@ -8,11 +8,12 @@ import hashlib
 import re
 import secrets
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import msgspec
 from sqlalchemy import Engine
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select
 
 from gateway.db import ApiKey, Team
 from gateway.limits import LIMIT_FIELDS, TIERS
@@ -146,6 +147,39 @@ def revoke_key(engine: Engine, prefix: str) -> str:
         session.add(api_key)
         session.commit()
         return api_key.key_hash
+
+
+@dataclass
+class KeyInfo:
+    """A key as listings show it: never its hash or secret."""
+
+    prefix: str
+    team: str
+    revoked: bool
+    created_at: datetime
+    last_used_at: datetime | None
+
+
+def list_keys(engine: Engine, team: str | None = None) -> list[KeyInfo]:
+    """Keys (of one team, or all), newest first."""
+    query = select(ApiKey, Team).join(Team, ApiKey.team_id == Team.id)  # type: ignore[arg-type]
+    if team is not None:
+        query = query.where(Team.name == team)
+    with Session(engine) as session:
+        rows = session.exec(query.order_by(col(ApiKey.created_at).desc()))
+        return [KeyInfo(k.prefix, t.name, k.revoked, k.created_at, k.last_used_at) for k, t in rows]
+
+
+def active_key_hashes(engine: Engine, team: str) -> list[str]:
+    """Hashes of a team's unrevoked keys: what to drop from the auth cache when the team changes."""
+    with Session(engine) as session:
+        return list(
+            session.exec(
+                select(ApiKey.key_hash)
+                .join(Team, ApiKey.team_id == Team.id)  # type: ignore[arg-type]
+                .where(Team.name == team, ApiKey.revoked == False)  # noqa: E712
+            )
+        )
 
 
 def lookup_key(engine: Engine, key_hash: str) -> TeamPolicy | None:

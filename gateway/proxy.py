@@ -27,7 +27,7 @@ from backends.base import (
 )
 from backends.registry import Backends
 from billing.events import key_prefix
-from gateway import metrics
+from gateway import metrics, refusals
 from gateway.auth import Authenticator
 from gateway.errors import GatewayError
 from gateway.keys import TeamPolicy
@@ -142,6 +142,8 @@ class Proxy:
         except GatewayError as exc:
             if exc.status in (429, 503) and exc.code:
                 metrics.REFUSALS.labels(exc.code).inc()
+            if exc.status == 429 and exc.code:  # the admin UI's "429s in the last hour"
+                self._spawn(refusals.record(self.quotas.redis, exc.code))
             raise
 
     async def _handle(self, request: Request, kind: Literal["chat", "completion"]) -> Response:

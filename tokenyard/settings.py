@@ -77,6 +77,12 @@ class Settings(BaseSettings):
     backend_max_connections: int = 256  # per commercial backend's httpx pool
     # bearer token of the admin-scoped APIs (all teams' usage); empty: those APIs are off
     admin_key: str = ""
+    # the admin UI (/admin, see docs/admin_ui.md): one platform owner's sign-in; an empty password
+    # turns sign-in off (every admin page refuses). Sessions live in Redis, shared by all gateways:
+    # the cookie holds only a random id, so there is no signing secret to share
+    admin_user: str = "admin"
+    admin_password: str = ""
+    admin_session_s: float = 8 * 3600.0  # a signed-in session (admin or team member) lasts this
     # billing: the usage consumer in each gateway (see docs/billing.md)
     billing_consumer_group: str = "billing"  # one Redis consumer group per deployment
     billing_batch_size: int = 500  # usage events written to SQL per transaction

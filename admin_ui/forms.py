@@ -1,0 +1,109 @@
+"""The team form: every quota the gateway enforces, validated with a message per field.
+
+Blank means unlimited (None) for limits, "all models" for the allowed models, and the catalog
+default for the auto-routing fields.
+"""
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.db import Team
+from gateway.keys import TEAM_NAME
+from gateway.limits import LIMIT_FIELDS, TIERS
+
+_MAX_INT = 2**53  # any larger is a typo, and would not survive a float round trip in Lua
+
+# field → (label, hint); the form shows LIMIT_FIELDS in their order, so a field added there shows up
+# here too (under its own name until it gets a label)
+LABELS: dict[str, tuple[str, str]] = {
+    "rpm": ("Requests per minute", "whole number; blank: unlimited"),
+    "tpm": ("Tokens per minute", "prompt + completion; blank: unlimited"),
+    "tokens_per_day": ("Tokens per day", "UTC day; blank: unlimited"),
+    "batch_tokens_per_day": ("Batch tokens per day", "batch tier, UTC day; blank: unlimited"),
+    "usd_per_day": ("Dollars per day", "e.g. 25.00; blank: unlimited"),
+    "concurrency": ("Concurrent requests", "blank: unlimited"),
+    "kv_pages": ("KV-cache pages in flight", "self-hosted models; blank: unlimited"),
+    "max_tokens": ("Max tokens per request", "caps max_tokens; blank: the platform's cap"),
+    "max_context": ("Max context per request", "prompt + max_tokens; blank: the model's"),
+    "models": ("Allowed models", "none ticked: every model"),
+    "default_tier": ("Default tier", "when a request names none"),
+    "auto_threshold": ("Auto-routing threshold", "0 to 1: escalate prompts scoring this or more"),
+    "strong_share": ("Strong-model share", "0 to 1: used when no threshold is set"),
+}
+
+_FRACTIONS = ("auto_threshold", "strong_share")
+
+
+@dataclass
+class TeamForm:
+    values: dict[str, Any]  # as typed (models: a list), to fill the form again
+    errors: dict[str, str] = field(default_factory=dict)
+    limits: dict[str, Any] = field(default_factory=dict)  # valid values, for gateway.keys
+
+
+def from_team(team: Team | None) -> TeamForm:
+    """The form showing a team's current settings (an empty one for a new team)."""
+    values: dict[str, Any] = {"name": team.name if team else ""}
+    for name in LIMIT_FIELDS:
+        value = getattr(team, name) if team else None
+        if name == "models":
+            value = [m for m in (value or "").split(",") if m]
+        elif name == "default_tier":
+            value = value or TIERS[0]
+        values[name] = "" if value is None else value
+    return TeamForm(values)
+
+
+def _number(raw: str, kind: type, name: str) -> tuple[Any, str | None]:
+    if kind is int:
+        try:
+            value = int(raw)
+        except ValueError:
+            return None, "must be a whole number (or blank)"
+        if not 0 <= value <= _MAX_INT:
+            return None, "must be 0 or more (blank: unlimited)"
+        return value, None
+    try:
+        number = float(raw)
+    except ValueError:
+        return None, "must be a number (or blank)"
+    if not math.isfinite(number) or number < 0:
+        return None, "must be 0 or more"
+    if name in _FRACTIONS and number > 1:
+        return None, "must be between 0 and 1"
+    return number, None
+
+
+def parse(form: Any, catalog: list[str], with_name: bool) -> TeamForm:
+    """Validate a submitted team form (a FormMultiDict) against the catalog's models."""
+    result = TeamForm({"name": (form.get("name") or "").strip()})
+    if with_name and not TEAM_NAME.fullmatch(result.values["name"]):
+        result.errors["name"] = "1 to 64 letters, digits, '_', '.' or '-'"
+    for name, kind in LIMIT_FIELDS.items():
+        if name == "models":
+            picked = [m for m in form.getall("models", []) if m]
+            result.values[name] = picked
+            unknown = sorted(set(picked) - set(catalog))
+            if unknown:
+                result.errors[name] = f"not in the catalog: {', '.join(unknown)}"
+            else:
+                result.limits[name] = ",".join(m for m in catalog if m in picked)
+            continue
+        raw = (form.get(name) or "").strip()
+        result.values[name] = raw
+        if name == "default_tier":
+            if raw in TIERS:
+                result.limits[name] = raw
+            else:
+                result.errors[name] = f"must be one of {', '.join(TIERS)}"
+            continue
+        if not raw:
+            result.limits[name] = None
+            continue
+        value, error = _number(raw, kind, name)
+        if error:
+            result.errors[name] = error
+        else:
+            result.limits[name] = value
+    return result

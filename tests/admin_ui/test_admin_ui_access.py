@@ -1,0 +1,221 @@
+"""Who may do what under /admin, against a real gateway: anonymous visitors are sent to sign in or
+refused, forms without the session's token or from another site are refused, a team member sees
+only their own team, and an admin's quota change reaches another gateway process within a second."""
+
+import time
+import uuid
+from datetime import UTC, date, datetime
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from sqlmodel import Session
+
+from billing.models import UsageDaily
+from gateway.app import create_app
+from tests.admin_ui.conftest import ADMIN_PASSWORD, ADMIN_USER, csrf_of
+from tests.gateway.conftest import MODEL, Gateway
+
+PUBLIC = {"/admin/login", "/admin/team-usage/login", "/admin/static/admin.css"}
+CHAT = [{"role": "user", "content": "one two three #chunks=3"}]
+
+
+def _admin_routes() -> list[tuple[str, str]]:
+    """(method, path) of every route under /admin but the sign-in forms and the stylesheet."""
+    found = []
+    for route in create_app().routes:
+        if not route.path.startswith("/admin") or route.path in PUBLIC:
+            continue
+        path = route.path.replace("{name:str}", "someteam").replace("{prefix:str}", "ty-abc")
+        found += [(m, path) for m in sorted(route.methods - {"HEAD", "OPTIONS"})]
+    return found
+
+
+def test_the_route_list_covers_the_pages() -> None:
+    paths = {p for _, p in _admin_routes()}
+    assert {
+        "/admin/usage",
+        "/admin/teams",
+        "/admin/keys",
+        "/admin/status",
+        "/admin/team-usage",
+    } <= paths
+
+
+@pytest.mark.parametrize(("method", "path"), _admin_routes())
+def test_anonymous_requests_are_refused(admin_gateway: Gateway, method: str, path: str) -> None:
+    answer = httpx.request(method, admin_gateway.url + path, data={"csrf": "x"})
+    if path == "/admin/logout":  # signing out needs no session, but still a valid form token
+        assert answer.status_code == 403
+    elif method == "GET":
+        assert answer.status_code == 303
+        assert answer.headers["location"].split("?")[0] in PUBLIC
+    else:
+        assert answer.status_code == 401
+    assert "ty_admin=" not in answer.headers.get("set-cookie", "")
+
+
+def test_wrong_password_is_refused_and_opens_no_session(admin_gateway: Gateway) -> None:
+    with httpx.Client(base_url=admin_gateway.url) as client:
+        token = csrf_of(client.get("/admin/login"))
+        answer = client.post(
+            "/admin/login", data={"user": ADMIN_USER, "password": "nope", "csrf": token}
+        )
+        assert answer.status_code == 401
+        assert "wrong user name or password" in answer.text
+        assert "ty_admin" not in client.cookies
+        assert client.get("/admin/teams").status_code == 303  # still anonymous
+
+
+def test_sign_in_sets_a_strict_http_only_cookie_and_sign_out_ends_it(
+    admin_gateway: Gateway,
+) -> None:
+    with httpx.Client(base_url=admin_gateway.url) as client:
+        token = csrf_of(client.get("/admin/login"))
+        answer = client.post(
+            "/admin/login", data={"user": ADMIN_USER, "password": ADMIN_PASSWORD, "csrf": token}
+        )
+        cookie = answer.headers["set-cookie"].lower()
+        assert "ty_admin=" in cookie and "httponly" in cookie and "samesite=strict" in cookie
+        page = client.get("/admin/teams")
+        assert page.status_code == 200
+        stolen = dict(client.cookies)
+        assert client.post("/admin/logout", data={"csrf": csrf_of(page)}).status_code == 303
+    # the old cookie is dead on the server, not just deleted from the browser
+    assert httpx.get(admin_gateway.url + "/admin/teams", cookies=stolen).status_code == 303
+
+
+def _team_form(name: str, **fields: str) -> dict[str, Any]:
+    return {"name": name, "default_tier": "interactive", **fields}
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"origin": "https://evil.example"}, {"sec-fetch-site": "cross-site"}],
+    ids=["no-token", "foreign-origin", "cross-site"],
+)
+def test_forms_without_the_token_or_from_another_site_are_refused(
+    admin: httpx.Client, headers: dict[str, str]
+) -> None:
+    name = "csrf" + uuid.uuid4().hex[:8]
+    token = csrf_of(admin.get("/admin/teams"))
+    data = _team_form(name)
+    if headers:
+        data["csrf"] = token  # the right token, from the wrong site
+    answer = admin.post("/admin/teams", data=data, headers=headers)
+    assert answer.status_code == 403
+    assert admin.get(f"/admin/teams/{name}").status_code == 404  # nothing was created
+    # the same form, same site, with the token: accepted
+    data["csrf"] = token
+    assert admin.post("/admin/teams", data=data).status_code == 303
+    assert admin.get(f"/admin/teams/{name}").status_code == 200
+
+
+def test_invalid_quotas_are_explained_next_to_their_fields(admin: httpx.Client) -> None:
+    name = "val" + uuid.uuid4().hex[:8]
+    token = csrf_of(admin.get("/admin/teams"))
+    data = _team_form(
+        name, tpm="-5", usd_per_day="ten", auto_threshold="2", models="gpt-nope", csrf=token
+    )
+    answer = admin.post("/admin/teams", data=data)
+    assert answer.status_code == 400
+    assert 'id="e-tpm">Tokens per minute must be 0 or more' in answer.text
+    assert 'id="e-usd_per_day">Dollars per day must be a number' in answer.text
+    assert 'id="e-auto_threshold">Auto-routing threshold must be between 0 and 1' in answer.text
+    assert 'id="e-models">Allowed models not in the catalog: gpt-nope' in answer.text
+    assert 'value="-5"' in answer.text  # the typed value is kept for correcting
+    assert admin.get(f"/admin/teams/{name}").status_code == 404
+
+
+def _usage_row(team: str, tokens: int, model: str = MODEL) -> UsageDaily:
+    return UsageDaily(
+        day=datetime.now(UTC).date(), team=team, model=model, requests=1,
+        prompt_tokens=tokens, completion_tokens=1, cost_usd=0.01,
+    )  # fmt: skip
+
+
+def test_a_team_member_sees_only_their_own_team(
+    admin_gateway: Gateway, team: Any, sql: Any
+) -> None:
+    mine, key = team()
+    theirs, _ = team()
+    with Session(sql) as session:
+        session.add(_usage_row(mine, 111_111, model="mine-model"))
+        session.add(_usage_row(theirs, 999_999, model="their-model"))
+        session.commit()
+    with httpx.Client(base_url=admin_gateway.url) as client:
+        token = csrf_of(client.get("/admin/team-usage/login"))
+        bad = client.post("/admin/team-usage/login", data={"key": "ty-wrong", "csrf": token})
+        assert bad.status_code == 401
+        opened = client.post("/admin/team-usage/login", data={"key": key, "csrf": token})
+        assert opened.status_code == 303
+        page = client.get(f"/admin/team-usage?team={theirs}")  # asking for another team: ignored
+        assert page.status_code == 200
+        assert mine in page.text and "111,112" in page.text and "mine-model" in page.text
+        assert theirs not in page.text and "their-model" not in page.text
+        csv = client.get(f"/admin/team-usage.csv?team={theirs}&start={date.today()}")
+        assert mine in csv.text and theirs not in csv.text
+        # a team session opens no admin page
+        assert client.get("/admin/teams").status_code == 303
+        assert client.get("/admin/usage.csv").status_code == 303
+
+
+def test_revoking_the_key_closes_the_team_page(admin: httpx.Client, team: Any) -> None:
+    name, key = team()
+    with httpx.Client(base_url=admin.base_url) as member:
+        token = csrf_of(member.get("/admin/team-usage/login"))
+        member.post("/admin/team-usage/login", data={"key": key, "csrf": token})
+        assert member.get("/admin/team-usage").status_code == 200
+        page = admin.get(f"/admin/teams/{name}")
+        revoked = admin.post(f"/admin/keys/{key[:12]}/revoke", data={"csrf": csrf_of(page)})
+        assert revoked.status_code == 303
+        assert member.get("/admin/team-usage").status_code == 303
+
+
+def test_a_quota_change_reaches_another_gateway_within_a_second(
+    admin: httpx.Client, team: Any, start_gateway: Any, redis_server: Any
+) -> None:
+    name, key = team(tpm=1_000_000)
+    other = start_gateway().client(key)  # another process, sharing Redis and SQL
+    other.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=8)  # caches the team
+    page = admin.get(f"/admin/teams/{name}")
+    saved = admin.post(
+        f"/admin/teams/{name}",
+        data={"tpm": "5", "default_tier": "interactive", "csrf": csrf_of(page)},
+    )
+    assert saved.status_code == 303
+    changed_at = time.monotonic()
+    while True:
+        try:
+            other.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=8)
+        except openai.RateLimitError as exc:
+            assert exc.code == "tokens_per_minute"
+            break
+        assert time.monotonic() - changed_at < 1.0, "the other gateway still admits"
+        time.sleep(0.05)
+    assert "Every gateway enforces the new limits" in admin.get(saved.headers["location"]).text
+    # the refusal shows on the live status page, by its limit
+    status = admin.get("/admin/status")
+    assert status.status_code == 200
+    assert "<code>tokens_per_minute</code>" in status.text
+
+
+def test_keys_show_their_last_use(admin_gateway: Gateway, admin: httpx.Client, team: Any) -> None:
+    name, key = team()
+    page = admin.get(f"/admin/teams/{name}")
+    assert "never" in page.text
+    admin_gateway.client(key).chat.completions.create(model=MODEL, messages=CHAT, max_tokens=4)
+    deadline = time.monotonic() + 5
+    while "never" in admin.get(f"/admin/teams/{name}").text:
+        assert time.monotonic() < deadline, "last use not recorded"
+        time.sleep(0.1)
+    keys_page = admin.get("/admin/keys")
+    assert key[:12] in keys_page.text and key[12:] not in keys_page.text  # the secret never shows
+
+
+def test_status_shows_the_engine_replica(admin: httpx.Client, upstream: str) -> None:
+    page = admin.get("/admin/status")
+    assert page.status_code == 200
+    assert upstream in page.text and "closed" in page.text
+    assert 'http-equiv="refresh"' in page.text
