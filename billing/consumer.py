@@ -87,8 +87,10 @@ class UsageConsumer:
                     backoff = self.retry_s
             except RedisError as exc:
                 log.warning("usage stream unreachable, retrying in %.1f s: %s", backoff, exc)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, _MAX_BACKOFF_S)
+            except Exception:  # a bug must not stop recording for good: the events wait in Redis
+                log.exception("usage consumer failed, restarting in %.1f s", backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, _MAX_BACKOFF_S)
 
     async def step(self) -> int:
         """One batch: claim abandoned entries, else read new ones (waiting up to the block time);
