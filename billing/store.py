@@ -40,19 +40,21 @@ def write(engine: Engine, rows: list[dict[str, Any]]) -> int:
     with engine.begin() as conn:
         stmt = (
             insert(_RECORDS)
-            .values(unique)
             .on_conflict_do_nothing(index_elements=["request_id"])
             .returning(_RECORDS.c.request_id)
         )
-        inserted = set(conn.execute(stmt).scalars())
+        # executemany: SQLAlchemy batches it into multi-row INSERTs from one cached compilation
+        inserted = set(conn.execute(stmt, unique).scalars())
         new = [row for row in unique if row["request_id"] in inserted]
         # sorted: concurrent writers lock rollup rows in one order (no deadlocks on PostgreSQL)
-        for (day, team, model), delta in sorted(_rollup_deltas(new).items()):
-            up = insert(_DAILY).values(day=day, team=team, model=model, **delta)
+        deltas = [
+            {"day": day, "team": team, "model": model, **delta}
+            for (day, team, model), delta in sorted(_rollup_deltas(new).items())
+        ]
+        if deltas:
+            up = insert(_DAILY)
+            add = {name: _DAILY.c[name] + up.excluded[name] for name in ROLLUP_SUMS}
             conn.execute(
-                up.on_conflict_do_update(
-                    index_elements=["day", "team", "model"],
-                    set_={name: _DAILY.c[name] + up.excluded[name] for name in ROLLUP_SUMS},
-                )
+                up.on_conflict_do_update(index_elements=["day", "team", "model"], set_=add), deltas
             )
     return len(new)
