@@ -53,5 +53,7 @@ def to_csv(rows: list[UsageDaily]) -> str:
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(CSV_COLUMNS)
     for row in rows:
-        writer.writerow([getattr(row, name) for name in CSV_COLUMNS])
+        cells = (getattr(row, name) for name in CSV_COLUMNS)
+        # dollars to the nano-dollar: summed floats would otherwise print their rounding noise
+        writer.writerow([round(c, 9) if isinstance(c, float) else c for c in cells])
     return out.getvalue()
