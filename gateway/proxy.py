@@ -26,6 +26,7 @@ from backends.base import (
     UpstreamStream,
 )
 from backends.registry import Backends
+from billing import settle as billing
 from billing.events import key_prefix
 from gateway import metrics, refusals
 from gateway.auth import Authenticator
@@ -442,7 +443,9 @@ class Proxy:
         metrics.TOKENS.labels(team, model, "prompt").inc(usage.prompt_tokens)
         metrics.TOKENS.labels(team, model, "completion").inc(usage.completion_tokens)
         metrics.TOKENS.labels(team, model, "cached").inc(usage.cached_tokens)
+        priced = billing.price(self.router.catalog.get(model), team, model, usage, event)
         await self.quotas.settle(res, model, usage, event)
+        await billing.charge(self.quotas, res, priced)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.get_running_loop().create_task(coro)
