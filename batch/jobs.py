@@ -372,7 +372,7 @@ def finalize(engine: Engine, batch_id: str) -> BatchJob | None:
         job.completed, job.failed = len(out), len(err)
         if was == "cancelling":
             job.status, job.cancelled_at = "cancelled", now
-        elif job.expires_at <= now:
+        elif any(r.error_code == EXPIRED[0] for r in rows):  # else all ran, if only just
             job.status, job.expired_at = "expired", now
         else:
             job.status, job.completed_at = "completed", now

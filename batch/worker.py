@@ -14,6 +14,7 @@ import time
 
 import anyio
 import httpx
+from redis.exceptions import RedisError
 from sqlalchemy import Engine
 
 from backends.base import BackendUnavailable
@@ -24,6 +25,7 @@ from batch.models import BatchJob
 from gateway.errors import GatewayError
 from gateway.keys import TeamPolicy, get_team, policy_of
 from gateway.proxy import Proxy
+from gateway.quotas import PLATFORM_BATCH_LEASES, PLATFORM_LEASES
 from tokenyard.settings import Settings
 
 log = logging.getLogger("tokenyard.batch")
@@ -42,6 +44,8 @@ class BatchWorker:
         self.owner = os.urandom(8).hex()  # this process, as lease holder
         self.running: dict[str, tuple[str, asyncio.Task[None]]] = {}  # request id → (batch, task)
         self.stopping: dict[str, tuple[str, str]] = {}  # batch id → error its requests end with
+        self._yielding: set[str] = set()  # requests stopped to make room for interactive traffic
+        self._interactive_seen = -float("inf")  # monotonic time interactive was last in flight
         self._policies: dict[str, tuple[float, TeamPolicy | None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.Task[None] | None = None
@@ -82,7 +86,12 @@ class BatchWorker:
             job = await self._sql(jobs.finalize, self.sql, batch_id)
             if job is not None:
                 log.info("batch %s %s", job.id, job.status)
-        room = self.room()
+        limit = self.limit(await self._interactive_active())
+        active = [rid for rid, (_, task) in self.running.items() if not task.cancelling()]
+        for request_id in active[limit:]:  # the newest: the least work lost
+            self._yielding.add(request_id)
+            self.running[request_id][1].cancel()
+        room = self.room(limit)
         if room:
             claimed = await self._sql(
                 jobs.claim, self.sql, self.owner, self.settings.batch_lease_s, room
@@ -97,7 +106,28 @@ class BatchWorker:
             await self._sql(jobs.renew, self.sql, self.owner, ids, self.settings.batch_lease_s)
         await self._callbacks()
 
-    def room(self) -> int:
+    def limit(self, interactive: bool) -> int:
+        """Batch requests this process may run: few while interactive traffic is about, whose
+        time to first token batch decodes would stretch (they share the engine's steps)."""
+        settings = self.settings
+        return settings.batch_shared_concurrency if interactive else settings.batch_max_concurrency
+
+    async def _interactive_active(self) -> bool:
+        """Interactive requests in flight anywhere on the platform (the quota leases say so), now
+        or within the last batch_interactive_hold_s."""
+        now_ms = time.time() * 1000
+        try:
+            async with self.proxy.quotas.redis.pipeline(transaction=False) as pipe:
+                pipe.zcount(PLATFORM_LEASES, now_ms, "+inf")
+                pipe.zcount(PLATFORM_BATCH_LEASES, now_ms, "+inf")
+                every, batch = await pipe.execute()
+        except RedisError:
+            return True  # unknown: the side that keeps interactive traffic fast
+        if every > batch:
+            self._interactive_seen = time.monotonic()
+        return time.monotonic() - self._interactive_seen < self.settings.batch_interactive_hold_s
+
+    def room(self, limit: int) -> int:
         """How many more requests to start now: none while a self-hosted engine has a queue or a
         nearly full KV cache (interactive requests would wait behind batch work)."""
         for upstream in self.proxy.backends.upstreams.values():
@@ -106,7 +136,7 @@ class BatchWorker:
                 continue
             if info.waiting > 0 or info.kv_usage >= self.settings.batch_max_kv_usage:
                 return 0
-        return max(0, min(_RAMP, self.settings.batch_max_concurrency - len(self.running)))
+        return max(0, min(_RAMP, limit - len(self.running)))
 
     async def _stop_jobs(self) -> None:
         """Cancelled and expired jobs: their requests running here are stopped, the others end
@@ -114,7 +144,7 @@ class BatchWorker:
         self.stopping = await self._sql(jobs.stopping_jobs, self.sql)
         for batch_id, error in self.stopping.items():
             for batch, task in list(self.running.values()):
-                if batch == batch_id:
+                if batch == batch_id and not task.cancelling():
                     task.cancel()
             await self._sql(jobs.abandon, self.sql, batch_id, error)
 
@@ -144,9 +174,12 @@ class BatchWorker:
             status, body = 503, b""
         except asyncio.CancelledError:
             error = self.stopping.get(request.batch_id)
-            if error is not None:  # the job was cancelled or expired (else: shutting down)
+            if error is not None:  # the job was cancelled or expired
                 await self._sql(jobs.finish, self.sql, self.owner, request.id, error=error)
-            raise
+            elif request.id in self._yielding:  # preempted for interactive: runs again later
+                self._yielding.discard(request.id)
+                await self._sql(jobs.release, self.sql, self.owner, request.id, 0.0)
+            raise  # (else: shutting down, stop() gives it back)
         except Exception:
             log.exception("batch request %s failed", request.id)
             status, body = 500, GatewayError(500, "internal error", "internal_error").body()

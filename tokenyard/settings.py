@@ -96,6 +96,11 @@ class Settings(BaseSettings):
     batch_window_s: float = 0.0  # a job's completion window; 0: the one it asks for (24h)
     batch_poll_s: float = 0.5  # how often the worker claims work, expires and finalizes jobs
     batch_max_concurrency: int = 64  # batch requests one gateway runs at once, at most
+    # ... and while interactive requests are in flight on the platform (or were, within the hold):
+    # batch decodes share the engine's steps and stretch interactive time to first token, so batch
+    # shrinks to this, handing its newest requests back (they run again later)
+    batch_shared_concurrency: int = 4
+    batch_interactive_hold_s: float = 10.0
     # a new batch request starts only while no self-hosted engine has requests queued or its KV
     # cache this full: batch fills spare capacity and never queues ahead of interactive traffic
     batch_max_kv_usage: float = 0.9

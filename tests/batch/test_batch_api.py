@@ -4,14 +4,15 @@ from typing import Any
 
 import openai
 import pytest
-import redis as redis_sync
+from sqlmodel import Session, select
 
+from billing.models import UsageRecord
 from gateway.quotas import day_number
 from tests.batch.conftest import FAST, MODEL, jsonl, line, read_lines, submit, wait_final
-from tests.gateway.conftest import upstream_stats
+from tests.gateway.conftest import upstream_stats, wait_until
 
 
-def test_sdk_round_trip(start_gateway: Any, team: Any, upstream: str, redis_server: Any) -> None:
+def test_sdk_round_trip(start_gateway: Any, team: Any, upstream: str, sql: Any) -> None:
     gw = start_gateway(**FAST)
     name, key = team()
     client = gw.client(key)
@@ -33,11 +34,16 @@ def test_sdk_round_trip(start_gateway: Any, team: Any, upstream: str, redis_serv
         assert o["response"]["body"]["choices"][0]["message"]["content"] == "tok " * 3
     out_file = client.files.retrieve(done.output_file_id)
     assert out_file.purpose == "batch_output"
-    # the batch tier reached the engine as such, attributed to the team and counted in its usage
+    # the batch tier reached the engine as such, and billing recorded each request to the team's key
     headers = upstream_stats(upstream)["last_headers"]
     assert headers["x-priority"] == "batch" and headers["x-tenant"] == name
-    usage = redis_server.client().hgetall(f"ty:{{{name}}}:usage:{day_number()}")
-    assert int(usage[f"{MODEL}|requests".encode()]) == 7
+
+    def billed() -> list[UsageRecord]:
+        with Session(sql) as session:
+            return list(session.exec(select(UsageRecord).where(UsageRecord.team == name)))
+
+    wait_until(lambda: len(billed()) == 7, 30, "usage records")
+    assert {(r.tier, r.key_prefix, r.status) for r in billed()} == {("batch", key[:12], 200)}
     assert [b.id for b in client.batches.list()] == [batch.id]
 
 
@@ -123,7 +129,7 @@ def test_a_team_sees_only_its_own(start_gateway: Any, team: Any) -> None:
 
 
 def test_daily_batch_budget(
-    start_gateway: Any, team: Any, redis_server: redis_sync.Redis, upstream: str
+    start_gateway: Any, team: Any, redis_server: Any, upstream: str
 ) -> None:
     """Batch spends its own daily budget: over it, batch requests are refused (and the job's wait
     until its window ends), while the team's interactive traffic is unaffected."""

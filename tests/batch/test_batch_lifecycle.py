@@ -10,7 +10,7 @@ import msgspec
 from sqlmodel import Session, select
 
 from batch.models import BatchRequest
-from tests.batch.conftest import FAST, line, read_lines, submit, wait_final
+from tests.batch.conftest import FAST, MODEL, line, read_lines, submit, wait_final
 from tests.gateway.conftest import upstream_stats, wait_until
 
 
@@ -48,6 +48,64 @@ def test_restart_mid_job_resumes_without_redoing(
     after = upstream_stats(upstream)
     answered = (after["requests"] - before["requests"]) - (after["cancelled"] - before["cancelled"])
     assert answered == len(items)
+
+
+def test_two_gateways_share_a_job_without_running_a_request_twice(
+    start_gateway: Any, team: Any, upstream: str, sql: Any
+) -> None:
+    gateways = [start_gateway(**FAST, batch_max_concurrency="3") for _ in range(2)]
+    _, key = team()
+    items = [line(f"r{i}", "#chunks=2 #delay=0.1", max_tokens=2) for i in range(16)]
+    before = upstream_stats(upstream)["requests"]
+    batch = submit(gateways[0].client(key), items)
+    done = wait_final(gateways[1].client(key), batch.id)
+    assert done.status == "completed" and done.request_counts.completed == len(items)
+    output = read_lines(gateways[1].client(key), done.output_file_id)
+    assert sorted(o["custom_id"] for o in output) == sorted(i["custom_id"] for i in items)
+    assert upstream_stats(upstream)["requests"] - before == len(items)
+    assert len({r.lease_owner for r in _rows(sql, batch.id)}) == 2  # both took part
+
+
+def test_batch_yields_to_interactive_traffic(
+    start_gateway: Any, team: Any, upstream: str, sql: Any
+) -> None:
+    """While interactive requests are in flight, batch shrinks to its shared concurrency: the
+    newest batch requests are dropped at the engine and run again later, none lost or doubled."""
+    gw = start_gateway(
+        **FAST,
+        batch_max_concurrency="4",
+        batch_shared_concurrency="1",
+        batch_interactive_hold_s="0.5",
+    )
+    _, key = team()
+    client = gw.client(key)
+    items = [line(f"r{i}", "#chunks=2 #delay=1", max_tokens=2) for i in range(8)]
+    batch = submit(client, items)
+
+    def running() -> int:
+        return sum(r.state == "running" for r in _rows(sql, batch.id))
+
+    wait_until(lambda: running() == 4, 30, "batch at full concurrency")
+    cancelled = upstream_stats(upstream)["cancelled"]
+    chat = [{"role": "user", "content": "a person waits #chunks=20 #delay=0.2"}]
+    person = threading.Thread(
+        target=lambda: list(
+            client.chat.completions.create(model=MODEL, messages=chat, max_tokens=20, stream=True)
+        )
+    )
+    person.start()
+    wait_until(lambda: running() == 1, 10, "batch held to its shared concurrency")
+
+    def dropped() -> int:
+        return upstream_stats(upstream)["cancelled"] - cancelled
+
+    wait_until(lambda: dropped() == 3, 10, "the yielded requests dropped at the engine")
+    person.join()
+
+    done = wait_final(client, batch.id)
+    assert done.status == "completed" and done.request_counts.completed == len(items)
+    output = read_lines(client, done.output_file_id)
+    assert sorted(o["custom_id"] for o in output) == sorted(i["custom_id"] for i in items)
 
 
 def test_cancel(start_gateway: Any, team: Any, upstream: str) -> None:
