@@ -34,7 +34,7 @@ from gateway.errors import GatewayError
 from gateway.keys import TeamPolicy
 from gateway.limits import TIERS
 from gateway.quotas import LeaseKeeper, Quotas, Reservation, Usage, kv_pages
-from gateway.streaming import StreamResult, UsageIn, relay, reply_decoder
+from gateway.streaming import DONE, StreamResult, UsageIn, relay, reply_decoder
 from gateway.validation import Parsed, parse
 from router.policy import NoRoute, Route, Router, Saturation
 from tokenyard.settings import Settings
@@ -365,6 +365,7 @@ class Proxy:
                     got = reply_decoder.decode(reply.body)
             usage = _usage(got.usage, event["prompt_reserved"], 0) if got else Usage()
             event["timings"] = got.timings if got else None
+            event["finish_reason"] = got.finish_reason if got else None
             await self._settle(res, upstream, usage, event, started, status=reply.status)
             return Response(
                 reply.body,
@@ -383,17 +384,19 @@ class Proxy:
         body_iter = _StreamBody(self, stream, parsed, res, upstream, event, started)
         return Stream(body_iter, media_type="text/event-stream", headers=headers)
 
-    def finish_stream(self, body: "_StreamBody") -> None:
-        """Close the upstream and settle; from a task of its own, because when the client hung up
+    def finish_stream(self, body: "_StreamBody") -> "asyncio.Task[None]":
+        """Close the upstream and settle; in a task of its own, because when the client hung up
         the response's scope is being cancelled."""
         result = body.result
         usage = _usage(result.usage, body.event["prompt_reserved"], result.chunks)
         body.event["timings"] = result.timings
         body.event["error"] = result.error
+        body.event["finish_reason"] = result.finish_reason
         if result.first_byte is not None:
-            metrics.TTFT.labels(body.upstream.info.name).observe(result.first_byte - body.started)
+            body.event["ttft"] = result.first_byte - body.started
+            metrics.TTFT.labels(body.upstream.info.name).observe(body.event["ttft"])
         status = 200 if result.error is None else 502
-        self._spawn(
+        return self._spawn(
             self._close_and_settle(
                 body.stream, body.res, body.upstream, usage, body.event, body.started, status
             )
@@ -444,13 +447,14 @@ class Proxy:
         metrics.TOKENS.labels(team, model, "completion").inc(usage.completion_tokens)
         metrics.TOKENS.labels(team, model, "cached").inc(usage.cached_tokens)
         priced = billing.price(self.router.catalog.get(model), team, model, usage, event)
-        await self.quotas.settle(res, model, usage, event)
+        await self.quotas.settle(res, usage, event)
         await billing.charge(self.quotas, res, priced)
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any) -> "asyncio.Task[Any]":
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)  # a strong reference until it is done
         task.add_done_callback(self._tasks.discard)
+        return task
 
     async def drain(self) -> None:
         """On shutdown: let pending settles finish."""
@@ -481,7 +485,7 @@ class _StreamBody:
         self.event = event
         self.started = started
         self.result = StreamResult()
-        self.finished = False
+        self.settled: asyncio.Task[None] | None = None
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self._relay()
@@ -492,15 +496,19 @@ class _StreamBody:
                 self.stream, self.parsed.include_usage, self.result, time.perf_counter
             ):
                 yield piece
+            # the usage event is in Redis before the client sees the stream end
+            await asyncio.shield(self._finish())
+            if self.result.done:
+                yield DONE
         finally:
             self._finish()
 
-    def _finish(self) -> None:
-        if not self.finished:
-            self.finished = True
-            self.proxy.finish_stream(self)
+    def _finish(self) -> "asyncio.Task[None]":
+        if self.settled is None:
+            self.settled = self.proxy.finish_stream(self)
+        return self.settled
 
     def __del__(self) -> None:
-        if not self.finished:
+        if self.settled is None:
             with contextlib.suppress(RuntimeError):  # no running loop: shutting down
                 self._finish()

@@ -10,9 +10,10 @@ end
 
 -- give one lease's KV pages back to the team's total
 local function free_pages(pages, id)
-  local p = redis.call('HGET', pages, id)
+  local p = tonumber(redis.call('HGET', pages, id))
   if p then
-    redis.call('HINCRBY', pages, '#sum', -tonumber(p))
+    -- 0 pages (not a paged model): Lua's -0 reaches Redis as "-0", which HINCRBY refuses
+    if p ~= 0 then redis.call('HINCRBY', pages, '#sum', -p) end
     redis.call('HDEL', pages, id)
   end
 end
@@ -109,9 +110,8 @@ if op == 'reserve' then
 
 elseif op == 'settle' then
   -- KEYS: tpm bucket, day tokens, team leases, team pages, platform leases, platform batch leases,
-  --       team usage for the day, usage stream
-  -- ARGV: op, lease id, tokens reserved, tokens used, tpm limit, model, prompt, completion,
-  --       cached, event (JSON)
+  --       usage stream
+  -- ARGV: op, lease id, tokens reserved, tokens used, tpm limit, event (JSON)
   local id = ARGV[2]
   local delta = tonumber(ARGV[4]) - tonumber(ARGV[3])  -- < 0: refund the unused reservation
   local tpm = tonumber(ARGV[5])
@@ -124,13 +124,8 @@ elseif op == 'settle' then
   release(KEYS[3], KEYS[4], id)
   release(KEYS[5], nil, id)
   release(KEYS[6], nil, id)
-  local model = ARGV[6]
-  redis.call('HINCRBY', KEYS[7], model .. '|requests', 1)
-  redis.call('HINCRBY', KEYS[7], model .. '|prompt_tokens', ARGV[7])
-  redis.call('HINCRBY', KEYS[7], model .. '|completion_tokens', ARGV[8])
-  redis.call('HINCRBY', KEYS[7], model .. '|cached_tokens', ARGV[9])
-  redis.call('EXPIRE', KEYS[7], 40 * 86400)
-  redis.call('XADD', KEYS[8], 'MAXLEN', '~', 1000000, '*', 'event', ARGV[10])
+  -- no MAXLEN: billing trims the stream below what every consumer group has acknowledged
+  redis.call('XADD', KEYS[7], '*', 'event', ARGV[6])
   return 1
 
 elseif op == 'renew' then

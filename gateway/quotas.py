@@ -39,7 +39,6 @@ _MESSAGES = {
     "platform_concurrency": "platform requests in flight",
     "platform_batch_concurrency": "platform batch requests in flight",
 }
-USAGE_FIELDS = ("requests", "prompt_tokens", "completion_tokens", "cached_tokens")
 
 
 def day_number(when: date | None = None) -> int:
@@ -75,9 +74,6 @@ class TeamKeys:
 
     def day_usd(self, day: int) -> str:
         return f"{self.base}:usd:{day}"
-
-    def usage(self, day: int) -> str:
-        return f"{self.base}:usage:{day}"
 
 
 PLATFORM_LEASES = "ty:platform:leases"
@@ -199,7 +195,7 @@ class Quotas:
             retry_after=retry_after,
         )
 
-    async def settle(self, res: Reservation, model: str, usage: Usage, event: dict) -> None:
+    async def settle(self, res: Reservation, usage: Usage, event: dict) -> None:
         """Replace the reservation with actual usage; never raises (leases expire regardless)."""
         if not res.enforced:
             return
@@ -214,7 +210,6 @@ class Quotas:
                     keys.pages,
                     PLATFORM_LEASES,
                     PLATFORM_BATCH_LEASES,
-                    keys.usage(res.day),
                     USAGE_STREAM,
                 ],
                 args=[
@@ -223,10 +218,6 @@ class Quotas:
                     res.tokens,
                     used,
                     res.policy.tpm,
-                    model,
-                    usage.prompt_tokens,
-                    usage.completion_tokens,
-                    usage.cached_tokens,
                     msgspec.json.encode(event),
                 ],
             )
@@ -252,14 +243,6 @@ class Quotas:
         key = self.team_keys(team).day_usd(day_number() if day is None else day)
         await self.redis.incrby(key, round(usd * 1_000_000))
         await self.redis.expire(key, 172800)
-
-    async def usage(self, team: str, day: int) -> dict[str, dict[str, int]]:
-        raw = await self.redis.hgetall(self.team_keys(team).usage(day))
-        out: dict[str, dict[str, int]] = {}
-        for field, value in raw.items():
-            model, _, name = field.decode().rpartition("|")
-            out.setdefault(model, dict.fromkeys(USAGE_FIELDS, 0))[name] = int(value)
-        return out
 
 
 class LeaseKeeper:

@@ -1,8 +1,10 @@
 """SSE relay: pass the upstream's events through as they arrive, watching for the usage chunk.
 
 The gateway always asks the upstream for the usage chunk (it settles quotas from it) and drops it
-again when the client did not ask for it. Events are forwarded per upstream read, so a slow client
-slows the upstream read (backpressure) instead of buffering without bound.
+again when the client did not ask for it. The closing `data: [DONE]` is held back: the caller sends
+it once the request is settled, so its usage event is durable before the client sees the end.
+Events are forwarded per upstream read, so a slow client slows the upstream read (backpressure)
+instead of buffering without bound.
 """
 
 from collections.abc import AsyncIterator
@@ -24,8 +26,12 @@ class UsageIn(msgspec.Struct):
     prompt_tokens_details: _Details | None = None
 
 
+class _Choice(msgspec.Struct):
+    finish_reason: str | None = None
+
+
 class _Chunk(msgspec.Struct):
-    choices: list[msgspec.Raw] = []
+    choices: list[_Choice] = []
     usage: UsageIn | None = None
     timings: dict[str, Any] | None = None
 
@@ -33,8 +39,13 @@ class _Chunk(msgspec.Struct):
 class Reply(msgspec.Struct):
     """The parts of a non-streamed completion the gateway reads."""
 
+    choices: list[_Choice] = []
     usage: UsageIn | None = None
     timings: dict[str, Any] | None = None
+
+    @property
+    def finish_reason(self) -> str | None:
+        return next((c.finish_reason for c in self.choices if c.finish_reason), None)
 
 
 _chunk_decoder = msgspec.json.Decoder(_Chunk)
@@ -48,6 +59,8 @@ class StreamResult:
     chunks: int = 0  # content chunks seen: the completion-token estimate if usage never comes
     error: str | None = None
     first_byte: float | None = field(default=None)
+    finish_reason: str | None = None  # the first choice's, as the upstream reported it
+    done: bool = False  # the upstream ended with `data: [DONE]` (held back: see relay)
 
 
 def error_event(message: str, code: str) -> bytes:
@@ -60,13 +73,16 @@ def _keep(event: bytes, result: StreamResult, include_usage: bool) -> bool:
         return True  # comments, retry hints: pass through
     payload = event[5:].strip()
     if payload == b"[DONE]":
-        return True
+        result.done = True
+        return False
     try:
         chunk = _chunk_decoder.decode(payload)
     except msgspec.DecodeError:
         return True
     if chunk.choices:
         result.chunks += 1
+        if chunk.choices[0].finish_reason and result.finish_reason is None:
+            result.finish_reason = chunk.choices[0].finish_reason
     if chunk.usage is not None:
         result.usage = chunk.usage
         result.timings = chunk.timings
@@ -92,3 +108,6 @@ async def relay(
     except UpstreamBroken as exc:
         result.error = str(exc)
         yield error_event("the model's server failed mid-stream", "upstream_error")
+
+
+DONE = b"data: [DONE]\n\n"

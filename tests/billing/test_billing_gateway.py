@@ -5,6 +5,7 @@ usage API (team-scoped, admin, CSV), the report CLI and the cost counters."""
 import csv
 import io
 import subprocess
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -15,7 +16,7 @@ import pytest
 from sqlalchemy import Engine
 
 from billing.models import UsageRecord
-from gateway.quotas import day_number
+from gateway.quotas import USAGE_STREAM, day_number
 from tests.billing.conftest import (
     ADMIN_KEY,
     CHARGED,
@@ -154,3 +155,27 @@ def test_usage_api_cli_and_metrics(gw: Gateway, team: Any, sql: Engine, billing_
     charged = f'tokenyard_billing_cost_usd_total{{basis="charged",model="{MODEL}",team="{a}"}}'
     line = next(x for x in scraped.splitlines() if x.startswith(charged))
     assert float(line.split()[-1]) == pytest.approx(2 * CHARGED)
+
+
+def test_stream_usage_is_durable_before_done_and_finish_reasons_recorded(
+    gw: Gateway, team: Any, sql: Engine, redis_server: Any
+) -> None:
+    name, key = team()
+    request_id = "req-" + uuid.uuid4().hex
+    body = {"model": MODEL, "messages": CHAT, "max_tokens": 10, "stream": True}
+    headers = {"authorization": f"Bearer {key}", "x-request-id": request_id}
+    saw_done = False
+    with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body, headers=headers) as r:
+        for line in r.iter_lines():
+            if line == "data: [DONE]":
+                saw_done = True
+                # the moment the client sees the end, the event is in Redis (or already in SQL)
+                stream = redis_server.client().xrange(USAGE_STREAM)
+                in_redis = any(request_id.encode() in f[b"event"] for _, f in stream)
+                in_sql = request_id in {rec.request_id for rec in records(sql, name)}
+                assert in_redis or in_sql
+    assert saw_done
+    gw.client(key).chat.completions.create(model=MODEL, messages=CHAT, max_tokens=10)
+    got = wait_records(sql, name, 2)
+    assert [rec.finish_reason for rec in got] == ["length", "length"]
+    assert all(rec.ttft_s is not None for rec in got)

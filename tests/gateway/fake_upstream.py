@@ -184,10 +184,11 @@ def make_app(model: str, block_size: int, max_model_len: int) -> Any:
                     stats.cancelled += 1
                     tenant["cancelled"] += 1
                     return
+                finish = "length" if i == n_chunks - 1 else None  # as on the whole reply
                 if chat:
-                    choice = {"index": 0, "delta": {"content": "tok "}, "finish_reason": None}
+                    choice = {"index": 0, "delta": {"content": "tok "}, "finish_reason": finish}
                 else:
-                    choice = {"index": 0, "text": "tok ", "finish_reason": None}
+                    choice = {"index": 0, "text": "tok ", "finish_reason": finish}
                 chunk = {
                     "id": f"cmpl-{rid}",
                     "object": kind + (".chunk" if chat else ""),

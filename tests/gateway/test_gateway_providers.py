@@ -13,7 +13,7 @@ import pytest
 
 from tests.backends.conftest import HERE as BACKENDS
 from tests.backends.conftest import control, start_server, stats
-from tests.gateway.conftest import wait_until
+from tests.gateway.conftest import reservations, wait_until
 
 # start_gateway(name=…) sets TOKENYARD_<NAME>: the keys reach the gateway's environment that way
 OPENAI_KEY, ANTHROPIC_KEY = "TOKENYARD_TEST_OPENAI_KEY", "TOKENYARD_TEST_ANTHROPIC_KEY"
@@ -68,8 +68,10 @@ price = {{ input = 0.8, cached_input = 0.08, output = 4.0 }}
 CHAT = [{"role": "user", "content": "Say something #chunks=3"}]
 
 
-def test_openai_and_anthropic_models_serve_through_the_gateway(gw: Any, team: Any) -> None:
-    _, key = team()
+def test_openai_and_anthropic_models_serve_through_the_gateway(
+    gw: Any, team: Any, redis_server: Any
+) -> None:
+    name, key = team(concurrency=4)
     client = gw.client(key)
     reply = client.chat.completions.with_raw_response.create(model="gpt-fake", messages=CHAT)
     assert reply.headers["x-tokenyard-model"] == "gpt-fake"
@@ -93,6 +95,9 @@ def test_openai_and_anthropic_models_serve_through_the_gateway(gw: Any, team: An
     models = {m.id: m for m in client.models.list().data}
     assert models["gpt-fake"].owned_by == "openai" and models["gpt-fake"].model_extra["ready"]
     assert models["claude-fake"].model_extra["circuit"] == "closed"
+    # settled: commercial models hold no KV pages, and give their leases back like any other
+    idle = {"leases": 0, "pages": 0, "platform_leases": 0}
+    wait_until(lambda: reservations(redis_server.client(), name) == idle, 2, "leases released")
 
 
 def test_failure_before_first_byte_falls_back_and_the_breaker_cycles(
