@@ -5,6 +5,9 @@ before migrations existed (tables from create_all, no version) is stamped at the
 which matches them, then upgraded.
 """
 
+import contextlib
+import fcntl
+from collections.abc import Iterator
 from pathlib import Path
 
 from alembic import command
@@ -21,9 +24,22 @@ def _config() -> Config:
     return config
 
 
+@contextlib.contextmanager
+def _sqlite_file_lock(engine: Engine) -> Iterator[None]:
+    """Gateways starting together on one SQLite file: one migrates, the others wait on a lock file
+    beside it (PostgreSQL uses an advisory lock instead)."""
+    path = engine.url.database
+    if engine.dialect.name != "sqlite" or not path or path == ":memory:":
+        yield
+        return
+    with open(path + ".migrate-lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
 def upgrade(engine: Engine) -> None:
     config = _config()
-    with engine.begin() as conn:
+    with _sqlite_file_lock(engine), engine.begin() as conn:
         if conn.dialect.name == "postgresql":
             # gateways starting together: one migrates, the others wait and find it done
             conn.execute(text("SELECT pg_advisory_xact_lock(7242011)"))

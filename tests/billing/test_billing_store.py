@@ -2,6 +2,8 @@
 and CSV, and migrations that match the models."""
 
 import random
+import subprocess
+import sys
 from datetime import UTC, date, datetime
 from pathlib import Path
 
@@ -132,3 +134,17 @@ def test_a_database_from_before_migrations_is_adopted(tmp_path: Path) -> None:
         )
     with Session(engine) as session:
         assert [t.name for t in session.exec(select(Team))] == ["kept"]
+
+
+def test_processes_migrating_one_fresh_sqlite_file_at_once_all_succeed(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/fresh.db"
+    code = (
+        "from billing.migrate import upgrade; from sqlalchemy import create_engine; "
+        f"upgrade(create_engine({url!r}))"
+    )
+    command = [sys.executable, "-c", code]
+    procs = [subprocess.Popen(command, stderr=subprocess.PIPE) for _ in range(3)]
+    errors = [p.communicate(timeout=120)[1].decode() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0], errors
+    tables = set(inspect(create_engine(url)).get_table_names())
+    assert {"team", "apikey", "usage_record", "alembic_version"} <= tables
