@@ -14,6 +14,7 @@ from litestar.datastructures import UploadFile
 
 from batch import jobs
 from batch.files import ENDPOINTS, Line, check_items, parse_lines
+from batch.models import BatchFile
 from batch.worker import BatchWorker
 from billing.events import key_prefix
 from gateway.errors import GatewayError
@@ -74,6 +75,15 @@ def _not_found(what: str, ident: str) -> GatewayError:
     return GatewayError(404, f"no {what} {ident!r}", code=f"{what}_not_found")
 
 
+async def _callers_file(request: Request, file_id: str) -> BatchFile:
+    """The calling team's file; another team's answers 404 like one that never existed."""
+    policy = await _caller(request)
+    row = await anyio.to_thread.run_sync(jobs.get_file, _worker(request).sql, policy.team, file_id)
+    if row is None:
+        raise _not_found("file", file_id)
+    return row
+
+
 async def _batch_object(request: Request, job: jobs.BatchJob) -> dict[str, Any]:
     """The batch object; a running job's request counts are read live."""
     engine = _worker(request).sql
@@ -126,22 +136,11 @@ class FilesController(Controller):
 
     @get("/{file_id:str}")
     async def retrieve(self, request: Request, file_id: str) -> Response[bytes]:
-        policy = await _caller(request)
-        row = await anyio.to_thread.run_sync(
-            jobs.get_file, _worker(request).sql, policy.team, file_id
-        )
-        if row is None:
-            raise _not_found("file", file_id)
-        return _json(jobs.file_object(row))
+        return _json(jobs.file_object(await _callers_file(request, file_id)))
 
     @get("/{file_id:str}/content")
     async def content(self, request: Request, file_id: str) -> Response[bytes]:
-        policy = await _caller(request)
-        row = await anyio.to_thread.run_sync(
-            jobs.get_file, _worker(request).sql, policy.team, file_id
-        )
-        if row is None:
-            raise _not_found("file", file_id)
+        row = await _callers_file(request, file_id)
         return Response(row.content, media_type="application/jsonl")
 
 

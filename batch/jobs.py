@@ -8,7 +8,7 @@ writes the output files, so a job is finalized exactly once.
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from sqlalchemy import Engine, func, update
@@ -16,6 +16,8 @@ from sqlmodel import Session, col, select
 
 from batch.files import Line, output_line
 from batch.models import BatchFile, BatchJob, BatchRequest
+
+_Owned = TypeVar("_Owned", BatchFile, BatchJob)
 
 ACTIVE = ("validating", "in_progress", "cancelling")  # not yet final
 CANCELLED = ("batch_cancelled", "The batch was cancelled before this request ran.")
@@ -47,11 +49,15 @@ def create_file(
         return row
 
 
-def get_file(engine: Engine, team: str, file_id: str) -> BatchFile | None:
-    """A team's file; another team's is as absent as one that never existed."""
+def _owned(engine: Engine, table: type[_Owned], team: str, ident: str) -> _Owned | None:
+    """A team's row; another team's is as absent as one that never existed."""
     with Session(engine) as session:
-        row = session.get(BatchFile, file_id)
+        row = session.get(table, ident)
         return row if row is not None and row.team == team else None
+
+
+def get_file(engine: Engine, team: str, file_id: str) -> BatchFile | None:
+    return _owned(engine, BatchFile, team, file_id)
 
 
 def create_job(
@@ -108,9 +114,7 @@ def create_job(
 
 
 def get_job(engine: Engine, team: str, batch_id: str) -> BatchJob | None:
-    with Session(engine) as session:
-        job = session.get(BatchJob, batch_id)
-        return job if job is not None and job.team == team else None
+    return _owned(engine, BatchJob, team, batch_id)
 
 
 def list_jobs(engine: Engine, team: str, after: str | None, limit: int) -> list[BatchJob]:
