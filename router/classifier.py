@@ -1,9 +1,17 @@
-"""Runtime scorer: loads the shipped artifact and scores one prompt, no model call involved.
+"""The complexity model and its runtime scorer: no model call at request time.
+
+`BlendedRouter` (the fitted estimator in the artifact) adds three standardised scores:
+- a logistic regression over TF-IDF word and character n-grams and text statistics (topic cues
+  of subjects seen in training),
+- a logistic regression over the text statistics and a static embedding (mean of SmolLM2's
+  input-embedding rows over the prompt's tokens), which transfers to unseen subjects; once fitted,
+  the embedding block is folded into one weight per token,
+- the prompt's log length;
+with weights picked at training time on validation data.
 
 scikit-learn's per-call overhead (validation, sparse matrix assembly) is ~2 ms for one prompt,
-so `load` compiles the fitted pipeline — TF-IDF blocks and text statistics into a logistic
-regression — into dictionary lookups and sums; `score` computes the same number (the tests check
-it against `predict_proba`) in about a tenth of a millisecond for a typical prompt.
+so `load` compiles the fitted model into dictionary lookups and sums; `score` computes the same
+number (the tests check it against `predict_proba`) in a fraction of a millisecond.
 
 The routing policy calls `score(prompt)` and compares it with a threshold; a team's threshold can
 be given as the share of traffic it wants on the strong model, which `threshold_for_strong_share`
@@ -17,18 +25,138 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import chain, repeat
 from pathlib import Path
 from typing import Any
 
 import joblib
 import numpy as np
 import sklearn
+from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.feature_extraction.text import TfidfVectorizer
+from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import Pipeline
+from sklearn.preprocessing import StandardScaler
 
-from router.features import text_stats
+from router.features import StaticEmbedding, TextStats, TokenPieces, feature_union, text_stats
 
-DEFAULT_ARTIFACT = Path(__file__).parent / "artifacts" / "complexity-v1.joblib"
+DEFAULT_ARTIFACT = Path(__file__).parent / "artifacts" / "complexity-v2.joblib"
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    out = np.empty_like(z)
+    pos = z >= 0
+    out[pos] = 1.0 / (1.0 + np.exp(-z[pos]))
+    e = np.exp(z[~pos])
+    out[~pos] = e / (1.0 + e)
+    return out
+
+
+class BlendedRouter(ClassifierMixin, BaseEstimator):
+    """w_sparse·z(n-gram LR) + w_dense·z(statistics + static-embedding LR) + w_length·z(log
+    length), each z standardised with its mean and spread on the training prompts; the blend
+    weights only act at scoring time (set_params on a fitted model re-weights it, no refit)."""
+
+    def __init__(
+        self,
+        c: float = 1.0,
+        char_ngrams: bool = True,
+        c_dense: float = 0.003,
+        w_sparse: float = 1.0,
+        w_dense: float = 1.0,
+        w_length: float = 1.0,
+        w_subject: float = 0.0,
+        subject_c: float = 3.0,
+        subject_features: int = 20_000,
+        seed: int = 0,
+    ):
+        self.c = c
+        self.char_ngrams = char_ngrams
+        self.c_dense = c_dense
+        self.w_sparse = w_sparse
+        self.w_dense = w_dense
+        self.w_length = w_length
+        self.w_subject = w_subject
+        self.subject_c = subject_c
+        self.subject_features = subject_features
+        self.seed = seed
+
+    def fit(
+        self, texts: list[str], y: np.ndarray, groups: np.ndarray, gains: np.ndarray
+    ) -> "BlendedRouter":
+        """groups: each prompt's subject (MMLU subject, or the benchmark); gains: what routing
+        it to the strong model gains (strong quality − weak quality)."""
+        texts, y = list(texts), np.asarray(y)
+        groups, gains = np.asarray(groups), np.asarray(gains, dtype=float)
+        self.classes_ = np.unique(y)
+        self.sparse_ = Pipeline(
+            [
+                ("features", feature_union(self.char_ngrams)),
+                ("model", LogisticRegression(C=self.c, max_iter=2000, random_state=self.seed)),
+            ]
+        ).fit(texts, y)
+        stats = TextStats().transform(texts)
+        self.stats_scaler_ = StandardScaler().fit(stats)
+        embedding = StaticEmbedding().fit(texts)
+        emb = embedding.transform(texts)
+        emb_scaler = StandardScaler().fit(emb)
+        x = np.hstack([self.stats_scaler_.transform(stats), emb_scaler.transform(emb)])
+        dense = LogisticRegression(C=self.c_dense, max_iter=3000, random_state=self.seed)
+        dense.fit(x, y)
+        k = stats.shape[1]
+        # fold the scaler and the weights into one weight per token: the artifact keeps a vector
+        token_weights = dense.coef_[0][k:] / emb_scaler.scale_
+        self.embedding_ = embedding.fold(token_weights)
+        self.dense_stats_coef_ = dense.coef_[0][:k]
+        self.dense_intercept_ = float(dense.intercept_[0] - emb_scaler.mean_ @ token_weights)
+        # the subject part: which training subject the prompt looks like (a multinomial LR over
+        # the most frequent word columns) × that subject's mean gain on the training prompts
+        words = self._word_tfidf(texts)
+        df = np.asarray((words > 0).sum(axis=0)).ravel()
+        self.subject_cols_ = np.sort(np.argsort(-df, kind="stable")[: self.subject_features])
+        subject = LogisticRegression(C=self.subject_c, max_iter=100, random_state=self.seed)
+        subject.fit(words[:, self.subject_cols_], groups)
+        # float32-representable weights: the artifact compresses ~2×, scores move by ~1e-7
+        subject.coef_ = subject.coef_.astype(np.float32).astype(np.float64)
+        self.subject_ = subject
+        self.subject_gain_ = np.array([gains[groups == g].mean() for g in subject.classes_])
+        parts = self.parts(texts)
+        self.center_ = parts.mean(axis=0)
+        self.spread_ = parts.std(axis=0)
+        return self
+
+    def _word_tfidf(self, texts: list[str]) -> Any:
+        return self.sparse_.named_steps["features"].transformer_list[0][1].transform(texts)
+
+    def parts(self, texts: list[str]) -> np.ndarray:
+        """The four raw scores per prompt: n-gram logit, dense logit, log length, and the
+        expected gain of the training subjects the prompt resembles."""
+        texts = list(texts)
+        sparse = self.sparse_.decision_function(texts)
+        stats = self.stats_scaler_.transform(TextStats().transform(texts))
+        dense = (
+            self.dense_intercept_
+            + stats @ self.dense_stats_coef_
+            + self.embedding_.transform(texts)[:, 0]
+        )
+        length = np.log1p(np.array([len(t) for t in texts], dtype=float))
+        words = self._word_tfidf(texts)[:, self.subject_cols_]
+        subject = self.subject_.predict_proba(words) @ self.subject_gain_
+        return np.column_stack([sparse, dense, length, subject])
+
+    @property
+    def weights(self) -> np.ndarray:
+        return np.array([self.w_sparse, self.w_dense, self.w_length, self.w_subject], dtype=float)
+
+    def decision_function(self, texts: list[str]) -> np.ndarray:
+        return ((self.parts(texts) - self.center_) / self.spread_) @ self.weights
+
+    def predict_proba(self, texts: list[str]) -> np.ndarray:
+        p = _sigmoid(self.decision_function(texts))
+        return np.column_stack([1.0 - p, p])
+
+    def predict(self, texts: list[str]) -> np.ndarray:
+        return self.classes_[(self.decision_function(texts) >= 0).astype(int)]
 
 
 # per-word n-gram lookups kept per character block; prompts reuse most words, so hits dominate
@@ -45,29 +173,47 @@ class _CompiledTfidf:
     # word's known column ids can be looked up once and cached (set for "char_wb" blocks only)
     preprocess: Callable[[str], str] | None = None
     word_ids: Callable[[str], tuple[int, ...]] | None = None
+    # "word" blocks: the vectorizer's own preprocessor and tokenizer (a C regex), with the n-grams
+    # joined through map/zip and counted by Counter in C, not the analyzer's Python loop
+    tokenize: Callable[[str], list[str]] | None = None
+    ngram_range: tuple[int, int] = (1, 1)
 
     def term_counts(self, prompt: str) -> tuple[np.ndarray, np.ndarray]:
         """Column ids of the prompt's known terms and how often each occurs."""
         if self.preprocess is not None and self.word_ids is not None:
-            ids: Counter[int] = Counter()
-            for word in self.preprocess(prompt).split():
-                ids.update(self.word_ids(word))
+            ids = Counter(chain.from_iterable(map(self.word_ids, self.preprocess(prompt).split())))
+            n = len(ids)
+            return (
+                np.fromiter(ids.keys(), dtype=np.intp, count=n),
+                np.fromiter(ids.values(), dtype=float, count=n),
+            )
+        if self.preprocess is not None and self.tokenize is not None:
+            tokens = self.tokenize(self.preprocess(prompt))
+            terms: Counter[str] = Counter()
+            low, high = self.ngram_range
+            for n in range(low, high + 1):
+                grams = zip(*(tokens[i:] for i in range(n)), strict=False)
+                terms.update(tokens if n == 1 else map(" ".join, grams))
         else:
-            get = self.vocabulary.get
             terms = Counter(self.analyzer(prompt))
-            ids = Counter({j: c for t, c in terms.items() if (j := get(t)) is not None})
-        n = len(ids)
-        return (
-            np.fromiter(ids.keys(), dtype=np.intp, count=n),
-            np.fromiter(ids.values(), dtype=float, count=n),
-        )
+        n = len(terms)
+        cols = np.fromiter(map(self.vocabulary.get, terms.keys(), repeat(-1)), np.intp, count=n)
+        counts = np.fromiter(terms.values(), dtype=float, count=n)
+        known = cols >= 0
+        return cols[known], counts[known]
+
+    def tfidf(self, prompt: str) -> tuple[np.ndarray, np.ndarray]:
+        """Column ids of the prompt's known terms and their sublinear TF-IDF (before the norm)."""
+        idx, tf = self.term_counts(prompt)
+        return idx, self.idf[idx] * (1.0 + np.log(tf))
 
     def dot(self, prompt: str) -> float:
         """Sublinear TF-IDF of the prompt, L2-normalised, dotted with the weights."""
-        idx, tf = self.term_counts(prompt)
+        return self.dot_tfidf(*self.tfidf(prompt))
+
+    def dot_tfidf(self, idx: np.ndarray, w: np.ndarray) -> float:
         if len(idx) == 0:
             return 0.0
-        w = self.idf[idx] * (1.0 + np.log(tf))
         return float(self.coef[idx] @ w / math.sqrt(w @ w))
 
     @classmethod
@@ -77,7 +223,9 @@ class _CompiledTfidf:
             raise ValueError(f"cannot compile TF-IDF settings of {v!r}")
         analyzer = v.build_analyzer()
         vocabulary = dict(v.vocabulary_)
-        preprocess = word_ids = None
+        preprocess = word_ids = tokenize = None
+        if v.analyzer == "word" and v.get_stop_words() is None:
+            preprocess, tokenize = v.build_preprocessor(), v.build_tokenizer()
         if v.analyzer == "char_wb":
             preprocess = v.build_preprocessor()
 
@@ -93,11 +241,15 @@ class _CompiledTfidf:
             coef=coef,
             preprocess=preprocess,
             word_ids=word_ids,
+            tokenize=tokenize,
+            ngram_range=tuple(v.ngram_range),
         )
 
 
 @dataclass(frozen=True)
-class _Compiled:
+class _CompiledNgrams:
+    """The n-gram logistic regression (TF-IDF blocks and statistics)."""
+
     tfidf: list[_CompiledTfidf]
     stats_mean: np.ndarray
     # the regression weight over the scaler's standard deviation: applies to the raw statistic
@@ -105,7 +257,7 @@ class _Compiled:
     intercept: float
 
     @classmethod
-    def from_pipeline(cls, pipeline: Pipeline) -> "_Compiled":
+    def from_pipeline(cls, pipeline: Pipeline) -> "_CompiledNgrams":
         *vectorizers, (_, stats) = pipeline.named_steps["features"].transformer_list
         model = pipeline.named_steps["model"]
         coef = model.coef_[0]
@@ -122,14 +274,97 @@ class _Compiled:
             intercept=float(model.intercept_[0]),
         )
 
+    def logit(self, prompt: str, stats: np.ndarray, words: tuple[np.ndarray, np.ndarray]) -> float:
+        """words: the first (word) block's tfidf(prompt), shared with the subject part."""
+        stats_term = float(np.dot(stats - self.stats_mean, self.stats_coef))
+        first, *rest = self.tfidf
+        ngrams = first.dot_tfidf(*words) + sum(t.dot(prompt) for t in rest)
+        return self.intercept + ngrams + stats_term
+
+
+@dataclass(frozen=True)
+class _CompiledSubject:
+    """softmax(intercept + coef · normalised word TF-IDF) · per-subject gain."""
+
+    column: np.ndarray  # word-vocabulary column → the subject model's column, or -1
+    coef_t: np.ndarray  # (subject columns × subjects), rows looked up per prompt
+    intercept: np.ndarray
+    gain: np.ndarray
+
+    @classmethod
+    def from_model(cls, model: BlendedRouter) -> "_CompiledSubject":
+        n_words = len(model.sparse_.named_steps["features"].transformer_list[0][1].vocabulary_)
+        column = np.full(n_words, -1, dtype=np.intp)
+        column[model.subject_cols_] = np.arange(len(model.subject_cols_))
+        return cls(
+            column=column,
+            coef_t=np.ascontiguousarray(model.subject_.coef_.T),
+            intercept=model.subject_.intercept_,
+            gain=model.subject_gain_,
+        )
+
+    def expected_gain(self, idx: np.ndarray, w: np.ndarray) -> float:
+        cols = self.column[idx]
+        keep = cols >= 0
+        logits = self.intercept.copy()
+        if keep.any():
+            wk = w[keep]
+            # the norm is over all the word block's columns, as in the pipeline
+            logits += (wk / math.sqrt(w @ w)) @ self.coef_t[cols[keep]]
+        p = np.exp(logits - logits.max())
+        return float(p @ self.gain / p.sum())
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    ngrams: _CompiledNgrams
+    subject: _CompiledSubject
+    pieces: TokenPieces
+    token_weights: np.ndarray  # the folded static embedding: one weight per token id
+    dense_stats_mean: np.ndarray
+    dense_stats_scale: np.ndarray
+    dense_stats_coef: np.ndarray
+    dense_intercept: float
+    center: np.ndarray
+    spread: np.ndarray
+    weights: np.ndarray
+
+    @classmethod
+    def from_model(cls, model: BlendedRouter) -> "_Compiled":
+        return cls(
+            ngrams=_CompiledNgrams.from_pipeline(model.sparse_),
+            subject=_CompiledSubject.from_model(model),
+            pieces=model.embedding_.pieces_,
+            token_weights=np.ascontiguousarray(model.embedding_.table_[:, 0]),
+            dense_stats_mean=model.stats_scaler_.mean_,
+            dense_stats_scale=model.stats_scaler_.scale_,
+            dense_stats_coef=model.dense_stats_coef_,
+            dense_intercept=model.dense_intercept_,
+            center=model.center_,
+            spread=model.spread_,
+            weights=model.weights,
+        )
+
     def logit(self, prompt: str) -> float:
-        stats = float(np.dot(np.asarray(text_stats(prompt)) - self.stats_mean, self.stats_coef))
-        return self.intercept + sum(t.dot(prompt) for t in self.tfidf) + stats
+        # a part whose blend weight is 0 adds exactly 0 to the pipeline's sum: it is not computed
+        w_sparse, w_dense, _, w_subject = self.weights
+        stats = np.asarray(text_stats(prompt))
+        words = self.ngrams.tfidf[0].tfidf(prompt)
+        sparse = self.ngrams.logit(prompt, stats, words) if w_sparse else 0.0
+        dense = 0.0
+        if w_dense:
+            ids = self.pieces.ids(prompt)
+            tokens = float(np.mean(self.token_weights[ids])) if ids else 0.0
+            scaled = (stats - self.dense_stats_mean) / self.dense_stats_scale
+            dense = self.dense_intercept + float(scaled @ self.dense_stats_coef) + tokens
+        subject = self.subject.expected_gain(*words) if w_subject else 0.0
+        parts = np.array([sparse, dense, math.log1p(len(prompt)), subject])
+        return float(((parts - self.center) / self.spread) @ self.weights)
 
 
 @dataclass(frozen=True)
 class ComplexityClassifier:
-    pipeline: Pipeline
+    pipeline: BlendedRouter
     metadata: dict[str, Any]
     compiled: _Compiled
 
@@ -147,7 +382,7 @@ class ComplexityClassifier:
                 stacklevel=2,
             )
         pipeline = joblib.load(path)
-        return cls(pipeline=pipeline, metadata=metadata, compiled=_Compiled.from_pipeline(pipeline))
+        return cls(pipeline=pipeline, metadata=metadata, compiled=_Compiled.from_model(pipeline))
 
     @property
     def version(self) -> str:

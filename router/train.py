@@ -7,6 +7,10 @@ Splits (all seeded, all grouped by normalised prompt so duplicates never straddl
 - MMLU subject-held-out: whole subjects in K folds; each fold is scored by a model of the chosen
   recipe trained on the other subjects (plus GSM8K train), so every MMLU prompt gets a score from
   a model that never saw its subject.
+
+Choosing a candidate also weighs how it transfers to unseen subjects, estimated inside the
+non-test data only: subject folds (with a different seed from the reported evaluation's) over the
+MMLU train and validation parts, each scored by a model trained on the other subjects.
 """
 
 import hashlib
@@ -20,9 +24,8 @@ from typing import Any
 import joblib
 import numpy as np
 import sklearn
-from sklearn.linear_model import LogisticRegression
-from sklearn.pipeline import Pipeline
 
+from router.classifier import BlendedRouter
 from router.dataset import (
     DATA_DIR,
     Example,
@@ -36,25 +39,60 @@ from router.dataset import (
     random_split,
     subject_folds,
 )
-from router.features import feature_union
 from router.metrics import Interval, bootstrap, router_metrics
 from router.report import write_report
 
 ARTIFACT_DIR = Path(__file__).parent / "artifacts"
-VERSION = "v1"
+VERSION = "v2"
 
 
 @dataclass(frozen=True)
 class Candidate:
     # the label learnt: "weak_fails" (the weak model is wrong) or "escalate" (the weak model is
     # wrong and the strong one right: the only prompts where escalating buys quality)
-    target: str
-    c: float  # inverse L2 strength of the logistic regression
-    char_ngrams: bool = False  # add character n-grams of the prompt's opening
+    target: str = "escalate"
+    c: float = 1.0  # inverse L2 strength of the n-gram logistic regression
+    char_ngrams: bool = True  # add character n-grams of the prompt's opening
+    c_dense: float = 0.003  # inverse L2 strength of the statistics + static embedding regression
+    # blend weights of the three standardised scores: n-gram LR, dense LR, log length
+    w_sparse: float = 1.0
+    w_dense: float = 1.0
+    w_length: float = 1.0
+    w_subject: float = 0.0
 
     @property
     def name(self) -> str:
-        return f"{self.target} C={self.c}" + (" +char" if self.char_ngrams else "")
+        return (
+            f"{self.target} C={self.c}"
+            + (" +char" if self.char_ngrams else "")
+            + f" Cd={self.c_dense} w=({self.w_sparse:g}, {self.w_dense:g}, {self.w_length:g},"
+            f" {self.w_subject:g})"
+        )
+
+    @property
+    def fit_key(self) -> "Candidate":
+        """Candidates differing only in blend weights share one fitted model."""
+        return Candidate(self.target, self.c, self.char_ngrams, self.c_dense)
+
+    @property
+    def blend(self) -> dict[str, float]:
+        return {
+            "w_sparse": self.w_sparse,
+            "w_dense": self.w_dense,
+            "w_length": self.w_length,
+            "w_subject": self.w_subject,
+        }
+
+
+def _blend_grid() -> tuple[Candidate, ...]:
+    # the n-gram LR's settings (escalate, C=1, +char) won v1's grid; v2 adds the dense score,
+    # the subject part and the length term and chooses their weights
+    return tuple(
+        Candidate(w_sparse=1.0, w_dense=wd, w_length=wl, w_subject=wsub)
+        for wd in (0.0, 0.5)
+        for wl in (0.0, 0.5, 1.0)
+        for wsub in (0.0, 0.5, 1.0, 2.0)
+    )
 
 
 @dataclass(frozen=True)
@@ -64,14 +102,13 @@ class TrainConfig:
     test_frac: float = 0.25
     subject_folds: int = 5
     bootstrap_resamples: int = 1000
-    candidates: tuple[Candidate, ...] = field(
-        # "weak_fails" lost to "escalate" in every exploratory run, so it gets one point here,
-        # enough to show the choice; "escalate" gets the grid
-        default_factory=lambda: (
-            Candidate("weak_fails", 1.0),
-            *(Candidate("escalate", c, ch) for c in (0.3, 1.0, 3.0) for ch in (False, True)),
-        )
-    )
+    # the selection's own subject folds (inside the non-test data) use seed + this offset, so
+    # they group subjects differently from the reported subject-held-out evaluation
+    selection_fold_seed_offset: int = 1
+    # selection score: weights of validation APGR on MMLU and GSM8K and of the subject-transfer
+    # estimate (MMLU's validation part is ten times GSM8K's, so far less noisy)
+    selection_weights: tuple[float, float, float] = (0.5, 0.25, 0.25)
+    candidates: tuple[Candidate, ...] = field(default_factory=_blend_grid)
 
 
 def labels(examples: list[Example], target: str) -> np.ndarray:
@@ -82,22 +119,29 @@ def labels(examples: list[Example], target: str) -> np.ndarray:
     raise ValueError(f"unknown target {target!r}")
 
 
-def build_pipeline(candidate: Candidate, seed: int) -> Pipeline:
-    return Pipeline(
-        [
-            ("features", feature_union(candidate.char_ngrams)),
-            ("model", LogisticRegression(C=candidate.c, max_iter=2000, random_state=seed)),
-        ]
+def build_pipeline(candidate: Candidate, seed: int) -> BlendedRouter:
+    return BlendedRouter(
+        c=candidate.c,
+        char_ngrams=candidate.char_ngrams,
+        c_dense=candidate.c_dense,
+        seed=seed,
+        **candidate.blend,
     )
 
 
-def fit(candidate: Candidate, examples: list[Example], seed: int) -> Pipeline:
+def fit(candidate: Candidate, examples: list[Example], seed: int) -> BlendedRouter:
     pipe = build_pipeline(candidate, seed)
-    pipe.fit([e.prompt for e in examples], labels(examples, candidate.target))
+    weak, strong = outcomes(examples)
+    pipe.fit(
+        [e.prompt for e in examples],
+        labels(examples, candidate.target),
+        groups=np.array([e.subject for e in examples]),
+        gains=strong - weak,
+    )
     return pipe
 
 
-def score(pipe: Pipeline, prompts: list[str]) -> np.ndarray:
+def score(pipe: BlendedRouter, prompts: list[str]) -> np.ndarray:
     return pipe.predict_proba(prompts)[:, 1]
 
 
@@ -140,14 +184,74 @@ def load_data(config: TrainConfig, data_dir: Path = DATA_DIR) -> Data:
     )
 
 
-def validation_score(pipe: Pipeline, data: Data) -> dict[str, float]:
-    out = {}
-    for bench, examples in (("mmlu", data.mmlu_part("val")), ("gsm8k", data.gsm8k_part("val"))):
-        weak, strong = outcomes(examples)
-        out[bench] = router_metrics(score(pipe, [e.prompt for e in examples]), weak, strong).apgr
-    # MMLU is ten times larger, so its APGR is far less noisy; it gets the larger weight
-    out["selection"] = 0.75 * out["mmlu"] + 0.25 * out["gsm8k"]
-    return out
+def standardised_parts(model: BlendedRouter, examples: list[Example]) -> np.ndarray:
+    """The model's parts on these prompts, standardised: blending is then one product with the
+    weights (the model's logit), so every blend of one fitted model is scored without refitting."""
+    return (model.parts([e.prompt for e in examples]) - model.center_) / model.spread_
+
+
+def subject_transfer_parts(
+    data: Data, key: Candidate, config: TrainConfig
+) -> tuple[list[Example], np.ndarray]:
+    """Selection's estimate of transfer to unseen subjects, from non-test data only: the MMLU
+    train and validation parts in subject folds; each fold's prompts get the standardised parts
+    (n-gram, dense, length) of a model fit on the other subjects' prompts plus GSM8K train."""
+    pool = data.mmlu_part("train") + data.mmlu_part("val")
+    seed = config.seed + config.selection_fold_seed_offset
+    rows, parts = [], []
+    for held in subject_folds(pool, config.subject_folds, seed):
+        held_set = set(held.tolist())
+        held_prompts = {normalise(pool[i].prompt) for i in held}
+        train = [
+            e
+            for i, e in enumerate(pool)
+            if i not in held_set and normalise(e.prompt) not in held_prompts
+        ] + data.gsm8k_part("train")
+        model = fit(key, train, config.seed)
+        raw = model.parts([pool[i].prompt for i in held])
+        rows.append(held)
+        parts.append((raw - model.center_) / model.spread_)
+    order = np.concatenate(rows)
+    return [pool[i] for i in order], np.vstack(parts)
+
+
+def select(
+    data: Data, config: TrainConfig, log: Any = print
+) -> tuple[Candidate, list[dict[str, Any]]]:
+    """Fit each distinct model once on train; score every blend of it on validation and on the
+    subject-transfer estimate; pick the best selection score. Test data is never touched."""
+    train_set = data.part("train")
+    validation, tried = [], []
+    for key in dict.fromkeys(c.fit_key for c in config.candidates):
+        model = fit(key, train_set, config.seed)
+        sets = {
+            "mmlu": data.mmlu_part("val"),
+            "gsm8k": data.gsm8k_part("val"),
+            "subject_transfer": None,
+        }
+        parts: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        for name, examples in sets.items():
+            if examples is None:
+                examples, p = subject_transfer_parts(data, key, config)
+            else:
+                p = standardised_parts(model, examples)
+            parts[name] = (p, *outcomes(examples))
+        for candidate in (c for c in config.candidates if c.fit_key == key):
+            model.set_params(**candidate.blend)
+            row: dict[str, Any] = {"candidate": candidate.name}
+            for name, (p, weak, strong) in parts.items():
+                row[name] = router_metrics(p @ model.weights, weak, strong).apgr
+            row["selection"] = float(
+                np.dot(
+                    config.selection_weights,
+                    (row["mmlu"], row["gsm8k"], row["subject_transfer"]),
+                )
+            )
+            validation.append(row)
+            tried.append(candidate)
+            log(f"validation {row}")
+    best_i = max(range(len(validation)), key=lambda i: validation[i]["selection"])
+    return tried[best_i], validation
 
 
 def threshold_curve(val_scores: np.ndarray, points: int = 101) -> dict[str, list[float]]:
@@ -231,13 +335,7 @@ def train(config: TrainConfig, out_dir: Path = ARTIFACT_DIR, log: Any = print) -
     data = load_data(config)
     train_set = data.part("train")
 
-    validation = []
-    for candidate in config.candidates:
-        pipe = fit(candidate, train_set, config.seed)
-        validation.append({"candidate": candidate.name, **validation_score(pipe, data)})
-        log(f"validation {validation[-1]}")
-    best_i = max(range(len(validation)), key=lambda i: validation[i]["selection"])
-    best = config.candidates[best_i]
+    best, validation = select(data, config, log)
     log(f"chosen: {best.name}")
 
     model = fit(best, train_set, config.seed)

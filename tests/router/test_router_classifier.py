@@ -13,7 +13,7 @@ from .conftest import Shipped
 
 def test_loads_and_scores_in_unit_interval(shipped: Shipped) -> None:
     clf = shipped.classifier
-    assert clf.version == "v1"
+    assert clf.version == "v2"
     for prompt in ("", "hi", "What is 2+2?", "x " * 50_000, shipped.data.gsm8k[0].prompt):
         s = clf.score(prompt)
         assert isinstance(s, float)
@@ -21,7 +21,9 @@ def test_loads_and_scores_in_unit_interval(shipped: Shipped) -> None:
 
 
 def test_fast_path_equals_pipeline(shipped: Shipped) -> None:
-    prompts = [e.prompt for e in shipped.data.part("test")][::5]
+    odd = ["", "hi", "   ", "x " * 50_000, "Ünïcödé ✓ — 3½ × 10⁻³?", "\n\nA. \nB. \nAnswer:"]
+    mt_bench = [q.first_turn for q in shipped.data.mt_bench]
+    prompts = [e.prompt for e in shipped.data.part("test")][::5] + odd + mt_bench
     fast = np.array([shipped.classifier.score(p) for p in prompts])
     np.testing.assert_allclose(fast, shipped.classifier.score_many(prompts), rtol=0, atol=1e-9)
 
@@ -67,3 +69,19 @@ def test_report_recomputes_from_shipped_artifact(shipped: Shipped, name: str) ->
     reported = shipped.report["evaluations"][name]["routers"]["classifier"]
     for field in ("apgr", "cpt50", "cpt80", "auroc_weak_fails"):
         assert getattr(got, field) == pytest.approx(reported[field]["value"], abs=1e-9)
+
+
+def test_report_meets_the_targets_it_meets(shipped: Shipped) -> None:
+    """The issue's targets that the shipped report meets (router section of bench/RESULTS.md):
+    MMLU in-domain CPT(50%) ≤ 30% and clearly above the length rule (paired bootstrap interval
+    of the APGR difference above 0); whole-subjects-held-out APGR ≥ 0.55. Not met, so not asserted:
+    MMLU in-domain APGR ≥ 0.65 (0.642), GSM8K CPT(50%) ≤ 33% (36.0%), held-out above length."""
+    evaluations = shipped.report["evaluations"]
+    in_domain = evaluations["mmlu_in_domain"]
+    assert in_domain["routers"]["classifier"]["cpt50"]["value"] <= 0.30
+    assert in_domain["minus_length"]["classifier"]["apgr"]["low"] > 0.0
+    held_out = evaluations["mmlu_subject_held_out"]["routers"]["classifier"]
+    assert held_out["apgr"]["value"] >= 0.55
+    # and better than v1 everywhere it was measured on the same prompts: 0.630 / 0.529
+    assert in_domain["routers"]["classifier"]["apgr"]["value"] > 0.630
+    assert held_out["apgr"]["value"] > 0.529

@@ -1,12 +1,15 @@
 """Training determinism, leakage-free splits, and the metrics on cases with known answers."""
 
 import argparse
+import pickle
 
 import numpy as np
 import pytest
+from tokenizers import Tokenizer
 
 from router.cli import add_parser
 from router.dataset import load_gsm8k, load_mmlu, normalise, random_split, subject_folds
+from router.features import EMBED_CHARS, StaticEmbedding
 from router.metrics import apgr, cpt, routing_curve
 from router.train import Candidate, fit, score
 
@@ -75,3 +78,32 @@ def test_cli_registers_router_train() -> None:
     add_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["router", "train", "--seed", "7", "--bootstrap", "10"])
     assert args.seed == 7 and args.bootstrap == 10 and callable(args.run)
+
+
+@pytest.fixture(scope="module")
+def embedding() -> StaticEmbedding:
+    return StaticEmbedding().fit([])
+
+
+def test_token_pieces_match_the_tokenizer(embedding: StaticEmbedding, mmlu: list) -> None:
+    # the piecewise (cached) tokenisation gives SmolLM2's own token ids on ordinary text
+    tokenizer = Tokenizer.from_str(embedding.pieces_.tokenizer_json)
+    prompts = [e.prompt[:EMBED_CHARS] for e in mmlu[::50]] + [e.prompt for e in load_gsm8k()[:50]]
+    same = [
+        embedding.pieces_.ids(p) == tokenizer.encode(p, add_special_tokens=False).ids
+        for p in prompts
+    ]
+    assert np.mean(same) >= 0.95
+
+
+def test_token_pieces_pickle_round_trip(embedding: StaticEmbedding) -> None:
+    again = pickle.loads(pickle.dumps(embedding.pieces_))
+    text = "Which of the following is NOT a prime number? A. 2\nB. 9"
+    assert again.ids(text) == embedding.pieces_.ids(text) != []
+
+
+def test_folded_embedding_equals_projection(embedding: StaticEmbedding, mmlu: list) -> None:
+    texts = [e.prompt for e in mmlu[:100]] + ["", "hi"]
+    weights = np.random.default_rng(0).normal(size=embedding.table_.shape[1])
+    folded = embedding.fold(weights).transform(texts)[:, 0]
+    np.testing.assert_allclose(folded, embedding.transform(texts) @ weights, rtol=0, atol=1e-9)
