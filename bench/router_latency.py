@@ -1,6 +1,13 @@
-"""Complexity classifier: single-prompt scoring latency, and its held-out quality vs baselines.
+"""The router: decision latency of the whole routing path, the classifier's own scoring latency,
+and its held-out quality vs baselines.
 
     .venv/bin/python bench/router_latency.py [--n 3000]
+
+The whole path is what the gateway runs per request before it reserves quotas: the policy (catalog
+lookup, the team's threshold, the classifier's score for model="auto") and the choice of the first
+usable candidate (readiness, breaker state, engine load), over the shipped catalog with every model
+configured, in three states: all healthy; the cheap engine saturated (overflow to its fallback); the
+strong model's breaker open (its fallback takes it).
 
 Latency is one `ComplexityClassifier.score(prompt)` call at a time (what the router does per
 request), over held-out MMLU and GSM8K test prompts in their natural length mix plus MT-Bench
@@ -16,9 +23,17 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+from redis.asyncio import Redis
 
+from backends.factory import build_upstream
+from backends.registry import Backends
+from gateway.keys import TeamPolicy
+from gateway.proxy import Proxy
+from router.catalog import DEFAULT_CATALOG, Catalog
 from router.classifier import DEFAULT_ARTIFACT, ComplexityClassifier
+from router.policy import AUTO, Router, Scorer
 from router.train import TrainConfig, load_data
+from tokenyard.settings import Settings
 
 
 def _percentiles(seconds: list[float]) -> str:
@@ -39,6 +54,45 @@ def _time(fn: Callable[[str], object], prompts: list[str]) -> tuple[list[float],
     return wall, cpu
 
 
+def _routing_proxy(clf: ComplexityClassifier) -> Proxy:
+    """A gateway's routing half over the shipped catalog, every model configured and ready; no
+    quota store or auth is touched on this path."""
+    for var in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
+        os.environ.setdefault(var, "sk-bench")
+    settings = Settings(gateway_max_upstream_waiting=8, router_max_kv_usage=0.95)
+    catalog = Catalog.load(DEFAULT_CATALOG, "smollm2=http://127.0.0.1:1,smollm2=http://127.0.0.1:2")
+    redis = Redis()  # never connected: breaker state is read from the process's copy
+    upstreams = {m.id: build_upstream(m, redis, settings) for m in catalog.models.values()}
+    for upstream in upstreams.values():
+        upstream.info.ready = True
+    router = Router(catalog, Scorer(lambda: clf))
+    return Proxy(settings, None, None, Backends(upstreams), router)  # type: ignore[arg-type]
+
+
+def _time_routing(proxy: Proxy, prompts: list[str]) -> dict[str, list[float]]:
+    team = TeamPolicy(team="bench", strong_share=0.3)
+    states = {
+        "all healthy": lambda b: None,
+        "cheap engine saturated": lambda b: setattr(b["smollm2"].info, "waiting", 50),
+        "strong breaker open": lambda b: setattr(b["gpt-4o"].info, "circuit", "open"),
+    }
+    out: dict[str, list[float]] = {}
+    served: dict[str, set[str]] = {}
+    for name, apply in states.items():
+        apply(proxy.backends.upstreams)
+
+        def decide(prompt: str) -> str:
+            body = {"model": AUTO, "messages": [{"role": "user", "content": prompt}]}
+            route = proxy.router.route(AUTO, body, team, "interactive")
+            return proxy.first_usable(route, "interactive").info.name
+
+        out[name], _ = _time(decide, prompts)
+        served[name] = {decide(p) for p in prompts[:300]}
+    for name, models in served.items():
+        print(f"  {name}: served by {sorted(models)}")
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--n", type=int, default=3000, help="prompts to time")
@@ -55,6 +109,8 @@ def main() -> None:
     lengths = np.array([len(p) for p in prompts])
 
     _time(clf.score, prompts[:200])  # warm caches and the allocator
+    print("whole routing path (model=auto, policy + candidate choice):")
+    routing = _time_routing(_routing_proxy(clf), prompts)
     fast_wall, fast_cpu = _time(clf.score, prompts)
     pipe_wall, pipe_cpu = _time(lambda p: clf.pipeline.predict_proba([p]), prompts[:300])
 
@@ -70,6 +126,8 @@ def main() -> None:
     print(f"ComplexityClassifier.score, CPU time:  {_percentiles(fast_cpu)}")
     print(f"sklearn predict_proba (reference), wall: {_percentiles(pipe_wall)}")
     print(f"sklearn predict_proba (reference), CPU:  {_percentiles(pipe_cpu)}")
+    for name, wall in routing.items():
+        print(f"routing path, {name}, wall: {_percentiles(wall)}")
 
     report = json.loads(
         DEFAULT_ARTIFACT.with_name(DEFAULT_ARTIFACT.stem + "-report.json").read_text()

@@ -197,7 +197,7 @@ class Proxy:
             route = self.router.route(parsed.model, parsed.body, policy, tier)
         except NoRoute as exc:
             raise GatewayError(404, str(exc), code="model_not_found", param="model") from None
-        upstream = self._first_open(route, tier)
+        upstream = self.first_usable(route, tier)
         prompt = parsed.prompt_tokens + upstream.info.prompt_extra
         max_tokens = _size(parsed, prompt, upstream.info, policy, self.settings)
         body = parsed.body
@@ -297,7 +297,8 @@ class Proxy:
                 metrics.OVERFLOWS.labels(route.candidates[i], why).inc()
         return None
 
-    def _first_open(self, route: Route, tier: str) -> Upstream:
+    def first_usable(self, route: Route, tier: str) -> Upstream:
+        """The backend that takes the request: the route's first usable candidate, or a 503."""
         found = self._next_open(route, tier, 0)
         if found is not None:
             return found[1]
