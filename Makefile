@@ -22,6 +22,7 @@ up: install
 	$(VENV)/bin/tokenyard up --port $(PORT)
 
 test: install
+	bash scripts/system-packages.sh
 	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
 
 lint: install
