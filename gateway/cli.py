@@ -3,6 +3,7 @@
 import argparse
 import contextlib
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -124,12 +125,15 @@ def _wait_healthy(url: str, proc: subprocess.Popen[bytes] | None, timeout: float
     raise SystemExit(f"{url} did not become healthy within {timeout:.0f} s")
 
 
-def _banner(key: str, port: int, model: str) -> str:
+def _banner(key: str, port: int, model: str, settings: Settings, admin_generated: bool) -> str:
     base = f"http://127.0.0.1:{port}/v1"
+    password = settings.admin_password if admin_generated else "from TOKENYARD_ADMIN_PASSWORD"
     return f"""
 tokenyard is up: gateway {base}, team {DEMO_TEAM!r}
 API key (shown once):
 {key}
+
+admin UI: http://127.0.0.1:{port}/admin (user {settings.admin_user!r}, password {password})
 
 curl {base}/chat/completions \\
   -H "Authorization: Bearer {key}" -H "Content-Type: application/json" \\
@@ -178,7 +182,11 @@ def _up(args: argparse.Namespace) -> int:
             keys.create_team(sql, DEMO_TEAM, rpm=600, tpm=200_000, concurrency=16)
         key = keys.create_key(sql, DEMO_TEAM).key
         model = _demo_model(settings)
-        print(_banner(key, args.port, model), flush=True)
+        # the dashboard should work out of the box: a fresh admin password for this run if none set
+        admin_generated = not settings.admin_password
+        if admin_generated:
+            settings = settings.model_copy(update={"admin_password": secrets.token_urlsafe(12)})
+        print(_banner(key, args.port, model, settings, admin_generated), flush=True)
         serve(settings, args.host, args.port)  # returns on Ctrl-C / SIGTERM
     finally:
         if engine is not None and engine.poll() is None:
