@@ -216,11 +216,11 @@ def _stop_embedded(embedded: Any) -> None:
 
 
 def _demo_model(settings: Settings) -> str:
-    """The model the banner's examples name: the catalog's first self-hosted one."""
+    """The model the banner's examples name: the catalog's first self-hosted one with replicas."""
     from router.catalog import load_catalog
 
     models = load_catalog(settings).models.values()
-    return next(m.id for m in models if m.provider == "self-hosted")
+    return next(m.id for m in models if m.provider == "self-hosted" and m.configured)
 
 
 def add_parser(sub: Any) -> None:

@@ -199,6 +199,7 @@ def test_up_starts_embedded_redis_and_gateway_and_stops_cleanly(
         lines = banner.splitlines()
         key = lines[lines.index("API key (shown once):") + 1]
         assert f"Bearer {key}" in banner and f'api_key="{key}"' in banner
+        assert f'"model": "{MODEL}"' in banner  # the engine it was given, not the catalog's default
         url = f"http://127.0.0.1:{port}"
         wait_until(lambda: httpx.get(url + "/ready").status_code == 200, 20, "up's gateway")
         client = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
