@@ -86,8 +86,11 @@ class Settings(BaseSettings):
     # billing: the usage consumer in each gateway (see docs/billing.md)
     billing_consumer_group: str = "billing"  # one Redis consumer group per deployment
     billing_batch_size: int = 500  # usage events written to SQL per transaction
-    # how long one read waits for new events: also how late a record can land in SQL
+    # how long one read waits for new events
     billing_block_ms: int = 200
+    # after a batch smaller than billing_batch_size, wait this long before reading again so that
+    # events gather into larger writes; a record lands in SQL within about this plus the block time
+    billing_flush_s: float = 0.5
     # a pending event idle this long (its consumer died or is stuck) is claimed by another
     billing_claim_idle_s: float = 30.0
     # SQL down: retry the same batch after this, doubling up to 30 s (nothing is acknowledged)
