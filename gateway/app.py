@@ -2,6 +2,7 @@
 
 import asyncio
 import logging
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -24,7 +25,8 @@ from gateway.auth import Authenticator
 from gateway.db import database_url, get_engine
 from gateway.errors import GatewayError, gateway_error_handler, http_error_handler
 from gateway.proxy import Proxy
-from gateway.quotas import Quotas
+from gateway.quotas import USAGE_STREAM, Quotas
+from gateway.spool import UsageSpool
 from gateway.store import connect, embedded_redis, redis_url
 from router.catalog import Catalog, ModelEntry, load_catalog
 from router.classifier import ComplexityClassifier
@@ -132,13 +134,16 @@ def create_app(settings: Settings | None = None) -> Litestar:
         app.state.embedded_redis = embedded  # referenced: the server lives as long as this
         redis = connect(redis_url(settings, embedded))
         sql = get_engine(database_url(settings))
+        spool = app.state.spool = UsageSpool(Path(settings.data_dir) / "spool", USAGE_STREAM)
         quotas = Quotas(
             redis,
             lease_s=settings.gateway_lease_s,
             fail_open=settings.gateway_fail_open,
             max_concurrency=settings.gateway_max_concurrency,
             max_batch_concurrency=settings.gateway_max_batch_concurrency,
+            spool=spool,
         )
+        spool.start(redis)
         catalog = load_catalog(settings)
         backends = build_backends(catalog, redis, settings)
         auth = Authenticator(sql, redis, settings.gateway_key_cache_s)
@@ -157,6 +162,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         await app.state.batch_worker.stop()  # first: its requests' settles are then drained
         await proxy.drain()
         await app.state.usage_consumer.stop()
+        await app.state.spool.stop()  # what is still spooled is replayed by the next start
         await proxy.keeper.stop()
         await proxy.backends.aclose()
         await proxy.quotas.redis.aclose()

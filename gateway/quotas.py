@@ -21,6 +21,7 @@ from redis.exceptions import RedisError
 
 from gateway.errors import GatewayError
 from gateway.keys import TeamPolicy
+from gateway.spool import UsageSpool
 from gateway.store import BatchedScript
 
 log = logging.getLogger("tokenyard.gateway")
@@ -115,8 +116,10 @@ class Quotas:
         fail_open: bool,
         max_concurrency: int = 0,
         max_batch_concurrency: int = 0,
+        spool: UsageSpool | None = None,
     ) -> None:
         self.redis = redis
+        self.spool = spool  # where usage events go when Redis cannot take them
         self.lease_ms = int(lease_s * 1000)
         self.fail_open = fail_open
         self.max_concurrency = max_concurrency
@@ -196,8 +199,11 @@ class Quotas:
         )
 
     async def settle(self, res: Reservation, usage: Usage, event: dict) -> None:
-        """Replace the reservation with actual usage; never raises (leases expire regardless)."""
-        if not res.enforced:
+        """Replace the reservation with actual usage; never raises (leases expire regardless).
+        The usage event is spooled locally when Redis cannot take it, so billing still gets it."""
+        encoded = msgspec.json.encode(event)
+        if not res.enforced:  # served fail-open without Redis
+            self._spool(encoded)
             return
         keys = res.keys
         used = usage.prompt_tokens + usage.completion_tokens
@@ -218,11 +224,21 @@ class Quotas:
                     res.tokens,
                     used,
                     res.policy.tpm,
-                    msgspec.json.encode(event),
+                    encoded,
                 ],
             )
         except RedisError as exc:
             log.warning("could not settle %s (its leases will expire): %s", res.lease_id, exc)
+            self._spool(encoded)
+
+    def _spool(self, event: bytes) -> None:
+        if self.spool is None:
+            log.error("usage event lost: Redis unavailable and no spool configured")
+            return
+        try:
+            self.spool.add(event)
+        except OSError as exc:
+            log.error("usage event lost: Redis unavailable and the spool failed: %s", exc)
 
     async def renew(self, reservations: list[Reservation]) -> None:
         keys: list[str] = []

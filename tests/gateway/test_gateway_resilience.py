@@ -7,13 +7,16 @@ import select
 import signal
 import subprocess
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import psutil
+import sqlmodel
 
+from billing.models import UsageRecord
 from tests.gateway.conftest import (
     MODEL,
     TOKENYARD,
@@ -120,7 +123,7 @@ def test_leases_renew_while_streaming_and_expire_after_a_killed_gateway(
     assert time.monotonic() - killed_at >= 0.3
 
 
-def test_redis_outage_fails_closed_then_recovers(start_gateway: Any, team: Any) -> None:
+def test_redis_outage_fails_closed_then_recovers(start_gateway: Any, team: Any, sql: Any) -> None:
     server = RedisServer()
     server.start()
     try:
@@ -140,7 +143,10 @@ def test_redis_outage_fails_closed_then_recovers(start_gateway: Any, team: Any) 
             assert err.code == "quota_store_unavailable"
             assert err.response.headers["retry-after"] == "1"
         assert httpx.get(closed.url + "/ready").status_code == 503
-        reply = opened.client(key).chat.completions.create(model=MODEL, messages=messages)
+        served_open = "req-" + uuid.uuid4().hex
+        reply = opened.client(key).chat.completions.create(
+            model=MODEL, messages=messages, extra_headers={"x-request-id": served_open}
+        )
         assert reply.choices[0].message.content == "tok tok "
         assert closed.proc.poll() is None
 
@@ -151,6 +157,15 @@ def test_redis_outage_fails_closed_then_recovers(start_gateway: Any, team: Any) 
             "recovery after Redis returned",
         )
         assert httpx.get(closed.url + "/ready").status_code == 200
+        # served without Redis, its usage event waited in the gateway's spool: billed all the same
+
+        def billed() -> list[UsageRecord]:
+            with sqlmodel.Session(sql) as session:
+                query = sqlmodel.select(UsageRecord).where(UsageRecord.request_id == served_open)
+                return list(session.exec(query))
+
+        wait_until(lambda: billed(), 10, "the fail-open request's usage record")
+        assert len(billed()) == 1 and billed()[0].completion_tokens == 2
     finally:
         server.stop()
 
