@@ -5,16 +5,18 @@ A team sees only its own files and jobs: anything else answers 404, exactly as a
 
 import math
 import time
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import anyio
 import msgspec
 from litestar import Controller, Request, Response, get, post
 from litestar.datastructures import UploadFile
+from sqlalchemy import Engine
 
 from batch import jobs
 from batch.files import ENDPOINTS, Line, check_items, parse_lines
-from batch.models import BatchFile
+from batch.models import BatchFile, BatchJob
 from batch.worker import BatchWorker
 from billing.events import key_prefix
 from gateway.errors import GatewayError
@@ -73,6 +75,18 @@ def _check_job(endpoint: str, window: str, metadata: dict[str, str] | None) -> N
 
 def _not_found(what: str, ident: str) -> GatewayError:
     return GatewayError(404, f"no {what} {ident!r}", code=f"{what}_not_found")
+
+
+async def _callers_job(
+    request: Request, action: Callable[[Engine, str, str], BatchJob | None], batch_id: str
+) -> Response[bytes]:
+    """`action` on the calling team's job (read it, cancel it) → the batch object; another
+    team's job answers 404 like one that never existed."""
+    policy = await _caller(request)
+    job = await anyio.to_thread.run_sync(action, _worker(request).sql, policy.team, batch_id)
+    if job is None:
+        raise _not_found("batch", batch_id)
+    return _json(await _batch_object(request, job))
 
 
 async def _callers_file(request: Request, file_id: str) -> BatchFile:
@@ -196,23 +210,11 @@ class BatchesController(Controller):
 
     @get("/batches/{batch_id:str}")
     async def retrieve(self, request: Request, batch_id: str) -> Response[bytes]:
-        policy = await _caller(request)
-        job = await anyio.to_thread.run_sync(
-            jobs.get_job, _worker(request).sql, policy.team, batch_id
-        )
-        if job is None:
-            raise _not_found("batch", batch_id)
-        return _json(await _batch_object(request, job))
+        return await _callers_job(request, jobs.get_job, batch_id)
 
     @post("/batches/{batch_id:str}/cancel", status_code=200)
     async def cancel(self, request: Request, batch_id: str) -> Response[bytes]:
-        policy = await _caller(request)
-        job = await anyio.to_thread.run_sync(
-            jobs.cancel_job, _worker(request).sql, policy.team, batch_id
-        )
-        if job is None:
-            raise _not_found("batch", batch_id)
-        return _json(await _batch_object(request, job))
+        return await _callers_job(request, jobs.cancel_job, batch_id)
 
     @post("/batch", status_code=200)
     async def inline(self, request: Request) -> Response[bytes]:

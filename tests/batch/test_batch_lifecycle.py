@@ -53,7 +53,10 @@ def test_restart_mid_job_resumes_without_redoing(
 def test_two_gateways_share_a_job_without_running_a_request_twice(
     start_gateway: Any, team: Any, upstream: str, sql: Any
 ) -> None:
-    gateways = [start_gateway(**FAST, batch_max_concurrency="3") for _ in range(2)]
+    # a lease far longer than a request: this is about exclusive claims, not expiry (a 2 s lease
+    # could lapse on a loaded machine while its holder's poll loop waits on SQLite)
+    settings = {**FAST, "batch_lease_s": "15", "batch_max_concurrency": "3"}
+    gateways = [start_gateway(**settings) for _ in range(2)]
     _, key = team()
     items = [line(f"r{i}", "#chunks=2 #delay=0.1", max_tokens=2) for i in range(16)]
     before = upstream_stats(upstream)["requests"]
