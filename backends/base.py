@@ -48,6 +48,9 @@ class UpstreamCall:
     path: str  # /v1/chat/completions or /v1/completions
     body: bytes
     headers: dict[str, str] = field(default_factory=dict)  # x-tenant, x-priority, x-request-id
+    # the prompt's start (router.policy.prefix_text), from the body the gateway already parsed:
+    # engine replicas are picked by it, so requests sharing a cached prefix meet on one replica
+    prefix: str = ""
 
 
 @dataclass
@@ -122,7 +125,7 @@ class LiveStream:
         broken: Callable[[], Awaitable[None]],
     ) -> None:
         self._source = source
-        self._close = close
+        self._close: Callable[[], Awaitable[None]] | None = close
         self._broken = broken
 
     async def read_all(self) -> bytes:
@@ -137,7 +140,10 @@ class LiveStream:
             raise
 
     async def aclose(self) -> None:
-        await self._close()
+        """Once: closing is what ends the request's share of the replica's load."""
+        close, self._close = self._close, None
+        if close is not None:
+            await close()
 
 
 def error_body(message: str, kind: str, code: str | None = None, param: str | None = None) -> bytes:

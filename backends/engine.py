@@ -38,38 +38,6 @@ class _Load(msgspec.Struct):
     max_model_len: int = 0
 
 
-class _Message(msgspec.Struct):
-    content: str | list[dict[str, object]] | None = None
-
-
-class _Prefix(msgspec.Struct):
-    """What prefix affinity reads of a request body."""
-
-    messages: list[_Message] | None = None
-    prompt: str | list[object] | None = None
-
-
-_prefix_decoder = msgspec.json.Decoder(_Prefix)
-
-
-def prefix_text(body: bytes, chars: int) -> str:
-    """The first `chars` characters of the first message (often the system prompt) or prompt."""
-    try:
-        request = _prefix_decoder.decode(body)
-    except msgspec.DecodeError:
-        return ""
-    text = ""
-    if request.messages:
-        content = request.messages[0].content
-        if isinstance(content, str):
-            text = content
-        elif content:
-            text = "".join(str(p.get("text", "")) for p in content)
-    elif isinstance(request.prompt, str):
-        text = request.prompt
-    return text[:chars]
-
-
 @dataclass
 class Replica:
     url: str
@@ -78,14 +46,15 @@ class Replica:
     ready: bool = False
     waiting: int = 0
     kv_usage: float = 0.0
-    sent: int = 0  # requests sent since the last poll, which its load does not count yet
+    # this process's requests on it now: between polls, the part of its load known at once
+    in_flight: int = 0
     down_until: float = 0.0
     block_size: int = 0
     max_model_len: int = 0
 
     @property
     def load(self) -> float:
-        return self.waiting + self.sent + self.kv_usage
+        return self.waiting + self.in_flight + self.kv_usage
 
     def weight(self, key: bytes) -> bytes:
         return hashlib.blake2b(key + self.url.encode(), digest_size=8).digest()
@@ -118,7 +87,7 @@ class EngineUpstream:
         self._margin = affinity_margin
         self._chars = affinity_chars
 
-    def pick(self, body: bytes, exclude: set[str] | None = None) -> Replica:
+    def pick(self, prefix: str, exclude: set[str] | None = None) -> Replica:
         """The replica for this request: by prefix affinity within the load margin, else the least
         loaded; among the ready ones not cooling down, else those not cooling down (not polled
         yet), else any not yet tried for this request."""
@@ -127,18 +96,26 @@ class EngineUpstream:
         usable = [r for r in untried if r.down_until <= now]
         candidates = [r for r in usable if r.ready] or usable or untried
         least = min(candidates, key=lambda r: r.load)
-        prefix = prefix_text(body, self._chars) if len(candidates) > 1 else ""
-        if prefix:
-            key = prefix.encode()
+        if prefix and len(candidates) > 1:
+            key = prefix[: self._chars].encode()
             home = max(candidates, key=lambda r: r.weight(key))
             if home.load <= least.load + self._margin:
                 return home
         return least
 
     async def _send(self, call: UpstreamCall, tried: set[str]) -> tuple[Replica, HttpResponse]:
-        replica = self.pick(call.body, tried)
+        """The response of the replica chosen; the request counts as in flight there until its
+        response is read or its stream closed."""
+        replica = self.pick(call.prefix, tried)
         tried.add(replica.url)
-        replica.sent += 1
+        replica.in_flight += 1
+        try:
+            return replica, await self._request(replica, call)
+        except BaseException:
+            replica.in_flight -= 1
+            raise
+
+    async def _request(self, replica: Replica, call: UpstreamCall) -> HttpResponse:
         try:
             response = await replica.http.request("POST", call.path, call.body, call.headers)
         except HttpError as exc:
@@ -152,7 +129,7 @@ class EngineUpstream:
         except Retryable:
             response.close()
             raise
-        return replica, response
+        return response
 
     def _cool(self, replica: Replica, why: object) -> None:
         log.warning("engine replica %s failed, skipped %ss: %s", replica.url, self._cooldown_s, why)
@@ -168,6 +145,8 @@ class EngineUpstream:
             except HttpError as exc:
                 self._cool(replica, exc)
                 raise Retryable(f"{replica.url}: {exc}") from exc
+            finally:
+                replica.in_flight -= 1
             kind = response.headers.get("content-type", "application/json")
             return UpstreamReply(response.status, body, kind)
 
@@ -176,24 +155,28 @@ class EngineUpstream:
     async def open_stream(self, call: UpstreamCall) -> UpstreamStream:
         tried: set[str] = set()
 
-        async def attempt() -> tuple[HttpResponse, bytes, AsyncIterator[bytes]] | BufferedStream:
+        async def attempt() -> (
+            tuple[Replica, HttpResponse, bytes, AsyncIterator[bytes]] | BufferedStream
+        ):
             replica, response = await self._send(call, tried)
             try:
                 if response.status != 200:  # a refusal: JSON, read whole
+                    replica.in_flight -= 1
                     return BufferedStream(response.status, await response.read())
                 chunks = response.iter_chunks()
                 async with asyncio.timeout(self._guard.policy.first_token_timeout_s):
                     first = await anext(chunks, b"")
             except (HttpError, TimeoutError) as exc:
                 response.close()
+                replica.in_flight -= 1
                 self._cool(replica, exc)
                 raise Retryable(f"{replica.url}: no first byte: {exc!r}") from exc
-            return response, first, chunks
+            return replica, response, first, chunks
 
         result = await self._guard.run(attempt)
         if isinstance(result, BufferedStream):
             return result
-        response, first, chunks = result
+        replica, response, first, chunks = result
 
         async def source() -> AsyncIterator[bytes]:
             yield first
@@ -205,6 +188,7 @@ class EngineUpstream:
 
         async def close() -> None:
             response.close()
+            replica.in_flight -= 1
 
         return LiveStream(source(), close, self._guard.failed)
 
@@ -218,7 +202,6 @@ class EngineUpstream:
         replica.ready = response.status == 200
         replica.waiting = load.waiting
         replica.kv_usage = 1 - load.free_blocks / load.total_blocks if load.total_blocks else 0.0
-        replica.sent = 0
         replica.block_size = load.block_size
         replica.max_model_len = load.max_model_len
 

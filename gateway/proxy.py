@@ -36,7 +36,7 @@ from gateway.limits import TIERS
 from gateway.quotas import LeaseKeeper, Quotas, Reservation, Usage, kv_pages
 from gateway.streaming import DONE, StreamResult, UsageIn, relay, reply_decoder
 from gateway.validation import Parsed, parse
-from router.policy import NoRoute, Route, Router, Saturation
+from router.policy import NoRoute, Route, Router, Saturation, prefix_text
 from tokenyard.settings import Settings
 
 PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
@@ -107,7 +107,8 @@ class _Call:
 
     def to(self, upstream: Upstream) -> UpstreamCall:
         self.body["model"] = upstream.info.name
-        return UpstreamCall(PATHS[self.kind], msgspec.json.encode(self.body), self.headers)
+        body = msgspec.json.encode(self.body)
+        return UpstreamCall(PATHS[self.kind], body, self.headers, prefix_text(self.body))
 
 
 def _decision(route: Route) -> str:

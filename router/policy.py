@@ -67,21 +67,33 @@ class Scorer:
         return self._thresholds[share]
 
 
+def _content_text(content: Any) -> str:
+    """A message's text: the string, or its parts' texts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
+    return ""
+
+
 def prompt_text(body: dict[str, Any]) -> str:
     """What the classifier scores: the last user turn (chat), or the prompt (completions)."""
     messages = body.get("messages")
     if messages is None:
         prompt = body.get("prompt")
         return prompt if isinstance(prompt, str) else ""
-    for message in reversed(messages):
-        if message.get("role") != "user":
-            continue
-        content = message.get("content")
-        if isinstance(content, str):
-            return content
-        if isinstance(content, list):
-            return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return ""
+    user = [m for m in messages if m.get("role") == "user"]
+    return _content_text(user[-1].get("content")) if user else ""
+
+
+def prefix_text(body: dict[str, Any]) -> str:
+    """What requests that share a cached prompt prefix share: the first message (often the system
+    prompt), or the prompt. Engine replicas are picked by it (prefix affinity)."""
+    messages = body.get("messages")
+    if messages:
+        return _content_text(messages[0].get("content"))
+    prompt = body.get("prompt")
+    return prompt if isinstance(prompt, str) else ""
 
 
 class Router:

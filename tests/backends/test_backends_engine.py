@@ -7,14 +7,14 @@ import time
 import pytest
 
 from backends.base import BackendUnavailable, UpstreamBroken, UpstreamCall
-from backends.engine import EngineUpstream, prefix_text
+from backends.engine import EngineUpstream
 from tests.backends.conftest import control, free_port, stats
 
 
 def chat(system: str, user: str = "hello", **extra: object) -> UpstreamCall:
     messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
     body = {"model": "fake", "messages": messages, "max_tokens": 4, **extra}
-    return UpstreamCall("/v1/chat/completions", json.dumps(body).encode(), {})
+    return UpstreamCall("/v1/chat/completions", json.dumps(body).encode(), {}, prefix=system)
 
 
 def counts(urls: list[str]) -> list[int]:
@@ -32,14 +32,6 @@ async def engine(make_upstream, engines):
     upstream = make_upstream("self-hosted", engines, model_id="fake")
     await upstream.refresh()
     return upstream
-
-
-def test_prefix_text_reads_the_first_message_or_the_prompt():
-    parts = [{"type": "text", "text": "abc"}, {"type": "text", "text": "def"}]
-    body = {"messages": [{"role": "system", "content": parts}, {"role": "user", "content": "x"}]}
-    assert prefix_text(json.dumps(body).encode(), 4) == "abcd"
-    assert prefix_text(json.dumps({"prompt": "once upon"}).encode(), 4) == "once"
-    assert prefix_text(b"not json", 4) == ""
 
 
 async def test_info_aggregates_the_replicas(engine: EngineUpstream, engines):
@@ -97,13 +89,13 @@ async def test_a_failed_replica_is_retried_elsewhere_and_skipped(make_upstream, 
     dead = f"http://127.0.0.1:{free_port()}"
     upstream = make_upstream("self-hosted", [dead, engines[0]], model_id="fake")
     # no poll yet, so neither is known ready: a prefix whose affinity is the dead one
-    prefix = next(p for p in map(str, range(100)) if upstream.pick(chat(p).body).url == dead)
+    prefix = next(p for p in map(str, range(100)) if upstream.pick(chat(p).prefix).url == dead)
     before = counts(engines[:1])
     assert (await upstream.complete(chat(prefix))).status == 200
     assert served(before, engines[:1]) == [1]
     down = next(r for r in upstream.replicas if r.url == dead)
     assert down.down_until > time.monotonic()
-    assert upstream.pick(chat(prefix).body).url == engines[0]
+    assert upstream.pick(chat(prefix).prefix).url == engines[0]
     await upstream.refresh()
     assert upstream.info.ready and not down.ready
 
@@ -140,3 +132,17 @@ async def test_an_engine_refusal_passes_through(engine: EngineUpstream, engines)
     stream = await engine.open_stream(chat("s", "#status=400", stream=True))
     assert stream.status == 400 and b"refused" in await stream.read_all()
     assert sum(served(before, engines)) == 1
+
+
+async def test_requests_count_as_load_while_in_flight(engine: EngineUpstream, engines):
+    """A replica's load between polls includes this process's requests on it, until each is read
+    or its stream closed (once, however often it is closed)."""
+    stream = await engine.open_stream(chat("s", "#chunks=3", stream=True))
+    assert sum(r.in_flight for r in engine.replicas) == 1
+    await engine.complete(chat("s"))  # read whole: done at once
+    assert sum(r.in_flight for r in engine.replicas) == 1
+    await stream.aclose()
+    await stream.aclose()
+    refused = await engine.open_stream(chat("s", "#status=400", stream=True))
+    assert refused.status == 400
+    assert [r.in_flight for r in engine.replicas] == [0, 0]

@@ -155,3 +155,33 @@ def test_down_engine_falls_back_and_models_lists_the_catalog(
     assert cards["strong"]["pricing"] == {"input": 3.0, "cached_input": 0.0, "output": 15.0}
     metrics = httpx.get(gw.url + "/metrics").text
     assert 'tokenyard_router_overflows_total{model="cheap",reason="down"}' in metrics
+
+
+def test_requests_sharing_a_system_prompt_meet_on_one_replica(
+    start_gateway: Any, team: Any, engines: dict, tmp_path: Path
+) -> None:
+    """Prefix affinity through the gateway: it hands the backend the prompt's start, so requests
+    with one system prompt land on the replica that has it cached."""
+    urls = list(engines.values())
+    for url in urls:
+        httpx.post(url + "/control", json={"waiting": 0})
+    gw = start_gateway(
+        catalog=str(_catalog(tmp_path / "catalog.toml")),
+        engine_urls=",".join(f"cheap={url}" for url in urls),  # two replicas of one model
+    )
+    _, key = team()
+    client = gw.client(key)
+    before = [upstream_stats(url)["requests"] for url in urls]
+    for system in ("You are a terse pirate.", "You answer in French."):
+        for i in range(4):
+            client.chat.completions.create(
+                model="cheap",
+                messages=[
+                    {"role": "system", "content": system},
+                    {"role": "user", "content": f"question {i} #chunks=1"},
+                ],
+                max_tokens=2,
+            )
+        after = [upstream_stats(url)["requests"] for url in urls]
+        assert sorted(a - b for a, b in zip(after, before, strict=True)) == [0, 4]
+        before = after

@@ -9,7 +9,15 @@ import pytest
 from backends.base import ModelInfo
 from router.catalog import DEFAULT_CATALOG, Catalog, CatalogError, Price, load_catalog
 from router.classifier import ComplexityClassifier
-from router.policy import AUTO, NoRoute, Router, Saturation, Scorer, prompt_text
+from router.policy import (
+    AUTO,
+    NoRoute,
+    Router,
+    Saturation,
+    Scorer,
+    prefix_text,
+    prompt_text,
+)
 from tokenyard.settings import Settings
 
 CATALOG = """
@@ -203,6 +211,15 @@ def test_prompt_text_takes_the_last_user_turn() -> None:
     assert prompt_text(body) == "second "
     assert prompt_text({"prompt": "complete me"}) == "complete me"
     assert prompt_text({"prompt": [1, 2, 3]}) == ""
+    assert prompt_text({"messages": [{"role": "system", "content": "only"}]}) == ""
+
+
+def test_prefix_text_takes_the_first_message_or_the_prompt() -> None:
+    parts = [{"type": "text", "text": "abc"}, {"type": "text", "text": "def"}]
+    body = {"messages": [{"role": "system", "content": parts}, {"role": "user", "content": "x"}]}
+    assert prefix_text(body) == "abc def"
+    assert prefix_text({"prompt": "once upon"}) == "once upon"
+    assert prefix_text({"prompt": [1, 2]}) == ""
 
 
 def test_saturation_by_queue_and_kv_usage_batch_gives_way_first() -> None:
