@@ -449,8 +449,7 @@ class Proxy:
         metrics.TOKENS.labels(team, model, "completion").inc(usage.completion_tokens)
         metrics.TOKENS.labels(team, model, "cached").inc(usage.cached_tokens)
         priced = billing.price(self.router.catalog.get(model), team, model, usage, event)
-        await self.quotas.settle(res, usage, event)
-        await billing.charge(self.quotas, res, priced)
+        await self.quotas.settle(res, usage, event, priced.charged)
 
     def _spawn(self, coro: Any) -> "asyncio.Task[Any]":
         task = asyncio.get_running_loop().create_task(coro)

@@ -110,8 +110,9 @@ if op == 'reserve' then
 
 elseif op == 'settle' then
   -- KEYS: tpm bucket, day tokens, team leases, team pages, platform leases, platform batch leases,
-  --       usage stream
-  -- ARGV: op, lease id, tokens reserved, tokens used, tpm limit, event (JSON)
+  --       usage stream, day usd (micro-dollars)
+  -- ARGV: op, lease id, tokens reserved, tokens used, tpm limit, event (JSON), spend (micro-dollars;
+  --       0 for teams without a dollar budget)
   local id = ARGV[2]
   local delta = tonumber(ARGV[4]) - tonumber(ARGV[3])  -- < 0: refund the unused reservation
   local tpm = tonumber(ARGV[5])
@@ -126,6 +127,11 @@ elseif op == 'settle' then
   release(KEYS[6], nil, id)
   -- no MAXLEN: billing trims the stream below what every consumer group has acknowledged
   redis.call('XADD', KEYS[7], '*', 'event', ARGV[6])
+  local spend = tonumber(ARGV[7])
+  if spend > 0 then
+    redis.call('INCRBY', KEYS[8], spend)
+    redis.call('EXPIRE', KEYS[8], 172800)
+  end
   return 1
 
 elseif op == 'renew' then

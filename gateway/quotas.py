@@ -198,9 +198,13 @@ class Quotas:
             retry_after=retry_after,
         )
 
-    async def settle(self, res: Reservation, usage: Usage, event: dict) -> None:
-        """Replace the reservation with actual usage; never raises (leases expire regardless).
-        The usage event is spooled locally when Redis cannot take it, so billing still gets it."""
+    async def settle(
+        self, res: Reservation, usage: Usage, event: dict, spend_usd: float = 0.0
+    ) -> None:
+        """Replace the reservation with actual usage and charge `spend_usd` to the team's dollars
+        for the day it reserved on (budgeted teams; the next reservation checks it); never raises
+        (leases expire regardless). The usage event is spooled locally when Redis cannot take it,
+        so billing still gets it."""
         encoded = msgspec.json.encode(event)
         if not res.enforced:  # served fail-open without Redis
             self._spool(encoded)
@@ -217,6 +221,7 @@ class Quotas:
                     PLATFORM_LEASES,
                     PLATFORM_BATCH_LEASES,
                     USAGE_STREAM,
+                    keys.day_usd(res.day),
                 ],
                 args=[
                     "settle",
@@ -225,6 +230,7 @@ class Quotas:
                     used,
                     res.policy.tpm,
                     encoded,
+                    round(spend_usd * 1_000_000) if res.policy.usd_per_day > 0 else 0,
                 ],
             )
         except RedisError as exc:
@@ -253,12 +259,6 @@ class Quotas:
                 ids.append(res.lease_id)
         if keys:
             await self._script(keys=keys, args=["renew", self.lease_ms, *ids])
-
-    async def record_spend(self, team: str, usd: float, day: int | None = None) -> None:
-        """Billing's hook: add priced spend to the team's daily dollars (checked by reserve)."""
-        key = self.team_keys(team).day_usd(day_number() if day is None else day)
-        await self.redis.incrby(key, round(usd * 1_000_000))
-        await self.redis.expire(key, 172800)
 
 
 class LeaseKeeper:

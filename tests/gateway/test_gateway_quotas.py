@@ -1,7 +1,6 @@
 """Every quota through a real Redis and the official SDK: refusals name the limit and say when to
 retry, reservations settle to actual usage, and nothing stays reserved afterwards."""
 
-import asyncio
 import contextlib
 import threading
 import time
@@ -10,9 +9,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
-import redis.asyncio as aioredis
 
-from gateway.quotas import Quotas
+from gateway.quotas import TeamKeys, day_number
 from tests.gateway.conftest import MODEL, day_tokens, reservations, upstream_stats, wait_until
 
 
@@ -81,17 +79,13 @@ def test_tokens_per_day_retry_after_is_midnight(gateway: Any, team: Any) -> None
     assert abs(int(err.response.headers["retry-after"]) - to_midnight) <= 2
 
 
-def test_usd_per_day_hook(gateway: Any, team: Any, redis_server: Any) -> None:
+def test_usd_per_day_counter_refuses_once_spent(gateway: Any, team: Any, redis_server: Any) -> None:
+    """Reserve reads the day's spend (charged by settle from billing's prices; the whole path is
+    tests/billing's): over the budget, refused."""
     name, key = team(usd_per_day=1.0)
     client = gateway.client(key)
     client.chat.completions.create(model=MODEL, messages=chat(), max_tokens=5)
-
-    async def spend() -> None:  # what billing will do once it prices usage
-        redis = aioredis.Redis.from_url(redis_server.url)
-        await Quotas(redis, lease_s=30, fail_open=False).record_spend(name, 1.25)
-        await redis.aclose()
-
-    asyncio.run(spend())
+    redis_server.client().incrby(TeamKeys(name).day_usd(day_number()), 1_250_000)  # $1.25
     err = refused(lambda: client.chat.completions.create(model=MODEL, messages=chat()))
     assert err.status_code == 429 and err.code == "usd_per_day"
 
