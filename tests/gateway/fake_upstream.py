@@ -30,12 +30,20 @@ class Stats:
         self.requests = 0
         self.last_headers: dict[str, str] = {}
         self.last_body: Any = None
-        # per x-tenant: streams in flight now, their maximum, and stream-seconds served
+        # per x-tenant: requests, streams in flight now, their maximum, and stream-seconds served
         self.tenants: dict[str, dict[str, float]] = {}
 
     def tenant(self, name: str) -> dict[str, float]:
         return self.tenants.setdefault(
-            name, {"active": 0, "max_active": 0, "busy_s": 0.0, "cancelled": 0, "completed": 0}
+            name,
+            {
+                "requests": 0,
+                "active": 0,
+                "max_active": 0,
+                "busy_s": 0.0,
+                "cancelled": 0,
+                "completed": 0,
+            },
         )
 
 
@@ -112,6 +120,7 @@ def make_app(model: str, block_size: int, max_model_len: int) -> Any:
             return await send_json(send, 200, {"waiting": stats.waiting})
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         stats.requests += 1
+        stats.tenant(headers.get("x-tenant", ""))["requests"] += 1
         stats.last_headers = headers
         stats.last_body = body
         rid = headers.get("x-request-id", "fake")
