@@ -2,13 +2,15 @@
 
 64 chat requests (prompts 30-600 tokens, outputs 16-256 tokens long-tailed, EOS ignored, greedy)
 run through (a) the engine in-process, (b) the engine over HTTP at full concurrency, (c)
-transformers one request at a time and (d) in static batches of 8. A second workload gives every
+transformers one request at a time and (d) in static batches of 8. The engine runs its default
+dtype (bf16 where the CPU has bf16 dot products) and, for a like-for-like row, fp32; transformers
+runs both dtypes, and the best of its four runs is the baseline. A second workload gives every
 request the same ~500-token system prompt (and 30-100 tokens of its own) and compares TTFT with
 prefix caching on and off.
-Before that, the script measures this machine's fp32 matmul rate and memory bandwidth and derives
-the workload's compute floor: prefill FLOPs at the matmul rate plus one read of the weights per
-generated token at the memory bandwidth; and a stricter one with one read per decode step (all
-sequences batched, as many steps as the longest output).
+Before that, the script measures this machine's matmul rate (in the engine's dtype) and memory
+bandwidth and derives the workload's compute floor: prefill FLOPs at the matmul rate plus one read
+of the weights per generated token at the memory bandwidth; and a stricter one with one read per
+decode step (all sequences batched, as many steps as the longest output).
 
     .venv/bin/python bench/engine_throughput.py [--requests 64] [--skip-transformers]
 """
@@ -82,9 +84,9 @@ def system_prompt(tokenizer, tokens: int = 500) -> str:
 # ---------------------------------------------------------------- machine floor
 
 
-def machine_rates() -> tuple[float, float]:
-    """fp32 matmul GFLOP/s on model-like shapes, and memory bandwidth in GB/s (copy)."""
-    a, b = torch.randn(512, 576), torch.randn(576, 1536)
+def machine_rates(dtype: torch.dtype) -> tuple[float, float]:
+    """Matmul GFLOP/s on model-like shapes in `dtype`, and memory bandwidth in GB/s (copy)."""
+    a, b = torch.randn(512, 576, dtype=dtype), torch.randn(576, 1536, dtype=dtype)
     for _ in range(3):
         a @ b
     reps, start = 50, time.perf_counter()
@@ -113,7 +115,8 @@ def floor_tokens_per_s(engine: LLMEngine, work, gflops: float, gbps: float) -> t
         attention = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * n * n / 2
         prefill_flops += 2 * linear * n + attention
     prefill = prefill_flops / (gflops * 1e9)
-    weight_read = sum(p.numel() for p in engine.model.parameters()) * 4 / (gbps * 1e9)
+    weights = sum(p.numel() * p.element_size() for p in engine.model.parameters())
+    weight_read = weights / (gbps * 1e9)
     tokens = sum(n for _, _, n in work)
     per_token = tokens / (prefill + tokens * weight_read)
     batched = tokens / (prefill + max(n for _, _, n in work) * weight_read)
@@ -270,11 +273,12 @@ def main() -> None:
     args = parser.parse_args()
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs")
-    gflops, gbps = machine_rates()
-    print(f"machine: fp32 matmul {gflops:.1f} GFLOP/s, memory copy {gbps:.1f} GB/s")
-
     config = EngineConfig(device="cpu", kv_cache_gib=args.kv_cache_gib, max_num_seqs=args.requests)
     engine = LLMEngine(config)
+    dtype = str(engine.dtype).removeprefix("torch.")
+    gflops, gbps = machine_rates(engine.dtype)
+    print(f"machine: {dtype} matmul {gflops:.1f} GFLOP/s, memory copy {gbps:.1f} GB/s")
+    print(f"engine: {dtype}, attention {type(engine.attention).__name__}")
     tokenizer = engine.tokenizer
     work = make_workload(tokenizer, args.requests, args.seed, None)
     floor, floor_batched = floor_tokens_per_s(engine, work, gflops, gbps)
@@ -283,9 +287,9 @@ def main() -> None:
         f"{sum(n for _, _, n in work)} output tokens; compute floor {floor:.1f} tok/s "
         f"(one weight read per token), {floor_batched:.1f} tok/s (per batched decode step)"
     )
-    rows = [run_engine(engine, work, "engine (in-process)")]
+    ours = run_engine(engine, work, f"engine ({dtype}, in-process)")["tok/s"]
     http_args = ["--kv-cache-gib", str(args.kv_cache_gib), "--max-seqs", str(args.requests)]
-    rows.append(run_http(work, "engine (HTTP, full concurrency)", args.port, http_args))
+    http = run_http(work, "engine (HTTP, full concurrency)", args.port, http_args)["tok/s"]
 
     shared = make_workload(tokenizer, args.requests, args.seed + 1, system_prompt(tokenizer))
     cached = run_engine(engine, shared, "shared prefix, prefix cache on")
@@ -294,22 +298,33 @@ def main() -> None:
     uncached = run_engine(off, shared, "shared prefix, prefix cache off")
     del off
 
-    best_hf = None
+    hf: dict[str, float] = {}
     if not args.skip_transformers:
+        fp32 = LLMEngine(EngineConfig(**{**vars(config), "dtype": "float32"}))
+        hf["engine float32"] = run_engine(fp32, work, "engine (float32, in-process)")["tok/s"]
+        del fp32
         from transformers import AutoModelForCausalLM
 
         path = resolve_model_path("smollm2")
-        model = AutoModelForCausalLM.from_pretrained(
-            os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32
-        ).eval()
-        hf1 = run_transformers(model, work, 1, "transformers, one at a time")
-        hf8 = run_transformers(model, work, 8, "transformers, static batches of 8")
-        best_hf = max(hf1["tok/s"], hf8["tok/s"])
+        for name in ("float32", "bfloat16"):
+            model = AutoModelForCausalLM.from_pretrained(
+                os.path.dirname(path), gguf_file=os.path.basename(path), dtype=getattr(torch, name)
+            ).eval()
+            for batch in (1, 8):
+                how = "one at a time" if batch == 1 else "batches of 8"
+                label = f"transformers {name}, {how}"
+                hf[label] = run_transformers(model, work, batch, label)["tok/s"]
+            del model
 
-    ours, http = rows[0]["tok/s"], rows[1]["tok/s"]
     print("\nratios")
-    if best_hf:
-        print(f"  engine / best transformers:          {ours / best_hf:6.2f}x  (target >= 4x)")
+    if hf:
+        best = max((v, k) for k, v in hf.items() if k.startswith("transformers"))
+        same = max(v for k, v in hf.items() if k.startswith(f"transformers {dtype}"))
+        print(f"  engine / best transformers:          {ours / best[0]:6.2f}x  (target >= 4x)")
+        print(f"    (best: {best[1]})")
+        print(f"  engine / transformers, same dtype:   {ours / same:6.2f}x")
+        fp32_hf = max(v for k, v in hf.items() if k.startswith("transformers float32"))
+        print(f"  engine fp32 / transformers fp32:     {hf['engine float32'] / fp32_hf:6.2f}x")
     print(f"  engine / compute floor:              {ours / floor:6.2f}   (target >= 0.70)")
     print(f"  engine / batched-decode floor:       {ours / floor_batched:6.2f}")
     print(

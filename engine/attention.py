@@ -1,4 +1,5 @@
-"""Attention over the paged KV layout: one interface; PyTorch (CPU) and flash-attn (CUDA) backends.
+"""Attention over the paged KV layout: one interface; backends for CPU (a compiled decode kernel,
+else PyTorch alone) and CUDA (flash-attn).
 
 The KV pool of a layer is `[num_blocks, block_size, num_kv_heads, head_dim]` for K and for V.
 A step's tokens are flattened into one batch: decodes first (one token each), then prefill chunks.
@@ -6,9 +7,12 @@ A step's tokens are flattened into one batch: decodes first (one token each), th
 
 from dataclasses import dataclass
 from itertools import accumulate
+from types import ModuleType
 
 import torch
 import torch.nn.functional as F
+
+from engine.cpu_kernels import HEAD_DIMS, paged_attention
 
 
 @dataclass
@@ -37,7 +41,10 @@ class AttentionMetadata:
     cu_seqlens_k: torch.Tensor | None = None
     max_seqlen_q: int = 0
     max_seqlen_k: int = 0
-    block_tables: torch.Tensor | None = None  # [B, max_blocks] int32
+    # flash-attn: every sequence's [B, max_blocks] int32; CPU kernel: the decodes' (and their
+    # context lengths, [B] int32)
+    block_tables: torch.Tensor | None = None
+    context_lens: torch.Tensor | None = None
 
 
 def _slot_mapping(slices: list[SeqSlice], block_size: int) -> list[int]:
@@ -79,19 +86,22 @@ class TorchAttention:
     def build_metadata(self, slices: list[SeqSlice], num_decodes: int) -> AttentionMetadata:
         slots = torch.tensor(_slot_mapping(slices, self.block_size), device=self.device)
         meta = AttentionMetadata(slots, num_decodes, decodes=[], prefills=[])
-        first = 0
-        while first < num_decodes:  # decodes come sorted by length: group similar widths
-            base = self._width(slices[first])
-            end = first + 1
-            while end < num_decodes and self._width(slices[end]) <= base * 1.25 + 1:
-                end += 1
-            meta.decodes.append(self._decode_group(slices[first:end], first, end))
-            first = end
+        self._decode_metadata(slices[:num_decodes], meta)
         start = num_decodes
         for s in slices[num_decodes:]:
             meta.prefills.append((start, start + s.num_new, self._blocks(s), s.context_len))
             start += s.num_new
         return meta
+
+    def _decode_metadata(self, decodes: list[SeqSlice], meta: AttentionMetadata) -> None:
+        first = 0
+        while first < len(decodes):  # decodes come sorted by length: group similar widths
+            base = self._width(decodes[first])
+            end = first + 1
+            while end < len(decodes) and self._width(decodes[end]) <= base * 1.25 + 1:
+                end += 1
+            meta.decodes.append(self._decode_group(decodes[first:end], first, end))
+            first = end
 
     def forward(
         self,
@@ -106,6 +116,29 @@ class TorchAttention:
         k_cache.view(-1, heads, dim).index_copy_(0, meta.slot_mapping, k)
         v_cache.view(-1, heads, dim).index_copy_(0, meta.slot_mapping, v)
         out = torch.empty_like(q)
+        self._decode(q, k_cache, v_cache, meta, out)
+        for q_start, q_end, blocks, context in meta.prefills:
+            num_new = q_end - q_start
+            keys = k_cache.index_select(0, blocks).view(-1, heads, dim)[:context]
+            values = v_cache.index_select(0, blocks).view(-1, heads, dim)[:context]
+            mask = None
+            if num_new != context:  # a later chunk: its queries see every earlier token
+                rows = torch.arange(context - num_new, context, device=q.device)
+                mask = torch.arange(context, device=q.device)[None, :] <= rows[:, None]
+            # batched 4-D inputs: PyTorch's CPU flash kernel takes those (3-D ones fall back to
+            # its unfused math path, 2-4x slower)
+            out[q_start:q_end] = F.scaled_dot_product_attention(
+                q[q_start:q_end].transpose(0, 1)[None],
+                keys.transpose(0, 1)[None],
+                values.transpose(0, 1)[None],
+                attn_mask=mask,
+                is_causal=mask is None,
+                enable_gqa=True,
+            )[0].transpose(0, 1)
+        return out
+
+    def _decode(self, q, k_cache, v_cache, meta: AttentionMetadata, out: torch.Tensor) -> None:
+        heads, dim = k_cache.shape[2:]
         for first, end, blocks, mask in meta.decodes:
             n = end - first
             keys = k_cache.index_select(0, blocks.flatten()).view(n, -1, heads, dim)
@@ -117,23 +150,31 @@ class TorchAttention:
                 attn_mask=mask,
                 enable_gqa=True,
             ).squeeze(2)
-        for q_start, q_end, blocks, context in meta.prefills:
-            num_new = q_end - q_start
-            keys = k_cache.index_select(0, blocks).view(-1, heads, dim)[:context]
-            values = v_cache.index_select(0, blocks).view(-1, heads, dim)[:context]
-            mask = None
-            if num_new != context:  # a later chunk: its queries see every earlier token
-                rows = torch.arange(context - num_new, context, device=q.device)
-                mask = torch.arange(context, device=q.device)[None, :] <= rows[:, None]
-            out[q_start:q_end] = F.scaled_dot_product_attention(
-                q[q_start:q_end].transpose(0, 1),
-                keys.transpose(0, 1),
-                values.transpose(0, 1),
-                attn_mask=mask,
-                is_causal=mask is None,
-                enable_gqa=True,
-            ).transpose(0, 1)
-        return out
+
+
+class KernelAttention(TorchAttention):
+    """CPU backend: one call of the compiled kernel (engine/csrc) decodes every sequence, reading
+    K/V in place through the block tables; prefill chunks as in TorchAttention (SDPA)."""
+
+    def __init__(self, block_size: int, device: torch.device, kernel: ModuleType):
+        super().__init__(block_size, device)
+        self.kernel = kernel
+
+    def _decode_metadata(self, decodes: list[SeqSlice], meta: AttentionMetadata) -> None:
+        if not decodes:
+            return
+        width = max(self._width(s) for s in decodes)
+        tables = [s.block_table[:width] + [0] * (width - len(s.block_table)) for s in decodes]
+        meta.block_tables = torch.tensor(tables, dtype=torch.int32, device=self.device)
+        lengths = [s.context_len for s in decodes]
+        meta.context_lens = torch.tensor(lengths, dtype=torch.int32, device=self.device)
+
+    def _decode(self, q, k_cache, v_cache, meta: AttentionMetadata, out: torch.Tensor) -> None:
+        n = meta.num_decodes
+        if n:
+            out[:n] = self.kernel.paged_decode(
+                q[:n], k_cache, v_cache, meta.block_tables, meta.context_lens, q.shape[-1] ** -0.5
+            )
 
 
 class FlashAttention:
@@ -187,7 +228,15 @@ class FlashAttention:
         )
 
 
-def make_attention(device: torch.device, block_size: int) -> TorchAttention | FlashAttention:
-    """flash-attn on CUDA, PyTorch elsewhere; block_size 0 takes the backend's default."""
-    backend = FlashAttention if device.type == "cuda" else TorchAttention
-    return backend(block_size or backend.default_block_size, device)
+def make_attention(
+    device: torch.device, block_size: int, head_dim: int, cpu_kernel: bool
+) -> TorchAttention | FlashAttention:
+    """flash-attn on CUDA; on CPU the compiled decode kernel where it builds (and `cpu_kernel`),
+    else PyTorch alone. block_size 0 takes the backend's default."""
+    if device.type == "cuda":
+        return FlashAttention(block_size or FlashAttention.default_block_size, device)
+    block_size = block_size or TorchAttention.default_block_size
+    kernel = paged_attention() if cpu_kernel and head_dim in HEAD_DIMS else None
+    if kernel is None:
+        return TorchAttention(block_size, device)
+    return KernelAttention(block_size, device, kernel)

@@ -19,6 +19,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default=s.engine_host)
     p.add_argument("--port", type=int, default=s.engine_port)
     p.add_argument("--device", default=s.engine_device, help="auto | cpu | cuda[:N]")
+    p.add_argument("--dtype", default=s.engine_dtype, help="auto | float32 | bfloat16 | float16")
+    p.add_argument(
+        "--no-cpu-kernel",
+        action="store_true",
+        default=not s.engine_cpu_kernel,
+        help="decode with PyTorch SDPA instead of the compiled CPU attention kernel",
+    )
     p.add_argument("--block-size", type=int, default=s.engine_block_size)
     p.add_argument("--kv-cache-gib", type=float, default=s.engine_kv_cache_gib)
     p.add_argument("--num-blocks", type=int, default=0, help="KV blocks (overrides --kv-cache-gib)")
@@ -48,6 +55,8 @@ def run(args: argparse.Namespace) -> None:
     config = EngineConfig(
         model=args.model,
         device=args.device,
+        dtype=args.dtype,
+        cpu_kernel=not args.no_cpu_kernel,
         block_size=args.block_size,
         kv_cache_gib=args.kv_cache_gib,
         num_blocks=args.num_blocks,

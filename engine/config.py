@@ -30,9 +30,12 @@ class EngineConfig:
 
     model: str = "smollm2"
     device: str = "auto"  # auto | cpu | cuda[:N]
-    dtype: str = "auto"  # auto: fp32 on CPU (bf16 matmuls are ~100x slower there), bf16 on CUDA
+    # auto: bf16 on CUDA and on CPUs with bf16 dot products (AVX512-BF16, AMX: matmuls 2-3x faster
+    # than fp32); fp32 on other CPUs, where bf16 is emulated and slower
+    dtype: str = "auto"
     # tokens per KV block; 0 picks the attention backend's default (16 on CPU, 256 for flash-attn)
     block_size: int = 0
+    cpu_kernel: bool = True  # decode attention with the compiled kernel on CPU (else PyTorch SDPA)
     kv_cache_gib: float = 1.0  # memory budget for the KV pool
     num_blocks: int = 0  # overrides kv_cache_gib when > 0 (tests use small pools)
     max_num_batched_tokens: int = 512  # per-step token budget (decodes + prefill chunks)

@@ -64,7 +64,10 @@ def _device(name: str) -> torch.device:
 
 def _dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        native_bf16 = device.type == "cuda" or (
+            torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+        )
+        return torch.bfloat16 if native_bf16 else torch.float32
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
@@ -83,7 +86,9 @@ class LLMEngine:
         del weights
         self.model.to(self.device, self.dtype).eval()
         self.tokenizer = Tokenizer.load(path, self.model_config.eos_token_ids)
-        self.attention = make_attention(self.device, config.block_size)
+        self.attention = make_attention(
+            self.device, config.block_size, self.model_config.head_dim, config.cpu_kernel
+        )
         self.block_size = self.attention.block_size
         num_blocks = config.num_blocks or blocks_for_budget(
             self.model_config, self.block_size, self.dtype, config.kv_cache_gib

@@ -15,6 +15,9 @@ class Settings(BaseSettings):
     engine_host: str = "127.0.0.1"
     engine_port: int = 8100
     engine_device: str = "auto"
+    # auto: bf16 on CUDA and on CPUs with bf16 dot products (AVX512-BF16, AMX), else fp32
+    engine_dtype: str = "auto"
+    engine_cpu_kernel: bool = True  # decode attention with the compiled CPU kernel (else SDPA)
     engine_block_size: int = 0  # 0: the device's default (16 on CPU, 256 with flash-attn)
     engine_kv_cache_gib: float = 1.0
     engine_max_batched_tokens: int = 512

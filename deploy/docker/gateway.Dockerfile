@@ -43,7 +43,13 @@ WORKDIR /var/lib/tokenyard
 
 FROM runtime AS engine-cpu
 COPY --from=build-engine-cpu /opt/venv /opt/venv
-ENV TOKENYARD_ENGINE_HOST=0.0.0.0 TOKENYARD_ENGINE_PORT=8100 TOKENYARD_ENGINE_DEVICE=cpu
+# g++ builds the CPU attention kernel at the first start, for the CPU the container runs on
+# (-march=native, so it is not built into the image); it lands in TORCH_EXTENSIONS_DIR
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends g++ \
+ && rm -rf /var/lib/apt/lists/*
+ENV TOKENYARD_ENGINE_HOST=0.0.0.0 TOKENYARD_ENGINE_PORT=8100 TOKENYARD_ENGINE_DEVICE=cpu \
+    TORCH_EXTENSIONS_DIR=/var/lib/tokenyard/torch_extensions
 USER 10001:10001
 EXPOSE 8100
 # the server listens only once the weights are loaded: /health answers 200 from then on

@@ -35,6 +35,8 @@ def engine_factory():
     """Loading takes seconds, so engines are built once per configuration and shared."""
 
     def make(**overrides) -> LLMEngine:
+        # fp32 unless asked: the reference runs fp32, and its tokens are compared one for one
+        overrides = {"dtype": "float32", **overrides}
         key = tuple(sorted(overrides.items()))
         if key not in _ENGINES:
             _ENGINES[key] = LLMEngine(EngineConfig(device="cpu", **overrides))

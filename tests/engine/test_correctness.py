@@ -58,9 +58,14 @@ def test_alone_matches_transformers(engine_factory, prompt_ids, expected):
     assert_all_blocks_free(engine)
 
 
-def test_mixed_batch_matches_transformers(engine_factory, prompt_ids, expected):
+@pytest.mark.parametrize("cpu_kernel", [True, False], ids=["kernel", "sdpa"])
+def test_mixed_batch_matches_transformers(engine_factory, prompt_ids, expected, cpu_kernel):
     # a small pool and token budget: chunked prefill, prefix-cache hits and preemption all happen
-    engine = engine_factory(num_blocks=96, max_num_batched_tokens=128, max_num_seqs=16)
+    engine = engine_factory(
+        num_blocks=96, max_num_batched_tokens=128, max_num_seqs=16, cpu_kernel=cpu_kernel
+    )
+    backend = "KernelAttention" if cpu_kernel else "TorchAttention"
+    assert type(engine.attention).__name__ == backend
     hits_before = engine.blocks.prefix_hits
     requests = [
         GenerationRequest(f"mixed-{i}", ids, greedy(MAX_NEW, min_tokens=MAX_NEW))
@@ -96,4 +101,34 @@ def test_last_position_logits_close(engine_factory, reference, prompt_ids):
         engine.blocks.release(table)
         assert (ours - theirs).abs().max().item() < 2e-3
         assert ours.argmax() == theirs.argmax()
+    assert_all_blocks_free(engine)
+
+
+def test_bf16_tracks_fp32(engine_factory, prompt_ids, expected):
+    """bf16 weights and cache (the CPU default where bf16 is native): fed the fp32 reference's
+    own continuation, the engine predicts the same next token at nearly every position."""
+    from engine.attention import SeqSlice
+    from engine.kv_cache import BlockTable
+
+    engine = engine_factory(num_blocks=2048, dtype="bfloat16")
+    assert engine.kv_caches[0].dtype == torch.bfloat16
+    agree = total = 0
+    for ids, continuation in zip(prompt_ids, expected, strict=True):
+        tokens = ids + continuation
+        table = BlockTable()
+        engine.blocks.grow(table, len(tokens))
+        meta = engine.attention.build_metadata([SeqSlice(table.blocks, 0, len(tokens))], 0)
+        with torch.inference_mode():
+            hidden = engine.model(
+                torch.tensor(tokens),
+                torch.arange(len(tokens)),
+                engine.kv_caches,
+                engine.attention,
+                meta,
+            )
+            predicted = engine.model.logits(hidden[len(ids) - 1 : -1]).argmax(-1).tolist()
+        engine.blocks.release(table)
+        agree += sum(p == t for p, t in zip(predicted, continuation, strict=True))
+        total += len(continuation)
+    assert agree / total >= 0.95, f"{agree}/{total} next tokens as fp32 predicts"
     assert_all_blocks_free(engine)

@@ -1,0 +1,155 @@
+// Decode attention over the paged KV pool, for CPUs: one query token per sequence, keys and values
+// read in place through the block table (no gather into a contiguous copy), every sequence and KV
+// head of a step in one call. Each cached K/V row is read once for all the query heads that share
+// it (GQA); sums are in fp32. Built with -ffast-math (vectorized exp; inputs are always finite).
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr int64_t L = 16;  // lanes of one vector (GCC lowers it to whatever SIMD -march has)
+typedef float vec __attribute__((vector_size(L * sizeof(float))));
+typedef uint16_t half_vec __attribute__((vector_size(L * sizeof(uint16_t))));
+typedef uint32_t bits_vec __attribute__((vector_size(L * sizeof(uint32_t))));
+
+// head_dim is a template parameter so that the loops over a row unroll into C whole vectors
+template <int64_t D>
+inline void load_row(const float* src, vec* dst) {
+  std::memcpy(dst, src, D * sizeof(float));
+}
+// bf16 is the top half of an fp32: widen and shift
+template <int64_t D>
+inline void load_row(const at::BFloat16* src, vec* dst) {
+  for (int64_t c = 0; c < D / L; ++c) {
+    half_vec h;
+    std::memcpy(&h, src + c * L, sizeof h);
+    bits_vec bits = __builtin_convertvector(h, bits_vec) << 16;
+    std::memcpy(&dst[c], &bits, sizeof bits);
+  }
+}
+
+inline float sum(vec v) {
+  float total = 0.f;
+  for (int64_t i = 0; i < L; ++i) total += v[i];
+  return total;
+}
+
+template <typename T, int64_t D>
+void decode(const T* q, const T* k_cache, const T* v_cache, const int32_t* tables,
+            const int32_t* lens, T* out, int64_t batch, int64_t q_heads, int64_t kv_heads,
+            int64_t block_size, int64_t max_blocks, float scale) {
+  constexpr int64_t C = D / L;
+  const int64_t group = q_heads / kv_heads;
+  const int64_t row = kv_heads * D;  // one token's K (or V) for every KV head
+  at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;
+    std::vector<vec> qv(group * C), acc(group * C);
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t b = i / kv_heads, h = i % kv_heads, len = lens[b];
+      const int32_t* table = tables + b * max_blocks;
+      // calls fn(j, row of token j) for the sequence's tokens, walking its blocks
+      auto each_row = [&](const T* cache, auto fn) {
+        for (int64_t first = 0; first < len; first += block_size) {
+          const T* base = cache + table[first / block_size] * block_size * row + h * D;
+          const int64_t n = std::min(block_size, len - first);
+          for (int64_t t = 0; t < n; ++t) fn(first + t, base + t * row);
+        }
+      };
+      scores.resize(group * len);
+      for (int64_t g = 0; g < group; ++g) {
+        load_row<D>(q + (b * q_heads + h * group + g) * D, &qv[g * C]);
+        for (int64_t c = 0; c < C; ++c) qv[g * C + c] *= scale;
+      }
+      each_row(k_cache, [&](int64_t j, const T* key) {
+        vec k[C];
+        load_row<D>(key, k);
+        for (int64_t g = 0; g < group; ++g) {
+          const vec* qg = &qv[g * C];
+          vec s = qg[0] * k[0];
+          for (int64_t c = 1; c < C; ++c) s += qg[c] * k[c];
+          scores[g * len + j] = sum(s);
+        }
+      });
+      for (int64_t g = 0; g < group; ++g) {
+        float* s = scores.data() + g * len;
+        float top = s[0], total = 0.f;
+        for (int64_t j = 1; j < len; ++j) top = std::max(top, s[j]);
+        for (int64_t j = 0; j < len; ++j) total += (s[j] = std::exp(s[j] - top));
+        const float inv = 1.f / total;
+        for (int64_t j = 0; j < len; ++j) s[j] *= inv;
+      }
+      for (auto& a : acc) a = vec{};
+      each_row(v_cache, [&](int64_t j, const T* value) {
+        vec v[C];
+        load_row<D>(value, v);
+        for (int64_t g = 0; g < group; ++g) {
+          const float p = scores[g * len + j];
+          for (int64_t c = 0; c < C; ++c) acc[g * C + c] += p * v[c];
+        }
+      });
+      for (int64_t g = 0; g < group; ++g)
+        for (int64_t c = 0; c < C; ++c)
+          for (int64_t l = 0; l < L; ++l)
+            out[(b * q_heads + h * group + g) * D + c * L + l] = static_cast<T>(acc[g * C + c][l]);
+    }
+  });
+}
+
+template <typename T, int64_t D>
+void run(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+         const torch::Tensor& tables, const torch::Tensor& lens, torch::Tensor& out, float scale) {
+  decode<T, D>(q.data_ptr<T>(), k_cache.data_ptr<T>(), v_cache.data_ptr<T>(),
+               tables.data_ptr<int32_t>(), lens.data_ptr<int32_t>(), out.data_ptr<T>(), q.size(0),
+               q.size(1), k_cache.size(2), k_cache.size(1), tables.size(1), scale);
+}
+
+template <typename T>
+void run(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+         const torch::Tensor& tables, const torch::Tensor& lens, torch::Tensor& out, float scale) {
+  if (q.size(2) == 64)
+    run<T, 64>(q, k_cache, v_cache, tables, lens, out, scale);
+  else
+    run<T, 128>(q, k_cache, v_cache, tables, lens, out, scale);
+}
+
+// q: [B, Hq, D]; k_cache, v_cache: [num_blocks, block_size, Hkv, D]; block_tables: [B, W] int32;
+// context_lens: [B] int32 (each >= 1); D is 64 or 128. Returns [B, Hq, D].
+torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                           torch::Tensor block_tables, torch::Tensor context_lens, double scale) {
+  TORCH_CHECK(q.dim() == 3 && (q.size(2) == 64 || q.size(2) == 128), "q must be [B, Hq, 64|128]");
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() &&
+                  k_cache.size(3) == q.size(2),
+              "the caches must be [num_blocks, block_size, Hkv, head_dim]");
+  TORCH_CHECK(q.size(1) % k_cache.size(2) == 0, "query heads must be a multiple of KV heads");
+  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
+              "q and the caches must share a dtype");
+  TORCH_CHECK(block_tables.scalar_type() == torch::kInt32 &&
+                  context_lens.scalar_type() == torch::kInt32 &&
+                  block_tables.size(0) == q.size(0) && context_lens.size(0) == q.size(0),
+              "block tables [B, W] and context lengths [B] must be int32");
+  q = q.contiguous();
+  k_cache = k_cache.contiguous();
+  v_cache = v_cache.contiguous();
+  block_tables = block_tables.contiguous();
+  context_lens = context_lens.contiguous();
+  auto out = torch::empty_like(q);
+  const auto scale_f = static_cast<float>(scale);
+  if (q.scalar_type() == torch::kFloat32)
+    run<float>(q, k_cache, v_cache, block_tables, context_lens, out, scale_f);
+  else if (q.scalar_type() == torch::kBFloat16)
+    run<at::BFloat16>(q, k_cache, v_cache, block_tables, context_lens, out, scale_f);
+  else
+    TORCH_CHECK(false, "paged_decode takes float32 or bfloat16");
+  return out;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("paged_decode", &paged_decode, "decode attention over a paged KV cache (CPU)");
+}
