@@ -24,6 +24,7 @@ import random
 import resource
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -146,11 +147,11 @@ def summary(name: str, tokens: int, seconds: float, ttfts: list[float], itls: li
 
 
 def run_engine(engine: LLMEngine, work, name: str) -> dict:
-    async def main():
-        aengine = AsyncEngine(engine)
-        aengine.start()
-        stats = []
+    """The server's layout: the step loop on the main thread, the clients' event loop in another."""
+    aengine = AsyncEngine(engine)
+    stats, elapsed = [], []
 
+    async def clients():
         async def one(i, ids, out_len):
             params = SamplingParams(max_tokens=out_len, temperature=0.0, ignore_eos=True)
             async for out in aengine.generate(GenerationRequest(f"{name}-{i}", ids, params)):
@@ -159,14 +160,14 @@ def run_engine(engine: LLMEngine, work, name: str) -> dict:
 
         start = time.perf_counter()
         await asyncio.gather(*(one(i, ids, n) for i, (_, ids, n) in enumerate(work)))
-        elapsed = time.perf_counter() - start
-        aengine.stop()
-        return stats, elapsed
+        elapsed.append(time.perf_counter() - start)
 
-    stats, elapsed = asyncio.run(main())
+    thread = threading.Thread(target=asyncio.run, args=(clients(),))
+    thread.start()
+    aengine.run(until=lambda: not thread.is_alive())
     tokens = sum(s.completion_tokens for s in stats)
     return summary(
-        name, tokens, elapsed, [s.ttft for s in stats], [g for s in stats for g in s.token_gaps]
+        name, tokens, elapsed[0], [s.ttft for s in stats], [g for s in stats for g in s.token_gaps]
     )
 
 

@@ -1,15 +1,20 @@
-"""The async API: generate(request) → async iterator of outputs, the step loop in its own thread.
+"""The async API: generate(request) → async iterator of outputs; the step loop runs in a thread of
+its own (torch releases the GIL inside kernels), so the event loops stay responsive. Requests and
+cancellations reach the loop through a queue and are applied between steps; outputs come back
+through call_soon_threadsafe.
 
-The model runs in one background thread (torch releases the GIL inside kernels), so the HTTP event
-loop stays responsive. Requests and cancellations reach the loop through a queue and are applied
-between steps; outputs come back through call_soon_threadsafe.
+The server runs the step loop on the main thread (`run`) and HTTP in another: PyTorch's OpenMP pool
+belongs to the thread that first used it, usually the main one, and a second pool would manage more
+threads than there are cores, which makes libgomp stop spinning between kernels (every small op
+then pays a futex wake-up, ~50 us: 20-30% of a step on two cores). `start` runs it in a background
+thread, for in-process use where that matters less.
 """
 
 import asyncio
 import logging
 import queue
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from engine.engine import LLMEngine, RequestOutput
 from engine.sequence import GenerationRequest
@@ -28,15 +33,17 @@ class AsyncEngine:
         self._wake = threading.Event()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._stopping = False
-        self._thread = threading.Thread(target=self._loop, name="engine-loop", daemon=True)
+        self._thread = threading.Thread(target=self.run, name="engine-loop", daemon=True)
 
     def start(self) -> None:
+        """Run the step loop in a background thread."""
         self._thread.start()
 
     def stop(self) -> None:
         self._stopping = True
         self._wake.set()
-        self._thread.join(timeout=10)
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=10)
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[RequestOutput]:
         """Outputs of every choice until all have finished; closing the iterator cancels."""
@@ -94,8 +101,10 @@ class AsyncEngine:
         for loop, items in by_loop.items():
             loop.call_soon_threadsafe(_put_all, items)
 
-    def _loop(self) -> None:
-        while not self._stopping:
+    def run(self, until: Callable[[], bool] = lambda: False) -> None:
+        """The step loop, in the calling thread, until stop() or until() (checked at least once a
+        second while idle)."""
+        while not self._stopping and not until():
             self._drain_inbox()
             if not self.engine.has_work():
                 self._wake.wait(timeout=1.0)

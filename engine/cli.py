@@ -2,6 +2,8 @@
 
 import argparse
 import logging
+import signal
+import threading
 
 from tokenyard.settings import get_settings
 
@@ -67,11 +69,21 @@ def run(args: argparse.Namespace) -> None:
         served_model_name=args.served_model_name,
     )
     engine = AsyncEngine(LLMEngine(config))
-    engine.start()
-    uvicorn.run(
-        create_app(engine),
-        host=args.host,
-        port=args.port,
-        log_level="warning",
-        timeout_graceful_shutdown=args.drain_s or None,
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(engine),
+            host=args.host,
+            port=args.port,
+            log_level="warning",
+            timeout_graceful_shutdown=args.drain_s or None,
+        )
     )
+    # HTTP in a thread, the step loop on the main thread (why: engine/async_engine.py). Signals
+    # reach the main thread only, so uvicorn's handler is installed here: the first SIGTERM or
+    # SIGINT drains, a second one stops at once; the loop ends when the server has.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, server.handle_exit)
+    http = threading.Thread(target=server.run, name="http")
+    http.start()
+    engine.run(until=lambda: not http.is_alive())
+    http.join()

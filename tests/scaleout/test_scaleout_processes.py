@@ -168,6 +168,38 @@ def test_sigterm_drains_a_gateway_with_its_streams_finishing(
     gw.stop()
 
 
+def test_sigterm_drains_an_engine_with_its_streams_finishing(
+    base_env: dict[str, str], tmp_path: Path
+) -> None:
+    """The engine's step loop runs on its main thread and HTTP in another; SIGTERM still reaches
+    uvicorn, which stops accepting, lets the open stream finish, and the process exits."""
+    engine = Engine({**base_env, "OMP_NUM_THREADS": "1"}, tmp_path / "engine.log")
+    wait_until(lambda: httpx.get(engine.url + "/health").status_code == 200, 300, "engine")
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "Count slowly from one to fifty."}],
+        "max_tokens": 40,
+        "ignore_eos": True,
+        "stream": True,
+    }
+    events: list[str] = []
+    url = engine.url + "/v1/chat/completions"
+    with httpx.stream("POST", url, json=body, timeout=120) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                events.append(line[6:])
+                if len(events) == 2:
+                    engine.proc.send_signal(signal.SIGTERM)
+    assert events[-1] == "[DONE]", events[-3:]
+    chunks = [json.loads(e) for e in events[:-1]]
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]][-1] == "length"
+    assert sum(bool(c["choices"] and c["choices"][0]["delta"].get("content")) for c in chunks) > 1
+    assert engine.proc.wait(30) in (0, -signal.SIGTERM)
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(engine.url + "/health")
+    engine.stop()
+
+
 def test_killing_an_engine_mid_load(
     gateways: list[Gateway], engines: list[Engine], team: Any, sql: Any
 ) -> None:
