@@ -12,6 +12,7 @@ import anyio
 import msgspec
 from litestar import Controller, Request, Response, get, post
 from litestar.datastructures import UploadFile
+from litestar.params import FromPath, FromQuery
 from sqlalchemy import Engine
 
 from batch import jobs
@@ -149,11 +150,11 @@ class FilesController(Controller):
         return _json(jobs.file_object(row))
 
     @get("/{file_id:str}")
-    async def retrieve(self, request: Request, file_id: str) -> Response[bytes]:
+    async def retrieve(self, request: Request, file_id: FromPath[str]) -> Response[bytes]:
         return _json(jobs.file_object(await _callers_file(request, file_id)))
 
     @get("/{file_id:str}/content")
-    async def content(self, request: Request, file_id: str) -> Response[bytes]:
+    async def content(self, request: Request, file_id: FromPath[str]) -> Response[bytes]:
         row = await _callers_file(request, file_id)
         return Response(row.content, media_type="application/jsonl")
 
@@ -190,7 +191,7 @@ class BatchesController(Controller):
 
     @get("/batches")
     async def list_batches(
-        self, request: Request, after: str | None = None, limit: int = 20
+        self, request: Request, after: FromQuery[str | None] = None, limit: FromQuery[int] = 20
     ) -> Response[bytes]:
         policy = await _caller(request)
         limit = max(1, min(limit, 100))
@@ -209,11 +210,11 @@ class BatchesController(Controller):
         )
 
     @get("/batches/{batch_id:str}")
-    async def retrieve(self, request: Request, batch_id: str) -> Response[bytes]:
+    async def retrieve(self, request: Request, batch_id: FromPath[str]) -> Response[bytes]:
         return await _callers_job(request, jobs.get_job, batch_id)
 
     @post("/batches/{batch_id:str}/cancel", status_code=200)
-    async def cancel(self, request: Request, batch_id: str) -> Response[bytes]:
+    async def cancel(self, request: Request, batch_id: FromPath[str]) -> Response[bytes]:
         return await _callers_job(request, jobs.cancel_job, batch_id)
 
     @post("/batch", status_code=200)
