@@ -9,6 +9,7 @@ engine decodes with PyTorch SDPA instead, and says so once.
 
 import functools
 import logging
+import os
 from pathlib import Path
 from types import ModuleType
 
@@ -25,8 +26,12 @@ CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
 def paged_attention() -> ModuleType | None:
     """The compiled module (`paged_decode`), or None where it cannot be built."""
     try:
+        import ninja  # the pip package; cpp_extension runs `ninja` from PATH, which may lack it
         from torch.utils.cpp_extension import load
 
+        if ninja.BIN_DIR not in os.environ.get("PATH", "").split(os.pathsep):
+            os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+        log.info("loading the CPU attention kernel (built on first use: ~30 s)")
         return load(
             "tokenyard_paged_attention",
             [str(SOURCE)],
