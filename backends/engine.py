@@ -4,7 +4,8 @@ Each replica's `/load` is polled (`refresh`). A request goes to the least-loaded
 except that requests sharing a prompt prefix (the first ~KV block of the first message or prompt)
 go to the same replica, chosen by rendezvous hashing, while its load is within `affinity_margin` of
 the least loaded: the engine's prefix cache then serves the shared prefix. A replica that fails is
-skipped for `cooldown_s`, and the attempt is retried on another.
+skipped for `cooldown_s`, and the attempt is retried on another. The model's circuit breaker
+counts a failure only once retries are spent, or when a stream breaks and no other replica is ready.
 """
 
 import asyncio
@@ -190,7 +191,15 @@ class EngineUpstream:
             response.close()
             replica.in_flight -= 1
 
-        return LiveStream(source(), close, self._guard.failed)
+        async def broken() -> None:
+            self._cool(replica, "a stream broke")
+            # one replica dying is not the model failing: the breaker hears of it only when no
+            # other replica can take the requests (a crash breaks all its streams at once, which
+            # would otherwise open the model's breaker while a healthy replica waits)
+            if not any(r.ready and r.down_until <= time.monotonic() for r in self.replicas):
+                await self._guard.failed()
+
+        return LiveStream(source(), close, broken)
 
     async def _poll(self, replica: Replica) -> None:
         try:

@@ -1,5 +1,6 @@
 """The engine backend over two replicas (tests/gateway/fake_upstream.py): load aggregation, choice
-by load, prefix affinity within the load margin, skipping a failed replica, a stream cut."""
+by load, prefix affinity within the load margin, skipping a failed replica, a stream cut, and when
+a cut counts against the model's breaker."""
 
 import json
 import time
@@ -125,6 +126,37 @@ async def test_stream_and_a_cut_mid_way(engine: EngineUpstream, engines):
     await stream.aclose()
     assert b"".join(got).count(b'"tok "') == 3
     assert sum(served(before, engines)) == 1  # never retried
+
+
+async def _cut(upstream: EngineUpstream) -> str:
+    """Open a stream that breaks after one chunk; the URL of the replica that served it."""
+    before = [r.down_until for r in upstream.replicas]
+    stream = await upstream.open_stream(chat("s", "#chunks=8 #fail=1", stream=True))
+    with pytest.raises(UpstreamBroken):
+        async for _ in stream.chunks():
+            pass
+    await stream.aclose()
+    cooled = [r for r, b in zip(upstream.replicas, before, strict=True) if r.down_until > b]
+    assert len(cooled) == 1  # the replica whose stream broke is skipped for a while
+    return cooled[0].url
+
+
+async def test_a_broken_stream_opens_the_breaker_only_when_no_replica_is_left(
+    make_upstream, engines
+):
+    """A replica crash breaks all its streams at once: with another replica ready that must not
+    open the model's breaker (requests move over); with none left, it does."""
+    upstream = make_upstream("self-hosted", engines, model_id="brk", backend_breaker_failures=1)
+    await upstream.refresh()
+    broke = await _cut(upstream)
+    assert upstream.info.circuit == "closed"
+    before = counts(engines)
+    assert (await upstream.complete(chat("s"))).status == 200
+    assert served(before, engines)[engines.index(broke)] == 0
+    alone = make_upstream("self-hosted", engines[:1], model_id="brk1", backend_breaker_failures=1)
+    await alone.refresh()
+    await _cut(alone)
+    assert alone.info.circuit == "open"
 
 
 async def test_an_engine_refusal_passes_through(engine: EngineUpstream, engines):
