@@ -45,7 +45,8 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
 
 
 class Rotary(nn.Module):
-    """cos/sin tables for every position, indexed per token (HF's rotate-half convention)."""
+    """cos/sin tables for every position (HF's rotate-half convention); a step looks its tokens'
+    rows up once and every layer applies them."""
 
     def __init__(self, config: ModelConfig, max_len: int):
         super().__init__()
@@ -54,10 +55,16 @@ class Rotary(nn.Module):
         self.register_buffer("cos", emb.cos(), persistent=False)
         self.register_buffer("sin", emb.sin(), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        cos = self.cos[positions].unsqueeze(1).to(q.dtype)  # [T, 1, D]
-        sin = self.sin[positions].unsqueeze(1).to(q.dtype)
-        return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
+        """cos and sin rows of the step's tokens, [T, 1, D] each."""
+        return (
+            self.cos[positions].unsqueeze(1).to(dtype),
+            self.sin[positions].unsqueeze(1).to(dtype),
+        )
+
+
+def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -76,12 +83,12 @@ class Attention(nn.Module):
         self.qkv_proj = nn.Linear(config.hidden_size, q_size + 2 * kv_size, bias=False)
         self.o_proj = nn.Linear(q_size, config.hidden_size, bias=False)
 
-    def forward(self, x, positions, rotary, kv_cache, backend, meta) -> torch.Tensor:
+    def forward(self, x, rope, kv_cache, backend, meta) -> torch.Tensor:
         q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = rotary(positions, q, k)
+        q, k = apply_rotary(q, k, *rope)
         out = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta)
         return self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
 
@@ -106,8 +113,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, positions, rotary, kv_cache, backend, meta) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), positions, rotary, kv_cache, backend, meta)
+    def forward(self, x, rope, kv_cache, backend, meta) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, backend, meta)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -134,8 +141,9 @@ class LlamaModel(nn.Module):
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         x = self.embed_tokens(input_ids)
+        rope = self.rotary(positions, x.dtype)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, positions, self.rotary, kv_cache, backend, meta)
+            x = layer(x, rope, kv_cache, backend, meta)
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
