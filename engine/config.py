@@ -36,6 +36,7 @@ class EngineConfig:
     # tokens per KV block; 0 picks the attention backend's default (16 on CPU, 256 for flash-attn)
     block_size: int = 0
     cpu_kernel: bool = True  # decode attention with the compiled kernel on CPU (else PyTorch SDPA)
+    packed_weights: bool = True  # CPU: linear weights packed once for oneDNN (packed_linear.py)
     kv_cache_gib: float = 1.0  # memory budget for the KV pool
     num_blocks: int = 0  # overrides kv_cache_gib when > 0 (tests use small pools)
     max_num_batched_tokens: int = 512  # per-step token budget (decodes + prefill chunks)

@@ -13,6 +13,7 @@ from engine.kv_cache import BlockManager, blocks_for_budget, kv_pool
 from engine.loader import load_weights, resolve_model_path
 from engine.metrics import EngineMetrics
 from engine.model import LlamaModel
+from engine.packed_linear import pack_linears
 from engine.sampler import Sampled, Sampler
 from engine.scheduler import Scheduler
 from engine.sequence import GenerationRequest, SeqStatus, Sequence
@@ -85,6 +86,8 @@ class LLMEngine:
         self.model.load(weights)
         del weights
         self.model.to(self.device, self.dtype).eval()
+        if config.packed_weights:
+            pack_linears(self.model)
         self.tokenizer = Tokenizer.load(path, self.model_config.eos_token_ids)
         self.attention = make_attention(
             self.device, config.block_size, self.model_config.head_dim, config.cpu_kernel

@@ -126,11 +126,9 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = Rotary(config, max_len)
-        self.lm_head = (
-            None
-            if config.tie_word_embeddings
-            else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        )
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
 
     def forward(
         self,
@@ -147,8 +145,7 @@ class LlamaModel(nn.Module):
         return self.norm(x)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return (hidden @ weight.T).float()
+        return self.lm_head(hidden).float()
 
     def load(self, weights: dict[str, torch.Tensor]) -> None:
         """HF-named tensors → this module (Q/K/V and gate/up fused)."""
@@ -168,6 +165,6 @@ class LlamaModel(nn.Module):
                 state[f"layers.{i}.{norm}.weight"] = weights[f"{p}{norm}.weight"]
         state["embed_tokens.weight"] = weights["model.embed_tokens.weight"]
         state["norm.weight"] = weights["model.norm.weight"]
-        if self.lm_head is not None:
-            state["lm_head.weight"] = weights["lm_head.weight"]
+        head = "model.embed_tokens.weight" if self.config.tie_word_embeddings else "lm_head.weight"
+        state["lm_head.weight"] = weights[head]
         self.load_state_dict(state, strict=True)
