@@ -1,12 +1,15 @@
 """The complexity model and its runtime scorer: no model call at request time.
 
-`BlendedRouter` (the fitted estimator in the artifact) adds three standardised scores:
+`BlendedRouter` (the fitted estimator in the artifact) adds five standardised scores:
 - a logistic regression over TF-IDF word and character n-grams and text statistics (topic cues
   of subjects seen in training),
 - a logistic regression over the text statistics and a static embedding (mean of SmolLM2's
   input-embedding rows over the prompt's tokens), which transfers to unseen subjects; once fitted,
   the embedding block is folded into one weight per token,
-- the prompt's log length;
+- the prompt's log length,
+- the expected gain of the training subjects the prompt resembles,
+- gradient-boosted trees over the text statistics alone (no words: interactions of length, options,
+  numbers and negations that carry over to subjects never seen in training);
 with weights picked at training time on validation data.
 
 scikit-learn's per-call overhead (validation, sparse matrix assembly) is ~2 ms for one prompt,
@@ -32,6 +35,7 @@ import joblib
 import numpy as np
 import sklearn
 from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.ensemble import HistGradientBoostingClassifier
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import Pipeline
@@ -39,7 +43,18 @@ from sklearn.preprocessing import StandardScaler
 
 from router.features import StaticEmbedding, TextStats, TokenPieces, feature_union, text_stats
 
-DEFAULT_ARTIFACT = Path(__file__).parent / "artifacts" / "complexity-v2.joblib"
+DEFAULT_ARTIFACT = Path(__file__).parent / "artifacts" / "complexity-v3.joblib"
+
+# The boosted trees' settings: shallow, slow and many, with large leaves, won the exploratory runs
+# on validation; deeper trees or smaller leaves fit the training subjects and transferred worse.
+BOOST_SETTINGS: dict[str, Any] = {
+    "max_iter": 300,
+    "learning_rate": 0.03,
+    "max_depth": 3,
+    "min_samples_leaf": 200,
+    "l2_regularization": 1.0,
+    "early_stopping": False,
+}
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
@@ -53,8 +68,9 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
 
 class BlendedRouter(ClassifierMixin, BaseEstimator):
     """w_sparse·z(n-gram LR) + w_dense·z(statistics + static-embedding LR) + w_length·z(log
-    length), each z standardised with its mean and spread on the training prompts; the blend
-    weights only act at scoring time (set_params on a fitted model re-weights it, no refit)."""
+    length) + w_subject·z(subject gain) + w_boost·z(boosted trees on the statistics), each z
+    standardised with its mean and spread on the training prompts; the blend weights only act at
+    scoring time (set_params on a fitted model re-weights it, no refit)."""
 
     def __init__(
         self,
@@ -65,6 +81,7 @@ class BlendedRouter(ClassifierMixin, BaseEstimator):
         w_dense: float = 1.0,
         w_length: float = 1.0,
         w_subject: float = 0.0,
+        w_boost: float = 0.0,
         subject_c: float = 3.0,
         subject_features: int = 20_000,
         seed: int = 0,
@@ -76,6 +93,7 @@ class BlendedRouter(ClassifierMixin, BaseEstimator):
         self.w_dense = w_dense
         self.w_length = w_length
         self.w_subject = w_subject
+        self.w_boost = w_boost
         self.subject_c = subject_c
         self.subject_features = subject_features
         self.seed = seed
@@ -119,6 +137,8 @@ class BlendedRouter(ClassifierMixin, BaseEstimator):
         subject.coef_ = subject.coef_.astype(np.float32).astype(np.float64)
         self.subject_ = subject
         self.subject_gain_ = np.array([gains[groups == g].mean() for g in subject.classes_])
+        self.boost_ = HistGradientBoostingClassifier(random_state=self.seed, **BOOST_SETTINGS)
+        self.boost_.fit(stats, y)
         parts = self.parts(texts)
         self.center_ = parts.mean(axis=0)
         self.spread_ = parts.std(axis=0)
@@ -128,11 +148,12 @@ class BlendedRouter(ClassifierMixin, BaseEstimator):
         return self.sparse_.named_steps["features"].transformer_list[0][1].transform(texts)
 
     def parts(self, texts: list[str]) -> np.ndarray:
-        """The four raw scores per prompt: n-gram logit, dense logit, log length, and the
-        expected gain of the training subjects the prompt resembles."""
+        """The five raw scores per prompt: n-gram logit, dense logit, log length, the expected
+        gain of the training subjects the prompt resembles, and the boosted trees' logit."""
         texts = list(texts)
         sparse = self.sparse_.decision_function(texts)
-        stats = self.stats_scaler_.transform(TextStats().transform(texts))
+        raw_stats = TextStats().transform(texts)
+        stats = self.stats_scaler_.transform(raw_stats)
         dense = (
             self.dense_intercept_
             + stats @ self.dense_stats_coef_
@@ -141,11 +162,14 @@ class BlendedRouter(ClassifierMixin, BaseEstimator):
         length = np.log1p(np.array([len(t) for t in texts], dtype=float))
         words = self._word_tfidf(texts)[:, self.subject_cols_]
         subject = self.subject_.predict_proba(words) @ self.subject_gain_
-        return np.column_stack([sparse, dense, length, subject])
+        boost = self.boost_.decision_function(raw_stats)
+        return np.column_stack([sparse, dense, length, subject, boost])
 
     @property
     def weights(self) -> np.ndarray:
-        return np.array([self.w_sparse, self.w_dense, self.w_length, self.w_subject], dtype=float)
+        return np.array(
+            [self.w_sparse, self.w_dense, self.w_length, self.w_subject, self.w_boost], dtype=float
+        )
 
     def decision_function(self, texts: list[str]) -> np.ndarray:
         return ((self.parts(texts) - self.center_) / self.spread_) @ self.weights
@@ -330,9 +354,57 @@ class _CompiledSubject:
 
 
 @dataclass(frozen=True)
+class _CompiledTrees:
+    """The boosted trees' logit, all trees walked together one level per step in numpy (~15 µs;
+    sklearn's predictor costs ~0.3 ms per call, a Python walk over 300 trees more). The nodes of
+    every tree are concatenated; a leaf points to itself, so `depth` steps end on every leaf."""
+
+    feature: np.ndarray
+    threshold: np.ndarray
+    left: np.ndarray
+    right: np.ndarray
+    value: np.ndarray
+    roots: np.ndarray
+    depth: int
+    baseline: float
+
+    @classmethod
+    def from_model(cls, model: HistGradientBoostingClassifier) -> "_CompiledTrees":
+        # the fitted trees are private attributes (_predictors, _baseline_prediction); the tests
+        # check this walk against decision_function, so a change in sklearn shows there
+        nodes = [tree[0].nodes for tree in model._predictors]
+        offsets = np.cumsum([0] + [len(n) for n in nodes[:-1]])
+        every = np.concatenate(nodes)
+        own = np.arange(len(every))
+        leaf = every["is_leaf"].astype(bool)
+        shift = np.repeat(offsets, [len(n) for n in nodes])
+        if every["is_categorical"].any():
+            raise ValueError("cannot compile categorical splits")
+        return cls(
+            feature=every["feature_idx"].astype(np.intp),
+            threshold=every["num_threshold"].astype(float),
+            left=np.where(leaf, own, every["left"].astype(np.intp) + shift),
+            right=np.where(leaf, own, every["right"].astype(np.intp) + shift),
+            value=every["value"].astype(float),
+            roots=offsets.astype(np.intp),
+            depth=int(every["depth"].max()),
+            baseline=float(np.ravel(model._baseline_prediction)[0]),
+        )
+
+    def logit(self, x: np.ndarray) -> float:
+        """x: the raw statistics (never NaN, so the trees' missing-value branches never apply)."""
+        node = self.roots
+        for _ in range(self.depth):
+            go_left = x[self.feature[node]] <= self.threshold[node]
+            node = np.where(go_left, self.left[node], self.right[node])
+        return self.baseline + float(self.value[node].sum())
+
+
+@dataclass(frozen=True)
 class _Compiled:
     ngrams: _CompiledNgrams
     subject: _CompiledSubject
+    trees: _CompiledTrees
     pieces: TokenPieces
     token_weights: np.ndarray  # the folded static embedding: one weight per token id
     dense_stats_mean: np.ndarray
@@ -348,6 +420,7 @@ class _Compiled:
         return cls(
             ngrams=_CompiledNgrams.from_pipeline(model.sparse_),
             subject=_CompiledSubject.from_model(model),
+            trees=_CompiledTrees.from_model(model.boost_),
             pieces=model.embedding_.pieces_,
             token_weights=np.ascontiguousarray(model.embedding_.table_[:, 0]),
             dense_stats_mean=model.stats_scaler_.mean_,
@@ -361,7 +434,7 @@ class _Compiled:
 
     def logit(self, prompt: str) -> float:
         # a part whose blend weight is 0 adds exactly 0 to the pipeline's sum: it is not computed
-        w_sparse, w_dense, _, w_subject = self.weights
+        w_sparse, w_dense, _, w_subject, w_boost = self.weights
         stats = np.asarray(text_stats(prompt))
         words = self.ngrams.tfidf[0].tfidf(prompt)
         sparse = self.ngrams.logit(prompt, stats, words) if w_sparse else 0.0
@@ -372,7 +445,8 @@ class _Compiled:
             scaled = (stats - self.dense_stats_mean) / self.dense_stats_scale
             dense = self.dense_intercept + float(scaled @ self.dense_stats_coef) + tokens
         subject = self.subject.expected_gain(*words) if w_subject else 0.0
-        parts = np.array([sparse, dense, math.log1p(len(prompt)), subject])
+        boost = self.trees.logit(stats) if w_boost else 0.0
+        parts = np.array([sparse, dense, math.log1p(len(prompt)), subject, boost])
         return float(((parts - self.center) / self.spread) @ self.weights)
 
 

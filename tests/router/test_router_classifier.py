@@ -5,6 +5,7 @@ import itertools
 import numpy as np
 import pytest
 
+from router.features import TextStats
 from router.metrics import router_metrics
 from router.train import outcomes, prompts_hash
 
@@ -13,7 +14,7 @@ from .conftest import Shipped
 
 def test_loads_and_scores_in_unit_interval(shipped: Shipped) -> None:
     clf = shipped.classifier
-    assert clf.version == "v2"
+    assert clf.version == "v3"
     for prompt in ("", "hi", "What is 2+2?", "x " * 50_000, shipped.data.gsm8k[0].prompt):
         s = clf.score(prompt)
         assert isinstance(s, float)
@@ -26,6 +27,17 @@ def test_fast_path_equals_pipeline(shipped: Shipped) -> None:
     prompts = [e.prompt for e in shipped.data.part("test")][::5] + odd + mt_bench
     fast = np.array([shipped.classifier.score(p) for p in prompts])
     np.testing.assert_allclose(fast, shipped.classifier.score_many(prompts), rtol=0, atol=1e-9)
+
+
+def test_compiled_trees_equal_sklearn(shipped: Shipped) -> None:
+    # checked on their own: the fast path skips the trees when their blend weight is 0
+    prompts = [e.prompt for e in shipped.data.part("test")][::7]
+    prompts += ["", "hi", "x " * 50_000]
+    stats = TextStats().transform(prompts)
+    trees = shipped.classifier.compiled.trees
+    fast = np.array([trees.logit(x) for x in stats])
+    expected = shipped.classifier.pipeline.boost_.decision_function(stats)
+    np.testing.assert_allclose(fast, expected, rtol=0, atol=1e-9)
 
 
 @pytest.mark.parametrize("bench", ["mmlu", "gsm8k"])
@@ -74,14 +86,17 @@ def test_report_recomputes_from_shipped_artifact(shipped: Shipped, name: str) ->
 def test_report_meets_the_targets_it_meets(shipped: Shipped) -> None:
     """The issue's targets that the shipped report meets (router section of bench/RESULTS.md):
     MMLU in-domain CPT(50%) ≤ 30% and clearly above the length rule (paired bootstrap interval
-    of the APGR difference above 0); whole-subjects-held-out APGR ≥ 0.55. Not met, so not asserted:
-    MMLU in-domain APGR ≥ 0.65 (0.642), GSM8K CPT(50%) ≤ 33% (36.0%), held-out above length."""
+    of the APGR difference above 0); whole-subjects-held-out APGR ≥ 0.55 and clearly above the
+    length rule. Not met, so not asserted: MMLU in-domain APGR ≥ 0.65 (0.642), GSM8K CPT(50%)
+    ≤ 33% (36.2%)."""
     evaluations = shipped.report["evaluations"]
     in_domain = evaluations["mmlu_in_domain"]
     assert in_domain["routers"]["classifier"]["cpt50"]["value"] <= 0.30
     assert in_domain["minus_length"]["classifier"]["apgr"]["low"] > 0.0
-    held_out = evaluations["mmlu_subject_held_out"]["routers"]["classifier"]
-    assert held_out["apgr"]["value"] >= 0.55
-    # and better than v1 everywhere it was measured on the same prompts: 0.630 / 0.529
-    assert in_domain["routers"]["classifier"]["apgr"]["value"] > 0.630
-    assert held_out["apgr"]["value"] > 0.529
+    held_out = evaluations["mmlu_subject_held_out"]
+    assert held_out["routers"]["classifier"]["apgr"]["value"] >= 0.55
+    assert held_out["minus_length"]["classifier"]["apgr"]["low"] > 0.0
+    # and better than v2 where v3's boosted trees were meant to help, on the same prompts:
+    # 0.5673 subject-held-out, 0.5951 GSM8K APGR
+    assert held_out["routers"]["classifier"]["apgr"]["value"] > 0.5673
+    assert evaluations["gsm8k"]["routers"]["classifier"]["apgr"]["value"] > 0.5951
