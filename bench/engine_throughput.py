@@ -108,15 +108,20 @@ def floor_tokens_per_s(engine: LLMEngine, work, gflops: float, gbps: float) -> t
     """Output tokens/s if prefill ran at the matmul rate and decoding were bound by weight reads:
     (one read per generated token, as a server running one request at a time pays;
      one read per decode step with every sequence batched, as many steps as the longest output)."""
-    cfg = engine.model_config
-    linear = sum(p.numel() for p in engine.model.layers.parameters() if p.dim() == 2)
+    cfg = engine.model_config  # sizes from the config: the engine may hold weights repacked
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    hidden = cfg.hidden_size
+    linear = cfg.num_layers * (hidden * (2 * q + 2 * kv) + 3 * hidden * cfg.intermediate_size)
     prefill_flops = 0.0
     for _, ids, _ in work:
         n = len(ids)
         attention = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * n * n / 2
         prefill_flops += 2 * linear * n + attention
     prefill = prefill_flops / (gflops * 1e9)
-    weights = sum(p.numel() * p.element_size() for p in engine.model.parameters())
+    # every layer's projections and norms, the final norm and the LM head
+    weights = (linear + (2 * cfg.num_layers + 1) * hidden + cfg.vocab_size * hidden) * (
+        engine.dtype.itemsize
+    )
     weight_read = weights / (gbps * 1e9)
     tokens = sum(n for _, _, n in work)
     per_token = tokens / (prefill + tokens * weight_read)

@@ -24,7 +24,8 @@ class PackedLinear(nn.Module):
     def __init__(self, weight: torch.Tensor) -> None:
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), ROWS_HINT)
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), ROWS_HINT)
+        self.register_buffer("packed", packed, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [None], "")
