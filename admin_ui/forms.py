@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.db import Team
-from gateway.keys import TEAM_NAME
+from gateway.keys import TEAM_NAME, TEAM_NAME_RULE
 from gateway.limits import LIMIT_FIELDS, TIERS
 
 _MAX_INT = 2**53  # any larger is a typo, and would not survive a float round trip in Lua
@@ -79,7 +79,7 @@ def parse(form: Any, catalog: list[str], with_name: bool) -> TeamForm:
     """Validate a submitted team form (a FormMultiDict) against the catalog's models."""
     result = TeamForm({"name": (form.get("name") or "").strip()})
     if with_name and not TEAM_NAME.fullmatch(result.values["name"]):
-        result.errors["name"] = "1 to 64 letters, digits, '_', '.' or '-'"
+        result.errors["name"] = TEAM_NAME_RULE
     for name, kind in LIMIT_FIELDS.items():
         if name == "models":
             picked = [m for m in form.getall("models", []) if m]

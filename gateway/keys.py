@@ -20,7 +20,9 @@ from gateway.limits import LIMIT_FIELDS, TIERS
 
 KEY_PREFIX_LEN = 12
 # team names appear in Redis keys and metrics labels: keep them plain
-TEAM_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+# a first letter or digit: "." and ".." would otherwise be names, and break /admin/teams/{name}
+TEAM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+TEAM_NAME_RULE = "1 to 64 letters, digits, '_', '.' or '-', starting with a letter or digit"
 
 
 class TeamPolicy(msgspec.Struct, frozen=True):
@@ -91,7 +93,7 @@ def _apply(team: Team, limits: dict[str, Any]) -> None:
 
 def create_team(engine: Engine, name: str, **limits: Any) -> Team:
     if not TEAM_NAME.fullmatch(name):
-        raise ValueError("team names are 1-64 letters, digits, '_', '.' or '-'")
+        raise ValueError(f"team names are {TEAM_NAME_RULE}")
     with Session(engine) as session:
         if session.exec(select(Team).where(Team.name == name)).first():
             raise ManagementError(f"team {name!r} already exists")

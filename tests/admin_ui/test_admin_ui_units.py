@@ -4,11 +4,13 @@ daily rollups, the dashboard's view parameters, prefix-cache hit rate, sign-in r
 import re
 from datetime import date, timedelta
 
+import pytest
 from multidict import MultiDict
 
 from admin_ui import charts, forms, status, usage
 from admin_ui.app import _local_next
 from billing.models import UsageDaily
+from gateway.keys import create_team
 from gateway.limits import LIMIT_FIELDS
 
 CATALOG = ["small", "big"]
@@ -55,7 +57,7 @@ def test_each_bad_value_gets_its_own_message() -> None:
         with_name=True,
     )  # fmt: skip
     assert parsed.errors == {
-        "name": "1 to 64 letters, digits, '_', '.' or '-'",
+        "name": "1 to 64 letters, digits, '_', '.' or '-', starting with a letter or digit",
         "rpm": "must be 0 or more (blank: unlimited)",
         "tpm": "must be a whole number (or blank)",
         "usd_per_day": "must be 0 or more",
@@ -66,6 +68,18 @@ def test_each_bad_value_gets_its_own_message() -> None:
         "models": "not in the catalog: gpt-9",
     }
     assert parsed.values["rpm"] == "-1"  # what was typed goes back into the form
+
+
+@pytest.mark.parametrize("name", [".", "..", "-x", "_x", "a" * 65, "a/b", ""])
+def test_names_that_would_break_team_urls_are_refused(name: str) -> None:
+    assert "name" in forms.parse(_form(name=name), CATALOG, with_name=True).errors
+    with pytest.raises(ValueError, match="starting with a letter or digit"):
+        create_team(None, name)  # type: ignore[arg-type]  # refused before the database
+
+
+@pytest.mark.parametrize("name", ["ml", "ml-team.eu_2", "7up", "a" * 64])
+def test_ordinary_team_names_pass(name: str) -> None:
+    assert "name" not in forms.parse(_form(name=name), CATALOG, with_name=True).errors
 
 
 def test_an_edit_form_ignores_the_name() -> None:
