@@ -48,20 +48,22 @@ class BatchWorker:
         self._interactive_seen = -float("inf")  # monotonic time interactive was last in flight
         self._policies: dict[str, tuple[float, TeamPolicy | None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
-        self._loop: asyncio.Task[None] | None = None
+        self._loops: list[asyncio.Task[None]] = []
         self._client = httpx.AsyncClient(timeout=10)
-        self._renewed = 0.0
         self.seconds_per_request = 1.0  # moving average, for estimated completion times
 
     def start(self) -> None:
-        self._loop = asyncio.get_running_loop().create_task(self._run())
+        loop = asyncio.get_running_loop()
+        # leases renew on a clock of their own: a slow tick (SQL contention, a slow callback) must
+        # not let them lapse, or another gateway claims a running request and sends it again
+        self._loops = [loop.create_task(self._run()), loop.create_task(self._renew())]
 
     async def stop(self) -> None:
         """Stop claiming, and give the requests still running back for another process to run."""
-        if self._loop:
-            self._loop.cancel()
+        for background in self._loops:
+            background.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await self._loop
+                await background
         for request_id, (_, task) in list(self.running.items()):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -100,11 +102,16 @@ class BatchWorker:
                 task = asyncio.get_running_loop().create_task(self._execute(request))
                 self.running[request.id] = (request.batch_id, task)
                 task.add_done_callback(lambda _, rid=request.id: self.running.pop(rid, None))
-        if time.monotonic() - self._renewed > self.settings.batch_lease_s / 3:
-            self._renewed = time.monotonic()
-            ids = list(self.running)
-            await self._sql(jobs.renew, self.sql, self.owner, ids, self.settings.batch_lease_s)
         await self._callbacks()
+
+    async def _renew(self) -> None:
+        lease_s = self.settings.batch_lease_s
+        while True:
+            await asyncio.sleep(lease_s / 3)
+            try:
+                await self._sql(jobs.renew, self.sql, self.owner, list(self.running), lease_s)
+            except Exception:
+                log.exception("renewing batch leases failed")
 
     def limit(self, interactive: bool) -> int:
         """Batch requests this process may run: few while interactive traffic is about, whose

@@ -1,8 +1,14 @@
 """Input lines and output lines, without a gateway."""
 
-import msgspec
+import asyncio
 
+import msgspec
+import pytest
+
+from batch import jobs
 from batch.files import check_items, output_line, parse_lines
+from batch.worker import BatchWorker
+from tokenyard.settings import Settings
 
 CHAT = "/v1/chat/completions"
 
@@ -53,3 +59,27 @@ def test_output_line_shapes() -> None:
     }
     failed = msgspec.json.decode(output_line("r2", None, None, None, None, ("code", "why")))
     assert failed["response"] is None and failed["error"] == {"code": "code", "message": "why"}
+
+
+async def test_leases_renew_while_a_tick_hangs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tick stuck on SQL contention or a slow callback must not let a running request's lease
+    lapse (another gateway would claim it and send it upstream a second time)."""
+    renewed: list[list[str]] = []
+    monkeypatch.setattr(jobs, "renew", lambda sql, owner, ids, lease_s: renewed.append(ids))
+    ticking = asyncio.Event()
+
+    async def stuck(self: BatchWorker) -> None:
+        ticking.set()
+        await asyncio.Event().wait()
+
+    monkeypatch.setattr(BatchWorker, "tick", stuck)
+    worker = BatchWorker(None, None, Settings(batch_lease_s=0.3))  # type: ignore[arg-type]
+    request = asyncio.create_task(asyncio.sleep(30))
+    worker.running["req-1"] = ("batch-1", request)
+    worker.start()
+    await ticking.wait()
+    await asyncio.sleep(0.6)  # two lease lifetimes, all inside one tick
+    assert len(renewed) >= 3 and all(ids == ["req-1"] for ids in renewed)
+    request.cancel()
+    worker.running.clear()
+    await worker.stop()
