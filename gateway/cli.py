@@ -104,6 +104,8 @@ def serve(settings: Settings, host: str, port: int) -> None:
         log_level="warning",
         # SIGTERM: stop accepting, give in-flight requests and streams this long, then cancel them
         timeout_graceful_shutdown=settings.gateway_drain_s or None,
+        proxy_headers=True,
+        forwarded_allow_ips=settings.gateway_trusted_proxies,
     )
 
 

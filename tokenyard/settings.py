@@ -55,6 +55,10 @@ class Settings(BaseSettings):
     # on SIGTERM: stop accepting, let in-flight requests and streams finish for up to this many
     # seconds, then cancel them (they settle); 0: wait without a deadline
     gateway_drain_s: float = 30.0
+    # proxies (comma-separated addresses or networks, or *) whose X-Forwarded-For/-Proto the gateway
+    # believes: behind a load balancer the client's address (admin sign-in limits, logs) is then
+    # the caller's, not the balancer's
+    gateway_trusted_proxies: str = "127.0.0.1"
     # backends (fields named backend_* belong to backends/; see docs/backends.md)
     backend_connect_timeout_s: float = 5.0  # TCP/TLS connect to an upstream; past it: retried
     # streamed: request sent → first body byte; past it the attempt is dropped and retried

@@ -2,6 +2,7 @@
 refused, forms without the session's token or from another site are refused, a team member sees
 only their own team, and an admin's quota change reaches another gateway process within a second."""
 
+import random
 import time
 import uuid
 from datetime import UTC, date, datetime
@@ -54,6 +55,25 @@ def test_anonymous_requests_are_refused(admin_gateway: Gateway, method: str, pat
     else:
         assert answer.status_code == 401
     assert "ty_admin=" not in answer.headers.get("set-cookie", "")
+
+
+def test_failed_sign_ins_are_limited_per_client_behind_a_trusted_proxy(
+    admin_gateway: Gateway,
+) -> None:
+    """The test client is the gateway's trusted proxy (127.0.0.1 by default): each forwarded
+    client address has its own failure count, so one guesser does not lock everyone out."""
+
+    def attempt(client_ip: str) -> int:
+        headers = {"x-forwarded-for": client_ip}
+        with httpx.Client(base_url=admin_gateway.url, headers=headers) as client:
+            token = csrf_of(client.get("/admin/login"))
+            data = {"user": ADMIN_USER, "password": "nope", "csrf": token}
+            return client.post("/admin/login", data=data).status_code
+
+    guesser, bystander = (f"203.0.113.{n}" for n in random.sample(range(1, 255), 2))
+    assert [attempt(guesser) for _ in range(10)] == [401] * 10
+    assert attempt(guesser) == 429
+    assert attempt(bystander) == 401
 
 
 def test_wrong_password_is_refused_and_opens_no_session(admin_gateway: Gateway) -> None:

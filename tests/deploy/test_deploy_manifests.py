@@ -555,6 +555,20 @@ def test_gateway_serve_passes_the_drain_deadline_to_uvicorn(
     assert seen["timeout_graceful_shutdown"] is None  # 0: no deadline
 
 
+def test_gateway_serve_believes_forwarded_headers_only_from_its_trusted_proxies(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import uvicorn
+
+    from gateway import cli
+
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(kw))
+    cli.serve(Settings(gateway_trusted_proxies="10.0.0.0/8,192.168.1.5"), "127.0.0.1", 0)
+    assert seen["proxy_headers"] is True
+    assert seen["forwarded_allow_ips"] == "10.0.0.0/8,192.168.1.5"
+
+
 def test_engine_drain_flag_defaults_to_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     import argparse
 
