@@ -71,9 +71,13 @@ class TorchAttention:
     def _width(self, s: SeqSlice) -> int:
         return -(-s.context_len // self.block_size)
 
-    def _decode_group(self, group: list[SeqSlice], first: int, end: int) -> tuple:
+    def _padded_tables(self, group: list[SeqSlice]) -> tuple[int, list[list[int]]]:
+        """The group's widest table (in blocks), and every table padded with block 0 to it."""
         width = max(self._width(s) for s in group)
-        tables = [s.block_table[:width] + [0] * (width - len(s.block_table)) for s in group]
+        return width, [s.block_table[:width] + [0] * (width - len(s.block_table)) for s in group]
+
+    def _decode_group(self, group: list[SeqSlice], first: int, end: int) -> tuple:
+        width, tables = self._padded_tables(group)
         blocks = torch.tensor(tables, dtype=torch.long, device=self.device)
         lengths = torch.tensor([s.context_len for s in group], device=self.device)
         positions = torch.arange(width * self.block_size, device=self.device)
@@ -163,8 +167,7 @@ class KernelAttention(TorchAttention):
     def _decode_metadata(self, decodes: list[SeqSlice], meta: AttentionMetadata) -> None:
         if not decodes:
             return
-        width = max(self._width(s) for s in decodes)
-        tables = [s.block_table[:width] + [0] * (width - len(s.block_table)) for s in decodes]
+        _, tables = self._padded_tables(decodes)
         meta.block_tables = torch.tensor(tables, dtype=torch.int32, device=self.device)
         lengths = [s.context_len for s in decodes]
         meta.context_lens = torch.tensor(lengths, dtype=torch.int32, device=self.device)

@@ -23,7 +23,6 @@ class PackedLinear(nn.Module):
 
     def __init__(self, weight: torch.Tensor) -> None:
         super().__init__()
-        self.out_features, self.in_features = weight.shape
         packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), ROWS_HINT)
         self.register_buffer("packed", packed, persistent=False)
 
