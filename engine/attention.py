@@ -1,5 +1,5 @@
-"""Attention over the paged KV layout: one interface; backends for CPU (a compiled decode kernel,
-else PyTorch alone) and CUDA (flash-attn).
+"""Attention over the paged KV layout: one interface; backends for CPU (compiled decode and bf16
+prefill kernels, else PyTorch alone) and CUDA (flash-attn).
 
 The KV pool of a layer is `[num_blocks, block_size, num_kv_heads, head_dim]` for K and for V.
 A step's tokens are flattened into one batch: decodes first (one token each), then prefill chunks.
@@ -36,6 +36,9 @@ class AttentionMetadata:
     # mask [B, 1, 1, W * block_size]); per prefill chunk, (q_start, q_end, block ids, context)
     decodes: list[tuple[int, int, torch.Tensor, torch.Tensor]] | None = None
     prefills: list[tuple[int, int, torch.Tensor, int]] | None = None
+    # CPU prefill kernel: the chunks' block tables [S, W], offsets of their rows in the prefill
+    # part of q [S + 1] and context lengths [S], all int32
+    prefill_batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     # flash-attn backend
     cu_seqlens_q: torch.Tensor | None = None
     cu_seqlens_k: torch.Tensor | None = None
@@ -45,6 +48,10 @@ class AttentionMetadata:
     # context lengths, [B] int32)
     block_tables: torch.Tensor | None = None
     context_lens: torch.Tensor | None = None
+
+
+def _int32(values: list[int] | list[list[int]], device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=torch.int32, device=device)
 
 
 def _slot_mapping(slices: list[SeqSlice], block_size: int) -> list[int]:
@@ -89,16 +96,19 @@ class TorchAttention:
 
     def build_metadata(self, slices: list[SeqSlice], num_decodes: int) -> AttentionMetadata:
         slots = torch.tensor(_slot_mapping(slices, self.block_size), device=self.device)
-        meta = AttentionMetadata(slots, num_decodes, decodes=[], prefills=[])
+        meta = AttentionMetadata(slots, num_decodes)
         self._decode_metadata(slices[:num_decodes], meta)
-        start = num_decodes
-        for s in slices[num_decodes:]:
-            meta.prefills.append((start, start + s.num_new, self._blocks(s), s.context_len))
-            start += s.num_new
+        self._prefill_metadata(slices[num_decodes:], meta)
         return meta
 
+    def _prefill_metadata(self, prefills: list[SeqSlice], meta: AttentionMetadata) -> None:
+        meta.prefills, start = [], meta.num_decodes
+        for s in prefills:
+            meta.prefills.append((start, start + s.num_new, self._blocks(s), s.context_len))
+            start += s.num_new
+
     def _decode_metadata(self, decodes: list[SeqSlice], meta: AttentionMetadata) -> None:
-        first = 0
+        meta.decodes, first = [], 0
         while first < len(decodes):  # decodes come sorted by length: group similar widths
             base = self._width(decodes[first])
             end = first + 1
@@ -121,6 +131,11 @@ class TorchAttention:
         v_cache.view(-1, heads, dim).index_copy_(0, meta.slot_mapping, v)
         out = torch.empty_like(q)
         self._decode(q, k_cache, v_cache, meta, out)
+        self._prefill(q, k_cache, v_cache, meta, out)
+        return out
+
+    def _prefill(self, q, k_cache, v_cache, meta: AttentionMetadata, out: torch.Tensor) -> None:
+        heads, dim = k_cache.shape[2:]
         for q_start, q_end, blocks, context in meta.prefills:
             num_new = q_end - q_start
             keys = k_cache.index_select(0, blocks).view(-1, heads, dim)[:context]
@@ -139,7 +154,6 @@ class TorchAttention:
                 is_causal=mask is None,
                 enable_gqa=True,
             )[0].transpose(0, 1)
-        return out
 
     def _decode(self, q, k_cache, v_cache, meta: AttentionMetadata, out: torch.Tensor) -> None:
         heads, dim = k_cache.shape[2:]
@@ -158,19 +172,38 @@ class TorchAttention:
 
 class KernelAttention(TorchAttention):
     """CPU backend: one call of the compiled kernel (engine/csrc) decodes every sequence, reading
-    K/V in place through the block tables; prefill chunks as in TorchAttention (SDPA)."""
+    K/V in place through the block tables; with `prefill` (bf16, a CPU with bf16 dot products),
+    one more call runs every prefill chunk, else they go through SDPA as in TorchAttention."""
 
-    def __init__(self, block_size: int, device: torch.device, kernel: ModuleType):
+    def __init__(self, block_size: int, device: torch.device, kernel: ModuleType, prefill: bool):
         super().__init__(block_size, device)
         self.kernel = kernel
+        self.prefill = prefill
+
+    def _prefill_metadata(self, prefills: list[SeqSlice], meta: AttentionMetadata) -> None:
+        if not self.prefill:
+            return super()._prefill_metadata(prefills, meta)
+        if prefills:
+            _, tables = self._padded_tables(prefills)
+            starts = [0, *accumulate(s.num_new for s in prefills)]
+            lengths = [s.context_len for s in prefills]
+            meta.prefill_batch = tuple(_int32(x, self.device) for x in (tables, starts, lengths))
+
+    def _prefill(self, q, k_cache, v_cache, meta: AttentionMetadata, out: torch.Tensor) -> None:
+        if not self.prefill:
+            return super()._prefill(q, k_cache, v_cache, meta, out)
+        if meta.prefill_batch:
+            n = meta.num_decodes
+            out[n:] = self.kernel.paged_prefill(
+                q[n:], k_cache, v_cache, *meta.prefill_batch, q.shape[-1] ** -0.5
+            )
 
     def _decode_metadata(self, decodes: list[SeqSlice], meta: AttentionMetadata) -> None:
         if not decodes:
             return
         _, tables = self._padded_tables(decodes)
-        meta.block_tables = torch.tensor(tables, dtype=torch.int32, device=self.device)
-        lengths = [s.context_len for s in decodes]
-        meta.context_lens = torch.tensor(lengths, dtype=torch.int32, device=self.device)
+        meta.block_tables = _int32(tables, self.device)
+        meta.context_lens = _int32([s.context_len for s in decodes], self.device)
 
     def _decode(self, q, k_cache, v_cache, meta: AttentionMetadata, out: torch.Tensor) -> None:
         n = meta.num_decodes
@@ -198,9 +231,6 @@ class FlashAttention:
         self.device = device
 
     def build_metadata(self, slices: list[SeqSlice], num_decodes: int) -> AttentionMetadata:
-        def int32(values: list[int]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.int32, device=self.device)
-
         q_lens = [s.num_new for s in slices]
         k_lens = [s.context_len for s in slices]
         width = max(len(s.block_table) for s in slices)
@@ -208,11 +238,11 @@ class FlashAttention:
         return AttentionMetadata(
             slot_mapping=torch.tensor(_slot_mapping(slices, self.block_size), device=self.device),
             num_decodes=num_decodes,
-            cu_seqlens_q=int32([0, *accumulate(q_lens)]),
-            cu_seqlens_k=int32([0, *accumulate(k_lens)]),
+            cu_seqlens_q=_int32([0, *accumulate(q_lens)], self.device),
+            cu_seqlens_k=_int32([0, *accumulate(k_lens)], self.device),
             max_seqlen_q=max(q_lens),
             max_seqlen_k=max(k_lens),
-            block_tables=torch.tensor(tables, dtype=torch.int32, device=self.device),
+            block_tables=_int32(tables, self.device),
         )
 
     def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
@@ -232,14 +262,16 @@ class FlashAttention:
 
 
 def make_attention(
-    device: torch.device, block_size: int, head_dim: int, cpu_kernel: bool
+    device: torch.device, block_size: int, head_dim: int, dtype: torch.dtype, cpu_kernel: bool
 ) -> TorchAttention | FlashAttention:
-    """flash-attn on CUDA; on CPU the compiled decode kernel where it builds (and `cpu_kernel`),
-    else PyTorch alone. block_size 0 takes the backend's default."""
+    """flash-attn on CUDA; on CPU the compiled kernels where they build (and `cpu_kernel`: decode
+    always, prefill for bf16 on CPUs with bf16 dot products), else PyTorch alone. block_size 0
+    takes the backend's default."""
     if device.type == "cuda":
         return FlashAttention(block_size or FlashAttention.default_block_size, device)
     block_size = block_size or TorchAttention.default_block_size
     kernel = paged_attention() if cpu_kernel and head_dim in HEAD_DIMS else None
     if kernel is None:
         return TorchAttention(block_size, device)
-    return KernelAttention(block_size, device, kernel)
+    prefill = dtype == torch.bfloat16 and hasattr(kernel, "paged_prefill")
+    return KernelAttention(block_size, device, kernel, prefill)

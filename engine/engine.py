@@ -90,7 +90,11 @@ class LLMEngine:
             pack_linears(self.model)
         self.tokenizer = Tokenizer.load(path, self.model_config.eos_token_ids)
         self.attention = make_attention(
-            self.device, config.block_size, self.model_config.head_dim, config.cpu_kernel
+            self.device,
+            config.block_size,
+            self.model_config.head_dim,
+            self.dtype,
+            config.cpu_kernel,
         )
         self.block_size = self.attention.block_size
         num_blocks = config.num_blocks or blocks_for_budget(

@@ -150,6 +150,16 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
 
 }  // namespace
 
+#if defined(__AVX512BF16__)
+// prefill_attention.cpp: built only where the CPU has bf16 dot products
+torch::Tensor paged_prefill(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                            torch::Tensor block_tables, torch::Tensor starts,
+                            torch::Tensor context_lens, double scale);
+#endif
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_decode", &paged_decode, "decode attention over a paged KV cache (CPU)");
+#if defined(__AVX512BF16__)
+  m.def("paged_prefill", &paged_prefill, "causal prefill attention over a paged KV cache (bf16)");
+#endif
 }

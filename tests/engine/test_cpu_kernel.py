@@ -1,4 +1,5 @@
-"""The compiled CPU decode kernel against the PyTorch reference backend, on the same paged pool."""
+"""The compiled CPU kernels (decode; bf16 prefill) against the PyTorch reference backend, on the
+same paged pool."""
 
 import random
 
@@ -19,6 +20,23 @@ def kernel():
     if module is None:
         pytest.skip("the CPU attention kernel did not build here (no C++ compiler or ninja)")
     return module
+
+
+@pytest.fixture(scope="module")
+def prefill_kernel(kernel):
+    if not hasattr(kernel, "paged_prefill"):
+        pytest.skip("no bf16 prefill kernel: this CPU lacks AVX512-BF16")
+    return kernel
+
+
+def _run_both(kernel, slices, num_decodes, q, k, v, k_cache, v_cache, prefill=False):
+    """The reference's and the kernel backend's outputs and written caches, from the same pool."""
+    outs = []
+    for backend in (TorchAttention(BS, CPU), KernelAttention(BS, CPU, kernel, prefill)):
+        keys, values = k_cache.clone(), v_cache.clone()
+        meta = backend.build_metadata(slices, num_decodes)
+        outs.append((backend.forward(q, k, v, keys, values, meta), keys, values))
+    return outs
 
 
 def _pool(rng: random.Random, lengths: list[int], heads: int, dim: int, dtype: torch.dtype):
@@ -59,15 +77,42 @@ def test_kernel_matches_reference(kernel, dtype, dim, q_heads, kv_heads, tol):
     k = torch.randn(tokens, kv_heads, dim, dtype=dtype)
     v = torch.randn(tokens, kv_heads, dim, dtype=dtype)
 
-    outs = []
-    for backend in (TorchAttention(BS, CPU), KernelAttention(BS, CPU, kernel)):
-        keys, values = k_cache.clone(), v_cache.clone()
-        meta = backend.build_metadata(slices, len(decode_lengths))
-        outs.append((backend.forward(q, k, v, keys, values, meta), keys, values))
+    outs = _run_both(kernel, slices, len(decode_lengths), q, k, v, k_cache, v_cache)
     (ref, ref_k, ref_v), (ours, our_k, our_v) = outs
     assert torch.equal(ref_k, our_k) and torch.equal(ref_v, our_v)  # the same slots written
     assert ours.dtype == dtype and ours.shape == ref.shape
     assert (ours.float() - ref.float()).abs().max().item() < tol
+
+
+@pytest.mark.parametrize(("dim", "q_heads", "kv_heads"), [(64, 9, 3), (128, 32, 8), (64, 4, 4)])
+def test_prefill_kernel_matches_reference(prefill_kernel, dim, q_heads, kv_heads):
+    """Every prefill chunk of a step in one call: fresh prompts, chunks after cached context, a
+    one-token chunk, chunks past one work item (32 positions) and across block and tile edges;
+    behind two decodes, which must be left alone."""
+    rng = random.Random(dim + q_heads)
+    chunks = [(0, 37), (50, 30), (0, 300), (600, 100), (5, 1), (BS, BS), (31, 33), (0, 1)]
+    decode_lengths = [9, 70]
+    lengths = [*decode_lengths, *(cached + new for cached, new in chunks)]
+    tables, k_cache, v_cache = _pool(rng, lengths, kv_heads, dim, torch.bfloat16)
+    slices = [SeqSlice(t, n - 1, 1) for t, n in zip(tables, decode_lengths, strict=False)]
+    slices += [SeqSlice(t, c, n) for t, (c, n) in zip(tables[2:], chunks, strict=True)]
+    tokens = len(decode_lengths) + sum(new for _, new in chunks)
+    q, k, v = (
+        torch.randn(tokens, h, dim, dtype=torch.bfloat16) for h in (q_heads, kv_heads, kv_heads)
+    )
+
+    (ref, ref_k, ref_v), (ours, our_k, _) = _run_both(
+        prefill_kernel, slices, 2, q, k, v, k_cache, v_cache, prefill=True
+    )
+    assert torch.equal(ref_k, our_k)
+    assert (ours.float() - ref.float()).abs().max().item() < 2e-2
+    # both against exact fp32 attention on the same bf16 inputs: the kernel's P.V in bf16 costs
+    # no more accuracy than SDPA's bf16 path
+    exact = TorchAttention(BS, CPU)
+    meta = exact.build_metadata(slices, 2)
+    fp32 = exact.forward(q.float(), k.float(), v.float(), ref_k.float(), ref_v.float(), meta)
+    our_err = (ours.float() - fp32).abs().mean().item()
+    assert our_err <= 1.5 * (ref.float() - fp32).abs().mean().item()
 
 
 def test_kernel_refuses_what_it_cannot_run(kernel):
@@ -83,10 +128,29 @@ def test_kernel_refuses_what_it_cannot_run(kernel):
         kernel.paged_decode(torch.randn(2, 9, 80), cache, cache, tables, lengths, 0.125)
 
 
+def test_prefill_kernel_refuses_what_it_cannot_run(prefill_kernel):
+    q = torch.randn(3, 9, 64, dtype=torch.bfloat16)
+    cache = torch.randn(4, BS, 3, 64, dtype=torch.bfloat16)
+    tables = torch.zeros(1, 1, dtype=torch.int32)
+    starts = torch.tensor([0, 3], dtype=torch.int32)
+    lengths = torch.tensor([3], dtype=torch.int32)
+    run = prefill_kernel.paged_prefill
+    with pytest.raises(RuntimeError, match="takes bfloat16"):
+        run(q.float(), cache.float(), cache.float(), tables, starts, lengths, 0.125)
+    with pytest.raises(RuntimeError, match="int32"):
+        run(q, cache, cache, tables, starts.long(), lengths, 0.125)
+    with pytest.raises(RuntimeError, match="end at q's length"):
+        run(q, cache, cache, tables, torch.tensor([0, 2], dtype=torch.int32), lengths, 0.125)
+
+
 def test_backend_choice(kernel, monkeypatch):
-    assert isinstance(make_attention(CPU, 0, 64, cpu_kernel=True), KernelAttention)
-    assert type(make_attention(CPU, 0, 64, cpu_kernel=False)) is TorchAttention
-    assert type(make_attention(CPU, 0, 96, cpu_kernel=True)) is TorchAttention  # no such build
+    bf16, fp32 = torch.bfloat16, torch.float32
+    chosen = make_attention(CPU, 0, 64, bf16, cpu_kernel=True)
+    assert isinstance(chosen, KernelAttention)
+    assert chosen.prefill == hasattr(kernel, "paged_prefill")  # where the CPU has bf16 dots
+    assert not make_attention(CPU, 0, 64, fp32, cpu_kernel=True).prefill  # bf16 only
+    assert type(make_attention(CPU, 0, 64, bf16, cpu_kernel=False)) is TorchAttention
+    assert type(make_attention(CPU, 0, 96, bf16, cpu_kernel=True)) is TorchAttention  # no build
     # no compiler: the PyTorch path serves
     monkeypatch.setattr(attention_module, "paged_attention", lambda: None)
-    assert type(make_attention(CPU, 0, 64, cpu_kernel=True)) is TorchAttention
+    assert type(make_attention(CPU, 0, 64, bf16, cpu_kernel=True)) is TorchAttention
