@@ -1,6 +1,6 @@
 """The complexity model and its runtime scorer: no model call at request time.
 
-`BlendedRouter` (the fitted estimator in the artifact) adds five standardised scores:
+`BlendedRouter` (the fitted estimator in the artifact) adds six standardised scores:
 - a logistic regression over TF-IDF word and character n-grams and text statistics (topic cues
   of subjects seen in training),
 - a logistic regression over the text statistics and a static embedding (mean of SmolLM2's
@@ -9,8 +9,11 @@
 - the prompt's log length,
 - the expected gain of the training subjects the prompt resembles,
 - gradient-boosted trees over the text statistics alone (no words: interactions of length, options,
-  numbers and negations that carry over to subjects never seen in training);
-with weights picked at training time on validation data.
+  numbers and negations that carry over to subjects never seen in training),
+- a logistic regression on the same n-gram features as the first, learning where the strong model
+  fails (a negative weight: escalating a prompt both models fail gains nothing);
+with weights picked at training time on validation data. A part whose weight is 0 when the model is
+fitted is not fitted: the artifact does not hold it and the scorer does not compute it.
 
 scikit-learn's per-call overhead (validation, sparse matrix assembly) is ~2 ms for one prompt,
 so `load` compiles the fitted model into dictionary lookups and sums; `score` computes the same
@@ -43,7 +46,7 @@ from sklearn.preprocessing import StandardScaler
 
 from router.features import StaticEmbedding, TextStats, TokenPieces, feature_union, text_stats
 
-DEFAULT_ARTIFACT = Path(__file__).parent / "artifacts" / "complexity-v3.joblib"
+DEFAULT_ARTIFACT = Path(__file__).parent / "artifacts" / "complexity-v4.joblib"
 
 # The boosted trees' settings: shallow, slow and many, with large leaves, won the exploratory runs
 # on validation; deeper trees or smaller leaves fit the training subjects and transferred worse.
@@ -68,20 +71,24 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
 
 class BlendedRouter(ClassifierMixin, BaseEstimator):
     """w_sparse·z(n-gram LR) + w_dense·z(statistics + static-embedding LR) + w_length·z(log
-    length) + w_subject·z(subject gain) + w_boost·z(boosted trees on the statistics), each z
-    standardised with its mean and spread on the training prompts; the blend weights only act at
-    scoring time (set_params on a fitted model re-weights it, no refit)."""
+    length) + w_subject·z(subject gain) + w_boost·z(boosted trees on the statistics) +
+    w_strong·z(strong-fails LR), each z standardised with its mean and spread on the training
+    prompts. `fit` fits only the parts whose weight is not 0 (the n-gram LR always: the subject and
+    strong-fails parts read its features); afterwards set_params re-weights the fitted parts
+    without a refit."""
 
     def __init__(
         self,
         c: float = 1.0,
         char_ngrams: bool = True,
         c_dense: float = 0.003,
+        c_strong: float = 1.0,
         w_sparse: float = 1.0,
         w_dense: float = 1.0,
         w_length: float = 1.0,
         w_subject: float = 0.0,
         w_boost: float = 0.0,
+        w_strong: float = 0.0,
         subject_c: float = 3.0,
         subject_features: int = 20_000,
         seed: int = 0,
@@ -89,20 +96,28 @@ class BlendedRouter(ClassifierMixin, BaseEstimator):
         self.c = c
         self.char_ngrams = char_ngrams
         self.c_dense = c_dense
+        self.c_strong = c_strong
         self.w_sparse = w_sparse
         self.w_dense = w_dense
         self.w_length = w_length
         self.w_subject = w_subject
         self.w_boost = w_boost
+        self.w_strong = w_strong
         self.subject_c = subject_c
         self.subject_features = subject_features
         self.seed = seed
 
     def fit(
-        self, texts: list[str], y: np.ndarray, groups: np.ndarray, gains: np.ndarray
+        self,
+        texts: list[str],
+        y: np.ndarray,
+        groups: np.ndarray,
+        gains: np.ndarray,
+        strong_fails: np.ndarray,
     ) -> "BlendedRouter":
         """groups: each prompt's subject (MMLU subject, or the benchmark); gains: what routing
-        it to the strong model gains (strong quality − weak quality)."""
+        it to the strong model gains (strong quality − weak quality); strong_fails: whether the
+        strong model got it wrong."""
         texts, y = list(texts), np.asarray(y)
         groups, gains = np.asarray(groups), np.asarray(gains, dtype=float)
         self.classes_ = np.unique(y)
@@ -114,62 +129,104 @@ class BlendedRouter(ClassifierMixin, BaseEstimator):
         ).fit(texts, y)
         stats = TextStats().transform(texts)
         self.stats_scaler_ = StandardScaler().fit(stats)
-        embedding = StaticEmbedding().fit(texts)
-        emb = embedding.transform(texts)
-        emb_scaler = StandardScaler().fit(emb)
-        x = np.hstack([self.stats_scaler_.transform(stats), emb_scaler.transform(emb)])
-        dense = LogisticRegression(C=self.c_dense, max_iter=3000, random_state=self.seed)
-        dense.fit(x, y)
-        k = stats.shape[1]
-        # fold the scaler and the weights into one weight per token: the artifact keeps a vector
-        token_weights = dense.coef_[0][k:] / emb_scaler.scale_
-        self.embedding_ = embedding.fold(token_weights)
-        self.dense_stats_coef_ = dense.coef_[0][:k]
-        self.dense_intercept_ = float(dense.intercept_[0] - emb_scaler.mean_ @ token_weights)
-        # the subject part: which training subject the prompt looks like (a multinomial LR over
-        # the most frequent word columns) × that subject's mean gain on the training prompts
-        words = self._word_tfidf(texts)
-        df = np.asarray((words > 0).sum(axis=0)).ravel()
-        self.subject_cols_ = np.sort(np.argsort(-df, kind="stable")[: self.subject_features])
-        subject = LogisticRegression(C=self.subject_c, max_iter=100, random_state=self.seed)
-        subject.fit(words[:, self.subject_cols_], groups)
-        # float32-representable weights: the artifact compresses ~2×, scores move by ~1e-7
-        subject.coef_ = subject.coef_.astype(np.float32).astype(np.float64)
-        self.subject_ = subject
-        self.subject_gain_ = np.array([gains[groups == g].mean() for g in subject.classes_])
-        self.boost_ = HistGradientBoostingClassifier(random_state=self.seed, **BOOST_SETTINGS)
-        self.boost_.fit(stats, y)
+        self.embedding_ = self.dense_stats_coef_ = self.dense_intercept_ = None
+        if self.w_dense:
+            embedding = StaticEmbedding().fit(texts)
+            emb = embedding.transform(texts)
+            emb_scaler = StandardScaler().fit(emb)
+            x = np.hstack([self.stats_scaler_.transform(stats), emb_scaler.transform(emb)])
+            dense = LogisticRegression(C=self.c_dense, max_iter=3000, random_state=self.seed)
+            dense.fit(x, y)
+            k = stats.shape[1]
+            # fold the scaler and the weights into one weight per token: the artifact keeps a
+            # vector
+            token_weights = dense.coef_[0][k:] / emb_scaler.scale_
+            self.embedding_ = embedding.fold(token_weights)
+            self.dense_stats_coef_ = dense.coef_[0][:k]
+            self.dense_intercept_ = float(dense.intercept_[0] - emb_scaler.mean_ @ token_weights)
+        self.subject_ = self.subject_cols_ = self.subject_gain_ = None
+        if self.w_subject:
+            # which training subject the prompt looks like (a multinomial LR over the most
+            # frequent word columns) × that subject's mean gain on the training prompts
+            words = self._word_tfidf(texts)
+            df = np.asarray((words > 0).sum(axis=0)).ravel()
+            self.subject_cols_ = np.sort(np.argsort(-df, kind="stable")[: self.subject_features])
+            subject = LogisticRegression(C=self.subject_c, max_iter=100, random_state=self.seed)
+            subject.fit(words[:, self.subject_cols_], groups)
+            # float32-representable weights: the artifact compresses ~2×, scores move by ~1e-7
+            subject.coef_ = subject.coef_.astype(np.float32).astype(np.float64)
+            self.subject_ = subject
+            self.subject_gain_ = np.array([gains[groups == g].mean() for g in subject.classes_])
+        self.boost_ = None
+        if self.w_boost:
+            self.boost_ = HistGradientBoostingClassifier(random_state=self.seed, **BOOST_SETTINGS)
+            self.boost_.fit(stats, y)
+        self.strong_ = None
+        if self.w_strong:
+            # the n-gram LR's own columns: the scorer computes them once for both regressions
+            features = self.sparse_.named_steps["features"].transform(texts)
+            self.strong_ = LogisticRegression(
+                C=self.c_strong, max_iter=2000, random_state=self.seed
+            ).fit(features, np.asarray(strong_fails, dtype=bool))
         parts = self.parts(texts)
         self.center_ = parts.mean(axis=0)
-        self.spread_ = parts.std(axis=0)
+        # an unfitted part's column is all 0: a spread of 1 keeps it 0
+        spread = parts.std(axis=0)
+        self.spread_ = np.where(self.fitted_parts, spread, 1.0)
         return self
+
+    @property
+    def fitted_parts(self) -> np.ndarray:
+        """Which of the six parts the model holds (the n-gram LR and the length always)."""
+        fitted = (self.embedding_, self.subject_, self.boost_, self.strong_)
+        dense, subject, boost, strong = (part is not None for part in fitted)
+        return np.array([True, dense, True, subject, boost, strong])
 
     def _word_tfidf(self, texts: list[str]) -> Any:
         return self.sparse_.named_steps["features"].transformer_list[0][1].transform(texts)
 
     def parts(self, texts: list[str]) -> np.ndarray:
-        """The five raw scores per prompt: n-gram logit, dense logit, log length, the expected
-        gain of the training subjects the prompt resembles, and the boosted trees' logit."""
+        """The six raw scores per prompt (0 for a part not fitted): n-gram logit, dense logit,
+        log length, the expected gain of the training subjects the prompt resembles, the boosted
+        trees' logit and the strong-fails logit."""
         texts = list(texts)
-        sparse = self.sparse_.decision_function(texts)
+        zeros = np.zeros(len(texts))
+        features = self.sparse_.named_steps["features"].transform(texts)
+        sparse = self.sparse_.named_steps["model"].decision_function(features)
         raw_stats = TextStats().transform(texts)
-        stats = self.stats_scaler_.transform(raw_stats)
-        dense = (
-            self.dense_intercept_
-            + stats @ self.dense_stats_coef_
-            + self.embedding_.transform(texts)[:, 0]
-        )
+        dense = zeros
+        if self.embedding_ is not None:
+            stats = self.stats_scaler_.transform(raw_stats)
+            dense = (
+                self.dense_intercept_
+                + stats @ self.dense_stats_coef_
+                + self.embedding_.transform(texts)[:, 0]
+            )
         length = np.log1p(np.array([len(t) for t in texts], dtype=float))
-        words = self._word_tfidf(texts)[:, self.subject_cols_]
-        subject = self.subject_.predict_proba(words) @ self.subject_gain_
-        boost = self.boost_.decision_function(raw_stats)
-        return np.column_stack([sparse, dense, length, subject, boost])
+        subject = zeros
+        if self.subject_ is not None:
+            words = self._word_tfidf(texts)[:, self.subject_cols_]
+            subject = self.subject_.predict_proba(words) @ self.subject_gain_
+        boost = zeros if self.boost_ is None else self.boost_.decision_function(raw_stats)
+        strong = zeros if self.strong_ is None else self.strong_.decision_function(features)
+        return np.column_stack([sparse, dense, length, subject, boost, strong])
 
     @property
     def weights(self) -> np.ndarray:
-        return np.array(
-            [self.w_sparse, self.w_dense, self.w_length, self.w_subject, self.w_boost], dtype=float
+        weights = np.array(
+            [
+                self.w_sparse,
+                self.w_dense,
+                self.w_length,
+                self.w_subject,
+                self.w_boost,
+                self.w_strong,
+            ],
+            dtype=float,
         )
+        if hasattr(self, "center_") and (weights[~self.fitted_parts] != 0).any():
+            raise ValueError("a part fitted with weight 0 was not fitted: refit to weight it")
+        return weights
 
     def decision_function(self, texts: list[str]) -> np.ndarray:
         return ((self.parts(texts) - self.center_) / self.spread_) @ self.weights
@@ -192,7 +249,7 @@ class _CompiledTfidf:
     analyzer: Callable[[str], list[str]]
     vocabulary: dict[str, int]
     idf: np.ndarray
-    coef: np.ndarray  # the regression weights of this vectorizer's columns
+    coef: np.ndarray  # the regressions' weights of this vectorizer's columns (columns × heads)
     # char_wb n-grams never cross a space: the prompt's n-grams are its words' n-grams, so each
     # word's known column ids can be looked up once and cached (set for "char_wb" blocks only)
     preprocess: Callable[[str], str] | None = None
@@ -229,14 +286,14 @@ class _CompiledTfidf:
         idx, tf = self.term_counts(prompt)
         return idx, self.idf[idx] * (1.0 + np.log(tf))
 
-    def dot(self, prompt: str) -> float:
-        """Sublinear TF-IDF of the prompt, L2-normalised, dotted with the weights."""
+    def dot(self, prompt: str) -> np.ndarray:
+        """Sublinear TF-IDF of the prompt, L2-normalised, dotted with each head's weights."""
         return self.dot_tfidf(*self.tfidf(prompt))
 
-    def dot_tfidf(self, idx: np.ndarray, w: np.ndarray) -> float:
+    def dot_tfidf(self, idx: np.ndarray, w: np.ndarray) -> np.ndarray:
         if len(idx) == 0:
-            return 0.0
-        return float(self.coef[idx] @ w / math.sqrt(w @ w))
+            return np.zeros(self.coef.shape[1])
+        return w @ self.coef[idx] / math.sqrt(w @ w)
 
     @classmethod
     def from_vectorizer(cls, v: TfidfVectorizer, coef: np.ndarray) -> "_CompiledTfidf":
@@ -285,19 +342,24 @@ def _warm_word_caches(blocks: list[_CompiledTfidf], words: TfidfVectorizer) -> N
 
 @dataclass(frozen=True)
 class _CompiledNgrams:
-    """The n-gram logistic regression (TF-IDF blocks and statistics)."""
+    """The logistic regressions over the n-gram features (TF-IDF blocks and statistics), one
+    head each: the escalate LR, then the strong-fails LR when the model has it. The prompt's
+    TF-IDF is computed once; each further head costs one more column in the dot products."""
 
     tfidf: list[_CompiledTfidf]
     stats_mean: np.ndarray
-    # the regression weight over the scaler's standard deviation: applies to the raw statistic
-    stats_coef: np.ndarray
-    intercept: float
+    # the regression weights over the scaler's standard deviation: apply to the raw statistics
+    stats_coef: np.ndarray  # (statistics × heads)
+    intercept: np.ndarray
 
     @classmethod
-    def from_pipeline(cls, pipeline: Pipeline) -> "_CompiledNgrams":
+    def from_pipeline(
+        cls, pipeline: Pipeline, heads: list[LogisticRegression]
+    ) -> "_CompiledNgrams":
+        """heads: further regressions fitted on the pipeline's features."""
         *vectorizers, (_, stats) = pipeline.named_steps["features"].transformer_list
-        model = pipeline.named_steps["model"]
-        coef = model.coef_[0]
+        models = [pipeline.named_steps["model"], *heads]
+        coef = np.column_stack([m.coef_[0] for m in models])
         tfidf, start = [], 0
         for _, v in vectorizers:
             end = start + len(v.vocabulary_)
@@ -308,13 +370,15 @@ class _CompiledNgrams:
         return cls(
             tfidf=tfidf,
             stats_mean=scaler.mean_,
-            stats_coef=coef[start:] / scaler.scale_,
-            intercept=float(model.intercept_[0]),
+            stats_coef=coef[start:] / scaler.scale_[:, None],
+            intercept=np.array([m.intercept_[0] for m in models]),
         )
 
-    def logit(self, prompt: str, stats: np.ndarray, words: tuple[np.ndarray, np.ndarray]) -> float:
+    def logits(
+        self, prompt: str, stats: np.ndarray, words: tuple[np.ndarray, np.ndarray]
+    ) -> np.ndarray:
         """words: the first (word) block's tfidf(prompt), shared with the subject part."""
-        stats_term = float(np.dot(stats - self.stats_mean, self.stats_coef))
+        stats_term = (stats - self.stats_mean) @ self.stats_coef
         first, *rest = self.tfidf
         ngrams = first.dot_tfidf(*words) + sum(t.dot(prompt) for t in rest)
         return self.intercept + ngrams + stats_term
@@ -401,52 +465,76 @@ class _CompiledTrees:
 
 
 @dataclass(frozen=True)
-class _Compiled:
-    ngrams: _CompiledNgrams
-    subject: _CompiledSubject
-    trees: _CompiledTrees
+class _CompiledDense:
+    """The statistics + static-embedding LR, its embedding folded into one weight per token."""
+
     pieces: TokenPieces
-    token_weights: np.ndarray  # the folded static embedding: one weight per token id
-    dense_stats_mean: np.ndarray
-    dense_stats_scale: np.ndarray
-    dense_stats_coef: np.ndarray
-    dense_intercept: float
+    token_weights: np.ndarray
+    stats_mean: np.ndarray
+    stats_scale: np.ndarray
+    stats_coef: np.ndarray
+    intercept: float
+
+    @classmethod
+    def from_model(cls, model: BlendedRouter) -> "_CompiledDense":
+        return cls(
+            pieces=model.embedding_.pieces_,
+            token_weights=np.ascontiguousarray(model.embedding_.table_[:, 0]),
+            stats_mean=model.stats_scaler_.mean_,
+            stats_scale=model.stats_scaler_.scale_,
+            stats_coef=model.dense_stats_coef_,
+            intercept=model.dense_intercept_,
+        )
+
+    def logit(self, prompt: str, stats: np.ndarray) -> float:
+        ids = self.pieces.ids(prompt)
+        tokens = float(np.mean(self.token_weights[ids])) if ids else 0.0
+        scaled = (stats - self.stats_mean) / self.stats_scale
+        return self.intercept + float(scaled @ self.stats_coef) + tokens
+
+
+@dataclass(frozen=True)
+class _Compiled:
+    """The parts the model holds; a part fitted with weight 0 is None here and never computed
+    (it adds exactly 0 to the pipeline's sum)."""
+
+    ngrams: _CompiledNgrams
+    dense: _CompiledDense | None
+    subject: _CompiledSubject | None
+    trees: _CompiledTrees | None
+    has_strong: bool  # the strong-fails LR is the n-gram features' second head
     center: np.ndarray
     spread: np.ndarray
     weights: np.ndarray
 
     @classmethod
     def from_model(cls, model: BlendedRouter) -> "_Compiled":
+        heads = [] if model.strong_ is None else [model.strong_]
         return cls(
-            ngrams=_CompiledNgrams.from_pipeline(model.sparse_),
-            subject=_CompiledSubject.from_model(model),
-            trees=_CompiledTrees.from_model(model.boost_),
-            pieces=model.embedding_.pieces_,
-            token_weights=np.ascontiguousarray(model.embedding_.table_[:, 0]),
-            dense_stats_mean=model.stats_scaler_.mean_,
-            dense_stats_scale=model.stats_scaler_.scale_,
-            dense_stats_coef=model.dense_stats_coef_,
-            dense_intercept=model.dense_intercept_,
+            ngrams=_CompiledNgrams.from_pipeline(model.sparse_, heads),
+            dense=None if model.embedding_ is None else _CompiledDense.from_model(model),
+            subject=None if model.subject_ is None else _CompiledSubject.from_model(model),
+            trees=None if model.boost_ is None else _CompiledTrees.from_model(model.boost_),
+            has_strong=model.strong_ is not None,
             center=model.center_,
             spread=model.spread_,
             weights=model.weights,
         )
 
     def logit(self, prompt: str) -> float:
-        # a part whose blend weight is 0 adds exactly 0 to the pipeline's sum: it is not computed
-        w_sparse, w_dense, _, w_subject, w_boost = self.weights
         stats = np.asarray(text_stats(prompt))
         words = self.ngrams.tfidf[0].tfidf(prompt)
-        sparse = self.ngrams.logit(prompt, stats, words) if w_sparse else 0.0
-        dense = 0.0
-        if w_dense:
-            ids = self.pieces.ids(prompt)
-            tokens = float(np.mean(self.token_weights[ids])) if ids else 0.0
-            scaled = (stats - self.dense_stats_mean) / self.dense_stats_scale
-            dense = self.dense_intercept + float(scaled @ self.dense_stats_coef) + tokens
-        subject = self.subject.expected_gain(*words) if w_subject else 0.0
-        boost = self.trees.logit(stats) if w_boost else 0.0
-        parts = np.array([sparse, dense, math.log1p(len(prompt)), subject, boost])
+        ngrams = self.ngrams.logits(prompt, stats, words)
+        parts = np.array(
+            [
+                ngrams[0],
+                0.0 if self.dense is None else self.dense.logit(prompt, stats),
+                math.log1p(len(prompt)),
+                0.0 if self.subject is None else self.subject.expected_gain(*words),
+                0.0 if self.trees is None else self.trees.logit(stats),
+                ngrams[1] if self.has_strong else 0.0,
+            ]
+        )
         return float(((parts - self.center) / self.spread) @ self.weights)
 
 

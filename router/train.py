@@ -17,7 +17,7 @@ import hashlib
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +43,7 @@ from router.metrics import Interval, bootstrap, router_metrics
 from router.report import write_report
 
 ARTIFACT_DIR = Path(__file__).parent / "artifacts"
-VERSION = "v3"
+VERSION = "v4"
 
 
 @dataclass(frozen=True)
@@ -54,27 +54,29 @@ class Candidate:
     c: float = 1.0  # inverse L2 strength of the n-gram logistic regression
     char_ngrams: bool = True  # add character n-grams of the prompt's opening
     c_dense: float = 0.003  # inverse L2 strength of the statistics + static embedding regression
+    c_strong: float = 1.0  # inverse L2 strength of the strong-fails n-gram regression
     # blend weights of the standardised scores: n-gram LR, dense LR, log length, subject gain,
-    # boosted trees on the text statistics
+    # boosted trees on the text statistics, strong-fails LR
     w_sparse: float = 1.0
     w_dense: float = 1.0
     w_length: float = 1.0
     w_subject: float = 0.0
     w_boost: float = 0.0
+    w_strong: float = 0.0
 
     @property
     def name(self) -> str:
         return (
             f"{self.target} C={self.c}"
             + (" +char" if self.char_ngrams else "")
-            + f" Cd={self.c_dense} w=({self.w_sparse:g}, {self.w_dense:g}, {self.w_length:g},"
-            f" {self.w_subject:g}, {self.w_boost:g})"
+            + f" Cd={self.c_dense} Cs={self.c_strong} w=({self.w_sparse:g}, {self.w_dense:g},"
+            f" {self.w_length:g}, {self.w_subject:g}, {self.w_boost:g}, {self.w_strong:g})"
         )
 
     @property
     def fit_key(self) -> "Candidate":
         """Candidates differing only in blend weights share one fitted model."""
-        return Candidate(self.target, self.c, self.char_ngrams, self.c_dense)
+        return replace(self, **dict.fromkeys(self.blend, 0.0))
 
     @property
     def blend(self) -> dict[str, float]:
@@ -84,21 +86,35 @@ class Candidate:
             "w_length": self.w_length,
             "w_subject": self.w_subject,
             "w_boost": self.w_boost,
+            "w_strong": self.w_strong,
         }
 
 
 def _blend_grid() -> tuple[Candidate, ...]:
     # the n-gram LR's settings (escalate, C=1, +char) won v1's grid; v2 added the dense score,
-    # the subject part and the length term, v3 the boosted trees. A subject weight of 2 never came
-    # close in v2's grid. The dense score stays out of the blend: tokenising for its embedding
-    # costs 0.1-0.3 ms of the 1 ms p99 scoring budget, and with it v3's grid gained at most
-    # 0.0002 in selection score (w_dense=0.5 won by that margin in a first run and measured
-    # p99 1.1-1.3 ms against 0.6-0.7 ms without it).
+    # the subject part and the length term, v3 the boosted trees, v4 the strong-fails LR (negative
+    # weights: a prompt the strong model fails gains nothing from escalating). A subject weight of
+    # 2 never came close in v2's grid; boosted-trees weight 0 never won in v3's. The dense score
+    # stays out of the blend (so out of the artifact): tokenising for its embedding costs 0.1-0.3
+    # ms of the 1 ms p99 scoring budget, and with it v3's grid gained at most 0.0002 in selection
+    # score.
+    # The grid holds v3's blend (strong-fails weight 0, listed once), so v4 is compared with it
+    # in one table; the strong-fails LR's C=0.3 scored below both C's in the exploratory runs.
     return tuple(
-        Candidate(w_sparse=1.0, w_dense=0.0, w_length=wl, w_subject=wsub, w_boost=wb)
+        Candidate(
+            c_strong=cs,
+            w_sparse=1.0,
+            w_dense=0.0,
+            w_length=wl,
+            w_subject=wsub,
+            w_boost=wb,
+            w_strong=ws,
+        )
+        for cs, strong in ((1.0, (0.0, -0.5, -1.0, -1.5)), (3.0, (-0.5, -1.0, -1.5)))
         for wl in (0.0, 0.5, 1.0)
         for wsub in (0.0, 0.5, 1.0)
-        for wb in (0.0, 0.5, 1.0, 1.5)
+        for wb in (0.5, 1.0, 1.5)
+        for ws in strong
     )
 
 
@@ -131,6 +147,7 @@ def build_pipeline(candidate: Candidate, seed: int) -> BlendedRouter:
         c=candidate.c,
         char_ngrams=candidate.char_ngrams,
         c_dense=candidate.c_dense,
+        c_strong=candidate.c_strong,
         seed=seed,
         **candidate.blend,
     )
@@ -144,6 +161,7 @@ def fit(candidate: Candidate, examples: list[Example], seed: int) -> BlendedRout
         labels(examples, candidate.target),
         groups=np.array([e.subject for e in examples]),
         gains=strong - weak,
+        strong_fails=strong < 0.5,
     )
     return pipe
 
@@ -229,7 +247,10 @@ def select(
     subject-transfer estimate; pick the best selection score. Test data is never touched."""
     train_set = data.part("train")
     validation, tried = [], []
-    for key in dict.fromkeys(c.fit_key for c in config.candidates):
+    for fit_key in dict.fromkeys(c.fit_key for c in config.candidates):
+        # fit every part some blend of this key weighs (the model fits no part weighted 0)
+        blends = [c.blend for c in config.candidates if c.fit_key == fit_key]
+        key = replace(fit_key, **{w: float(any(b[w] for b in blends)) for w in fit_key.blend})
         model = fit(key, train_set, config.seed)
         sets = {
             "mmlu": data.mmlu_part("val"),
@@ -243,7 +264,7 @@ def select(
             else:
                 p = standardised_parts(model, examples)
             parts[name] = (p, *outcomes(examples))
-        for candidate in (c for c in config.candidates if c.fit_key == key):
+        for candidate in (c for c in config.candidates if c.fit_key == fit_key):
             model.set_params(**candidate.blend)
             row: dict[str, Any] = {"candidate": candidate.name}
             for name, (p, weak, strong) in parts.items():

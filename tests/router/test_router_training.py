@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
+from router.classifier import _Compiled
 from router.cli import add_parser
 from router.dataset import load_gsm8k, load_mmlu, normalise, random_split, subject_folds
 from router.features import EMBED_CHARS, StaticEmbedding
@@ -33,6 +34,23 @@ def test_training_is_deterministic_with_a_seed(mmlu: list) -> None:
     first = score(fit(candidate, subset, seed=3), probe)
     second = score(fit(candidate, subset, seed=3), probe)
     np.testing.assert_array_equal(first, second)
+
+
+def test_parts_weighted_zero_are_neither_fitted_nor_scored(mmlu: list) -> None:
+    rng = np.random.default_rng(2)
+    subset = [mmlu[i] for i in rng.choice(len(mmlu), 800, replace=False)] + load_gsm8k()[:100]
+    candidate = Candidate(w_dense=0.0, w_length=0.5, w_subject=0.0, w_boost=1.0, w_strong=-1.0)
+    model = fit(candidate, subset, seed=0)
+    assert model.embedding_ is None and model.subject_ is None
+    assert model.boost_ is not None and model.strong_ is not None
+    compiled = _Compiled.from_model(model)
+    assert compiled.dense is None and compiled.subject is None and compiled.has_strong
+    probe = [e.prompt for e in mmlu[:100]] + ["", "hi", "x " * 5000]
+    fast = [compiled.logit(p) for p in probe]
+    np.testing.assert_allclose(fast, model.decision_function(probe), rtol=0, atol=1e-9)
+    # weighting a part that was not fitted would silently add 0: it is refused
+    with pytest.raises(ValueError):
+        model.set_params(w_subject=1.0).decision_function(probe)
 
 
 def test_random_split_keeps_duplicates_together(mmlu: list) -> None:
