@@ -35,7 +35,7 @@ class EngineConfig:
     dtype: str = "auto"
     # tokens per KV block; 0 picks the attention backend's default (16 on CPU, 256 for flash-attn)
     block_size: int = 0
-    cpu_kernel: bool = True  # decode attention with the compiled kernel on CPU (else PyTorch SDPA)
+    cpu_kernel: bool = True  # attention with the compiled kernels on CPU (else PyTorch SDPA)
     packed_weights: bool = True  # CPU: linear weights packed once for oneDNN (packed_linear.py)
     kv_cache_gib: float = 1.0  # memory budget for the KV pool
     num_blocks: int = 0  # overrides kv_cache_gib when > 0 (tests use small pools)
