@@ -1,6 +1,6 @@
 """The complexity model and its runtime scorer: no model call at request time.
 
-`BlendedRouter` (the fitted estimator in the artifact) adds six standardised scores:
+`BlendedRouter` (the fitted estimator in the artifact) adds seven standardised scores:
 - a logistic regression over TF-IDF word and character n-grams and text statistics (topic cues
   of subjects seen in training),
 - a logistic regression over the text statistics and a static embedding (mean of SmolLM2's
@@ -11,7 +11,12 @@
 - gradient-boosted trees over the text statistics alone (no words: interactions of length, options,
   numbers and negations that carry over to subjects never seen in training),
 - a logistic regression on the same n-gram features as the first, learning where the strong model
-  fails (a negative weight: escalating a prompt both models fail gains nothing);
+  fails (a negative weight: escalating a prompt both models fail gains nothing),
+- a word-problem expert: a logistic regression over word-problem statistics (quantities,
+  fractions, comparisons, conditions…) fitted on the training math word problems (GSM8K) alone,
+  weighed by how likely the subject model finds the prompt to be one, above a floor (below it the
+  expert is not consulted, and the part is 0); the n-gram parts, fitted mostly on MMLU, rank word
+  problems no better than length;
 with weights picked at training time on validation data. A part whose weight is 0 when the model is
 fitted is not fitted: the artifact does not hold it and the scorer does not compute it.
 
@@ -44,9 +49,16 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import StandardScaler
 
-from router.features import StaticEmbedding, TextStats, TokenPieces, feature_union, text_stats
+from router.features import (
+    StaticEmbedding,
+    TextStats,
+    TokenPieces,
+    feature_union,
+    text_stats,
+    word_problem_stats,
+)
 
-DEFAULT_ARTIFACT = Path(__file__).parent / "artifacts" / "complexity-v4.joblib"
+DEFAULT_ARTIFACT = Path(__file__).parent / "artifacts" / "complexity-v5.joblib"
 
 # The boosted trees' settings: shallow, slow and many, with large leaves, won the exploratory runs
 # on validation; deeper trees or smaller leaves fit the training subjects and transferred worse.
@@ -69,13 +81,21 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
     return out
 
 
+def _gate(p: Any, floor: float) -> Any:
+    """The word-problem part's weight from P(word problem): 0 up to the floor, so the expert is
+    not consulted on the many prompts only faintly like one (and the scorer skips its statistics
+    there), rising linearly to 1."""
+    return np.maximum(p - floor, 0.0) / (1.0 - floor)
+
+
 class BlendedRouter(ClassifierMixin, BaseEstimator):
     """w_sparse·z(n-gram LR) + w_dense·z(statistics + static-embedding LR) + w_length·z(log
     length) + w_subject·z(subject gain) + w_boost·z(boosted trees on the statistics) +
-    w_strong·z(strong-fails LR), each z standardised with its mean and spread on the training
-    prompts. `fit` fits only the parts whose weight is not 0 (the n-gram LR always: the subject and
-    strong-fails parts read its features); afterwards set_params re-weights the fitted parts
-    without a refit."""
+    w_strong·z(strong-fails LR) + w_word·z(P(word problem) × word-problem expert), each z
+    standardised with its mean and spread on the training prompts. `fit` fits only the parts whose
+    weight is not 0 (the n-gram LR always: the subject and strong-fails parts read its features;
+    the subject model also when only the word-problem part needs its probabilities); afterwards
+    set_params re-weights the fitted parts without a refit."""
 
     def __init__(
         self,
@@ -89,6 +109,10 @@ class BlendedRouter(ClassifierMixin, BaseEstimator):
         w_subject: float = 0.0,
         w_boost: float = 0.0,
         w_strong: float = 0.0,
+        w_word: float = 0.0,
+        c_word: float = 0.1,
+        word_domain: str = "gsm8k",
+        word_gate: float = 0.1,
         subject_c: float = 3.0,
         subject_features: int = 20_000,
         seed: int = 0,
@@ -103,6 +127,10 @@ class BlendedRouter(ClassifierMixin, BaseEstimator):
         self.w_subject = w_subject
         self.w_boost = w_boost
         self.w_strong = w_strong
+        self.w_word = w_word
+        self.c_word = c_word
+        self.word_domain = word_domain
+        self.word_gate = word_gate
         self.subject_c = subject_c
         self.subject_features = subject_features
         self.seed = seed
@@ -145,7 +173,7 @@ class BlendedRouter(ClassifierMixin, BaseEstimator):
             self.dense_stats_coef_ = dense.coef_[0][:k]
             self.dense_intercept_ = float(dense.intercept_[0] - emb_scaler.mean_ @ token_weights)
         self.subject_ = self.subject_cols_ = self.subject_gain_ = None
-        if self.w_subject:
+        if self.w_subject or self.w_word:
             # which training subject the prompt looks like (a multinomial LR over the most
             # frequent word columns) × that subject's mean gain on the training prompts
             words = self._word_tfidf(texts)
@@ -168,6 +196,24 @@ class BlendedRouter(ClassifierMixin, BaseEstimator):
             self.strong_ = LogisticRegression(
                 C=self.c_strong, max_iter=2000, random_state=self.seed
             ).fit(features, np.asarray(strong_fails, dtype=bool))
+        self.word_ = self.word_scaler_ = self.word_center_ = self.word_class_ = None
+        if self.w_word:
+            # fitted on the domain's prompts only: among MMLU's ten times as many, what makes a
+            # word problem hard would be a few weights in a model about something else
+            domain = groups == self.word_domain
+            if not domain.any():
+                raise ValueError(
+                    f"no training prompts of the word-problem domain {self.word_domain!r}"
+                )
+            x = np.array([word_problem_stats(t) for t, d in zip(texts, domain, strict=True) if d])
+            self.word_scaler_ = StandardScaler().fit(x)
+            scaled = self.word_scaler_.transform(x)
+            self.word_ = LogisticRegression(C=self.c_word, max_iter=2000, random_state=self.seed)
+            self.word_.fit(scaled, y[domain])
+            # centred on the domain, so P(word problem) × logit is ~0 for a typical word problem
+            # as for any other prompt, and only what is harder or easier than usual moves the score
+            self.word_center_ = float(self.word_.decision_function(scaled).mean())
+            self.word_class_ = int(np.flatnonzero(self.subject_.classes_ == self.word_domain)[0])
         parts = self.parts(texts)
         self.center_ = parts.mean(axis=0)
         # an unfitted part's column is all 0: a spread of 1 keeps it 0
@@ -177,18 +223,18 @@ class BlendedRouter(ClassifierMixin, BaseEstimator):
 
     @property
     def fitted_parts(self) -> np.ndarray:
-        """Which of the six parts the model holds (the n-gram LR and the length always)."""
-        fitted = (self.embedding_, self.subject_, self.boost_, self.strong_)
-        dense, subject, boost, strong = (part is not None for part in fitted)
-        return np.array([True, dense, True, subject, boost, strong])
+        """Which of the seven parts the model holds (the n-gram LR and the length always)."""
+        fitted = (self.embedding_, self.subject_, self.boost_, self.strong_, self.word_)
+        dense, subject, boost, strong, word = (part is not None for part in fitted)
+        return np.array([True, dense, True, subject, boost, strong, word])
 
     def _word_tfidf(self, texts: list[str]) -> Any:
         return self.sparse_.named_steps["features"].transformer_list[0][1].transform(texts)
 
     def parts(self, texts: list[str]) -> np.ndarray:
-        """The six raw scores per prompt (0 for a part not fitted): n-gram logit, dense logit,
+        """The seven raw scores per prompt (0 for a part not fitted): n-gram logit, dense logit,
         log length, the expected gain of the training subjects the prompt resembles, the boosted
-        trees' logit and the strong-fails logit."""
+        trees' logit, the strong-fails logit and the word-problem part."""
         texts = list(texts)
         zeros = np.zeros(len(texts))
         features = self.sparse_.named_steps["features"].transform(texts)
@@ -203,13 +249,19 @@ class BlendedRouter(ClassifierMixin, BaseEstimator):
                 + self.embedding_.transform(texts)[:, 0]
             )
         length = np.log1p(np.array([len(t) for t in texts], dtype=float))
-        subject = zeros
+        subject = word = zeros
         if self.subject_ is not None:
             words = self._word_tfidf(texts)[:, self.subject_cols_]
-            subject = self.subject_.predict_proba(words) @ self.subject_gain_
+            subject_p = self.subject_.predict_proba(words)
+            subject = subject_p @ self.subject_gain_
+            if self.word_ is not None:
+                gate = _gate(subject_p[:, self.word_class_], self.word_gate)
+                x = self.word_scaler_.transform([word_problem_stats(t) for t in texts])
+                expert = self.word_.decision_function(x) - self.word_center_
+                word = gate * expert
         boost = zeros if self.boost_ is None else self.boost_.decision_function(raw_stats)
         strong = zeros if self.strong_ is None else self.strong_.decision_function(features)
-        return np.column_stack([sparse, dense, length, subject, boost, strong])
+        return np.column_stack([sparse, dense, length, subject, boost, strong, word])
 
     @property
     def weights(self) -> np.ndarray:
@@ -221,6 +273,7 @@ class BlendedRouter(ClassifierMixin, BaseEstimator):
                 self.w_subject,
                 self.w_boost,
                 self.w_strong,
+                self.w_word,
             ],
             dtype=float,
         )
@@ -405,7 +458,8 @@ class _CompiledSubject:
             gain=model.subject_gain_,
         )
 
-    def expected_gain(self, idx: np.ndarray, w: np.ndarray) -> float:
+    def probabilities(self, idx: np.ndarray, w: np.ndarray) -> np.ndarray:
+        """P(subject) for the prompt's word TF-IDF (column ids, weights before the norm)."""
         cols = self.column[idx]
         keep = cols >= 0
         logits = self.intercept.copy()
@@ -414,7 +468,7 @@ class _CompiledSubject:
             # the norm is over all the word block's columns, as in the pipeline
             logits += (wk / math.sqrt(w @ w)) @ self.coef_t[cols[keep]]
         p = np.exp(logits - logits.max())
-        return float(p @ self.gain / p.sum())
+        return p / p.sum()
 
 
 @dataclass(frozen=True)
@@ -494,6 +548,33 @@ class _CompiledDense:
 
 
 @dataclass(frozen=True)
+class _CompiledWordProblem:
+    """The word-problem expert's centred logit, its scaler folded into the weights; the caller
+    multiplies it by the gate on the subject model's probability of the word-problem domain."""
+
+    mean: np.ndarray
+    coef: np.ndarray  # over the raw statistics: the regression's weights / the scaler's scale
+    intercept: float  # the regression's intercept minus the domain's mean logit
+    domain: int  # the domain's index among the subject model's classes
+    gate_floor: float
+
+    @classmethod
+    def from_model(cls, model: BlendedRouter) -> "_CompiledWordProblem":
+        return cls(
+            mean=model.word_scaler_.mean_,
+            coef=model.word_.coef_[0] / model.word_scaler_.scale_,
+            intercept=float(model.word_.intercept_[0] - model.word_center_),
+            domain=model.word_class_,
+            gate_floor=model.word_gate,
+        )
+
+    def logit(self, prompt: str) -> float:
+        return self.intercept + float(
+            (np.asarray(word_problem_stats(prompt)) - self.mean) @ self.coef
+        )
+
+
+@dataclass(frozen=True)
 class _Compiled:
     """The parts the model holds; a part fitted with weight 0 is None here and never computed
     (it adds exactly 0 to the pipeline's sum)."""
@@ -503,6 +584,9 @@ class _Compiled:
     subject: _CompiledSubject | None
     trees: _CompiledTrees | None
     has_strong: bool  # the strong-fails LR is the n-gram features' second head
+    word: _CompiledWordProblem | None
+    # the subject model is fitted for the word-problem part too; its gain part may be weighted 0
+    subject_weighted: bool
     center: np.ndarray
     spread: np.ndarray
     weights: np.ndarray
@@ -516,6 +600,8 @@ class _Compiled:
             subject=None if model.subject_ is None else _CompiledSubject.from_model(model),
             trees=None if model.boost_ is None else _CompiledTrees.from_model(model.boost_),
             has_strong=model.strong_ is not None,
+            word=None if model.word_ is None else _CompiledWordProblem.from_model(model),
+            subject_weighted=model.w_subject != 0,
             center=model.center_,
             spread=model.spread_,
             weights=model.weights,
@@ -525,14 +611,22 @@ class _Compiled:
         stats = np.asarray(text_stats(prompt))
         words = self.ngrams.tfidf[0].tfidf(prompt)
         ngrams = self.ngrams.logits(prompt, stats, words)
+        subject = word = 0.0
+        if self.subject is not None:
+            p = self.subject.probabilities(*words)
+            subject = float(p @ self.subject.gain) if self.subject_weighted else 0.0
+            if self.word is not None:
+                gate = float(_gate(p[self.word.domain], self.word.gate_floor))
+                word = gate * self.word.logit(prompt) if gate > 0.0 else 0.0
         parts = np.array(
             [
                 ngrams[0],
                 0.0 if self.dense is None else self.dense.logit(prompt, stats),
                 math.log1p(len(prompt)),
-                0.0 if self.subject is None else self.subject.expected_gain(*words),
+                subject,
                 0.0 if self.trees is None else self.trees.logit(stats),
                 ngrams[1] if self.has_strong else 0.0,
+                word,
             ]
         )
         return float(((parts - self.center) / self.spread) @ self.weights)

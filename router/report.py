@@ -68,7 +68,7 @@ def write_report(report: dict[str, Any], metadata: dict[str, Any], stem: Path) -
         "without the held-out subjects (nor any verbatim duplicate of their prompts); they "
         "estimate how the recipe transfers to unseen topics, not the shipped artifact.",
         "- Length rule: prompt length in characters, longer → strong.",
-        "- The model blends six standardised scores with the weights w below: a logistic "
+        "- The model blends seven standardised scores with the weights w below: a logistic "
         "regression on TF-IDF word 1–2-grams, character 3–5-grams and text statistics; a logistic "
         "regression on the text statistics and a static embedding (mean of SmolLM2-135M's "
         "input-embedding rows over the prompt's tokens, no forward pass; folded into one weight "
@@ -77,7 +77,12 @@ def write_report(report: dict[str, Any], metadata: dict[str, Any], stem: Path) -
         "subjects' mean strong − weak gain on the training prompts); gradient-boosted "
         "trees (300 of depth 3) on the text statistics alone; and a logistic regression on the "
         "first one's features learning where the *strong* model fails (weighted negatively: "
-        "escalating a prompt both models fail gains nothing). A part of weight 0 in the chosen "
+        "escalating a prompt both models fail gains nothing); and a word-problem expert (a "
+        "logistic regression on word-problem statistics, fitted on the GSM8K training prompts "
+        "alone and centred on them), times a gate on the subject model's probability that the "
+        "prompt is a GSM8K-like word problem (0 up to 0.1, so the expert is not consulted on "
+        "prompts only faintly like one, then rising linearly to 1). A part of weight 0 in the "
+        "chosen "
         "blend is not fitted into the artifact nor computed when scoring.",
         "- The selection's subject-transfer estimate uses MMLU's train and validation parts, which "
         "the subject-held-out evaluation below also scores (it covers all of MMLU by definition); "
@@ -97,7 +102,7 @@ def write_report(report: dict[str, Any], metadata: dict[str, Any], stem: Path) -
         "differently from the evaluation below (seed "
         f"{config['seed'] + config['selection_fold_seed_offset']}), each fold scored by a model "
         "trained on the other subjects. Weights w = (n-gram LR, dense LR, log length, "
-        "subject gain, boosted trees, strong-fails LR).",
+        "subject gain, boosted trees, strong-fails LR, word-problem expert).",
         "",
         "| candidate | val APGR MMLU | val APGR GSM8K | subject-transfer APGR | selection score |",
         "|---|---|---|---|---|",

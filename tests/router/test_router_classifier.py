@@ -14,7 +14,7 @@ from .conftest import Shipped
 
 def test_loads_and_scores_in_unit_interval(shipped: Shipped) -> None:
     clf = shipped.classifier
-    assert clf.version == "v4"
+    assert clf.version == "v5"
     for prompt in ("", "hi", "What is 2+2?", "x " * 50_000, shipped.data.gsm8k[0].prompt):
         s = clf.score(prompt)
         assert isinstance(s, float)
@@ -33,11 +33,13 @@ def test_parts_weighted_zero_are_not_shipped(shipped: Shipped) -> None:
     # the chosen blend's zero weights (the dense LR's at least): not in the artifact, not scored
     pipeline, compiled = shipped.classifier.pipeline, shipped.classifier.compiled
     weights = pipeline.weights
-    np.testing.assert_array_equal(pipeline.fitted_parts[[1, 3, 4, 5]], weights[[1, 3, 4, 5]] != 0)
+    np.testing.assert_array_equal(pipeline.fitted_parts[[1, 4, 5, 6]], weights[[1, 4, 5, 6]] != 0)
     assert weights[1] == 0 and pipeline.embedding_ is None and compiled.dense is None
-    assert (compiled.subject is None) == (weights[3] == 0)
+    # the subject model also gates the word-problem part
+    assert (compiled.subject is None) == (weights[3] == 0 and weights[6] == 0)
     assert (compiled.trees is None) == (weights[4] == 0)
     assert compiled.has_strong == (weights[5] != 0)
+    assert (compiled.word is None) == (weights[6] == 0)
 
 
 def test_compiled_trees_equal_sklearn(shipped: Shipped) -> None:
@@ -94,21 +96,22 @@ def test_report_recomputes_from_shipped_artifact(shipped: Shipped, name: str) ->
         assert getattr(got, field) == pytest.approx(reported[field]["value"], abs=1e-9)
 
 
-def test_report_meets_the_targets_it_meets(shipped: Shipped) -> None:
-    """The issue's targets that the shipped report meets (router section of bench/RESULTS.md):
-    MMLU in-domain APGR ≥ 0.65, CPT(50%) ≤ 30% and clearly above the length rule (paired bootstrap
-    interval of the APGR difference above 0); whole-subjects-held-out APGR ≥ 0.55 and clearly
-    above the length rule. Not met, so not asserted: GSM8K CPT(50%) ≤ 33% (36.0%)."""
+def test_report_meets_the_targets(shipped: Shipped) -> None:
+    """The issue's targets, as the shipped report measures them (router section of
+    bench/RESULTS.md): MMLU in-domain APGR ≥ 0.65 and CPT(50%) ≤ 30%; whole-subjects-held-out APGR
+    ≥ 0.55; GSM8K CPT(50%) ≤ 33%; each clearly above the length rule (the paired bootstrap
+    interval of the APGR difference above 0)."""
     evaluations = shipped.report["evaluations"]
     in_domain = evaluations["mmlu_in_domain"]
     assert in_domain["routers"]["classifier"]["apgr"]["value"] >= 0.65
     assert in_domain["routers"]["classifier"]["cpt50"]["value"] <= 0.30
-    assert in_domain["minus_length"]["classifier"]["apgr"]["low"] > 0.0
     held_out = evaluations["mmlu_subject_held_out"]
     assert held_out["routers"]["classifier"]["apgr"]["value"] >= 0.55
-    assert held_out["minus_length"]["classifier"]["apgr"]["low"] > 0.0
-    # and better than v3 on the same prompts, where v4's strong-fails part was meant to help:
-    # 0.6424 MMLU in-domain, 0.6034 subject-held-out, 0.6127 GSM8K APGR
-    assert in_domain["routers"]["classifier"]["apgr"]["value"] > 0.6424
-    assert held_out["routers"]["classifier"]["apgr"]["value"] > 0.6034
-    assert evaluations["gsm8k"]["routers"]["classifier"]["apgr"]["value"] > 0.6127
+    gsm8k = evaluations["gsm8k"]
+    assert gsm8k["routers"]["classifier"]["cpt50"]["value"] <= 0.33
+    for section in (in_domain, held_out, gsm8k):
+        assert section["minus_length"]["classifier"]["apgr"]["low"] > 0.0
+    # and better on GSM8K than v4, whose blend lacked the word-problem part (same prompts):
+    # APGR 0.641, CPT(50%) 36.0%
+    assert gsm8k["routers"]["classifier"]["apgr"]["value"] > 0.641
+    assert gsm8k["routers"]["classifier"]["cpt50"]["value"] < 0.360

@@ -10,7 +10,12 @@ from tokenizers import Tokenizer
 from router.classifier import _Compiled
 from router.cli import add_parser
 from router.dataset import load_gsm8k, load_mmlu, normalise, random_split, subject_folds
-from router.features import EMBED_CHARS, StaticEmbedding
+from router.features import (
+    EMBED_CHARS,
+    WORD_PROBLEM_STAT_NAMES,
+    StaticEmbedding,
+    word_problem_stats,
+)
 from router.metrics import apgr, cpt, routing_curve
 from router.train import Candidate, fit, score
 
@@ -51,6 +56,48 @@ def test_parts_weighted_zero_are_neither_fitted_nor_scored(mmlu: list) -> None:
     # weighting a part that was not fitted would silently add 0: it is refused
     with pytest.raises(ValueError):
         model.set_params(w_subject=1.0).decision_function(probe)
+
+
+def test_word_problem_part_is_fitted_on_its_domain_and_gated_by_it(mmlu: list) -> None:
+    rng = np.random.default_rng(4)
+    gsm8k = load_gsm8k()
+    subset = [mmlu[i] for i in rng.choice(len(mmlu), 800, replace=False)] + gsm8k[:200]
+    # the subject gain weighted 0: the subject model is fitted for the word part's gate alone
+    candidate = Candidate(w_dense=0.0, w_length=0.5, w_subject=0.0, w_boost=1.0, w_word=0.5)
+    model = fit(candidate, subset, seed=0)
+    # the expert saw the 200 word problems only, and is centred on them
+    assert model.word_scaler_.n_samples_seen_ == 200
+    assert model.subject_.classes_[model.word_class_] == "gsm8k"
+    domain = [e.prompt for e in gsm8k[:200]]
+    x = model.word_scaler_.transform([word_problem_stats(p) for p in domain])
+    assert model.word_.decision_function(x).mean() == pytest.approx(model.word_center_, abs=1e-9)
+    # the gate: word problems get the expert's logit, MMLU prompts little of it
+    word = model.parts([e.prompt for e in gsm8k[200:300]] + [e.prompt for e in mmlu[:100]])[:, 6]
+    assert np.abs(word[:100]).mean() > 5 * np.abs(word[100:]).mean()
+    # below the gate's floor the expert is not consulted: most MMLU prompts get exactly 0
+    assert (word[100:] == 0).mean() > 0.5 and (word[:100] != 0).all()
+    compiled = _Compiled.from_model(model)
+    assert compiled.word is not None and compiled.subject is not None
+    assert not compiled.subject_weighted
+    probe = [e.prompt for e in gsm8k[300:350]] + [e.prompt for e in mmlu[:50]] + ["", "x " * 5000]
+    fast = [compiled.logit(p) for p in probe]
+    np.testing.assert_allclose(fast, model.decision_function(probe), rtol=0, atol=1e-9)
+    with pytest.raises(ValueError, match="word-problem domain"):
+        fit(candidate, subset[:800], seed=0)
+
+
+def test_word_problem_stats_count_what_they_name() -> None:
+    prompt = (
+        "Siobhan has 2 fewer jewels than Aaron. Aaron has 5 more jewels than half of Raymond's "
+        "jewels. If Raymond has 40 jewels and 1,250.5 left, how many are there? " + "9" * 400
+    )
+    stats = dict(zip(WORD_PROBLEM_STAT_NAMES, word_problem_stats(prompt), strict=True))
+    assert stats["numbers"] == 5 and stats["distinct_numbers"] == 5 and stats["decimals"] == 1
+    assert stats["max_integer_digits"] == 400  # counted, never parsed: no overflow
+    assert stats["fractions"] == 1 and stats["comparisons"] == 2 and stats["remainders"] == 1
+    assert stats["conditions"] == 1 and stats["sentences"] == 3
+    assert stats["capitalised_words"] == 5  # Aaron ×2, Raymond ×2, If; the opening word is not
+    assert word_problem_stats("") == [0.0] * len(WORD_PROBLEM_STAT_NAMES)
 
 
 def test_random_split_keeps_duplicates_together(mmlu: list) -> None:
