@@ -91,7 +91,7 @@ def _gate(p: Any, floor: float) -> Any:
 class BlendedRouter(ClassifierMixin, BaseEstimator):
     """w_sparse·z(n-gram LR) + w_dense·z(statistics + static-embedding LR) + w_length·z(log
     length) + w_subject·z(subject gain) + w_boost·z(boosted trees on the statistics) +
-    w_strong·z(strong-fails LR) + w_word·z(P(word problem) × word-problem expert), each z
+    w_strong·z(strong-fails LR) + w_word·z(gate(P(word problem)) × word-problem expert), each z
     standardised with its mean and spread on the training prompts. `fit` fits only the parts whose
     weight is not 0 (the n-gram LR always: the subject and strong-fails parts read its features;
     the subject model also when only the word-problem part needs its probabilities); afterwards
@@ -210,8 +210,8 @@ class BlendedRouter(ClassifierMixin, BaseEstimator):
             scaled = self.word_scaler_.transform(x)
             self.word_ = LogisticRegression(C=self.c_word, max_iter=2000, random_state=self.seed)
             self.word_.fit(scaled, y[domain])
-            # centred on the domain, so P(word problem) × logit is ~0 for a typical word problem
-            # as for any other prompt, and only what is harder or easier than usual moves the score
+            # centred on the domain, so gate × logit is ~0 for a typical word problem, as
+            # for any other prompt, and only what is harder or easier than usual moves the score
             self.word_center_ = float(self.word_.decision_function(scaled).mean())
             self.word_class_ = int(np.flatnonzero(self.subject_.classes_ == self.word_domain)[0])
         parts = self.parts(texts)
