@@ -179,7 +179,10 @@ def claim(engine: Engine, owner: str, lease_s: float, limit: int) -> list[Claime
     ran out (a dead gateway's). Higher-priority, then older jobs first, in line order."""
     now = time.time()
     claimed: list[Claimed] = []
-    with Session(engine) as session:
+    # expire_on_commit=False: each claim compares the row's state and lease as selected; expiring
+    # them at the first commit made the next candidate's check reload the row, so it matched a
+    # claim another gateway had just made and took the request from it (run twice upstream)
+    with Session(engine, expire_on_commit=False) as session:
         runnable = (
             (col(BatchRequest.state) == "pending") & (col(BatchRequest.not_before) <= now)
         ) | ((col(BatchRequest.state) == "running") & (col(BatchRequest.lease_until) < now))

@@ -11,6 +11,8 @@ import contextlib
 import logging
 import os
 import time
+from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
 import httpx
@@ -36,15 +38,38 @@ _RAMP = 8
 _POLICY_TTL_S = 5.0  # limit changes reach running batch jobs this fast
 
 
+class _Hangup:
+    """The worker as the caller of one request: it hangs up when it yields the request to
+    interactive traffic. The gateway drops the upstream call only while it still waits on the
+    upstream; a reply already in hand is recorded (giving it back would send it upstream twice)."""
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+
+    async def receive(self) -> Any:
+        await self.event.wait()
+        return {"type": "http.disconnect"}
+
+
+@dataclass
+class _Running:
+    batch_id: str
+    task: "asyncio.Task[None]"
+    caller: _Hangup = field(default_factory=_Hangup)
+
+    @property
+    def yielding(self) -> bool:
+        return self.caller.event.is_set()
+
+
 class BatchWorker:
     def __init__(self, proxy: Proxy, sql: Engine, settings: Settings) -> None:
         self.proxy = proxy
         self.sql = sql
         self.settings = settings
         self.owner = os.urandom(8).hex()  # this process, as lease holder
-        self.running: dict[str, tuple[str, asyncio.Task[None]]] = {}  # request id → (batch, task)
+        self.running: dict[str, _Running] = {}  # by request id
         self.stopping: dict[str, tuple[str, str]] = {}  # batch id → error its requests end with
-        self._yielding: set[str] = set()  # requests stopped to make room for interactive traffic
         self._interactive_seen = -float("inf")  # monotonic time interactive was last in flight
         self._policies: dict[str, tuple[float, TeamPolicy | None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -64,10 +89,10 @@ class BatchWorker:
             background.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await background
-        for request_id, (_, task) in list(self.running.items()):
-            task.cancel()
+        for request_id, running in list(self.running.items()):
+            running.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await task
+                await running.task
             await self._sql(jobs.release, self.sql, self.owner, request_id, 0.0)
         await self._client.aclose()
 
@@ -89,18 +114,18 @@ class BatchWorker:
             if job is not None:
                 log.info("batch %s %s", job.id, job.status)
         limit = self.limit(await self._interactive_active())
-        active = [rid for rid, (_, task) in self.running.items() if not task.cancelling()]
-        for request_id in active[limit:]:  # the newest: the least work lost
-            self._yielding.add(request_id)
-            self.running[request_id][1].cancel()
+        active = [r for r in self.running.values() if not (r.yielding or r.task.cancelling())]
+        for running in active[limit:]:  # the newest: the least work lost
+            running.caller.event.set()
         room = self.room(limit)
         if room:
             claimed = await self._sql(
                 jobs.claim, self.sql, self.owner, self.settings.batch_lease_s, room
             )
             for request in claimed:
-                task = asyncio.get_running_loop().create_task(self._execute(request))
-                self.running[request.id] = (request.batch_id, task)
+                caller = _Hangup()
+                task = asyncio.get_running_loop().create_task(self._execute(request, caller))
+                self.running[request.id] = _Running(request.batch_id, task, caller)
                 task.add_done_callback(lambda _, rid=request.id: self.running.pop(rid, None))
         await self._callbacks()
 
@@ -117,14 +142,18 @@ class BatchWorker:
         """Batch requests this process may run: few while interactive traffic is about, whose
         time to first token batch decodes would stretch (they share the engine's steps)."""
         settings = self.settings
-        return settings.batch_shared_concurrency if interactive else settings.batch_max_concurrency
+        if interactive:  # never more than without interactive traffic
+            return min(settings.batch_shared_concurrency, settings.batch_max_concurrency)
+        return settings.batch_max_concurrency
 
     async def _interactive_active(self) -> bool:
         """Interactive requests in flight anywhere on the platform (the quota leases say so), now
         or within the last batch_interactive_hold_s."""
         now_ms = time.time() * 1000
         try:
-            async with self.proxy.quotas.redis.pipeline(transaction=False) as pipe:
+            # one transaction: a lease settled between two separate counts would look like an
+            # interactive request
+            async with self.proxy.quotas.redis.pipeline(transaction=True) as pipe:
                 pipe.zcount(PLATFORM_LEASES, now_ms, "+inf")
                 pipe.zcount(PLATFORM_BATCH_LEASES, now_ms, "+inf")
                 every, batch = await pipe.execute()
@@ -150,9 +179,9 @@ class BatchWorker:
         with the job's error, so the job can be finalized with what was done."""
         self.stopping = await self._sql(jobs.stopping_jobs, self.sql)
         for batch_id, error in self.stopping.items():
-            for batch, task in list(self.running.values()):
-                if batch == batch_id and not task.cancelling():
-                    task.cancel()
+            for running in list(self.running.values()):
+                if running.batch_id == batch_id and not running.task.cancelling():
+                    running.task.cancel()
             await self._sql(jobs.abandon, self.sql, batch_id, error)
 
     async def _policy(self, team: str) -> TeamPolicy | None:
@@ -163,7 +192,7 @@ class BatchWorker:
             hit = self._policies[team] = (now + _POLICY_TTL_S, policy_of(row) if row else None)
         return hit[1]
 
-    async def _execute(self, request: jobs.Claimed) -> None:
+    async def _execute(self, request: jobs.Claimed, caller: _Hangup) -> None:
         started = time.monotonic()
         upstream_id = "req-" + os.urandom(12).hex()  # per attempt: billing keeps one per id
         retry_in = 1  # a refusal for load or quota: run it again after this (seconds)
@@ -172,9 +201,18 @@ class BatchWorker:
             if policy is None:
                 raise GatewayError(401, f"team {request.team!r} no longer exists", "invalid_team")
             status, body = await self.proxy.run_batch_request(
-                policy, ENDPOINTS[request.endpoint], request.body, upstream_id, request.key_prefix
+                policy,
+                ENDPOINTS[request.endpoint],
+                request.body,
+                upstream_id,
+                request.key_prefix,
+                caller,
             )
         except GatewayError as exc:
+            if exc.code == "client_closed" and caller.event.is_set():
+                # yielded to interactive traffic before the upstream replied: runs again later
+                await self._sql(jobs.release, self.sql, self.owner, request.id, 0.0)
+                return
             status, body, retry_in = exc.status, exc.body(), exc.retry_after or retry_in
         except BackendUnavailable as exc:
             log.info("batch request %s: no backend (%s), retried later", request.id, exc)
@@ -183,9 +221,6 @@ class BatchWorker:
             error = self.stopping.get(request.batch_id)
             if error is not None:  # the job was cancelled or expired
                 await self._sql(jobs.finish, self.sql, self.owner, request.id, error=error)
-            elif request.id in self._yielding:  # preempted for interactive: runs again later
-                self._yielding.discard(request.id)
-                await self._sql(jobs.release, self.sql, self.owner, request.id, 0.0)
             raise  # (else: shutting down, stop() gives it back)
         except Exception:
             log.exception("batch request %s failed", request.id)

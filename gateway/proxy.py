@@ -11,7 +11,7 @@ import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 import msgspec
 from litestar import Request, Response
@@ -45,6 +45,14 @@ PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
 def _min_set(*caps: int) -> int:
     """The tightest of the caps that are set (0 = unset)."""
     return min((c for c in caps if c > 0), default=0)
+
+
+class Caller(Protocol):
+    """Who waits for a non-streamed reply and may hang up first: an HTTP request, or the batch
+    worker, which hangs up on a request it yields to interactive traffic. `receive` returns ASGI
+    messages; "http.disconnect" means the caller is gone."""
+
+    async def receive(self) -> Any: ...
 
 
 def _tier(request: Request, parsed: Parsed, policy: TeamPolicy) -> str:
@@ -170,20 +178,24 @@ class Proxy:
         body: bytes,
         request_id: str,
         key: str,
+        caller: Caller | None = None,
     ) -> tuple[int, bytes]:
         """The batch worker's call: an already-authenticated, non-streamed request of the batch
         tier, through the same routing, quotas and settling as an HTTP one. Refusals raise
-        GatewayError as they do for HTTP callers."""
+        GatewayError as they do for HTTP callers; a `caller` that hangs up while the upstream
+        has not replied yet gets a 499 (client_closed), as an HTTP client would."""
         started = time.perf_counter()
         parsed = parse(body, kind)
         if parsed.stream:
             raise GatewayError(400, "batch requests cannot stream", param="stream")
-        response = await self._serve(None, kind, policy, parsed, "batch", request_id, key, started)
+        response = await self._serve(
+            caller, kind, policy, parsed, "batch", request_id, key, started
+        )
         return response.status_code, response.content
 
     async def _serve(
         self,
-        request: Request | None,
+        request: Caller | None,
         kind: Literal["chat", "completion"],
         policy: TeamPolicy,
         parsed: Parsed,
@@ -192,8 +204,8 @@ class Proxy:
         key: str,
         started: float,
     ) -> Response:
-        """Route, reserve, forward. `request` is None for internal (batch) calls: nobody to
-        stream to or to hang up."""
+        """Route, reserve, forward. `request` is the HTTP request, or for internal (batch) calls
+        nothing to stream to: None, or a caller that may hang up."""
         try:
             route = self.router.route(parsed.model, parsed.body, policy, tier)
         except NoRoute as exc:
@@ -250,11 +262,11 @@ class Proxy:
             raise
 
     async def _complete_unless_gone(
-        self, request: Request | None, upstream: Upstream, call: UpstreamCall
+        self, request: Caller | None, upstream: Upstream, call: UpstreamCall
     ) -> UpstreamReply:
         """The upstream's whole reply, unless the client hangs up first: then the upstream call is
         dropped at once, so the engine frees the sequence instead of finishing it for nobody."""
-        if request is None:  # an internal call: nobody to hang up
+        if request is None:  # nobody to hang up
             return await upstream.complete(call)
         task = asyncio.current_task()
         assert task is not None
@@ -322,7 +334,7 @@ class Proxy:
 
     async def _forward(
         self,
-        request: Request | None,
+        request: Caller | None,
         route: Route,
         upstream: Upstream,
         call: "_Call",
@@ -350,7 +362,7 @@ class Proxy:
 
     async def _send(
         self,
-        request: Request | None,
+        request: Caller | None,
         upstream: Upstream,
         call: UpstreamCall,
         parsed: Parsed,

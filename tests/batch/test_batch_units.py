@@ -1,13 +1,18 @@
-"""Input lines and output lines, without a gateway."""
+"""Input lines and output lines, and the worker's own logic, without a gateway."""
 
 import asyncio
+from pathlib import Path
 
 import msgspec
 import pytest
+from sqlmodel import Session, select
 
 from batch import jobs
-from batch.files import check_items, output_line, parse_lines
-from batch.worker import BatchWorker
+from batch.files import Line, check_items, output_line, parse_lines
+from batch.models import BatchRequest
+from batch.worker import BatchWorker, _Hangup, _Running
+from gateway.db import get_engine
+from gateway.proxy import Proxy
 from tokenyard.settings import Settings
 
 CHAT = "/v1/chat/completions"
@@ -75,7 +80,7 @@ async def test_leases_renew_while_a_tick_hangs(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(BatchWorker, "tick", stuck)
     worker = BatchWorker(None, None, Settings(batch_lease_s=0.3))  # type: ignore[arg-type]
     request = asyncio.create_task(asyncio.sleep(30))
-    worker.running["req-1"] = ("batch-1", request)
+    worker.running["req-1"] = _Running("batch-1", request)
     worker.start()
     await ticking.wait()
     await asyncio.sleep(0.6)  # two lease lifetimes, all inside one tick
@@ -83,3 +88,116 @@ async def test_leases_renew_while_a_tick_hangs(monkeypatch: pytest.MonkeyPatch) 
     request.cancel()
     worker.running.clear()
     await worker.stop()
+
+
+def test_interactive_traffic_never_raises_batch_concurrency() -> None:
+    settings = Settings(batch_max_concurrency=3, batch_shared_concurrency=4)
+    worker = BatchWorker(None, None, settings)  # type: ignore[arg-type]
+    # a limit above the usual one would start extra requests, then yield them once interactive
+    # traffic is gone
+    assert worker.limit(True) == 3 and worker.limit(False) == 3
+    assert BatchWorker(None, None, Settings(batch_max_concurrency=8)).limit(True) == 4  # type: ignore[arg-type]
+
+
+class _Upstream:
+    """Replies when told to; notes whether its call was dropped."""
+
+    def __init__(self) -> None:
+        self.reply = asyncio.Event()
+        self.dropped = False
+
+    async def complete(self, call: object) -> bytes:
+        try:
+            await self.reply.wait()
+        except asyncio.CancelledError:
+            self.dropped = True
+            raise
+        return b"{}"
+
+
+class _Proxy:
+    """The gateway's request path reduced to what a yield can interrupt: the wait on the upstream
+    (the gateway's own hang-up handling), then settling."""
+
+    def __init__(self) -> None:
+        self.upstream = _Upstream()
+        self.settling = asyncio.Event()
+        self.settled = asyncio.Event()
+
+    async def run_batch_request(self, *args: object) -> tuple[int, bytes]:
+        caller = args[-1]
+        reply = await Proxy._complete_unless_gone(self, caller, self.upstream, None)  # type: ignore[arg-type]
+        self.settling.set()
+        await self.settled.wait()
+        return 200, reply
+
+
+async def _run_and_yield(monkeypatch: pytest.MonkeyPatch, after_reply: bool) -> tuple[list, _Proxy]:
+    calls: list[tuple[str, object]] = []
+    monkeypatch.setattr(jobs, "release", lambda sql, owner, rid, nb: calls.append(("release", nb)))
+    monkeypatch.setattr(
+        jobs, "finish", lambda sql, owner, rid, **kw: calls.append(("finish", kw["status_code"]))
+    )
+
+    async def policy(self: BatchWorker, team: str) -> object:
+        return object()
+
+    monkeypatch.setattr(BatchWorker, "_policy", policy)
+    proxy = _Proxy()
+    worker = BatchWorker(proxy, None, Settings())  # type: ignore[arg-type]
+    request = jobs.Claimed("r1", "b1", "team", "key", CHAT, b"{}", 1)
+    caller = _Hangup()
+    task = asyncio.create_task(worker._execute(request, caller))
+    if after_reply:
+        proxy.upstream.reply.set()
+        await proxy.settling.wait()
+        caller.event.set()  # the worker yields it while the gateway settles the reply
+        await asyncio.sleep(0.01)
+        proxy.settled.set()
+    else:
+        await asyncio.sleep(0.01)
+        caller.event.set()
+    await asyncio.wait_for(task, 5)
+    return calls, proxy
+
+
+async def test_a_yield_while_waiting_drops_the_upstream_call(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls, proxy = await _run_and_yield(monkeypatch, after_reply=False)
+    assert proxy.upstream.dropped and calls == [("release", 0.0)]
+
+
+async def test_a_yield_after_the_reply_keeps_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # giving it back would send it upstream a second time (CI once saw 18 upstream calls for 16
+    # batch lines)
+    calls, proxy = await _run_and_yield(monkeypatch, after_reply=True)
+    assert not proxy.upstream.dropped and calls == [("finish", 200)]
+
+
+def test_a_claim_never_takes_a_request_another_gateway_just_claimed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two gateways select the same pending requests; the second to update one must lose it,
+    even when the other's claim lands between its own claims (CI once saw two gateways each run
+    a request: 18 upstream calls for 16 lines)."""
+    sql = get_engine(f"sqlite:///{tmp_path}/claims.db")
+    lines = [Line(custom_id=f"r{i}", body=b"{}", error=None) for i in range(2)]
+    job = jobs.create_job(sql, team="t", key_prefix="k", endpoint=CHAT, lines=lines, window_s=3600)
+    real_commit = Session.commit
+    interleaved: list[list[jobs.Claimed]] = []
+
+    def commit_then_other_gateway_claims(self: Session) -> None:
+        real_commit(self)
+        if not interleaved:  # after A's first claim, B claims what is left (line 1)
+            interleaved.append([])
+            interleaved[0] = jobs.claim(sql, "gateway-b", 60, 10)
+
+    monkeypatch.setattr(Session, "commit", commit_then_other_gateway_claims)
+    first = jobs.claim(sql, "gateway-a", 60, 10)
+    monkeypatch.undo()
+    assert [c.id for c in first] != [] and [c.id for c in interleaved[0]] != []
+    assert not {c.id for c in first} & {c.id for c in interleaved[0]}
+    with Session(sql) as session:
+        rows = session.exec(select(BatchRequest).where(BatchRequest.batch_id == job.id)).all()
+        assert sorted(r.attempts for r in rows) == [1, 1]
