@@ -11,7 +11,7 @@ import contextlib
 import logging
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -55,7 +55,7 @@ class _Hangup:
 class _Running:
     batch_id: str
     task: "asyncio.Task[None]"
-    caller: _Hangup = field(default_factory=_Hangup)
+    caller: _Hangup
 
     @property
     def yielding(self) -> bool:

@@ -178,12 +178,12 @@ class Proxy:
         body: bytes,
         request_id: str,
         key: str,
-        caller: Caller | None = None,
+        caller: Caller,
     ) -> tuple[int, bytes]:
         """The batch worker's call: an already-authenticated, non-streamed request of the batch
         tier, through the same routing, quotas and settling as an HTTP one. Refusals raise
-        GatewayError as they do for HTTP callers; a `caller` that hangs up while the upstream
-        has not replied yet gets a 499 (client_closed), as an HTTP client would."""
+        GatewayError as they do for HTTP callers; a `caller` (the worker) that hangs up while the
+        upstream has not replied yet gets a 499 (client_closed), as an HTTP client would."""
         started = time.perf_counter()
         parsed = parse(body, kind)
         if parsed.stream:
@@ -195,7 +195,7 @@ class Proxy:
 
     async def _serve(
         self,
-        request: Caller | None,
+        request: Caller,
         kind: Literal["chat", "completion"],
         policy: TeamPolicy,
         parsed: Parsed,
@@ -204,8 +204,8 @@ class Proxy:
         key: str,
         started: float,
     ) -> Response:
-        """Route, reserve, forward. `request` is the HTTP request, or for internal (batch) calls
-        nothing to stream to: None, or a caller that may hang up."""
+        """Route, reserve, forward. `request` is the HTTP request, or the batch worker: nothing
+        to stream to, but a caller that may hang up."""
         try:
             route = self.router.route(parsed.model, parsed.body, policy, tier)
         except NoRoute as exc:
@@ -262,12 +262,10 @@ class Proxy:
             raise
 
     async def _complete_unless_gone(
-        self, request: Caller | None, upstream: Upstream, call: UpstreamCall
+        self, request: Caller, upstream: Upstream, call: UpstreamCall
     ) -> UpstreamReply:
         """The upstream's whole reply, unless the client hangs up first: then the upstream call is
         dropped at once, so the engine frees the sequence instead of finishing it for nobody."""
-        if request is None:  # nobody to hang up
-            return await upstream.complete(call)
         task = asyncio.current_task()
         assert task is not None
 
@@ -334,7 +332,7 @@ class Proxy:
 
     async def _forward(
         self,
-        request: Caller | None,
+        request: Caller,
         route: Route,
         upstream: Upstream,
         call: "_Call",
@@ -362,7 +360,7 @@ class Proxy:
 
     async def _send(
         self,
-        request: Caller | None,
+        request: Caller,
         upstream: Upstream,
         call: UpstreamCall,
         parsed: Parsed,

@@ -585,8 +585,6 @@ class _Compiled:
     trees: _CompiledTrees | None
     has_strong: bool  # the strong-fails LR is the n-gram features' second head
     word: _CompiledWordProblem | None
-    # the subject model is fitted for the word-problem part too; its gain part may be weighted 0
-    subject_weighted: bool
     center: np.ndarray
     spread: np.ndarray
     weights: np.ndarray
@@ -601,7 +599,6 @@ class _Compiled:
             trees=None if model.boost_ is None else _CompiledTrees.from_model(model.boost_),
             has_strong=model.strong_ is not None,
             word=None if model.word_ is None else _CompiledWordProblem.from_model(model),
-            subject_weighted=model.w_subject != 0,
             center=model.center_,
             spread=model.spread_,
             weights=model.weights,
@@ -614,7 +611,9 @@ class _Compiled:
         subject = word = 0.0
         if self.subject is not None:
             p = self.subject.probabilities(*words)
-            subject = float(p @ self.subject.gain) if self.subject_weighted else 0.0
+            # computed even when weighted 0 (the model is there for the word part's gate), as
+            # the pipeline does: a dot product over the subjects
+            subject = float(p @ self.subject.gain)
             if self.word is not None:
                 gate = float(_gate(p[self.word.domain], self.word.gate_floor))
                 word = gate * self.word.logit(prompt) if gate > 0.0 else 0.0

@@ -80,7 +80,7 @@ async def test_leases_renew_while_a_tick_hangs(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(BatchWorker, "tick", stuck)
     worker = BatchWorker(None, None, Settings(batch_lease_s=0.3))  # type: ignore[arg-type]
     request = asyncio.create_task(asyncio.sleep(30))
-    worker.running["req-1"] = _Running("batch-1", request)
+    worker.running["req-1"] = _Running("batch-1", request, _Hangup())
     worker.start()
     await ticking.wait()
     await asyncio.sleep(0.6)  # two lease lifetimes, all inside one tick
@@ -190,7 +190,7 @@ def test_a_claim_never_takes_a_request_another_gateway_just_claimed(
     def commit_then_other_gateway_claims(self: Session) -> None:
         real_commit(self)
         if not interleaved:  # after A's first claim, B claims what is left (line 1)
-            interleaved.append([])
+            interleaved.append([])  # first, so B's own commits do not recurse here
             interleaved[0] = jobs.claim(sql, "gateway-b", 60, 10)
 
     monkeypatch.setattr(Session, "commit", commit_then_other_gateway_claims)

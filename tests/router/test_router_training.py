@@ -78,7 +78,6 @@ def test_word_problem_part_is_fitted_on_its_domain_and_gated_by_it(mmlu: list) -
     assert (word[100:] == 0).mean() > 0.5 and (word[:100] != 0).all()
     compiled = _Compiled.from_model(model)
     assert compiled.word is not None and compiled.subject is not None
-    assert not compiled.subject_weighted
     probe = [e.prompt for e in gsm8k[300:350]] + [e.prompt for e in mmlu[:50]] + ["", "x " * 5000]
     fast = [compiled.logit(p) for p in probe]
     np.testing.assert_allclose(fast, model.decision_function(probe), rtol=0, atol=1e-9)
