@@ -18,7 +18,7 @@ from litestar.params import FromPath
 from litestar.response import Redirect
 from sqlalchemy import Engine
 
-from admin_ui import charts, csrf, forms, render, sessions, status, usage
+from admin_ui import charts, csrf, forms, render, sessions, status, throttle, usage
 from billing import reports
 from gateway import auth, keys
 from gateway.errors import GatewayError
@@ -26,8 +26,6 @@ from gateway.limits import LIMIT_FIELDS, TIERS
 from tokenyard.settings import Settings
 
 _CSS = (Path(__file__).parent / "static" / "admin.css").read_bytes()
-_LOGIN_FAILURES = 10  # per client address per 5 minutes, then sign-in answers 429
-_LOGIN_WINDOW_S = 300
 
 
 def _proxy(connection: ASGIConnection) -> Any:
@@ -47,10 +45,22 @@ async def _db(fn: Any, *args: Any, **kwargs: Any) -> Any:
     return await asyncio.to_thread(fn, *args, **kwargs)
 
 
+async def _admin_credential(settings: Settings) -> str:
+    # the first call of a process hashes (scrypt): off the event loop
+    return await asyncio.to_thread(
+        sessions.fingerprint, settings.admin_user, settings.admin_password
+    )
+
+
 async def admin_only(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+    """The admin's session, opened with the admin user and password this gateway has now."""
     session = await sessions.load(connection)
-    if session is None or session.role != "admin" or not _settings(connection).admin_password:
+    settings = _settings(connection)
+    if session is None or session.role != "admin" or not settings.admin_password:
         raise NotAuthorizedException("sign in as the platform admin")
+    current = await _admin_credential(settings)
+    if not hmac.compare_digest(session.credential or "", current):
+        raise NotAuthorizedException("the admin sign-in changed: sign in again")
 
 
 async def team_only(connection: ASGIConnection, _: BaseRouteHandler) -> None:
@@ -87,17 +97,12 @@ def _client(request: Request) -> str:
     return request.client.host if request.client else "unknown"
 
 
-async def _throttled(request: Request) -> bool:
-    redis = _proxy(request).quotas.redis
-    return int(await redis.get(f"ty:admin-login-fail:{_client(request)}") or 0) >= _LOGIN_FAILURES
+async def _admitted(request: Request) -> bool:
+    return await throttle.admit(_proxy(request).quotas.redis, _client(request))
 
 
-async def _failed(request: Request) -> None:
-    name = f"ty:admin-login-fail:{_client(request)}"
-    pipe = _proxy(request).quotas.redis.pipeline(transaction=False)
-    pipe.incr(name)
-    pipe.expire(name, _LOGIN_WINDOW_S)
-    await pipe.execute()
+async def _succeeded(request: Request) -> None:
+    await throttle.succeeded(_proxy(request).quotas.redis, _client(request))
 
 
 def _same(given: str, expected: str) -> bool:
@@ -130,17 +135,23 @@ class SignIn(Controller):
         form = await request.form()
         if not settings.admin_password:
             return await _login_page(request, "admin", 403)
-        if await _throttled(request):
+        if not await _admitted(request):
             return await _login_page(request, "admin", 429, _THROTTLED)
-        ok_user = _same(form.get("user") or "", settings.admin_user)
-        ok_password = _same(form.get("password") or "", settings.admin_password)
+        ok_user = _same(forms.text(form, "user"), settings.admin_user)
+        ok_password = _same(forms.text(form, "password"), settings.admin_password)
         if not (ok_user and ok_password):
-            await _failed(request)
             return await _login_page(request, "admin", 401, "wrong user name or password")
+        await _succeeded(request)
         response = Redirect(
             _local_next(request.query_params.get("next"), "/admin/usage"), status_code=303
         )
-        await sessions.start(request, response, "admin", settings.admin_session_s)
+        await sessions.start(
+            request,
+            response,
+            "admin",
+            settings.admin_session_s,
+            credential=await _admin_credential(settings),
+        )
         return response
 
     @get("/team-usage/login")
@@ -149,14 +160,14 @@ class SignIn(Controller):
 
     @post("/team-usage/login")
     async def team_login(self, request: Request) -> Response:
-        key = ((await request.form()).get("key") or "").strip()
-        if await _throttled(request):
+        key = forms.text(await request.form(), "key").strip()
+        if not await _admitted(request):
             return await _login_page(request, "team", 429, _THROTTLED)
         try:
             policy = await _proxy(request).auth.authenticate(f"Bearer {key}")
         except GatewayError:
-            await _failed(request)
             return await _login_page(request, "team", 401, "that key is not valid (or was revoked)")
+        await _succeeded(request)
         response = Redirect("/admin/team-usage", status_code=303)
         await sessions.start(
             request,
@@ -238,7 +249,7 @@ class Admin(Controller):
 
     @get("/usage.csv")
     async def usage_csv(self, request: Request) -> Response:
-        return await _csv(request, request.query_params.get("team") or None)
+        return await _csv(request, None)  # the query's team, if any: parse_view checks it
 
     async def _teams_page(self, request: Request, form: forms.TeamForm, status: int) -> Response:
         teams = await _db(keys.list_teams, _sql(request))
@@ -316,7 +327,7 @@ class Admin(Controller):
 
     @post("/keys")
     async def create_key(self, request: Request) -> Response:
-        team = (await request.form()).get("team") or ""
+        team = forms.text(await request.form(), "team")
         try:
             new = await _db(keys.create_key, _sql(request), team)
         except keys.ManagementError as exc:

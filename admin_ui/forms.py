@@ -42,6 +42,13 @@ class TeamForm:
     limits: dict[str, Any] = field(default_factory=dict)  # valid values, for gateway.keys
 
 
+def text(form: Any, name: str) -> str:
+    """A text field of a submitted form (a FormMultiDict): "" when absent, or when a multipart
+    request sent a file in its place."""
+    value = form.get(name)
+    return value if isinstance(value, str) else ""
+
+
 def from_team(team: Team | None) -> TeamForm:
     """The form showing a team's current settings (an empty one for a new team)."""
     values: dict[str, Any] = {"name": team.name if team else ""}
@@ -77,12 +84,12 @@ def _number(raw: str, kind: type, name: str) -> tuple[Any, str | None]:
 
 def parse(form: Any, catalog: list[str], with_name: bool) -> TeamForm:
     """Validate a submitted team form (a FormMultiDict) against the catalog's models."""
-    result = TeamForm({"name": (form.get("name") or "").strip()})
+    result = TeamForm({"name": text(form, "name").strip()})
     if with_name and not TEAM_NAME.fullmatch(result.values["name"]):
         result.errors["name"] = TEAM_NAME_RULE
     for name, kind in LIMIT_FIELDS.items():
         if name == "models":
-            picked = [m for m in form.getall("models", []) if m]
+            picked = [m for m in form.getall("models", []) if m and isinstance(m, str)]
             result.values[name] = picked
             unknown = sorted(set(picked) - set(catalog))
             if unknown:
@@ -90,7 +97,7 @@ def parse(form: Any, catalog: list[str], with_name: bool) -> TeamForm:
             else:
                 result.limits[name] = ",".join(m for m in catalog if m in picked)
             continue
-        raw = (form.get(name) or "").strip()
+        raw = text(form, name).strip()
         result.values[name] = raw
         if name == "default_tier":
             if raw in TIERS:

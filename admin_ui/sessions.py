@@ -2,9 +2,11 @@
 
 The cookie holds only a random 256-bit token; Redis keys it by the token's sha256, so reading Redis
 does not hand out usable cookies. A sign-in always starts a new token (no session fixation), and
-signing out deletes it everywhere at once.
+signing out deletes it everywhere at once. An admin session remembers a fingerprint of the sign-in
+it was opened with, so changing the admin user or password ends every session opened before.
 """
 
+import functools
 import hashlib
 import secrets
 from typing import Literal
@@ -23,9 +25,18 @@ class Session(msgspec.Struct, frozen=True):
     csrf: str  # the token every form of this session carries
     team: str | None = None  # role "team": the one team it may see
     key_hash: str | None = None  # role "team": the key it was opened with; revoked, it ends
+    credential: str | None = None  # role "admin": fingerprint() of the sign-in it was opened with
 
 
 _decoder = msgspec.json.Decoder(Session)
+
+
+@functools.lru_cache(maxsize=4)
+def fingerprint(user: str, password: str) -> str:
+    """The admin sign-in's fingerprint: scrypt (about 50 ms, once per process), so a copy of Redis
+    is no shortcut to guessing the password."""
+    secret = user.encode() + b"\0" + password.encode()
+    return hashlib.scrypt(secret, salt=b"tokenyard admin session", n=2**14, r=8, p=1).hex()
 
 
 def _name(token: str) -> str:
@@ -60,11 +71,12 @@ async def start(
     ttl_s: float,
     team: str | None = None,
     key_hash: str | None = None,
+    credential: str | None = None,
 ) -> None:
     """Replace whatever session the browser had with a new one, on a new token."""
     await end(connection, response)
     token = secrets.token_urlsafe(32)
-    session = Session(role, secrets.token_urlsafe(32), team, key_hash)
+    session = Session(role, secrets.token_urlsafe(32), team, key_hash, credential)
     await _redis(connection).set(_name(token), msgspec.json.encode(session), px=int(ttl_s * 1000))
     response.set_cookie(
         COOKIE,

@@ -10,10 +10,12 @@ from urllib.parse import urlencode
 
 from billing.api import MAX_DAYS
 from billing.models import ROLLUP_SUMS, UsageDaily
+from gateway.keys import TEAM_NAME
 
 DEFAULT_DAYS = 30
 MAX_SERIES = 8  # more would be unreadable colours: the rest is drawn as "other"
 OTHER = "other"
+EARLIEST = date(2000, 1, 1)  # no usage is older; a range's start can be counted back from any end
 
 
 @dataclass(frozen=True)
@@ -45,10 +47,15 @@ def _date(raw: str | None, default: date, what: str, notes: list[str]) -> date:
     if not raw:
         return default
     try:
-        return date.fromisoformat(raw)
+        parsed = date.fromisoformat(raw)
     except ValueError:
-        notes.append(f"{what} {raw!r} is not a date (YYYY-MM-DD): showing {default}")
+        parsed = None
+    if parsed is None or parsed < EARLIEST:
+        notes.append(
+            f"{what} {raw!r} is not a date (YYYY-MM-DD, from {EARLIEST}): showing {default}"
+        )
         return default
+    return parsed
 
 
 def parse_view(params: Any, team: str | None = None) -> tuple[View, list[str]]:
@@ -64,7 +71,11 @@ def parse_view(params: Any, team: str | None = None) -> tuple[View, list[str]]:
     if (end - start).days >= MAX_DAYS:
         start = end - timedelta(days=MAX_DAYS - 1)
         notes.append(f"a range spans at most {MAX_DAYS} days: starting {start}")
-    team = team or params.get("team") or None
+    asked = params.get("team") or None
+    if not team and asked and not TEAM_NAME.fullmatch(asked):
+        notes.append(f"{asked!r} is not a team name: showing every team")
+        asked = None
+    team = team or asked
     by = params.get("by") or ("model" if team else "team")
     metric = params.get("metric") or "tokens"
     return View(

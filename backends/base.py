@@ -15,6 +15,8 @@ from typing import Protocol
 from gateway.errors import GatewayError
 
 log = logging.getLogger("tokenyard.backends")
+# the most a prompt's template and default system prompt may add to its byte estimate (tokens)
+MAX_PROMPT_OVERHEAD = 256.0
 
 
 class UpstreamBroken(Exception):
@@ -31,16 +33,20 @@ class ModelInfo:
     kv_usage: float = 0.0  # share of KV blocks in use at the last poll (the least-loaded replica's)
     provider: str = "self-hosted"
     circuit: str = "closed"  # the breaker's state: closed, open, half_open (never routed to: open)
-    # prompt tokens the byte estimate misses (chat template, default system prompt), learned from
-    # the usage the upstream reports
-    prompt_overhead: float = 0.0
+    # prompt tokens the byte estimate misses (chat template, default system prompt), per team,
+    # learned from the usage the upstream reports. Per team and bounded: what one team sends (long
+    # lists of prompts, text that tokenizes densely) must never grow the estimate, and so refuse
+    # the requests, of another
+    prompt_overhead: dict[str, float] = field(default_factory=dict)
 
-    def observe_prompt(self, estimate: int, actual: int) -> None:
-        self.prompt_overhead += 0.1 * ((actual - estimate) - self.prompt_overhead)
+    def observe_prompt(self, team: str, estimate: int, actual: int) -> None:
+        """One request of a single prompt: its estimate from the bytes and its actual tokens."""
+        old = self.prompt_overhead.get(team, 0.0)
+        new = old + 0.1 * ((actual - estimate) - old)
+        self.prompt_overhead[team] = min(max(new, 0.0), MAX_PROMPT_OVERHEAD)
 
-    @property
-    def prompt_extra(self) -> int:
-        return max(0, round(self.prompt_overhead))
+    def prompt_extra(self, team: str) -> int:
+        return round(self.prompt_overhead.get(team, 0.0))
 
 
 @dataclass

@@ -8,10 +8,17 @@ content-length bodies, responses read by content-length, chunked encoding, or un
 
 import asyncio
 import contextlib
+import re
 import time
 from collections import deque
 from collections.abc import AsyncIterator
 from urllib.parse import urlsplit
+
+# RFC 9110: a field name is a token; a value holds no control character but tab. A CR, LF or NUL
+# would let a value end the header block and smuggle a second request onto a pooled connection,
+# so every header this client writes passes this check
+_NAME = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
+_VALUE = re.compile(r"[^\x00-\x08\x0a-\x1f\x7f]*")
 
 IDLE_S = 4.0  # below the usual 5 s server keep-alive, so an idle connection is rarely stale
 MAX_IDLE = 256
@@ -19,6 +26,13 @@ MAX_IDLE = 256
 
 class HttpError(Exception):
     """The connection failed or the response was malformed."""
+
+
+def header_line(name: str, value: str) -> bytes:
+    """One request header, refused (ValueError) unless both parts are valid HTTP."""
+    if not _NAME.fullmatch(name) or not _VALUE.fullmatch(value):
+        raise ValueError(f"refusing an invalid HTTP header: {name!r}")
+    return f"{name}: {value}\r\n".encode()
 
 
 class _Stale(HttpError):
@@ -161,8 +175,7 @@ class HttpPool:
             b"%s %s%s HTTP/1.1\r\nhost: %s\r\n"
             % (method.encode(), self.base.encode(), path.encode(), self._host_header)
         ]
-        for name, value in (headers or {}).items():
-            head.append(f"{name}: {value}\r\n".encode())
+        head.extend(header_line(name, value) for name, value in (headers or {}).items())
         head.append(b"content-length: %d\r\n\r\n" % len(body))
         payload = b"".join(head) + body
         conn = self._reuse()

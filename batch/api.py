@@ -4,9 +4,10 @@ A team sees only its own files and jobs: anything else answers 404, exactly as a
 """
 
 import math
+import re
 import time
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Annotated, Any, TypeVar
 
 import anyio
 import msgspec
@@ -15,33 +16,63 @@ from litestar.datastructures import UploadFile
 from litestar.params import FromPath, FromQuery
 from sqlalchemy import Engine
 
-from batch import jobs
-from batch.files import ENDPOINTS, Line, check_items, parse_lines
+from batch import jobs, webhooks
+from batch.destinations import Network, RefusedDestination, check
+from batch.files import (
+    ENDPOINTS,
+    UNREADABLE,
+    Line,
+    check_items,
+    count_lines,
+    is_plain,
+    parse_lines,
+)
 from batch.models import BatchFile, BatchJob
 from batch.worker import BatchWorker
 from billing.events import key_prefix
 from gateway.errors import GatewayError
 from gateway.keys import TeamPolicy
+from tokenyard.openapi import body_operation, json_body
 
 T = TypeVar("T")
 WINDOW = "24h"  # the one completion window OpenAI offers
-_MAX_METADATA = 16
+MAX_PRIORITY = 100  # an inline job's priority is within ±this (SQL's column is 32-bit)
+_MAX_FILENAME = 255
+# OpenAI's bounds: up to 16 pairs, keys up to 64 characters, values up to 512
+Metadata = Annotated[
+    dict[Annotated[str, msgspec.Meta(max_length=64)], Annotated[str, msgspec.Meta(max_length=512)]],
+    msgspec.Meta(max_length=16),
+]
+# the field msgspec's validation message names: "… at `$.priority`", "… required field `endpoint`"
+_FIELD = re.compile(r"`\$\.(\w+)|required field `(\w+)`")
 
 
 class CreateBatch(msgspec.Struct):
     input_file_id: str
     endpoint: str
     completion_window: str
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
 
 
 class InlineBatch(msgspec.Struct):
     requests: list[Any]
     endpoint: str = "/v1/chat/completions"
-    callback_url: str | None = None
-    priority: int = 0  # among the team's batch jobs: higher runs first
+    callback_url: Annotated[str, msgspec.Meta(max_length=2048)] | None = None
+    # orders the team's own batch jobs: higher runs first
+    priority: Annotated[int, msgspec.Meta(ge=-MAX_PRIORITY, le=MAX_PRIORITY)] = 0
     completion_window: str = WINDOW
-    metadata: dict[str, str] | None = None
+    metadata: Metadata | None = None
+
+
+# the upload's multipart form, for the OpenAPI document (the handler reads the form itself)
+_UPLOAD = {
+    "type": "object",
+    "required": ["purpose", "file"],
+    "properties": {
+        "purpose": {"type": "string", "enum": ["batch"]},
+        "file": {"type": "string", "format": "binary"},
+    },
+}
 
 
 def _json(data: Any, status: int = 200) -> Response[bytes]:
@@ -60,18 +91,52 @@ def _decode(raw: bytes, struct: type[T]) -> T:
     try:
         return msgspec.json.decode(raw, type=struct)
     except msgspec.ValidationError as exc:
-        raise GatewayError(400, str(exc), code="invalid_request") from None
-    except msgspec.DecodeError as exc:
+        field = _FIELD.search(str(exc))
+        param = field and (field[1] or field[2])
+        raise GatewayError(400, str(exc), code="invalid_request", param=param) from None
+    except UNREADABLE as exc:
         raise GatewayError(400, f"body is not valid JSON: {exc}", code="invalid_json") from None
 
 
-def _check_job(endpoint: str, window: str, metadata: dict[str, str] | None) -> None:
+def _check_job(endpoint: str, window: str) -> None:
     if endpoint not in ENDPOINTS:
         raise GatewayError(400, f"endpoint must be one of {', '.join(ENDPOINTS)}", param="endpoint")
     if window != WINDOW:
         raise GatewayError(400, f"completion_window must be {WINDOW!r}", param="completion_window")
-    if metadata and len(metadata) > _MAX_METADATA:
-        raise GatewayError(400, f"at most {_MAX_METADATA} metadata pairs", param="metadata")
+
+
+def _check_count(count: int, cap: int, param: str) -> None:
+    if count > cap:
+        raise GatewayError(400, f"at most {cap} requests in one batch, not {count}", param=param)
+
+
+def _check_upload(content: bytes, cap: int) -> None:
+    try:
+        content.decode()
+    except UnicodeDecodeError:
+        raise GatewayError(400, "the file must be UTF-8 JSONL", param="file") from None
+    _check_count(count_lines(content), cap, "file")
+
+
+def _inline_job(raw: bytes, cap: int) -> tuple[InlineBatch, list[Line]]:
+    """The inline form's body, decoded and its requests checked (run in a thread: thousands of
+    requests would hold the event loop, and every other request, for a while)."""
+    ask = _decode(raw, InlineBatch)
+    _check_job(ask.endpoint, ask.completion_window)
+    if not ask.requests:
+        raise GatewayError(400, "'requests' must be a non-empty array", param="requests")
+    _check_count(len(ask.requests), cap, "requests")
+    return ask, check_items(ask.requests, ask.endpoint)
+
+
+async def _check_callback(url: str, allow: Sequence[Network]) -> None:
+    try:
+        await check(url, allow)
+    except RefusedDestination as exc:
+        raise GatewayError(400, f"callback_url refused: {exc}", param="callback_url") from None
+    except OSError:  # did not resolve: said as a refusal is, not to tell which names exist
+        why = "callback_url refused: its host must resolve to public addresses only"
+        raise GatewayError(400, why, param="callback_url") from None
 
 
 def _not_found(what: str, ident: str) -> GatewayError:
@@ -97,6 +162,16 @@ async def _callers_file(request: Request, file_id: str) -> BatchFile:
     if row is None:
         raise _not_found("file", file_id)
     return row
+
+
+async def _webhook_secret(
+    request: Request, action: Callable[[Engine, str], str | None]
+) -> Response[bytes]:
+    policy = await _caller(request)
+    secret = await anyio.to_thread.run_sync(action, _worker(request).sql, policy.team)
+    if secret is None:  # the team is gone; its key was still cached
+        raise _not_found("team", policy.team)
+    return _json({"object": "batch.webhook_secret", "secret": secret})
 
 
 async def _batch_object(request: Request, job: jobs.BatchJob) -> dict[str, Any]:
@@ -126,7 +201,7 @@ async def _create(
 class FilesController(Controller):
     path = "/v1/files"
 
-    @post("/", status_code=200)
+    @post("/", status_code=200, operation_class=body_operation("multipart/form-data", _UPLOAD))
     async def upload(self, request: Request) -> Response[bytes]:
         policy = await _caller(request)
         form = await request.form()
@@ -135,17 +210,17 @@ class FilesController(Controller):
             raise GatewayError(400, "purpose must be 'batch'", param="purpose")
         if not isinstance(upload, UploadFile):
             raise GatewayError(400, "a JSONL file is required", param="file")
+        filename = upload.filename or "batch.jsonl"
+        if not is_plain(filename, _MAX_FILENAME):
+            why = f"the file's name must be at most {_MAX_FILENAME} characters, no control ones"
+            raise GatewayError(400, why, param="file")
         content = await upload.read()
         if not content.strip():
             raise GatewayError(400, "the file is empty", param="file")
-        engine = _worker(request).sql
+        worker = _worker(request)
+        await anyio.to_thread.run_sync(_check_upload, content, worker.settings.batch_max_requests)
         row = await anyio.to_thread.run_sync(
-            jobs.create_file,
-            engine,
-            policy.team,
-            upload.filename or "batch.jsonl",
-            purpose,
-            content,
+            jobs.create_file, worker.sql, policy.team, filename, purpose, content
         )
         return _json(jobs.file_object(row))
 
@@ -162,14 +237,14 @@ class FilesController(Controller):
 class BatchesController(Controller):
     path = "/v1"
 
-    @post("/batches", status_code=200)
+    @post("/batches", status_code=200, operation_class=json_body(CreateBatch))
     async def create(self, request: Request) -> Response[bytes]:
         policy = await _caller(request)
         ask = _decode(await request.body(), CreateBatch)
-        _check_job(ask.endpoint, ask.completion_window, ask.metadata)
-        engine = _worker(request).sql
+        _check_job(ask.endpoint, ask.completion_window)
+        worker = _worker(request)
         source = await anyio.to_thread.run_sync(
-            jobs.get_file, engine, policy.team, ask.input_file_id
+            jobs.get_file, worker.sql, policy.team, ask.input_file_id
         )
         if source is None or source.purpose != "batch":
             raise GatewayError(
@@ -178,7 +253,9 @@ class BatchesController(Controller):
                 code="file_not_found",
                 param="input_file_id",
             )
-        lines = parse_lines(source.content, ask.endpoint)
+        # in a thread, as the inline form's requests are (thousands of lines)
+        lines = await anyio.to_thread.run_sync(parse_lines, source.content, ask.endpoint)
+        _check_count(len(lines), worker.settings.batch_max_requests, "input_file_id")
         job = await _create(
             request,
             policy,
@@ -217,28 +294,36 @@ class BatchesController(Controller):
     async def cancel(self, request: Request, batch_id: FromPath[str]) -> Response[bytes]:
         return await _callers_job(request, jobs.cancel_job, batch_id)
 
-    @post("/batch", status_code=200)
+    @get("/batch/webhook_secret")
+    async def webhook_secret(self, request: Request) -> Response[bytes]:
+        """The team's key for checking its callbacks' signatures, made on first use."""
+        return await _webhook_secret(request, webhooks.team_secret)
+
+    @post("/batch/webhook_secret", status_code=200)
+    async def rotate_webhook_secret(self, request: Request) -> Response[bytes]:
+        """A new key for the team: callbacks are signed with it from now on."""
+        return await _webhook_secret(request, webhooks.rotate_secret)
+
+    @post("/batch", status_code=200, operation_class=json_body(InlineBatch))
     async def inline(self, request: Request) -> Response[bytes]:
         """The inline form: the requests in the body, an optional callback when the job ends."""
         policy = await _caller(request)
-        ask = _decode(await request.body(), InlineBatch)
-        _check_job(ask.endpoint, ask.completion_window, ask.metadata)
-        if not ask.requests:
-            raise GatewayError(400, "'requests' must be a non-empty array", param="requests")
-        if ask.callback_url is not None and not ask.callback_url.startswith(
-            ("http://", "https://")
-        ):
-            raise GatewayError(400, "callback_url must be an http(s) URL", param="callback_url")
+        worker = _worker(request)
+        raw = await request.body()
+        ask, lines = await anyio.to_thread.run_sync(
+            _inline_job, raw, worker.settings.batch_max_requests
+        )
+        if ask.callback_url is not None:
+            await _check_callback(ask.callback_url, worker.callback_allow)
         job = await _create(
             request,
             policy,
-            check_items(ask.requests, ask.endpoint),
+            lines,
             endpoint=ask.endpoint,
             metadata=ask.metadata,
             callback_url=ask.callback_url,
             priority=ask.priority,
         )
-        worker = _worker(request)
         waves = math.ceil(job.total / worker.settings.batch_max_concurrency)
         estimate = time.time() + waves * worker.seconds_per_request
         return _json(

@@ -6,12 +6,18 @@ not fail the job: it becomes a request that is already failed, reported in the e
 that got a response, `{..., "response": null, "error": {"code", "message"}}` per one that did not.
 """
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
 ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+MAX_CUSTOM_ID = 512  # characters: it is stored in SQL and echoed in every output line
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # PostgreSQL refuses a NUL in a text column
+# what decoding client JSON can raise: malformed JSON (invalid UTF-8 included), nesting deeper than
+# the decoder recurses
+UNREADABLE = (msgspec.DecodeError, UnicodeDecodeError, RecursionError)
 
 
 @dataclass
@@ -23,12 +29,20 @@ class Line:
     error: tuple[str, str] | None = None  # (code, message)
 
 
+def is_plain(text: str, max_length: int) -> bool:
+    """Short enough, and no control characters: fit for a SQL text column and a log line."""
+    return len(text) <= max_length and not _CONTROL.search(text)
+
+
 def _check(item: Any, endpoint: str, seen: set[str]) -> Line:
     if not isinstance(item, dict):
         return Line(None, b"", ("invalid_request", "the line is not a JSON object"))
     custom_id = item.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
         return Line(None, b"", ("missing_custom_id", "custom_id must be a non-empty string"))
+    if not is_plain(custom_id, MAX_CUSTOM_ID):
+        why = f"custom_id must be at most {MAX_CUSTOM_ID} characters, none a control character"
+        return Line(None, b"", ("invalid_custom_id", why))
     if custom_id in seen:
         return Line(custom_id, b"", ("duplicate_custom_id", f"custom_id {custom_id!r} repeats"))
     seen.add(custom_id)
@@ -55,16 +69,23 @@ def check_items(items: list[Any], endpoint: str) -> list[Line]:
     return [_check(item, endpoint, seen) for item in items]
 
 
+def _raw_lines(content: bytes) -> list[bytes]:
+    return [raw for raw in content.splitlines() if raw.strip()]
+
+
+def count_lines(content: bytes) -> int:
+    """An input file's requests: its non-blank lines."""
+    return len(_raw_lines(content))
+
+
 def parse_lines(content: bytes, endpoint: str) -> list[Line]:
     """Every non-blank line of an input file, in order."""
     seen: set[str] = set()
     lines: list[Line] = []
-    for raw in content.splitlines():
-        if not raw.strip():
-            continue
+    for raw in _raw_lines(content):
         try:
             item = msgspec.json.decode(raw)
-        except msgspec.DecodeError as exc:
+        except UNREADABLE as exc:
             lines.append(Line(None, b"", ("invalid_json_line", f"the line is not JSON: {exc}")))
             continue
         lines.append(_check(item, endpoint, seen))
@@ -86,7 +107,7 @@ def output_line(
     else:
         try:
             decoded = msgspec.json.decode(response or b"null")
-        except msgspec.DecodeError:
+        except UNREADABLE:
             decoded = (response or b"").decode(errors="replace")
         reply = {"status_code": status_code, "request_id": request_id, "body": decoded}
         err = None

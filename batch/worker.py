@@ -15,15 +15,17 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-import httpx
+import msgspec
 from redis.exceptions import RedisError
 from sqlalchemy import Engine
 
 from backends.base import BackendUnavailable
 from batch import jobs
-from batch.callbacks import deliver
+from batch.callbacks import callback_client, deliver
+from batch.destinations import allow_list
 from batch.files import ENDPOINTS
 from batch.models import BatchJob
+from batch.webhooks import team_secret
 from gateway.errors import GatewayError
 from gateway.keys import TeamPolicy, get_team, policy_of
 from gateway.proxy import Proxy
@@ -74,7 +76,8 @@ class BatchWorker:
         self._policies: dict[str, tuple[float, TeamPolicy | None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
-        self._client = httpx.AsyncClient(timeout=10)
+        self._client = callback_client()
+        self.callback_allow = allow_list(settings.batch_callback_allow)
         self.seconds_per_request = 1.0  # moving average, for estimated completion times
 
     def start(self) -> None:
@@ -249,11 +252,15 @@ class BatchWorker:
 
     async def _callback(self, job: BatchJob) -> None:
         assert job.callback_url
-        ok = await deliver(
+        secret = await self._sql(team_secret, self.sql, job.team)
+        ok = secret is not None and await deliver(
             self._client,
             job.callback_url,
-            jobs.batch_object(job),
-            self.settings.batch_callback_attempts,
-            self.settings.batch_callback_backoff_s,
+            message_id=job.id,  # a job has one callback: its id names the delivery
+            body=msgspec.json.encode(jobs.batch_object(job)),
+            secret=secret,
+            allow=self.callback_allow,
+            attempts=self.settings.batch_callback_attempts,
+            backoff_s=self.settings.batch_callback_backoff_s,
         )
         await self._sql(jobs.callback_done, self.sql, job.id, ok)

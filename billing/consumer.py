@@ -6,7 +6,9 @@ until then it stays pending in Redis. While SQL is down the consumer retries the
 backoff. Entries left pending by a consumer that died (or is stuck) are claimed by another after
 `billing_claim_idle_s`. Writes are idempotent by request id, so an event delivered twice (claimed
 while its first consumer was still retrying, say) is recorded once. The stream is trimmed only
-below what every group has acknowledged.
+below what every group has acknowledged. An event SQL can never take (it refuses the row while it
+answers other writes) or that cannot be decoded is moved to the dead-letter stream `DEAD_STREAM`
+with the reason, so that it neither blocks the events behind it nor is lost.
 """
 
 import asyncio
@@ -31,6 +33,7 @@ from tokenyard.settings import Settings
 log = logging.getLogger("tokenyard.billing")
 
 Entry = tuple[bytes, dict[bytes, bytes] | None]
+DEAD_STREAM = "ty:usage-dead"
 _MAX_BACKOFF_S = 30.0
 _TRIM_EVERY_S = 10.0
 
@@ -128,18 +131,22 @@ class UsageConsumer:
 
     async def _commit(self, entries: list[Entry]) -> None:
         rows = []
+        kept = []  # (entry id, raw event) of each row
         for entry_id, fields in entries:
             if not fields:  # trimmed away while pending: nothing left to record
                 continue
+            raw = fields.get(b"event", b"")
             try:
-                rows.append(to_row(decoder.decode(fields[b"event"])))
-            except (KeyError, msgspec.DecodeError, ValueError) as exc:
-                # never writable: retrying would stall every event behind it
-                log.error("dropping malformed usage event %s: %s", entry_id.decode(), exc)
+                rows.append(to_row(decoder.decode(raw)))
+                kept.append((entry_id, raw))
+            except (msgspec.DecodeError, ValueError, OverflowError) as exc:
+                await self._dead(entry_id, raw, f"malformed: {exc}")
         backoff = self.retry_s
         while True:
             try:
-                await asyncio.to_thread(store.write, self.sql, rows)
+                refused = await asyncio.to_thread(store.write_or_isolate, self.sql, rows)
+                for i, reason in refused:
+                    await self._dead(*kept[i], f"refused by SQL: {reason}")
                 break
             except SQLAlchemyError as exc:
                 log.warning(
@@ -151,6 +158,12 @@ class UsageConsumer:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, _MAX_BACKOFF_S)
         await self.redis.xack(self.stream, self.group, *(entry_id for entry_id, _ in entries))
+
+    async def _dead(self, entry_id: bytes, raw: bytes, reason: str) -> None:
+        """Set an event aside that can never be recorded: retrying it would stall every event
+        behind it. It stays in the dead-letter stream for an operator to inspect."""
+        log.error("usage event %s set aside in %s: %s", entry_id.decode(), DEAD_STREAM, reason)
+        await self.redis.xadd(DEAD_STREAM, {b"event": raw, b"reason": reason.encode()})
 
     async def _trim(self) -> None:
         """Drop entries that every group has acknowledged: those below both each group's oldest

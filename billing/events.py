@@ -17,6 +17,7 @@ class UsageEvent(msgspec.Struct):
     model: str
     model_served: str
     ts: float  # when the request started (unix seconds)
+    client_request_id: str | None = None
     status: int = 0
     key_prefix: str = ""
     provider: str = ""
@@ -61,6 +62,7 @@ def to_row(event: UsageEvent) -> dict[str, Any]:
     timings = event.timings or {}
     return {
         "request_id": event.request_id,
+        "client_request_id": event.client_request_id,
         "day": started.date(),
         "team": event.team,
         "key_prefix": event.key_prefix,

@@ -10,7 +10,11 @@ class UsageRecord(SQLModel, table=True):
     __tablename__ = "usage_record"
 
     id: int | None = Field(default=None, primary_key=True)
-    request_id: str = Field(unique=True)  # the idempotency key: a re-delivered event is skipped
+    # the gateway's own id, never the client's: the idempotency key (a re-delivered event is
+    # skipped), so a client can neither reuse one to go unbilled nor suppress another's records
+    request_id: str = Field(unique=True)
+    # the client's own id for the request (X-Client-Request-Id), checked and bounded; not unique
+    client_request_id: str | None = Field(default=None, index=True)
     day: date = Field(index=True)  # UTC date the request started: its rollup row
     team: str = Field(index=True)
     key_prefix: str = ""  # which of the team's keys (never the key itself)

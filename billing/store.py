@@ -5,13 +5,16 @@ from collections.abc import Callable, Iterable
 from datetime import date
 from typing import Any
 
-from sqlalchemy import Engine, Insert, Table
+from sqlalchemy import Engine, Insert, Table, text
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import SQLAlchemyError
 
 from billing.models import ROLLUP_SUMS, UsageDaily, UsageRecord
 
 _RECORDS: Table = UsageRecord.__table__  # type: ignore[attr-defined]
 _DAILY: Table = UsageDaily.__table__  # type: ignore[attr-defined]
+# what writing a row may raise: SQLAlchemy's errors, and sqlite3's own for an integer beyond 64 bits
+_REFUSALS = (SQLAlchemyError, OverflowError)
 _INSERTS: dict[str, Callable[[Table], Insert]] = {
     "sqlite": sqlite.insert,
     "postgresql": postgresql.insert,
@@ -28,6 +31,36 @@ def _rollup_deltas(rows: Iterable[dict[str, Any]]) -> dict[tuple[date, str, str]
         for name in ROLLUP_SUMS[2:]:
             delta[name] += row[name]
     return deltas
+
+
+def reachable(engine: Engine) -> bool:
+    """Whether SQL answers at all: tells a database that is down from one that refuses a row."""
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except SQLAlchemyError:
+        return False
+    return True
+
+
+def write_or_isolate(engine: Engine, rows: list[dict[str, Any]]) -> list[tuple[int, str]]:
+    """Write the rows; if SQL answers but refuses the batch, write them one by one and return
+    (index, reason) of each row it refuses on its own: such a row can never be written, and
+    retrying its batch would stall every event behind it. Raises while SQL is unreachable."""
+    try:
+        write(engine, rows)
+        return []
+    except _REFUSALS:
+        pass  # SQL is down, or refuses a row: row by row tells which
+    refused = []
+    for i, row in enumerate(rows):
+        try:
+            write(engine, [row])
+        except _REFUSALS as exc:
+            if not reachable(engine):
+                raise
+            refused.append((i, exc.__class__.__name__))
+    return refused
 
 
 def write(engine: Engine, rows: list[dict[str, Any]]) -> int:

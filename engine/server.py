@@ -32,6 +32,7 @@ from engine.protocol import (
 )
 from engine.sampler import Sampled
 from engine.sequence import GenerationRequest, SamplingParams
+from tokenyard.openapi import json_body, openapi_config
 
 log = logging.getLogger(__name__)
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
@@ -214,7 +215,7 @@ def create_app(engine: AsyncEngine) -> Litestar:
             headers=headers,
         )
 
-    @post("/v1/chat/completions", status_code=200)
+    @post("/v1/chat/completions", status_code=200, operation_class=json_body(ChatRequest))
     async def chat_completions(request: Request) -> Response | Stream:
         body = decode_body(await request.body(), ChatRequest)
         check_model(body.model)
@@ -261,7 +262,7 @@ def create_app(engine: AsyncEngine) -> Litestar:
             request, body, [prompt], params, "chat.completion", chunk_choice, final_choice, opening
         )
 
-    @post("/v1/completions", status_code=200)
+    @post("/v1/completions", status_code=200, operation_class=json_body(CompletionRequest))
     async def completions(request: Request) -> Response | Stream:
         body = decode_body(await request.body(), CompletionRequest)
         check_model(body.model)
@@ -340,6 +341,7 @@ def create_app(engine: AsyncEngine) -> Litestar:
         },
         on_shutdown=[engine.stop],
         request_max_body_size=8 * 2**20,
+        openapi_config=openapi_config("tokenyard engine", bearer=False),
     )
 
 

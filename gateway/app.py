@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 from litestar import Controller, Litestar, Request, Response, get, post
 from litestar.exceptions import HTTPException
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
@@ -28,9 +28,11 @@ from gateway.proxy import Proxy
 from gateway.quotas import USAGE_STREAM, Quotas
 from gateway.spool import UsageSpool
 from gateway.store import connect, embedded_redis, redis_url
+from gateway.validation import ChatRequest, CompletionRequest
 from router.catalog import Catalog, ModelEntry, load_catalog
 from router.classifier import ComplexityClassifier
 from router.policy import AUTO, Router, Scorer
+from tokenyard.openapi import json_body, openapi_config
 from tokenyard.settings import Settings, get_settings
 
 log = logging.getLogger("tokenyard.gateway")
@@ -47,11 +49,11 @@ def _proxy(request: Request) -> Proxy:
 class CompletionsController(Controller):
     path = "/v1"
 
-    @post("/chat/completions", status_code=200)
+    @post("/chat/completions", status_code=200, operation_class=json_body(ChatRequest))
     async def chat(self, request: Request) -> Response:
         return await _proxy(request).handle(request, "chat")
 
-    @post("/completions", status_code=200)
+    @post("/completions", status_code=200, operation_class=json_body(CompletionRequest))
     async def completions(self, request: Request) -> Response:
         return await _proxy(request).handle(request, "completion")
 
@@ -106,8 +108,11 @@ class OpsController(Controller):
         return _json({"ready": ok, "redis": redis_ok, "models": models}, 200 if ok else 503)
 
     @get("/metrics")
-    async def metrics(self) -> Response[bytes]:
-        return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)
+    async def metrics(self, request: Request) -> Response[bytes]:
+        """Prometheus' scrape; team-labelled series only with the metrics key (metrics.py)."""
+        key = _proxy(request).settings.metrics_key
+        body = metrics.exposition(request.headers.get("authorization"), key)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)
 
 
 def internal_error_handler(_: Request, exc: Exception) -> Response[bytes]:
@@ -184,5 +189,5 @@ def create_app(settings: Settings | None = None) -> Litestar:
             Exception: internal_error_handler,
         },
         request_max_body_size=settings.gateway_max_body_bytes,
-        openapi_config=None,
+        openapi_config=openapi_config("tokenyard gateway", bearer=True),
     )

@@ -38,6 +38,9 @@ class Team(SQLModel, table=True):
     auto_threshold: float | None = None
     strong_share: float | None = None
     batch_tokens_per_day: int | None = None  # the batch tier's own daily budget
+    # signs the team's batch callbacks (Standard Webhooks, whsec_…; batch/webhooks.py); kept as
+    # is, not hashed: signing needs the key itself, a hash could only check one
+    webhook_secret: str | None = None
     created_at: datetime = Field(default_factory=_now)
 
 

@@ -1,8 +1,21 @@
-"""Prometheus metrics of the gateway (one registry per process; scrape each gateway)."""
+"""Prometheus metrics of the gateway (one registry per process; scrape each gateway).
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+Every label value is bounded by the platform's configuration (catalog models, "auto", teams,
+refusal codes, statuses), never a string a client chose: an unknown model is refused before any
+series is touched. Series labelled with a team are served only to the bearer of the metrics key.
+"""
+
+import hmac
+from collections.abc import Iterator
+from hashlib import sha256
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.metrics_core import Metric
+
+from gateway.errors import GatewayError
 
 REGISTRY = CollectorRegistry()
+TEAM_LABEL = "team"
 
 REQUESTS = Counter(
     "tokenyard_gateway_requests_total",
@@ -61,3 +74,39 @@ FALLBACKS = Counter(
     ["from_model", "to_model"],
     registry=REGISTRY,
 )
+
+
+class _WithoutTeams:
+    """REGISTRY less its team-labelled samples: who uses the platform, and how much, is not for
+    anonymous scrapers."""
+
+    def collect(self) -> Iterator[Metric]:
+        for family in REGISTRY.collect():
+            public = Metric(family.name, family.documentation, family.type, family.unit)
+            public.samples = [s for s in family.samples if TEAM_LABEL not in s.labels]
+            yield public
+
+
+PUBLIC = CollectorRegistry()
+PUBLIC.register(_WithoutTeams())
+
+
+def _bearer_is(authorization: str | None, key: str) -> bool:
+    scheme, _, given = (authorization or "").partition(" ")
+    # digests: equal lengths, so the comparison's time says nothing about the key's length
+    same = hmac.compare_digest(
+        sha256(given.strip().encode()).digest(), sha256(key.encode()).digest()
+    )
+    return scheme.lower() == "bearer" and same
+
+
+def exposition(authorization: str | None, key: str) -> bytes:
+    """/metrics' body. With a metrics key set, every series, for the bearer of that key only;
+    without, open to any scraper but with no team-labelled series."""
+    if not key:
+        return generate_latest(PUBLIC)
+    if not _bearer_is(authorization, key):
+        raise GatewayError(
+            401, "/metrics needs the metrics key as bearer", code="invalid_metrics_key"
+        )
+    return generate_latest(REGISTRY)

@@ -35,11 +35,15 @@ from gateway.keys import TeamPolicy
 from gateway.limits import TIERS
 from gateway.quotas import LeaseKeeper, Quotas, Reservation, Usage, kv_pages
 from gateway.streaming import DONE, StreamResult, UsageIn, relay, reply_decoder
-from gateway.validation import Parsed, parse
+from gateway.validation import Parsed, client_request_id, parse
 from router.policy import NoRoute, Route, Router, Saturation, prefix_text
 from tokenyard.settings import Settings
 
 PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
+
+
+def new_request_id() -> str:
+    return "req-" + os.urandom(12).hex()
 
 
 def _min_set(*caps: int) -> int:
@@ -67,7 +71,8 @@ def _tier(request: Request, parsed: Parsed, policy: TeamPolicy) -> str:
 def _size(
     parsed: Parsed, prompt: int, info: ModelInfo, policy: TeamPolicy, settings: Settings
 ) -> int:
-    """The max_tokens to forward, after the token and context caps."""
+    """The max_tokens to forward, after the token and context caps; `prompt` is the largest of
+    the request's prompts (each runs in its own context)."""
     token_cap = _min_set(policy.max_tokens, settings.gateway_max_tokens)
     context = _min_set(policy.max_context, settings.gateway_max_context, info.max_model_len)
     if context and prompt >= context:
@@ -162,13 +167,21 @@ class Proxy:
         policy = await self.auth.authenticate(authorization)
         parsed = parse(await request.body(), kind)
         tier = _tier(request, parsed, policy)
-        request_id = (
-            request.headers.get("x-request-id")
-            or parsed.request_id
-            or "req-" + os.urandom(12).hex()
-        )
+        # the id is always the gateway's own: unique, so billing (idempotent by it), the engine
+        # and the logs can trust it; the client's id for the request is kept beside it
+        for header in ("x-client-request-id", "x-request-id"):
+            if (value := request.headers.get(header)) is not None:
+                parsed.client_request_id = client_request_id(value, header)
+                break
         return await self._serve(
-            request, kind, policy, parsed, tier, request_id, key_prefix(authorization), started
+            request,
+            kind,
+            policy,
+            parsed,
+            tier,
+            new_request_id(),
+            key_prefix(authorization),
+            started,
         )
 
     async def run_batch_request(
@@ -211,14 +224,17 @@ class Proxy:
         except NoRoute as exc:
             raise GatewayError(404, str(exc), code="model_not_found", param="model") from None
         upstream = self.first_usable(route, tier)
-        prompt = parsed.prompt_tokens + upstream.info.prompt_extra
-        max_tokens = _size(parsed, prompt, upstream.info, policy, self.settings)
+        extra = upstream.info.prompt_extra(policy.team)
+        prompts = [size + extra for size in parsed.prompt_sizes]
+        max_tokens = _size(parsed, max(prompts), upstream.info, policy, self.settings)
         body = parsed.body
         body["max_tokens"] = max_tokens
         if parsed.stream:  # the gateway settles from the usage chunk, so always ask for it
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
-        tokens = prompt + parsed.n * max_tokens
-        pages = kv_pages(prompt, max_tokens, parsed.n, upstream.info.block_size)
+        # sized for everything the upstream runs: each prompt, n times
+        tokens = sum(prompts) + parsed.choices * max_tokens
+        block_size = upstream.info.block_size
+        pages = sum(kv_pages(size, max_tokens, parsed.n, block_size) for size in prompts)
         lease_id = os.urandom(9).hex()  # never the client's id: clients may reuse theirs
         call = _Call(
             kind,
@@ -234,18 +250,22 @@ class Proxy:
         self.keeper.active[lease_id] = res
         metrics.IN_FLIGHT.inc()
         headers = {"x-request-id": request_id, "x-tokenyard-route": _decision(route)}
+        if parsed.client_request_id is not None:
+            headers["x-client-request-id"] = parsed.client_request_id
         if route.score is not None:
             headers["x-tokenyard-score"] = f"{route.score:.4f}"
         metrics.ROUTES.labels(route.asked, _decision(route)).inc()
         event = {
             "request_id": request_id,
+            "client_request_id": parsed.client_request_id,
             "team": policy.team,
             "model": parsed.model,
             "model_served": upstream.info.name,
             "tier": tier,
             "stream": parsed.stream,
-            "prompt_estimate": parsed.prompt_tokens,  # from the bytes alone
-            "prompt_reserved": prompt,  # with the learned overhead: the fallback usage
+            # from the bytes alone; the overhead is learned from single prompts only
+            "prompt_estimate": parsed.prompt_tokens if len(prompts) == 1 else None,
+            "prompt_reserved": sum(prompts),  # with the learned overhead: the fallback usage
             "ts": time.time(),
             "key_prefix": key,
         }
@@ -441,8 +461,9 @@ class Proxy:
         if self.keeper.active.pop(res.lease_id, None) is None:
             return  # already settled
         metrics.IN_FLIGHT.dec()
-        if usage.reported and usage.prompt_tokens:
-            upstream.info.observe_prompt(event["prompt_estimate"], usage.prompt_tokens)
+        team = res.policy.team
+        if usage.reported and usage.prompt_tokens and event["prompt_estimate"] is not None:
+            upstream.info.observe_prompt(team, event["prompt_estimate"], usage.prompt_tokens)
         model = upstream.info.name
         elapsed = time.perf_counter() - started
         event.update(
@@ -454,7 +475,6 @@ class Proxy:
         )
         metrics.REQUESTS.labels(model, str(status)).inc()
         metrics.LATENCY.labels(model, "1" if event["stream"] else "0").observe(elapsed)
-        team = res.policy.team
         metrics.TOKENS.labels(team, model, "prompt").inc(usage.prompt_tokens)
         metrics.TOKENS.labels(team, model, "completion").inc(usage.completion_tokens)
         metrics.TOKENS.labels(team, model, "cached").inc(usage.cached_tokens)

@@ -23,6 +23,13 @@ from gateway.errors import GatewayError
 TOKENS_PER_MESSAGE = 5  # <|im_start|>role\n … <|im_end|>\n in ChatML-style templates
 TOKENS_PER_REPLY = 3  # the assistant turn the template opens
 MAX_N = 8
+# choices one request may run: prompts of a legacy-completions list × n; each is a sequence the
+# engine schedules, so the request's reservation covers them all, and this bounds its size
+MAX_CHOICES = 128
+MAX_CLIENT_ID = 128
+# a client's own request id (OpenAI's X-Client-Request-Id): printable ASCII without spaces, so it
+# can never break a header, a log line or a SQL index
+_CLIENT_ID = re.compile(rf"[\x21-\x7e]{{1,{MAX_CLIENT_ID}}}")
 Tier = Literal["interactive", "batch"]
 
 
@@ -66,11 +73,21 @@ class Parsed:
     body: dict[str, Any]  # forwarded upstream (extension fields removed)
     stream: bool
     include_usage: bool  # the client asked for the usage chunk
-    prompt_tokens: int  # estimate
+    prompt_sizes: list[int]  # token estimate of each prompt the upstream runs (a list: legacy)
     max_tokens: int | None  # as asked; None: fill in from the caps
     n: int
     tier: Tier | None
-    request_id: str | None
+    client_request_id: str | None  # the body's `request_id`; headers may name one too
+
+    @property
+    def prompt_tokens(self) -> int:
+        """All prompts' tokens: what the upstream reads."""
+        return sum(self.prompt_sizes)
+
+    @property
+    def choices(self) -> int:
+        """Sequences the upstream runs: every prompt, n times."""
+        return len(self.prompt_sizes) * self.n
 
 
 _PATH = re.compile(r"at `\$\.([A-Za-z_]+)")
@@ -81,13 +98,18 @@ def _bad(message: str, param: str | None, code: str | None = None) -> GatewayErr
     return GatewayError(400, message, code=code, param=param)
 
 
-def _text_bytes(value: Any) -> int:
-    """UTF-8 size of the text in a message content (string or list of parts)."""
-    if isinstance(value, str):
-        return len(value.encode())
-    if isinstance(value, list):
-        return sum(_text_bytes(part.get("text", "")) for part in value if isinstance(part, dict))
-    return 0
+def _text_bytes(content: str | list[dict[str, Any]] | None) -> int:
+    """UTF-8 size of the text in a message content (string or list of parts). A part's `text` must
+    be a string: everything downstream (router, affinity, the upstream) reads it as one."""
+    if isinstance(content, str):
+        return len(content.encode())
+    size = 0
+    for part in content or ():
+        text = part.get("text", "")
+        if not isinstance(text, str):
+            raise _bad("a content part's 'text' must be a string", "messages")
+        size += len(text.encode())
+    return size
 
 
 def estimate_chat_tokens(messages: list[Message]) -> int:
@@ -95,23 +117,61 @@ def estimate_chat_tokens(messages: list[Message]) -> int:
     return math.ceil(size / 4) + TOKENS_PER_MESSAGE * len(messages) + TOKENS_PER_REPLY
 
 
-def estimate_prompt_tokens(prompt: str | list[Any], nested: bool = False) -> int:
-    """Token-id prompts are counted exactly, text estimated; a batch of prompts counts its largest
-    (the gateway reserves per request, not per prompt of a batch)."""
+def _is_ids(prompt: list[Any]) -> bool:
+    return all(isinstance(p, int) and not isinstance(p, bool) for p in prompt)
+
+
+def estimate_prompt_sizes(prompt: str | list[Any]) -> list[int]:
+    """Each prompt's tokens: token ids counted exactly, text estimated. A list of prompts runs
+    every one of them, so each is sized (the reservation is their sum)."""
     if isinstance(prompt, str):
-        return math.ceil(len(prompt.encode()) / 4)
-    if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
-        return len(prompt)
-    if nested or not all(isinstance(p, str | list) for p in prompt):
-        raise _bad("prompt must be a string, a list of strings or of token-id lists", "prompt")
-    return max(estimate_prompt_tokens(p, nested=True) for p in prompt)
+        return [math.ceil(len(prompt.encode()) / 4)]
+    if not prompt:
+        raise _bad("prompt must not be an empty list", "prompt")
+    if _is_ids(prompt):
+        return [len(prompt)]
+    sizes = []
+    for item in prompt:
+        if isinstance(item, str):
+            sizes.append(math.ceil(len(item.encode()) / 4))
+        elif isinstance(item, list) and _is_ids(item):
+            sizes.append(len(item))
+        else:
+            raise _bad(
+                "prompt must be a string, a list of strings, a token-id list or a list of them",
+                "prompt",
+            )
+    return sizes
+
+
+def client_request_id(value: str | None, param: str) -> str | None:
+    """A client's own id for its request, checked: kept beside the gateway's id (never instead of
+    it: ids the client chooses are neither unique nor trustworthy)."""
+    if value is None or value == "":
+        return None
+    if not _CLIENT_ID.fullmatch(value):
+        raise _bad(
+            f"a client request id is 1 to {MAX_CLIENT_ID} printable ASCII characters without "
+            "spaces",
+            param,
+            "invalid_request_id",
+        )
+    return value
+
+
+def decode_json(raw: bytes) -> Any:
+    """The body as JSON, or a 400: malformed, not UTF-8, or nested deeper than the decoder's
+    recursion limit."""
+    try:
+        return msgspec.json.decode(raw)
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise _bad(f"request body is not valid JSON: {exc}", None, "invalid_json") from None
+    except RecursionError:
+        raise _bad("request body is nested too deeply", None, "invalid_json") from None
 
 
 def parse(raw: bytes, kind: Literal["chat", "completion"]) -> Parsed:
-    try:
-        body = msgspec.json.decode(raw)
-    except msgspec.DecodeError as exc:
-        raise _bad(f"request body is not valid JSON: {exc}", None, "invalid_json") from None
+    body = decode_json(raw)
     if not isinstance(body, dict):
         raise _bad("request body must be a JSON object", None)
     struct = ChatRequest if kind == "chat" else CompletionRequest
@@ -130,17 +190,19 @@ def parse(raw: bytes, kind: Literal["chat", "completion"]) -> Parsed:
         # OpenAI's newer name wins; the engine takes max_tokens
         max_tokens = req.max_completion_tokens or req.max_tokens
         body.pop("max_completion_tokens", None)
-        prompt_tokens = estimate_chat_tokens(req.messages)
+        prompt_sizes = [estimate_chat_tokens(req.messages)]
     else:
         if "prompt" not in body:
             raise _bad("Object missing required field `prompt`", "prompt")
         # OpenAI's legacy completions default to 16 tokens; forward that explicitly
         max_tokens = req.max_tokens if "max_tokens" in body else 16
-        prompt_tokens = estimate_prompt_tokens(req.prompt)
+        prompt_sizes = estimate_prompt_sizes(req.prompt)
     if max_tokens is not None and max_tokens < 1:
         raise _bad("max_tokens must be at least 1", "max_tokens")
     if not 1 <= req.n <= MAX_N:
         raise _bad(f"n must be between 1 and {MAX_N}", "n")
+    if len(prompt_sizes) * req.n > MAX_CHOICES:
+        raise _bad(f"prompts × n must be at most {MAX_CHOICES}", "prompt")
     for field in ("tier", "priority", "request_id"):
         body.pop(field, None)
     return Parsed(
@@ -148,9 +210,9 @@ def parse(raw: bytes, kind: Literal["chat", "completion"]) -> Parsed:
         body=body,
         stream=req.stream,
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
-        prompt_tokens=prompt_tokens,
+        prompt_sizes=prompt_sizes,
         max_tokens=max_tokens,
         n=req.n,
         tier=req.tier or req.priority,
-        request_id=req.request_id,
+        client_request_id=client_request_id(req.request_id, "request_id"),
     )

@@ -84,6 +84,8 @@ class Settings(BaseSettings):
     backend_max_connections: int = 256  # per commercial backend's httpx pool
     # bearer token of the admin-scoped APIs (all teams' usage); empty: those APIs are off
     admin_key: str = ""
+    # bearer token of GET /metrics; empty: /metrics is open but serves no team-labelled series
+    metrics_key: str = ""
     # the admin UI (/admin, see docs/admin_ui.md): one platform owner's sign-in; an empty password
     # turns sign-in off (every admin page refuses). Sessions live in Redis, shared by all gateways:
     # the cookie holds only a random id, so there is no signing secret to share
@@ -119,6 +121,12 @@ class Settings(BaseSettings):
     batch_lease_s: float = 60.0
     batch_callback_attempts: int = 6  # POSTs of an inline batch's callback before giving up
     batch_callback_backoff_s: float = 1.0  # first wait between them, doubling up to a minute
+    # networks callbacks may reach though not public (comma-separated CIDRs, e.g. 10.1.0.0/16);
+    # empty: public addresses only (batch/destinations.py)
+    batch_callback_allow: str = ""
+    # requests in one job (the inline form's, or an input file's lines): its creation's work
+    # grows with it (OpenAI allows 50,000 lines; the body limit bounds the bytes)
+    batch_max_requests: int = 10_000
 
 
 @lru_cache

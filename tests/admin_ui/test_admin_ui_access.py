@@ -2,6 +2,7 @@
 refused, forms without the session's token or from another site are refused, a team member sees
 only their own team, and an admin's quota change reaches another gateway process within a second."""
 
+import asyncio
 import random
 import time
 import uuid
@@ -13,9 +14,10 @@ import openai
 import pytest
 from sqlmodel import Session
 
+from admin_ui import throttle
 from billing.models import UsageDaily
 from gateway.app import create_app
-from tests.admin_ui.conftest import ADMIN_PASSWORD, ADMIN_USER, csrf_of
+from tests.admin_ui.conftest import ADMIN_PASSWORD, ADMIN_USER, csrf_of, sign_in
 from tests.gateway.conftest import MODEL, Gateway
 
 PUBLIC = {"/admin/login", "/admin/team-usage/login", "/admin/static/admin.css"}
@@ -76,6 +78,55 @@ def test_failed_sign_ins_are_limited_per_client_behind_a_trusted_proxy(
     assert attempt(bystander) == 401
 
 
+def _unique_client() -> dict[str, str]:
+    """Headers that make the test a client address of its own (forwarded by the trusted proxy)."""
+    return {"x-forwarded-for": f"2001:db8::{random.getrandbits(64):x}"}
+
+
+def test_parallel_guesses_are_compared_at_most_the_limit(admin_gateway: Gateway) -> None:
+    """Each attempt is counted before its password is compared: of 50 guesses sent at once,
+    exactly the limit are compared (401), the rest refused unseen (429)."""
+    headers = _unique_client()
+    with httpx.Client(base_url=admin_gateway.url, headers=headers) as client:
+        data = {"user": ADMIN_USER, "password": "nope", "csrf": csrf_of(client.get("/admin/login"))}
+        cookies = dict(client.cookies)
+
+    async def guess_at_once(n: int) -> list[int]:
+        async with httpx.AsyncClient(
+            base_url=admin_gateway.url,
+            headers=headers,
+            cookies=cookies,
+            limits=httpx.Limits(max_connections=n),
+        ) as client:
+            answers = await asyncio.gather(
+                *(client.post("/admin/login", data=data) for _ in range(n))
+            )
+        return [a.status_code for a in answers]
+
+    statuses = asyncio.run(guess_at_once(50))
+    assert sorted(statuses) == [401] * throttle.LIMIT + [429] * (50 - throttle.LIMIT)
+
+
+def test_successful_sign_ins_use_no_allowance(admin_gateway: Gateway, team: Any) -> None:
+    _, key = team()
+    with httpx.Client(base_url=admin_gateway.url, headers=_unique_client()) as client:
+
+        def attempt(path: str, **fields: str) -> int:
+            token = csrf_of(client.get(path))  # the form's, or the session's once signed in
+            return client.post(path, data={"csrf": token, **fields}).status_code
+
+        right = {"user": ADMIN_USER, "password": ADMIN_PASSWORD}
+        wrong = {"user": ADMIN_USER, "password": "nope"}
+        for _ in range(throttle.LIMIT + 2):
+            assert attempt("/admin/login", **right) == 303
+            assert attempt("/admin/team-usage/login", key=key) == 303
+        failures = [attempt("/admin/login", **wrong) for _ in range(throttle.LIMIT)]
+        assert failures == [401] * throttle.LIMIT
+        # the allowance is shared by both forms, and a valid key does not reset it
+        assert attempt("/admin/team-usage/login", key=key) == 429
+        assert attempt("/admin/login", **right) == 429
+
+
 def test_wrong_password_is_refused_and_opens_no_session(admin_gateway: Gateway) -> None:
     with httpx.Client(base_url=admin_gateway.url) as client:
         token = csrf_of(client.get("/admin/login"))
@@ -104,6 +155,46 @@ def test_sign_in_sets_a_strict_http_only_cookie_and_sign_out_ends_it(
         assert client.post("/admin/logout", data={"csrf": csrf_of(page)}).status_code == 303
     # the old cookie is dead on the server, not just deleted from the browser
     assert httpx.get(admin_gateway.url + "/admin/teams", cookies=stolen).status_code == 303
+
+
+def test_a_password_change_ends_the_admin_sessions_opened_before(
+    admin: httpx.Client, start_gateway: Any
+) -> None:
+    """Gateways share sessions through Redis; one started with a new admin password refuses the
+    cookies opened with the old one, while one with the same sign-in still takes them."""
+    cookies = dict(admin.cookies)
+    same = start_gateway(admin_user=ADMIN_USER, admin_password=ADMIN_PASSWORD)
+    assert httpx.get(same.url + "/admin/teams", cookies=cookies).status_code == 200
+    new_password = "pw-" + uuid.uuid4().hex
+    changed = start_gateway(admin_user=ADMIN_USER, admin_password=new_password)
+    refused = httpx.get(changed.url + "/admin/teams", cookies=cookies)
+    assert refused.status_code == 303
+    assert refused.headers["location"].startswith("/admin/login?")
+    fresh = sign_in(changed.url, password=new_password)
+    assert fresh.get("/admin/teams").status_code == 200
+    fresh.close()
+
+
+def test_odd_input_is_refused_or_ignored_never_a_500(
+    admin_gateway: Gateway, admin: httpx.Client
+) -> None:
+    """Files where text fields belong (a multipart form), a team name that would break the CSV's
+    header, a date the default range cannot be counted back from."""
+    with httpx.Client(base_url=admin_gateway.url, headers=_unique_client()) as anonymous:
+        token = csrf_of(anonymous.get("/admin/login"))
+        files = {"user": ("u", b"owner"), "password": ("p", b"x")}
+        assert anonymous.post("/admin/login", data={"csrf": token}, files=files).status_code == 401
+        files = {"key": ("k", b"ty-x")}
+        answer = anonymous.post("/admin/team-usage/login", data={"csrf": token}, files=files)
+        assert answer.status_code == 401
+    token = csrf_of(admin.get("/admin/teams"))
+    files = {"name": ("n", b"x")}
+    assert admin.post("/admin/teams", data={"csrf": token}, files=files).status_code == 400
+    csv = admin.get("/admin/usage.csv", params={"team": 'a"\r\nset-cookie: x=1'})
+    assert csv.status_code == 200 and "set-cookie" not in csv.headers
+    assert csv.headers["content-disposition"].endswith(f'-{datetime.now(UTC).date()}.csv"')
+    page = admin.get("/admin/usage", params={"end": "0001-01-01"})
+    assert page.status_code == 200 and "is not a date" in page.text
 
 
 def _team_form(name: str, **fields: str) -> dict[str, Any]:

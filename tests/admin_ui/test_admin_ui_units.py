@@ -2,7 +2,7 @@
 daily rollups, the dashboard's view parameters, prefix-cache hit rate, sign-in redirects."""
 
 import re
-from datetime import date, timedelta
+from datetime import UTC, date, datetime, timedelta
 
 import pytest
 from multidict import MultiDict
@@ -172,6 +172,14 @@ def test_a_pinned_team_cannot_be_swapped_by_a_parameter() -> None:
     view, _ = usage.parse_view({"team": "someone-else"}, team="mine")
     assert view.team == "mine"
     assert "team=mine" in view.query() and "someone-else" not in view.query()
+
+
+def test_a_view_takes_only_team_names_and_dates_it_can_count_back_from() -> None:
+    """A team name ends up in the CSV's content-disposition header; the default start is counted
+    back from the end (date.min overflowed)."""
+    view, notes = usage.parse_view({"team": 'a"\r\nset-cookie: x=1', "end": "0001-01-01"})
+    assert view.team is None and view.end == datetime.now(UTC).date()
+    assert len(notes) == 2 and "not a date" in notes[0] and "not a team name" in notes[1]
 
 
 def test_prefix_cache_hit_rate_from_engine_metrics() -> None:

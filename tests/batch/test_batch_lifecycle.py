@@ -6,8 +6,9 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any, ClassVar
 
 import httpx
-import msgspec
+import pytest
 from sqlmodel import Session, select
+from standardwebhooks import Webhook, WebhookVerificationError
 
 from batch.models import BatchRequest
 from tests.batch.conftest import FAST, MODEL, line, read_lines, submit, wait_final
@@ -155,13 +156,13 @@ def test_window_expiry_delivers_what_was_done(start_gateway: Any, team: Any) -> 
 
 
 class _Callbacks(BaseHTTPRequestHandler):
-    """Answers 500 to the first POST, 200 after; keeps what it was sent."""
+    """Answers 500 to the first POST, 200 after; keeps what it was sent (body, headers)."""
 
-    received: ClassVar[list[dict[str, Any]]] = []
+    received: ClassVar[list[tuple[bytes, dict[str, str]]]] = []
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["content-length"]))
-        self.received.append(msgspec.json.decode(body))
+        self.received.append((body, dict(self.headers)))
         self.send_response(500 if len(self.received) == 1 else 200)
         self.send_header("content-length", "0")
         self.end_headers()
@@ -170,12 +171,13 @@ class _Callbacks(BaseHTTPRequestHandler):
         pass
 
 
-def test_inline_batch_with_callback(start_gateway: Any, team: Any) -> None:
+def test_inline_batch_with_signed_callback(start_gateway: Any, team: Any) -> None:
     server = HTTPServer(("127.0.0.1", 0), _Callbacks)
     _Callbacks.received = []
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        gw = start_gateway(**FAST, batch_callback_backoff_s="0.2")
+        # callbacks reach only public addresses unless the operator allows more
+        gw = start_gateway(**FAST, batch_callback_backoff_s="0.2", batch_callback_allow="127.0.0.1")
         _, key = team()
         requests = [{"custom_id": f"q{i}", "body": line("x")["body"]} for i in range(3)]
         requests.append({"body": line("y")["body"]})  # no custom_id: named by position
@@ -193,8 +195,19 @@ def test_inline_batch_with_callback(start_gateway: Any, team: Any) -> None:
         assert answer["batch_id"].startswith("batch_") and answer["estimated_completion"] > 0
 
         wait_until(lambda: len(_Callbacks.received) >= 2, 30, "the callback's retry")
-        first, retry = _Callbacks.received[:2]
-        assert first == retry  # the same delivery, attempted again
+        (first, first_headers), (body, headers) = _Callbacks.received[:2]
+        assert first == body  # the same delivery, attempted again, under the same webhook-id
+        assert first_headers["webhook-id"] == headers["webhook-id"] == answer["batch_id"]
+        # signed per Standard Webhooks with the team's secret, and no other team's
+        secrets = [
+            httpx.get(
+                gw.url + "/v1/batch/webhook_secret", headers={"authorization": f"Bearer {k}"}
+            ).json()["secret"]
+            for k in (key, team()[1])
+        ]
+        retry = Webhook(secrets[0]).verify(body, headers)
+        with pytest.raises(WebhookVerificationError):
+            Webhook(secrets[1]).verify(body, headers)
         assert retry["id"] == answer["batch_id"] and retry["status"] == "completed"
         assert retry["request_counts"] == {"total": 4, "completed": 4, "failed": 0}
         client = gw.client(key)

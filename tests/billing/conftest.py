@@ -192,6 +192,7 @@ def billing_env(
         "TOKENYARD_ENGINE_URLS": f"{MODEL}={url}",
         "TOKENYARD_CATALOG": str(catalog),
         "TOKENYARD_ADMIN_KEY": ADMIN_KEY,
+        "TOKENYARD_METRICS_KEY": ADMIN_KEY,  # spend by team is on /metrics only with the key
         "TOKENYARD_BILLING_BLOCK_MS": "50",
         "TOKENYARD_BILLING_CLAIM_IDLE_S": "1",
         "TOKENYARD_BILLING_RETRY_S": "0.1",

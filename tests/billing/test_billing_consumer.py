@@ -14,7 +14,7 @@ import pytest
 import redis.asyncio as aioredis
 from sqlalchemy import Engine
 
-from billing.consumer import UsageConsumer
+from billing.consumer import DEAD_STREAM, UsageConsumer
 from gateway.db import get_engine
 from tests.billing.conftest import event, records
 from tokenyard.settings import Settings
@@ -130,3 +130,31 @@ async def test_trim_keeps_everything_not_yet_acknowledged(
     assert left and left[0][0] <= oldest  # the unacknowledged entry is still there
     assert await redis.xlen(stream) < 300  # and acknowledged ones below it are gone
     assert len(records(sqlite_db, team)) == 299
+
+
+async def test_an_event_sql_refuses_never_stalls_the_others(
+    redis: aioredis.Redis, billing_db: Engine
+) -> None:
+    """A row the database refuses for what it holds (NUL bytes and a 6,000-character key, which
+    PostgreSQL refuses; an integer beyond 64 bits, which SQLite refuses) is set aside in the
+    dead-letter stream with its reason, and every other event of the batch is recorded."""
+    stream = "test-usage-" + uuid.uuid4().hex
+    team = "t-" + uuid.uuid4().hex[:8]
+    good = [event(team=team) for _ in range(4)]
+    poison = event(team=team, model="m\x00", request_id="r" * 6000, prompt_tokens=2**63)
+    await publish(redis, stream, good[0], good[1], poison, good[2])
+    await redis.xadd(stream, {"event": b"{not json"})
+    await publish(redis, stream, good[3])
+    dead_before = await redis.xlen(DEAD_STREAM)
+    c = consumer(redis, billing_db, stream)
+    await c.ensure_group()
+    assert await asyncio.wait_for(c.step(), 30) == 6
+    assert sorted(r.request_id for r in records(billing_db, team)) == sorted(
+        e["request_id"] for e in good
+    )
+    assert (await redis.xpending(stream, c.group))["pending"] == 0
+    dead = (await redis.xrange(DEAD_STREAM))[dead_before:]
+    reasons = sorted(fields[b"reason"].decode().split(":")[0] for _, fields in dead)
+    assert reasons == ["malformed", "refused by SQL"]
+    kept = [fields[b"event"] for _, fields in dead if fields[b"reason"].startswith(b"refused")]
+    assert msgspec.json.decode(kept[0])["team"] == team  # the event itself is kept, not lost

@@ -151,7 +151,7 @@ def test_usage_api_cli_and_metrics(gw: Gateway, team: Any, sql: Engine, billing_
     assert report.stdout.splitlines()[1].startswith(f"{today},{a},{MODEL},2,0,10,0,10,")
     assert record_sums(sql, a, datetime.now(UTC).date())["requests"] == 2
 
-    scraped = httpx.get(gw.url + "/metrics").text
+    scraped = httpx.get(gw.url + "/metrics", headers={"authorization": f"Bearer {ADMIN_KEY}"}).text
     charged = f'tokenyard_billing_cost_usd_total{{basis="charged",model="{MODEL}",team="{a}"}}'
     line = next(x for x in scraped.splitlines() if x.startswith(charged))
     assert float(line.split()[-1]) == pytest.approx(2 * CHARGED)
@@ -172,7 +172,7 @@ def test_stream_usage_is_durable_before_done_and_finish_reasons_recorded(
                 # the moment the client sees the end, the event is in Redis (or already in SQL)
                 stream = redis_server.client().xrange(USAGE_STREAM)
                 in_redis = any(request_id.encode() in f[b"event"] for _, f in stream)
-                in_sql = request_id in {rec.request_id for rec in records(sql, name)}
+                in_sql = request_id in {rec.client_request_id for rec in records(sql, name)}
                 assert in_redis or in_sql
     assert saw_done
     gw.client(key).chat.completions.create(model=MODEL, messages=CHAT, max_tokens=10)

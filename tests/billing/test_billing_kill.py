@@ -137,7 +137,7 @@ def test_sigkill_mid_load_with_sql_down_loses_nothing(
         expected = set(completed)
         assert len(expected) > WORKERS * ROUNDS // 3
         wait_until(
-            lambda: expected <= {rec.request_id for rec in records(store.engine, name)},
+            lambda: expected <= {rec.client_request_id for rec in records(store.engine, name)},
             60,
             "a record for every completed request",
         )
@@ -149,9 +149,9 @@ def test_sigkill_mid_load_with_sql_down_loses_nothing(
     with store.engine.connect() as conn:
         counts = dict(
             conn.execute(
-                select(table.c.request_id, func.count())
+                select(table.c.client_request_id, func.count())
                 .where(table.c.team == name)
-                .group_by(table.c.request_id)
+                .group_by(table.c.client_request_id)
             ).all()
         )
     assert all(counts.get(rid) == 1 for rid in expected)

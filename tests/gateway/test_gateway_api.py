@@ -53,17 +53,22 @@ def test_auth_errors_and_revocation(gateway: Any, team: Any, base_env: dict, red
 def test_chat_completion_and_headers(gateway: Any, team: Any, upstream: str) -> None:
     name, key = team()
     raw = gateway.client(key).chat.completions.with_raw_response.create(
-        model=MODEL, messages=CHAT, max_tokens=10, extra_headers={"x-request-id": "my-req-1"}
+        model=MODEL,
+        messages=CHAT,
+        max_tokens=10,
+        extra_headers={"x-client-request-id": "my-req-1"},
     )
     reply = raw.parse()
     assert reply.choices[0].message.content == "tok " * 4
     assert reply.usage.completion_tokens == 4
-    assert raw.headers["x-request-id"] == "my-req-1"
+    # the id is the gateway's own; the client's is kept beside it
+    assert raw.headers["x-request-id"].startswith("req-")
+    assert raw.headers["x-client-request-id"] == "my-req-1"
     assert raw.headers["x-tokenyard-model"] == MODEL
     seen = upstream_stats(upstream)["last_headers"]
     assert seen["x-tenant"] == name
     assert seen["x-priority"] == "interactive"
-    assert seen["x-request-id"] == "my-req-1"
+    assert seen["x-request-id"] == raw.headers["x-request-id"]
 
 
 def test_streaming_with_and_without_usage(gateway: Any, team: Any, upstream: str) -> None:

@@ -1,19 +1,23 @@
 """In-process checks of the pieces with arithmetic in them: estimates, pages, chunked decoding."""
 
+import asyncio
+
 import pytest
 
-from backends.base import ModelInfo
-from backends.http import _dechunk
+from backends.base import MAX_PROMPT_OVERHEAD, ModelInfo
+from backends.http import HttpPool, _dechunk, header_line
 from gateway.errors import GatewayError
 from gateway.quotas import kv_pages
-from gateway.validation import estimate_prompt_tokens, parse
+from gateway.validation import estimate_prompt_sizes, parse
 
 
 def test_estimates_and_pages() -> None:
     chat = parse(b'{"model": "m", "messages": [{"role": "user", "content": "12345678"}]}', "chat")
     assert chat.prompt_tokens == 2 + 5 + 3  # 8 bytes / 4, one message, the reply's opening
-    assert estimate_prompt_tokens([1, 2, 3, 4, 5]) == 5  # token ids are counted exactly
-    assert estimate_prompt_tokens(["abcd", "abcdefgh"]) == 2  # a batch reserves its largest
+    assert estimate_prompt_sizes([1, 2, 3, 4, 5]) == [5]  # token ids are counted exactly
+    assert estimate_prompt_sizes(["abcd", "abcdefgh", [7, 8, 9]]) == [1, 2, 3]  # each one runs
+    listed = parse(b'{"model": "m", "prompt": ["abcd", "abcdefgh"], "n": 3}', "completion")
+    assert (listed.prompt_tokens, listed.choices) == (3, 6)
     assert kv_pages(10, 22, 1, 16) == 2
     assert kv_pages(10, 23, 2, 16) == 6  # each choice holds its own blocks
     assert kv_pages(10, 23, 1, 0) == 0  # not a paged engine
@@ -34,6 +38,14 @@ def test_estimates_and_pages() -> None:
         (b'{"model": "m"}', "completion", "prompt"),
         (b'{"model": "m", "prompt": "x", "n": 99}', "completion", "n"),
         (b'{"model": "m", "prompt": "x", "tier": "vip"}', "completion", "tier"),
+        (b'{"model": "m", "prompt": []}', "completion", "prompt"),
+        (b'{"model": "m", "prompt": [[1], "x", [[2]]]}', "completion", "prompt"),
+        (b'{"model": "m", "prompt": "x", "request_id": "a\\r\\nb"}', "completion", "request_id"),
+        (
+            b'{"model": "m", "messages": [{"role": "user", "content": [{"text": 5}]}]}',
+            "chat",
+            "messages",
+        ),
     ],
 )
 def test_bad_requests_name_the_param(raw: bytes, kind: str, param: str) -> None:
@@ -55,8 +67,44 @@ def test_dechunk_across_reads() -> None:
 def test_prompt_overhead_is_learned_and_never_negative() -> None:
     info = ModelInfo("m")
     for _ in range(60):  # the template adds ~20 tokens the byte estimate cannot see
-        info.observe_prompt(estimate=11, actual=32)
-    assert info.prompt_extra == 21
+        info.observe_prompt("a", estimate=11, actual=32)
+    assert info.prompt_extra("a") == 21
     for _ in range(60):
-        info.observe_prompt(estimate=40, actual=30)  # an estimate above the truth adds nothing
-    assert info.prompt_extra == 0
+        info.observe_prompt("a", estimate=40, actual=30)  # an estimate above the truth adds nothing
+    assert info.prompt_extra("a") == 0
+
+
+def test_prompt_overhead_is_per_team_and_bounded() -> None:
+    info = ModelInfo("m")
+    for _ in range(100):  # text that tokenizes far denser than the byte estimate
+        info.observe_prompt("dense", estimate=10, actual=50_000)
+    assert info.prompt_extra("dense") == MAX_PROMPT_OVERHEAD
+    assert info.prompt_extra("other") == 0  # another team's estimate never moves
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("x-request-id", "a\r\nx-tenant: other"), ("x-a", "b\nc"), ("x-a", "nul\x00"), ("x a", "b")],
+)
+def test_header_lines_refuse_what_would_break_the_header_block(name: str, value: str) -> None:
+    with pytest.raises(ValueError):
+        header_line(name, value)
+
+
+async def test_the_pool_writes_nothing_for_a_bad_header() -> None:
+    """The check runs before the connection is even opened: a listener sees no connection."""
+    accepted = []
+
+    async def on_connect(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(await reader.read(100))
+        writer.close()
+
+    server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pool = HttpPool(f"http://127.0.0.1:{port}", timeout=2)
+    with pytest.raises(ValueError):
+        await pool.request("POST", "/v1/x", b"{}", {"x-request-id": "a\r\n\r\nGET / HTTP/1.1"})
+    await asyncio.sleep(0.05)
+    assert accepted == []
+    server.close()
+    await pool.aclose()

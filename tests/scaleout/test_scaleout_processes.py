@@ -245,11 +245,13 @@ def test_killing_an_engine_mid_load(
 
     def billed() -> list[UsageRecord]:
         with Session(sql) as session:
-            return list(session.exec(select(UsageRecord).where(UsageRecord.request_id.in_(ids))))  # type: ignore[attr-defined]
+            return list(
+                session.exec(select(UsageRecord).where(UsageRecord.client_request_id.in_(ids)))
+            )  # type: ignore[attr-defined]
 
     wait_until(lambda: len(billed()) == len(ids), 20, "usage records")
     for record in billed():
-        if ids[record.request_id]["done"]:
+        if ids[record.client_request_id]["done"]:
             assert record.status == 200 and record.completion_tokens == 120
         else:
             assert record.status == 502 and record.completion_tokens > 0

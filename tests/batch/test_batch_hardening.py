@@ -1,0 +1,154 @@
+"""What a hostile team can send the batch API: callback URLs into the platform's network,
+malformed bodies and files, out-of-range values, batches too large, and a large batch that must not
+hold up the gateway's other requests. Every refusal is a 400 in OpenAI's shape."""
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import msgspec
+import pytest
+
+from gateway import keys
+from tests.batch.conftest import FAST, line
+from tests.gateway.conftest import Gateway
+
+CAP = 30_000
+NESTED = b"[" * 10_000 + b"]" * 10_000
+
+
+@pytest.fixture(scope="module")
+def api(
+    base_env: dict[str, str], sql: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Callable[[], httpx.Client]]:
+    """One gateway for the module (no callback allow-list); each call: a new team's client."""
+    env = {**base_env, "TOKENYARD_BATCH_MAX_REQUESTS": str(CAP)}
+    env |= {f"TOKENYARD_{k.upper()}": v for k, v in FAST.items()}
+    gw = Gateway(env, tmp_path_factory.mktemp("hardening") / "gateway.log")
+
+    def client() -> httpx.Client:
+        name = "t" + uuid.uuid4().hex[:10]
+        keys.create_team(sql, name)
+        key = keys.create_key(sql, name).key
+        return httpx.Client(base_url=gw.url, headers={"authorization": f"Bearer {key}"})
+
+    yield client
+    gw.stop()
+
+
+def _refused(reply: httpx.Response, param: str | None) -> dict[str, Any]:
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert error["type"] == "invalid_request_error" and error["param"] == param, error
+    return error
+
+
+def _inline(**fields: Any) -> dict[str, Any]:
+    return {"requests": [{"body": line("x")["body"]}], **fields}
+
+
+def test_callbacks_into_the_platforms_network_are_refused(api: Callable[[], httpx.Client]) -> None:
+    client = api()
+    for url in [
+        "http://127.0.0.1:9/done",
+        "http://localhost:9/",
+        "http://0x7f000001:9/",
+        "http://2130706433:9/",
+        "http://user:pw@127.0.0.1:9/",
+        "http://[::1]:9/",
+        "http://169.254.169.254/latest/meta-data/",
+        "http://10.0.0.1/",
+        "gopher://example.com/",
+    ]:
+        reply = client.post("/v1/batch", json=_inline(callback_url=url))
+        error = _refused(reply, "callback_url")
+        assert "pw" not in error["message"]
+
+
+def test_malformed_bodies_are_400s(api: Callable[[], httpx.Client]) -> None:
+    client = api()
+    for path in ("/v1/batch", "/v1/batches"):
+        for body in (b"\xff\xfe{}", b'{"endpoint": "\xff"}', b'{"requests": [' + NESTED + b"]}"):
+            _refused(client.post(path, content=body), None)
+    for priority in (2**63, 101, -101):
+        _refused(client.post("/v1/batch", json=_inline(priority=priority)), "priority")
+    for metadata in ({f"k{i}": "v" for i in range(17)}, {"k" * 65: "v"}, {"k": "v" * 513}):
+        _refused(client.post("/v1/batch", json=_inline(metadata=metadata)), "metadata")
+    long_url = "https://example.com/" + "a" * 2048
+    _refused(client.post("/v1/batch", json=_inline(callback_url=long_url)), "callback_url")
+    assert client.get("/v1/batches", params={"after": "batch_\x00"}).json()["data"] == []
+    assert client.get("/v1/batches/batch_%00").status_code == 404
+
+
+def test_a_bad_file_is_refused_or_fails_alone(api: Callable[[], httpx.Client]) -> None:
+    client = api()
+
+    def upload(content: bytes) -> httpx.Response:
+        return client.post(
+            "/v1/files", data={"purpose": "batch"}, files={"file": ("in.jsonl", content)}
+        )
+
+    _refused(upload(msgspec.json.encode(line("a")) + b"\n\xff\xfe\n"), "file")
+    _refused(upload(b"{}\n" * (CAP + 1)), "file")
+    # JSON too deeply nested to read fails its line, as a malformed line does
+    uploaded = upload(NESTED + b"\n" + msgspec.json.encode(line("a")) + b"\n")
+    assert uploaded.status_code == 200, uploaded.text
+    batch = client.post(
+        "/v1/batches",
+        json={
+            "input_file_id": uploaded.json()["id"],
+            "endpoint": "/v1/chat/completions",
+            "completion_window": "24h",
+        },
+    )
+    assert batch.status_code == 200, batch.text
+    assert batch.json()["request_counts"]["total"] == 2
+
+
+def test_inline_batches_are_capped(api: Callable[[], httpx.Client]) -> None:
+    _refused(api().post("/v1/batch", json={"requests": [{}] * (CAP + 1)}), "requests")
+
+
+def test_a_large_batch_does_not_hold_up_other_requests(api: Callable[[], httpx.Client]) -> None:
+    client = api()
+    requests = [{"body": line("a question of some length, as prompts are")["body"]}] * CAP
+    body = msgspec.json.encode({"requests": requests})
+    slowest = [0.0]
+    done = threading.Event()
+
+    def probe() -> None:
+        with httpx.Client(base_url=str(client.base_url)) as health:
+            while not done.is_set():
+                started = time.monotonic()
+                health.get("/health").raise_for_status()
+                slowest[0] = max(slowest[0], time.monotonic() - started)
+                time.sleep(0.01)
+
+    prober = threading.Thread(target=probe)
+    prober.start()
+    try:
+        t0 = time.monotonic(); reply = client.post("/v1/batch", content=body, timeout=60); print("LEN", len(body), "TOOK", time.monotonic() - t0)
+    finally:
+        done.set()
+        prober.join()
+    assert reply.status_code == 200, reply.text
+    # its work off the event loop: /health answered throughout (it stalled 1.35 s for 30,000)
+    print("SLOWEST", slowest); assert slowest[0] < 0.3, slowest
+    cancelled = client.post(f"/v1/batches/{reply.json()['batch_id']}/cancel")  # others share SQL
+    assert cancelled.status_code == 200
+
+
+def test_each_team_has_its_own_webhook_secret(api: Callable[[], httpx.Client]) -> None:
+    mine, other = api(), api()
+    secret = mine.get("/v1/batch/webhook_secret").json()["secret"]
+    assert secret.startswith("whsec_") and mine.get("/v1/batch/webhook_secret").json() == {
+        "object": "batch.webhook_secret",
+        "secret": secret,
+    }
+    assert other.get("/v1/batch/webhook_secret").json()["secret"] != secret
+    rotated = mine.post("/v1/batch/webhook_secret").json()["secret"]
+    assert rotated != secret and mine.get("/v1/batch/webhook_secret").json()["secret"] == rotated

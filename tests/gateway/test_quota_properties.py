@@ -1,0 +1,287 @@
+"""Property-based tests of the quota scripts (gateway/quotas.lua) on a real Redis server.
+
+A hypothesis state machine interleaves reserve, settle, renew, lease expiry and gateway death
+(a reservation never renewed nor settled) through the real `Quotas` class, keeps a model of what
+should be held, and checks after every step that Redis holds exactly that, that no admission ever
+took more than a limit allows, that each refusal names a limit that really was reached, and at the
+end that everything returns to zero.
+"""
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass
+
+import redis
+import redis.asyncio as aioredis
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from gateway.errors import GatewayError
+from gateway.keys import TeamPolicy
+from gateway.quotas import (
+    PLATFORM_BATCH_LEASES,
+    PLATFORM_LEASES,
+    Quotas,
+    Reservation,
+    Usage,
+    day_number,
+)
+from tests.gateway.conftest import RedisServer
+
+DB = 13  # a database of its own: the platform lease sets are shared by every test in db 0
+LEASE_S = 600.0  # nothing expires by itself during a run: a rule says when a lease's time is up
+limits = st.integers(0, 6)  # 0: unlimited, as in the script
+
+
+def _over(limit: int, amount: int) -> bool:
+    return limit > 0 and amount > limit
+
+
+@dataclass
+class Held:
+    res: Reservation
+    used: int  # the tokens it settles with (more or fewer than it reserved)
+    dead: bool = False  # its gateway died: never renewed nor settled
+    expired: bool = False  # its lease's time is up (not renewed in time)
+    purged: bool = False  # a later reservation dropped the expired lease
+
+
+class QuotaMachine(RuleBasedStateMachine):
+    url = ""  # set by the test: the Redis server's URL
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sync = redis.Redis.from_url(self.url, db=DB)
+        self.sync.flushdb()
+        self.loop = asyncio.new_event_loop()
+        self.redis = aioredis.Redis.from_url(self.url, db=DB)
+        self.held: dict[str, Held] = {}
+        self.admitted = 0  # reservations admitted (requests per minute)
+        self.charged_minute = 0  # tokens charged to the per-minute bucket, refunds included
+        self.charged_day = {False: 0, True: 0}  # per tier (batch has its own daily budget)
+        self.started = time.monotonic()
+
+    @initialize(
+        rpm=st.sampled_from([0, 3, 8]),
+        tpm=st.sampled_from([0, 300, 1000]),
+        tpd=st.sampled_from([0, 400, 2000]),
+        batch_tpd=st.sampled_from([0, 400]),
+        concurrency=limits,
+        kv_pages=st.sampled_from([0, 5, 20]),
+        platform=limits,
+        platform_batch=limits,
+    )
+    def limits(
+        self,
+        rpm: int,
+        tpm: int,
+        tpd: int,
+        batch_tpd: int,
+        concurrency: int,
+        kv_pages: int,
+        platform: int,
+        platform_batch: int,
+    ) -> None:
+        self.policy = TeamPolicy(
+            team="t" + uuid.uuid4().hex[:8],
+            rpm=rpm,
+            tpm=tpm,
+            tokens_per_day=tpd,
+            batch_tokens_per_day=batch_tpd,
+            concurrency=concurrency,
+            kv_pages=kv_pages,
+        )
+        self.quotas = Quotas(
+            self.redis,
+            lease_s=LEASE_S,
+            fail_open=False,
+            max_concurrency=platform,
+            max_batch_concurrency=platform_batch,
+        )
+        self.keys = self.quotas.team_keys(self.policy.team)
+
+    # ------------------------------------------------------------ the model
+
+    def live(self) -> list[Held]:
+        """Leases Redis still holds (an expired one counts until a reservation purges it)."""
+        return [h for h in self.held.values() if not h.purged]
+
+    def running(self) -> list[str]:
+        """Reservations whose gateway is alive: they are renewed and settled."""
+        return sorted(i for i, h in self.held.items() if not h.dead)
+
+    def day_limit(self, batch: bool) -> int:
+        return self.policy.batch_tokens_per_day if batch else self.policy.tokens_per_day
+
+    # ------------------------------------------------------------ the rules
+
+    @rule(
+        tokens=st.integers(1, 500),
+        pages=st.integers(0, 8),
+        batch=st.booleans(),
+        used=st.integers(0, 600),
+    )
+    def reserve(self, tokens: int, pages: int, batch: bool, used: int) -> None:
+        lease_id = uuid.uuid4().hex
+        try:
+            res = self.loop.run_until_complete(
+                self.quotas.reserve(self.policy, lease_id, tokens, pages, batch)
+            )
+        except GatewayError as refusal:
+            self.purge()  # the script purges expired leases before it decides, admitted or not
+            self.check_refusal(refusal, tokens, pages, batch)
+            return
+        self.purge()
+        self.held[lease_id] = Held(res, used)
+        self.admitted += 1
+        self.charged_minute += tokens
+        self.charged_day[batch] += tokens
+        self.check_admission(batch)
+
+    def purge(self) -> None:
+        for held in self.held.values():
+            held.purged = held.purged or held.expired
+
+    @precondition(lambda self: self.running())
+    @rule(data=st.data())
+    def settle(self, data: st.DataObject) -> None:
+        held = self.held.pop(data.draw(st.sampled_from(self.running())))
+        usage = Usage(prompt_tokens=held.used)
+        self.loop.run_until_complete(self.quotas.settle(held.res, usage, {}))
+        delta = held.used - held.res.tokens
+        self.charged_minute += delta
+        self.charged_day[held.res.batch] += delta
+
+    @rule()
+    def renew(self) -> None:
+        running = [self.held[i] for i in self.running()]
+        self.loop.run_until_complete(self.quotas.renew([h.res for h in running]))
+        for held in running:  # a lease not purged yet is extended again
+            held.expired = held.expired and held.purged
+
+    @precondition(lambda self: self.running())
+    @rule(data=st.data())
+    def gateway_dies(self, data: st.DataObject) -> None:
+        self.held[data.draw(st.sampled_from(self.running()))].dead = True
+
+    @precondition(lambda self: any(not h.expired for h in self.held.values()))
+    @rule(data=st.data())
+    def lease_expires(self, data: st.DataObject) -> None:
+        """A lease's time is up: its gateway died, or stalled past the lease without renewing."""
+        ids = sorted(i for i, h in self.held.items() if not h.expired)
+        held = self.held[data.draw(st.sampled_from(ids))]
+        self.expire(held)
+
+    def expire(self, held: Held) -> None:
+        # Redis's clock cannot be moved: the lease's expiry score is set in the past instead
+        for key in self.lease_sets(held.res):
+            self.sync.zadd(key, {held.res.lease_id: 0}, xx=True)
+        held.expired = True
+
+    def lease_sets(self, res: Reservation) -> list[str]:
+        return [self.keys.leases, PLATFORM_LEASES] + ([PLATFORM_BATCH_LEASES] if res.batch else [])
+
+    # ------------------------------------------------------------ the properties
+
+    def check_admission(self, batch: bool) -> None:
+        """Right after an admission, nothing is over its limit (the buckets also refill)."""
+        policy, quotas, live = self.policy, self.quotas, self.live()
+        minutes = (time.monotonic() - self.started) / 60 + 0.001
+        if policy.concurrency:
+            assert len(live) <= policy.concurrency
+        if policy.kv_pages:
+            assert sum(h.res.pages for h in live) <= policy.kv_pages
+        if self.day_limit(batch):
+            assert self.charged_day[batch] <= self.day_limit(batch)
+        if quotas.max_concurrency:
+            assert len(live) <= quotas.max_concurrency
+        if quotas.max_batch_concurrency:
+            assert sum(h.res.batch for h in live) <= quotas.max_batch_concurrency
+        if policy.rpm:
+            assert self.admitted <= policy.rpm * (1 + minutes)
+        if policy.tpm:
+            assert self.charged_minute <= policy.tpm * (1 + minutes)
+
+    def check_refusal(self, refusal: GatewayError, tokens: int, pages: int, batch: bool) -> None:
+        """A refusal names a limit that this request really would have passed."""
+        live, code, policy, quotas = self.live(), refusal.code, self.policy, self.quotas
+        held_batch = sum(h.res.batch for h in live)
+        reached = {
+            "concurrency": _over(policy.concurrency, len(live) + 1),
+            "kv_pages": _over(policy.kv_pages, sum(h.res.pages for h in live) + pages),
+            "tokens_per_day": _over(policy.tokens_per_day, self.charged_day[False] + tokens),
+            "batch_tokens_per_day": _over(
+                policy.batch_tokens_per_day, self.charged_day[True] + tokens
+            ),
+            "platform_concurrency": _over(quotas.max_concurrency, len(live) + 1),
+            "platform_batch_concurrency": batch
+            and _over(quotas.max_batch_concurrency, held_batch + 1),
+            # the buckets refill with Redis's clock: any refusal of theirs is plausible
+            "requests_per_minute": policy.rpm > 0,
+            "tokens_per_minute": policy.tpm > 0,
+        }
+        assert reached[code or ""], f"refused for {code} below the limit"
+
+    @invariant()
+    def redis_holds_what_the_model_holds(self) -> None:
+        live = self.live()
+        pages = int(self.sync.hget(self.keys.pages, "#sum") or 0)
+        assert self.sync.zcard(self.keys.leases) == len(live)
+        assert pages == sum(h.res.pages for h in live)
+        assert self.sync.zcard(PLATFORM_LEASES) == len(live)
+        assert self.sync.zcard(PLATFORM_BATCH_LEASES) == sum(h.res.batch for h in live)
+        for batch in (False, True):
+            key = self.keys.day_batch_tokens if batch else self.keys.day_tokens
+            assert int(self.sync.get(key(day_number())) or 0) == self.charged_day[batch]
+
+    def teardown(self) -> None:
+        """Everything settled or expired: every lease and KV page comes back."""
+        try:
+            if hasattr(self, "keys"):
+                self.return_to_zero()
+        finally:
+            self.loop.run_until_complete(self.redis.aclose())
+            self.loop.close()
+            self.sync.close()
+
+    def return_to_zero(self) -> None:
+        for lease_id in self.running():
+            self.settle_one(lease_id)
+        for held in self.held.values():
+            if not held.expired:
+                self.expire(held)
+        self.reserve(1, 0, False, 1)  # the next reservation purges what expired
+        for lease_id in self.running():
+            self.settle_one(lease_id)
+        for key in (self.keys.leases, PLATFORM_LEASES, PLATFORM_BATCH_LEASES):
+            assert self.sync.zcard(key) == 0, key
+        assert int(self.sync.hget(self.keys.pages, "#sum") or 0) == 0
+
+    def settle_one(self, lease_id: str) -> None:
+        held = self.held.pop(lease_id)
+        self.loop.run_until_complete(self.quotas.settle(held.res, Usage(), {}))
+
+
+def test_quota_scripts_never_admit_past_a_limit_and_return_to_zero(
+    redis_server: RedisServer,
+) -> None:
+    QuotaMachine.url = redis_server.url
+    run_state_machine_as_test(
+        QuotaMachine,
+        settings=settings(
+            max_examples=60,
+            stateful_step_count=25,
+            deadline=None,
+            database=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
+    )
