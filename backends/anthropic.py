@@ -62,7 +62,9 @@ class AnthropicUpstream:
 
     async def complete(self, call: UpstreamCall) -> UpstreamReply:
         body, _ = self._prepare(call)
-        response = await self._guard.run(lambda: self._api.post(PATH, body))
+        response = await self._guard.run(
+            lambda: self._api.post(PATH, body), call.headers.get("x-tenant", "")
+        )
         if response.status_code == 200:
             reply = chat_reply(response.json(), self.info.name)
             return UpstreamReply(200, json.dumps(reply).encode(), "application/json")
@@ -91,7 +93,7 @@ class AnthropicUpstream:
                 raise Retryable(f"no first event: {exc!r}") from exc
             return opened, first, chunks
 
-        result = await self._guard.run(attempt)
+        result = await self._guard.run(attempt, call.headers.get("x-tenant", ""))
         if isinstance(result, BufferedStream):
             return result
         opened, first, chunks = result

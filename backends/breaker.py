@@ -44,7 +44,8 @@ class Breaker:
         self.config = config
         self._redis = redis
         self._script = redis.register_script(_SCRIPT)
-        self._keys = [f"ty:breaker:{{{name}}}", f"ty:breaker:{{{name}}}:probe"]
+        base = f"ty:breaker:{{{name}}}"
+        self._keys = [base, f"{base}:probe", f"{base}:teams"]
         self._token = os.urandom(8).hex()  # whose probe lock it is
         self._stored: Literal["closed", "open"] = "closed"
         self._open_until = 0.0  # local monotonic deadline of the open state
@@ -84,8 +85,9 @@ class Breaker:
         if probe:
             await self._write(0, probe)
 
-    async def failure(self, probe: bool) -> None:
-        await self._write(1, probe)
+    async def failure(self, probe: bool, team: str = "") -> None:
+        """A failed request; `team`: whose request it was, where the failure may be its fault."""
+        await self._write(1, probe, team)
 
     async def release(self, probe: bool) -> None:
         """The request ended without telling anything about the backend (a 4xx caused by the
@@ -100,13 +102,13 @@ class Breaker:
     async def refresh(self) -> None:
         await self._write(0, False)
 
-    async def _write(self, fails: int, probe: bool) -> None:
+    async def _write(self, fails: int, probe: bool, team: str = "") -> None:
         oks, self._oks = self._oks, 0
         if probe:
             self._probing = False
         c = self.config
         args = [oks, fails, int(probe), c.failures, c.error_rate]
-        args += [int(c.window_s * 1000), c.min_requests, int(c.open_s * 1000)]
+        args += [int(c.window_s * 1000), c.min_requests, int(c.open_s * 1000), team]
         try:
             stored, left_ms = await self._script(keys=self._keys, args=args)
         except RedisError as exc:

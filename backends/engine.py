@@ -151,7 +151,7 @@ class EngineUpstream:
             kind = response.headers.get("content-type", "application/json")
             return UpstreamReply(response.status, body, kind)
 
-        return await self._guard.run(attempt)
+        return await self._guard.run(attempt, call.headers.get("x-tenant", ""))
 
     async def open_stream(self, call: UpstreamCall) -> UpstreamStream:
         tried: set[str] = set()
@@ -174,7 +174,7 @@ class EngineUpstream:
                 raise Retryable(f"{replica.url}: no first byte: {exc!r}") from exc
             return replica, response, first, chunks
 
-        result = await self._guard.run(attempt)
+        result = await self._guard.run(attempt, call.headers.get("x-tenant", ""))
         if isinstance(result, BufferedStream):
             return result
         replica, response, first, chunks = result

@@ -74,7 +74,9 @@ class OpenAIUpstream:
 
     async def complete(self, call: UpstreamCall) -> UpstreamReply:
         path, body = self._prepare(call)
-        response = await self._guard.run(lambda: self._api.post(path, body))
+        response = await self._guard.run(
+            lambda: self._api.post(path, body), call.headers.get("x-tenant", "")
+        )
         content = response.content
         if response.status_code == 200:
             content = renamed(content, self.info.name)
@@ -86,7 +88,9 @@ class OpenAIUpstream:
 
     async def open_stream(self, call: UpstreamCall) -> UpstreamStream:
         path, body = self._prepare(call)
-        opened = await self._guard.run(lambda: self._api.open(path, body))
+        opened = await self._guard.run(
+            lambda: self._api.open(path, body), call.headers.get("x-tenant", "")
+        )
         if not isinstance(opened, Opened):
             return BufferedStream(opened.status_code, opened.content)
         return LiveStream(

@@ -104,7 +104,9 @@ class Guard:
                 return min(exc.retry_after, self.policy.retry_after_max_s)
         return self._backoff(state)
 
-    async def run(self, attempt: Callable[[], Awaitable[T]]) -> T:
+    async def run(self, attempt: Callable[[], Awaitable[T]], team: str = "") -> T:
+        """`team`: whose request it is. An upstream that answers it with a 500 may be failing on
+        what that team sent, which alone must not open the breaker every team shares."""
         probe = await self.breaker.admit() if self.breaker else False
         retrying = AsyncRetrying(
             stop=stop_after_attempt(max(1, self.policy.attempts)),
@@ -119,7 +121,7 @@ class Guard:
         try:
             result = await retrying(once)
         except Retryable as exc:
-            await self.failed(probe)
+            await self.failed(probe, team if exc.status == 500 else "")
             raise self._exhausted(exc) from None
         except BaseException:
             if self.breaker:
@@ -130,10 +132,10 @@ class Guard:
             self._sync()
         return result
 
-    async def failed(self, probe: bool = False) -> None:
+    async def failed(self, probe: bool = False, team: str = "") -> None:
         """A request failed: after retries, or its stream broke mid-way."""
         if self.breaker:
-            await self.breaker.failure(probe)
+            await self.breaker.failure(probe, team)
             self._sync()
 
     def _exhausted(self, exc: Retryable) -> BackendUnavailable:

@@ -3,7 +3,6 @@
 inclusive; default today), `&format=csv` for a CSV export."""
 
 import asyncio
-import hmac
 from datetime import UTC, date, datetime
 from typing import Any
 
@@ -15,6 +14,7 @@ from billing import reports
 from billing.models import UsageDaily
 from gateway.db import database_url, get_engine
 from gateway.errors import GatewayError
+from gateway.operator_keys import bearer_is
 from tokenyard.settings import Settings
 
 MAX_DAYS = 366
@@ -75,10 +75,9 @@ class UsageController(Controller):
     @get("/admin/usage")
     async def admin_usage(self, request: Request) -> Response[bytes]:
         settings: Settings = request.app.state.proxy.settings
-        given = (request.headers.get("authorization") or "").removeprefix("Bearer ").strip()
         if not settings.admin_key:
             raise GatewayError(403, "the admin API is off (no admin key set)", code="admin_off")
-        if not hmac.compare_digest(given.encode(), settings.admin_key.encode()):
+        if not bearer_is(request.headers.get("authorization"), settings.admin_key):
             raise GatewayError(401, "this needs the admin key", code="invalid_admin_key")
         start, end = _range(request)
         team = request.query_params.get("team") or None

@@ -5,14 +5,13 @@ refusal codes, statuses), never a string a client chose: an unknown model is ref
 series is touched. Series labelled with a team are served only to the bearer of the metrics key.
 """
 
-import hmac
 from collections.abc import Iterator
-from hashlib import sha256
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.metrics_core import Metric
 
 from gateway.errors import GatewayError
+from gateway.operator_keys import bearer_is
 
 REGISTRY = CollectorRegistry()
 TEAM_LABEL = "team"
@@ -91,21 +90,12 @@ PUBLIC = CollectorRegistry()
 PUBLIC.register(_WithoutTeams())
 
 
-def _bearer_is(authorization: str | None, key: str) -> bool:
-    scheme, _, given = (authorization or "").partition(" ")
-    # digests: equal lengths, so the comparison's time says nothing about the key's length
-    same = hmac.compare_digest(
-        sha256(given.strip().encode()).digest(), sha256(key.encode()).digest()
-    )
-    return scheme.lower() == "bearer" and same
-
-
 def exposition(authorization: str | None, key: str) -> bytes:
     """/metrics' body. With a metrics key set, every series, for the bearer of that key only;
     without, open to any scraper but with no team-labelled series."""
     if not key:
         return generate_latest(PUBLIC)
-    if not _bearer_is(authorization, key):
+    if not bearer_is(authorization, key):
         raise GatewayError(
             401, "/metrics needs the metrics key as bearer", code="invalid_metrics_key"
         )

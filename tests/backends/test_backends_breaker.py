@@ -120,9 +120,10 @@ async def test_late_outcomes_while_open_change_nothing(redis):
     assert breaker.state == "half_open"
 
 
-def chat(text: str, **extra: object) -> UpstreamCall:
+def chat(text: str, team: str = "", **extra: object) -> UpstreamCall:
     body = {"model": "m", "messages": [{"role": "user", "content": text}], **extra}
-    return UpstreamCall("/v1/chat/completions", json.dumps(body).encode(), {})
+    headers = {"x-tenant": team} if team else {}
+    return UpstreamCall("/v1/chat/completions", json.dumps(body).encode(), headers)
 
 
 async def test_backend_failures_open_it_and_4xx_do_not(make_upstream, openai_url):
@@ -165,3 +166,41 @@ async def test_a_stream_cut_counts_as_a_failure(make_upstream, openai_url):
             pass
     await stream.aclose()
     assert upstream.info.circuit == "open"
+
+
+async def test_500s_of_one_teams_requests_never_open_it_for_every_team(redis):
+    """A backend answering one team's requests with 500s may be failing on what that team sends:
+    that alone leaves the shared breaker closed; once a second team's requests fail so too, or
+    when the backend itself is unreachable (no team to blame), it opens."""
+    breaker = Breaker("b-blame", redis, CONFIG)
+    for _ in range(10):
+        await breaker.failure(False, team="mallory")
+    assert breaker.state == "closed"
+    await fail_as(breaker, "alice", 3)
+    assert breaker.state == "open"
+
+    unreachable = Breaker("b-blame-2", redis, CONFIG)
+    await fail(unreachable, 3)  # no team to blame: the backend's own failure
+    assert unreachable.state == "open"
+
+
+async def fail_as(breaker: Breaker, team: str, times: int) -> None:
+    for _ in range(times):
+        await breaker.failure(False, team=team)
+
+
+async def test_one_team_provoking_500s_leaves_the_backend_to_the_others(make_upstream, openai_url):
+    upstream = make_upstream(
+        "openai",
+        [openai_url + "/v1"],
+        model_id="brk-blame",
+        backend_breaker_failures=2,
+        backend_retry_attempts=1,
+    )
+    control(openai_url, reset=True)
+    for _ in range(5):
+        with pytest.raises(BackendUnavailable):
+            await upstream.complete(chat("crash #status=500", team="mallory"))
+    await upstream.refresh()
+    assert upstream.info.circuit == "closed" and upstream.info.ready
+    assert (await upstream.complete(chat("hi", team="alice"))).status == 200

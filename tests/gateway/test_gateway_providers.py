@@ -105,7 +105,7 @@ def test_failure_before_first_byte_falls_back_and_the_breaker_cycles(
 ) -> None:
     _, key = team()
     client = gw.client(key)
-    control(providers["openai"], fail_next=100, status=500)
+    control(providers["openai"], fail_next=100, status=503)  # an outage: every team's problem
     for _ in range(2):  # each: 2 attempts at gpt-fake, then claude-fake serves
         reply = client.chat.completions.with_raw_response.create(model="gpt-fake", messages=CHAT)
         assert reply.headers["x-tokenyard-model"] == "claude-fake"
