@@ -55,7 +55,7 @@ class CreateBatch(msgspec.Struct):
 
 
 class InlineBatch(msgspec.Struct):
-    requests: list[Any]
+    requests: list[msgspec.Raw]  # decoded one by one (batch/files.py check_items)
     endpoint: str = "/v1/chat/completions"
     callback_url: Annotated[str, msgspec.Meta(max_length=2048)] | None = None
     # orders the team's own batch jobs: higher runs first
@@ -92,7 +92,7 @@ def _decode(raw: bytes, struct: type[T]) -> T:
         return msgspec.json.decode(raw, type=struct)
     except msgspec.ValidationError as exc:
         field = _FIELD.search(str(exc))
-        param = field and (field[1] or field[2])
+        param = (field[1] or field[2]) if field else None
         raise GatewayError(400, str(exc), code="invalid_request", param=param) from None
     except UNREADABLE as exc:
         raise GatewayError(400, f"body is not valid JSON: {exc}", code="invalid_json") from None
@@ -204,7 +204,10 @@ class FilesController(Controller):
     @post("/", status_code=200, operation_class=body_operation("multipart/form-data", _UPLOAD))
     async def upload(self, request: Request) -> Response[bytes]:
         policy = await _caller(request)
-        form = await request.form()
+        try:
+            form = await request.form()
+        except UnicodeDecodeError:  # a text field that is not UTF-8 (Litestar decodes them)
+            raise GatewayError(400, "the form's fields must be UTF-8") from None
         purpose, upload = form.get("purpose"), form.get("file")
         if purpose != "batch":
             raise GatewayError(400, "purpose must be 'batch'", param="purpose")

@@ -93,6 +93,9 @@ def test_a_bad_file_is_refused_or_fails_alone(api: Callable[[], httpx.Client]) -
         )
 
     _refused(upload(msgspec.json.encode(line("a")) + b"\n\xff\xfe\n"), "file")
+    form = b'--x\r\ncontent-disposition: form-data; name="purpose"\r\n\r\n\xff\r\n--x--\r\n'
+    type_ = {"content-type": "multipart/form-data; boundary=x"}
+    _refused(client.post("/v1/files", content=form, headers=type_), None)
     _refused(upload(b"{}\n" * (CAP + 1)), "file")
     # JSON too deeply nested to read fails its line, as a malformed line does
     uploaded = upload(NESTED + b"\n" + msgspec.json.encode(line("a")) + b"\n")
@@ -130,14 +133,18 @@ def test_a_large_batch_does_not_hold_up_other_requests(api: Callable[[], httpx.C
 
     prober = threading.Thread(target=probe)
     prober.start()
+    started = time.monotonic()
     try:
-        t0 = time.monotonic(); reply = client.post("/v1/batch", content=body, timeout=60); print("LEN", len(body), "TOOK", time.monotonic() - t0)
+        reply = client.post("/v1/batch", content=body, timeout=60)
     finally:
+        took = time.monotonic() - started
         done.set()
         prober.join()
     assert reply.status_code == 200, reply.text
-    # its work off the event loop: /health answered throughout (it stalled 1.35 s for 30,000)
-    print("SLOWEST", slowest); assert slowest[0] < 0.3, slowest
+    # measured here: 0.6 s to create, /health within 0.1 s meanwhile (a full garbage collection
+    # of the gateway's heap); before, 3.3 to 3.8 s, and /health stalled 0.21 to 0.86 s (21 s and
+    # 1.35 s in the issue)
+    assert took < 2.0 and slowest[0] < 0.3, (took, slowest)
     cancelled = client.post(f"/v1/batches/{reply.json()['batch_id']}/cancel")  # others share SQL
     assert cancelled.status_code == 200
 

@@ -40,7 +40,7 @@ def test_priority_never_moves_a_team_ahead_of_another(sql: Engine) -> None:
     now = 1_900_000_000
     older_b = _job(sql, "b", now - 10)
     urgent_a = _job(sql, "a", now, requests=3, priority=100)
-    # team b's older job is not starved by team a's top priority; the teams take turns
+    # team b's older job is not starved by team a's top priority
     assert _claim_jobs(sql, 1) == [older_b]
     assert _claim_jobs(sql, 2) == [urgent_a, urgent_a]
 
@@ -50,9 +50,9 @@ def test_priority_orders_a_teams_own_jobs(sql: Engine) -> None:
     first = _job(sql, "a", now - 10, requests=2)
     urgent = _job(sql, "a", now, requests=2, priority=5)
     other = _job(sql, "b", now - 5, requests=2)
-    # a's highest priority first among a's own; the teams take turns (in a turn, the older job
-    # first); a's older job once its urgent one is claimed
-    assert _claim_jobs(sql, 6) == [other, urgent, other, urgent, first, first]
+    # a's highest priority first among a's own; the teams take turns by job (in a turn, the
+    # older job first): a's older job comes second, after b's
+    assert _claim_jobs(sql, 6) == [other, other, urgent, urgent, first, first]
 
 
 def test_another_teams_batch_as_cursor_is_a_missing_one(sql: Engine) -> None:

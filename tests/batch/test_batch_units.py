@@ -47,11 +47,30 @@ def test_malformed_lines_are_reported_not_fatal() -> None:
 
 
 def test_inline_items_default_custom_id_to_position() -> None:
-    lines = check_items(
-        [{"body": {"model": "m"}}, {"custom_id": "x", "body": {"model": "m"}}], CHAT
-    )
+    items = [{"body": {"model": "m"}}, {"custom_id": "x", "body": {"model": "m"}}]
+    lines = check_items([msgspec.Raw(msgspec.json.encode(i)) for i in items], CHAT)
     assert [ln.custom_id for ln in lines] == ["0", "x"]
     assert all(ln.error is None for ln in lines)
+
+
+def test_lines_too_deep_or_with_odd_ids_fail_alone() -> None:
+    """Neither reaches SQL (PostgreSQL refuses a NUL in text) nor fails the file."""
+    good = {"custom_id": "a", "method": "POST", "url": CHAT, "body": {"model": "m"}}
+    content = b"\n".join(
+        [
+            b"[" * 10_000 + b"]" * 10_000,
+            msgspec.json.encode({**good, "custom_id": "x" * 513}),
+            msgspec.json.encode({**good, "custom_id": "nul\x00"}),
+            msgspec.json.encode(good),
+        ]
+    )
+    lines = parse_lines(content, CHAT)
+    assert [(ln.custom_id, ln.error[0] if ln.error else None) for ln in lines] == [
+        (None, "invalid_json_line"),
+        (None, "invalid_custom_id"),
+        (None, "invalid_custom_id"),
+        ("a", None),
+    ]
 
 
 def test_output_line_shapes() -> None:

@@ -161,7 +161,9 @@ def test_redis_outage_fails_closed_then_recovers(start_gateway: Any, team: Any, 
 
         def billed() -> list[UsageRecord]:
             with sqlmodel.Session(sql) as session:
-                query = sqlmodel.select(UsageRecord).where(UsageRecord.client_request_id == served_open)
+                query = sqlmodel.select(UsageRecord).where(
+                    UsageRecord.client_request_id == served_open
+                )
                 return list(session.exec(query))
 
         wait_until(lambda: billed(), 10, "the fail-open request's usage record")
