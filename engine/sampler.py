@@ -80,6 +80,7 @@ class Sampler:
             sorted_probs, order = probs.sort(descending=True)
             # drop a token once the mass before it already reaches top_p (the top one always stays)
             drop = (sorted_probs.cumsum(0) - sorted_probs) >= params.top_p
+            drop[0] = False  # even for a top_p that rounds to 0 in the logits' dtype
             probs = probs.scatter(0, order, sorted_probs.masked_fill(drop, 0.0))
         return int(torch.multinomial(probs, 1, generator=self._generator(seq)).item())
 

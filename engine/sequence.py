@@ -34,7 +34,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        # as vLLM: a temperature this small is greedy (dividing logits by it overflows to NaN)
+        return self.temperature < 1e-5
 
 
 @dataclass

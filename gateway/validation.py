@@ -14,7 +14,7 @@ context window).
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -42,27 +42,31 @@ class Message(msgspec.Struct):
     content: str | list[dict[str, Any]] | None = None
 
 
-class _Common(msgspec.Struct):
+# bounds in the structs themselves, so the OpenAPI schema (generated from them) says what is checked
+Positive = Annotated[int, msgspec.Meta(ge=1)]
+
+
+class _Common(msgspec.Struct, kw_only=True):
     model: str
-    max_tokens: int | None = None
+    max_tokens: Positive | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = 1
+    n: Annotated[int, msgspec.Meta(ge=1, le=MAX_N)] = 1
     # gateway extensions (headers x-tier / x-priority / x-request-id win over these)
     tier: Tier | None = None
     priority: Tier | None = None  # the engine protocol's name for the tier
     request_id: str | None = None
 
 
-class ChatRequest(_Common):
-    messages: list[Message] = msgspec.field(default_factory=list)
-    max_completion_tokens: int | None = None
+class ChatRequest(_Common, kw_only=True):
+    messages: Annotated[list[Message], msgspec.Meta(min_length=1)]
+    max_completion_tokens: Positive | None = None
 
 
-class CompletionRequest(_Common):
+class CompletionRequest(_Common, kw_only=True):
     # str, list[str], list[int] or list[list[int]]: msgspec unions hold one array type, so the
-    # items are checked in estimate_prompt_tokens
-    prompt: str | list[Any] = ""
+    # items are checked in estimate_prompt_sizes
+    prompt: str | list[Any]
 
 
 @dataclass
@@ -183,8 +187,6 @@ def parse(raw: bytes, kind: Literal["chat", "completion"]) -> Parsed:
         raise _bad(text, found.group(1) if found else None) from None
 
     if isinstance(req, ChatRequest):
-        if not req.messages:
-            raise _bad("'messages' must be a non-empty array", "messages")
         if "prompt" in body:
             raise _bad("chat completions take 'messages', not 'prompt'", "prompt")
         # OpenAI's newer name wins; the engine takes max_tokens
@@ -192,15 +194,9 @@ def parse(raw: bytes, kind: Literal["chat", "completion"]) -> Parsed:
         body.pop("max_completion_tokens", None)
         prompt_sizes = [estimate_chat_tokens(req.messages)]
     else:
-        if "prompt" not in body:
-            raise _bad("Object missing required field `prompt`", "prompt")
         # OpenAI's legacy completions default to 16 tokens; forward that explicitly
         max_tokens = req.max_tokens if "max_tokens" in body else 16
         prompt_sizes = estimate_prompt_sizes(req.prompt)
-    if max_tokens is not None and max_tokens < 1:
-        raise _bad("max_tokens must be at least 1", "max_tokens")
-    if not 1 <= req.n <= MAX_N:
-        raise _bad(f"n must be between 1 and {MAX_N}", "n")
     if len(prompt_sizes) * req.n > MAX_CHOICES:
         raise _bad(f"prompts × n must be at most {MAX_CHOICES}", "prompt")
     for field in ("tier", "priority", "request_id"):

@@ -9,8 +9,8 @@ end that everything returns to zero.
 
 import asyncio
 import time
-import uuid
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import redis
 import redis.asyncio as aioredis
@@ -39,7 +39,19 @@ from tests.gateway.conftest import RedisServer
 
 DB = 13  # a database of its own: the platform lease sets are shared by every test in db 0
 LEASE_S = 600.0  # nothing expires by itself during a run: a rule says when a lease's time is up
-limits = st.integers(0, 6)  # 0: unlimited, as in the script
+limits = st.sampled_from([0, 1, 2, 4])  # 0: unlimited, as in the script
+
+
+class Ask(NamedTuple):
+    """One request's reservation, and the tokens it settles with (more or fewer)."""
+
+    tokens: int
+    pages: int
+    batch: bool
+    used: int
+
+
+ASK = st.builds(Ask, st.integers(1, 500), st.integers(0, 8), st.booleans(), st.integers(0, 600))
 
 
 def _over(limit: int, amount: int) -> bool:
@@ -49,7 +61,7 @@ def _over(limit: int, amount: int) -> bool:
 @dataclass
 class Held:
     res: Reservation
-    used: int  # the tokens it settles with (more or fewer than it reserved)
+    used: int
     dead: bool = False  # its gateway died: never renewed nor settled
     expired: bool = False  # its lease's time is up (not renewed in time)
     purged: bool = False  # a later reservation dropped the expired lease
@@ -65,6 +77,7 @@ class QuotaMachine(RuleBasedStateMachine):
         self.loop = asyncio.new_event_loop()
         self.redis = aioredis.Redis.from_url(self.url, db=DB)
         self.held: dict[str, Held] = {}
+        self.asked = 0  # reservations asked for: the lease ids
         self.admitted = 0  # reservations admitted (requests per minute)
         self.charged_minute = 0  # tokens charged to the per-minute bucket, refunds included
         self.charged_day = {False: 0, True: 0}  # per tier (batch has its own daily budget)
@@ -92,7 +105,7 @@ class QuotaMachine(RuleBasedStateMachine):
         platform_batch: int,
     ) -> None:
         self.policy = TeamPolicy(
-            team="t" + uuid.uuid4().hex[:8],
+            team="props",  # alone in its flushed database
             rpm=rpm,
             tpm=tpm,
             tokens_per_day=tpd,
@@ -124,28 +137,31 @@ class QuotaMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ the rules
 
-    @rule(
-        tokens=st.integers(1, 500),
-        pages=st.integers(0, 8),
-        batch=st.booleans(),
-        used=st.integers(0, 600),
-    )
-    def reserve(self, tokens: int, pages: int, batch: bool, used: int) -> None:
-        lease_id = uuid.uuid4().hex
-        try:
-            res = self.loop.run_until_complete(
-                self.quotas.reserve(self.policy, lease_id, tokens, pages, batch)
-            )
-        except GatewayError as refusal:
+    @rule(asks=st.lists(ASK, min_size=1, max_size=6))
+    def reserve(self, asks: list[Ask]) -> None:
+        """Requests arriving together: their calls share one pipeline, each still atomic."""
+        first, self.asked = self.asked, self.asked + len(asks)
+        leases = [f"lease-{n}" for n in range(first, self.asked)]  # replayable: no random ids
+
+        async def together() -> list[Reservation | BaseException]:
+            calls = [
+                self.quotas.reserve(self.policy, lease_id, ask.tokens, ask.pages, ask.batch)
+                for lease_id, ask in zip(leases, asks, strict=True)
+            ]
+            return await asyncio.gather(*calls, return_exceptions=True)
+
+        results = self.loop.run_until_complete(together())
+        for ask, result in zip(asks, results, strict=True):
             self.purge()  # the script purges expired leases before it decides, admitted or not
-            self.check_refusal(refusal, tokens, pages, batch)
-            return
-        self.purge()
-        self.held[lease_id] = Held(res, used)
-        self.admitted += 1
-        self.charged_minute += tokens
-        self.charged_day[batch] += tokens
-        self.check_admission(batch)
+            if isinstance(result, GatewayError):
+                self.check_refusal(result, ask)
+                continue
+            assert isinstance(result, Reservation), result
+            self.held[result.lease_id] = Held(result, ask.used)
+            self.admitted += 1
+            self.charged_minute += ask.tokens
+            self.charged_day[ask.batch] += ask.tokens
+            self.check_admission(ask.batch)
 
     def purge(self) -> None:
         for held in self.held.values():
@@ -154,7 +170,10 @@ class QuotaMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.running())
     @rule(data=st.data())
     def settle(self, data: st.DataObject) -> None:
-        held = self.held.pop(data.draw(st.sampled_from(self.running())))
+        self.settle_lease(data.draw(st.sampled_from(self.running())))
+
+    def settle_lease(self, lease_id: str) -> None:
+        held = self.held.pop(lease_id)
         usage = Usage(prompt_tokens=held.used)
         self.loop.run_until_complete(self.quotas.settle(held.res, usage, {}))
         delta = held.used - held.res.tokens
@@ -211,8 +230,9 @@ class QuotaMachine(RuleBasedStateMachine):
         if policy.tpm:
             assert self.charged_minute <= policy.tpm * (1 + minutes)
 
-    def check_refusal(self, refusal: GatewayError, tokens: int, pages: int, batch: bool) -> None:
+    def check_refusal(self, refusal: GatewayError, ask: Ask) -> None:
         """A refusal names a limit that this request really would have passed."""
+        tokens, pages, batch = ask.tokens, ask.pages, ask.batch
         live, code, policy, quotas = self.live(), refusal.code, self.policy, self.quotas
         held_batch = sum(h.res.batch for h in live)
         reached = {
@@ -255,20 +275,16 @@ class QuotaMachine(RuleBasedStateMachine):
 
     def return_to_zero(self) -> None:
         for lease_id in self.running():
-            self.settle_one(lease_id)
+            self.settle_lease(lease_id)
         for held in self.held.values():
             if not held.expired:
                 self.expire(held)
-        self.reserve(1, 0, False, 1)  # the next reservation purges what expired
+        self.reserve([Ask(1, 0, False, 1)])  # the next reservation purges what expired
         for lease_id in self.running():
-            self.settle_one(lease_id)
+            self.settle_lease(lease_id)
         for key in (self.keys.leases, PLATFORM_LEASES, PLATFORM_BATCH_LEASES):
             assert self.sync.zcard(key) == 0, key
         assert int(self.sync.hget(self.keys.pages, "#sum") or 0) == 0
-
-    def settle_one(self, lease_id: str) -> None:
-        held = self.held.pop(lease_id)
-        self.loop.run_until_complete(self.quotas.settle(held.res, Usage(), {}))
 
 
 def test_quota_scripts_never_admit_past_a_limit_and_return_to_zero(
