@@ -34,7 +34,7 @@ from gateway.errors import GatewayError
 from gateway.keys import TeamPolicy
 from gateway.limits import TIERS
 from gateway.quotas import LeaseKeeper, Quotas, Reservation, Usage, kv_pages
-from gateway.streaming import DONE, StreamResult, UsageIn, relay, reply_decoder
+from gateway.streaming import DONE, SSE_HEADERS, StreamResult, UsageIn, relay, reply_decoder
 from gateway.validation import Parsed, client_request_id, parse
 from router.policy import NoRoute, Route, Router, Saturation, prefix_text
 from tokenyard.settings import Settings
@@ -414,7 +414,7 @@ class Proxy:
             )
         # from here on the body settles, however the stream ends
         body_iter = _StreamBody(self, stream, parsed, res, upstream, event, started)
-        return Stream(body_iter, media_type="text/event-stream", headers=headers)
+        return Stream(body_iter, media_type="text/event-stream", headers={**headers, **SSE_HEADERS})
 
     def finish_stream(self, body: "_StreamBody") -> "asyncio.Task[None]":
         """Close the upstream and settle; in a task of its own, because when the client hung up

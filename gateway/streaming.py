@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from backends.base import UpstreamBroken, UpstreamStream
+from backends.sse import Splitter
 
 
 class _Details(msgspec.Struct):
@@ -93,16 +94,13 @@ def _keep(event: bytes, result: StreamResult, include_usage: bool) -> bool:
 async def relay(
     stream: UpstreamStream, include_usage: bool, result: StreamResult, clock: Any
 ) -> AsyncIterator[bytes]:
-    buffer = b""
+    splitter = Splitter()
     try:
         async for data in stream.chunks():
             if result.first_byte is None:
                 result.first_byte = clock()
-            buffer += data.replace(b"\r\n", b"\n") if b"\r" in data else data
-            if b"\n\n" not in buffer:
-                continue
-            *events, buffer = buffer.split(b"\n\n")
-            out = [e + b"\n\n" for e in events if e and _keep(e, result, include_usage)]
+            events = splitter.feed(data)
+            out = [e + b"\n\n" for e in events if _keep(e, result, include_usage)]
             if out:
                 yield b"".join(out)
     except UpstreamBroken as exc:
@@ -111,3 +109,5 @@ async def relay(
 
 
 DONE = b"data: [DONE]\n\n"
+# a proxy in front (nginx and ingresses built on it) must neither cache nor buffer an event stream
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}

@@ -240,3 +240,14 @@ def test_teams_cli(base_env: dict) -> None:
     assert key.startswith("ty-") and len(key) > 40
     assert run("keys", "create", "--team", "no-team").returncode == 1
     assert run("keys", "revoke", "ty-nosuchkey").returncode == 1
+
+
+def test_streams_tell_proxies_not_to_buffer(gateway: Any, team: Any) -> None:
+    _, key = team()
+    body = {"model": MODEL, "messages": CHAT, "max_tokens": 4, "stream": True}
+    headers = {"authorization": f"Bearer {key}"}
+    with httpx.stream("POST", gateway.url + "/v1/chat/completions", json=body, headers=headers) as r:
+        assert r.status_code == 200
+        assert r.headers["cache-control"] == "no-cache"
+        assert r.headers["x-accel-buffering"] == "no"
+        assert r.read().endswith(b"data: [DONE]\n\n")
