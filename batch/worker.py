@@ -30,6 +30,7 @@ from gateway.errors import GatewayError
 from gateway.keys import TeamPolicy, get_team, policy_of
 from gateway.proxy import Proxy
 from gateway.quotas import PLATFORM_BATCH_LEASES, PLATFORM_LEASES
+from gateway.request_ids import new_request_id
 from tokenyard.settings import Settings
 
 log = logging.getLogger("tokenyard.batch")
@@ -197,7 +198,7 @@ class BatchWorker:
 
     async def _execute(self, request: jobs.Claimed, caller: _Hangup) -> None:
         started = time.monotonic()
-        upstream_id = "req-" + os.urandom(12).hex()  # per attempt: billing keeps one per id
+        upstream_id = new_request_id()  # per attempt: billing keeps one per id
         retry_in = 1  # a refusal for load or quota: run it again after this (seconds)
         try:
             policy = await self._policy(request.team)

@@ -1,6 +1,7 @@
 """The gateway's Litestar app: routes, and the components built at startup."""
 
 import asyncio
+import gc
 import logging
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from gateway.db import database_url, get_engine
 from gateway.errors import GatewayError, gateway_error_handler, http_error_handler
 from gateway.proxy import Proxy
 from gateway.quotas import USAGE_STREAM, Quotas
+from gateway.request_ids import add_request_id
 from gateway.spool import UsageSpool
 from gateway.store import connect, embedded_redis, redis_url
 from gateway.validation import ChatRequest, CompletionRequest
@@ -161,6 +163,11 @@ def create_app(settings: Settings | None = None) -> Litestar:
         app.state.usage_consumer.start()
         app.state.batch_worker = BatchWorker(proxy, sql, settings)
         app.state.batch_worker.start()
+        # what startup loaded (catalog, classifier, routes) lives as long as the process: kept out
+        # of the collector's full passes, which otherwise stalled requests ~0.1-0.2 s at a time
+        # on a large heap (0.013 s worst after freezing, in the batch tier's stall test)
+        gc.collect()
+        gc.freeze()
 
     async def shutdown(app: Litestar) -> None:
         proxy: Proxy = app.state.proxy
@@ -189,5 +196,6 @@ def create_app(settings: Settings | None = None) -> Litestar:
             Exception: internal_error_handler,
         },
         request_max_body_size=settings.gateway_max_body_bytes,
+        before_send=[add_request_id],
         openapi_config=openapi_config("tokenyard gateway", bearer=True),
     )

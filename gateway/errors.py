@@ -4,9 +4,10 @@ import msgspec
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
 
+# OpenAI's types per status (a bad key is an `invalid_request_error` there too)
 _TYPES = {
     400: "invalid_request_error",
-    401: "authentication_error",
+    401: "invalid_request_error",
     403: "permission_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
@@ -34,6 +35,8 @@ class GatewayError(Exception):
         code: str | None = None,
         param: str | None = None,
         retry_after: int | None = None,
+        kind: str | None = None,
+        limit: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -41,14 +44,19 @@ class GatewayError(Exception):
         self.code = code
         self.param = param
         self.retry_after = retry_after
+        # the error's `type` where OpenAI's differs from the status's usual one
+        self.kind = kind or _TYPES.get(status, "server_error" if status >= 500 else "api_error")
+        self.limit = limit  # the quota that refused, in the x-tokenyard-limit header
 
     def body(self) -> bytes:
-        kind = _TYPES.get(self.status, "server_error" if self.status >= 500 else "api_error")
-        detail = ErrorDetail(message=self.message, type=kind, param=self.param, code=self.code)
+        detail = ErrorDetail(message=self.message, type=self.kind, param=self.param, code=self.code)
         return msgspec.json.encode(ErrorBody(error=detail))
 
     def headers(self) -> dict[str, str]:
-        return {} if self.retry_after is None else {"retry-after": str(self.retry_after)}
+        headers = {} if self.retry_after is None else {"retry-after": str(self.retry_after)}
+        if self.limit is not None:
+            headers["x-tokenyard-limit"] = self.limit
+        return headers
 
     def response(self) -> Response[bytes]:
         return Response(

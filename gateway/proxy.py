@@ -28,7 +28,7 @@ from backends.base import (
 from backends.registry import Backends
 from billing import settle as billing
 from billing.events import key_prefix
-from gateway import metrics, refusals
+from gateway import metrics, refusals, request_ids
 from gateway.auth import Authenticator
 from gateway.errors import GatewayError
 from gateway.keys import TeamPolicy
@@ -40,10 +40,6 @@ from router.policy import NoRoute, Route, Router, Saturation, prefix_text
 from tokenyard.settings import Settings
 
 PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
-
-
-def new_request_id() -> str:
-    return "req-" + os.urandom(12).hex()
 
 
 def _min_set(*caps: int) -> int:
@@ -155,10 +151,11 @@ class Proxy:
         try:
             return await self._handle(request, kind)
         except GatewayError as exc:
-            if exc.status in (429, 503) and exc.code:
-                metrics.REFUSALS.labels(exc.code).inc()
-            if exc.status == 429 and exc.code:  # the admin UI's "429s in the last hour"
-                self._spawn(refusals.record(self.quotas.redis, exc.code))
+            reason = exc.limit or exc.code  # the limit's own name, also where OpenAI's code differs
+            if exc.status in (429, 503) and reason:
+                metrics.REFUSALS.labels(reason).inc()
+            if exc.status == 429 and reason:  # the admin UI's "429s in the last hour"
+                self._spawn(refusals.record(self.quotas.redis, reason))
             raise
 
     async def _handle(self, request: Request, kind: Literal["chat", "completion"]) -> Response:
@@ -179,7 +176,7 @@ class Proxy:
             policy,
             parsed,
             tier,
-            new_request_id(),
+            request_ids.request_id(request.scope),
             key_prefix(authorization),
             started,
         )

@@ -188,15 +188,26 @@ class Quotas:
         what = _MESSAGES[code]
         if code in _PLATFORM_CODES:
             raise GatewayError(
-                503, f"the platform is at its limit of {what}", code=code, retry_after=retry_after
+                503,
+                f"the platform is at its limit of {what}",
+                code=code,
+                retry_after=retry_after,
+                limit=code,
             )
-        raise GatewayError(
-            429,
+        message = (
             f"team {policy.team!r} is over its limit of {what} "
-            f"(this request needs {tokens} tokens, {pages} KV pages)",
-            code=code,
-            retry_after=retry_after,
+            f"(this request needs {tokens} tokens, {pages} KV pages)"
         )
+        if code == "usd_per_day":  # a spent budget: OpenAI's code, on which clients stop retrying
+            raise GatewayError(
+                429,
+                f"{message}: {code}",
+                code="insufficient_quota",
+                retry_after=retry_after,
+                kind="insufficient_quota",
+                limit=code,
+            )
+        raise GatewayError(429, message, code=code, retry_after=retry_after, limit=code)
 
     async def settle(
         self, res: Reservation, usage: Usage, event: dict, spend_usd: float = 0.0

@@ -88,7 +88,8 @@ def test_daily_dollar_budget_is_enforced_from_costs(
     assert spent == round(3 * CHARGED * 1_000_000)
     with pytest.raises(openai.RateLimitError) as err:
         client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=10)
-    assert err.value.code == "usd_per_day"
+    assert err.value.code == "insufficient_quota"
+    assert err.value.response.headers["x-tokenyard-limit"] == "usd_per_day"
 
 
 def test_usage_api_cli_and_metrics(gw: Gateway, team: Any, sql: Engine, billing_env: dict) -> None:

@@ -26,7 +26,7 @@ def test_auth_errors_and_revocation(gateway: Any, team: Any, base_env: dict, red
     with pytest.raises(openai.AuthenticationError) as err:
         gateway.client("ty-not-a-key").models.list()
     assert err.value.code == "invalid_api_key"
-    assert err.value.body["type"] == "authentication_error"
+    assert err.value.body["type"] == "invalid_request_error"  # OpenAI's type for a bad key
     missing = httpx.get(gateway.url + "/v1/models")
     assert missing.status_code == 401
     assert missing.json()["error"]["code"] == "missing_api_key"
@@ -246,8 +246,33 @@ def test_streams_tell_proxies_not_to_buffer(gateway: Any, team: Any) -> None:
     _, key = team()
     body = {"model": MODEL, "messages": CHAT, "max_tokens": 4, "stream": True}
     headers = {"authorization": f"Bearer {key}"}
-    with httpx.stream("POST", gateway.url + "/v1/chat/completions", json=body, headers=headers) as r:
+    url = gateway.url + "/v1/chat/completions"
+    with httpx.stream("POST", url, json=body, headers=headers) as r:
         assert r.status_code == 200
         assert r.headers["cache-control"] == "no-cache"
         assert r.headers["x-accel-buffering"] == "no"
         assert r.read().endswith(b"data: [DONE]\n\n")
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status"),
+    [
+        ("GET", "/v1/models", 401),  # no key
+        ("POST", "/v1/chat/completions", 400),  # a body that is no JSON
+        ("GET", "/v1/nowhere", 404),
+        ("DELETE", "/v1/chat/completions", 405),
+        ("GET", "/health", 200),
+    ],
+)
+def test_every_response_carries_a_request_id(
+    gateway: Any, team: Any, method: str, path: str, status: int
+) -> None:
+    """Errors too, so the SDKs' error.request_id is there exactly when a user needs to quote it."""
+    _, key = team()
+    headers = {} if status == 401 else {"authorization": f"Bearer {key}"}
+    reply = httpx.request(method, gateway.url + path, headers=headers, content=b"{oops")
+    assert reply.status_code == status
+    assert reply.headers["x-request-id"].startswith("req-")
+    with pytest.raises(openai.AuthenticationError) as err:
+        gateway.client("ty-wrong").models.list()
+    assert err.value.request_id and err.value.request_id.startswith("req-")

@@ -50,6 +50,6 @@ def test_with_a_metrics_key_only_its_bearer_reads_metrics(start_gateway: Any, te
         assert answer.status_code == 401, authorization
         error = answer.json()["error"]
         assert set(error) == {"message", "type", "param", "code"}
-        assert (error["type"], error["code"]) == ("authentication_error", "invalid_metrics_key")
+        assert (error["type"], error["code"]) == ("invalid_request_error", "invalid_metrics_key")
     series = f'tokenyard_gateway_tokens_total{{kind="prompt",model="{MODEL}",team="{name}"}}'
     wait_until(lambda: series in _scrape(gw, f"Bearer {METRICS_KEY}").text, 5, series)

@@ -87,7 +87,10 @@ def test_usd_per_day_counter_refuses_once_spent(gateway: Any, team: Any, redis_s
     client.chat.completions.create(model=MODEL, messages=chat(), max_tokens=5)
     redis_server.client().incrby(TeamKeys(name).day_usd(day_number()), 1_250_000)  # $1.25
     err = refused(lambda: client.chat.completions.create(model=MODEL, messages=chat()))
-    assert err.status_code == 429 and err.code == "usd_per_day"
+    # OpenAI's code and type for a spent budget (clients stop retrying); the limit in a header
+    assert err.status_code == 429 and err.code == "insufficient_quota"
+    assert err.body["type"] == "insufficient_quota" and "usd_per_day" in err.message
+    assert err.response.headers["x-tokenyard-limit"] == "usd_per_day"
 
 
 def test_concurrency_and_kv_pages(gateway: Any, team: Any, redis_server: Any) -> None:
