@@ -24,14 +24,9 @@ RUN python3.12 -m venv /opt/venv \
  && pip install --index-url "${TORCH_INDEX}" "torch==${TORCH_VERSION}" \
  && pip install packaging ninja wheel setuptools psutil
 WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY tokenyard tokenyard
-COPY engine engine
-COPY gateway gateway
-COPY router router
-COPY backends backends
-COPY billing billing
-COPY admin_ui admin_ui
+# the whole build context, which .dockerignore narrows to what `pip install .` reads: the
+# packages come from pyproject.toml's list, never from one kept here
+COPY . .
 # flash-attn: the prebuilt wheel if given, else the `cuda` extra built here (no build isolation, so
 # it compiles against the torch above); SmolLM2 is packaged for smoke tests, larger models mount
 RUN if [ -n "${FLASH_ATTN_WHEEL}" ]; then pip install "${FLASH_ATTN_WHEEL}" . ; \

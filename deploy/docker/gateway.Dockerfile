@@ -18,14 +18,9 @@ RUN apt-get update \
 RUN python -m venv /opt/venv \
  && pip install --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH_VERSION}"
 WORKDIR /src
-COPY pyproject.toml README.md ./
-COPY tokenyard tokenyard
-COPY engine engine
-COPY gateway gateway
-COPY router router
-COPY backends backends
-COPY billing billing
-COPY admin_ui admin_ui
+# the whole build context, which .dockerignore narrows to what `pip install .` reads: the
+# packages come from pyproject.toml's list, never from one kept here
+COPY . .
 # (psycopg, the driver behind TOKENYARD_DATABASE_URL=postgresql+psycopg://…, is a dependency)
 RUN pip install .
 
