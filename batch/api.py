@@ -11,7 +11,7 @@ from typing import Annotated, Any, TypeVar
 
 import anyio
 import msgspec
-from litestar import Controller, Request, Response, get, post
+from litestar import Controller, Request, Response, delete, get, post
 from litestar.datastructures import UploadFile
 from litestar.params import FromPath, FromQuery
 from sqlalchemy import Engine
@@ -139,6 +139,13 @@ async def _check_callback(url: str, allow: Sequence[Network]) -> None:
         raise GatewayError(400, why, param="callback_url") from None
 
 
+def _list_page(data: list[dict[str, Any]], has_more: bool) -> Response[bytes]:
+    """OpenAI's cursor-paginated list; `limit + 1` rows were read to tell `has_more`."""
+    first, last = (data[0]["id"], data[-1]["id"]) if data else (None, None)
+    page = {"object": "list", "data": data, "first_id": first, "last_id": last}
+    return _json({**page, "has_more": has_more})
+
+
 def _not_found(what: str, ident: str) -> GatewayError:
     return GatewayError(404, f"no {what} {ident!r}", code=f"{what}_not_found")
 
@@ -227,9 +234,33 @@ class FilesController(Controller):
         )
         return _json(jobs.file_object(row))
 
+    @get("/")
+    async def list_files(
+        self,
+        request: Request,
+        purpose: FromQuery[str | None] = None,
+        after: FromQuery[str | None] = None,
+        limit: FromQuery[int] = 100,
+    ) -> Response[bytes]:
+        policy = await _caller(request)
+        limit = max(1, min(limit, 10_000))
+        found = await anyio.to_thread.run_sync(
+            jobs.list_files, _worker(request).sql, policy.team, purpose, after, limit + 1
+        )
+        data = [jobs.file_object(row) for row in found[:limit]]
+        return _list_page(data, has_more=len(found) > limit)
+
     @get("/{file_id:str}")
     async def retrieve(self, request: Request, file_id: FromPath[str]) -> Response[bytes]:
         return _json(jobs.file_object(await _callers_file(request, file_id)))
+
+    @delete("/{file_id:str}", status_code=200)
+    async def delete_file(self, request: Request, file_id: FromPath[str]) -> Response[bytes]:
+        policy = await _caller(request)
+        engine = _worker(request).sql
+        if not await anyio.to_thread.run_sync(jobs.delete_file, engine, policy.team, file_id):
+            raise _not_found("file", file_id)
+        return _json({"id": file_id, "object": "file", "deleted": True})
 
     @get("/{file_id:str}/content")
     async def content(self, request: Request, file_id: FromPath[str]) -> Response[bytes]:
@@ -279,15 +310,7 @@ class BatchesController(Controller):
             jobs.list_jobs, _worker(request).sql, policy.team, after, limit + 1
         )
         data = [await _batch_object(request, job) for job in found[:limit]]
-        return _json(
-            {
-                "object": "list",
-                "data": data,
-                "first_id": data[0]["id"] if data else None,
-                "last_id": data[-1]["id"] if data else None,
-                "has_more": len(found) > limit,
-            }
-        )
+        return _list_page(data, has_more=len(found) > limit)
 
     @get("/batches/{batch_id:str}")
     async def retrieve(self, request: Request, batch_id: FromPath[str]) -> Response[bytes]:

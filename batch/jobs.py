@@ -12,7 +12,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgspec
-from sqlalchemy import Engine, func, insert, update
+from sqlalchemy import Engine, delete, func, insert, update
+from sqlalchemy.orm import defer
 from sqlmodel import Session, col, select
 
 from batch.files import Line, output_line
@@ -35,7 +36,9 @@ _INSERT_SLICE = 200  # request rows per INSERT when a job is created (see create
 
 
 def new_id(prefix: str) -> str:
-    return prefix + os.urandom(12).hex()
+    """Milliseconds then randomness: ids sort in creation order within a second (lists are newest
+    first by `created_at`, whole seconds as OpenAI's objects carry them, then id)."""
+    return f"{prefix}{time.time_ns() // 1_000_000:012x}{os.urandom(6).hex()}"
 
 
 def create_file(
@@ -133,19 +136,47 @@ def get_job(engine: Engine, team: str, batch_id: str) -> BatchJob | None:
     return _owned(engine, BatchJob, team, batch_id)
 
 
-def list_jobs(engine: Engine, team: str, after: str | None, limit: int) -> list[BatchJob]:
-    """A team's jobs, newest first, after the cursor job (OpenAI's `after` pagination). A cursor
-    that is not one of the team's jobs is ignored, another team's exactly as a missing one."""
-    cursor = get_job(engine, team, after) if after else None
+def _page(
+    engine: Engine, table: type[_Owned], team: str, after: str | None, limit: int, *where: Any
+) -> list[_Owned]:
+    """A team's rows, newest first, after the cursor row (OpenAI's `after` pagination). A cursor
+    that is not one of the team's rows is ignored, another team's exactly as a missing one."""
+    cursor = _owned(engine, table, team, after) if after else None
     with Session(engine) as session:
-        query = select(BatchJob).where(BatchJob.team == team)
+        query = select(table).where(table.team == team, *where)
         if cursor is not None:
             query = query.where(
-                (col(BatchJob.created_at) < cursor.created_at)
-                | ((BatchJob.created_at == cursor.created_at) & (col(BatchJob.id) < cursor.id))
+                (col(table.created_at) < cursor.created_at)
+                | ((table.created_at == cursor.created_at) & (col(table.id) < cursor.id))
             )
-        query = query.order_by(col(BatchJob.created_at).desc(), col(BatchJob.id).desc())
+        if table is BatchFile:  # a listing never reads the files' contents
+            query = query.options(defer(BatchFile.content))  # type: ignore[arg-type]
+        query = query.order_by(col(table.created_at).desc(), col(table.id).desc())
         return list(session.exec(query.limit(limit)))
+
+
+def list_jobs(engine: Engine, team: str, after: str | None, limit: int) -> list[BatchJob]:
+    return _page(engine, BatchJob, team, after, limit)
+
+
+def list_files(
+    engine: Engine, team: str, purpose: str | None, after: str | None, limit: int
+) -> list[BatchFile]:
+    where = [] if purpose is None else [BatchFile.purpose == purpose]
+    return _page(engine, BatchFile, team, after, limit, *where)
+
+
+def delete_file(engine: Engine, team: str, file_id: str) -> bool:
+    """Delete a team's file; False if it has none by that id. A job that read it has its lines
+    already; an output file deleted is gone for its job too, as at OpenAI."""
+    if not _ID.fullmatch(file_id):
+        return False
+    with Session(engine) as session:
+        deleted = session.execute(
+            delete(BatchFile).where(col(BatchFile.id) == file_id, col(BatchFile.team) == team)
+        )
+        session.commit()
+        return bool(deleted.rowcount)
 
 
 def cancel_job(engine: Engine, team: str, batch_id: str) -> BatchJob | None:

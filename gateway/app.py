@@ -61,16 +61,31 @@ class CompletionsController(Controller):
 
     @get("/models")
     async def models(self, request: Request) -> Response[bytes]:
-        proxy = _proxy(request)
-        policy = await proxy.auth.authenticate(request.headers.get("authorization"))
-        data = [
-            _model_card(m, proxy.backends.get(m.id))
-            for m in proxy.router.catalog.by_price()
-            if not policy.models or m.id in policy.models
-        ]
-        if data:  # "auto" routes among the models the team may use
-            data.append({"id": AUTO, "object": "model", "created": 0, "owned_by": "tokenyard"})
-        return _json({"object": "list", "data": data})
+        return _json({"object": "list", "data": await _team_models(request)})
+
+    @get("/models/{model_id:path}")
+    async def model(self, request: Request, model_id: str) -> Response[bytes]:
+        model_id = model_id.lstrip("/")
+        for card in await _team_models(request):
+            if card["id"] == model_id:
+                return _json(card)
+        raise GatewayError(
+            404, f"the model {model_id!r} does not exist", code="model_not_found", param="model"
+        )
+
+
+async def _team_models(request: Request) -> list[dict[str, Any]]:
+    """The models the calling team may use, cheapest first, then "auto"."""
+    proxy = _proxy(request)
+    policy = await proxy.auth.authenticate(request.headers.get("authorization"))
+    data = [
+        _model_card(m, proxy.backends.get(m.id))
+        for m in proxy.router.catalog.by_price()
+        if not policy.models or m.id in policy.models
+    ]
+    if data:  # "auto" routes among the models the team may use
+        data.append({"id": AUTO, "object": "model", "created": 0, "owned_by": "tokenyard"})
+    return data
 
 
 def _model_card(entry: ModelEntry, upstream: Upstream | None) -> dict[str, Any]:

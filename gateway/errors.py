@@ -71,8 +71,15 @@ def gateway_error_handler(_: Request, exc: GatewayError) -> Response[bytes]:
     return exc.response()
 
 
-def http_error_handler(_: Request, exc: HTTPException) -> Response[bytes]:
-    """Litestar's own refusals (413 body too large, 404 route, 405 method) in OpenAI's shape."""
+def http_error_handler(request: Request, exc: HTTPException) -> Response[bytes]:
+    """Litestar's own refusals (413 body too large, 404 route, 405 method) in OpenAI's shape; an
+    unknown path says where the endpoints are listed."""
     codes = {413: "request_too_large", 404: "not_found", 405: "method_not_allowed"}
-    err = GatewayError(exc.status_code, str(exc.detail), code=codes.get(exc.status_code))
+    message = str(exc.detail)
+    if exc.status_code in (404, 405) and message in ("Not Found", "Method Not Allowed"):
+        message = (
+            f"{message}: {request.method} {request.url.path}. The endpoints and their methods are "
+            "listed in /schema/openapi.json (OpenAI's routes are under /v1)"
+        )
+    err = GatewayError(exc.status_code, message, code=codes.get(exc.status_code))
     return err.response()

@@ -38,8 +38,17 @@ class StreamOptions(msgspec.Struct):
 
 
 class Message(msgspec.Struct):
-    role: str
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[Any] | None = None
+    function_call: Any = None
+
+
+def _check_messages(messages: list[Message]) -> None:
+    """OpenAI's rule: only an assistant turn that calls a tool may go without content."""
+    for i, m in enumerate(messages):
+        if m.content is None and not (m.role == "assistant" and (m.tool_calls or m.function_call)):
+            raise _bad(f"messages[{i}] ({m.role}) must have 'content'", "messages")
 
 
 # bounds in the structs themselves, so the OpenAPI schema (generated from them) says what is checked
@@ -192,6 +201,7 @@ def parse(raw: bytes, kind: Literal["chat", "completion"]) -> Parsed:
         # OpenAI's newer name wins; the engine takes max_tokens
         max_tokens = req.max_completion_tokens or req.max_tokens
         body.pop("max_completion_tokens", None)
+        _check_messages(req.messages)
         prompt_sizes = [estimate_chat_tokens(req.messages)]
     else:
         # OpenAI's legacy completions default to 16 tokens; forward that explicitly

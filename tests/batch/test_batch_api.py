@@ -156,3 +156,25 @@ def test_daily_batch_budget(
     r = redis_server.client()
     spent = int(r.get(f"ty:{{{name}}}:batch-tokens:{day_number()}") or 0)
     assert 0 < spent <= 60
+
+
+def test_files_list_and_delete_are_team_scoped(start_gateway: Any, team: Any) -> None:
+    gw = start_gateway(**FAST)
+    _, key_a = team()
+    _, key_b = team()
+    a, b = gw.client(key_a), gw.client(key_b)
+    ids = [
+        a.files.create(file=(f"f{i}.jsonl", jsonl([line(f"r{i}", "hi")])), purpose="batch").id
+        for i in range(3)
+    ]
+    b.files.create(file=("b.jsonl", jsonl([line("r", "hi")])), purpose="batch")
+    assert [f.id for f in a.files.list()] == ids[::-1]  # newest first, only the team's own
+    page = a.files.list(limit=2)
+    assert [f.id for f in page.data] == ids[:0:-1] and page.has_more
+    assert [f.id for f in a.files.list(after=ids[1])] == [ids[0]]
+    with pytest.raises(openai.NotFoundError):
+        b.files.delete(ids[0])  # another team's file is as absent as a missing one
+    assert a.files.delete(ids[0]).deleted
+    with pytest.raises(openai.NotFoundError):
+        a.files.retrieve(ids[0])
+    assert [f.id for f in a.files.list()] == ids[:0:-1]

@@ -276,3 +276,16 @@ def test_every_response_carries_a_request_id(
     with pytest.raises(openai.AuthenticationError) as err:
         gateway.client("ty-wrong").models.list()
     assert err.value.request_id and err.value.request_id.startswith("req-")
+
+
+def test_models_retrieve_and_unknown_paths(gateway: Any, team: Any) -> None:
+    _, key = team()
+    client = gateway.client(key)
+    assert client.models.retrieve(MODEL).id == MODEL
+    assert client.models.retrieve("auto").owned_by == "tokenyard"
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("no-such-model")
+    assert err.value.code == "model_not_found"
+    lost = httpx.get(gateway.url + "/v1/chat/complete", headers={"authorization": f"Bearer {key}"})
+    assert lost.status_code == 404 and "/schema/openapi.json" in lost.json()["error"]["message"]
+    assert "/v1/chat/complete" in lost.json()["error"]["message"]

@@ -39,6 +39,13 @@ def test_estimates_and_pages() -> None:
         (b'{"model": "m", "prompt": "x", "n": 99}', "completion", "n"),
         (b'{"model": "m", "prompt": "x", "tier": "vip"}', "completion", "tier"),
         (b'{"model": "m", "prompt": []}', "completion", "prompt"),
+        (b'{"model": "m", "messages": [{"role": "wizard", "content": "x"}]}', "chat", "messages"),
+        (b'{"model": "m", "messages": [{"role": "user"}]}', "chat", "messages"),
+        (
+            b'{"model": "m", "messages": [{"role": "assistant", "content": null}]}',
+            "chat",
+            "messages",
+        ),
         (b'{"model": "m", "prompt": [[1], "x", [[2]]]}', "completion", "prompt"),
         (b'{"model": "m", "prompt": "x", "request_id": "a\\r\\nb"}', "completion", "request_id"),
         (
@@ -108,3 +115,12 @@ async def test_the_pool_writes_nothing_for_a_bad_header() -> None:
     assert accepted == []
     server.close()
     await pool.aclose()
+
+
+def test_an_assistant_turn_that_calls_a_tool_needs_no_content() -> None:
+    raw = (
+        b'{"model": "m", "messages": [{"role": "user", "content": "x"}, {"role": "assistant", '
+        b'"content": null, "tool_calls": [{"id": "c", "type": "function"}]}, {"role": "tool", '
+        b'"content": "42", "tool_call_id": "c"}]}'
+    )
+    assert parse(raw, "chat").prompt_tokens > 0
