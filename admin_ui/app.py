@@ -48,7 +48,7 @@ async def _db(fn: Any, *args: Any, **kwargs: Any) -> Any:
 async def _admin_credential(settings: Settings) -> str:
     # the first call of a process hashes (scrypt): off the event loop
     return await asyncio.to_thread(
-        sessions.fingerprint, settings.admin_user, settings.admin_password
+        sessions.fingerprint, settings.admin_user, settings.admin_password.get_secret_value()
     )
 
 
@@ -138,7 +138,8 @@ class SignIn(Controller):
         if not await _admitted(request):
             return await _login_page(request, "admin", 429, _THROTTLED)
         ok_user = _same(forms.text(form, "user"), settings.admin_user)
-        ok_password = _same(forms.text(form, "password"), settings.admin_password)
+        password = settings.admin_password.get_secret_value()
+        ok_password = _same(forms.text(form, "password"), password)
         if not (ok_user and ok_password):
             return await _login_page(request, "admin", 401, "wrong user name or password")
         await _succeeded(request)

@@ -77,7 +77,8 @@ class UsageController(Controller):
         settings: Settings = request.app.state.proxy.settings
         if not settings.admin_key:
             raise GatewayError(403, "the admin API is off (no admin key set)", code="admin_off")
-        if not bearer_is(request.headers.get("authorization"), settings.admin_key):
+        admin_key = settings.admin_key.get_secret_value()
+        if not bearer_is(request.headers.get("authorization"), admin_key):
             raise GatewayError(401, "this needs the admin key", code="invalid_admin_key")
         start, end = _range(request)
         team = request.query_params.get("team") or None

@@ -127,7 +127,7 @@ class OpsController(Controller):
     @get("/metrics")
     async def metrics(self, request: Request) -> Response[bytes]:
         """Prometheus' scrape; team-labelled series only with the metrics key (metrics.py)."""
-        key = _proxy(request).settings.metrics_key
+        key = _proxy(request).settings.metrics_key.get_secret_value()
         body = metrics.exposition(request.headers.get("authorization"), key)
         return Response(body, media_type=CONTENT_TYPE_LATEST)
 

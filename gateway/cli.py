@@ -2,17 +2,20 @@
 
 import argparse
 import contextlib
+import json
 import os
 import secrets
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
+from pydantic import SecretStr
 
-from gateway.limits import LIMIT_FIELDS
+from gateway.limits import LIMIT_FIELDS, LIMIT_HELP
 from tokenyard.settings import Settings, get_settings
 
 DEMO_TEAM = "demo"
@@ -30,41 +33,65 @@ def _limits(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _print_team(team: Any) -> None:
-    fields = ", ".join(f"{name}={getattr(team, name)}" for name in LIMIT_FIELDS)
-    print(f"{team.name}: {fields}")
+def _team_record(team: Any) -> dict[str, Any]:
+    return {"name": team.name, **{name: getattr(team, name) for name in LIMIT_FIELDS}}
+
+
+def _print_teams(teams: list[Any], as_json: bool) -> None:
+    records = [_team_record(t) for t in teams]
+    if as_json:
+        print(json.dumps(records, indent=2))
+        return
+    for record in records:
+        name = record.pop("name")
+        print(f"{name}: " + ", ".join(f"{k}={v}" for k, v in record.items()))
 
 
 def _teams(args: argparse.Namespace) -> int:
     from gateway import keys
 
-    sql = _sql(get_settings())
+    settings = get_settings()
+    sql = _sql(settings)
     try:
         if args.action == "create":
-            _print_team(keys.create_team(sql, args.name, **_limits(args)))
+            _print_teams([keys.create_team(sql, args.name, **_limits(args))], args.json)
         elif args.action == "update":
-            _print_team(keys.update_team(sql, args.name, **_limits(args)))
+            team = keys.update_team(sql, args.name, **_limits(args))
+            # gateways cache key lookups with the team's limits: forget them so they apply now
+            _drop_cached_keys(settings, keys.active_key_hashes(sql, args.name))
+            _print_teams([team], args.json)
+        elif args.action == "show":
+            team = keys.get_team(sql, args.name)
+            if team is None:
+                raise keys.ManagementError(f"no team {args.name!r}")
+            _print_teams([team], args.json)
+        elif args.action == "delete":
+            _drop_cached_keys(settings, keys.delete_team(sql, args.name))
+            print(f"deleted team {args.name} and its keys (its usage records are kept)")
         else:
-            for team in keys.list_teams(sql):
-                _print_team(team)
+            _print_teams(keys.list_teams(sql), args.json)
     except (keys.ManagementError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0
 
 
-def _drop_cached_key(settings: Settings, key_hash: str) -> None:
-    """Best effort: forget the revoked key in Redis now rather than when its entry expires."""
+def _drop_cached_keys(settings: Settings, key_hashes: list[str]) -> None:
+    """Best effort: forget these keys' cached lookups in Redis now rather than when they expire."""
     import redis
 
     from gateway.auth import cache_key
     from gateway.store import embedded_redis
 
+    if not key_hashes:
+        return
     try:
         if settings.redis_url:
-            redis.Redis.from_url(settings.redis_url, socket_timeout=1.0).delete(cache_key(key_hash))
+            url = settings.redis_url.get_secret_value()
+            client = redis.Redis.from_url(url, socket_timeout=1.0)
         else:
-            embedded_redis(settings.data_dir).delete(cache_key(key_hash))
+            client = embedded_redis(settings.data_dir)
+        client.delete(*(cache_key(h) for h in key_hashes))
     except redis.RedisError:
         pass
 
@@ -79,8 +106,10 @@ def _keys(args: argparse.Namespace) -> int:
             new = keys.create_key(sql, args.team)
             print(f"key for team {new.team} (prefix {new.prefix}); shown once:")
             print(new.key)
+        elif args.action == "list":
+            _print_keys(keys.list_keys(sql, args.team), args.json)
         else:
-            _drop_cached_key(settings, keys.revoke_key(sql, args.prefix))
+            _drop_cached_keys(settings, [keys.revoke_key(sql, args.prefix)])
             print(f"revoked {args.prefix}")
     except keys.ManagementError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -88,14 +117,37 @@ def _keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_keys(found: list[Any], as_json: bool) -> None:
+    """Prefixes, teams, state and times: never a hash or a secret."""
+    records = [
+        {
+            "prefix": k.prefix,
+            "team": k.team,
+            "revoked": k.revoked,
+            "created_at": k.created_at.isoformat(),
+            "last_used_at": k.last_used_at.isoformat() if k.last_used_at else None,
+        }
+        for k in found
+    ]
+    if as_json:
+        print(json.dumps(records, indent=2))
+        return
+    for r in records:
+        state = "revoked" if r["revoked"] else "active"
+        print(f"{r['prefix']}  {r['team']}  {state}  created {r['created_at']}")
+
+
 def serve(settings: Settings, host: str, port: int) -> None:
     import uvicorn
 
+    from gateway.access_log import AccessLog
     from gateway.app import create_app
 
-    # no access log: request lines are not needed per request, and it costs per-request time
+    app = create_app(settings)
+    # the gateway's own access log (gateway/access_log.py) in place of uvicorn's, which knows no
+    # request id, team or tokens
     uvicorn.run(
-        create_app(settings),
+        AccessLog(app) if settings.gateway_access_log else app,
         host=host,
         port=port,
         loop="uvloop",
@@ -127,15 +179,42 @@ def _wait_healthy(url: str, proc: subprocess.Popen[bytes] | None, timeout: float
     raise SystemExit(f"{url} did not become healthy within {timeout:.0f} s")
 
 
-def _banner(key: str, port: int, model: str, settings: Settings, admin_generated: bool) -> str:
-    base = f"http://127.0.0.1:{port}/v1"
-    password = settings.admin_password if admin_generated else "from TOKENYARD_ADMIN_PASSWORD"
+def _demo_key(sql: Any, data_dir: Path) -> str:
+    """The demo team's key: the one this data dir's last `up` made while it still works (kept in
+    a file only the owner reads), else a new one. Keys are stored hashed, so the file is the only
+    way to show it again."""
+    from gateway import keys
+
+    if keys.get_team(sql, DEMO_TEAM) is None:
+        keys.create_team(sql, DEMO_TEAM, rpm=600, tpm=200_000, concurrency=16)
+    saved = data_dir / "demo-key"
+    if saved.exists():
+        key = saved.read_text().strip()
+        if keys.lookup_key(sql, keys.hash_key(key)) is not None:
+            return key
+    key = keys.create_key(sql, DEMO_TEAM).key
+    data_dir.mkdir(parents=True, exist_ok=True)
+    saved.touch(mode=0o600)
+    saved.write_text(key + "\n")
+    return key
+
+
+def _banner(
+    key: str, host: str, port: int, model: str, settings: Settings, admin_generated: bool
+) -> str:
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    base = f"http://{shown}:{port}/v1"
+    password = (
+        settings.admin_password.get_secret_value()
+        if admin_generated
+        else "from TOKENYARD_ADMIN_PASSWORD"
+    )
     return f"""
 tokenyard is up: gateway {base}, team {DEMO_TEAM!r}
-API key (shown once):
+API key of team {DEMO_TEAM!r} (kept in the data dir, reused by the next `up`):
 {key}
 
-admin UI: http://127.0.0.1:{port}/admin (user {settings.admin_user!r}, password {password})
+admin UI: http://{shown}:{port}/admin (user {settings.admin_user!r}, password {password})
 
 curl {base}/chat/completions \\
   -H "Authorization: Bearer {key}" -H "Content-Type: application/json" \\
@@ -160,7 +239,6 @@ Ctrl-C stops everything.
 
 def _up(args: argparse.Namespace) -> int:
     """Embedded Redis + SQLite + one engine + one gateway on this machine."""
-    from gateway import keys
     from gateway.store import embedded_redis
 
     settings = get_settings()
@@ -169,7 +247,8 @@ def _up(args: argparse.Namespace) -> int:
     try:
         if not settings.redis_url:
             embedded = embedded_redis(settings.data_dir)
-            settings = settings.model_copy(update={"redis_url": f"unix://{embedded.socket_file}"})
+            url = SecretStr(f"unix://{embedded.socket_file}")
+            settings = settings.model_copy(update={"redis_url": url})
         if settings.engine_urls:
             print(f"using the engine(s) at {settings.engine_urls}", flush=True)
         else:
@@ -179,17 +258,16 @@ def _up(args: argparse.Namespace) -> int:
             print(f"starting the engine ({settings.engine_model}) on {engine_url} …", flush=True)
             engine = subprocess.Popen(command, start_new_session=True)
             _wait_healthy(engine_url, engine, args.engine_timeout)
-        sql = _sql(settings)
-        if keys.get_team(sql, DEMO_TEAM) is None:
-            keys.create_team(sql, DEMO_TEAM, rpm=600, tpm=200_000, concurrency=16)
-        key = keys.create_key(sql, DEMO_TEAM).key
+        key = _demo_key(_sql(settings), Path(settings.data_dir))
         model = _demo_model(settings)
         # the dashboard should work out of the box: a fresh admin password for this run if none set
         admin_generated = not settings.admin_password
         if admin_generated:
-            settings = settings.model_copy(update={"admin_password": secrets.token_urlsafe(12)})
-        print(_banner(key, args.port, model, settings, admin_generated), flush=True)
-        serve(settings, args.host, args.port)  # returns on Ctrl-C / SIGTERM
+            generated = SecretStr(secrets.token_urlsafe(12))
+            settings = settings.model_copy(update={"admin_password": generated})
+        host, port = args.host or settings.gateway_host, args.port or settings.gateway_port
+        print(_banner(key, host, port, model, settings, admin_generated), flush=True)
+        serve(settings, host, port)  # returns on Ctrl-C / SIGTERM
     finally:
         if engine is not None and engine.poll() is None:
             os.killpg(engine.pid, signal.SIGTERM)
@@ -225,30 +303,60 @@ def _demo_model(settings: Settings) -> str:
     return next(m.id for m in models if m.provider == "self-hosted" and m.configured)
 
 
+def _listen_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--host", default=None, help="address to listen on (default: TOKENYARD_GATEWAY_HOST)"
+    )
+    p.add_argument(
+        "--port", type=int, default=None, help="port to listen on (default: TOKENYARD_GATEWAY_PORT)"
+    )
+
+
+def _json_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print JSON, for scripts")
+
+
 def add_parser(sub: Any) -> None:
     p = sub.add_parser("gateway", help="run the OpenAI-compatible gateway")
-    p.add_argument("--host", default=None)
-    p.add_argument("--port", type=int, default=None)
+    _listen_flags(p)
     p.set_defaults(run=_gateway)
 
-    teams = sub.add_parser("teams", help="create, update or list teams")
-    tsub = teams.add_subparsers(dest="action", required=True)
-    for action in ("create", "update"):
-        t = tsub.add_parser(action)
-        t.add_argument("name")
+    teams = sub.add_parser("teams", help="create, update, show, list or delete teams")
+    tsub = teams.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for action, what in (("create", "a new team"), ("update", "a team's limits")):
+        t = tsub.add_parser(action, help=what)
+        t.add_argument("name", help="the team's name (letters, digits, . _ -)")
         for field, kind in LIMIT_FIELDS.items():
-            t.add_argument("--" + field.replace("_", "-"), dest=field, type=kind, default=None)
-    tsub.add_parser("list")
+            flag = "--" + field.replace("_", "-")
+            t.add_argument(flag, dest=field, type=kind, default=None, help=LIMIT_HELP[field])
+        _json_flag(t)
+    show = tsub.add_parser("show", help="one team's limits")
+    show.add_argument("name")
+    _json_flag(show)
+    _json_flag(tsub.add_parser("list", help="every team and its limits"))
+    tsub.add_parser(
+        "delete", help="delete a team and its keys (usage records are kept)"
+    ).add_argument("name")
     teams.set_defaults(run=_teams)
 
-    keys_p = sub.add_parser("keys", help="create or revoke API keys")
-    ksub = keys_p.add_subparsers(dest="action", required=True)
-    ksub.add_parser("create").add_argument("--team", required=True)
-    ksub.add_parser("revoke").add_argument("prefix")
+    keys_p = sub.add_parser("keys", help="create, list or revoke API keys")
+    ksub = keys_p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    create = ksub.add_parser("create", help="a new key for a team, printed once")
+    create.add_argument("--team", required=True, help="the team the key belongs to")
+    listing = ksub.add_parser("list", help="keys by prefix, team and state (never the secret)")
+    listing.add_argument("--team", default=None, help="only this team's keys (default: all)")
+    _json_flag(listing)
+    ksub.add_parser("revoke", help="stop a key within a second").add_argument(
+        "prefix", help="the key's visible prefix, as keys list shows it"
+    )
     keys_p.set_defaults(run=_keys)
 
     up = sub.add_parser("up", help="start Redis, SQLite, an engine and the gateway on this machine")
-    up.add_argument("--host", default="127.0.0.1")
-    up.add_argument("--port", type=int, default=8000)
-    up.add_argument("--engine-timeout", type=float, default=900.0, help="seconds to wait for it")
+    _listen_flags(up)
+    up.add_argument(
+        "--engine-timeout",
+        type=float,
+        default=900.0,
+        help="seconds to wait for the engine to load (default: 900)",
+    )
     up.set_defaults(run=_up)

@@ -56,7 +56,7 @@ class ApiKey(SQLModel, table=True):
 
 
 def database_url(settings: Settings) -> str:
-    url = settings.database_url
+    url = settings.database_url.get_secret_value()
     if url:
         # the driver installed is psycopg 3: a plain postgres URL would ask for psycopg2
         scheme, _, rest = url.partition("://")

@@ -162,6 +162,22 @@ class KeyInfo:
     last_used_at: datetime | None
 
 
+def delete_team(engine: Engine, name: str) -> list[str]:
+    """Delete a team and its keys (so they stop working); its usage records stay, under its name.
+    Returns the deleted keys' hashes, for the caller to drop cached lookups."""
+    with Session(engine) as session:
+        team = session.exec(select(Team).where(Team.name == name)).first()
+        if team is None:
+            raise ManagementError(f"no team {name!r}")
+        keys = list(session.exec(select(ApiKey).where(ApiKey.team_id == team.id)))
+        hashes = [k.key_hash for k in keys if not k.revoked]
+        for key in keys:
+            session.delete(key)
+        session.delete(team)
+        session.commit()
+        return hashes
+
+
 def list_keys(engine: Engine, team: str | None = None) -> list[KeyInfo]:
     """Keys (of one team, or all), newest first."""
     query = select(ApiKey, Team).join(Team, ApiKey.team_id == Team.id)  # type: ignore[arg-type]

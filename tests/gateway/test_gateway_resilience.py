@@ -195,6 +195,29 @@ def _alive(proc: psutil.Process) -> bool:
         return False
 
 
+def _stop(proc: subprocess.Popen[bytes], tmp_path: Path) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    for p in psutil.process_iter(["name", "cwd"]):  # never leave a daemonized Redis behind
+        if p.info["name"] == "redis-server" and p.info["cwd"] == str(tmp_path):
+            p.kill()
+
+
+def _up(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str, str]:
+    """`tokenyard up` started; its banner once up, and the key the banner shows."""
+    proc = subprocess.Popen(
+        [*TOKENYARD, "up"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    banner = _read_until(proc, "Ctrl-C stops everything", 30)
+    lines = banner.splitlines()
+    key = next(lines[i + 1] for i, line in enumerate(lines) if line.startswith("API key"))
+    return proc, banner, key
+
+
 def test_up_starts_embedded_redis_and_gateway_and_stops_cleanly(
     upstream: str, tmp_path: Path
 ) -> None:
@@ -203,19 +226,13 @@ def test_up_starts_embedded_redis_and_gateway_and_stops_cleanly(
         for k, v in os.environ.items()
         if k not in ("TOKENYARD_REDIS_URL", "TOKENYARD_DATABASE_URL")
     }
+    port = free_port()  # through the setting, as any other: up honours it
     env |= {"TOKENYARD_DATA_DIR": str(tmp_path), "TOKENYARD_ENGINE_URLS": f"{MODEL}={upstream}"}
-    port = free_port()
-    proc = subprocess.Popen(
-        [*TOKENYARD, "up", "--port", str(port)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-    )
+    env |= {"TOKENYARD_GATEWAY_PORT": str(port)}
+    proc, banner, key = _up(env)
     try:
-        banner = _read_until(proc, "Ctrl-C stops everything", 30)
-        lines = banner.splitlines()
-        key = lines[lines.index("API key (shown once):") + 1]
         assert f"Bearer {key}" in banner and f'api_key="{key}"' in banner
+        assert f"http://127.0.0.1:{port}/v1" in banner
         assert f'"model": "{MODEL}"' in banner  # the engine it was given, not the catalog's default
         url = f"http://127.0.0.1:{port}"
         wait_until(lambda: httpx.get(url + "/ready").status_code == 200, 20, "up's gateway")
@@ -236,13 +253,8 @@ def test_up_starts_embedded_redis_and_gateway_and_stops_cleanly(
         assert proc.wait(20) == 0
         # a daemonized redis-server is reaped by init, which may leave a zombie for a while
         wait_until(lambda: not any(_alive(p) for p in redis_procs), 5, "embedded Redis to stop")
+        assert (tmp_path / "demo-key").stat().st_mode & 0o077 == 0  # the owner's alone
+        proc, _, again = _up(env)  # the next start shows the same key: no new one per start
+        assert again == key
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        for p in psutil.process_iter(["name", "cwd"]):  # never leave a daemonized Redis behind
-            if p.info["name"] == "redis-server" and p.info["cwd"] == str(tmp_path):
-                p.kill()
+        _stop(proc, tmp_path)
