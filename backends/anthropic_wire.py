@@ -209,7 +209,11 @@ def chat_reply(message: dict[str, Any], model: str) -> dict[str, Any]:
     blocks = message.get("content") or []
     text = "".join(b["text"] for b in blocks if b.get("type") == "text")
     uses = [b for b in blocks if b.get("type") == "tool_use"]
-    reply: dict[str, Any] = {"role": "assistant", "content": text or (None if uses else "")}
+    reply: dict[str, Any] = {
+        "role": "assistant",
+        "content": text or (None if uses else ""),
+        "refusal": None,  # OpenAI's schema requires it
+    }
     if uses:
         reply["tool_calls"] = [_call(i, b) for i, b in enumerate(uses)]
         for call in reply["tool_calls"]:

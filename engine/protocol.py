@@ -227,7 +227,8 @@ def chat_logprobs(sampled: list[Sampled], token_text) -> dict:
                 "top_logprobs": [entry(t, lp) for t, lp in (s.top_logprobs or [])],
             }
             for s in sampled
-        ]
+        ],
+        "refusal": None,  # OpenAI's schema requires it (null: the model refused nothing)
     }
 
 

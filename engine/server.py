@@ -244,7 +244,7 @@ def create_app(engine: AsyncEngine) -> Litestar:
         def final_choice(index: int, c: Choice) -> dict:
             return {
                 "index": index,
-                "message": {"role": "assistant", "content": "".join(c.text)},
+                "message": {"role": "assistant", "content": "".join(c.text), "refusal": None},
                 "logprobs": logprobs_of(c.sampled),
                 "finish_reason": c.finish_reason,
             }

@@ -114,6 +114,19 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+def engine(base_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The real engine server (`tokenyard engine --model smollm2`), for the tests that need it."""
+    port = free_port()
+    log: Path = tmp_path_factory.mktemp("engine") / "engine.log"
+    command = [*TOKENYARD, "engine", "--model", "smollm2", "--port", str(port)]
+    proc = Process([*command, "--num-blocks", "128"], base_env, log)
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: httpx.get(url + "/health").status_code == 200, 300, "engine server")
+    yield url
+    proc.stop()
+
+
+@pytest.fixture(scope="session")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("tokenyard")
 

@@ -1,26 +1,13 @@
 """The gateway in front of the real engine server (`tokenyard engine --model smollm2`)."""
 
 import time
-from pathlib import Path
 from typing import Any
 
 import httpx
 import openai
 import pytest
 
-from tests.gateway.conftest import TOKENYARD, Process, free_port, wait_until
-
-
-@pytest.fixture(scope="module")
-def engine(base_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Any:
-    port = free_port()
-    log: Path = tmp_path_factory.mktemp("engine") / "engine.log"
-    command = [*TOKENYARD, "engine", "--model", "smollm2", "--port", str(port)]
-    proc = Process([*command, "--num-blocks", "128"], base_env, log)
-    url = f"http://127.0.0.1:{port}"
-    wait_until(lambda: httpx.get(url + "/health").status_code == 200, 300, "engine server")
-    yield url
-    proc.stop()
+from tests.gateway.conftest import wait_until
 
 
 def test_gateway_serves_the_engine(engine: str, start_gateway: Any, team: Any) -> None:
