@@ -33,6 +33,7 @@ class ModelInfo:
     kv_usage: float = 0.0  # share of KV blocks in use at the last poll (the least-loaded replica's)
     provider: str = "self-hosted"
     circuit: str = "closed"  # the breaker's state: closed, open, half_open (never routed to: open)
+    max_tokens_param: str = "max_tokens"  # the field its requests cap their output with
     # prompt tokens the byte estimate misses (chat template, default system prompt), per team,
     # learned from the usage the upstream reports. Per team and bounded: what one team sends (long
     # lists of prompts, text that tokenizes densely) must never grow the estimate, and so refuse

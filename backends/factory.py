@@ -41,7 +41,12 @@ def build_upstream(entry: ModelEntry, redis: Redis, settings: Settings) -> Upstr
     """The backend for a configured catalog entry (`entry.configured`)."""
     if not entry.base_urls:
         raise ValueError(f"{entry.id}: no base_urls")
-    info = ModelInfo(name=entry.id, provider=entry.provider, max_model_len=entry.max_context)
+    info = ModelInfo(
+        name=entry.id,
+        provider=entry.provider,
+        max_model_len=entry.max_context,
+        max_tokens_param=entry.max_tokens_param,
+    )
     policy = retry_policy(settings)
     guard = Guard(info, policy, Breaker(entry.id, redis, breaker_config(settings)))
     if entry.provider == "self-hosted":

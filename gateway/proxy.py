@@ -111,13 +111,15 @@ class _Call:
     model that attempt goes to."""
 
     kind: Literal["chat", "completion"]
-    body: dict[str, Any]
+    body: dict[str, Any]  # without the output cap, which each model names its own way
     headers: dict[str, str]
+    max_tokens: int
 
     def to(self, upstream: Upstream) -> UpstreamCall:
-        self.body["model"] = upstream.info.name
-        body = msgspec.json.encode(self.body)
-        return UpstreamCall(PATHS[self.kind], body, self.headers, prefix_text(self.body))
+        info = upstream.info
+        body = {**self.body, "model": info.name, info.max_tokens_param: self.max_tokens}
+        encoded = msgspec.json.encode(body)
+        return UpstreamCall(PATHS[self.kind], encoded, self.headers, prefix_text(body))
 
 
 def _decision(route: Route) -> str:
@@ -225,7 +227,7 @@ class Proxy:
         prompts = [size + extra for size in parsed.prompt_sizes]
         max_tokens = _size(parsed, max(prompts), upstream.info, policy, self.settings)
         body = parsed.body
-        body["max_tokens"] = max_tokens
+        body.pop("max_tokens", None)  # the cap goes in per model (_Call.to)
         if parsed.stream:  # the gateway settles from the usage chunk, so always ask for it
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
         # sized for everything the upstream runs: each prompt, n times
@@ -242,6 +244,7 @@ class Proxy:
                 "x-priority": tier,
                 "x-request-id": request_id,
             },
+            max_tokens,
         )
         res = await self.quotas.reserve(policy, lease_id, tokens, pages, tier == "batch")
         self.keeper.active[lease_id] = res

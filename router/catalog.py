@@ -55,6 +55,9 @@ class ModelEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     capability: int = 1  # higher answers harder prompts
     tiers: tuple[Tier, ...] = ("interactive", "batch")
     fallbacks: tuple[str, ...] = ()  # tried in order when this model is saturated or down
+    # the request field that caps its output: OpenAI's reasoning models (o-series, GPT-5) refuse
+    # max_tokens and take max_completion_tokens only
+    max_tokens_param: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
 
     @property
     def name_upstream(self) -> str:

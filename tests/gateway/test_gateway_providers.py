@@ -46,6 +46,15 @@ price = {{ input = 0.15, cached_input = 0.075, output = 0.6 }}
 fallbacks = ["claude-fake"]
 
 [[models]]
+id = "o-fake"
+provider = "openai"
+upstream_model = "o4-mini"
+base_urls = ["{providers["openai"]}/v1"]
+api_key_env = "{OPENAI_KEY}"
+price = {{ input = 1.1, cached_input = 0.275, output = 4.4 }}
+max_tokens_param = "max_completion_tokens"
+
+[[models]]
 id = "claude-fake"
 provider = "anthropic"
 upstream_model = "claude-3-5-haiku-latest"
@@ -152,3 +161,21 @@ def test_stream_cut_mid_way_ends_with_an_error_event_and_no_second_answer(
     assert content and all(c["model"] == "gpt-fake" for c in content)
     assert stats(providers["openai"])["requests"] == 1  # never retried after the first byte
     assert stats(providers["anthropic"])["requests"] == 0  # and never answered twice
+
+
+def test_the_output_cap_goes_by_the_name_each_model_takes(
+    gw: Any, team: Any, providers: dict[str, str]
+) -> None:
+    """OpenAI's reasoning models refuse max_tokens: the catalog names their field, and the cap the
+    gateway forwards (the client's, whichever name it used) goes by it; other models keep
+    max_tokens."""
+    _, key = team()
+    client = gw.client(key)
+    for model, asked, sent, not_sent in (
+        ("o-fake", {"max_tokens": 7}, "max_completion_tokens", "max_tokens"),
+        ("o-fake", {"max_completion_tokens": 7}, "max_completion_tokens", "max_tokens"),
+        ("gpt-fake", {"max_completion_tokens": 7}, "max_tokens", "max_completion_tokens"),
+    ):
+        client.chat.completions.create(model=model, messages=CHAT, **asked)
+        body = stats(providers["openai"])["last_body"]
+        assert body[sent] == 7 and not_sent not in body, (model, asked, body)
