@@ -8,8 +8,12 @@ database) is installed into bench/.venv-litellm on first use so it cannot distur
 dependencies; --no-litellm skips it.
 
     .venv/bin/python bench/gateway_overhead.py [--seconds 5] [--no-litellm]
+    .venv/bin/python bench/gateway_overhead.py --clients [--seconds 5]
 
 Prints a markdown table; added latency = this target's percentile minus the direct one's.
+`--clients` instead measures the upstream HTTP clients alone against that upstream, in one process
+on uvloop: backends/http.py's own pool, httpx2, aiohttp and httpx 0.28 (requests/s, whole replies
+and streams at 16 and 64 concurrent requests), which is what decides whether the own client stays.
 """
 
 import argparse
@@ -23,9 +27,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -132,11 +137,7 @@ async def _worker(port: int, request: bytes, until: float, warm_until: float, ou
 async def load(
     port: int, path: str, key: str | None, stream: bool, concurrency: int, seconds: float
 ) -> Result:
-    body = (
-        b'{"model":"%s","max_tokens":32,"stream":%s,'
-        b'"messages":[{"role":"user","content":"benchmark prompt of a few words"}]}'
-        % (MODEL.encode(), b"true" if stream else b"false")
-    )
+    body = CHAT_BODY % (MODEL.encode(), b"true" if stream else b"false")
     auth = f"authorization: Bearer {key}\r\n".encode() if key else b""
     request = (
         b"POST %s HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
@@ -154,11 +155,125 @@ async def load(
     return out
 
 
+CHAT_BODY = (
+    b'{"model":"%s","max_tokens":32,"stream":%s,'
+    b'"messages":[{"role":"user","content":"benchmark prompt of a few words"}]}'
+)
+
+
+def _clients(url: str) -> dict[str, tuple[Callable[[bytes], Awaitable[None]], Any]]:
+    """Per client: one request, its whole body read (streamed or not), and how to close it."""
+    import aiohttp
+    import httpx2
+
+    from backends.http import HttpPool
+
+    path, headers = "/v1/chat/completions", {"content-type": "application/json"}
+    own = HttpPool(url, timeout=30)
+
+    async def own_send(body: bytes) -> None:
+        reply = await own.request("POST", path, body, headers)
+        async for _ in reply.iter_chunks():
+            pass
+
+    limits2 = httpx2.Limits(max_connections=256, max_keepalive_connections=256)
+    h2 = httpx2.AsyncClient(base_url=url, limits=limits2, timeout=30)
+
+    async def httpx2_send(body: bytes) -> None:
+        async with h2.stream("POST", path, content=body, headers=headers) as reply:
+            async for _ in reply.aiter_raw():
+                pass
+
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+    h1 = httpx.AsyncClient(base_url=url, limits=limits, timeout=30)
+
+    async def httpx_send(body: bytes) -> None:
+        async with h1.stream("POST", path, content=body, headers=headers) as reply:
+            async for _ in reply.aiter_raw():
+                pass
+
+    session = aiohttp.ClientSession(url, connector=aiohttp.TCPConnector(limit=256))
+
+    async def aiohttp_send(body: bytes) -> None:
+        async with session.post(path, data=body, headers=headers) as reply:
+            async for _ in reply.content.iter_any():
+                pass
+
+    return {
+        "own (backends/http.py)": (own_send, own.aclose),
+        "httpx2 2.x": (httpx2_send, h2.aclose),
+        "aiohttp": (aiohttp_send, session.close),
+        "httpx 0.28": (httpx_send, h1.aclose),
+    }
+
+
+async def _client_rps(
+    send: Callable[[bytes], Awaitable[None]], body: bytes, c: int, s: float
+) -> float:
+    done = 0
+    warm_until = time.perf_counter() + 1.0
+    until = warm_until + s
+
+    async def worker() -> None:
+        nonlocal done
+        while (now := time.perf_counter()) < until:
+            await send(body)
+            done += now >= warm_until
+
+    await asyncio.gather(*(worker() for _ in range(c)))
+    return done / s
+
+
+async def _compare_clients(url: str, seconds: float) -> dict[tuple[str, bool, int], float]:
+    clients = _clients(url)
+    rates = {}
+    for stream in (False, True):
+        body = CHAT_BODY % (MODEL.encode(), b"true" if stream else b"false")
+        for concurrency in (16, 64):
+            for name, (send, _) in clients.items():
+                rate = await _client_rps(send, body, concurrency, seconds)
+                rates[name, stream, concurrency] = rate
+                print(
+                    f"# {name:24} stream={stream!s:5} c={concurrency:<3} {rate:8.1f} req/s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    for _, close in clients.values():
+        await close()
+    return rates
+
+
+def clients_main(seconds: float) -> None:
+    import uvloop
+
+    port = free_port()
+    upstream = [sys.executable, str(ROOT / "tests/gateway/fake_upstream.py"), "--model", MODEL]
+    with process([*upstream, "--port", str(port)]):
+        wait_http(f"http://127.0.0.1:{port}/health")
+        rates = uvloop.run(_compare_clients(f"http://127.0.0.1:{port}", seconds))
+    names = list(dict.fromkeys(name for name, _, _ in rates))
+    print("| client | whole c=16 | whole c=64 | stream c=16 | stream c=64 |")
+    print("|---|---|---|---|---|")
+    for name in names:
+        cells = [f"{rates[name, s, c]:.0f}" for s in (False, True) for c in (16, 64)]
+        print(f"| {name} | " + " | ".join(cells) + " |")
+    own = names[0]
+    for name in names[1:]:
+        ratios = [
+            rates[own, s, c] / max(rates[name, s, c], 1e-9) for s in (False, True) for c in (16, 64)
+        ]
+        print(f"\nown / {name}: " + ", ".join(f"{r:.2f}x" for r in ratios))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seconds", type=float, default=5.0, help="measured time per cell")
     parser.add_argument("--no-litellm", action="store_true")
+    parser.add_argument("--clients", action="store_true", help="compare upstream HTTP clients")
     args = parser.parse_args()
+    if args.clients:
+        clients_main(args.seconds)
+        return
 
     import uvloop
 
