@@ -9,9 +9,10 @@ usable candidate (readiness, breaker state, engine load), over the shipped catal
 configured, in three states: all healthy; the cheap engine saturated (overflow to its fallback); the
 strong model's breaker open (its fallback takes it).
 
-Latency is one `ComplexityClassifier.score(prompt)` call at a time (what the router does per
-request), over held-out MMLU and GSM8K test prompts in their natural length mix plus MT-Bench
-first turns; scikit-learn's own `predict_proba` on one prompt is timed alongside for reference.
+Latency is one `ComplexityClassifier.route_score(prompt)` call at a time (what the router does
+per request), over the test parts of every domain in their natural length mix plus MT-Bench first
+turns, and separately over long prompts: held-out prompts joined up to 1k, 2k, 4k and 8k
+MiniLM tokens (the scorer embeds only the first and last 1,000 characters of a long prompt).
 Quality is read from the evaluation report written by `tokenyard router train`.
 """
 
@@ -31,8 +32,8 @@ from gateway.keys import TeamPolicy
 from gateway.proxy import Proxy
 from router.catalog import DEFAULT_CATALOG, Catalog
 from router.classifier import DEFAULT_ARTIFACT, ComplexityClassifier
+from router.dataset import load_domains, random_split
 from router.policy import AUTO, Router, Scorer
-from router.train import TrainConfig, load_data
 from tokenyard.settings import Settings
 
 
@@ -52,6 +53,25 @@ def _time(fn: Callable[[str], object], prompts: list[str]) -> tuple[list[float],
         wall.append(time.perf_counter() - t)
         cpu.append(time.thread_time() - c)
     return wall, cpu
+
+
+def _long_prompts(
+    clf: ComplexityClassifier, pool: list[str], tokens: int, rng: np.random.Generator, n: int = 300
+) -> list[str]:
+    """n prompts of held-out text joined until they hold `tokens` MiniLM tokens (as the
+    tokenizer counts the whole text, not the scorer's edges)."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_str(clf.scorer.pieces.tokenizer_json)
+    tokenizer.no_padding()
+    tokenizer.no_truncation()
+    out = []
+    for _ in range(n):
+        parts: list[str] = []
+        while len(tokenizer.encode("\n\n".join(parts)).ids) < tokens:
+            parts += [pool[i] for i in rng.choice(len(pool), 8)]
+        out.append("\n\n".join(parts))
+    return out
 
 
 def _routing_proxy(clf: ComplexityClassifier) -> Proxy:
@@ -100,19 +120,22 @@ def main() -> None:
 
     clf = ComplexityClassifier.load(DEFAULT_ARTIFACT)
     cfg = clf.metadata["config"]
-    data = load_data(
-        TrainConfig(seed=cfg["seed"], val_frac=cfg["val_frac"], test_frac=cfg["test_frac"])
-    )
-    pool = [e.prompt for e in data.part("test")] + [q.first_turn for q in data.mt_bench]
+    pool = []
+    for name, rows in load_domains().items():
+        if name == "mt_bench":
+            pool += [r.prompt for r in rows]
+            continue
+        split = random_split(rows, cfg["seed"], cfg["val_frac"], cfg["test_frac"])
+        pool += [rows[i].prompt for i in split.test]
     rng = np.random.default_rng(0)
     prompts = [pool[i] for i in rng.choice(len(pool), args.n, replace=args.n > len(pool))]
     lengths = np.array([len(p) for p in prompts])
+    long = {tokens: _long_prompts(clf, pool, tokens, rng) for tokens in (1024, 2048, 4096, 8192)}
 
-    _time(clf.score, prompts[:200])  # warm caches and the allocator
+    _time(clf.route_score, prompts[:200])  # warm caches and the allocator
     print("whole routing path (model=auto, policy + candidate choice):")
     routing = _time_routing(_routing_proxy(clf), prompts)
-    fast_wall, fast_cpu = _time(clf.score, prompts)
-    pipe_wall, pipe_cpu = _time(lambda p: clf.pipeline.predict_proba([p]), prompts[:300])
+    fast_wall, fast_cpu = _time(clf.route_score, prompts)
 
     machine = platform.processor() or platform.machine()
     print(f"machine: {machine}, python {platform.python_version()}")
@@ -122,10 +145,13 @@ def main() -> None:
     )
     load = os.getloadavg()[0]
     print(f"load average (1 min) during the run: {load:.2f} on {os.cpu_count()} cores")
-    print(f"ComplexityClassifier.score, wall:      {_percentiles(fast_wall)}")
-    print(f"ComplexityClassifier.score, CPU time:  {_percentiles(fast_cpu)}")
-    print(f"sklearn predict_proba (reference), wall: {_percentiles(pipe_wall)}")
-    print(f"sklearn predict_proba (reference), CPU:  {_percentiles(pipe_cpu)}")
+    print(f"route_score, wall:      {_percentiles(fast_wall)}")
+    print(f"route_score, CPU time:  {_percentiles(fast_cpu)}")
+    for tokens, batch in long.items():
+        wall, cpu = _time(clf.route_score, batch)
+        print(f"route_score, ~{tokens} tokens, wall: {_percentiles(wall)}; CPU {_percentiles(cpu)}")
+        long_route = _time_routing(_routing_proxy(clf), batch[:100])["all healthy"]
+        print(f"routing path, ~{tokens} tokens, all healthy, wall: {_percentiles(long_route)}")
     for name, wall in routing.items():
         print(f"routing path, {name}, wall: {_percentiles(wall)}")
 
@@ -133,17 +159,14 @@ def main() -> None:
         DEFAULT_ARTIFACT.with_name(DEFAULT_ARTIFACT.stem + "-report.json").read_text()
     )
     print()
-    print("| held-out set | router | APGR [95% CI] | CPT(50%) [95% CI] | AUROC weak fails |")
-    print("|---|---|---|---|---|")
-    for name, section in report["evaluations"].items():
+    print("| held out (leave one domain out) | router | APGR [95% CI] | CPT(50%) [95% CI] |")
+    print("|---|---|---|---|")
+    for name, section in report["evaluations"]["lodo"].items():
         for router, m in section["routers"].items():
-            auroc = m["auroc_weak_fails"]["value"]
             print(
                 f"| {name} (n={section['n']}) | {router} | {m['apgr']['value']:.3f} "
                 f"[{m['apgr']['low']:.3f}, {m['apgr']['high']:.3f}] | "
-                f"{m['cpt50']['value']:.1%} [{m['cpt50']['low']:.1%}, {m['cpt50']['high']:.1%}] | "
-                + ("—" if auroc is None else f"{auroc:.3f}")
-                + " |"
+                f"{m['cpt50']['value']:.1%} [{m['cpt50']['low']:.1%}, {m['cpt50']['high']:.1%}] |"
             )
 
 

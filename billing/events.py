@@ -34,6 +34,7 @@ class UsageEvent(msgspec.Struct):
     ttft: float | None = None  # the gateway's own first-byte time, where it measured one
     finish_reason: str | None = None
     error: str | None = None
+    route_features: str | None = None  # model="auto": the router's view of the prompt
 
 
 decoder = msgspec.json.Decoder(UsageEvent)
@@ -86,4 +87,5 @@ def to_row(event: UsageEvent) -> dict[str, Any]:
         "compute_s": _seconds(timings, "compute"),
         "started_at": started,
         "finished_at": datetime.fromtimestamp(event.ts + event.e2e, UTC),
+        "route_features": event.route_features,
     }

@@ -39,6 +39,22 @@ class UsageRecord(SQLModel, table=True):
     compute_s: float | None = None  # the request's share of engine step time (self-hosted)
     started_at: datetime
     finished_at: datetime
+    # model="auto" only: the router's view of the prompt (router/feedback.py), never its text
+    route_features: str | None = None
+
+
+class RouteFeedback(SQLModel, table=True):
+    """A team's rating of one of its own requests (`POST /v1/feedback`): the router's training
+    signal from the platform's traffic. One per request; a second rating replaces the first."""
+
+    __tablename__ = "route_feedback"
+
+    id: int | None = Field(default=None, primary_key=True)
+    request_id: str = Field(unique=True)  # the gateway's, as in usage_record
+    team: str = Field(index=True)
+    score: float  # 0 (useless) .. 1 (fully satisfying)
+    comment: str | None = None
+    created_at: datetime
 
 
 class UsageDaily(SQLModel, table=True):

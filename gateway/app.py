@@ -33,6 +33,7 @@ from gateway.store import connect, embedded_redis, redis_url
 from gateway.validation import ChatRequest, CompletionRequest
 from router.catalog import Catalog, ModelEntry, load_catalog
 from router.classifier import ComplexityClassifier
+from router.feedback import FeedbackController
 from router.policy import AUTO, Router, Scorer
 from tokenyard.openapi import json_body, openapi_config
 from tokenyard.settings import Settings, get_settings
@@ -198,6 +199,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         route_handlers=[
             CompletionsController,
             UsageController,
+            FeedbackController,
             OpsController,
             FilesController,
             BatchesController,

@@ -60,6 +60,13 @@ ROUTES = Counter(
     ["asked", "decision"],
     registry=REGISTRY,
 )
+ROUTE_CONFIDENCE = Histogram(
+    "tokenyard_router_confidence",
+    'How sure model="auto" was of its score: 1 near the classifier\'s training prompts, 0 far '
+    "from them (the score is then the length rule's)",
+    buckets=(0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 0.99, 1.0),
+    registry=REGISTRY,
+)
 OVERFLOWS = Counter(
     "tokenyard_router_overflows_total",
     "Candidates skipped for a request, by model and why (saturated, down: circuit open or not "

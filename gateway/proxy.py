@@ -254,6 +254,9 @@ class Proxy:
             headers["x-client-request-id"] = parsed.client_request_id
         if route.score is not None:
             headers["x-tokenyard-score"] = f"{route.score:.4f}"
+        if route.confidence is not None:
+            headers["x-tokenyard-route-confidence"] = f"{route.confidence:.3f}"
+            metrics.ROUTE_CONFIDENCE.observe(route.confidence)
         metrics.ROUTES.labels(route.asked, _decision(route)).inc()
         event = {
             "request_id": request_id,
@@ -268,6 +271,7 @@ class Proxy:
             "prompt_reserved": sum(prompts),  # with the learned overhead: the fallback usage
             "ts": time.time(),
             "key_prefix": key,
+            "route_features": route.features,
         }
         if isinstance(request, Request):  # (the batch worker is no HTTP request)
             access_log.attach_usage(request.scope, event)

@@ -8,8 +8,15 @@ def _train(args: argparse.Namespace) -> int:
     # imported here so the rest of the CLI starts without loading scikit-learn
     from router.train import ARTIFACT_DIR, TrainConfig, train
 
+    feedback = None
+    if args.feedback:
+        from router.feedback import feedback_samples
+        from tokenyard.settings import get_settings
+
+        feedback = feedback_samples(get_settings())
+        print(f"feedback: {len(feedback)} rated auto-routed requests")
     out_dir = Path(args.out) if args.out else ARTIFACT_DIR
-    train(TrainConfig(seed=args.seed, bootstrap_resamples=args.bootstrap), out_dir)
+    train(TrainConfig(seed=args.seed, bootstrap_resamples=args.bootstrap), out_dir, feedback)
     print(f"wrote the artifact and its report to {out_dir}")
     return 0
 
@@ -23,4 +30,10 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     train.add_argument("--seed", type=int, default=0, help="splits, model and bootstrap seed")
     train.add_argument("--bootstrap", type=int, default=1000, help="bootstrap resamples")
     train.add_argument("--out", default="", help="output directory (default: router/artifacts)")
+    train.add_argument(
+        "--feedback",
+        action="store_true",
+        help="also train on the platform's rated auto-routed requests (the database of "
+        "TOKENYARD_DATABASE_URL; docs/router.md)",
+    )
     train.set_defaults(run=_train)

@@ -5,6 +5,7 @@ prompt can never reach training through a duplicate, and drops the prompts Route
 contaminated, exactly as RouteLLM's own evaluation does.
 """
 
+import ast
 import csv
 import gzip
 import hashlib
@@ -164,10 +165,91 @@ def subject_folds(examples: list[Example], n_folds: int, seed: int) -> list[np.n
     return [np.flatnonzero(folds == k) for k in range(n_folds)]
 
 
-def data_hash(data_dir: Path = DATA_DIR) -> str:
+def data_hash(data_dir: Path = DATA_DIR.parent) -> str:
     """sha256 over the uncompressed data files, so the artifact names exactly what it saw."""
     h = hashlib.sha256()
     for path in sorted(data_dir.rglob("*.gz")):
         h.update(str(path.relative_to(data_dir)).encode())
         h.update(_read_text(path).encode())
     return h.hexdigest()
+
+
+# --- every routing domain, for leave-one-domain-out training and evaluation ---
+
+ROUTERBENCH_DIR = Path(__file__).parent / "data" / "routerbench"
+# RouterBench's names for the model pair RouteLLM's files hold (Mixtral-8x7B-Instruct and
+# gpt-4-1106-preview): every domain is routed between the same two models, so "needs the strong
+# model" means the same thing in each
+ROUTERBENCH_WEAK = "mistralai/mixtral-8x7b-chat"
+ROUTERBENCH_STRONG = "gpt-4-1106-preview"
+ROUTERBENCH_FILES = {"arc_challenge": "arc_challenge", "winogrande": "winograde"}
+DOMAINS = ("mmlu", "gsm8k", "mt_bench", "arc_challenge", "winogrande")
+
+
+@dataclass(frozen=True)
+class Routed:
+    """One prompt of any domain with both models' quality on it, in [0, 1] (correctness, or the
+    judge's 1-10 score over 10 for MT-Bench), and, where the data has them, every model's
+    correctness and call cost (RouterBench's 11 models)."""
+
+    prompt: str
+    domain: str
+    subject: str
+    weak: float
+    strong: float
+    correct: dict[str, float] | None = None
+    cost: dict[str, float] | None = None
+
+
+def _from_example(e: Example) -> Routed:
+    return Routed(e.prompt, e.benchmark, e.subject, float(e.weak_correct), float(e.strong_correct))
+
+
+def last_question(prompt: str) -> str:
+    """RouterBench's prompts are few-shot: the same solved examples, then the question asked after
+    the last blank line. The router scores that question (the examples are identical for every
+    prompt of the domain, and real traffic does not carry them)."""
+    return prompt.rsplit("\n\n", 1)[-1]
+
+
+def load_routerbench(domain: str, data_dir: Path = ROUTERBENCH_DIR) -> list[Routed]:
+    """Both of RouterDC's parts (train and test) of one RouterBench domain; rows with a missing
+    score for any model are skipped, as the data's README says."""
+    csv.field_size_limit(10**9)
+    out = []
+    for part in ("train", "test"):
+        path = data_dir / f"{ROUTERBENCH_FILES[domain]}_{part}.csv.gz"
+        rows = _csv_rows(path)
+        models = [k.removesuffix("|total_cost") for k in rows[0] if k.endswith("|total_cost")]
+        for row in rows:
+            if any(row[m] == "" or row[f"{m}|total_cost"] == "" for m in models):
+                continue
+            correct = {m: float(row[m]) for m in models}
+            out.append(
+                Routed(
+                    prompt=last_question(ast.literal_eval(row["prompt"])[0]),
+                    domain=domain,
+                    subject=domain,
+                    weak=correct[ROUTERBENCH_WEAK],
+                    strong=correct[ROUTERBENCH_STRONG],
+                    correct=correct,
+                    cost={m: float(row[f"{m}|total_cost"]) for m in models},
+                )
+            )
+    return out
+
+
+def load_domains(data_dir: Path = DATA_DIR) -> dict[str, list[Routed]]:
+    """Every domain's prompts. MT-Bench routes its first turn, scored by the mean judge score of
+    both turns over 10, as RouteLLM routes a conversation."""
+    mt_bench = [
+        Routed(q.first_turn, "mt_bench", q.category, q.weak_score / 10, q.strong_score / 10)
+        for q in load_mt_bench(data_dir)
+    ]
+    return {
+        "mmlu": [_from_example(e) for e in load_mmlu(data_dir)],
+        "gsm8k": [_from_example(e) for e in load_gsm8k(data_dir)],
+        "mt_bench": mt_bench,
+        "arc_challenge": load_routerbench("arc_challenge"),
+        "winogrande": load_routerbench("winogrande"),
+    }

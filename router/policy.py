@@ -14,6 +14,8 @@ from typing import Any, Protocol
 
 from backends.base import ModelInfo
 from router.catalog import Catalog, ModelEntry
+from router.classifier import RouteScore
+from router.feedback import encode_features
 
 AUTO = "auto"
 
@@ -24,6 +26,8 @@ class Route:
     candidates: tuple[str, ...]  # in the order to try; the first is the policy's choice
     score: float | None = None  # the classifier's, for model="auto"
     escalated: bool = False  # auto sent it to the strong class
+    confidence: float | None = None  # how sure the classifier is (0: far from its training data)
+    features: str | None = None  # auto: the router's view of the prompt, kept for feedback
 
 
 class TeamRouting(Protocol):
@@ -58,8 +62,11 @@ class Scorer:
             self._classifier = self._load()
         return self._classifier
 
-    def score(self, prompt: str) -> float:
-        return float(self.classifier.score(prompt))
+    def route_score(self, prompt: str) -> RouteScore:
+        return self.classifier.route_score(prompt)
+
+    def features(self, prompt: str, decision: str, score: RouteScore) -> str:
+        return encode_features(self.classifier.version, decision, score.projected, len(prompt))
 
     def threshold(self, share: float) -> float:
         if share not in self._thresholds:
@@ -113,8 +120,9 @@ class Router:
             if tier not in entry.tiers:
                 raise NoRoute(f"the model {model!r} does not serve the {tier} tier")
             return Route(model, self._chain(model, team, tier))
-        score = self.scorer.score(prompt_text(body))
-        escalated = score >= self._threshold(team)
+        prompt = prompt_text(body)
+        scored = self.scorer.route_score(prompt)
+        escalated = scored.score >= self._threshold(team)
         usable = [
             m for m in self.catalog.by_price() if m.configured and self._eligible(m, team, tier)
         ]
@@ -127,7 +135,8 @@ class Router:
         candidates = list(self._chain(pool[0].id, team, tier))
         # after the chosen model's own fallbacks, the rest of its class by price
         candidates += [m.id for m in pool if m.id not in candidates]
-        return Route(AUTO, tuple(candidates), score, escalated)
+        features = self.scorer.features(prompt, "strong" if escalated else "weak", scored)
+        return Route(AUTO, tuple(candidates), scored.score, escalated, scored.confidence, features)
 
     def _chain(self, model: str, team: TeamRouting, tier: str) -> tuple[str, ...]:
         entries = (self.catalog.models[m] for m in self.catalog.chain(model))

@@ -1,131 +1,72 @@
-"""Train the complexity classifier, pick its settings on validation, evaluate it on held-out data.
+"""Train the complexity classifier, choose its recipe by leave-one-domain-out, evaluate it.
 
-Splits (all seeded, all grouped by normalised prompt so duplicates never straddle a split):
-- MMLU and GSM8K in-domain: train / validation / test. The shipped model is fit on train only;
-  validation picks the candidate and calibrates the share → threshold curve; test is only
-  reported, never used to choose anything.
-- MMLU subject-held-out: whole subjects in K folds; each fold is scored by a model of the chosen
-  recipe trained on the other subjects (plus GSM8K train), so every MMLU prompt gets a score from
-  a model that never saw its subject.
-
-Choosing a candidate also weighs how it transfers to unseen subjects, estimated inside the
-non-test data only: subject folds (with a different seed from the reported evaluation's) over the
-MMLU train and validation parts, each scored by a model trained on the other subjects.
+Five domains, each routed between the same two models (Mixtral-8x7B-Instruct weak,
+gpt-4-1106-preview strong; router/dataset.py): MMLU, GSM8K, MT-Bench, ARC-Challenge, Winogrande.
+- Leave one domain out (LODO): for each domain, a model of the recipe is fitted on all the prompts
+  of the other four and scores every prompt of the held-out one. The recipe is chosen by the mean
+  LODO APGR over the five domains, never by in-domain numbers: it is what predicts prompts from no
+  benchmark. Every recipe's LODO row is in the report.
+- The shipped model is fitted on the train parts of every domain (seeded splits grouped by
+  normalised prompt; MT-Bench's 72 questions are all training), calibrated on the validation parts
+  (share → threshold), and scored on the test parts (in-domain, secondary).
+- Feedback from the platform's own traffic (`POST /v1/feedback`) joins the training data with
+  `--feedback` (router/feedback_data.py).
 """
 
 import hashlib
 import json
 import math
 import time
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import joblib
 import numpy as np
 import sklearn
+from sklearn.cluster import KMeans
+from sklearn.decomposition import PCA
+from sklearn.linear_model import LogisticRegression
 
-from router.classifier import BlendedRouter
-from router.dataset import (
-    DATA_DIR,
-    Example,
-    MTBenchQuestion,
-    Splits,
-    data_hash,
-    load_gsm8k,
-    load_mmlu,
-    load_mt_bench,
-    normalise,
-    random_split,
-    subject_folds,
-)
+from router.classifier import Scorer
+from router.costs import cost_quality
+from router.dataset import DOMAINS, Routed, data_hash, load_domains, random_split
+from router.embedding import WordPieces, token_table, tokenizer_json
 from router.metrics import Interval, bootstrap, router_metrics
 from router.report import write_report
 
 ARTIFACT_DIR = Path(__file__).parent / "artifacts"
-VERSION = "v5"
+CACHE_DIR = Path("var") / "router"
+VERSION = "v6"
+# the label's margin on [0, 1] quality: a graded domain (MT-Bench's judge) counts a gain of more
+# than half a judge point; on correctness it is any gain
+GAIN_MARGIN = 0.05
+# "weak fails" on graded quality: a judge score under 8 of 10 (on correctness: a wrong answer)
+WEAK_PASS = 0.8
 
 
 @dataclass(frozen=True)
-class Candidate:
-    # the label learnt: "weak_fails" (the weak model is wrong) or "escalate" (the weak model is
-    # wrong and the strong one right: the only prompts where escalating buys quality)
-    target: str = "escalate"
-    c: float = 1.0  # inverse L2 strength of the n-gram logistic regression
-    char_ngrams: bool = True  # add character n-grams of the prompt's opening
-    c_dense: float = 0.003  # inverse L2 strength of the statistics + static embedding regression
-    c_strong: float = 1.0  # inverse L2 strength of the strong-fails n-gram regression
-    c_word: float = 0.1  # inverse L2 strength of the word-problem expert
-    # blend weights of the standardised scores: n-gram LR, dense LR, log length, subject gain,
-    # boosted trees on the text statistics, strong-fails LR, word-problem expert
-    w_sparse: float = 1.0
-    w_dense: float = 1.0
-    w_length: float = 1.0
-    w_subject: float = 0.0
-    w_boost: float = 0.0
-    w_strong: float = 0.0
-    w_word: float = 0.0
+class Recipe:
+    # the label: "escalate" (the strong model gains over the weak one) or "weak_fails"
+    target: str = "weak_fails"
+    c: float = 0.1  # inverse L2 strength of the embedding LR
+    dims: int = 32  # principal axes kept of MiniLM's token vectors
+    w_length: float = 0.5  # weight of the standardised log length beside the LR's logit
 
     @property
     def name(self) -> str:
-        return (
-            f"{self.target} C={self.c}"
-            + (" +char" if self.char_ngrams else "")
-            + f" Cd={self.c_dense} Cs={self.c_strong} Cw={self.c_word}"
-            f" w=({self.w_sparse:g}, {self.w_dense:g}, {self.w_length:g}, {self.w_subject:g},"
-            f" {self.w_boost:g}, {self.w_strong:g}, {self.w_word:g})"
-        )
-
-    @property
-    def fit_key(self) -> "Candidate":
-        """Candidates differing only in blend weights share one fitted model."""
-        return replace(self, **dict.fromkeys(self.blend, 0.0))
-
-    @property
-    def blend(self) -> dict[str, float]:
-        return {
-            "w_sparse": self.w_sparse,
-            "w_dense": self.w_dense,
-            "w_length": self.w_length,
-            "w_subject": self.w_subject,
-            "w_boost": self.w_boost,
-            "w_strong": self.w_strong,
-            "w_word": self.w_word,
-        }
+        return f"{self.target} C={self.c:g} dims={self.dims} w_length={self.w_length:g}"
 
 
-def _blend_grid() -> tuple[Candidate, ...]:
-    # the n-gram LR's settings (escalate, C=1, +char) won v1's grid; v2 added the dense score,
-    # the subject part and the length term, v3 the boosted trees, v4 the strong-fails LR (negative
-    # weights: a prompt the strong model fails gains nothing from escalating). A subject weight of
-    # 2 never came close in v2's grid; boosted-trees weight 0 never won in v3's. The dense score
-    # stays out of the blend (so out of the artifact): tokenising for its embedding costs 0.1-0.3
-    # ms of the 1 ms p99 scoring budget, and with it v3's grid gained at most 0.0002 in selection
-    # score.
-    # The grid holds v3's blend (strong-fails weight 0, listed once), so v4 is compared with it
-    # in one table; the strong-fails LR's C=0.3 scored below both C's in the exploratory runs.
-    # v5 adds the word-problem expert (weight 0 keeps v4's blends in the table). Its part is 0 or ~0
-    # outside the word-problem domain, so its spread over all training prompts is a fraction of
-    # its spread over word problems: small weights already lead there. Its C=0.1 comes from 5-fold
-    # cross-validation over GSM8K's train and validation prompts (C from 0.01 to 1 within 0.006
-    # APGR of each other).
+def _recipes() -> tuple[Recipe, ...]:
+    # the exploratory LODO runs (bench/RESULTS.md) put the good recipes here: few principal axes
+    # (32 beat 64, 128 and all 384), a moderate C, some length (none was worse on MMLU and GSM8K)
     return tuple(
-        Candidate(
-            c_strong=cs,
-            w_sparse=1.0,
-            w_dense=0.0,
-            w_length=wl,
-            w_subject=wsub,
-            w_boost=wb,
-            w_strong=ws,
-            w_word=ww,
-        )
-        for cs, strong in ((1.0, (0.0, -0.5, -1.0, -1.5)), (3.0, (-0.5, -1.0, -1.5)))
-        for wl in (0.0, 0.5, 1.0)
-        for wsub in (0.0, 0.5, 1.0)
-        for wb in (0.5, 1.0, 1.5)
-        for ws in strong
-        for ww in (0.0, 0.25, 0.5, 1.0)
+        Recipe(target=t, c=c, dims=32, w_length=w)
+        for t in ("escalate", "weak_fails")
+        for c in (0.1, 1.0)
+        for w in (0.25, 0.5, 1.0)
     )
 
 
@@ -134,174 +75,129 @@ class TrainConfig:
     seed: int = 0
     val_frac: float = 0.15
     test_frac: float = 0.25
-    subject_folds: int = 5
     bootstrap_resamples: int = 1000
-    # the selection's own subject folds (inside the non-test data) use seed + this offset, so
-    # they group subjects differently from the reported subject-held-out evaluation
-    selection_fold_seed_offset: int = 1
-    # selection score: weights of validation APGR on MMLU and GSM8K and of the subject-transfer
-    # estimate (MMLU's validation part is ten times GSM8K's, so far less noisy)
-    selection_weights: tuple[float, float, float] = (0.5, 0.25, 0.25)
-    candidates: tuple[Candidate, ...] = field(default_factory=_blend_grid)
-
-
-def labels(examples: list[Example], target: str) -> np.ndarray:
-    if target == "weak_fails":
-        return np.array([e.weak_fails for e in examples])
-    if target == "escalate":
-        return np.array([e.weak_fails and e.strong_correct for e in examples])
-    raise ValueError(f"unknown target {target!r}")
-
-
-def build_pipeline(candidate: Candidate, seed: int) -> BlendedRouter:
-    return BlendedRouter(
-        c=candidate.c,
-        char_ngrams=candidate.char_ngrams,
-        c_dense=candidate.c_dense,
-        c_strong=candidate.c_strong,
-        c_word=candidate.c_word,
-        seed=seed,
-        **candidate.blend,
-    )
-
-
-def fit(candidate: Candidate, examples: list[Example], seed: int) -> BlendedRouter:
-    pipe = build_pipeline(candidate, seed)
-    weak, strong = outcomes(examples)
-    pipe.fit(
-        [e.prompt for e in examples],
-        labels(examples, candidate.target),
-        groups=np.array([e.subject for e in examples]),
-        gains=strong - weak,
-        strong_fails=strong < 0.5,
-    )
-    return pipe
-
-
-def score(pipe: BlendedRouter, prompts: list[str]) -> np.ndarray:
-    return pipe.predict_proba(prompts)[:, 1]
-
-
-def outcomes(examples: list[Example]) -> tuple[np.ndarray, np.ndarray]:
-    return (
-        np.array([e.weak_correct for e in examples], dtype=float),
-        np.array([e.strong_correct for e in examples], dtype=float),
-    )
+    centroids: int = 64  # k-means centroids of the training embeddings, for the OOD guard
+    # the guard: full confidence at or above this quantile of the training prompts' similarity to
+    # their nearest centroid, none at or below the lower one; and full confidence up to this
+    # quantile of their distance from the mean, none from `norm_none_factor` times the higher one
+    sim_full_quantile: float = 0.10
+    sim_none_quantile: float = 0.001
+    norm_full_quantile: float = 0.99
+    norm_none_quantile: float = 0.999
+    norm_none_factor: float = 1.5
+    recipes: tuple[Recipe, ...] = field(default_factory=_recipes)
 
 
 @dataclass(frozen=True)
-class Data:
-    mmlu: list[Example]
-    gsm8k: list[Example]
-    mt_bench: list[MTBenchQuestion]
-    mmlu_split: Splits
-    gsm8k_split: Splits
+class Samples:
+    """Training rows as the fit sees them: no prompt text, so feedback rows (stored as embeddings)
+    and benchmark rows are alike."""
 
-    def part(self, name: str) -> list[Example]:
-        """The "train", "val" or "test" part of MMLU and GSM8K together."""
-        return [self.mmlu[i] for i in getattr(self.mmlu_split, name)] + [
-            self.gsm8k[i] for i in getattr(self.gsm8k_split, name)
-        ]
+    raw: np.ndarray  # mean MiniLM token vector (384) of each prompt
+    log_chars: np.ndarray
+    weak: np.ndarray
+    strong: np.ndarray
+    domain: np.ndarray
 
-    def mmlu_part(self, name: str) -> list[Example]:
-        return [self.mmlu[i] for i in getattr(self.mmlu_split, name)]
+    def __len__(self) -> int:
+        return len(self.weak)
 
-    def gsm8k_part(self, name: str) -> list[Example]:
-        return [self.gsm8k[i] for i in getattr(self.gsm8k_split, name)]
+    def arrays(self) -> tuple[np.ndarray, ...]:
+        return (self.raw, self.log_chars, self.weak, self.strong, self.domain)
+
+    def take(self, idx: np.ndarray) -> "Samples":
+        return Samples(*(a[idx] for a in self.arrays()))
+
+    @staticmethod
+    def join(parts: Sequence["Samples"]) -> "Samples":
+        return Samples(*(np.concatenate(a) for a in zip(*(p.arrays() for p in parts), strict=True)))
 
 
-def load_data(config: TrainConfig, data_dir: Path = DATA_DIR) -> Data:
-    mmlu, gsm8k = load_mmlu(data_dir), load_gsm8k(data_dir)
-    return Data(
-        mmlu=mmlu,
-        gsm8k=gsm8k,
-        mt_bench=load_mt_bench(data_dir),
-        mmlu_split=random_split(mmlu, config.seed, config.val_frac, config.test_frac),
-        gsm8k_split=random_split(gsm8k, config.seed, config.val_frac, config.test_frac),
+def labels(s: Samples, target: str) -> np.ndarray:
+    if target == "escalate":
+        return s.strong - s.weak > GAIN_MARGIN
+    if target == "weak_fails":
+        return s.weak < WEAK_PASS
+    raise ValueError(f"unknown target {target!r}")
+
+
+def _normalise(x: np.ndarray) -> np.ndarray:
+    norms = np.linalg.norm(x, axis=1, keepdims=True)
+    return x / np.where(norms > 0, norms, 1.0)
+
+
+def fit(
+    recipe: Recipe, s: Samples, table: np.ndarray, pieces: WordPieces, config: TrainConfig
+) -> Scorer:
+    pca = PCA(recipe.dims, random_state=config.seed).fit(s.raw)
+    axes = pca.components_
+    projected = (s.raw - pca.mean_) @ axes.T
+    norms = np.linalg.norm(projected, axis=1)
+    e = _normalise(projected)
+    # within each domain: the LR learns what makes a prompt harder than its domain's others, not
+    # which training domain is hardest (a held-out domain is ranked within itself); each domain
+    # weighs the same, so MMLU's 14,000 prompts do not make it the only one learnt
+    within = e.copy()
+    weight = np.empty(len(s))
+    for d in np.unique(s.domain):
+        mask = s.domain == d
+        within[mask] -= e[mask].mean(axis=0)
+        weight[mask] = 1.0 / mask.sum()
+    lr = LogisticRegression(C=recipe.c, max_iter=3000, random_state=config.seed)
+    lr.fit(within, labels(s, recipe.target), sample_weight=weight / weight.mean())
+    coef = lr.coef_[0]
+    logits = e @ coef
+    kmeans = KMeans(config.centroids, n_init=1, random_state=config.seed).fit(e)
+    centroids = _normalise(kmeans.cluster_centers_)
+    sims = (e @ centroids.T).max(axis=1)
+    return Scorer(
+        pieces=pieces,
+        table=(table @ axes.T).astype(np.float32),
+        center=pca.mean_ @ axes.T,
+        coef=coef,
+        logit_mean=float(logits.mean()),
+        logit_std=float(logits.std()),
+        length_mean=float(s.log_chars.mean()),
+        length_std=float(s.log_chars.std()),
+        w_length=recipe.w_length,
+        centroids=centroids,
+        sim_none=float(np.quantile(sims, config.sim_none_quantile)),
+        sim_full=float(np.quantile(sims, config.sim_full_quantile)),
+        norm_full=float(np.quantile(norms, config.norm_full_quantile)),
+        norm_none=config.norm_none_factor * float(np.quantile(norms, config.norm_none_quantile)),
+        axes=axes,
+        raw_mean=pca.mean_,
     )
 
 
-def standardised_parts(model: BlendedRouter, examples: list[Example]) -> np.ndarray:
-    """The model's parts on these prompts, standardised: blending is then one product with the
-    weights (the model's logit), so every blend of one fitted model is scored without refitting."""
-    return (model.parts([e.prompt for e in examples]) - model.center_) / model.spread_
+def embed_raw(rows: list[Routed], table: np.ndarray, pieces: WordPieces) -> np.ndarray:
+    out = np.zeros((len(rows), table.shape[1]))
+    for i, r in enumerate(rows):
+        ids = pieces.ids(r.prompt)
+        if ids:
+            out[i] = table[ids].mean(axis=0, dtype=np.float64)
+    return out
 
 
-def subject_transfer_parts(
-    data: Data, key: Candidate, config: TrainConfig
-) -> tuple[list[Example], np.ndarray]:
-    """Selection's estimate of transfer to unseen subjects, from non-test data only: the MMLU
-    train and validation parts in subject folds; each fold's prompts get the standardised parts
-    of a model fit on the other subjects' prompts plus GSM8K train."""
-    pool = data.mmlu_part("train") + data.mmlu_part("val")
-    seed = config.seed + config.selection_fold_seed_offset
-    rows, parts = [], []
-    for held in subject_folds(pool, config.subject_folds, seed):
-        held_set = set(held.tolist())
-        held_prompts = {normalise(pool[i].prompt) for i in held}
-        train = [
-            e
-            for i, e in enumerate(pool)
-            if i not in held_set and normalise(e.prompt) not in held_prompts
-        ] + data.gsm8k_part("train")
-        model = fit(key, train, config.seed)
-        raw = model.parts([pool[i].prompt for i in held])
-        rows.append(held)
-        parts.append((raw - model.center_) / model.spread_)
-    order = np.concatenate(rows)
-    return [pool[i] for i in order], np.vstack(parts)
+def _cached(path: Path, make: Callable[[], np.ndarray]) -> np.ndarray:
+    """Embeddings are a pure function of the model package and the data: computed once per
+    machine under var/ (ignored by git), about two minutes otherwise."""
+    if path.exists():
+        return np.load(path)
+    value = make()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.save(path, value)
+    return value
 
 
-def select(
-    data: Data, config: TrainConfig, log: Any = print
-) -> tuple[Candidate, list[dict[str, Any]]]:
-    """Fit each distinct model once on train; score every blend of it on validation and on the
-    subject-transfer estimate; pick the best selection score. Test data is never touched."""
-    train_set = data.part("train")
-    validation, tried = [], []
-    for fit_key in dict.fromkeys(c.fit_key for c in config.candidates):
-        # fit every part some blend of this key weighs (the model fits no part weighted 0)
-        blends = [c.blend for c in config.candidates if c.fit_key == fit_key]
-        key = replace(fit_key, **{w: float(any(b[w] for b in blends)) for w in fit_key.blend})
-        model = fit(key, train_set, config.seed)
-        sets = {
-            "mmlu": data.mmlu_part("val"),
-            "gsm8k": data.gsm8k_part("val"),
-            "subject_transfer": None,
-        }
-        parts: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        for name, examples in sets.items():
-            if examples is None:
-                examples, p = subject_transfer_parts(data, key, config)
-            else:
-                p = standardised_parts(model, examples)
-            parts[name] = (p, *outcomes(examples))
-        for candidate in (c for c in config.candidates if c.fit_key == fit_key):
-            model.set_params(**candidate.blend)
-            row: dict[str, Any] = {"candidate": candidate.name}
-            for name, (p, weak, strong) in parts.items():
-                row[name] = router_metrics(p @ model.weights, weak, strong).apgr
-            row["selection"] = float(
-                np.dot(
-                    config.selection_weights,
-                    (row["mmlu"], row["gsm8k"], row["subject_transfer"]),
-                )
-            )
-            validation.append(row)
-            tried.append(candidate)
-            log(f"validation {row}")
-    best_i = max(range(len(validation)), key=lambda i: validation[i]["selection"])
-    return tried[best_i], validation
-
-
-def threshold_curve(val_scores: np.ndarray, points: int = 101) -> dict[str, list[float]]:
-    """Strong share → threshold: routing `score >= threshold` sends about `share` of traffic
-    like the validation prompts to the strong model. Thresholds fall as the share rises."""
-    shares = np.linspace(0.0, 1.0, points)
-    thresholds = np.quantile(val_scores, 1.0 - shares)
-    # share 0 must route nothing: a threshold just above the highest score seen
-    thresholds[0] = np.nextafter(thresholds[0], np.inf)
-    return {"strong_share": shares.tolist(), "threshold": thresholds.tolist()}
+def samples(rows: list[Routed], raw: np.ndarray) -> Samples:
+    return Samples(
+        raw=raw,
+        log_chars=np.log1p([len(r.prompt) for r in rows]),
+        weak=np.array([r.weak for r in rows]),
+        strong=np.array([r.strong for r in rows]),
+        domain=np.array([r.domain for r in rows]),
+    )
 
 
 def length_scores(prompts: list[str]) -> np.ndarray:
@@ -309,14 +205,11 @@ def length_scores(prompts: list[str]) -> np.ndarray:
 
 
 def evaluate(
-    scores: np.ndarray,
-    prompts: list[str],
-    weak: np.ndarray,
-    strong: np.ndarray,
-    config: TrainConfig,
-    salt: int,
+    scores: np.ndarray, rows: list[Routed], config: TrainConfig, salt: int
 ) -> dict[str, Any]:
     """The classifier next to random routing and the length rule, on the same prompts."""
+    prompts = [r.prompt for r in rows]
+    weak, strong = np.array([r.weak for r in rows]), np.array([r.strong for r in rows])
     routers = {
         "classifier": scores,
         "length": length_scores(prompts),
@@ -342,73 +235,95 @@ def _intervals(metrics: dict[str, Interval]) -> dict[str, dict[str, float | None
     }
 
 
-def subject_held_out(
-    data: Data, candidate: Candidate, config: TrainConfig
-) -> tuple[np.ndarray, list[dict[str, Any]]]:
-    """Out-of-fold scores for every MMLU prompt, each from a model that never saw its subject."""
-    scores = np.zeros(len(data.mmlu))
-    folds = []
-    for k, held in enumerate(subject_folds(data.mmlu, config.subject_folds, config.seed)):
-        held_set = set(held.tolist())
-        held_prompts = {normalise(data.mmlu[i].prompt) for i in held}
-        train = [
-            e
-            for i, e in enumerate(data.mmlu)
-            if i not in held_set and normalise(e.prompt) not in held_prompts
-        ] + data.gsm8k_part("train")
-        pipe = fit(candidate, train, config.seed)
-        scores[held] = score(pipe, [data.mmlu[i].prompt for i in held])
-        weak, strong = outcomes([data.mmlu[i] for i in held])
-        folds.append(
-            {
-                "fold": k,
-                "subjects": sorted({data.mmlu[i].subject for i in held}),
-                "n": len(held),
-                "apgr": router_metrics(scores[held], weak, strong).apgr,
-            }
-        )
-    return scores, folds
+def lodo_scores(
+    recipe: Recipe,
+    domains: dict[str, list[Routed]],
+    every: dict[str, Samples],
+    extra: Samples | None,
+    table: np.ndarray,
+    pieces: WordPieces,
+    config: TrainConfig,
+) -> dict[str, np.ndarray]:
+    """Each domain's prompts scored by a model fitted on the other domains (and the feedback)."""
+    out = {}
+    for held in DOMAINS:
+        train = [every[d] for d in DOMAINS if d != held] + ([extra] if extra is not None else [])
+        scorer = fit(recipe, Samples.join(train), table, pieces, config)
+        out[held] = scorer.scores([r.prompt for r in domains[held]])
+    return out
 
 
-def train(config: TrainConfig, out_dir: Path = ARTIFACT_DIR, log: Any = print) -> dict[str, Any]:
+def threshold_curve(val_scores: np.ndarray, points: int = 101) -> dict[str, list[float]]:
+    """Strong share → threshold: routing `score >= threshold` sends about `share` of traffic
+    like the validation prompts to the strong model. Thresholds fall as the share rises."""
+    shares = np.linspace(0.0, 1.0, points)
+    thresholds = np.quantile(val_scores, 1.0 - shares)
+    # share 0 must route nothing: a threshold just above the highest score seen
+    thresholds[0] = np.nextafter(thresholds[0], np.inf)
+    return {"strong_share": shares.tolist(), "threshold": thresholds.tolist()}
+
+
+def prompts_hash(rows: Sequence[Routed]) -> str:
+    return hashlib.sha256("\x00".join(r.prompt for r in rows).encode()).hexdigest()
+
+
+def train(
+    config: TrainConfig,
+    out_dir: Path = ARTIFACT_DIR,
+    feedback: Samples | None = None,
+    log: Callable[[str], Any] = print,
+) -> dict[str, Any]:
     started = time.time()
-    data = load_data(config)
-    train_set = data.part("train")
+    domains = load_domains()
+    pieces = WordPieces(tokenizer_json())
+    table = _cached(CACHE_DIR / "minilm-token-table.npy", token_table)
+    every = {}
+    # the cache key: the prompts, and how the tokenizer splits a probe text
+    probe = str(pieces.ids("Which of these is NOT a prime? Naïve café, 3½ × 10⁻³.")).encode()
+    for d in DOMAINS:
+        key = hashlib.sha256(prompts_hash(domains[d]).encode() + probe).hexdigest()[:16]
+        raw = _cached(
+            CACHE_DIR / f"raw-{d}-{key}.npy", lambda d=d: embed_raw(domains[d], table, pieces)
+        )
+        every[d] = samples(domains[d], raw)
+    log(f"embedded {sum(map(len, every.values()))} prompts ({time.time() - started:.0f} s)")
 
-    best, validation = select(data, config, log)
+    # the recipe: by the mean LODO APGR over the five domains
+    selection = []
+    for recipe in config.recipes:
+        scores = lodo_scores(recipe, domains, every, feedback, table, pieces, config)
+        apgr = {d: router_metrics(scores[d], every[d].weak, every[d].strong).apgr for d in DOMAINS}
+        mean = float(np.mean(list(apgr.values())))
+        selection.append({"recipe": recipe.name, "apgr": apgr, "mean": mean})
+        log(f"LODO {selection[-1]}")
+    best_i = max(range(len(selection)), key=lambda i: selection[i]["mean"])
+    best = config.recipes[best_i]
     log(f"chosen: {best.name}")
 
-    model = fit(best, train_set, config.seed)
-    val_scores = score(model, [e.prompt for e in data.part("val")])
+    evaluations: dict[str, Any] = {"lodo": {}, "in_domain": {}}
+    lodo = lodo_scores(best, domains, every, feedback, table, pieces, config)
+    for salt, d in enumerate(DOMAINS):
+        evaluations["lodo"][d] = evaluate(lodo[d], domains[d], config, salt)
 
-    evaluations: dict[str, Any] = {}
-    for salt, (name, examples) in enumerate(
-        (("mmlu_in_domain", data.mmlu_part("test")), ("gsm8k", data.gsm8k_part("test")))
-    ):
-        prompts = [e.prompt for e in examples]
-        weak, strong = outcomes(examples)
-        evaluations[name] = evaluate(score(model, prompts), prompts, weak, strong, config, salt)
-        log(f"{name}: {evaluations[name]['routers']['classifier']['apgr']}")
-
-    held_scores, folds = subject_held_out(data, best, config)
-    prompts = [e.prompt for e in data.mmlu]
-    weak, strong = outcomes(data.mmlu)
-    evaluations["mmlu_subject_held_out"] = {
-        **evaluate(held_scores, prompts, weak, strong, config, salt=2),
-        "folds": folds,
+    # the shipped model: train parts of every domain (MT-Bench whole), plus the feedback
+    splits = {
+        d: random_split(domains[d], config.seed, config.val_frac, config.test_frac)
+        for d in DOMAINS
+        if d != "mt_bench"
     }
-    held_out_apgr = evaluations["mmlu_subject_held_out"]["routers"]["classifier"]["apgr"]
-    log(f"subject held out: {held_out_apgr}")
-
-    # MT-Bench: never trained on; 72 questions, judge scores 1-10 (a sanity check only)
-    mt_prompts = [q.first_turn for q in data.mt_bench]
-    evaluations["mt_bench"] = evaluate(
-        score(model, mt_prompts),
-        mt_prompts,
-        np.array([q.weak_score for q in data.mt_bench]),
-        np.array([q.strong_score for q in data.mt_bench]),
-        config,
-        salt=3,
+    train_parts = [every["mt_bench"]] + [every[d].take(splits[d].train) for d in splits]
+    shipped = fit(
+        best, Samples.join(train_parts + ([feedback] if feedback else [])), table, pieces, config
+    )
+    val_prompts = [domains[d][i].prompt for d in splits for i in splits[d].val]
+    for salt, d in enumerate(splits, start=len(DOMAINS)):
+        test = [domains[d][i] for i in splits[d].test]
+        evaluations["in_domain"][d] = evaluate(
+            shipped.scores([r.prompt for r in test]), test, config, salt
+        )
+    evaluations["cost_quality"] = cost_quality(
+        {d: [domains[d][i] for i in splits[d].test] for d in ("arc_challenge", "winogrande")},
+        shipped,
     )
 
     metadata = {
@@ -418,22 +333,18 @@ def train(config: TrainConfig, out_dir: Path = ARTIFACT_DIR, log: Any = print) -
         "data_sha256": data_hash(),
         "config": asdict(config),
         "chosen": asdict(best) | {"name": best.name},
-        "validation": validation,
-        "threshold_curve": threshold_curve(val_scores),
+        "selection": selection,
+        "feedback_rows": 0 if feedback is None else len(feedback),
+        "threshold_curve": threshold_curve(shipped.scores(val_prompts)),
         "test_prompts_sha256": {
-            "mmlu": prompts_hash(data.mmlu_part("test")),
-            "gsm8k": prompts_hash(data.gsm8k_part("test")),
+            d: prompts_hash([domains[d][i] for i in splits[d].test]) for d in splits
         },
         "train_seconds": round(time.time() - started, 1),
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = out_dir / f"complexity-{VERSION}"
-    joblib.dump(model, stem.with_suffix(".joblib"), compress=3)
+    joblib.dump(shipped, stem.with_suffix(".joblib"), compress=3)
     stem.with_suffix(".json").write_text(json.dumps(metadata, indent=1) + "\n")
     report = {"version": VERSION, "chosen": best.name, "evaluations": evaluations}
     write_report(report, metadata, out_dir / f"complexity-{VERSION}-report")
     return report
-
-
-def prompts_hash(examples: list[Example]) -> str:
-    return hashlib.sha256("\x00".join(e.prompt for e in examples).encode()).hexdigest()

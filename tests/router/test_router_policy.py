@@ -208,7 +208,7 @@ def test_prompt_text_takes_the_last_user_turn() -> None:
             {"role": "user", "content": [{"type": "text", "text": "second"}, {"type": "x"}]},
         ]
     }
-    assert prompt_text(body) == "second "
+    assert prompt_text(body) == "second"
     assert prompt_text({"prompt": "complete me"}) == "complete me"
     assert prompt_text({"prompt": [1, 2, 3]}) == ""
     assert prompt_text({"messages": [{"role": "system", "content": "only"}]}) == ""

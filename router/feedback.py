@@ -1,0 +1,151 @@
+"""Feedback on served requests: `POST /v1/feedback`, and the training rows it becomes.
+
+A team rates one of its own requests by the gateway's request id (the `x-request-id` header) with a
+score in [0, 1] and an optional comment. A request of another team is answered exactly as a missing
+one (404), so a team learns nothing about others' ids. The rating is stored in SQL
+(`route_feedback`) beside the usage record, which for model="auto" holds the router's view of the
+prompt (`route_features`: the artifact version, the decision, the prompt's projected embedding and
+length; never its text).
+
+`tokenyard router train --feedback` turns ratings of requests the router sent to the weak class
+into training rows: the weak model's quality is the score, the strong one's is taken as 1 (a
+request the strong class served says nothing of what the weak one would have done, so those are
+not used). The embedding is mapped back to MiniLM's space through the serving artifact's axes;
+rows from another artifact version are skipped.
+"""
+
+import asyncio
+import base64
+import math
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+import numpy as np
+from litestar import Controller, Request, Response, post
+from sqlalchemy import Engine
+from sqlalchemy.exc import SQLAlchemyError
+from sqlmodel import Session, select
+
+from billing.models import RouteFeedback, UsageRecord
+from gateway.db import database_url, get_engine
+from gateway.errors import GatewayError
+from router.classifier import ComplexityClassifier
+from tokenyard.settings import Settings
+
+MAX_REQUEST_ID = 200
+MAX_COMMENT = 2000
+FEEDBACK_DOMAIN = "feedback"
+
+
+def encode_features(version: str, decision: str, projected: np.ndarray, chars: int) -> str:
+    """`version:decision:base64(float16 [projected…, log(1 + chars)])`, ~100 bytes."""
+    values = np.append(projected, math.log1p(chars)).astype("<f2")
+    return f"{version}:{decision}:{base64.b64encode(values.tobytes()).decode()}"
+
+
+def decode_features(text: str) -> tuple[str, str, np.ndarray, float]:
+    version, decision, data = text.split(":", 2)
+    values = np.frombuffer(base64.b64decode(data), dtype="<f2").astype(np.float64)
+    return version, decision, values[:-1], float(values[-1])
+
+
+class _Body(msgspec.Struct, forbid_unknown_fields=True):
+    request_id: str
+    score: float
+    comment: str | None = None
+
+
+def _parse(raw: bytes) -> _Body:
+    try:
+        body = msgspec.json.decode(raw, type=_Body)
+    except msgspec.DecodeError as e:
+        raise GatewayError(400, f"invalid feedback: {e}") from None
+    if not 0 < len(body.request_id) <= MAX_REQUEST_ID:
+        raise GatewayError(400, "request_id must be a request's x-request-id", param="request_id")
+    if not (math.isfinite(body.score) and 0.0 <= body.score <= 1.0):
+        raise GatewayError(400, "score must be a number in [0, 1]", param="score")
+    if body.comment is not None and len(body.comment) > MAX_COMMENT:
+        raise GatewayError(400, f"comment is longer than {MAX_COMMENT} characters", param="comment")
+    return body
+
+
+def _store(engine: Engine, team: str, body: _Body) -> bool:
+    """False when the team has no such request (another team's counts as none)."""
+    with Session(engine) as session:
+        found = session.exec(
+            select(UsageRecord.id).where(
+                UsageRecord.request_id == body.request_id, UsageRecord.team == team
+            )
+        ).first()
+        if found is None:
+            return False
+        row = session.exec(
+            select(RouteFeedback).where(RouteFeedback.request_id == body.request_id)
+        ).first()
+        row = row or RouteFeedback(request_id=body.request_id, team=team)
+        row.score, row.comment = body.score, body.comment
+        row.created_at = datetime.now(UTC)
+        session.add(row)
+        session.commit()
+        return True
+
+
+class FeedbackController(Controller):
+    path = "/v1"
+
+    @post("/feedback", status_code=200)
+    async def feedback(self, request: Request) -> Response[bytes]:
+        proxy = request.app.state.proxy
+        policy = await proxy.auth.authenticate(request.headers.get("authorization"))
+        body = _parse(await request.body())
+        engine = get_engine(database_url(proxy.settings))
+        try:  # a thread: SQL must never block the event loop that serves completions
+            stored = await asyncio.to_thread(_store, engine, policy.team, body)
+        except SQLAlchemyError:
+            raise GatewayError(
+                503, "feedback store unavailable", code="feedback_store_unavailable", retry_after=1
+            ) from None
+        if not stored:
+            raise GatewayError(
+                404, f"no request {body.request_id!r}", code="request_not_found", param="request_id"
+            )
+        answer: dict[str, Any] = {"object": "feedback", "request_id": body.request_id}
+        answer |= {"score": body.score, "comment": body.comment}
+        return Response(msgspec.json.encode(answer), media_type="application/json")
+
+
+def feedback_rows(engine: Engine) -> list[tuple[str, float]]:
+    """(route_features, score) of every rated auto-routed request."""
+    with Session(engine) as session:
+        rows = session.exec(
+            select(UsageRecord.route_features, RouteFeedback.score)
+            .join(RouteFeedback, RouteFeedback.request_id == UsageRecord.request_id)
+            .where(UsageRecord.route_features.is_not(None))  # type: ignore[union-attr]
+        ).all()
+    return [(f, s) for f, s in rows]
+
+
+def feedback_samples(settings: Settings, classifier: ComplexityClassifier | None = None) -> Any:
+    """The rated weak-class requests served by the current artifact, as training rows."""
+    from router.train import Samples
+
+    classifier = classifier or ComplexityClassifier.load()
+    scorer = classifier.scorer
+    raw, log_chars, weak = [], [], []
+    for features, score in feedback_rows(get_engine(database_url(settings))):
+        version, decision, projected, length = decode_features(features)
+        if version != classifier.version or decision != "weak":
+            continue
+        # centred projected vector → MiniLM's space (the part off the axes is lost)
+        raw.append(scorer.raw_mean + projected @ scorer.axes)
+        log_chars.append(length)
+        weak.append(score)
+    n = len(weak)
+    return Samples(
+        raw=np.array(raw).reshape(n, len(scorer.raw_mean)),
+        log_chars=np.array(log_chars),
+        weak=np.array(weak),
+        strong=np.ones(n),
+        domain=np.full(n, FEEDBACK_DOMAIN),
+    )
