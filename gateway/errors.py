@@ -37,6 +37,7 @@ class GatewayError(Exception):
         retry_after: int | None = None,
         kind: str | None = None,
         limit: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -47,6 +48,7 @@ class GatewayError(Exception):
         # the error's `type` where OpenAI's differs from the status's usual one
         self.kind = kind or _TYPES.get(status, "server_error" if status >= 500 else "api_error")
         self.limit = limit  # the quota that refused, in the x-tokenyard-limit header
+        self.extra_headers = headers or {}
 
     def body(self) -> bytes:
         detail = ErrorDetail(message=self.message, type=self.kind, param=self.param, code=self.code)
@@ -56,7 +58,7 @@ class GatewayError(Exception):
         headers = {} if self.retry_after is None else {"retry-after": str(self.retry_after)}
         if self.limit is not None:
             headers["x-tokenyard-limit"] = self.limit
-        return headers
+        return {**headers, **self.extra_headers}
 
     def response(self) -> Response[bytes]:
         return Response(

@@ -249,7 +249,7 @@ class Proxy:
         res = await self.quotas.reserve(policy, lease_id, tokens, pages, tier == "batch")
         self.keeper.active[lease_id] = res
         metrics.IN_FLIGHT.inc()
-        headers = {"x-request-id": request_id, "x-tokenyard-route": _decision(route)}
+        headers = {"x-request-id": request_id, "x-tokenyard-route": _decision(route), **res.headers}
         if parsed.client_request_id is not None:
             headers["x-client-request-id"] = parsed.client_request_id
         if route.score is not None:

@@ -88,7 +88,8 @@ if op == 'reserve' then
   if batch and pbatch > 0 and redis.call('ZCARD', KEYS[8]) >= pbatch then
     refuse('platform_batch_concurrency', 1)
   end
-  if worst then return {0, worst, math.max(1, wait)} end
+  -- the per-minute buckets' levels go back with the verdict: the x-ratelimit-* headers
+  if worst then return {0, worst, math.max(1, wait), rpm_level or -1, tpm_level or -1} end
 
   -- everything fits: take it all
   if rpm_level then
@@ -106,7 +107,7 @@ if op == 'reserve' then
   redis.call('HINCRBY', KEYS[6], '#sum', pages)
   redis.call('ZADD', KEYS[7], now + lease_ms, id)
   if batch then redis.call('ZADD', KEYS[8], now + lease_ms, id) end
-  return {1}
+  return {1, rpm_level and rpm_level - 1 or -1, tpm_level and tpm_level - tokens or -1}
 
 elseif op == 'settle' then
   -- KEYS: tpm bucket, day tokens, team leases, team pages, platform leases, platform batch leases,

@@ -11,7 +11,7 @@ import contextlib
 import logging
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
 
@@ -21,6 +21,7 @@ from redis.exceptions import RedisError
 
 from gateway.errors import GatewayError
 from gateway.keys import TeamPolicy
+from gateway.ratelimit_headers import rate_limit_headers
 from gateway.spool import UsageSpool
 from gateway.store import BatchedScript
 
@@ -91,6 +92,7 @@ class Reservation:
     pages: int
     batch: bool
     enforced: bool = True  # False: admitted without Redis (fail-open), nothing to settle
+    headers: dict[str, str] = field(default_factory=dict)  # x-ratelimit-*, as reserve left them
 
     @property
     def day_key(self) -> str:
@@ -180,8 +182,10 @@ class Quotas:
                 retry_after=1,
             ) from None
         if result[0] == 1:
+            res.headers = rate_limit_headers(policy.rpm, result[1], policy.tpm, result[2])
             return res
         code = result[1].decode() if isinstance(result[1], bytes) else result[1]
+        levels = rate_limit_headers(policy.rpm, result[3], policy.tpm, result[4])
         if code == "tokens_per_day" and batch:
             code = "batch_tokens_per_day"
         retry_after = int(result[2])
@@ -193,6 +197,7 @@ class Quotas:
                 code=code,
                 retry_after=retry_after,
                 limit=code,
+                headers=levels,
             )
         message = (
             f"team {policy.team!r} is over its limit of {what} "
@@ -206,8 +211,11 @@ class Quotas:
                 retry_after=retry_after,
                 kind="insufficient_quota",
                 limit=code,
+                headers=levels,
             )
-        raise GatewayError(429, message, code=code, retry_after=retry_after, limit=code)
+        raise GatewayError(
+            429, message, code=code, retry_after=retry_after, limit=code, headers=levels
+        )
 
     async def settle(
         self, res: Reservation, usage: Usage, event: dict, spend_usd: float = 0.0

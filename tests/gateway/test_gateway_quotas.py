@@ -11,6 +11,7 @@ import openai
 import pytest
 
 from gateway.quotas import TeamKeys, day_number
+from gateway.ratelimit_headers import duration
 from tests.gateway.conftest import MODEL, day_tokens, reservations, upstream_stats, wait_until
 
 
@@ -311,3 +312,38 @@ def test_storm_leaves_no_reservation(
         2,
         "every client hang-up to cancel its upstream stream",
     )
+
+
+def test_rate_limit_headers_as_openai_sends_them(gateway: Any, team: Any) -> None:
+    """x-ratelimit-* on answers and refusals alike, from the buckets the reserve script read."""
+    _, key = team(rpm=3, tpm=100_000)
+    client = gateway.client(key)
+    seen = []
+    for _ in range(3):
+        raw = client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=chat(), max_tokens=5
+        )
+        seen.append(raw.headers)
+    assert [h["x-ratelimit-limit-requests"] for h in seen] == ["3"] * 3
+    assert [h["x-ratelimit-remaining-requests"] for h in seen] == ["2", "1", "0"]
+    assert seen[0]["x-ratelimit-reset-requests"] in ("20s", "19s")  # one of 3/minute: 20 s
+    assert seen[0]["x-ratelimit-limit-tokens"] == "100000"
+    assert 99_000 < int(seen[0]["x-ratelimit-remaining-tokens"]) < 100_000
+    assert seen[0]["x-ratelimit-reset-tokens"].endswith("ms")
+    err = refused(lambda: client.chat.completions.create(model=MODEL, messages=chat()))
+    assert err.response.headers["x-ratelimit-remaining-requests"] == "0"
+    assert err.response.headers["x-ratelimit-reset-requests"] in ("1m0s", "59s")
+    unlimited = gateway.client(team()[1]).chat.completions.with_raw_response.create(
+        model=MODEL, messages=chat(), max_tokens=5
+    )
+    assert not any(h.startswith("x-ratelimit") for h in unlimited.headers)
+
+
+def test_durations_are_written_as_openai_writes_them() -> None:
+    assert [duration(s) for s in (0.02, 6, 59.6, 90, 3600)] == [
+        "20ms",
+        "6s",
+        "1m0s",
+        "1m30s",
+        "60m0s",
+    ]
