@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 from litestar import Controller, Litestar, Request, Response, get, post
 from litestar.exceptions import HTTPException
+from litestar.params import FromPath
 from prometheus_client import CONTENT_TYPE_LATEST
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -65,7 +66,7 @@ class CompletionsController(Controller):
         return _json({"object": "list", "data": await _team_models(request)})
 
     @get("/models/{model_id:path}")
-    async def model(self, request: Request, model_id: str) -> Response[bytes]:
+    async def model(self, request: Request, model_id: FromPath[str]) -> Response[bytes]:
         model_id = model_id.lstrip("/")
         for card in await _team_models(request):
             if card["id"] == model_id:

@@ -207,15 +207,18 @@ def _stop(proc: subprocess.Popen[bytes], tmp_path: Path) -> None:
             p.kill()
 
 
-def _up(env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str, str]:
-    """`tokenyard up` started; its banner once up, and the key the banner shows."""
-    proc = subprocess.Popen(
+def _start_up(env: dict[str, str]) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
         [*TOKENYARD, "up"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
-    banner = _read_until(proc, "Ctrl-C stops everything", 30)
+
+
+def _banner(proc: subprocess.Popen[bytes]) -> tuple[str, str]:
+    """`tokenyard up`'s banner once it is up, and the key the banner shows."""
+    banner = _read_until(proc, "Ctrl-C stops everything", 60)
     lines = banner.splitlines()
     key = next(lines[i + 1] for i, line in enumerate(lines) if line.startswith("API key"))
-    return proc, banner, key
+    return banner, key
 
 
 def test_up_starts_embedded_redis_and_gateway_and_stops_cleanly(
@@ -229,8 +232,9 @@ def test_up_starts_embedded_redis_and_gateway_and_stops_cleanly(
     port = free_port()  # through the setting, as any other: up honours it
     env |= {"TOKENYARD_DATA_DIR": str(tmp_path), "TOKENYARD_ENGINE_URLS": f"{MODEL}={upstream}"}
     env |= {"TOKENYARD_GATEWAY_PORT": str(port)}
-    proc, banner, key = _up(env)
+    proc = _start_up(env)
     try:
+        banner, key = _banner(proc)
         assert f"Bearer {key}" in banner and f'api_key="{key}"' in banner
         assert f"http://127.0.0.1:{port}/v1" in banner
         assert f'"model": "{MODEL}"' in banner  # the engine it was given, not the catalog's default
@@ -254,7 +258,7 @@ def test_up_starts_embedded_redis_and_gateway_and_stops_cleanly(
         # a daemonized redis-server is reaped by init, which may leave a zombie for a while
         wait_until(lambda: not any(_alive(p) for p in redis_procs), 5, "embedded Redis to stop")
         assert (tmp_path / "demo-key").stat().st_mode & 0o077 == 0  # the owner's alone
-        proc, _, again = _up(env)  # the next start shows the same key: no new one per start
-        assert again == key
+        proc = _start_up(env)  # the next start shows the same key: no new one per start
+        assert _banner(proc)[1] == key
     finally:
         _stop(proc, tmp_path)
