@@ -23,6 +23,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default=s.engine_device, help="auto | cpu | cuda[:N]")
     p.add_argument("--dtype", default=s.engine_dtype, help="auto | float32 | bfloat16 | float16")
     p.add_argument(
+        "--quantization",
+        default=s.engine_quantization,
+        help="CPU weights: auto (a GGUF as shipped) | none (float) | int8 | int4 (at load)",
+    )
+    p.add_argument(
         "--no-cpu-kernel",
         action="store_true",
         default=not s.engine_cpu_kernel,
@@ -35,6 +40,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-seqs", type=int, default=s.engine_max_seqs)
     p.add_argument("--max-model-len", type=int, default=0)
     p.add_argument("--no-prefix-caching", action="store_true", default=not s.engine_prefix_caching)
+    p.add_argument(
+        "--speculative-tokens",
+        type=int,
+        default=0,
+        help="n-gram speculative decoding: draft tokens per sequence and step (0: off)",
+    )
     p.add_argument("--served-model-name", default="")
     p.add_argument(
         "--drain-s",
@@ -58,6 +69,7 @@ def run(args: argparse.Namespace) -> None:
         model=args.model,
         device=args.device,
         dtype=args.dtype,
+        quantization=args.quantization,
         cpu_kernel=not args.no_cpu_kernel,
         block_size=args.block_size,
         kv_cache_gib=args.kv_cache_gib,
@@ -66,6 +78,7 @@ def run(args: argparse.Namespace) -> None:
         max_num_seqs=args.max_seqs,
         max_model_len=args.max_model_len,
         enable_prefix_caching=not args.no_prefix_caching,
+        speculative_tokens=args.speculative_tokens,
         served_model_name=args.served_model_name,
     )
     engine = AsyncEngine(LLMEngine(config))

@@ -37,6 +37,12 @@ class EngineConfig:
     block_size: int = 0
     cpu_kernel: bool = True  # attention with the compiled kernels on CPU (else PyTorch SDPA)
     packed_weights: bool = True  # CPU: linear weights packed once for oneDNN (packed_linear.py)
+    # CPU matrices: auto keeps a GGUF's quantized ones as shipped (safetensors: float); none
+    # dequantizes to `dtype`; int8 / int4 quantize every matrix at load (engine/quant.py). CUDA
+    # runs float whatever this says. Default none until the quantized path is measured against
+    # llama.cpp at 16 and 64 streams on an idle machine: from about 4 rows its int8 kernel is
+    # slower than bf16 matmuls on AMX machines (issue 17)
+    quantization: str = "none"
     kv_cache_gib: float = 1.0  # memory budget for the KV pool
     num_blocks: int = 0  # overrides kv_cache_gib when > 0 (tests use small pools)
     max_num_batched_tokens: int = 512  # per-step token budget (decodes + prefill chunks)
@@ -46,3 +52,7 @@ class EngineConfig:
     # interactive requests waiting behind running batch work may preempt it, not only on OOM
     preempt_batch_for_interactive: bool = True
     served_model_name: str = ""  # the name clients use; empty: `model`
+    # speculative decoding (engine/speculative.py): draft tokens per sequence and step, 0 = off;
+    # no drafts in a step with more decodes than speculative_max_decodes
+    speculative_tokens: int = 0
+    speculative_max_decodes: int = 4

@@ -1,9 +1,13 @@
-"""The engine's compiled CPU kernels (decode attention, and bf16 prefill attention where the CPU has
-AVX512-BF16, both reading the paged KV pool in place), built
-on first use with the machine's C++ compiler through torch's cpp_extension and cached under
-TORCH_EXTENSIONS_DIR (default ~/.cache/torch_extensions), keyed by the source. Built for the CPU
-it runs on (-march=native), so a cache must not move between CPU models. Without a compiler the
-engine attends with PyTorch SDPA instead, and says so once.
+"""The engine's compiled CPU kernels, built on first use with the machine's C++ compiler through
+torch's cpp_extension and cached under TORCH_EXTENSIONS_DIR (default ~/.cache/torch_extensions),
+keyed by the source:
+- attention (paged_attention.cpp, prefill_attention.cpp): decode attention, and bf16 prefill
+  attention where the CPU has AVX512-BF16, both reading the paged KV pool in place. Built for the
+  CPU it runs on (-march=native), so a cache must not move between CPU models.
+- quantized matmuls (quant_matmul.cpp): AVX-512 VNNI and AVX2 paths both compiled (function target
+  attributes) and chosen at run time (`quant_isa`).
+Without a compiler the engine attends with PyTorch SDPA and multiplies quantized weights through
+PyTorch (dequantize, then matmul) instead, and says so once.
 
     python -m engine.cpu_kernels   # build now (`make install` does)
 """
@@ -16,14 +20,26 @@ from types import ModuleType
 
 log = logging.getLogger("tokenyard.engine")
 
-SOURCES = [
-    str(Path(__file__).parent / "csrc" / name)
-    for name in ("paged_attention.cpp", "prefill_attention.cpp")
-]
+CSRC = Path(__file__).parent / "csrc"
 HEAD_DIMS = (64, 128)  # what the kernel is instantiated for
 # -ffast-math at compile time only (vectorized exp over finite scores): linking with it would set
 # flush-to-zero for the whole process
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
+# no fast math: the activations' rounding to int8 must be exact; -march=native vectorizes the
+# plain loops (quantizing activations, dequantizing), the dot products carry their own targets
+QUANT_CFLAGS = ["-O3", "-march=native", "-fopenmp"]
+# names for `quant_isa`'s codes (the kernel's `isa` argument); TOKENYARD_QUANT_ISA forces one
+QUANT_ISAS = {"avx512_vnni": 2, "avx2": 1}
+
+
+def _build(name: str, sources: list[str], cflags: list[str]) -> ModuleType:
+    import ninja  # the pip package; cpp_extension runs `ninja` from PATH, which may lack it
+    from torch.utils.cpp_extension import load
+
+    if ninja.BIN_DIR not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+    log.info("loading the CPU kernels %s (built on first use: ~30 s)", name)
+    return load(name, sources, extra_cflags=cflags, extra_ldflags=["-fopenmp"])
 
 
 @functools.cache
@@ -31,24 +47,43 @@ def paged_attention() -> ModuleType | None:
     """The compiled module (`paged_decode`; `paged_prefill` where the CPU has AVX512-BF16), or
     None where it cannot be built."""
     try:
-        import ninja  # the pip package; cpp_extension runs `ninja` from PATH, which may lack it
-        from torch.utils.cpp_extension import load
-
-        if ninja.BIN_DIR not in os.environ.get("PATH", "").split(os.pathsep):
-            os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
-        log.info("loading the CPU attention kernel (built on first use: ~30 s)")
-        return load(
-            "tokenyard_paged_attention",
-            SOURCES,
-            extra_cflags=CFLAGS,
-            extra_ldflags=["-fopenmp"],
-        )
+        sources = [str(CSRC / "paged_attention.cpp"), str(CSRC / "prefill_attention.cpp")]
+        return _build("tokenyard_paged_attention", sources, CFLAGS)
     except Exception as exc:  # no compiler or ninja: the PyTorch path serves
         log.warning("CPU attention kernel not built (%s): decoding with PyTorch SDPA", exc)
         return None
 
 
+@functools.cache
+def quant_matmul() -> ModuleType | None:
+    """The compiled quantized matmuls (`q4_linear`, `q8_linear`, `dequantize`), or None where they
+    cannot be built or the CPU has neither AVX2 nor AVX-512 VNNI."""
+    try:
+        module = _build("tokenyard_quant_matmul", [str(CSRC / "quant_matmul.cpp")], QUANT_CFLAGS)
+    except Exception as exc:  # no compiler, or not x86
+        log.warning("quantized matmul kernels not built (%s): using PyTorch", exc)
+        return None
+    if module.best_isa() == 0:
+        log.warning("CPU without AVX2: quantized matmuls through PyTorch")
+        return None
+    return module
+
+
+def quant_isa() -> int:
+    """The kernel path for this CPU: AVX-512 VNNI where present, else AVX2; TOKENYARD_QUANT_ISA
+    (avx512_vnni | avx2) picks a path the CPU has (tests force AVX2 this way)."""
+    module = quant_matmul()
+    best = module.best_isa() if module else 0
+    forced = os.environ.get("TOKENYARD_QUANT_ISA")
+    if forced:
+        if forced not in QUANT_ISAS:
+            raise ValueError(f"TOKENYARD_QUANT_ISA={forced!r}: one of {sorted(QUANT_ISAS)}")
+        return min(QUANT_ISAS[forced], best)
+    return best
+
+
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO)
-    module = paged_attention()
-    print(f"CPU attention kernel: {module.__file__ if module else 'not available'}")
+    attention, quant = paged_attention(), quant_matmul()
+    print(f"CPU attention kernel: {attention.__file__ if attention else 'not available'}")
+    print(f"quantized matmul kernel: {quant.__file__ if quant else 'not available'}")

@@ -1,4 +1,5 @@
-"""The step loop: schedule, run one flattened forward pass, sample, detokenize, account."""
+"""The step loop: schedule, run one flattened forward pass, sample (verifying speculative drafts),
+detokenize, account."""
 
 import itertools
 import time
@@ -14,9 +15,11 @@ from engine.loader import load_weights, resolve_model_path
 from engine.metrics import EngineMetrics
 from engine.model import LlamaModel
 from engine.packed_linear import pack_linears
+from engine.quantized_linear import effective_quantization
 from engine.sampler import Sampled, Sampler
-from engine.scheduler import Scheduler
+from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import GenerationRequest, SeqStatus, Sequence
+from engine.speculative import NgramProposer, Speculation
 from engine.tokenizer import Tokenizer
 
 
@@ -80,7 +83,8 @@ class LLMEngine:
         self.device = _device(config.device)
         self.dtype = _dtype(config.dtype, self.device)
         path = resolve_model_path(config.model)
-        self.model_config, weights = load_weights(path)
+        quantization = effective_quantization(config.quantization, self.device)
+        self.model_config, weights = load_weights(path, quantization)
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
         self.model = LlamaModel(self.model_config, self.max_model_len)
         self.model.load(weights)
@@ -104,11 +108,17 @@ class LLMEngine:
             self.model_config, num_blocks, self.block_size, self.dtype, self.device
         )
         self.blocks = BlockManager(num_blocks, self.block_size, config.enable_prefix_caching)
+        speculation = None
+        if config.speculative_tokens:
+            speculation = Speculation(
+                NgramProposer(), config.speculative_tokens, config.speculative_max_decodes
+            )
         self.scheduler = Scheduler(
             self.blocks,
             config.max_num_batched_tokens,
             config.max_num_seqs,
             config.preempt_batch_for_interactive,
+            speculation,
         )
         self.sampler = Sampler(self.tokenizer.eos_token_ids, self.device)
         self.model_name = config.served_model_name or config.model
@@ -190,15 +200,18 @@ class LLMEngine:
         positions: list[int] = []
         slices: list[SeqSlice] = []
         producing: list[Sequence] = []  # sequences whose last token is computed this step
-        rows: list[int] = []
+        drafts: list[list[int]] = []  # theirs, to verify
+        rows: list[int] = []  # the rows of their last token and drafts
         for seq, num_new in batch.items:
             first = seq.num_computed
-            input_ids += seq.token_ids[first : first + num_new]
+            draft = batch.drafts.get(seq, [])
+            input_ids += seq.token_ids[first : first + num_new - len(draft)] + draft
             positions += range(first, first + num_new)
             slices.append(SeqSlice(seq.table.blocks, first, num_new))
-            if first + num_new == seq.num_tokens:
+            if first + num_new - len(draft) == seq.num_tokens:
                 producing.append(seq)
-                rows.append(len(input_ids) - 1)
+                drafts.append(draft)
+                rows += range(len(input_ids) - 1 - len(draft), len(input_ids))
             if seq.timings.first_scheduled is None:
                 seq.timings.first_scheduled = start - seq.request.arrival
         meta = self.attention.build_metadata(slices, batch.num_decodes)
@@ -210,50 +223,69 @@ class LLMEngine:
             meta,
         )
         logits = self.model.logits(hidden[rows]) if rows else None
-        sampled = self.sampler(logits, producing) if rows else []
+        emitted = self.sampler.verify(logits, producing, drafts) if rows else []
         now = time.perf_counter()
-        self._account(batch.items, now - start)
-        outputs = [self._append(seq, s, now) for seq, s in zip(producing, sampled, strict=True)]
+        self._account(batch, dict(zip(producing, emitted, strict=True)), now - start)
+        outputs = [self._append(seq, e, now) for seq, e in zip(producing, emitted, strict=True)]
         self._update_gauges(len(batch.preempted))
         return outputs
 
-    def _account(self, items: list[tuple[Sequence, int]], elapsed: float) -> None:
-        """Split the step's wall time across its sequences by tokens processed; commit blocks."""
-        total = sum(n for _, n in items)
-        for seq, num_new in items:
-            seq.timings.compute += elapsed * num_new / total
+    def _account(
+        self, batch: ScheduledBatch, emitted: dict[Sequence, list[Sampled]], elapsed: float
+    ) -> None:
+        """Split the step's wall time across its sequences by tokens processed; roll rejected
+        drafts back; commit blocks."""
+        for seq, num_new in batch.items:
+            seq.timings.compute += elapsed * num_new / batch.num_tokens
+            tokens = seq.token_ids
+            draft = batch.drafts.get(seq)
+            if draft:  # the rejected draft tokens' slots go back; their K/V is never read
+                accepted = len(emitted[seq]) - 1
+                self.metrics.spec_proposed.inc(len(draft))
+                self.metrics.spec_accepted.inc(accepted)
+                num_new -= len(draft) - accepted
+                tokens = tokens + draft[:accepted]
+                self.blocks.truncate(seq.table, seq.num_computed + num_new)
             seq.num_computed += num_new
-            self.blocks.commit_full_blocks(seq.table, seq.token_ids, seq.num_computed)
+            # only computed tokens' full blocks get a prefix hash: never a rejected token's
+            self.blocks.commit_full_blocks(seq.table, tokens, seq.num_computed)
             if seq.num_computed >= seq.num_prompt and seq.timings.prefill_done is None:
                 seq.timings.prefill_done = time.perf_counter() - seq.request.arrival
 
-    def _append(self, seq: Sequence, sampled: Sampled, now: float) -> RequestOutput:
+    def _append(self, seq: Sequence, emitted: list[Sampled], now: float) -> RequestOutput:
+        """Add a step's tokens to the sequence until one finishes it (later ones are dropped)."""
         params, timings = seq.request.params, seq.timings
-        token = sampled.token_id
-        seq.token_ids.append(token)
-        elapsed = now - seq.request.arrival
-        if timings.first_token is None:
-            timings.first_token = elapsed
-        else:
-            timings.token_gaps.append(elapsed - timings.last_token)
-        timings.last_token = elapsed
         text = self._texts[seq.seq_id]
+        out = RequestOutput(seq.request.request_id, seq.choice, "")
+        elapsed = now - seq.request.arrival
         finish = None
-        is_eos = token in self.tokenizer.eos_token_ids and not params.ignore_eos
-        if is_eos or token in params.stop_token_ids:
-            finish = "stop"
-            delta = ""
-        else:
-            delta = text.add(
-                lambda ids: self.tokenizer.decode(ids, params.skip_special_tokens), seq.output_ids
-            )
-            if text.stopped:
+        for sampled in emitted:
+            token = sampled.token_id
+            seq.token_ids.append(token)
+            out.token_ids.append(token)
+            out.logprobs.append(sampled)
+            # tokens of one step arrive together: the gaps after the first are zero
+            if timings.first_token is None:
+                timings.first_token = elapsed
+            else:
+                timings.token_gaps.append(elapsed - timings.last_token)
+            timings.last_token = elapsed
+            is_eos = token in self.tokenizer.eos_token_ids and not params.ignore_eos
+            if is_eos or token in params.stop_token_ids:
                 finish = "stop"
-        if finish is None and (
-            len(seq.output_ids) >= params.max_tokens or seq.num_tokens >= self.max_model_len
-        ):
-            finish = "length"
-        out = RequestOutput(seq.request.request_id, seq.choice, delta, [token], [sampled])
+            else:
+                out.text += text.add(
+                    lambda ids: self.tokenizer.decode(ids, params.skip_special_tokens),
+                    seq.output_ids,
+                )
+                if text.stopped:
+                    finish = "stop"
+            if finish is None and (
+                len(seq.output_ids) >= params.max_tokens or seq.num_tokens >= self.max_model_len
+            ):
+                finish = "length"
+            if finish is not None:
+                break
         if finish is not None:
             out.text += text.flush()
             self.scheduler.finish(seq, finish)

@@ -139,6 +139,16 @@ class BlockManager:
             self.hash_to_block.setdefault(table.last_hash, block.block_id)
             table.num_hashed += 1
 
+    def truncate(self, table: BlockTable, num_tokens: int) -> None:
+        """Give back the blocks past num_tokens (the slots of rejected draft tokens). They were
+        grown for this table alone and hold no hash (only computed tokens' blocks get one), so they
+        go to the front of the free list: reused before any block that caches a prefix."""
+        while len(table.blocks) > self.blocks_needed(num_tokens):
+            block_id = table.blocks.pop()
+            self.blocks[block_id].ref_count -= 1
+            self.free[block_id] = None
+            self.free.move_to_end(block_id, last=False)
+
     def release(self, table: BlockTable) -> None:
         # last blocks first into the free list: a prefix's tail is evicted before its head
         for block_id in reversed(table.blocks):

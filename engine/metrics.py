@@ -41,3 +41,9 @@ class EngineMetrics:
             Counter, "prefix_cache_hits_tokens", "Prompt tokens found in the prefix cache"
         )
         self.preemptions = engine_wide(Counter, "preemptions", "Sequences preempted")
+        self.spec_proposed = engine_wide(
+            Counter, "spec_proposed_tokens", "Speculative draft tokens verified"
+        )
+        self.spec_accepted = engine_wide(
+            Counter, "spec_accepted_tokens", "Speculative draft tokens accepted"
+        )

@@ -12,6 +12,11 @@ from torch.nn import functional as F
 
 from engine.attention import AttentionMetadata
 from engine.config import ModelConfig
+from engine.quant import QuantizedTensor
+from engine.quantized_linear import QuantizedEmbedding, QuantizedLinear
+
+# a loaded weight: float, or block-quantized (engine/quant.py)
+Weight = torch.Tensor | QuantizedTensor
 
 
 class RMSNorm(nn.Module):
@@ -138,7 +143,8 @@ class LlamaModel(nn.Module):
         backend,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)
+        # a quantized embedding gives float32 rows: the step runs in the norms' dtype
+        x = self.embed_tokens(input_ids).to(self.norm.weight.dtype)
         rope = self.rotary(positions, x.dtype)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             x = layer(x, rope, kv_cache, backend, meta)
@@ -147,17 +153,18 @@ class LlamaModel(nn.Module):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()
 
-    def load(self, weights: dict[str, torch.Tensor]) -> None:
-        """HF-named tensors → this module (Q/K/V and gate/up fused)."""
-        state: dict[str, torch.Tensor] = {}
+    def load(self, weights: dict[str, Weight]) -> None:
+        """HF-named tensors → this module (Q/K/V and gate/up fused). Quantized weights replace
+        their layers with quantized ones; everything else is loaded as float."""
+        state: dict[str, Weight] = {}
         for i in range(self.config.num_layers):
             p = f"model.layers.{i}."
             attn, mlp = p + "self_attn.", p + "mlp."
-            state[f"layers.{i}.self_attn.qkv_proj.weight"] = torch.cat(
+            state[f"layers.{i}.self_attn.qkv_proj.weight"] = _fuse(
                 [weights[attn + f"{n}_proj.weight"] for n in "qkv"]
             )
             state[f"layers.{i}.self_attn.o_proj.weight"] = weights[attn + "o_proj.weight"]
-            state[f"layers.{i}.mlp.gate_up_proj.weight"] = torch.cat(
+            state[f"layers.{i}.mlp.gate_up_proj.weight"] = _fuse(
                 [weights[mlp + "gate_proj.weight"], weights[mlp + "up_proj.weight"]]
             )
             state[f"layers.{i}.mlp.down_proj.weight"] = weights[mlp + "down_proj.weight"]
@@ -167,4 +174,21 @@ class LlamaModel(nn.Module):
         state["norm.weight"] = weights["model.norm.weight"]
         head = "model.embed_tokens.weight" if self.config.tie_word_embeddings else "lm_head.weight"
         state["lm_head.weight"] = weights[head]
+        for name, weight in list(state.items()):
+            if isinstance(weight, QuantizedTensor):
+                path, _, _ = name.rpartition(".")
+                parent, _, attr = path.rpartition(".")
+                layer = QuantizedEmbedding if attr == "embed_tokens" else QuantizedLinear
+                setattr(self.get_submodule(parent), attr, layer(weight))
+                del state[name]
         self.load_state_dict(state, strict=True)
+
+
+def _fuse(parts: list[Weight]) -> Weight:
+    """One matrix for projections that read the same input: quantized when they all share a
+    layout, else float (a checkpoint that mixes formats across them)."""
+    if all(isinstance(p, QuantizedTensor) for p in parts) and all(
+        p.same_layout(parts[0]) for p in parts
+    ):
+        return QuantizedTensor.cat(parts)
+    return torch.cat([p.dequantize() if isinstance(p, QuantizedTensor) else p for p in parts])

@@ -48,6 +48,9 @@ class _Common(msgspec.Struct, kw_only=True):
     tenant: str | None = None
     priority: str | None = None
     request_id: str | None = None
+    # tokenyard: false opts out of speculative decoding (where the engine speculates); the output
+    # is the same either way, only its speed differs
+    speculative: bool = True
 
 
 class ChatRequest(_Common, kw_only=True):

@@ -3,9 +3,11 @@
 Penalties follow OpenAI (presence/frequency, over generated tokens) and vLLM (repetition, over
 prompt and generated tokens; min_tokens holds back EOS and stop tokens). Logprobs are those of
 the model's distribution after penalties, before temperature and truncation (as vLLM reports).
+Speculative drafts are verified here too (`verify`).
 """
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 import torch
 
@@ -30,38 +32,62 @@ class Sampler:
 
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[Sampled]:
         """logits [N, V] (fp32), one row per sequence that produces a token this step."""
-        for row, seq in enumerate(seqs):
-            self._penalize(logits[row], seq)
+        return [out[0] for out in self.verify(logits, seqs, [[] for _ in seqs])]
+
+    def verify(
+        self, logits: torch.Tensor, seqs: list[Sequence], drafts: list[list[int]]
+    ) -> list[list[Sampled]]:
+        """The tokens each sequence emits: its accepted draft tokens, then one more.
+
+        logits [sum(1 + len(draft)), V] (fp32): per sequence, in order, the rows of its last token
+        and of each draft token. Row i is sampled as it would be without speculation (penalties
+        counting the draft tokens before it) and the draft's token i is accepted while the sample
+        equals it. For a deterministic proposal t that is rejection sampling: t is accepted with
+        probability p(t), and a sample that differs is distributed as p without t, renormalised
+        (the residual). So the output distribution is exact, greedy output is unchanged, and a
+        seeded request draws one number per emitted token, as without speculation: the same seed
+        gives the same tokens with or without it (up to floating-point noise in the logits).
+        """
+        ends = accumulate(1 + len(d) for d in drafts)
+        spans = [range(end - 1 - len(d), end) for d, end in zip(drafts, ends, strict=True)]
+        for seq, draft, span in zip(seqs, drafts, spans, strict=True):
+            for i, row in enumerate(span):
+                self._penalize(logits[row], seq, draft[:i])
         need_logprobs = any(s.request.params.logprobs is not None for s in seqs)
         logprobs = torch.log_softmax(logits, dim=-1) if need_logprobs else None
         greedy = logits.argmax(dim=-1).tolist()
         out = []
-        for row, seq in enumerate(seqs):
+        for seq, draft, span in zip(seqs, drafts, spans, strict=True):
             params = seq.request.params
-            token = greedy[row] if params.greedy else self._sample(logits[row], seq)
-            sampled = Sampled(token)
-            if logprobs is not None and params.logprobs is not None:
-                sampled.logprob = logprobs[row, token].item()
-                if params.logprobs:
-                    values, ids = logprobs[row].topk(params.logprobs)
-                    sampled.top_logprobs = list(zip(ids.tolist(), values.tolist(), strict=True))
-            out.append(sampled)
+            emitted = []
+            for i, row in enumerate(span):
+                token = greedy[row] if params.greedy else self._sample(logits[row], seq)
+                sampled = Sampled(token)
+                if logprobs is not None and params.logprobs is not None:
+                    sampled.logprob = logprobs[row, token].item()
+                    if params.logprobs:
+                        values, ids = logprobs[row].topk(params.logprobs)
+                        sampled.top_logprobs = list(zip(ids.tolist(), values.tolist(), strict=True))
+                emitted.append(sampled)
+                if i == len(draft) or token != draft[i]:
+                    break
+            out.append(emitted)
         return out
 
-    def _penalize(self, logits: torch.Tensor, seq: Sequence) -> None:
+    def _penalize(self, logits: torch.Tensor, seq: Sequence, ahead: list[int]) -> None:
+        """ahead: draft tokens between the sequence's tokens and this row, counted as generated."""
         params = seq.request.params
         if params.repetition_penalty != 1.0:
-            seen = torch.tensor(seq.token_ids, device=self.device).unique()
+            seen = torch.tensor(seq.token_ids + ahead, device=self.device).unique()
             scores = logits[seen]
             logits[seen] = torch.where(
                 scores > 0, scores / params.repetition_penalty, scores * params.repetition_penalty
             )
-        if (params.presence_penalty or params.frequency_penalty) and seq.output_ids:
-            ids, counts = torch.tensor(seq.output_ids, device=self.device).unique(
-                return_counts=True
-            )
+        output = seq.output_ids + ahead
+        if (params.presence_penalty or params.frequency_penalty) and output:
+            ids, counts = torch.tensor(output, device=self.device).unique(return_counts=True)
             logits[ids] -= params.frequency_penalty * counts + params.presence_penalty
-        if len(seq.output_ids) < params.min_tokens:
+        if len(output) < params.min_tokens:
             banned = list(params.stop_token_ids)
             if not params.ignore_eos:
                 banned += self.eos_token_ids

@@ -4,7 +4,8 @@ Every step takes all running decodes, then prefill chunks within the token budge
 prefill). Waiting sequences are admitted by free KV blocks, interactive before batch and, within a
 class, the tenant with the fewest running sequences first. When blocks run out, the lowest-priority,
 latest-arrived running sequence is preempted (its blocks freed, recomputed later), so interactive
-work is never preempted for batch work.
+work is never preempted for batch work. With speculation on, decodes then take draft tokens to
+verify, in whatever budget and free blocks are left.
 """
 
 from collections import deque
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 
 from engine.kv_cache import BlockManager
 from engine.sequence import Priority, SeqStatus, Sequence
+from engine.speculative import Speculation
 
 
 @dataclass
@@ -19,6 +21,8 @@ class ScheduledBatch:
     items: list[tuple[Sequence, int]]  # (sequence, new tokens this step); decodes first
     num_decodes: int
     preempted: list[Sequence] = field(default_factory=list)
+    # a speculating sequence's draft: the last of its new tokens (its slots are allocated)
+    drafts: dict[Sequence, list[int]] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:
@@ -32,11 +36,13 @@ class Scheduler:
         max_num_batched_tokens: int,
         max_num_seqs: int,
         preempt_batch_for_interactive: bool = True,
+        speculation: Speculation | None = None,
     ):
         self.blocks = blocks
         self.max_num_batched_tokens = max_num_batched_tokens
         self.max_num_seqs = max_num_seqs
         self.preempt_batch_for_interactive = preempt_batch_for_interactive
+        self.speculation = speculation
         # per priority class, per tenant, a FIFO of waiting sequences
         self.waiting: dict[Priority, dict[str, deque[Sequence]]] = {p: {} for p in Priority}
         self.running: list[Sequence] = []
@@ -164,12 +170,41 @@ class Scheduler:
             scheduled[seq] = num_new
             budget -= num_new
 
-        # decodes first, shortest context first (attention batches decodes of similar length)
+        # 3. drafts for the decodes to verify, last: they never delay a prefill or preempt anyone
+        drafts = self._draft(self.speculation, scheduled, budget) if self.speculation else {}
+
+        # decodes first, shortest context first (attention batches decodes of similar length);
+        # a speculating sequence's 1 + n tokens run as a small prefill chunk
         items = sorted(
             scheduled.items(), key=lambda it: (it[1] != 1, it[0].num_tokens * (it[1] == 1))
         )
         num_decodes = sum(1 for _, n in items if n == 1)
-        return ScheduledBatch(items, num_decodes, preempted)
+        return ScheduledBatch(items, num_decodes, preempted, drafts)
+
+    def _draft(
+        self, spec: Speculation, scheduled: dict[Sequence, int], budget: int
+    ) -> dict[Sequence, list[int]]:
+        """Proposed tokens for decodes, with their slots allocated, within the budget and free
+        blocks left; none while more decodes run than speculation pays for."""
+        decodes = [s for s, n in scheduled.items() if n == 1 and s.num_computed + 1 == s.num_tokens]
+        if len(decodes) > spec.max_decodes:
+            return {}
+        drafts = {}
+        for seq in decodes:
+            # the step emits the accepted draft plus one token: never more than max_tokens
+            left = seq.request.params.max_tokens - (seq.num_tokens - seq.num_prompt)
+            room = min(spec.num_tokens, budget, left - 1)
+            if not seq.request.speculative or room <= 0:
+                continue
+            draft = spec.proposer.propose(seq.token_ids, room)
+            num_tokens = seq.num_tokens + len(draft)
+            if not draft or not self.blocks.can_grow(seq.table, num_tokens):
+                continue
+            self.blocks.grow(seq.table, num_tokens)
+            scheduled[seq] += len(draft)
+            budget -= len(draft)
+            drafts[seq] = draft
+        return drafts
 
     def _make_room_for_interactive(self) -> list[Sequence]:
         """An interactive sequence that cannot be admitted preempts running batch sequences."""

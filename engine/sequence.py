@@ -47,6 +47,7 @@ class GenerationRequest:
     priority: Priority = Priority.INTERACTIVE
     tenant: str = "default"
     arrival: float = field(default_factory=time.perf_counter)
+    speculative: bool = True  # may its decodes verify drafts (when the engine speculates)
 
 
 class SeqStatus(enum.Enum):

@@ -160,6 +160,7 @@ def create_app(engine: AsyncEngine) -> Litestar:
             n=body.n,
             priority=parse_priority(headers.get("x-priority") or body.priority),
             tenant=headers.get("x-tenant") or body.tenant or body.user or "default",
+            speculative=body.speculative,
         )
         core.validate(gen)
         return gen

@@ -34,6 +34,8 @@ class Settings(BaseSettings):
     engine_device: str = "auto"
     # auto: bf16 on CUDA and on CPUs with bf16 dot products (AVX512-BF16, AMX), else fp32
     engine_dtype: str = "auto"
+    # CPU weight matrices: auto (a GGUF's quantized ones as shipped) | none | int8 | int4
+    engine_quantization: str = "none"
     engine_cpu_kernel: bool = True  # attention with the compiled CPU kernels (else SDPA)
     engine_block_size: int = 0  # 0: the device's default (16 on CPU, 256 with flash-attn)
     engine_kv_cache_gib: float = 1.0

@@ -35,8 +35,9 @@ def engine_factory():
     """Loading takes seconds, so engines are built once per configuration and shared."""
 
     def make(**overrides) -> LLMEngine:
-        # fp32 unless asked: the reference runs fp32, and its tokens are compared one for one
-        overrides = {"dtype": "float32", **overrides}
+        # fp32 and the GGUF dequantized unless asked: the reference runs fp32, and its tokens are
+        # compared one for one (quantized weights are tested against it in test_quant_*.py)
+        overrides = {"dtype": "float32", "quantization": "none", **overrides}
         key = tuple(sorted(overrides.items()))
         if key not in _ENGINES:
             _ENGINES[key] = LLMEngine(EngineConfig(device="cpu", **overrides))

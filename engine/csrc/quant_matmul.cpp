@@ -1,0 +1,376 @@
+// Matmuls on block-quantized weights for CPUs: y[M, N] = x[M, K] @ W[N, K]^T, reading each 4- or
+// 8-bit weight once. Decode steps multiply a few rows by every weight of the model, so their time
+// is the time to stream the weights from memory: a quarter (q8) or an eighth (q4) of fp32's bytes.
+//
+// Weights come in blocks along K, each with fp32 scales (engine/quant.py converts every GGUF format
+// to one of these two without rounding anything):
+//   q4: 32 weights a block, w = d * q + m with q in 0..15, two a byte (GGML's order: byte j holds
+//       weight j in its low nibble and weight j + 16 in its high one)
+//   q8: `group` (32, or 16 for Q6_K) weights a scale, w = d * q with q in -128..127
+// Activations are quantized per row in blocks of 32 to int8 (a = s * qa, |qa| <= 127), so that the
+// dot products run on the CPU's int8 instructions: AVX-512 VNNI's vpdpbusd (u8 x s8, 64 pairs into
+// 16 int32 sums) where present, else AVX2's vpmaddubsw (u8 x s8 pairs into int16, exact here: at
+// most 2 * 128 * 127 < 32768). Both take one unsigned operand: q4 weights are unsigned already;
+// for q8 the weight's sign moves onto the activation (|w| * sign(w) * qa). Each block's int32 sum
+// is scaled in fp32 (d * s); q4's offsets, m * (s * sum qa) per block, are one small float
+// matmul over every row and output afterwards.
+//
+// Both paths are compiled whatever the build machine (function target attributes) and picked at
+// run time by the caller (`isa`: 2 = AVX-512 VNNI, 1 = AVX2), so tests can force the AVX2 one.
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr int64_t QB = 32;  // activation block, and q4's weight block
+constexpr int64_t MR = 4;   // activation rows that share one pass over a weight row
+
+#define AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
+#define VNNI_TARGET \
+  __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")))
+
+// Activations quantized per block of 32: qa (int8), the block's scale s (also repeated for each
+// of the 8 int32 sums a block's dot product has on AVX-512, ready to load) and s * sum(qa).
+struct QuantRows {
+  std::vector<int8_t> q;
+  std::vector<float> scale, lane_scale, sum;
+  int64_t blocks;
+  const int8_t* row(int64_t m) const { return q.data() + m * blocks * QB; }
+  const float* s(int64_t m) const { return scale.data() + m * blocks; }
+  const float* lanes(int64_t m) const { return lane_scale.data() + m * blocks * 8; }
+  const float* ssum(int64_t m) const { return sum.data() + m * blocks; }
+};
+
+template <typename T>
+QuantRows quantize_rows(const T* x, int64_t M, int64_t K) {
+  const int64_t nb = K / QB;
+  QuantRows out{std::vector<int8_t>(M * K), std::vector<float>(M * nb),
+                std::vector<float>(M * nb * 8), std::vector<float>(M * nb), nb};
+  int8_t* q = out.q.data();
+  float* scale = out.scale.data();
+  float* lanes = out.lane_scale.data();
+  float* sum = out.sum.data();
+  at::parallel_for(0, M * nb, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const T* src = x + i * QB;
+      float amax = 0.f;
+      for (int64_t j = 0; j < QB; ++j) amax = std::max(amax, std::fabs(static_cast<float>(src[j])));
+      const float s = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+      int32_t total = 0;
+      for (int64_t j = 0; j < QB; ++j) {
+        const auto v = static_cast<int8_t>(std::nearbyint(static_cast<float>(src[j]) * inv));
+        q[i * QB + j] = v;
+        total += v;
+      }
+      scale[i] = s;
+      for (int64_t l = 0; l < 8; ++l) lanes[i * 8 + l] = s;
+      sum[i] = s * static_cast<float>(total);
+    }
+  });
+  return out;
+}
+
+// ------------------------------------------------------------------ AVX2: one block of 32 at a time
+
+AVX2_TARGET inline float hsum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
+// 8 int32 sums of 4 products each (lane i: weights 4i..4i+3) of unsigned w and signed a
+AVX2_TARGET inline __m256i dot4_avx2(__m256i w, __m256i a) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), _mm256_set1_epi16(1));
+}
+
+AVX2_TARGET inline __m256i unpack_q4_avx2(const uint8_t* qs) {
+  const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(x, 4), x);
+  return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+}
+
+// the per-lane weight scale of one block of 32: d[0] everywhere, or d[0] then d[1] for groups of 16
+AVX2_TARGET inline __m256 block_scale_avx2(const float* d, int64_t group) {
+  return group == QB ? _mm256_set1_ps(d[0])
+                     : _mm256_set_m128(_mm_set1_ps(d[1]), _mm_set1_ps(d[0]));
+}
+
+template <int R>
+AVX2_TARGET void q4_rows_avx2(const uint8_t* qs, const float* d, const QuantRows& a, int64_t m0,
+                              int64_t nb, float* out) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m256i w = unpack_q4_avx2(qs + b * QB / 2);
+    for (int r = 0; r < R; ++r) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.row(m0 + r) + b * QB));
+      const __m256 p = _mm256_cvtepi32_ps(dot4_avx2(w, x));
+      acc[r] = _mm256_fmadd_ps(p, _mm256_set1_ps(d[b] * a.s(m0 + r)[b]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum256(acc[r]);
+}
+
+template <int R>
+AVX2_TARGET void q8_rows_avx2(const int8_t* qs, const float* d, int64_t group,
+                              const QuantRows& a, int64_t m0, int64_t nb, float* out) {
+  __m256 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+  const int64_t per_block = QB / group;
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + b * QB));
+    const __m256i w_abs = _mm256_sign_epi8(w, w);  // -128 stays 0x80: 128 as unsigned
+    const __m256 wd = block_scale_avx2(d + b * per_block, group);
+    for (int r = 0; r < R; ++r) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.row(m0 + r) + b * QB));
+      const __m256 p = _mm256_cvtepi32_ps(dot4_avx2(w_abs, _mm256_sign_epi8(x, w)));
+      acc[r] = _mm256_fmadd_ps(p, _mm256_mul_ps(wd, _mm256_set1_ps(a.s(m0 + r)[b])), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = hsum256(acc[r]);
+}
+
+// ------------------------------------------------------------------ AVX-512 VNNI: two blocks a step
+
+// per lane of 16 int32 sums over 64 weights: the scale of the lane's group, from `scales` (one per
+// `group` weights; `count` of them cover the 64)
+VNNI_TARGET inline __m512 spread_scales(const float* scales, int64_t group) {
+  const __m512i idx = group == QB ? _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0)
+                                  : _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+  const __mmask16 count = group == QB ? 0x3 : 0xF;
+  return _mm512_permutexvar_ps(idx, _mm512_maskz_loadu_ps(count, scales));
+}
+
+// 64 weights of q4 (two blocks, 32 bytes) as bytes in order: [lo(0..15), hi(0..15), lo(16..31),
+// hi(16..31)] holds block 0's weights 0..31 then block 1's
+VNNI_TARGET inline __m512i unpack_q4_avx512(const uint8_t* qs) {
+  const __m512i x = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs)));
+  const __m512i doubled = _mm512_permutexvar_epi64(_mm512_set_epi64(3, 2, 3, 2, 1, 0, 1, 0), x);
+  const __m512i shifted = _mm512_srlv_epi64(doubled, _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0));
+  return _mm512_and_si512(shifted, _mm512_set1_epi8(0x0F));
+}
+
+template <int R>
+VNNI_TARGET void q4_rows_vnni(const uint8_t* qs, const float* d, const QuantRows& a, int64_t m0,
+                              int64_t nb, float* out) {
+  __m512 acc[R];
+  __m256 tail[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps(), tail[r] = _mm256_setzero_ps();
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    const __m512i w = unpack_q4_avx512(qs + b * QB / 2);
+    const __m512 wd = spread_scales(d + b, QB);
+    for (int r = 0; r < R; ++r) {
+      const __m512i x = _mm512_loadu_si512(a.row(m0 + r) + b * QB);
+      const __m512 p = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w, x));
+      acc[r] = _mm512_fmadd_ps(p, _mm512_mul_ps(wd, _mm512_loadu_ps(a.lanes(m0 + r) + b * 8)), acc[r]);
+    }
+  }
+  if (b < nb) {  // K an odd number of blocks: the last one on 256-bit vectors
+    const __m256i w = unpack_q4_avx2(qs + b * QB / 2);
+    for (int r = 0; r < R; ++r) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.row(m0 + r) + b * QB));
+      const __m256 p = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x));
+      tail[r] = _mm256_mul_ps(p, _mm256_set1_ps(d[b] * a.s(m0 + r)[b]));
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(acc[r]) + hsum256(tail[r]);
+}
+
+template <int R>
+VNNI_TARGET void q8_rows_vnni(const int8_t* qs, const float* d, int64_t group,
+                              const QuantRows& a, int64_t m0, int64_t nb, float* out) {
+  __m512 acc[R];
+  __m256 tail[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps(), tail[r] = _mm256_setzero_ps();
+  const int64_t per_block = QB / group;
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    const __m512i w = _mm512_loadu_si512(qs + b * QB);
+    const __m512i w_abs = _mm512_abs_epi8(w);  // -128 stays 0x80: 128 as unsigned
+    const __mmask64 negative = _mm512_movepi8_mask(w);
+    const __m512 wd = spread_scales(d + b * per_block, group);
+    for (int r = 0; r < R; ++r) {
+      __m512i x = _mm512_loadu_si512(a.row(m0 + r) + b * QB);
+      x = _mm512_mask_sub_epi8(x, negative, _mm512_setzero_si512(), x);
+      const __m512 p = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w_abs, x));
+      acc[r] = _mm512_fmadd_ps(p, _mm512_mul_ps(wd, _mm512_loadu_ps(a.lanes(m0 + r) + b * 8)), acc[r]);
+    }
+  }
+  if (b < nb) {
+    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + b * QB));
+    const __m256i w_abs = _mm256_sign_epi8(w, w);
+    const __m256 wd = block_scale_avx2(d + b * per_block, group);
+    for (int r = 0; r < R; ++r) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.row(m0 + r) + b * QB));
+      const __m256i xs = _mm256_sign_epi8(x, w);
+      const __m256 p = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), w_abs, xs));
+      tail[r] = _mm256_mul_ps(p, _mm256_mul_ps(wd, _mm256_set1_ps(a.s(m0 + r)[b])));
+    }
+  }
+  for (int r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(acc[r]) + hsum256(tail[r]);
+}
+
+// ------------------------------------------------------------------ driver
+
+// calls rows<R>(m0, out) for every chunk of at most MR activation rows, R a compile-time count
+template <typename Fn>
+inline void each_row_chunk(int64_t M, float* out, Fn&& rows) {
+  for (int64_t m0 = 0; m0 < M; m0 += MR) {
+    float y[MR];
+    const int64_t r = std::min(MR, M - m0);
+    switch (r) {
+      case 4: rows(std::integral_constant<int, 4>{}, m0, y); break;
+      case 3: rows(std::integral_constant<int, 3>{}, m0, y); break;
+      case 2: rows(std::integral_constant<int, 2>{}, m0, y); break;
+      default: rows(std::integral_constant<int, 1>{}, m0, y); break;
+    }
+    std::memcpy(out + m0, y, r * sizeof(float));
+  }
+}
+
+QuantRows quantize_input(const torch::Tensor& x) {
+  const int64_t K = x.size(1);
+  if (x.scalar_type() == torch::kBFloat16)
+    return quantize_rows(x.data_ptr<at::BFloat16>(), x.size(0), K);
+  TORCH_CHECK(x.scalar_type() == torch::kFloat32, "quantized matmuls take float32 or bfloat16");
+  return quantize_rows(x.data_ptr<float>(), x.size(0), K);
+}
+
+// y[M, N] (fp32, a transposed view) from weight_row(n, yt[n]) filling yt[N, M]: each weight row
+// is read once for all the M rows of x
+template <typename RowFn>
+torch::Tensor matmul(int64_t M, int64_t N, RowFn&& weight_row) {
+  torch::Tensor yt = torch::empty({N, M}, torch::kFloat32);
+  float* y = yt.data_ptr<float>();
+  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) weight_row(n, y + n * M);
+  });
+  return yt.t();
+}
+
+void check_input(const torch::Tensor& x) {
+  TORCH_CHECK(x.dim() == 2 && x.size(1) % QB == 0, "x must be [M, K] with K a multiple of 32");
+}
+
+void check_weights(const torch::Tensor& qs, const torch::Tensor& d) {
+  TORCH_CHECK(qs.is_contiguous() && d.is_contiguous(), "quantized weights must be contiguous");
+  TORCH_CHECK(d.scalar_type() == torch::kFloat32, "block scales must be float32");
+  TORCH_CHECK(d.size(0) == qs.size(0), "one row of scales per weight row");
+}
+
+torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d, torch::Tensor mn,
+                        int64_t isa) {
+  check_input(x);
+  const int64_t M = x.size(0), K = x.size(1), nb = K / QB;
+  check_weights(qs, d);
+  TORCH_CHECK(qs.size(1) * 2 == K && d.size(1) == nb && mn.sizes() == d.sizes(), "q4 shapes");
+  QuantRows a = quantize_input(x.contiguous());
+  const uint8_t* w = qs.data_ptr<uint8_t>();
+  const float* dp = d.data_ptr<float>();
+  torch::Tensor y = matmul(M, qs.size(0), [&](int64_t n, float* out) {
+    const uint8_t* wq = w + n * K / 2;
+    const float* wd = dp + n * nb;
+    each_row_chunk(M, out, [&](auto r, int64_t m0, float* y) {
+      if (isa == 2)
+        q4_rows_vnni<decltype(r)::value>(wq, wd, a, m0, nb, y);
+      else
+        q4_rows_avx2<decltype(r)::value>(wq, wd, a, m0, nb, y);
+    });
+  });
+  y.addmm_(torch::from_blob(a.sum.data(), {M, nb}, torch::kFloat32), mn.t());
+  return y.to(x.scalar_type()).contiguous();
+}
+
+torch::Tensor q8_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d, int64_t group,
+                        int64_t isa) {
+  check_input(x);
+  const int64_t M = x.size(0), K = x.size(1), nb = K / QB;
+  check_weights(qs, d);
+  TORCH_CHECK(group == 32 || group == 16, "q8 scales cover 32 or 16 weights");
+  TORCH_CHECK(qs.size(1) == K && d.size(1) == K / group, "q8 shapes");
+  const QuantRows a = quantize_input(x.contiguous());
+  const int8_t* w = qs.data_ptr<int8_t>();
+  const float* dp = d.data_ptr<float>();
+  torch::Tensor y = matmul(M, qs.size(0), [&](int64_t n, float* out) {
+    const int8_t* wq = w + n * K;
+    const float* wd = dp + n * (K / group);
+    each_row_chunk(M, out, [&](auto r, int64_t m0, float* y) {
+      if (isa == 2)
+        q8_rows_vnni<decltype(r)::value>(wq, wd, group, a, m0, nb, y);
+      else
+        q8_rows_avx2<decltype(r)::value>(wq, wd, group, a, m0, nb, y);
+    });
+  });
+  return y.to(x.scalar_type()).contiguous();
+}
+
+// The weights as a dense [N, K] matrix of `out`'s dtype, written in place: prefill steps (hundreds
+// of rows) multiply faster through oneDNN's bf16/fp32 matmuls than through int8 dot products.
+template <typename T>
+void dequantize_into(const torch::Tensor& qs, const torch::Tensor& d, const torch::Tensor& mn,
+                     int64_t group, torch::Tensor& out) {
+  const int64_t N = out.size(0), K = out.size(1);
+  const float* dp = d.data_ptr<float>();
+  T* o = out.data_ptr<T>();
+  const bool q4 = qs.scalar_type() == torch::kUInt8;
+  const uint8_t* q4s = q4 ? qs.data_ptr<uint8_t>() : nullptr;
+  const int8_t* q8s = q4 ? nullptr : qs.data_ptr<int8_t>();
+  const float* mp = q4 ? mn.data_ptr<float>() : nullptr;
+  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      T* row = o + n * K;
+      if (q4) {
+        const uint8_t* q = q4s + n * K / 2;
+        const float *rd = dp + n * (K / QB), *rm = mp + n * (K / QB);
+        for (int64_t b = 0; b < K / QB; ++b)
+          for (int64_t j = 0; j < QB / 2; ++j) {
+            const uint8_t byte = q[b * QB / 2 + j];
+            row[b * QB + j] = static_cast<T>(rd[b] * static_cast<float>(byte & 0x0F) + rm[b]);
+            row[b * QB + j + QB / 2] = static_cast<T>(rd[b] * static_cast<float>(byte >> 4) + rm[b]);
+          }
+      } else {
+        const int8_t* q = q8s + n * K;
+        const float* rd = dp + n * (K / group);
+        for (int64_t k = 0; k < K; ++k) row[k] = static_cast<T>(rd[k / group] * static_cast<float>(q[k]));
+      }
+    }
+  });
+}
+
+torch::Tensor dequantize(torch::Tensor qs, torch::Tensor d, torch::Tensor mn, int64_t group,
+                         int64_t K, torch::ScalarType dtype) {
+  torch::Tensor out = torch::empty({qs.size(0), K}, dtype);
+  if (dtype == torch::kBFloat16)
+    dequantize_into<at::BFloat16>(qs, d, mn, group, out);
+  else {
+    TORCH_CHECK(dtype == torch::kFloat32, "dequantize to float32 or bfloat16");
+    dequantize_into<float>(qs, d, mn, group, out);
+  }
+  return out;
+}
+
+// 2: AVX-512 VNNI, 1: AVX2, 0: neither (the caller stays on PyTorch)
+int64_t best_isa() {
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl"))
+    return 2;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return 1;
+  return 0;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("q4_linear", &q4_linear, "x @ W.T for 4-bit weights (d * q + m, blocks of 32)");
+  m.def("q8_linear", &q8_linear, "x @ W.T for 8-bit weights (d * q, a scale per group)");
+  m.def("dequantize", &dequantize, "quantized weights as a dense matrix");
+  m.def("best_isa", &best_isa, "2: AVX-512 VNNI, 1: AVX2, 0: neither");
+}

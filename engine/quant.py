@@ -1,0 +1,203 @@
+"""Block-quantized weights: GGUF's formats converted losslessly into the two layouts the CPU
+kernels multiply (engine/csrc/quant_matmul.cpp), quantization of float checkpoints at load, and
+the PyTorch reference (dequantize) that tests and machines without the kernels use.
+
+    q4: blocks of 32 weights along a row, w = d * q + m, q in 0..15 two a byte in GGML's order
+        (byte j: weight j in the low nibble, weight j + 16 in the high one); d, m fp32 per block.
+        Holds Q4_0 (m = -8d), Q4_1, Q4_K (d = d_super * scale, m = -dmin_super * min) and int4.
+    q8: w = d * q, q int8, d fp32 per `group` weights (32; 16 for Q6_K's sub-blocks).
+        Holds Q8_0, Q6_K (q - 32 and d * scale, both exact) and int8.
+Every conversion is exact: GGUF's fp16 scales times small integer scales fit fp32's mantissa.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+BLOCK = 32  # weights per q4 block, and per activation block in the kernels
+QUANTIZATIONS = ("auto", "none", "int8", "int4")
+# GGUF tensor types the loader keeps quantized; others (F32, F16, BF16, ...) are dequantized
+GGUF_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q8_0", "Q6_K")
+
+
+@dataclass
+class QuantizedTensor:
+    """A [rows, cols] weight matrix in one of the kernels' layouts."""
+
+    kind: str  # "q4" | "q8"
+    qs: torch.Tensor  # q4: uint8 [rows, cols / 2]; q8: int8 [rows, cols]
+    scales: torch.Tensor  # float32 [rows, cols / group]
+    mins: torch.Tensor | None  # q4: float32 [rows, cols / 32]
+    group: int  # weights per scale
+    source: str  # the GGUF type it came from, or int8 / int4 when quantized at load
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        rows, width = self.qs.shape
+        return rows, width * 2 if self.kind == "q4" else width
+
+    @property
+    def nbytes(self) -> int:
+        parts = (self.qs, self.scales, self.mins)
+        return sum(t.numel() * t.element_size() for t in parts if t is not None)
+
+    def values(self, rows: torch.Tensor | slice = slice(None)) -> torch.Tensor:
+        """The integer levels q of `rows` as float32 [n, cols]."""
+        qs = self.qs[rows]
+        if self.kind == "q8":
+            return qs.float()
+        blocks = qs.reshape(qs.shape[0], -1, BLOCK // 2)
+        return torch.stack((blocks & 0x0F, blocks >> 4), dim=2).reshape(qs.shape[0], -1).float()
+
+    def dequantize(self, rows: torch.Tensor | slice = slice(None)) -> torch.Tensor:
+        """The reference: float32 [n, cols] of `rows` (all of them by default)."""
+        q = self.values(rows)
+        n, cols = q.shape
+        grouped = q.reshape(n, cols // self.group, self.group) * self.scales[rows].unsqueeze(-1)
+        if self.mins is not None:
+            grouped = grouped + self.mins[rows].unsqueeze(-1)
+        return grouped.reshape(n, cols)
+
+    def permute_rows(self, order: torch.Tensor) -> "QuantizedTensor":
+        """The same weights with rows reordered (blocks run along rows, so rows move whole)."""
+        mins = None if self.mins is None else self.mins[order]
+        return QuantizedTensor(
+            self.kind, self.qs[order], self.scales[order], mins, self.group, self.source
+        )
+
+    @staticmethod
+    def cat(parts: list["QuantizedTensor"]) -> "QuantizedTensor":
+        """Row-wise concatenation (fused projections) of tensors of one layout."""
+        first = parts[0]
+        mins = None if first.mins is None else torch.cat([p.mins for p in parts])
+        return QuantizedTensor(
+            first.kind,
+            torch.cat([p.qs for p in parts]),
+            torch.cat([p.scales for p in parts]),
+            mins,
+            first.group,
+            "+".join(sorted({p.source for p in parts})),
+        )
+
+    def same_layout(self, other: "QuantizedTensor") -> bool:
+        return (self.kind, self.group) == (other.kind, other.group)
+
+
+# ---------------------------------------------------------------- packing
+
+
+def pack_q4(levels: np.ndarray, d: np.ndarray, m: np.ndarray, source: str) -> QuantizedTensor:
+    """levels: uint8 [rows, cols] in 0..15; d, m: per block of 32, [rows, cols / 32]."""
+    rows, cols = levels.shape
+    blocks = levels.reshape(rows, cols // BLOCK, 2, BLOCK // 2)
+    qs = (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(rows, cols // 2)
+    return QuantizedTensor(
+        "q4",
+        torch.from_numpy(np.ascontiguousarray(qs, dtype=np.uint8)),
+        _f32(d, rows),
+        _f32(m, rows),
+        BLOCK,
+        source,
+    )
+
+
+def pack_q8(levels: np.ndarray, d: np.ndarray, group: int, source: str) -> QuantizedTensor:
+    rows = levels.shape[0]
+    qs = torch.from_numpy(np.ascontiguousarray(levels, dtype=np.int8))
+    return QuantizedTensor("q8", qs, _f32(d, rows), None, group, source)
+
+
+def _f32(x: np.ndarray, rows: int) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32).reshape(rows, -1))
+
+
+# ---------------------------------------------------------------- GGUF blocks → layouts
+
+
+def from_gguf(raw: np.ndarray, type_name: str, rows: int, cols: int) -> QuantizedTensor:
+    """A GGUF tensor's raw blocks (uint8, as gguf's reader gives them) in a kernel layout."""
+    blocks = np.ascontiguousarray(raw).reshape(rows * cols // _BLOCK_WEIGHTS[type_name], -1)
+    return _CONVERTERS[type_name](blocks, rows, cols)
+
+
+def _f16(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x).view(np.float16).astype(np.float32)
+
+
+def _nibbles(qs: np.ndarray, width: int) -> np.ndarray:
+    """GGML packs runs of `width` bytes: low nibbles are the run's first `width` weights, high
+    nibbles the next `width`."""
+    runs = qs.reshape(qs.shape[0], -1, 1, width) >> np.array([0, 4], np.uint8).reshape(1, 1, 2, 1)
+    return (runs & 0x0F).reshape(qs.shape[0], -1)
+
+
+def _q4_0(blocks: np.ndarray, rows: int, cols: int) -> QuantizedTensor:
+    d = _f16(blocks[:, :2])
+    levels = _nibbles(blocks[:, 2:], BLOCK // 2)
+    return pack_q4(levels.reshape(rows, cols), d, -8 * d, "Q4_0")
+
+
+def _q4_1(blocks: np.ndarray, rows: int, cols: int) -> QuantizedTensor:
+    levels = _nibbles(blocks[:, 4:], BLOCK // 2)
+    return pack_q4(levels.reshape(rows, cols), _f16(blocks[:, :2]), _f16(blocks[:, 2:4]), "Q4_1")
+
+
+def _q8_0(blocks: np.ndarray, rows: int, cols: int) -> QuantizedTensor:
+    levels = np.ascontiguousarray(blocks[:, 2:]).view(np.int8)
+    return pack_q8(levels.reshape(rows, cols), _f16(blocks[:, :2]), BLOCK, "Q8_0")
+
+
+def _q4_k(blocks: np.ndarray, rows: int, cols: int) -> QuantizedTensor:
+    # 256 weights: d, dmin (fp16), 8 six-bit (scale, min) pairs packed in 12 bytes, 128 bytes of
+    # nibbles in runs of 32; sub-block j: w = d * scale_j * q - dmin * min_j
+    d, dmin = _f16(blocks[:, :2]), _f16(blocks[:, 2:4])
+    packed = blocks[:, 4:16].reshape(-1, 3, 4)
+    lo, hi, mixed = packed[:, 0], packed[:, 1], packed[:, 2]
+    scale = np.concatenate([lo & 0x3F, (mixed & 0x0F) | ((lo >> 2) & 0x30)], axis=-1)
+    minimum = np.concatenate([hi & 0x3F, (mixed >> 4) | ((hi >> 2) & 0x30)], axis=-1)
+    levels = _nibbles(blocks[:, 16:], BLOCK)
+    return pack_q4(
+        levels.reshape(rows, cols),
+        (d * scale.astype(np.float32)).reshape(rows, -1),
+        (-(dmin * minimum.astype(np.float32))).reshape(rows, -1),
+        "Q4_K",
+    )
+
+
+def _q6_k(blocks: np.ndarray, rows: int, cols: int) -> QuantizedTensor:
+    # 256 weights: 128 bytes of low nibbles (runs of 64), 64 bytes of high 2-bit pairs (runs of
+    # 32, four shifts), 16 int8 scales (one per 16 weights), d (fp16); w = d * scale * (q - 32)
+    n = blocks.shape[0]
+    low = _nibbles(blocks[:, :128], 64).reshape(n, -1, 32)
+    shifts = np.array([0, 2, 4, 6], np.uint8).reshape(1, 1, 4, 1)
+    high = ((blocks[:, 128:192].reshape(n, -1, 1, 32) >> shifts) & 0x03).reshape(n, -1, 32)
+    levels = (low | (high << 4)).astype(np.int8) - np.int8(32)
+    scale = np.ascontiguousarray(blocks[:, 192:208]).view(np.int8).astype(np.float32)
+    d = _f16(blocks[:, 208:210]) * scale
+    return pack_q8(levels.reshape(rows, cols), d.reshape(rows, -1), 16, "Q6_K")
+
+
+_CONVERTERS = {"Q4_0": _q4_0, "Q4_1": _q4_1, "Q8_0": _q8_0, "Q4_K": _q4_k, "Q6_K": _q6_k}
+_BLOCK_WEIGHTS = {"Q4_0": 32, "Q4_1": 32, "Q8_0": 32, "Q4_K": 256, "Q6_K": 256}
+
+
+# ---------------------------------------------------------------- float → layouts, at load
+
+
+def quantize(weight: torch.Tensor, kind: str) -> QuantizedTensor:
+    """A float [rows, cols] weight (cols a multiple of 32) as int8 (symmetric, a scale per 32) or
+    int4 (a scale and an offset per 32, spanning the block's min..max)."""
+    w = weight.detach().float().reshape(weight.shape[0], -1, BLOCK)
+    rows = w.shape[0]
+    if kind == "int8":
+        d = w.abs().amax(-1) / 127
+        levels = torch.round(w / torch.where(d > 0, d, 1).unsqueeze(-1))
+        return pack_q8(levels.reshape(rows, -1).to(torch.int8).numpy(), d.numpy(), BLOCK, kind)
+    if kind != "int4":
+        raise ValueError(f"quantize to int8 or int4, not {kind!r}")
+    low, high = w.amin(-1), w.amax(-1)
+    d = (high - low) / 15
+    levels = torch.round((w - low.unsqueeze(-1)) / torch.where(d > 0, d, 1).unsqueeze(-1))
+    levels = levels.clamp(0, 15).reshape(rows, -1).to(torch.uint8).numpy()
+    return pack_q4(levels, d.numpy(), low.numpy(), kind)

@@ -1,0 +1,57 @@
+"""Speculative decoding: proposers of draft tokens, and when the scheduler asks for them.
+
+A sequence with a draft of n tokens runs 1 + n tokens in the step (its last sampled token, then the
+draft) as a small causal chunk over its cached context, in the same flattened forward pass as every
+other sequence; the sampler then verifies the draft row by row (`Sampler.verify`). Reading the
+weights dominates a decode step at small batch, so the extra rows cost little and every accepted
+draft token is a token without a step of its own.
+
+Proposals are deterministic (a point mass), which is what keeps the verification exact: see
+`Sampler.verify`. A draft-model proposer (a smaller model of the same tokenizer) fits the same
+interface if it proposes its own greedy continuation; it would need its own weights and KV pool
+(blocks per sequence, allocated and rolled back alongside the target's), a forward pass of its own
+per draft token before the target's step, and a GPU box to pay off. One that samples its drafts
+would also have to hand its distributions to the verifier (accept with min(1, p/q)).
+"""
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+
+class Proposer(Protocol):
+    def propose(self, token_ids: list[int], max_tokens: int) -> list[int]:
+        """Up to max_tokens tokens likely to follow token_ids (possibly none)."""
+        ...
+
+
+class NgramProposer:
+    """Prompt lookup: find the sequence's last k tokens (longest k first) earlier in its prompt and
+    output, and propose what followed their most recent occurrence. Pays off where the output
+    copies its input: summaries, extractions, rewrites, code edits."""
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+
+    def propose(self, token_ids: list[int], max_tokens: int) -> list[int]:
+        tokens = np.asarray(token_ids)
+        for n in range(min(self.max_ngram, len(tokens) - 1), self.min_ngram - 1, -1):
+            # every n-gram that ends before the last token, so a match has a token after it
+            windows = np.lib.stride_tricks.sliding_window_view(tokens[:-1], n)
+            hits = np.flatnonzero((windows == tokens[-n:]).all(axis=1))
+            if hits.size:
+                start = int(hits[-1]) + n
+                return token_ids[start : start + max_tokens]
+        return []
+
+
+@dataclass
+class Speculation:
+    """The scheduler's speculation settings."""
+
+    proposer: Proposer
+    num_tokens: int  # draft tokens per sequence and step, at most
+    # no drafts in a step with more decodes than this: a larger batch makes the step's matmuls
+    # compute-bound, and verifying drafts then costs more than the tokens it saves
+    max_decodes: int

@@ -1,0 +1,132 @@
+"""Quantized weights: GGUF blocks converted exactly, and the compiled matmuls (AVX-512 VNNI and
+AVX2 paths) against the PyTorch reference, on odd shapes and block edges."""
+
+import numpy as np
+import pytest
+import torch
+from gguf import GGMLQuantizationType
+from gguf.constants import GGML_QUANT_SIZES
+from gguf.quants import dequantize as gguf_dequantize
+
+from engine.cpu_kernels import QUANT_ISAS, quant_isa, quant_matmul
+from engine.quant import BLOCK, GGUF_TYPES, QuantizedTensor, from_gguf, quantize
+from engine.quantized_linear import DENSE_ROWS, QuantizedLinear
+
+KERNELS = quant_matmul()
+needs_kernels = pytest.mark.skipif(KERNELS is None, reason="quantized kernels not built here")
+ISAS = [isa for isa in QUANT_ISAS.values() if KERNELS is not None and isa <= KERNELS.best_isa()]
+# where each format keeps its fp16 scales: (offset, low, high) of a sane random value
+SCALE_FIELDS = {
+    "Q4_0": [(0, 0.002, 0.02)],
+    "Q4_1": [(0, 0.002, 0.02), (2, -0.15, 0.0)],
+    "Q8_0": [(0, 0.0002, 0.002)],
+    "Q4_K": [(0, 0.0002, 0.002), (2, 0.0002, 0.002)],
+    "Q6_K": [(208, 0.0002, 0.002)],
+}
+
+
+def random_gguf(type_name: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
+    """Random raw blocks of a GGUF type: any bytes are valid levels; the fp16 scales are set."""
+    rng = np.random.default_rng(seed)
+    block_weights, block_bytes = GGML_QUANT_SIZES[GGMLQuantizationType[type_name]]
+    n_blocks = rows * cols // block_weights
+    raw = rng.integers(0, 256, (n_blocks, block_bytes), dtype=np.uint8)
+    for offset, low, high in SCALE_FIELDS[type_name]:
+        scale = rng.uniform(low, high, n_blocks).astype(np.float16)
+        raw[:, offset : offset + 2] = scale.view(np.uint8).reshape(n_blocks, 2)
+    return raw.reshape(rows, -1)
+
+
+def shapes(type_name: str) -> list[tuple[int, int]]:
+    """Odd row counts; for 32-weight formats an odd number of blocks (the kernels' tail)."""
+    if type_name.endswith("_K"):
+        return [(37, 256), (5, 768)]
+    return [(37, 7 * BLOCK), (3, 16 * BLOCK), (61, BLOCK)]
+
+
+def quantized_activations(x: torch.Tensor) -> torch.Tensor:
+    """What the kernels multiply: x rounded per block of 32 to int8 levels times the block scale."""
+    blocks = x.float().reshape(x.shape[0], -1, BLOCK)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    inv = torch.where(amax > 0, 127 / amax, torch.zeros_like(amax))
+    return (torch.round(blocks * inv) * (amax / 127)).reshape(x.shape)
+
+
+@pytest.mark.parametrize("type_name", GGUF_TYPES)
+def test_gguf_blocks_dequantize_like_gguf(type_name):
+    for rows, cols in shapes(type_name):
+        raw = random_gguf(type_name, rows, cols)
+        weight = from_gguf(raw, type_name, rows, cols)
+        expected = gguf_dequantize(raw, GGMLQuantizationType[type_name]).reshape(rows, cols)
+        assert weight.shape == (rows, cols)
+        assert torch.equal(weight.dequantize(), torch.from_numpy(expected)), (rows, cols)
+        some_rows = torch.tensor([rows - 1, 0])
+        assert torch.equal(weight.dequantize(some_rows), torch.from_numpy(expected[[rows - 1, 0]]))
+
+
+@needs_kernels
+@pytest.mark.parametrize("isa", ISAS)
+@pytest.mark.parametrize("type_name", GGUF_TYPES)
+def test_matmul_matches_reference(type_name, isa):
+    """Against x' @ W.T with x' the activations as the kernel rounds them: equal up to fp32
+    summation order (1e-4 of the output's scale); against unrounded x: within 3% (the int8
+    activations' error, about 0.5% here)."""
+    torch.manual_seed(0)
+    for rows, cols in shapes(type_name):
+        layer = QuantizedLinear(
+            from_gguf(random_gguf(type_name, rows, cols), type_name, rows, cols)
+        )
+        layer.isa = isa
+        w = layer.weight.dequantize()
+        for m in (1, 2, 3, 4, 5, 9):
+            x = torch.randn(m, cols)
+            x[0, :BLOCK] = 0  # an all-zero block: scale 0 must not divide by zero
+            y = layer(x)
+            exact = quantized_activations(x) @ w.T
+            scale = exact.abs().max().item()
+            torch.testing.assert_close(y, exact, rtol=1e-4, atol=1e-4 * scale)
+            assert (y - x @ w.T).norm() <= 0.03 * (x @ w.T).norm()
+
+
+@needs_kernels
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_bf16_input_and_dense_path(kind):
+    """bf16 activations give bf16 outputs close to fp32's; from DENSE_ROWS rows up the layer
+    multiplies the dequantized weight (oneDNN) and matches the reference closely."""
+    torch.manual_seed(1)
+    layer = QuantizedLinear(quantize(torch.randn(50, 9 * BLOCK), kind))
+    w = layer.weight.dequantize()
+    x = torch.randn(3, 9 * BLOCK)
+    y16 = layer(x.bfloat16())
+    assert y16.dtype == torch.bfloat16
+    y = layer(x)
+    assert (y16.float() - y).norm() <= 0.02 * y.norm()
+    # equal but for the last bit where the compiler fuses d * q + m into one rounding
+    torch.testing.assert_close(layer.dense(torch.float32), w, rtol=1e-6, atol=1e-6)
+    big = torch.randn(DENSE_ROWS + 1, 9 * BLOCK)
+    torch.testing.assert_close(layer(big), big @ w.T, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("kind", ["int8", "int4"])
+def test_quantize_at_load_rounds_to_the_nearest_level(kind):
+    torch.manual_seed(2)
+    w = torch.randn(33, 4 * BLOCK)
+    w[3, :BLOCK] = 0.5  # a constant block: zero range, must not divide by zero
+    q = quantize(w, kind)
+    assert isinstance(q, QuantizedTensor) and q.shape == (33, 4 * BLOCK)
+    step = q.scales.repeat_interleave(BLOCK, dim=1)
+    err = (q.dequantize() - w).abs()
+    assert torch.all(err <= step / 2 + 1e-6)
+    assert torch.allclose(q.dequantize()[3, :BLOCK], torch.full((BLOCK,), 0.5))
+    assert q.nbytes < w.numel() * w.element_size() * (0.3 if kind == "int8" else 0.2)
+
+
+@needs_kernels
+def test_avx2_path_is_forced_by_environment(monkeypatch):
+    monkeypatch.setenv("TOKENYARD_QUANT_ISA", "avx2")
+    assert quant_isa() == QUANT_ISAS["avx2"]
+    monkeypatch.setenv("TOKENYARD_QUANT_ISA", "avx512_vnni")
+    assert quant_isa() == KERNELS.best_isa()
+    monkeypatch.setenv("TOKENYARD_QUANT_ISA", "sse")
+    with pytest.raises(ValueError):
+        quant_isa()
