@@ -14,9 +14,9 @@ def test_attribution_sums_to_the_measured_step_time(engine_factory: Any) -> None
     steps: list[tuple[float, list[tuple[Any, int, float]]]] = []
     account = engine._account
 
-    def measured(items: list[tuple[Any, int]], elapsed: float) -> None:
-        before = [(seq, n, seq.timings.compute) for seq, n in items]
-        account(items, elapsed)
+    def measured(batch: Any, emitted: Any, elapsed: float) -> None:
+        before = [(seq, n, seq.timings.compute) for seq, n in batch.items]
+        account(batch, emitted, elapsed)
         steps.append((elapsed, [(s, n, s.timings.compute - c) for s, n, c in before]))
 
     engine._account = measured
