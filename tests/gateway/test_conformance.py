@@ -39,7 +39,9 @@ def api(
     name = "conf-" + uuid.uuid4().hex[:8]
     keys.create_team(sql, name, kv_pages=20)  # 320 tokens in flight: a 429 is one request away
     key = keys.create_key(sql, name).key
-    with httpx.Client(base_url=gw.url, headers={"authorization": f"Bearer {key}"}, timeout=60) as c:
+    auth = {"authorization": f"Bearer {key}"}
+    # the first reply may wait on the engine building its CPU kernels (first use on a machine)
+    with httpx.Client(base_url=gw.url, headers=auth, timeout=600) as c:
         yield c
     gw.stop()
 
