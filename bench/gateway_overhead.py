@@ -176,21 +176,17 @@ def _clients(url: str) -> dict[str, tuple[Callable[[bytes], Awaitable[None]], An
         async for _ in reply.iter_chunks():
             pass
 
-    limits2 = httpx2.Limits(max_connections=256, max_keepalive_connections=256)
-    h2 = httpx2.AsyncClient(base_url=url, limits=limits2, timeout=30)
+    def httpx_like(module: Any) -> tuple[Callable[[bytes], Awaitable[None]], Any]:
+        """httpx 0.28 and httpx2 share one API: the same call through either."""
+        limits = module.Limits(max_connections=256, max_keepalive_connections=256)
+        client = module.AsyncClient(base_url=url, limits=limits, timeout=30)
 
-    async def httpx2_send(body: bytes) -> None:
-        async with h2.stream("POST", path, content=body, headers=headers) as reply:
-            async for _ in reply.aiter_raw():
-                pass
+        async def send(body: bytes) -> None:
+            async with client.stream("POST", path, content=body, headers=headers) as reply:
+                async for _ in reply.aiter_raw():
+                    pass
 
-    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
-    h1 = httpx.AsyncClient(base_url=url, limits=limits, timeout=30)
-
-    async def httpx_send(body: bytes) -> None:
-        async with h1.stream("POST", path, content=body, headers=headers) as reply:
-            async for _ in reply.aiter_raw():
-                pass
+        return send, client.aclose
 
     session = aiohttp.ClientSession(url, connector=aiohttp.TCPConnector(limit=256))
 
@@ -201,9 +197,9 @@ def _clients(url: str) -> dict[str, tuple[Callable[[bytes], Awaitable[None]], An
 
     return {
         "own (backends/http.py)": (own_send, own.aclose),
-        "httpx2 2.x": (httpx2_send, h2.aclose),
+        "httpx2 2.x": httpx_like(httpx2),
         "aiohttp": (aiohttp_send, session.close),
-        "httpx 0.28": (httpx_send, h1.aclose),
+        "httpx 0.28": httpx_like(httpx),
     }
 
 
