@@ -20,10 +20,10 @@ from sqlalchemy import Engine
 
 from admin_ui import charts, csrf, forms, render, sessions, status, throttle, usage
 from billing import reports
+from core.errors import GatewayError
+from core.settings import Settings
 from gateway import auth, keys
-from gateway.errors import GatewayError
 from gateway.limits import LIMIT_FIELDS, TIERS
-from tokenyard.settings import Settings
 
 _CSS = (Path(__file__).parent / "static" / "admin.css").read_bytes()
 

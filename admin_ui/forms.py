@@ -8,9 +8,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.db import Team
 from gateway.keys import TEAM_NAME, TEAM_NAME_RULE
 from gateway.limits import LIMIT_FIELDS, TIERS
+from gateway.models import Team
 
 _MAX_INT = 2**53  # any larger is a typo, and would not survive a float round trip in Lua
 

@@ -22,7 +22,7 @@ from backends.base import (
     UpstreamStream,
 )
 from backends.retry import Guard, Retryable
-from gateway.errors import GatewayError
+from core.errors import GatewayError
 
 PATH = "/v1/messages"
 VERSION = "2023-06-01"

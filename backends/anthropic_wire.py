@@ -11,7 +11,7 @@ from typing import Any
 
 from backends import sse
 from backends.base import error_body
-from gateway.errors import GatewayError
+from core.errors import GatewayError
 
 # Anthropic requires max_tokens; the gateway always sets it, this is for direct callers
 DEFAULT_MAX_TOKENS = 4096

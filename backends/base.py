@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from gateway.errors import GatewayError
+from core.errors import GatewayError
 
 log = logging.getLogger("tokenyard.backends")
 # the most a prompt's template and default system prompt may add to its byte estimate (tokens)

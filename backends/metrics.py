@@ -2,7 +2,7 @@
 
 from prometheus_client import Counter, Gauge
 
-from gateway.metrics import REGISTRY
+from core.metrics import REGISTRY
 
 BREAKER_STATE = Gauge(
     "tokenyard_backend_breaker_state",

@@ -29,10 +29,9 @@ from batch.files import (
 )
 from batch.models import BatchFile, BatchJob
 from batch.worker import BatchWorker
-from billing.events import key_prefix
-from gateway.errors import GatewayError
-from gateway.keys import TeamPolicy
-from tokenyard.openapi import body_operation, json_body
+from core.errors import GatewayError
+from core.openapi import body_operation, json_body
+from gateway.keys import TeamPolicy, key_prefix
 
 T = TypeVar("T")
 WINDOW = "24h"  # the one completion window OpenAI offers

@@ -26,12 +26,12 @@ from batch.destinations import allow_list
 from batch.files import ENDPOINTS
 from batch.models import BatchJob
 from batch.webhooks import team_secret
-from gateway.errors import GatewayError
+from core.errors import GatewayError
+from core.settings import Settings
 from gateway.keys import TeamPolicy, get_team, policy_of
 from gateway.proxy import Proxy
 from gateway.quotas import PLATFORM_BATCH_LEASES, PLATFORM_LEASES
 from gateway.request_ids import new_request_id
-from tokenyard.settings import Settings
 
 log = logging.getLogger("tokenyard.batch")
 

@@ -26,15 +26,15 @@ from collections.abc import Callable
 import numpy as np
 from redis.asyncio import Redis
 
-from backends.factory import build_upstream
 from backends.registry import Backends
+from core.settings import Settings
 from gateway.keys import TeamPolicy
 from gateway.proxy import Proxy
 from router.catalog import DEFAULT_CATALOG, Catalog
 from router.classifier import DEFAULT_ARTIFACT, ComplexityClassifier
 from router.dataset import load_domains, random_split
 from router.policy import AUTO, Router, Scorer
-from tokenyard.settings import Settings
+from router.upstreams import build_upstream
 
 
 def _percentiles(seconds: list[float]) -> str:

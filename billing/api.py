@@ -12,10 +12,10 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from billing import reports
 from billing.models import UsageDaily
-from gateway.db import database_url, get_engine
-from gateway.errors import GatewayError
-from gateway.operator_keys import bearer_is
-from tokenyard.settings import Settings
+from core.db import database_url, get_engine
+from core.errors import GatewayError
+from core.operator_keys import bearer_is
+from core.settings import Settings
 
 MAX_DAYS = 366
 

@@ -5,14 +5,14 @@ import sys
 from datetime import UTC, date, datetime
 from typing import Any
 
-from tokenyard.settings import get_settings
+from core.settings import get_settings
 
 _HEADER = ("day", "team", "model", "requests", "errors", "in", "cached", "out", "cost $", "list $")
 
 
 def _report(args: argparse.Namespace) -> int:
     from billing import reports
-    from gateway.db import database_url, get_engine
+    from core.db import database_url, get_engine
 
     try:
         start = date.fromisoformat(args.date) if args.date else datetime.now(UTC).date()

@@ -27,8 +27,8 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from billing import store
 from billing.events import decoder, to_row
-from gateway.quotas import USAGE_STREAM
-from tokenyard.settings import Settings
+from core.settings import Settings
+from core.usage import USAGE_STREAM
 
 log = logging.getLogger("tokenyard.billing")
 

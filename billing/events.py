@@ -1,49 +1,13 @@
-"""The usage event the gateway appends to the Redis stream when a request settles, and the
-UsageRecord row it becomes."""
+"""The UsageRecord row a usage event (core.usage.UsageEvent) becomes."""
 
 from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
 
-from gateway.keys import KEY_PREFIX_LEN
-
-
-class UsageEvent(msgspec.Struct):
-    """What gateway/proxy.py puts in the event; fields the gateway may not know default."""
-
-    request_id: str
-    team: str
-    model: str
-    model_served: str
-    ts: float  # when the request started (unix seconds)
-    client_request_id: str | None = None
-    status: int = 0
-    key_prefix: str = ""
-    provider: str = ""
-    tier: str = ""
-    stream: bool = False
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    usage_reported: bool = False
-    cost_usd: float = 0.0
-    list_cost_usd: float = 0.0
-    e2e: float = 0.0
-    timings: dict[str, Any] | None = None  # the engine's: queue, ttft, compute (self-hosted)
-    ttft: float | None = None  # the gateway's own first-byte time, where it measured one
-    finish_reason: str | None = None
-    error: str | None = None
-    route_features: str | None = None  # model="auto": the router's view of the prompt
-
+from core.usage import UsageEvent
 
 decoder = msgspec.json.Decoder(UsageEvent)
-
-
-def key_prefix(authorization: str | None) -> str:
-    """The visible prefix of the bearer key (as stored in ApiKey.prefix), never the secret."""
-    token = (authorization or "").removeprefix("Bearer ").strip()
-    return token[:KEY_PREFIX_LEN]
 
 
 def _finish_reason(event: UsageEvent) -> str | None:

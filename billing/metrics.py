@@ -3,7 +3,7 @@ gateway's tokenyard_gateway_tokens_total)."""
 
 from prometheus_client import Counter
 
-from gateway.metrics import REGISTRY
+from core.metrics import REGISTRY
 
 COST = Counter(
     "tokenyard_billing_cost_usd_total",

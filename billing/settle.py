@@ -1,31 +1,36 @@
 """What the gateway does for billing as a request settles, all in memory or Redis (never SQL): price
-the usage into the event and count it; the settle script then charges the team's daily dollars."""
+the usage into the event and count it; the settle script then charges the team's daily dollars.
+The gateway holds it as a core.usage.Pricer, handed in where the app is assembled."""
 
 from typing import Any
 
 from billing.metrics import COST
-from billing.pricing import Costs, costs
-from gateway.quotas import Usage
-from router.catalog import ModelEntry
+from billing.pricing import costs
+from core.usage import Usage
+from router.catalog import Catalog
 
 
-def price(
-    entry: ModelEntry | None, team: str, model: str, usage: Usage, event: dict[str, Any]
-) -> Costs:
-    """Put the costs (and the fields they rest on) into the usage event; count them."""
-    priced = costs(
-        entry,
-        usage.prompt_tokens,
-        usage.cached_tokens,
-        usage.completion_tokens,
-        event.get("timings"),
-    )
-    event.update(
-        provider=entry.provider if entry else "",
-        usage_reported=usage.reported,
-        cost_usd=priced.charged,
-        list_cost_usd=priced.list,
-    )
-    COST.labels(team, model, "charged").inc(priced.charged)
-    COST.labels(team, model, "list").inc(priced.list)
-    return priced
+class Pricer:
+    def __init__(self, catalog: Catalog) -> None:
+        self.catalog = catalog
+
+    def __call__(self, team: str, model: str, usage: Usage, event: dict[str, Any]) -> float:
+        """Put the costs (and the fields they rest on) into the usage event; count them; return
+        the dollars charged."""
+        entry = self.catalog.get(model)
+        priced = costs(
+            entry,
+            usage.prompt_tokens,
+            usage.cached_tokens,
+            usage.completion_tokens,
+            event.get("timings"),
+        )
+        event.update(
+            provider=entry.provider if entry else "",
+            usage_reported=usage.reported,
+            cost_usd=priced.charged,
+            list_cost_usd=priced.list,
+        )
+        COST.labels(team, model, "charged").inc(priced.charged)
+        COST.labels(team, model, "list").inc(priced.list)
+        return priced.charged

@@ -5,7 +5,7 @@ import logging
 import signal
 import threading
 
-from tokenyard.settings import get_settings
+from core.settings import get_settings
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:

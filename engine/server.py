@@ -11,6 +11,7 @@ from litestar.exceptions import HTTPException
 from litestar.response import Stream
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from core.openapi import json_body, openapi_config
 from engine.async_engine import AsyncEngine, EngineStopped
 from engine.engine import RequestError, RequestOutput, SeqStats
 from engine.protocol import (
@@ -32,7 +33,6 @@ from engine.protocol import (
 )
 from engine.sampler import Sampled
 from engine.sequence import GenerationRequest, SamplingParams
-from tokenyard.openapi import json_body, openapi_config
 
 log = logging.getLogger(__name__)
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}

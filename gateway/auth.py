@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 from sqlalchemy import Engine
 
-from gateway.errors import GatewayError
+from core.errors import GatewayError
 from gateway.keys import KEY_PREFIX_LEN, TeamPolicy, hash_key, lookup_key
 
 _MAX_LOCAL = 10_000  # bounded so that a flood of random keys cannot grow memory

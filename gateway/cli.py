@@ -15,14 +15,14 @@ from typing import Any
 import httpx
 from pydantic import SecretStr
 
+from core.settings import Settings, get_settings
 from gateway.limits import LIMIT_FIELDS, LIMIT_HELP
-from tokenyard.settings import Settings, get_settings
 
 DEMO_TEAM = "demo"
 
 
 def _sql(settings: Settings) -> Any:
-    from gateway.db import database_url, get_engine
+    from core.db import database_url, get_engine
 
     return get_engine(database_url(settings))
 
@@ -141,7 +141,7 @@ def serve(settings: Settings, host: str, port: int) -> None:
     import uvicorn
 
     from gateway.access_log import AccessLog
-    from gateway.app import create_app
+    from tokenyard.app import create_app
 
     app = create_app(settings)
     # the gateway's own access log (gateway/access_log.py) in place of uvicorn's, which knows no

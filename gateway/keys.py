@@ -15,8 +15,8 @@ import msgspec
 from sqlalchemy import Engine
 from sqlmodel import Session, col, select
 
-from gateway.db import ApiKey, Team
 from gateway.limits import LIMIT_FIELDS, TIERS
+from gateway.models import ApiKey, Team
 
 KEY_PREFIX_LEN = 12
 # team names appear in Redis keys and metrics labels: keep them plain
@@ -216,3 +216,9 @@ def lookup_key(engine: Engine, key_hash: str) -> TeamPolicy | None:
         if not secrets.compare_digest(api_key.key_hash, key_hash):
             return None
         return policy_of(team)
+
+
+def key_prefix(authorization: str | None) -> str:
+    """The visible prefix of the bearer key (as stored in ApiKey.prefix), never the secret."""
+    token = (authorization or "").removeprefix("Bearer ").strip()
+    return token[:KEY_PREFIX_LEN]

@@ -5,16 +5,9 @@ refusal codes, statuses), never a string a client chose: an unknown model is ref
 series is touched. Series labelled with a team are served only to the bearer of the metrics key.
 """
 
-from collections.abc import Iterator
+from prometheus_client import Counter, Gauge, Histogram
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.metrics_core import Metric
-
-from gateway.errors import GatewayError
-from gateway.operator_keys import bearer_is
-
-REGISTRY = CollectorRegistry()
-TEAM_LABEL = "team"
+from core.metrics import REGISTRY
 
 REQUESTS = Counter(
     "tokenyard_gateway_requests_total",
@@ -80,30 +73,3 @@ FALLBACKS = Counter(
     ["from_model", "to_model"],
     registry=REGISTRY,
 )
-
-
-class _WithoutTeams:
-    """REGISTRY less its team-labelled samples: who uses the platform, and how much, is not for
-    anonymous scrapers."""
-
-    def collect(self) -> Iterator[Metric]:
-        for family in REGISTRY.collect():
-            public = Metric(family.name, family.documentation, family.type, family.unit)
-            public.samples = [s for s in family.samples if TEAM_LABEL not in s.labels]
-            yield public
-
-
-PUBLIC = CollectorRegistry()
-PUBLIC.register(_WithoutTeams())
-
-
-def exposition(authorization: str | None, key: str) -> bytes:
-    """/metrics' body. With a metrics key set, every series, for the bearer of that key only;
-    without, open to any scraper but with no team-labelled series."""
-    if not key:
-        return generate_latest(PUBLIC)
-    if not bearer_is(authorization, key):
-        raise GatewayError(
-            401, "/metrics needs the metrics key as bearer", code="invalid_metrics_key"
-        )
-    return generate_latest(REGISTRY)

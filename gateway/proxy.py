@@ -19,32 +19,27 @@ from litestar.response import Stream
 
 from backends.base import (
     BackendUnavailable,
-    ModelInfo,
     Upstream,
     UpstreamCall,
     UpstreamReply,
     UpstreamStream,
 )
 from backends.registry import Backends
-from billing import settle as billing
-from billing.events import key_prefix
+from core.errors import GatewayError
+from core.settings import Settings
+from core.usage import Pricer, Usage
 from gateway import access_log, metrics, refusals, request_ids
 from gateway.auth import Authenticator
-from gateway.errors import GatewayError
-from gateway.keys import TeamPolicy
+from gateway.keys import TeamPolicy, key_prefix
 from gateway.limits import TIERS
-from gateway.quotas import LeaseKeeper, Quotas, Reservation, Usage, kv_pages
-from gateway.streaming import DONE, SSE_HEADERS, StreamResult, UsageIn, relay, reply_decoder
+from gateway.quotas import LeaseKeeper, Quotas, Reservation
+from gateway.settlement import Settlement, usage_of
+from gateway.sizing import kv_pages, max_tokens_for
+from gateway.streaming import DONE, SSE_HEADERS, StreamResult, relay, reply_decoder
 from gateway.validation import Parsed, client_request_id, parse
 from router.policy import NoRoute, Route, Router, Saturation, prefix_text
-from tokenyard.settings import Settings
 
 PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
-
-
-def _min_set(*caps: int) -> int:
-    """The tightest of the caps that are set (0 = unset)."""
-    return min((c for c in caps if c > 0), default=0)
 
 
 class Caller(Protocol):
@@ -62,47 +57,6 @@ def _tier(request: Request, parsed: Parsed, policy: TeamPolicy) -> str:
     if tier not in TIERS:
         raise GatewayError(400, f"tier must be one of {', '.join(TIERS)}", param="tier")
     return tier
-
-
-def _size(
-    parsed: Parsed, prompt: int, info: ModelInfo, policy: TeamPolicy, settings: Settings
-) -> int:
-    """The max_tokens to forward, after the token and context caps; `prompt` is the largest of
-    the request's prompts (each runs in its own context)."""
-    token_cap = _min_set(policy.max_tokens, settings.gateway_max_tokens)
-    context = _min_set(policy.max_context, settings.gateway_max_context, info.max_model_len)
-    if context and prompt >= context:
-        raise GatewayError(
-            400,
-            f"the prompt (about {prompt} tokens) does not fit the context limit of {context}",
-            code="context_length_exceeded",
-            param="messages" if "messages" in parsed.body else "prompt",
-        )
-    if parsed.max_tokens is None:  # unset: as much as the caps allow
-        return _min_set(token_cap, context - prompt if context else 0) or 256
-    if token_cap and parsed.max_tokens > token_cap:
-        raise GatewayError(
-            400,
-            f"max_tokens is {parsed.max_tokens}, above this team's cap of {token_cap}",
-            code="max_tokens_exceeded",
-            param="max_tokens",
-        )
-    if context and prompt + parsed.max_tokens > context:
-        raise GatewayError(
-            400,
-            f"prompt (about {prompt} tokens) + max_tokens ({parsed.max_tokens}) exceeds the "
-            f"context limit of {context}",
-            code="context_length_exceeded",
-            param="max_tokens",
-        )
-    return parsed.max_tokens
-
-
-def _usage(got: UsageIn | None, fallback_prompt: int, fallback_completion: int) -> Usage:
-    if got is None:  # the upstream never reported: settle the estimate
-        return Usage(fallback_prompt, fallback_completion, 0)
-    cached = got.prompt_tokens_details.cached_tokens if got.prompt_tokens_details else 0
-    return Usage(got.prompt_tokens, got.completion_tokens, cached, reported=True)
 
 
 @dataclass
@@ -137,6 +91,7 @@ class Proxy:
         quotas: Quotas,
         backends: Backends,
         router: Router,
+        price: Pricer,
     ) -> None:
         self.settings = settings
         self.auth = auth
@@ -147,6 +102,7 @@ class Proxy:
             settings.gateway_max_upstream_waiting, settings.router_max_kv_usage
         )
         self.keeper = LeaseKeeper(quotas, settings.gateway_lease_s)
+        self.settlement = Settlement(quotas, self.keeper, price)
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def handle(self, request: Request, kind: Literal["chat", "completion"]) -> Response:
@@ -225,7 +181,7 @@ class Proxy:
         upstream = self.first_usable(route, tier)
         extra = upstream.info.prompt_extra(policy.team)
         prompts = [size + extra for size in parsed.prompt_sizes]
-        max_tokens = _size(parsed, max(prompts), upstream.info, policy, self.settings)
+        max_tokens = max_tokens_for(parsed, max(prompts), upstream.info, policy, self.settings)
         body = parsed.body
         body.pop("max_tokens", None)  # the cap goes in per model (_Call.to)
         if parsed.stream:  # the gateway settles from the usage chunk, so always ask for it
@@ -284,7 +240,7 @@ class Proxy:
             # of its own because a cancelled request would cancel an await here as well
             status = exc.status if isinstance(exc, GatewayError) else 500
             served = self.backends.get(event["model_served"]) or upstream
-            self._spawn(self._settle(res, served, Usage(), event, started, status=status))
+            self._spawn(self.settlement.settle(res, served, Usage(), event, started, status=status))
             raise
 
     async def _complete_unless_gone(
@@ -401,10 +357,10 @@ class Proxy:
             if reply.status == 200:
                 with contextlib.suppress(msgspec.DecodeError):
                     got = reply_decoder.decode(reply.body)
-            usage = _usage(got.usage, event["prompt_reserved"], 0) if got else Usage()
+            usage = usage_of(got.usage, event["prompt_reserved"], 0) if got else Usage()
             event["timings"] = got.timings if got else None
             event["finish_reason"] = got.finish_reason if got else None
-            await self._settle(res, upstream, usage, event, started, status=reply.status)
+            await self.settlement.settle(res, upstream, usage, event, started, status=reply.status)
             return Response(
                 reply.body,
                 status_code=reply.status,
@@ -414,7 +370,9 @@ class Proxy:
         stream = await upstream.open_stream(call)
         if stream.status != 200:
             refusal = await stream.read_all()
-            await self._settle(res, upstream, Usage(), event, started, status=stream.status)
+            await self.settlement.settle(
+                res, upstream, Usage(), event, started, status=stream.status
+            )
             return Response(
                 refusal, status_code=stream.status, media_type="application/json", headers=headers
             )
@@ -426,7 +384,7 @@ class Proxy:
         """Close the upstream and settle; in a task of its own, because when the client hung up
         the response's scope is being cancelled."""
         result = body.result
-        usage = _usage(result.usage, body.event["prompt_reserved"], result.chunks)
+        usage = usage_of(result.usage, body.event["prompt_reserved"], result.chunks)
         body.event["timings"] = result.timings
         body.event["error"] = result.error
         body.event["finish_reason"] = result.finish_reason
@@ -453,39 +411,7 @@ class Proxy:
         try:
             await stream.aclose()
         finally:
-            await self._settle(res, upstream, usage, event, started, status)
-
-    async def _settle(
-        self,
-        res: Reservation,
-        upstream: Upstream,
-        usage: Usage,
-        event: dict[str, Any],
-        started: float,
-        status: int,
-    ) -> None:
-        if self.keeper.active.pop(res.lease_id, None) is None:
-            return  # already settled
-        metrics.IN_FLIGHT.dec()
-        team = res.policy.team
-        if usage.reported and usage.prompt_tokens and event["prompt_estimate"] is not None:
-            upstream.info.observe_prompt(team, event["prompt_estimate"], usage.prompt_tokens)
-        model = upstream.info.name
-        elapsed = time.perf_counter() - started
-        event.update(
-            status=status,
-            prompt_tokens=usage.prompt_tokens,
-            completion_tokens=usage.completion_tokens,
-            cached_tokens=usage.cached_tokens,
-            e2e=elapsed,
-        )
-        metrics.REQUESTS.labels(model, str(status)).inc()
-        metrics.LATENCY.labels(model, "1" if event["stream"] else "0").observe(elapsed)
-        metrics.TOKENS.labels(team, model, "prompt").inc(usage.prompt_tokens)
-        metrics.TOKENS.labels(team, model, "completion").inc(usage.completion_tokens)
-        metrics.TOKENS.labels(team, model, "cached").inc(usage.cached_tokens)
-        priced = billing.price(self.router.catalog.get(model), team, model, usage, event)
-        await self.quotas.settle(res, usage, event, priced.charged)
+            await self.settlement.settle(res, upstream, usage, event, started, status)
 
     def _spawn(self, coro: Any) -> "asyncio.Task[Any]":
         task = asyncio.get_running_loop().create_task(coro)

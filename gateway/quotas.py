@@ -9,7 +9,6 @@ only a dead gateway's leases expire.
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from dataclasses import dataclass, field
 from datetime import date
@@ -19,7 +18,8 @@ import msgspec
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from gateway.errors import GatewayError
+from core.errors import GatewayError
+from core.usage import USAGE_STREAM, Usage
 from gateway.keys import TeamPolicy
 from gateway.ratelimit_headers import rate_limit_headers
 from gateway.spool import UsageSpool
@@ -27,7 +27,6 @@ from gateway.store import BatchedScript
 
 log = logging.getLogger("tokenyard.gateway")
 
-USAGE_STREAM = "ty:usage-events"
 _SCRIPT = (Path(__file__).parent / "quotas.lua").read_text()
 _PLATFORM_CODES = {"platform_concurrency", "platform_batch_concurrency"}
 _MESSAGES = {
@@ -48,13 +47,6 @@ def day_number(when: date | None = None) -> int:
     if when is None:
         return int(time.time() // 86400)
     return (when - date(1970, 1, 1)).days
-
-
-def kv_pages(prompt_tokens: int, max_tokens: int, n: int, block_size: int) -> int:
-    """Pages a request can occupy on a paged engine; 0 where the model is not self-hosted."""
-    if block_size <= 0:
-        return 0
-    return n * math.ceil((prompt_tokens + max_tokens) / block_size)
 
 
 class TeamKeys:
@@ -99,14 +91,6 @@ class Reservation:
         """The daily token counter: the batch tier has its own budget, apart from interactive."""
         keys = self.keys
         return keys.day_batch_tokens(self.day) if self.batch else keys.day_tokens(self.day)
-
-
-@dataclass
-class Usage:
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    cached_tokens: int = 0
-    reported: bool = False  # by the upstream (else the gateway's estimate)
 
 
 class Quotas:

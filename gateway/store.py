@@ -8,7 +8,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError
 
-from tokenyard.settings import Settings
+from core.settings import Settings
 
 
 def embedded_redis(data_dir: str) -> Any:

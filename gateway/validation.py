@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from gateway.errors import GatewayError
+from core.errors import GatewayError
 
 TOKENS_PER_MESSAGE = 5  # <|im_start|>role\n … <|im_end|>\n in ChatML-style templates
 TOKENS_PER_REPLY = 3  # the assistant turn the template opens

@@ -12,7 +12,7 @@ from typing import Literal
 
 import msgspec
 
-from tokenyard.settings import Settings
+from core.settings import Settings
 
 DEFAULT_CATALOG = Path(__file__).parent / "catalog.toml"
 Provider = Literal["self-hosted", "openai", "anthropic"]

@@ -10,10 +10,13 @@ def _train(args: argparse.Namespace) -> int:
 
     feedback = None
     if args.feedback:
-        from router.feedback import feedback_samples
-        from tokenyard.settings import get_settings
+        # the ratings are billing's rows (a CLI entry point may read any layer)
+        from billing.feedback import feedback_rows
+        from core.db import database_url, get_engine
+        from core.settings import get_settings
+        from router.features import feedback_samples
 
-        feedback = feedback_samples(get_settings())
+        feedback = feedback_samples(feedback_rows(get_engine(database_url(get_settings()))))
         print(f"feedback: {len(feedback)} rated auto-routed requests")
     out_dir = Path(args.out) if args.out else ARTIFACT_DIR
     train(TrainConfig(seed=args.seed, bootstrap_resamples=args.bootstrap), out_dir, feedback)

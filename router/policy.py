@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from backends.base import ModelInfo
 from router.catalog import Catalog, ModelEntry
 from router.classifier import RouteScore
-from router.feedback import encode_features
+from router.features import encode_features
 
 AUTO = "auto"
 

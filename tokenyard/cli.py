@@ -5,7 +5,7 @@ import importlib
 import importlib.metadata
 import sys
 
-from tokenyard.settings import configure_logging, get_settings
+from core.settings import configure_logging, get_settings
 
 # (module, function) pairs that add a subcommand to the parser; a package joins the CLI here.
 SUBCOMMANDS = [

@@ -16,9 +16,9 @@ from sqlmodel import Session
 
 from admin_ui import throttle
 from billing.models import UsageDaily
-from gateway.app import create_app
 from tests.admin_ui.conftest import ADMIN_PASSWORD, ADMIN_USER, csrf_of, sign_in
 from tests.gateway.conftest import MODEL, Gateway
+from tokenyard.app import create_app
 
 PUBLIC = {"/admin/login", "/admin/team-usage/login", "/admin/static/admin.css"}
 CHAT = [{"role": "user", "content": "one two three #chunks=3"}]

@@ -12,10 +12,10 @@ import pytest
 import redis.asyncio as aioredis
 
 from backends.base import Upstream
-from backends.factory import build_upstream
+from core.settings import Settings
 from router.catalog import ModelEntry
+from router.upstreams import build_upstream
 from tests.gateway.conftest import Process, RedisServer, free_port, wait_until
-from tokenyard.settings import Settings
 
 HERE = Path(__file__).parent
 FAKE_ENGINE = HERE.parent / "gateway" / "fake_upstream.py"

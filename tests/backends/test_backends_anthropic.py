@@ -8,7 +8,7 @@ import pytest
 from backends.anthropic_wire import ChunkWriter, StreamError, chat_reply, error_reply
 from backends.anthropic_wire import messages_request as translate
 from backends.base import BackendUnavailable, UpstreamBroken, UpstreamCall
-from gateway.errors import GatewayError
+from core.errors import GatewayError
 from tests.backends.conftest import control, stats
 
 CHAT = "/v1/chat/completions"

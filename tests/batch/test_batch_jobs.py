@@ -10,7 +10,7 @@ from sqlmodel import col
 from batch import jobs
 from batch.files import Line
 from batch.models import BatchJob
-from gateway.db import get_engine
+from core.db import get_engine
 
 CHAT = "/v1/chat/completions"
 

@@ -11,9 +11,9 @@ from batch import jobs
 from batch.files import Line, check_items, output_line, parse_lines
 from batch.models import BatchRequest
 from batch.worker import BatchWorker, _Hangup, _Running
-from gateway.db import get_engine
+from core.db import get_engine
+from core.settings import Settings
 from gateway.proxy import Proxy
-from tokenyard.settings import Settings
 
 CHAT = "/v1/chat/completions"
 

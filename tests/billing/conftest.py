@@ -22,7 +22,7 @@ from sqlmodel import Session
 from sqlmodel import select as sm_select
 
 from billing.models import ROLLUP_SUMS, UsageRecord
-from gateway.db import get_engine
+from core.db import get_engine
 from tests.gateway.conftest import (  # noqa: F401 - fixtures, by name
     Process,
     base_env,

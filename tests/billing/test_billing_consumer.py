@@ -15,9 +15,9 @@ import redis.asyncio as aioredis
 from sqlalchemy import Engine
 
 from billing.consumer import DEAD_STREAM, UsageConsumer
-from gateway.db import get_engine
+from core.db import get_engine
+from core.settings import Settings
 from tests.billing.conftest import event, records
-from tokenyard.settings import Settings
 
 
 @pytest.fixture

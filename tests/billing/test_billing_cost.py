@@ -5,11 +5,12 @@ from datetime import UTC, date, datetime
 import msgspec
 import pytest
 
-from billing.events import decoder, key_prefix, to_row
+from billing.events import decoder, to_row
 from billing.pricing import costs
-from billing.settle import price
-from gateway.quotas import Usage
-from router.catalog import Catalog, ModelEntry, Price
+from billing.settle import Pricer
+from core.usage import Usage
+from gateway.keys import key_prefix
+from router.catalog import Catalog, CatalogFile, ModelEntry, Price
 from tests.billing.conftest import event
 
 CATALOG = Catalog.load()
@@ -52,14 +53,15 @@ def test_unknown_model_costs_nothing() -> None:
 def test_price_fills_the_event() -> None:
     entry = ModelEntry(id="m", provider="openai", price=Price(input=1.0, cached_input=0.5))
     ev = {"model_served": "m"}
-    priced = price(entry, "alpha", "m", Usage(100, 10, 40, reported=True), ev)
-    assert priced.charged == pytest.approx((60 * 1.0 + 40 * 0.5) / 1e6)
+    price = Pricer(Catalog(CatalogFile(models=(entry,))))
+    charged = price("alpha", "m", Usage(100, 10, 40, reported=True), ev)
+    assert charged == pytest.approx((60 * 1.0 + 40 * 0.5) / 1e6)
     assert ev == {
         "model_served": "m",
         "provider": "openai",
         "usage_reported": True,
-        "cost_usd": priced.charged,
-        "list_cost_usd": priced.list,
+        "cost_usd": charged,
+        "list_cost_usd": charged,  # no compute-priced model: the list price is charged
     }
 
 

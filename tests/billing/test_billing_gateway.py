@@ -16,7 +16,8 @@ import pytest
 from sqlalchemy import Engine
 
 from billing.models import UsageRecord
-from gateway.quotas import USAGE_STREAM, day_number
+from core.usage import USAGE_STREAM
+from gateway.quotas import day_number
 from tests.billing.conftest import (
     ADMIN_KEY,
     CHARGED,

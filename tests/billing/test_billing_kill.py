@@ -18,9 +18,9 @@ from sqlalchemy import Engine, func, select
 
 from billing import reports
 from billing.models import UsageRecord
+from core.db import get_engine
+from core.usage import USAGE_STREAM
 from gateway import keys
-from gateway.db import get_engine
-from gateway.quotas import USAGE_STREAM
 from tests.billing.conftest import MODEL, record_sums, records
 from tests.gateway.conftest import Gateway, wait_until
 

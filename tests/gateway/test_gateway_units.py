@@ -6,8 +6,8 @@ import pytest
 
 from backends.base import MAX_PROMPT_OVERHEAD, ModelInfo
 from backends.http import HttpPool, _dechunk, header_line
-from gateway.errors import GatewayError
-from gateway.quotas import kv_pages
+from core.errors import GatewayError
+from gateway.sizing import kv_pages
 from gateway.validation import estimate_prompt_sizes, parse
 
 

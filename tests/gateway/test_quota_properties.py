@@ -25,7 +25,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from gateway.errors import GatewayError
+from core.errors import GatewayError
 from gateway.keys import TeamPolicy
 from gateway.quotas import (
     PLATFORM_BATCH_LEASES,

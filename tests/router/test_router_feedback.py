@@ -7,9 +7,10 @@ from typing import Any
 import httpx
 import sqlmodel
 
+from billing.feedback import feedback_rows
 from billing.models import RouteFeedback, UsageRecord
 from router.classifier import ComplexityClassifier
-from router.feedback import decode_features, feedback_rows
+from router.features import decode_features
 from tests.gateway.conftest import MODEL, wait_until
 
 

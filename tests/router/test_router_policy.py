@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from backends.base import ModelInfo
+from core.settings import Settings
 from router.catalog import DEFAULT_CATALOG, Catalog, CatalogError, Price, load_catalog
 from router.classifier import ComplexityClassifier
 from router.policy import (
@@ -18,7 +19,6 @@ from router.policy import (
     prefix_text,
     prompt_text,
 )
-from tokenyard.settings import Settings
 
 CATALOG = """
 [auto]

@@ -20,7 +20,7 @@ from router.dataset import (
     random_split,
 )
 from router.embedding import WordPieces, edges, tokenizer_json
-from router.feedback import decode_features, encode_features
+from router.features import decode_features, encode_features
 from router.metrics import apgr, cpt, routing_curve
 from router.train import Recipe, Samples, TrainConfig, embed_raw, fit, labels, samples
 

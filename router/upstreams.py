@@ -9,9 +9,10 @@ from backends.base import ModelInfo, Upstream
 from backends.breaker import Breaker, BreakerConfig
 from backends.engine import EngineUpstream
 from backends.openai import OpenAIUpstream
+from backends.registry import Backends
 from backends.retry import Guard, RetryPolicy
-from router.catalog import ModelEntry
-from tokenyard.settings import Settings
+from core.settings import Settings
+from router.catalog import Catalog, ModelEntry
 
 
 def retry_policy(settings: Settings) -> RetryPolicy:
@@ -67,3 +68,11 @@ def build_upstream(entry: ModelEntry, redis: Redis, settings: Settings) -> Upstr
         return OpenAIUpstream(info, entry.name_upstream, api, guard)
     api = ApiClient(base, anthropic_headers(entry.api_key), policy, connections)
     return AnthropicUpstream(info, entry.name_upstream, api, guard)
+
+
+def build_backends(catalog: Catalog, redis: Redis, settings: Settings) -> Backends:
+    """One backend per model the platform can call (replicas known, or its API key set)."""
+    upstreams: dict[str, Upstream] = {
+        m.id: build_upstream(m, redis, settings) for m in catalog.models.values() if m.configured
+    }
+    return Backends(upstreams)

@@ -1,8 +1,12 @@
-"""OpenAI-style errors: every refusal the gateway makes leaves through here."""
+"""OpenAI-style errors: every refusal the platform makes leaves through here."""
+
+import logging
 
 import msgspec
 from litestar import Request, Response
 from litestar.exceptions import HTTPException
+
+log = logging.getLogger("tokenyard")
 
 # OpenAI's types per status (a bad key is an `invalid_request_error` there too)
 _TYPES = {
@@ -85,3 +89,8 @@ def http_error_handler(request: Request, exc: HTTPException) -> Response[bytes]:
         )
     err = GatewayError(exc.status_code, message, code=codes.get(exc.status_code))
     return err.response()
+
+
+def internal_error_handler(_: Request, exc: Exception) -> Response[bytes]:
+    log.exception("unhandled error", exc_info=exc)
+    return GatewayError(500, "internal error", code="internal_error").response()

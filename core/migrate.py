@@ -1,6 +1,6 @@
-"""Schema migrations (Alembic, billing/migrations) for every table of the platform.
+"""Schema migrations (Alembic, core/migrations) for every table of the platform.
 
-`upgrade` runs at startup wherever an engine is opened (gateway/db.py get_engine): a database made
+`upgrade` runs at startup wherever an engine is opened (core/db.py get_engine): a database made
 before migrations existed (tables from create_all, no version) is stamped at the first revision,
 which matches them, then upgraded.
 """

@@ -1,18 +1,12 @@
-"""Teams and API keys in SQL (sqlmodel): SQLite by default, PostgreSQL via TOKENYARD_DATABASE_URL.
+"""Teams and API keys, the gateway's tables (sqlmodel; the engine is core.db's).
 
 The request path never queries SQL directly: auth.py caches what it reads here (in process, then
 Redis) for well under a second, so revocations and limit changes still take effect promptly.
 """
 
-import os
 from datetime import UTC, datetime
-from functools import lru_cache
 
-from sqlalchemy import Engine
-from sqlmodel import Field, SQLModel, create_engine
-
-from billing.migrate import upgrade
-from tokenyard.settings import Settings
+from sqlmodel import Field, SQLModel
 
 
 def _now() -> datetime:
@@ -53,22 +47,3 @@ class ApiKey(SQLModel, table=True):
     revoked: bool = False
     created_at: datetime = Field(default_factory=_now)
     last_used_at: datetime | None = None
-
-
-def database_url(settings: Settings) -> str:
-    url = settings.database_url.get_secret_value()
-    if url:
-        # the driver installed is psycopg 3: a plain postgres URL would ask for psycopg2
-        scheme, _, rest = url.partition("://")
-        return f"postgresql+psycopg://{rest}" if scheme in ("postgres", "postgresql") else url
-    os.makedirs(settings.data_dir, exist_ok=True)
-    return f"sqlite:///{os.path.abspath(settings.data_dir)}/tokenyard.db"
-
-
-@lru_cache
-def get_engine(url: str) -> Engine:
-    # check_same_thread: the gateway reads SQLite from a worker thread on cache misses
-    connect_args = {"check_same_thread": False} if url.startswith("sqlite") else {}
-    engine = create_engine(url, connect_args=connect_args, pool_pre_ping=True)
-    upgrade(engine)  # the schema, these tables included, is Alembic's (billing/migrations)
-    return engine

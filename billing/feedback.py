@@ -1,4 +1,4 @@
-"""Feedback on served requests: `POST /v1/feedback`, and the training rows it becomes.
+"""Feedback on served requests: `POST /v1/feedback`, stored beside the usage records.
 
 A team rates one of its own requests by the gateway's request id (the `x-request-id` header) with a
 score in [0, 1] and an optional comment. A request of another team is answered exactly as a missing
@@ -7,47 +7,27 @@ one (404), so a team learns nothing about others' ids. The rating is stored in S
 prompt (`route_features`: the artifact version, the decision, the prompt's projected embedding and
 length; never its text).
 
-`tokenyard router train --feedback` turns ratings of requests the router sent to the weak class
-into training rows: the weak model's quality is the score, the strong one's is taken as 1 (a
-request the strong class served says nothing of what the weak one would have done, so those are
-not used). The embedding is mapped back to MiniLM's space through the serving artifact's axes;
-rows from another artifact version are skipped.
+`tokenyard router train --feedback` reads the rated rows here (`feedback_rows`) and turns them into
+training rows (router/features.py).
 """
 
 import asyncio
-import base64
 import math
 from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
-import numpy as np
 from litestar import Controller, Request, Response, post
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, select
 
 from billing.models import RouteFeedback, UsageRecord
-from gateway.db import database_url, get_engine
-from gateway.errors import GatewayError
-from router.classifier import ComplexityClassifier
-from tokenyard.settings import Settings
+from core.db import database_url, get_engine
+from core.errors import GatewayError
 
 MAX_REQUEST_ID = 200
 MAX_COMMENT = 2000
-FEEDBACK_DOMAIN = "feedback"
-
-
-def encode_features(version: str, decision: str, projected: np.ndarray, chars: int) -> str:
-    """`version:decision:base64(float16 [projected…, log(1 + chars)])`, ~100 bytes."""
-    values = np.append(projected, math.log1p(chars)).astype("<f2")
-    return f"{version}:{decision}:{base64.b64encode(values.tobytes()).decode()}"
-
-
-def decode_features(text: str) -> tuple[str, str, np.ndarray, float]:
-    version, decision, data = text.split(":", 2)
-    values = np.frombuffer(base64.b64decode(data), dtype="<f2").astype(np.float64)
-    return version, decision, values[:-1], float(values[-1])
 
 
 class _Body(msgspec.Struct, forbid_unknown_fields=True):
@@ -124,28 +104,3 @@ def feedback_rows(engine: Engine) -> list[tuple[str, float]]:
             .where(UsageRecord.route_features.is_not(None))  # type: ignore[union-attr]
         ).all()
     return [(f, s) for f, s in rows]
-
-
-def feedback_samples(settings: Settings, classifier: ComplexityClassifier | None = None) -> Any:
-    """The rated weak-class requests served by the current artifact, as training rows."""
-    from router.train import Samples
-
-    classifier = classifier or ComplexityClassifier.load()
-    scorer = classifier.scorer
-    raw, log_chars, weak = [], [], []
-    for features, score in feedback_rows(get_engine(database_url(settings))):
-        version, decision, projected, length = decode_features(features)
-        if version != classifier.version or decision != "weak":
-            continue
-        # centred projected vector → MiniLM's space (the part off the axes is lost)
-        raw.append(scorer.raw_mean + projected @ scorer.axes)
-        log_chars.append(length)
-        weak.append(score)
-    n = len(weak)
-    return Samples(
-        raw=np.array(raw).reshape(n, len(scorer.raw_mean)),
-        log_chars=np.array(log_chars),
-        weak=np.array(weak),
-        strong=np.ones(n),
-        domain=np.full(n, FEEDBACK_DOMAIN),
-    )

@@ -1,6 +1,6 @@
 """Alembic environment: every table of the platform (gateway teams and keys, billing usage).
 
-Runs on the connection billing.migrate passes in; from the alembic command line, on the database
+Runs on the connection core.migrate passes in; from the alembic command line, on the database
 the settings name.
 """
 
@@ -10,11 +10,12 @@ from sqlmodel import SQLModel
 
 import batch.models
 import billing.models
-import gateway.db
-from tokenyard.settings import get_settings
+import gateway.models
+from core.db import database_url
+from core.settings import get_settings
 
 # imported for their tables in SQLModel.metadata
-assert batch.models and billing.models and gateway.db
+assert batch.models and billing.models and gateway.models
 
 
 def _migrate(connection: Connection) -> None:
@@ -33,6 +34,6 @@ if connection is not None:
 else:
     from sqlalchemy import create_engine
 
-    engine = create_engine(gateway.db.database_url(get_settings()))
+    engine = create_engine(database_url(get_settings()))
     with engine.begin() as conn:
         _migrate(conn)

@@ -1,0 +1,53 @@
+"""The usage of one request as every package sees it: the counts an upstream reports, the event
+the gateway appends to the Redis stream when the request settles, and the stream's name. Billing
+turns the event into a UsageRecord row; the gateway prices it through a Pricer it is handed."""
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import msgspec
+
+USAGE_STREAM = "ty:usage-events"
+
+
+@dataclass
+class Usage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    reported: bool = False  # by the upstream (else the gateway's estimate)
+
+
+class Pricer(Protocol):
+    """Prices a settled request: puts its costs into the usage event and returns the dollars
+    charged to the team (billing.settle.Pricer is the platform's)."""
+
+    def __call__(self, team: str, model: str, usage: Usage, event: dict[str, Any]) -> float: ...
+
+
+class UsageEvent(msgspec.Struct):
+    """What gateway/proxy.py puts in the event; fields the gateway may not know default."""
+
+    request_id: str
+    team: str
+    model: str
+    model_served: str
+    ts: float  # when the request started (unix seconds)
+    client_request_id: str | None = None
+    status: int = 0
+    key_prefix: str = ""
+    provider: str = ""
+    tier: str = ""
+    stream: bool = False
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    usage_reported: bool = False
+    cost_usd: float = 0.0
+    list_cost_usd: float = 0.0
+    e2e: float = 0.0
+    timings: dict[str, Any] | None = None  # the engine's: queue, ttft, compute (self-hosted)
+    ttft: float | None = None  # the gateway's own first-byte time, where it measured one
+    finish_reason: str | None = None
+    error: str | None = None
+    route_features: str | None = None  # model="auto": the router's view of the prompt

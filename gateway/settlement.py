@@ -1,0 +1,57 @@
+"""How a request settles, once, whatever way it ended: the usage it is charged (the upstream's
+report, else the gateway's estimate), its metrics, its price (billing's Pricer, handed in), and the
+quota script that releases the reservation and appends the usage event."""
+
+import time
+from typing import Any
+
+from backends.base import Upstream
+from core.usage import Pricer, Usage
+from gateway import metrics
+from gateway.quotas import LeaseKeeper, Quotas, Reservation
+from gateway.streaming import UsageIn
+
+
+def usage_of(got: UsageIn | None, fallback_prompt: int, fallback_completion: int) -> Usage:
+    if got is None:  # the upstream never reported: settle the estimate
+        return Usage(fallback_prompt, fallback_completion, 0)
+    cached = got.prompt_tokens_details.cached_tokens if got.prompt_tokens_details else 0
+    return Usage(got.prompt_tokens, got.completion_tokens, cached, reported=True)
+
+
+class Settlement:
+    def __init__(self, quotas: Quotas, keeper: LeaseKeeper, price: Pricer) -> None:
+        self.quotas = quotas
+        self.keeper = keeper
+        self.price = price
+
+    async def settle(
+        self,
+        res: Reservation,
+        upstream: Upstream,
+        usage: Usage,
+        event: dict[str, Any],
+        started: float,
+        status: int,
+    ) -> None:
+        if self.keeper.active.pop(res.lease_id, None) is None:
+            return  # already settled
+        metrics.IN_FLIGHT.dec()
+        team = res.policy.team
+        if usage.reported and usage.prompt_tokens and event["prompt_estimate"] is not None:
+            upstream.info.observe_prompt(team, event["prompt_estimate"], usage.prompt_tokens)
+        model = upstream.info.name
+        elapsed = time.perf_counter() - started
+        event.update(
+            status=status,
+            prompt_tokens=usage.prompt_tokens,
+            completion_tokens=usage.completion_tokens,
+            cached_tokens=usage.cached_tokens,
+            e2e=elapsed,
+        )
+        metrics.REQUESTS.labels(model, str(status)).inc()
+        metrics.LATENCY.labels(model, "1" if event["stream"] else "0").observe(elapsed)
+        metrics.TOKENS.labels(team, model, "prompt").inc(usage.prompt_tokens)
+        metrics.TOKENS.labels(team, model, "completion").inc(usage.completion_tokens)
+        metrics.TOKENS.labels(team, model, "cached").inc(usage.cached_tokens)
+        await self.quotas.settle(res, usage, event, self.price(team, model, usage, event))

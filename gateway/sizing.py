@@ -1,0 +1,56 @@
+"""What a request may run and reserve: its max_tokens under the team's, the platform's and the
+model's caps, and the KV-cache pages it can occupy on a paged engine."""
+
+import math
+
+from backends.base import ModelInfo
+from core.errors import GatewayError
+from core.settings import Settings
+from gateway.keys import TeamPolicy
+from gateway.validation import Parsed
+
+
+def min_set(*caps: int) -> int:
+    """The tightest of the caps that are set (0 = unset)."""
+    return min((c for c in caps if c > 0), default=0)
+
+
+def max_tokens_for(
+    parsed: Parsed, prompt: int, info: ModelInfo, policy: TeamPolicy, settings: Settings
+) -> int:
+    """The max_tokens to forward, after the token and context caps; `prompt` is the largest of
+    the request's prompts (each runs in its own context)."""
+    token_cap = min_set(policy.max_tokens, settings.gateway_max_tokens)
+    context = min_set(policy.max_context, settings.gateway_max_context, info.max_model_len)
+    if context and prompt >= context:
+        raise GatewayError(
+            400,
+            f"the prompt (about {prompt} tokens) does not fit the context limit of {context}",
+            code="context_length_exceeded",
+            param="messages" if "messages" in parsed.body else "prompt",
+        )
+    if parsed.max_tokens is None:  # unset: as much as the caps allow
+        return min_set(token_cap, context - prompt if context else 0) or 256
+    if token_cap and parsed.max_tokens > token_cap:
+        raise GatewayError(
+            400,
+            f"max_tokens is {parsed.max_tokens}, above this team's cap of {token_cap}",
+            code="max_tokens_exceeded",
+            param="max_tokens",
+        )
+    if context and prompt + parsed.max_tokens > context:
+        raise GatewayError(
+            400,
+            f"prompt (about {prompt} tokens) + max_tokens ({parsed.max_tokens}) exceeds the "
+            f"context limit of {context}",
+            code="context_length_exceeded",
+            param="max_tokens",
+        )
+    return parsed.max_tokens
+
+
+def kv_pages(prompt_tokens: int, max_tokens: int, n: int, block_size: int) -> int:
+    """Pages a request can occupy on a paged engine; 0 where the model is not self-hosted."""
+    if block_size <= 0:
+        return 0
+    return n * math.ceil((prompt_tokens + max_tokens) / block_size)

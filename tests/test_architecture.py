@@ -1,0 +1,61 @@
+"""The import direction of docs/architecture.md, as pyproject.toml's import-linter contracts state
+it: kept by the code, and broken by an upward import."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LINT = [
+    sys.executable,
+    "-c",
+    "import sys; from importlinter.cli import lint_imports_command; "
+    "sys.exit(lint_imports_command())",
+]
+PACKAGES = (
+    "tokenyard",
+    "admin_ui",
+    "batch",
+    "billing",
+    "gateway",
+    "router",
+    "backends",
+    "engine",
+    "core",
+)
+
+
+def _lint(root: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*LINT, "--no-cache"],
+        cwd=root,
+        env={"PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_the_packages_import_downward_only() -> None:
+    done = _lint(ROOT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Contracts: 3 kept, 0 broken." in done.stdout
+
+
+def test_an_upward_import_breaks_the_check(tmp_path: Path) -> None:
+    for package in PACKAGES:
+        shutil.copytree(
+            ROOT / package,
+            tmp_path / package,
+            ignore=shutil.ignore_patterns(
+                "__pycache__", "*.so", "artifacts", "data", "static", "templates"
+            ),
+        )
+    shutil.copy(ROOT / "pyproject.toml", tmp_path)
+    usage = tmp_path / "core" / "usage.py"
+    usage.write_text(usage.read_text() + "\nfrom gateway.proxy import Proxy  # noqa\n")
+    done = _lint(tmp_path)
+    assert done.returncode == 1
+    assert "core is not allowed to import gateway" in done.stdout
+    assert "core.usage -> gateway.proxy" in done.stdout
