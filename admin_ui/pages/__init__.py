@@ -1,0 +1,1 @@
+"""The admin UI's pages, one module per page (admin_ui/app.py mounts them)."""

@@ -1,0 +1,59 @@
+"""API keys: every team's, with their last use; create (the secret shown once) and revoke."""
+
+from datetime import UTC, datetime
+from urllib.parse import quote
+
+from litestar import Controller, Request, Response, get, post
+from litestar.exceptions import NotFoundException
+from litestar.params import FromPath
+from litestar.response import Redirect
+
+from admin_ui import forms, render
+from admin_ui.access import admin_only, in_thread, proxy_of, sql_of
+from gateway import auth, keys
+
+
+async def last_used(request: Request, listed: list[keys.KeyInfo]) -> dict[str, datetime | None]:
+    """Each key's last use: the gateways' Redis record, else the SQL column."""
+    if not listed:
+        return {}
+    stamps = await proxy_of(request).quotas.redis.hmget(auth.LAST_USED, [k.prefix for k in listed])
+    return {
+        k.prefix: datetime.fromtimestamp(int(s), UTC) if s else k.last_used_at
+        for k, s in zip(listed, stamps, strict=True)
+    }
+
+
+class Keys(Controller):
+    guards = [admin_only]  # noqa: RUF012 - Litestar reads it as a class attribute
+
+    @get("/keys")
+    async def keys_page(self, request: Request) -> Response:
+        listed = await in_thread(keys.list_keys, sql_of(request))
+        teams = await in_thread(keys.list_teams, sql_of(request))
+        return await render.page(
+            request,
+            "keys.html",
+            keys=listed,
+            teams=[t.name for t in teams],
+            last_used=await last_used(request, listed),
+            revoked=request.query_params.get("revoked", ""),
+        )
+
+    @post("/keys")
+    async def create_key(self, request: Request) -> Response:
+        team = forms.text(await request.form(), "team")
+        try:
+            new = await in_thread(keys.create_key, sql_of(request), team)
+        except keys.ManagementError as exc:
+            raise NotFoundException(str(exc)) from None
+        return await render.page(request, "key_created.html", 201, new=new)
+
+    @post("/keys/{prefix:str}/revoke")
+    async def revoke_key(self, request: Request, prefix: FromPath[str]) -> Response:
+        try:
+            key_hash = await in_thread(keys.revoke_key, sql_of(request), prefix)
+        except keys.ManagementError as exc:
+            raise NotFoundException(str(exc)) from None
+        await auth.forget(proxy_of(request).quotas.redis, [key_hash])
+        return Redirect(f"/admin/keys?revoked={quote(prefix)}", status_code=303)
