@@ -20,7 +20,7 @@ from redis.exceptions import RedisError
 from sqlalchemy import Engine
 
 from backends.base import BackendUnavailable
-from batch import jobs
+from batch import jobs, lifecycle
 from batch.callbacks import callback_client, deliver
 from batch.destinations import allow_list
 from batch.files import ENDPOINTS
@@ -97,7 +97,7 @@ class BatchWorker:
             running.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await running.task
-            await self._sql(jobs.release, self.sql, self.owner, request_id, 0.0)
+            await self._sql(lifecycle.release, self.sql, self.owner, request_id, 0.0)
         await self._client.aclose()
 
     async def _sql(self, fn, *args, **kwargs):  # type: ignore[no-untyped-def]
@@ -113,8 +113,8 @@ class BatchWorker:
 
     async def tick(self) -> None:
         await self._stop_jobs()
-        for batch_id in await self._sql(jobs.finishable_jobs, self.sql):
-            job = await self._sql(jobs.finalize, self.sql, batch_id)
+        for batch_id in await self._sql(lifecycle.finishable_jobs, self.sql):
+            job = await self._sql(lifecycle.finalize, self.sql, batch_id)
             if job is not None:
                 log.info("batch %s %s", job.id, job.status)
         limit = self.limit(await self._interactive_active())
@@ -124,7 +124,7 @@ class BatchWorker:
         room = self.room(limit)
         if room:
             claimed = await self._sql(
-                jobs.claim, self.sql, self.owner, self.settings.batch_lease_s, room
+                lifecycle.claim, self.sql, self.owner, self.settings.batch_lease_s, room
             )
             for request in claimed:
                 caller = _Hangup()
@@ -138,7 +138,7 @@ class BatchWorker:
         while True:
             await asyncio.sleep(lease_s / 3)
             try:
-                await self._sql(jobs.renew, self.sql, self.owner, list(self.running), lease_s)
+                await self._sql(lifecycle.renew, self.sql, self.owner, list(self.running), lease_s)
             except Exception:
                 log.exception("renewing batch leases failed")
 
@@ -181,12 +181,12 @@ class BatchWorker:
     async def _stop_jobs(self) -> None:
         """Cancelled and expired jobs: their requests running here are stopped, the others end
         with the job's error, so the job can be finalized with what was done."""
-        self.stopping = await self._sql(jobs.stopping_jobs, self.sql)
+        self.stopping = await self._sql(lifecycle.stopping_jobs, self.sql)
         for batch_id, error in self.stopping.items():
             for running in list(self.running.values()):
                 if running.batch_id == batch_id and not running.task.cancelling():
                     running.task.cancel()
-            await self._sql(jobs.abandon, self.sql, batch_id, error)
+            await self._sql(lifecycle.abandon, self.sql, batch_id, error)
 
     async def _policy(self, team: str) -> TeamPolicy | None:
         now = time.monotonic()
@@ -196,7 +196,7 @@ class BatchWorker:
             hit = self._policies[team] = (now + _POLICY_TTL_S, policy_of(row) if row else None)
         return hit[1]
 
-    async def _execute(self, request: jobs.Claimed, caller: _Hangup) -> None:
+    async def _execute(self, request: lifecycle.Claimed, caller: _Hangup) -> None:
         started = time.monotonic()
         upstream_id = new_request_id()  # per attempt: billing keeps one per id
         retry_in = 1  # a refusal for load or quota: run it again after this (seconds)
@@ -215,7 +215,7 @@ class BatchWorker:
         except GatewayError as exc:
             if exc.code == "client_closed" and caller.event.is_set():
                 # yielded to interactive traffic before the upstream replied: runs again later
-                await self._sql(jobs.release, self.sql, self.owner, request.id, 0.0)
+                await self._sql(lifecycle.release, self.sql, self.owner, request.id, 0.0)
                 return
             status, body, retry_in = exc.status, exc.body(), exc.retry_after or retry_in
         except BackendUnavailable as exc:
@@ -224,17 +224,18 @@ class BatchWorker:
         except asyncio.CancelledError:
             error = self.stopping.get(request.batch_id)
             if error is not None:  # the job was cancelled or expired
-                await self._sql(jobs.finish, self.sql, self.owner, request.id, error=error)
+                await self._sql(lifecycle.finish, self.sql, self.owner, request.id, error=error)
             raise  # (else: shutting down, stop() gives it back)
         except Exception:
             log.exception("batch request %s failed", request.id)
             status, body = 500, GatewayError(500, "internal error", "internal_error").body()
         if status in (429, 503):  # a quota or a saturated engine: not failed, run again later
-            await self._sql(jobs.release, self.sql, self.owner, request.id, time.time() + retry_in)
+            not_before = time.time() + retry_in
+            await self._sql(lifecycle.release, self.sql, self.owner, request.id, not_before)
             return
         self.seconds_per_request += 0.1 * (time.monotonic() - started - self.seconds_per_request)
         await self._sql(
-            jobs.finish,
+            lifecycle.finish,
             self.sql,
             self.owner,
             request.id,
@@ -244,7 +245,7 @@ class BatchWorker:
         )
 
     async def _callbacks(self) -> None:
-        job = await self._sql(jobs.claim_callback, self.sql, self.settings.batch_lease_s)
+        job = await self._sql(lifecycle.claim_callback, self.sql, self.settings.batch_lease_s)
         if job is None or not job.callback_url:
             return
         task = asyncio.get_running_loop().create_task(self._callback(job))
@@ -264,4 +265,4 @@ class BatchWorker:
             attempts=self.settings.batch_callback_attempts,
             backoff_s=self.settings.batch_callback_backoff_s,
         )
-        await self._sql(jobs.callback_done, self.sql, job.id, ok)
+        await self._sql(lifecycle.callback_done, self.sql, job.id, ok)

@@ -7,7 +7,7 @@ import pytest
 from sqlalchemy import Engine, update
 from sqlmodel import col
 
-from batch import jobs
+from batch import jobs, lifecycle
 from batch.files import Line
 from batch.models import BatchJob
 from core.db import get_engine
@@ -33,7 +33,7 @@ def _job(sql: Engine, team: str, created_at: int, requests: int = 1, priority: i
 
 
 def _claim_jobs(sql: Engine, limit: int) -> list[str]:
-    return [c.batch_id for c in jobs.claim(sql, "gw", 60, limit)]
+    return [c.batch_id for c in lifecycle.claim(sql, "gw", 60, limit)]
 
 
 def test_priority_never_moves_a_team_ahead_of_another(sql: Engine) -> None:

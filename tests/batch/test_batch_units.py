@@ -7,7 +7,7 @@ import msgspec
 import pytest
 from sqlmodel import Session, select
 
-from batch import jobs
+from batch import jobs, lifecycle
 from batch.files import Line, check_items, output_line, parse_lines
 from batch.models import BatchRequest
 from batch.worker import BatchWorker, _Hangup, _Running
@@ -89,7 +89,7 @@ async def test_leases_renew_while_a_tick_hangs(monkeypatch: pytest.MonkeyPatch) 
     """A tick stuck on SQL contention or a slow callback must not let a running request's lease
     lapse (another gateway would claim it and send it upstream a second time)."""
     renewed: list[list[str]] = []
-    monkeypatch.setattr(jobs, "renew", lambda sql, owner, ids, lease_s: renewed.append(ids))
+    monkeypatch.setattr(lifecycle, "renew", lambda sql, owner, ids, lease_s: renewed.append(ids))
     ticking = asyncio.Event()
 
     async def stuck(self: BatchWorker) -> None:
@@ -153,9 +153,9 @@ class _Proxy:
 
 async def _run_and_yield(monkeypatch: pytest.MonkeyPatch, after_reply: bool) -> tuple[list, _Proxy]:
     calls: list[tuple[str, object]] = []
-    monkeypatch.setattr(jobs, "release", lambda sql, owner, rid, nb: calls.append(("release", nb)))
+    monkeypatch.setattr(lifecycle, "release", lambda sql, owner, rid, nb: calls.append(("release", nb)))
     monkeypatch.setattr(
-        jobs, "finish", lambda sql, owner, rid, **kw: calls.append(("finish", kw["status_code"]))
+        lifecycle, "finish", lambda sql, owner, rid, **kw: calls.append(("finish", kw["status_code"]))
     )
 
     async def policy(self: BatchWorker, team: str) -> object:
@@ -164,7 +164,7 @@ async def _run_and_yield(monkeypatch: pytest.MonkeyPatch, after_reply: bool) -> 
     monkeypatch.setattr(BatchWorker, "_policy", policy)
     proxy = _Proxy()
     worker = BatchWorker(proxy, None, Settings())  # type: ignore[arg-type]
-    request = jobs.Claimed("r1", "b1", "team", "key", CHAT, b"{}", 1)
+    request = lifecycle.Claimed("r1", "b1", "team", "key", CHAT, b"{}", 1)
     caller = _Hangup()
     task = asyncio.create_task(worker._execute(request, caller))
     if after_reply:
@@ -204,16 +204,16 @@ def test_a_claim_never_takes_a_request_another_gateway_just_claimed(
     lines = [Line(custom_id=f"r{i}", body=b"{}", error=None) for i in range(2)]
     job = jobs.create_job(sql, team="t", key_prefix="k", endpoint=CHAT, lines=lines, window_s=3600)
     real_commit = Session.commit
-    interleaved: list[list[jobs.Claimed]] = []
+    interleaved: list[list[lifecycle.Claimed]] = []
 
     def commit_then_other_gateway_claims(self: Session) -> None:
         real_commit(self)
         if not interleaved:  # after A's first claim, B claims what is left (line 1)
             interleaved.append([])  # first, so B's own commits do not recurse here
-            interleaved[0] = jobs.claim(sql, "gateway-b", 60, 10)
+            interleaved[0] = lifecycle.claim(sql, "gateway-b", 60, 10)
 
     monkeypatch.setattr(Session, "commit", commit_then_other_gateway_claims)
-    first = jobs.claim(sql, "gateway-a", 60, 10)
+    first = lifecycle.claim(sql, "gateway-a", 60, 10)
     monkeypatch.undo()
     assert [c.id for c in first] != [] and [c.id for c in interleaved[0]] != []
     assert not {c.id for c in first} & {c.id for c in interleaved[0]}
