@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 from sklearn.linear_model import LogisticRegression
 
-from router.classifier import Scorer
 from router.dataset import Routed
+from router.scorer import CompiledScorer
 
 BARS = (0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
 
@@ -22,7 +22,7 @@ def _logit(p: np.ndarray) -> np.ndarray:
     return np.log(p / (1 - p))
 
 
-def cost_quality(by_domain: dict[str, list[Routed]], scorer: Scorer, seed: int = 0) -> dict:
+def cost_quality(by_domain: dict[str, list[Routed]], scorer: CompiledScorer, seed: int = 0) -> dict:
     rows = [r for rows in by_domain.values() for r in rows]
     if any(r.correct is None or r.cost is None for r in rows):
         raise ValueError("cost against quality needs every model's correctness and cost")

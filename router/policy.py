@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from backends.base import ModelInfo
-from router.catalog import Catalog, ModelEntry
-from router.classifier import RouteScore
+from backends.fields import Ask, Refusal, ask_of, refusal
+from router.catalog import Catalog, Kind, ModelEntry
 from router.features import encode_features
+from router.scorer import RouteScore
 
 AUTO = "auto"
 
@@ -45,6 +46,14 @@ class TeamRouting(Protocol):
 
 class NoRoute(Exception):
     """No model in the catalog can serve the request: unknown, not allowed, or not for this tier."""
+
+
+class Unsupported(Exception):
+    """The request asks for what the model named (or, for auto, every model) cannot do."""
+
+    def __init__(self, found: Refusal) -> None:
+        super().__init__(found.message)
+        self.refusal = found
 
 
 class Scorer:
@@ -96,7 +105,11 @@ def prompt_text(body: dict[str, Any]) -> str:
 
 def prefix_text(body: dict[str, Any]) -> str:
     """What requests that share a cached prompt prefix share: the first message (often the system
-    prompt), or the prompt. Engine replicas are picked by it (prefix affinity)."""
+    prompt), or the prompt. Engine replicas are picked by it (prefix affinity). A client's
+    `prompt_cache_key` names the group outright, as OpenAI routes by it."""
+    key = body.get("prompt_cache_key")
+    if isinstance(key, str) and key:
+        return key
     messages = body.get("messages")
     if messages:
         return _content_text(messages[0].get("content"))
@@ -109,38 +122,96 @@ class Router:
         self.catalog = catalog
         self.scorer = scorer
 
-    def _eligible(self, entry: ModelEntry, team: TeamRouting, tier: str) -> bool:
-        return (not team.models or entry.id in team.models) and tier in entry.tiers
+    def _eligible(
+        self,
+        entry: ModelEntry,
+        team: TeamRouting,
+        tier: str,
+        kind: Kind,
+        ask: Ask | None = None,
+        prompt_tokens: int = 0,
+    ) -> bool:
+        """Allowed, of the kind, serving the tier; with an `ask`, also able to honour every field
+        it sets and with room for the prompt."""
+        return (
+            (not team.models or entry.id in team.models)
+            and tier in entry.tiers
+            and entry.kind == kind
+            and (ask is None or refusal(ask, entry.id, entry.provider, entry.supports) is None)
+            and not (entry.max_context and prompt_tokens >= entry.max_context)
+        )
 
-    def route(self, model: str, body: dict[str, Any], team: TeamRouting, tier: str) -> Route:
+    def route(
+        self,
+        model: str,
+        body: dict[str, Any],
+        team: TeamRouting,
+        tier: str,
+        kind: Kind = "chat",
+        prompt_tokens: int = 0,
+    ) -> Route:
+        """`kind`: what the endpoint serves; a model of the other kind is not a route (OpenAI
+        answers an embedding model on chat completions with a 404 too). Fallbacks and auto's
+        candidates are only models that honour every field the request sets (Unsupported names
+        the first one a named model cannot) and whose context fits `prompt_tokens` (an estimate;
+        0: unknown; a named model's own window is checked by the gateway)."""
+        ask = ask_of(body) if kind == "chat" else None
         if model != AUTO:
             entry = self.catalog.get(model)
             if entry is None or (team.models and model not in team.models):
                 raise NoRoute(f"the model {model!r} does not exist or you do not have access to it")
+            if entry.kind != kind:
+                endpoint = "embeddings" if entry.kind == "embedding" else "chat and completions"
+                raise NoRoute(f"the model {model!r} serves {endpoint} only")
             if tier not in entry.tiers:
                 raise NoRoute(f"the model {model!r} does not serve the {tier} tier")
-            return Route(model, self._chain(model, team, tier))
+            found = refusal(ask, entry.id, entry.provider, entry.supports) if ask else None
+            if found:
+                raise Unsupported(found)
+            return Route(model, self._chain(model, team, tier, kind, ask, prompt_tokens))
         prompt = prompt_text(body)
         scored = self.scorer.route_score(prompt)
         escalated = scored.score >= self._threshold(team)
         usable = [
-            m for m in self.catalog.by_price() if m.configured and self._eligible(m, team, tier)
+            m
+            for m in self.catalog.by_price()
+            if m.configured and self._eligible(m, team, tier, kind)
         ]
         if not usable:
             raise NoRoute(f"no model this team may use can serve the {tier} tier")
+        able = [m for m in usable if self._eligible(m, team, tier, kind, ask, prompt_tokens)]
+        if not able:  # the cheapest model says what it cannot do
+            first = usable[0]
+            found = refusal(ask, first.id, first.provider, first.supports) if ask else None
+            if not found:
+                raise NoRoute(f"no model this team may use fits a prompt of {prompt_tokens} tokens")
+            raise Unsupported(found)
+        usable = able
         need = self.catalog.auto.strong_capability if escalated else 0
         # a team with no model of the strong class gets its most capable ones instead
         need = min(need, max(m.capability for m in usable))
         pool = [m for m in usable if m.capability >= need]
-        candidates = list(self._chain(pool[0].id, team, tier))
+        candidates = list(self._chain(pool[0].id, team, tier, kind, ask, prompt_tokens))
         # after the chosen model's own fallbacks, the rest of its class by price
         candidates += [m.id for m in pool if m.id not in candidates]
         features = self.scorer.features(prompt, "strong" if escalated else "weak", scored)
         return Route(AUTO, tuple(candidates), scored.score, escalated, scored.confidence, features)
 
-    def _chain(self, model: str, team: TeamRouting, tier: str) -> tuple[str, ...]:
+    def _chain(
+        self,
+        model: str,
+        team: TeamRouting,
+        tier: str,
+        kind: Kind,
+        ask: Ask | None,
+        prompt_tokens: int,
+    ) -> tuple[str, ...]:
         entries = (self.catalog.models[m] for m in self.catalog.chain(model))
-        return tuple(m.id for m in entries if m.id == model or self._eligible(m, team, tier))
+        return tuple(
+            m.id
+            for m in entries
+            if m.id == model or self._eligible(m, team, tier, kind, ask, prompt_tokens)
+        )
 
     def _threshold(self, team: TeamRouting) -> float:
         if team.auto_threshold is not None:

@@ -29,12 +29,12 @@ from sklearn.cluster import KMeans
 from sklearn.decomposition import PCA
 from sklearn.linear_model import LogisticRegression
 
-from router.classifier import Scorer
 from router.costs import cost_quality
 from router.dataset import DOMAINS, Routed, data_hash, load_domains, random_split
 from router.embedding import WordPieces, token_table, tokenizer_json
 from router.metrics import Interval, bootstrap, router_metrics
 from router.report import write_report
+from router.scorer import CompiledScorer
 
 ARTIFACT_DIR = Path(__file__).parent / "artifacts"
 CACHE_DIR = Path("var") / "router"
@@ -128,7 +128,7 @@ def _normalise(x: np.ndarray) -> np.ndarray:
 
 def fit(
     recipe: Recipe, s: Samples, table: np.ndarray, pieces: WordPieces, config: TrainConfig
-) -> Scorer:
+) -> CompiledScorer:
     pca = PCA(recipe.dims, random_state=config.seed).fit(s.raw)
     axes = pca.components_
     projected = (s.raw - pca.mean_) @ axes.T
@@ -150,7 +150,7 @@ def fit(
     kmeans = KMeans(config.centroids, n_init=1, random_state=config.seed).fit(e)
     centroids = _normalise(kmeans.cluster_centers_)
     sims = (e @ centroids.T).max(axis=1)
-    return Scorer(
+    return CompiledScorer(
         pieces=pieces,
         table=(table @ axes.T).astype(np.float32),
         center=pca.mean_ @ axes.T,
