@@ -114,6 +114,15 @@ async def drive(url: str, work, concurrency: int) -> dict:
     limits = httpx.Limits(max_connections=concurrency)
     async with httpx.AsyncClient(base_url=url, timeout=3600, limits=limits) as http:
 
+        async def stream(body: dict, stamps: list[float]) -> None:
+            async with http.stream("POST", "/v1/chat/completions", json=body) as r:
+                async for line in r.aiter_lines():
+                    if not line.startswith("data: {"):
+                        continue
+                    choices = json.loads(line[6:]).get("choices") or []
+                    if choices and choices[0].get("delta", {}).get("content"):
+                        stamps.append(time.perf_counter())
+
         async def one(messages, out_len: int) -> None:
             nonlocal total
             body = {
@@ -125,15 +134,17 @@ async def drive(url: str, work, concurrency: int) -> dict:
                 "stream": True,
             }
             async with gate:
-                sent = time.perf_counter()
-                stamps: list[float] = []
-                async with http.stream("POST", "/v1/chat/completions", json=body) as r:
-                    async for line in r.aiter_lines():
-                        if not line.startswith("data: {"):
-                            continue
-                        choices = json.loads(line[6:]).get("choices") or []
-                        if choices and choices[0].get("delta", {}).get("content"):
-                            stamps.append(time.perf_counter())
+                for attempt in range(3):
+                    sent = time.perf_counter()
+                    stamps: list[float] = []
+                    try:
+                        await stream(body, stamps)
+                        break
+                    except httpx.RemoteProtocolError:
+                        # llama-server's HTTP layer sometimes drops a kept-alive connection
+                        # before answering; nothing was generated, so the request is resent
+                        if stamps or attempt == 2:
+                            raise
             if stamps:
                 ttfts.append(stamps[0] - sent)
                 total += len(stamps)
@@ -187,6 +198,13 @@ def main() -> None:
     parser.add_argument("--engine-args", default="", help="more `tokenyard engine` arguments")
     parser.add_argument("--port", type=int, default=8297)
     parser.add_argument("--skip-llamacpp", action="store_true")
+    parser.add_argument("--skip-engine", action="store_true", help="llama-server alone")
+    parser.add_argument(
+        "--llamacpp-args",
+        default="",
+        help="more llama-server arguments (on AMX CPUs its repacked weights crash with "
+        "SIGSEGV in the build it makes: pass --no-repack)",
+    )
     args = parser.parse_args()
 
     gguf = resolve_model_path("smollm2")
@@ -203,12 +221,12 @@ def main() -> None:
     tokenyard = os.path.join(os.path.dirname(sys.executable), "tokenyard")
     ours = [tokenyard, "engine", "--port", str(args.port), "--quantization", args.quantization]
     ours += ["--max-seqs", str(args.requests), *shlex.split(args.engine_args)]
-    servers = [(f"tokenyard engine ({args.quantization})", ours)]
+    servers = [] if args.skip_engine else [(f"tokenyard engine ({args.quantization})", ours)]
     if not args.skip_llamacpp:
         binary = build_llama_server()
         # one slot's context holds the longest request: 16 slots of 2048 tokens
         llama = [str(binary), "-m", gguf, "--port", str(args.port + 1), "-np", "16"]
-        llama += ["-c", str(16 * 2048), "-t", threads, "--jinja"]
+        llama += ["-c", str(16 * 2048), "-t", threads, "--jinja", *shlex.split(args.llamacpp_args)]
         servers.append(("llama-server -np 16", llama))
     for name, cmd in servers:
         port = int(cmd[cmd.index("--port") + 1])
