@@ -23,7 +23,7 @@ up: install
 
 test: install
 	bash scripts/system-packages.sh
-	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
+	$(PY) -m pytest -q -rs --durations=25 $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
