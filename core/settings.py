@@ -45,6 +45,12 @@ class Settings(BaseSettings):
     # on SIGTERM: stop accepting, let running requests finish for up to this many seconds, then
     # cancel them; 0: wait without a deadline
     engine_drain_s: float = 30.0
+    # embeddings server (tokenyard embeddings): address, inputs per forward pass, and how long a
+    # batch waits for more requests after its first
+    embeddings_host: str = "127.0.0.1"
+    embeddings_port: int = 8200
+    embeddings_max_batch: int = 64
+    embeddings_max_wait_ms: float = 2.0
     # the model catalog (TOML, see router/catalog.toml); empty: the shipped one
     catalog: str = ""
     # gateway (fields named gateway_* belong to it; see README "Gateway")

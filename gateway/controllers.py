@@ -14,7 +14,7 @@ from core.errors import GatewayError
 from core.metrics import exposition
 from core.openapi import json_body
 from gateway.proxy import Proxy
-from gateway.validation import ChatRequest, CompletionRequest
+from gateway.validation import ChatRequest, CompletionRequest, EmbeddingRequest
 from router.catalog import ModelEntry
 from router.policy import AUTO
 
@@ -37,6 +37,10 @@ class CompletionsController(Controller):
     @post("/completions", status_code=200, operation_class=json_body(CompletionRequest))
     async def completions(self, request: Request) -> Response:
         return await _proxy(request).handle(request, "completion")
+
+    @post("/embeddings", status_code=200, operation_class=json_body(EmbeddingRequest))
+    async def embeddings(self, request: Request) -> Response:
+        return await _proxy(request).handle(request, "embedding")
 
     @get("/models")
     async def models(self, request: Request) -> Response[bytes]:

@@ -11,7 +11,7 @@ import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
 import msgspec
 from litestar import Request, Response
@@ -36,10 +36,14 @@ from gateway.quotas import LeaseKeeper, Quotas, Reservation
 from gateway.settlement import Settlement, usage_of
 from gateway.sizing import kv_pages, max_tokens_for
 from gateway.streaming import DONE, SSE_HEADERS, StreamResult, relay, reply_decoder
-from gateway.validation import Parsed, client_request_id, parse
+from gateway.validation import Kind, Parsed, client_request_id, parse
 from router.policy import NoRoute, Route, Router, Saturation, prefix_text
 
-PATHS = {"chat": "/v1/chat/completions", "completion": "/v1/completions"}
+PATHS = {
+    "chat": "/v1/chat/completions",
+    "completion": "/v1/completions",
+    "embedding": "/v1/embeddings",
+}
 
 
 class Caller(Protocol):
@@ -64,14 +68,16 @@ class _Call:
     """A request before it is addressed to a model: the body is encoded per attempt, with the
     model that attempt goes to."""
 
-    kind: Literal["chat", "completion"]
+    kind: Kind
     body: dict[str, Any]  # without the output cap, which each model names its own way
     headers: dict[str, str]
     max_tokens: int
 
     def to(self, upstream: Upstream) -> UpstreamCall:
         info = upstream.info
-        body = {**self.body, "model": info.name, info.max_tokens_param: self.max_tokens}
+        body = {**self.body, "model": info.name}
+        if self.kind != "embedding":  # an embedding generates nothing: no output cap
+            body[info.max_tokens_param] = self.max_tokens
         encoded = msgspec.json.encode(body)
         return UpstreamCall(PATHS[self.kind], encoded, self.headers, prefix_text(body))
 
@@ -105,7 +111,7 @@ class Proxy:
         self.settlement = Settlement(quotas, self.keeper, price)
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def handle(self, request: Request, kind: Literal["chat", "completion"]) -> Response:
+    async def handle(self, request: Request, kind: Kind) -> Response:
         try:
             return await self._handle(request, kind)
         except GatewayError as exc:
@@ -116,7 +122,7 @@ class Proxy:
                 self._spawn(refusals.record(self.quotas.redis, reason))
             raise
 
-    async def _handle(self, request: Request, kind: Literal["chat", "completion"]) -> Response:
+    async def _handle(self, request: Request, kind: Kind) -> Response:
         started = time.perf_counter()
         authorization = request.headers.get("authorization")
         policy = await self.auth.authenticate(authorization)
@@ -142,7 +148,7 @@ class Proxy:
     async def run_batch_request(
         self,
         policy: TeamPolicy,
-        kind: Literal["chat", "completion"],
+        kind: Kind,
         body: bytes,
         request_id: str,
         key: str,
@@ -164,7 +170,7 @@ class Proxy:
     async def _serve(
         self,
         request: Caller,
-        kind: Literal["chat", "completion"],
+        kind: Kind,
         policy: TeamPolicy,
         parsed: Parsed,
         tier: str,
@@ -175,7 +181,8 @@ class Proxy:
         """Route, reserve, forward. `request` is the HTTP request, or the batch worker: nothing
         to stream to, but a caller that may hang up."""
         try:
-            route = self.router.route(parsed.model, parsed.body, policy, tier)
+            endpoint = "embedding" if kind == "embedding" else "chat"
+            route = self.router.route(parsed.model, parsed.body, policy, tier, endpoint)
         except NoRoute as exc:
             raise GatewayError(404, str(exc), code="model_not_found", param="model") from None
         upstream = self.first_usable(route, tier)

@@ -27,7 +27,7 @@ def max_tokens_for(
             400,
             f"the prompt (about {prompt} tokens) does not fit the context limit of {context}",
             code="context_length_exceeded",
-            param="messages" if "messages" in parsed.body else "prompt",
+            param=next((p for p in ("messages", "input") if p in parsed.body), "prompt"),
         )
     if parsed.max_tokens is None:  # unset: as much as the caps allow
         return min_set(token_cap, context - prompt if context else 0) or 256

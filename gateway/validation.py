@@ -14,7 +14,7 @@ context window).
 import math
 import re
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
@@ -27,10 +27,12 @@ MAX_N = 8
 # engine schedules, so the request's reservation covers them all, and this bounds its size
 MAX_CHOICES = 128
 MAX_CLIENT_ID = 128
+MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit per embeddings request
 # a client's own request id (OpenAI's X-Client-Request-Id): printable ASCII without spaces, so it
 # can never break a header, a log line or a SQL index
 _CLIENT_ID = re.compile(rf"[\x21-\x7e]{{1,{MAX_CLIENT_ID}}}")
 Tier = Literal["interactive", "batch"]
+_S = TypeVar("_S", bound=msgspec.Struct)
 
 
 class StreamOptions(msgspec.Struct):
@@ -76,6 +78,23 @@ class CompletionRequest(_Common, kw_only=True):
     # str, list[str], list[int] or list[list[int]]: msgspec unions hold one array type, so the
     # items are checked in estimate_prompt_sizes
     prompt: str | list[Any]
+
+
+class EmbeddingRequest(msgspec.Struct, kw_only=True):
+    """OpenAI's embeddings request, as far as the gateway checks it (the server checks the rest)."""
+
+    model: str
+    # str, list[str], list[int] or list[list[int]] (checked in estimate_prompt_sizes)
+    input: str | list[Any]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Positive | None = None
+    user: str | None = None
+    tier: Tier | None = None
+    priority: Tier | None = None
+    request_id: str | None = None
+
+
+Kind = Literal["chat", "completion", "embedding"]
 
 
 @dataclass
@@ -134,13 +153,14 @@ def _is_ids(prompt: list[Any]) -> bool:
     return all(isinstance(p, int) and not isinstance(p, bool) for p in prompt)
 
 
-def estimate_prompt_sizes(prompt: str | list[Any]) -> list[int]:
+def estimate_prompt_sizes(prompt: str | list[Any], param: str = "prompt") -> list[int]:
     """Each prompt's tokens: token ids counted exactly, text estimated. A list of prompts runs
-    every one of them, so each is sized (the reservation is their sum)."""
+    every one of them, so each is sized (the reservation is their sum). `param`: the field's name
+    (`input` for embeddings)."""
     if isinstance(prompt, str):
         return [math.ceil(len(prompt.encode()) / 4)]
     if not prompt:
-        raise _bad("prompt must not be an empty list", "prompt")
+        raise _bad(f"{param} must not be an empty list", param)
     if _is_ids(prompt):
         return [len(prompt)]
     sizes = []
@@ -151,8 +171,8 @@ def estimate_prompt_sizes(prompt: str | list[Any]) -> list[int]:
             sizes.append(len(item))
         else:
             raise _bad(
-                "prompt must be a string, a list of strings, a token-id list or a list of them",
-                "prompt",
+                f"{param} must be a string, a list of strings, a token-id list or a list of them",
+                param,
             )
     return sizes
 
@@ -183,17 +203,14 @@ def decode_json(raw: bytes) -> Any:
         raise _bad("request body is nested too deeply", None, "invalid_json") from None
 
 
-def parse(raw: bytes, kind: Literal["chat", "completion"]) -> Parsed:
+def parse(raw: bytes, kind: Kind) -> Parsed:
     body = decode_json(raw)
     if not isinstance(body, dict):
         raise _bad("request body must be a JSON object", None)
+    if kind == "embedding":
+        return _parse_embedding(body)
     struct = ChatRequest if kind == "chat" else CompletionRequest
-    try:
-        req = msgspec.convert(body, struct)
-    except msgspec.ValidationError as exc:
-        text = str(exc)
-        found = _PATH.search(text) or _MISSING.search(text)
-        raise _bad(text, found.group(1) if found else None) from None
+    req = _convert(body, struct)
 
     if isinstance(req, ChatRequest):
         if "prompt" in body:
@@ -219,6 +236,36 @@ def parse(raw: bytes, kind: Literal["chat", "completion"]) -> Parsed:
         prompt_sizes=prompt_sizes,
         max_tokens=max_tokens,
         n=req.n,
+        tier=req.tier or req.priority,
+        client_request_id=client_request_id(req.request_id, "request_id"),
+    )
+
+
+def _convert(body: dict[str, Any], struct: type[_S]) -> _S:
+    try:
+        return msgspec.convert(body, struct)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        found = _PATH.search(text) or _MISSING.search(text)
+        raise _bad(text, found.group(1) if found else None) from None
+
+
+def _parse_embedding(body: dict[str, Any]) -> Parsed:
+    """An embeddings request: its inputs are the prompts, and nothing is generated."""
+    req = _convert(body, EmbeddingRequest)
+    sizes = estimate_prompt_sizes(req.input, "input")
+    if len(sizes) > MAX_EMBEDDING_INPUTS:
+        raise _bad(f"input holds at most {MAX_EMBEDDING_INPUTS} items", "input")
+    for field in ("tier", "priority", "request_id"):
+        body.pop(field, None)
+    return Parsed(
+        model=req.model,
+        body=body,
+        stream=False,
+        include_usage=False,
+        prompt_sizes=sizes,
+        max_tokens=0,
+        n=1,
         tier=req.tier or req.priority,
         client_request_id=client_request_id(req.request_id, "request_id"),
     )

@@ -17,6 +17,8 @@ from core.settings import Settings
 DEFAULT_CATALOG = Path(__file__).parent / "catalog.toml"
 Provider = Literal["self-hosted", "openai", "anthropic"]
 Tier = Literal["interactive", "batch"]
+# what a model serves: chat (and legacy) completions, or embeddings (/v1/embeddings)
+Kind = Literal["chat", "embedding"]
 
 
 class Price(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -44,6 +46,7 @@ class Price(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class ModelEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     id: str
     provider: Provider
+    kind: Kind = "chat"
     upstream_model: str = ""  # the provider's name for it; empty: the id
     # self-hosted: one URL per engine replica; commercial: the API base (…/v1 for OpenAI)
     base_urls: tuple[str, ...] = ()
@@ -147,7 +150,7 @@ def parse_engine_urls(spec: str, default_model: str) -> dict[str, tuple[str, ...
 def _with_engine_urls(spec: CatalogFile, engine_urls: str) -> CatalogFile:
     """`TOKENYARD_ENGINE_URLS` names the replicas of self-hosted models; a model it names that the
     catalog lacks is added as a self-hosted model with default settings."""
-    self_hosted = [m.id for m in spec.models if m.provider == "self-hosted"]
+    self_hosted = [m.id for m in spec.models if m.provider == "self-hosted" and m.kind == "chat"]
     default = self_hosted[0] if self_hosted else "self-hosted"
     replicas = parse_engine_urls(engine_urls, default)
     models = [
@@ -165,13 +168,24 @@ def _with_engine_urls(spec: CatalogFile, engine_urls: str) -> CatalogFile:
 
 def load_catalog(settings: Settings) -> Catalog:
     """The catalog the settings name; self-hosted replicas from `engine_urls`, else from the file,
-    else the local engine (`engine_host`/`engine_port`) for the first self-hosted model."""
+    else the local servers: the engine (`engine_host`/`engine_port`) for the first self-hosted chat
+    model, the embeddings server (`embeddings_host`/`embeddings_port`) for the first embedding
+    one."""
     path = settings.catalog or DEFAULT_CATALOG
     catalog = Catalog.load(path, settings.engine_urls)
-    missing = [
-        m for m in catalog.models.values() if m.provider == "self-hosted" and not m.base_urls
-    ]
-    if missing and not settings.engine_urls:
-        local = f"{missing[0].id}=http://{settings.engine_host}:{settings.engine_port}"
-        catalog = Catalog.load(path, local)
-    return catalog
+    if settings.engine_urls:
+        return catalog
+    local = {
+        "chat": f"http://{settings.engine_host}:{settings.engine_port}",
+        "embedding": f"http://{settings.embeddings_host}:{settings.embeddings_port}",
+    }
+    urls = []
+    for kind, url in local.items():
+        missing = [
+            m
+            for m in catalog.models.values()
+            if m.provider == "self-hosted" and m.kind == kind and not m.base_urls
+        ]
+        if missing:
+            urls.append(f"{missing[0].id}={url}")
+    return Catalog.load(path, ",".join(urls)) if urls else catalog

