@@ -37,7 +37,7 @@ from gateway.settlement import Settlement, usage_of
 from gateway.sizing import kv_pages, max_tokens_for
 from gateway.streaming import DONE, SSE_HEADERS, StreamResult, relay, reply_decoder
 from gateway.validation import Kind, Parsed, client_request_id, parse
-from router.policy import NoRoute, Route, Router, Saturation, prefix_text
+from router.policy import NoRoute, Route, Router, Saturation, Unsupported, prefix_text
 
 PATHS = {
     "chat": "/v1/chat/completions",
@@ -111,9 +111,11 @@ class Proxy:
         self.settlement = Settlement(quotas, self.keeper, price)
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def handle(self, request: Request, kind: Kind) -> Response:
+    async def handle(self, request: Request, kind: Kind, body: bytes | None = None) -> Response:
+        """An HTTP request's walk. `body`: one the gateway built in place of the request's own
+        (the Responses API's translation onto chat), walked the same way."""
         try:
-            return await self._handle(request, kind)
+            return await self._handle(request, kind, body)
         except GatewayError as exc:
             reason = exc.limit or exc.code  # the limit's own name, also where OpenAI's code differs
             if exc.status in (429, 503) and reason:
@@ -122,11 +124,11 @@ class Proxy:
                 self._spawn(refusals.record(self.quotas.redis, reason))
             raise
 
-    async def _handle(self, request: Request, kind: Kind) -> Response:
+    async def _handle(self, request: Request, kind: Kind, body: bytes | None) -> Response:
         started = time.perf_counter()
         authorization = request.headers.get("authorization")
         policy = await self.auth.authenticate(authorization)
-        parsed = parse(await request.body(), kind)
+        parsed = parse(await request.body() if body is None else body, kind)
         tier = _tier(request, parsed, policy)
         # the id is always the gateway's own: unique, so billing (idempotent by it), the engine
         # and the logs can trust it; the client's id for the request is kept beside it
@@ -182,9 +184,19 @@ class Proxy:
         to stream to, but a caller that may hang up."""
         try:
             endpoint = "embedding" if kind == "embedding" else "chat"
-            route = self.router.route(parsed.model, parsed.body, policy, tier, endpoint)
+            route = self.router.route(
+                parsed.model,
+                parsed.body,
+                policy,
+                tier,
+                endpoint,
+                prompt_tokens=max(parsed.prompt_sizes, default=0),
+            )
         except NoRoute as exc:
             raise GatewayError(404, str(exc), code="model_not_found", param="model") from None
+        except Unsupported as exc:  # before any quota is touched
+            found = exc.refusal
+            raise GatewayError(400, found.message, code=found.code, param=found.param) from None
         upstream = self.first_usable(route, tier)
         extra = upstream.info.prompt_extra(policy.team)
         prompts = [size + extra for size in parsed.prompt_sizes]

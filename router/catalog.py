@@ -12,11 +12,14 @@ from typing import Literal
 
 import msgspec
 
+from backends.fields import Supports
 from core.settings import Settings
 
 DEFAULT_CATALOG = Path(__file__).parent / "catalog.toml"
 Provider = Literal["self-hosted", "openai", "anthropic"]
 Tier = Literal["interactive", "batch"]
+# what the tokenyard engine does for any model it serves (constrained decoding: tools, schemas)
+ENGINE_SUPPORTS = Supports(tools=True, structured_outputs=True, logprobs=True)
 # what a model serves: chat (and legacy) completions, or embeddings (/v1/embeddings)
 Kind = Literal["chat", "embedding"]
 
@@ -55,6 +58,9 @@ class ModelEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # self-hosted: what one replica costs per hour, spread over the requests by engine time
     usd_per_hour: float = 0.0
     max_context: int = 0  # 0: ask the backend (the engine's /load)
+    # what it can do (tools, structured outputs, logprobs, image input, reasoning): requests that
+    # need more are routed elsewhere or refused (backends/fields.py)
+    supports: Supports = Supports()
     capability: int = 1  # higher answers harder prompts
     tiers: tuple[Tier, ...] = ("interactive", "batch")
     fallbacks: tuple[str, ...] = ()  # tried in order when this model is saturated or down
@@ -159,7 +165,7 @@ def _with_engine_urls(spec: CatalogFile, engine_urls: str) -> CatalogFile:
     ]
     known = {m.id for m in spec.models}
     models += [
-        ModelEntry(id=name, provider="self-hosted", base_urls=urls)
+        ModelEntry(id=name, provider="self-hosted", base_urls=urls, supports=ENGINE_SUPPORTS)
         for name, urls in replicas.items()
         if name not in known
     ]

@@ -1,0 +1,180 @@
+"""Every request field OpenAI defines for chat and legacy completions, and how each kind of backend
+treats it: the one table the router and the gateway read, so that no field is silently dropped.
+
+A field is *honoured* (the backend acts on it), *passed* through unchanged to a provider that acts
+on it itself (OpenAI), or *refused*: a 400 `unsupported_parameter` naming it. Some fields also need
+a capability the catalog declares per model (`Supports`): `tools` on a model without the flag is
+refused even where the backend kind could carry it. A field set to a value that asks for nothing
+(`n: 1`, `logprobs: false`, `service_tier: "auto"`) is never refused. Fields OpenAI does not define
+(vLLM's sampling extras, the gateway's own) are outside this table.
+"""
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import msgspec
+
+Provider = Literal["self-hosted", "openai", "anthropic"]
+Endpoint = Literal["chat", "completion"]
+Treatment = Literal["honoured", "passed", "refused"]
+PROVIDERS: tuple[Provider, ...] = ("self-hosted", "openai", "anthropic")
+
+
+class Supports(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What a model can do, declared in the catalog (context length is `max_context` there)."""
+
+    tools: bool = False  # function tools, tool_choice, parallel_tool_calls
+    structured_outputs: bool = False  # response_format json_schema / json_object
+    logprobs: bool = False
+    image_input: bool = False  # image parts in messages
+    reasoning: bool = False  # reasoning_effort (the Responses API's `reasoning`)
+
+
+Capability = Literal["tools", "structured_outputs", "logprobs", "image_input", "reasoning"]
+
+H: Treatment = "honoured"
+P: Treatment = "passed"
+R: Treatment = "refused"
+
+
+@dataclass(frozen=True)
+class Rule:
+    endpoints: tuple[Endpoint, ...]
+    # per provider: self-hosted (the engine), openai, anthropic
+    treatment: tuple[Treatment, Treatment, Treatment]
+    needs: Capability | None = None
+    inert: tuple[Any, ...] = ()  # values that ask for nothing (besides null and false)
+    note: str = ""
+
+    def by(self, provider: Provider) -> Treatment:
+        return self.treatment[PROVIDERS.index(provider)]
+
+
+BOTH: tuple[Endpoint, ...] = ("chat", "completion")
+CHAT: tuple[Endpoint, ...] = ("chat",)
+LEGACY: tuple[Endpoint, ...] = ("completion",)
+
+FIELDS: dict[str, Rule] = {
+    "model": Rule(BOTH, (H, H, H)),
+    "messages": Rule(
+        CHAT,
+        (H, H, H),
+        note="image parts need image_input; audio and file parts pass to OpenAI only",
+    ),
+    "prompt": Rule(LEGACY, (H, P, R), note="Anthropic has no text completions"),
+    "max_tokens": Rule(BOTH, (H, H, H), note="sent under the name each model takes"),
+    "max_completion_tokens": Rule(CHAT, (H, H, H)),
+    "stream": Rule(BOTH, (H, H, H)),
+    "stream_options": Rule(BOTH, (H, H, H)),
+    "temperature": Rule(BOTH, (H, P, H), note="Anthropic: capped at 1"),
+    "top_p": Rule(BOTH, (H, P, H)),
+    "stop": Rule(BOTH, (H, P, H)),
+    "n": Rule(BOTH, (H, P, R), inert=(1,)),
+    "seed": Rule(BOTH, (H, P, R)),
+    "presence_penalty": Rule(BOTH, (H, P, R), inert=(0,)),
+    "frequency_penalty": Rule(BOTH, (H, P, R), inert=(0,)),
+    "logit_bias": Rule(BOTH, (H, P, R), inert=({},)),
+    "logprobs": Rule(BOTH, (H, P, R), needs="logprobs"),
+    "top_logprobs": Rule(CHAT, (H, P, R), needs="logprobs"),
+    "response_format": Rule(CHAT, (H, P, R), needs="structured_outputs", inert=({"type": "text"},)),
+    "tools": Rule(CHAT, (H, P, H), needs="tools", inert=([],)),
+    "tool_choice": Rule(CHAT, (H, P, H), needs="tools"),
+    "parallel_tool_calls": Rule(CHAT, (H, P, H), needs="tools", inert=(True,)),
+    "user": Rule(BOTH, (H, P, H), note="an end-user id: no effect on the output anywhere"),
+    "safety_identifier": Rule(CHAT, (H, P, H), note="as user"),
+    "prompt_cache_key": Rule(
+        CHAT, (H, P, R), note="engine: picks the replica (prefix affinity), as OpenAI routes by it"
+    ),
+    "reasoning_effort": Rule(CHAT, (R, P, R), needs="reasoning"),
+    "store": Rule(CHAT, (R, P, R), note="stored chat completions: OpenAI only"),
+    "metadata": Rule(CHAT, (R, P, R), inert=({},), note="labels stored chat completions"),
+    "service_tier": Rule(BOTH, (R, P, R), inert=("auto", "default")),
+    "modalities": Rule(CHAT, (R, P, R), inert=(["text"],)),
+    "audio": Rule(CHAT, (R, P, R)),
+    "prediction": Rule(CHAT, (R, P, R)),
+    "web_search_options": Rule(CHAT, (R, P, R)),
+    "verbosity": Rule(CHAT, (R, P, R)),
+    "moderation": Rule(CHAT, (R, P, R)),
+    "prompt_cache_retention": Rule(CHAT, (R, P, R)),
+    "prompt_cache_options": Rule(CHAT, (R, P, R)),
+    "functions": Rule(CHAT, (R, P, R), note="deprecated: use tools"),
+    "function_call": Rule(CHAT, (R, P, R), note="deprecated: use tool_choice"),
+    "echo": Rule(LEGACY, (R, P, R)),
+    "suffix": Rule(LEGACY, (R, P, R), inert=("",)),
+    "best_of": Rule(LEGACY, (R, P, R), inert=(1,)),
+}
+
+# content part types of chat messages: what each needs
+PART_NEEDS: dict[str, Capability | None] = {"text": None, "image_url": "image_input"}
+
+
+def _asks(value: Any, rule: Rule) -> bool:
+    """Whether a value asks for something (`0 is not False`: legacy logprobs=0 asks)."""
+    if value is None or value is False:
+        return False
+    return not any(
+        value == v and isinstance(value, bool) == isinstance(v, bool) for v in rule.inert
+    )
+
+
+@dataclass(frozen=True)
+class Ask:
+    """What a request asks of a model: the OpenAI fields it sets, and its message part types."""
+
+    endpoint: Endpoint
+    fields: tuple[str, ...]
+    parts: frozenset[str]
+
+
+def ask_of(body: dict[str, Any]) -> Ask:
+    endpoint: Endpoint = "chat" if "messages" in body else "completion"
+    fields = tuple(
+        name
+        for name, value in body.items()
+        if (rule := FIELDS.get(name)) and endpoint in rule.endpoints and _asks(value, rule)
+    )
+    parts: set[str] = set()
+    for message in body.get("messages") or ():
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, list):
+            parts.update(str(p.get("type")) for p in content if isinstance(p, dict))
+    return Ask(endpoint, fields, frozenset(parts))
+
+
+@dataclass(frozen=True)
+class Refusal:
+    param: str
+    message: str
+    code: str = "unsupported_parameter"
+
+
+def refusal(ask: Ask, model: str, provider: Provider, supports: Supports) -> Refusal | None:
+    """Why `model` cannot honour the request (None: it can)."""
+    if ask.endpoint == "completion" and provider == "anthropic":
+        return Refusal(
+            "model", f"model {model!r} serves only /v1/chat/completions", "unsupported_endpoint"
+        )
+    for name in ask.fields:
+        rule = FIELDS[name]
+        if rule.by(provider) == "refused":
+            return Refusal(name, f"{name!r} is not supported by the model {model!r}")
+        if rule.needs and not getattr(supports, rule.needs):
+            return Refusal(name, f"{name!r} is not supported by the model {model!r}")
+    for part in sorted(ask.parts):
+        needs = PART_NEEDS.get(part, "")
+        if needs == "" and provider != "openai":
+            return Refusal("messages", f"{part!r} content parts are not supported by {model!r}")
+        if needs and not getattr(supports, needs):
+            return Refusal("messages", f"{part!r} content parts are not supported by {model!r}")
+    return None
+
+
+def markdown_table() -> str:
+    """The table as docs/gateway.md shows it (a test keeps the two equal)."""
+    head = "| field | endpoints | needs | engine | OpenAI | Anthropic | note |"
+    rows = [head, "|---|---|---|---|---|---|---|"]
+    for name, rule in FIELDS.items():
+        endpoints = ", ".join("chat" if e == "chat" else "completions" for e in rule.endpoints)
+        cells = [f"`{name}`", endpoints, rule.needs or "", *rule.treatment, rule.note]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)
