@@ -88,6 +88,9 @@ class Settings(BaseSettings):
     # believes: behind a load balancer the client's address (admin sign-in limits, logs) is then
     # the caller's, not the balancer's
     gateway_trusted_proxies: str = "127.0.0.1"
+    # the Responses API keeps a stored response (`store`, the default) this many days; then it is
+    # gone for retrieval and for previous_response_id
+    responses_retention_days: float = 30.0
     # backends (fields named backend_* belong to backends/; see docs/backends.md)
     backend_connect_timeout_s: float = 5.0  # TCP/TLS connect to an upstream; past it: retried
     # streamed: request sent → first body byte; past it the attempt is dropped and retried

@@ -33,6 +33,8 @@ from gateway.controllers import CompletionsController, OpsController
 from gateway.proxy import Proxy
 from gateway.quotas import Quotas
 from gateway.request_ids import add_request_id
+from gateway.responses.controller import ResponsesController
+from gateway.responses.store import ResponseStore
 from gateway.spool import UsageSpool
 from gateway.store import connect, embedded_redis, redis_url
 from router.catalog import load_catalog
@@ -68,6 +70,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         router = Router(catalog, Scorer(ComplexityClassifier.load))
         proxy = Proxy(settings, auth, quotas, backends, router, Pricer(catalog))
         app.state.proxy = proxy
+        app.state.responses = ResponseStore(sql, settings.responses_retention_days)
         await backends.start()
         proxy.keeper.start()
         app.state.usage_consumer = UsageConsumer(redis, sql, settings)
@@ -93,6 +96,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
     return Litestar(
         route_handlers=[
             CompletionsController,
+            ResponsesController,
             UsageController,
             FeedbackController,
             OpsController,

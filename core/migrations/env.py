@@ -1,4 +1,5 @@
-"""Alembic environment: every table of the platform (gateway teams and keys, billing usage).
+"""Alembic environment: every table of the platform (gateway teams, keys and stored responses,
+billing usage, the batch tier).
 
 Runs on the connection core.migrate passes in; from the alembic command line, on the database
 the settings name.
@@ -11,11 +12,12 @@ from sqlmodel import SQLModel
 import batch.models
 import billing.models
 import gateway.models
+import gateway.responses.models
 from core.db import database_url
 from core.settings import get_settings
 
 # imported for their tables in SQLModel.metadata
-assert batch.models and billing.models and gateway.models
+assert batch.models and billing.models and gateway.models and gateway.responses.models
 
 
 def _migrate(connection: Connection) -> None:

@@ -2,7 +2,11 @@
 
 It is not under test: it answers fast and deterministically. Directives in the prompt text steer it:
 `#chunks=N` (default 20, capped by max_tokens), `#delay=S` (seconds between chunks, also when not
-streamed), `#fail=K` (drop the connection after K chunks), `#status=C` (refuse with HTTP C).
+streamed), `#fail=K` (drop the connection after K chunks), `#status=C` (refuse with HTTP C), `#stop`
+(finish with "stop"; else "length").
+A chat request with `tools` (tool_choice not "none") whose last message is not a tool result is
+answered with one call of the forced tool, else the first, with the arguments {"city": "Paris"}
+(streamed in two pieces).
 Usage: prompt_tokens = whitespace-separated words of the prompt, completion_tokens = chunks sent.
 GET /stats tells what it saw (active, cancelled, completed streams; last request's headers);
 POST /control {"waiting": N} sets the queue depth /load reports.
@@ -59,6 +63,21 @@ def _prompt_text(body: dict[str, Any]) -> str:
         return " ".join(parts)
     prompt = body.get("prompt", "")
     return prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
+
+
+ARGUMENTS = ('{"city": ', '"Paris"}')
+
+
+def _tool_call(body: dict[str, Any], call_id: str) -> dict[str, Any] | None:
+    tools = body.get("tools") or []
+    choice = body.get("tool_choice")
+    messages = body.get("messages") or []
+    if not tools or choice == "none" or (messages and messages[-1].get("role") == "tool"):
+        return None
+    forced = isinstance(choice, dict)
+    name = choice["function"]["name"] if forced else tools[0]["function"]["name"]
+    function = {"name": name, "arguments": "".join(ARGUMENTS)}
+    return {"id": call_id, "type": "function", "function": function}
 
 
 def make_app(model: str, block_size: int, max_model_len: int) -> Any:
@@ -131,6 +150,7 @@ def make_app(model: str, block_size: int, max_model_len: int) -> Any:
             error = {"message": "refused", "type": "invalid_request_error", "param": None}
             return await send_json(send, int(directives["status"]), {"error": error})
         chat = path.endswith("/chat/completions")
+        ending = "stop" if "#stop" in text else "length"
         n_chunks = min(int(directives.get("chunks", 20)), int(body.get("max_tokens") or 16))
         usage = {
             "prompt_tokens": len(text.split()),
@@ -151,8 +171,12 @@ def make_app(model: str, block_size: int, max_model_len: int) -> Any:
                     stats.tenant(headers.get("x-tenant", ""))["cancelled"] += 1
                     return
                 gone.cancel()
-            choice: dict[str, Any] = {"index": 0, "finish_reason": "length"}
-            if chat:
+            choice: dict[str, Any] = {"index": 0, "finish_reason": ending}
+            call = _tool_call(body, f"call_{rid}") if chat else None
+            if call is not None:
+                choice["message"] = {"role": "assistant", "content": None, "tool_calls": [call]}
+                choice["finish_reason"] = "tool_calls"
+            elif chat:
                 choice["message"] = {"role": "assistant", "content": "tok " * n_chunks}
             else:
                 choice["text"] = "tok " * n_chunks
@@ -184,7 +208,26 @@ def make_app(model: str, block_size: int, max_model_len: int) -> Any:
         await send({"type": "http.response.start", "status": 200, "headers": sse})
         try:
             delay = directives.get("delay", 0.0)
-            for i in range(n_chunks):
+            call = _tool_call(body, f"call_{rid}") if chat else None
+            if call is not None:  # the call's head, then its arguments in two pieces
+                n_chunks = len(ARGUMENTS) + 1
+                usage["completion_tokens"] = n_chunks
+                head = {**call, "index": 0, "function": {**call["function"], "arguments": ""}}
+                deltas = [{"role": "assistant", "tool_calls": [head]}] + [
+                    {"tool_calls": [{"index": 0, "function": {"arguments": a}}]} for a in ARGUMENTS
+                ]
+                for i, delta in enumerate(deltas):
+                    finish = "tool_calls" if i == len(deltas) - 1 else None
+                    chunk = {
+                        "id": f"cmpl-{rid}",
+                        "object": "chat.completion.chunk",
+                        "created": created,
+                        "model": model,
+                        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+                    }
+                    event = b"data: " + msgspec.json.encode(chunk) + b"\n\n"
+                    await send({"type": "http.response.body", "body": event, "more_body": True})
+            for i in range(0 if call is not None else n_chunks):
                 if "fail" in directives and i == int(directives["fail"]):
                     raise ConnectionAbortedError("fake upstream fails mid-stream (#fail)")
                 if delay:
@@ -193,7 +236,7 @@ def make_app(model: str, block_size: int, max_model_len: int) -> Any:
                     stats.cancelled += 1
                     tenant["cancelled"] += 1
                     return
-                finish = "length" if i == n_chunks - 1 else None  # as on the whole reply
+                finish = ending if i == n_chunks - 1 else None  # as on the whole reply
                 if chat:
                     choice = {"index": 0, "delta": {"content": "tok "}, "finish_reason": finish}
                 else:

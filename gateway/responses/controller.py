@@ -1,0 +1,165 @@
+"""POST /v1/responses and the stored responses' routes (retrieve, delete, input_items).
+
+A response is made by translating the request onto chat completions and walking it through the
+gateway like any chat request (keys, quotas, `auto`, fallbacks, billing: gateway/proxy.py), then
+translating the reply, or the stream's chunks, back. Stored responses are read by (team, id), so
+another team's id is a 404 exactly like a missing one.
+"""
+
+import logging
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
+
+import msgspec
+from litestar import Controller, Request, Response, delete, get, post
+from litestar.params import Parameter
+from litestar.response import Stream
+
+from backends.sse import Splitter
+from core.errors import GatewayError
+from core.openapi import json_body
+from gateway.proxy import Proxy
+from gateway.responses.events import EventWriter
+from gateway.responses.store import ResponseStore, Stored
+from gateway.responses.translate import PARAMS, CreateResponse, Turn, begin, from_chat
+from gateway.validation import decode_json
+
+log = logging.getLogger("tokenyard.responses")
+
+
+def _json(data: Any) -> Response[bytes]:
+    return Response(msgspec.json.encode(data), media_type="application/json")
+
+
+def _parts(request: Request) -> tuple[Proxy, ResponseStore]:
+    return request.app.state.proxy, request.app.state.responses
+
+
+async def _team(request: Request) -> str:
+    policy = await request.app.state.proxy.auth.authenticate(request.headers.get("authorization"))
+    return policy.team
+
+
+async def _stored(request: Request, response_id: str) -> Stored:
+    found = await request.app.state.responses.get(await _team(request), response_id)
+    if found is None:
+        raise GatewayError(
+            404, f"no response with id {response_id!r}", code="not_found", param="response_id"
+        )
+    return found
+
+
+def _request(raw: Any) -> CreateResponse:
+    if not isinstance(raw, dict):
+        raise GatewayError(400, "request body must be a JSON object")
+    try:
+        return msgspec.convert(raw, CreateResponse)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        param = text.rpartition("at `$.")[2].rstrip("`") if "at `$." in text else None
+        raise GatewayError(400, text, param=param) from None
+
+
+class ResponsesController(Controller):
+    path = "/v1/responses"
+
+    @post("", status_code=200, operation_class=json_body(CreateResponse))
+    async def create(self, request: Request) -> Response:
+        proxy, store = _parts(request)
+        team = await _team(request)
+        req = _request(decode_json(await request.body()))
+        earlier: list[dict[str, Any]] = []
+        if req.previous_response_id is not None:
+            previous = await _stored(request, req.previous_response_id)
+            earlier = previous.context + previous.response["output"]
+        turn = begin(req, earlier)
+        try:
+            reply = await proxy.handle(request, "chat", msgspec.json.encode(turn.chat))
+        except GatewayError as exc:  # name the field as the client sent it
+            exc.param = PARAMS.get(exc.param or "", exc.param)
+            raise
+        turn.model = reply.headers.get("x-tokenyard-model") or turn.model
+        headers = dict(reply.headers)
+        if isinstance(reply, Stream):
+            headers.pop("content-type", None)
+            events = _events(turn, reply, store, team)
+            return Stream(events, media_type="text/event-stream", headers=headers)
+        if reply.status_code != 200:  # the upstream's refusal, already OpenAI's error shape
+            return reply
+        response = from_chat(turn, msgspec.json.decode(reply.content))
+        if turn.store:
+            await store.save(team, response, turn.context)
+        headers.pop("content-length", None)
+        return Response(
+            msgspec.json.encode(response), media_type="application/json", headers=headers
+        )
+
+    @get("/{response_id:str}")
+    async def retrieve(self, request: Request, response_id: str) -> Response[bytes]:
+        return _json((await _stored(request, response_id)).response)
+
+    @delete("/{response_id:str}", status_code=200)
+    async def remove(self, request: Request, response_id: str) -> Response[bytes]:
+        if not await request.app.state.responses.delete(await _team(request), response_id):
+            await _stored(request, response_id)  # the same 404 as a retrieve
+        return _json({"id": response_id, "object": "response", "deleted": True})
+
+    @get("/{response_id:str}/input_items")
+    async def input_items(
+        self,
+        request: Request,
+        response_id: str,
+        limit: Annotated[int, Parameter(ge=1, le=100)] = 20,
+        order: Literal["asc", "desc"] = "desc",
+        after: str | None = None,
+    ) -> Response[bytes]:
+        items = (await _stored(request, response_id)).context
+        if order == "desc":
+            items = items[::-1]
+        if after is not None:
+            ids = [item["id"] for item in items]
+            if after not in ids:
+                raise GatewayError(400, f"no input item {after!r} in this response", param="after")
+            items = items[ids.index(after) + 1 :]
+        page = items[:limit]
+        return _json(
+            {
+                "object": "list",
+                "data": page,
+                "first_id": page[0]["id"] if page else None,
+                "last_id": page[-1]["id"] if page else None,
+                "has_more": len(items) > limit,
+            }
+        )
+
+
+async def _events(
+    turn: Turn, reply: Stream, store: ResponseStore, team: str
+) -> AsyncIterator[bytes]:
+    """The chat stream as Responses events. The walk's stream settles before it sends its closing
+    `[DONE]`, and the response is stored before `response.completed`: a follow-up by
+    previous_response_id can be sent as soon as the client sees the end."""
+    writer = EventWriter(turn)
+    splitter = Splitter()
+    chunks = reply.iterator.__aiter__()  # type: ignore[union-attr]
+    yield writer.start()
+    try:
+        async for piece in chunks:
+            for block in splitter.feed(piece):
+                payload = block.removeprefix(b"data:").strip()
+                if payload == b"[DONE]":
+                    response, tail = writer.finish()
+                    if turn.store:
+                        await store.save(team, response, turn.context)
+                    yield tail
+                    return
+                data = msgspec.json.decode(payload)
+                if "error" in data:  # the walk's own event for an upstream lost mid-stream
+                    error = data["error"]
+                    yield writer.failed(error.get("message", ""), error.get("code") or "")
+                    return
+                if out := writer.chunk(data):
+                    yield out
+        yield writer.failed("the model's stream ended early", "upstream_error")
+    finally:
+        await chunks.aclose()
