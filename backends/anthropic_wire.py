@@ -76,7 +76,8 @@ def _text(content: Any) -> str:
     return "".join(b["text"] for b in _blocks(content) if b["type"] == "text")
 
 
-def _tool_use(call: dict[str, Any]) -> dict[str, Any]:
+def tool_use_block(call: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI tool call → an Anthropic tool_use block."""
     function = call.get("function") or {}
     try:
         arguments = json.loads(function.get("arguments") or "{}")
@@ -107,7 +108,8 @@ def _messages(messages: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]
                 ],
             )
         elif role == "assistant":
-            blocks = _blocks(m.get("content")) + [_tool_use(c) for c in m.get("tool_calls") or []]
+            calls = m.get("tool_calls") or []
+            blocks = _blocks(m.get("content")) + [tool_use_block(c) for c in calls]
         elif role == "user":
             blocks = _blocks(m.get("content"))
         else:
@@ -119,15 +121,15 @@ def _messages(messages: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]
     return "\n\n".join(s for s in system if s), turns
 
 
+# OpenAI's tool_choice strings → Anthropic's tool_choice types
+TOOL_CHOICE = {"auto": "auto", "required": "any", "none": "none"}
+
+
 def _tool_choice(choice: Any, parallel: bool | None) -> dict[str, Any] | None:
     if choice is None:
         out = None
-    elif choice == "auto":
-        out = {"type": "auto"}
-    elif choice == "required":
-        out = {"type": "any"}
-    elif choice == "none":
-        out = {"type": "none"}
+    elif isinstance(choice, str) and choice in TOOL_CHOICE:
+        out = {"type": TOOL_CHOICE[choice]}
     elif isinstance(choice, dict) and choice.get("type") == "function":
         out = {"type": "tool", "name": (choice.get("function") or {}).get("name", "")}
     else:
@@ -195,7 +197,8 @@ def usage(raw: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _call(index: int, block: dict[str, Any]) -> dict[str, Any]:
+def tool_call(index: int, block: dict[str, Any]) -> dict[str, Any]:
+    """An Anthropic tool_use block → an OpenAI tool call (`index`: its place in a stream)."""
     return {
         "index": index,
         "id": block["id"],
@@ -215,7 +218,7 @@ def chat_reply(message: dict[str, Any], model: str) -> dict[str, Any]:
         "refusal": None,  # OpenAI's schema requires it
     }
     if uses:
-        reply["tool_calls"] = [_call(i, b) for i, b in enumerate(uses)]
+        reply["tool_calls"] = [tool_call(i, b) for i, b in enumerate(uses)]
         for call in reply["tool_calls"]:
             del call["index"]  # only stream deltas carry an index
     return {
@@ -298,7 +301,7 @@ class ChunkWriter:
             block = data.get("content_block") or {}
             if block.get("type") == "tool_use":
                 index = self.tools[data["index"]] = len(self.tools)
-                call = _call(index, {**block, "input": None})
+                call = tool_call(index, {**block, "input": None})
                 call["function"]["arguments"] = ""
                 return self._chunk({"tool_calls": [call]})
             if block.get("type") == "text" and block.get("text"):

@@ -9,7 +9,7 @@ at most once per _LAST_USED_EVERY_S per process, in the background: never a SQL 
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import anyio
 import msgspec
@@ -37,6 +37,14 @@ async def forget(redis: aioredis.Redis, key_hashes: Iterable[str]) -> None:
     names = [cache_key(h) for h in key_hashes]
     if names:
         await redis.delete(*names)
+
+
+def authorization_of(headers: Mapping[str, str]) -> str | None:
+    """The team key as `Authorization: Bearer …`, or as Anthropic's SDK sends it (`x-api-key`)."""
+    authorization = headers.get("authorization")
+    if authorization is None and (key := headers.get("x-api-key")):
+        return f"Bearer {key}"
+    return authorization
 
 
 class Authenticator:

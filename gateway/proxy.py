@@ -29,7 +29,7 @@ from core.errors import GatewayError
 from core.settings import Settings
 from core.usage import Pricer, Usage
 from gateway import access_log, metrics, refusals, request_ids
-from gateway.auth import Authenticator
+from gateway.auth import Authenticator, authorization_of
 from gateway.keys import TeamPolicy, key_prefix
 from gateway.limits import TIERS
 from gateway.quotas import LeaseKeeper, Quotas, Reservation
@@ -126,7 +126,7 @@ class Proxy:
 
     async def _handle(self, request: Request, kind: Kind, body: bytes | None) -> Response:
         started = time.perf_counter()
-        authorization = request.headers.get("authorization")
+        authorization = authorization_of(request.headers)
         policy = await self.auth.authenticate(authorization)
         parsed = parse(await request.body() if body is None else body, kind)
         tier = _tier(request, parsed, policy)

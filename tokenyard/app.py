@@ -30,6 +30,7 @@ from core.settings import Settings, get_settings
 from core.usage import USAGE_STREAM
 from gateway.auth import Authenticator
 from gateway.controllers import CompletionsController, OpsController
+from gateway.messages import MessagesController
 from gateway.proxy import Proxy
 from gateway.quotas import Quotas
 from gateway.request_ids import add_request_id
@@ -97,6 +98,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         route_handlers=[
             CompletionsController,
             ResponsesController,
+            MessagesController,
             UsageController,
             FeedbackController,
             OpsController,
