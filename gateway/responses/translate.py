@@ -15,6 +15,11 @@ from core.errors import GatewayError
 Positive = Annotated[int, msgspec.Meta(ge=1)]
 
 
+class TextParam(msgspec.Struct, kw_only=True):
+    format: dict[str, Any] | None = None
+    verbosity: str | None = None
+
+
 class CreateResponse(msgspec.Struct, kw_only=True):
     """What the gateway reads of POST /v1/responses. Unknown fields are accepted (clients send
     `include`, `client_metadata`, `prompt_cache_retention`, ...): they ask for nothing here."""
@@ -25,7 +30,7 @@ class CreateResponse(msgspec.Struct, kw_only=True):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
-    text: dict[str, Any] | None = None
+    text: TextParam | None = None
     max_output_tokens: Positive | None = None
     temperature: Annotated[float, msgspec.Meta(ge=0, le=2)] | None = None
     top_p: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
@@ -202,8 +207,7 @@ def _chat_tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
     raise _unsupported("tool_choice", f"tool_choice of type {choice.get('type')!r}")
 
 
-def _response_format(text: dict[str, Any]) -> dict[str, Any] | None:
-    fmt = text.get("format")
+def _response_format(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
     if fmt is None or fmt.get("type") == "text":
         return None
     if fmt.get("type") == "json_object":
@@ -255,10 +259,10 @@ def begin(req: CreateResponse, earlier: list[dict[str, Any]]) -> Turn:
     if req.tool_choice is not None:
         chat["tool_choice"] = _chat_tool_choice(req.tool_choice)
     if req.text:
-        if (fmt := _response_format(req.text)) is not None:
+        if (fmt := _response_format(req.text.format)) is not None:
             chat["response_format"] = fmt
-        if req.text.get("verbosity") is not None:
-            chat["verbosity"] = req.text["verbosity"]
+        if req.text.verbosity is not None:
+            chat["verbosity"] = req.text.verbosity
     if req.reasoning and any(v is not None for v in req.reasoning.values()):
         chat["reasoning_effort"] = req.reasoning.get("effort") or "medium"
     if req.top_logprobs:
@@ -286,7 +290,7 @@ def begin(req: CreateResponse, earlier: list[dict[str, Any]]) -> Turn:
         "reasoning": req.reasoning,
         "store": req.store,
         "temperature": 1.0 if req.temperature is None else req.temperature,
-        "text": {"format": (req.text or {}).get("format") or {"type": "text"}},
+        "text": {"format": (req.text and req.text.format) or {"type": "text"}},
         "tool_choice": req.tool_choice or "auto",
         # as OpenAI echoes function tools: strict (its default: true) and parameters filled in
         "tools": [{"strict": True, "parameters": None, **t} for t in req.tools or []],

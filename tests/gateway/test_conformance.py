@@ -1,7 +1,7 @@
 """Every kind of response the gateway emits, in front of the real engine, validated against
 OpenAI's published OpenAPI document (tests/openai_spec.py): completions whole and streamed (usage
-chunks and logprobs included), models, files, batches and errors. Extra fields are allowed; a
-missing required field or a wrong type fails."""
+chunks and logprobs included), responses whole and streamed (every event), models, files, batches
+and errors. Extra fields are allowed; a missing required field or a wrong type fails."""
 
 import json
 import uuid
@@ -73,6 +73,26 @@ def test_legacy_completions(api: httpx.Client) -> None:
         for choice in chunk["choices"]:
             choice["finish_reason"] = choice["finish_reason"] or "length"
         conforms("CreateCompletionResponse", chunk)
+
+
+def test_responses(api: httpx.Client) -> None:
+    body = {"model": "smollm2", "input": "Say hello", "max_output_tokens": 4, "temperature": 0}
+    whole = api.post("/v1/responses", json={**body, "instructions": "Be brief."})
+    assert whole.status_code == 200, whole.text
+    conforms("Response", whole.json())
+    streamed = api.post("/v1/responses", json={**body, "stream": True})
+    events = [
+        json.loads(ln.removeprefix("data: "))
+        for ln in streamed.text.splitlines()
+        if ln.startswith("data:")
+    ]
+    assert events[0]["type"] == "response.created"
+    assert events[-1]["type"] in ("response.completed", "response.incomplete")
+    for event in events:
+        conforms("ResponseStreamEvent", event)
+    response_id = events[-1]["response"]["id"]
+    conforms("Response", api.get(f"/v1/responses/{response_id}").json())
+    conforms("ResponseItemList", api.get(f"/v1/responses/{response_id}/input_items").json())
 
 
 def test_models(api: httpx.Client) -> None:

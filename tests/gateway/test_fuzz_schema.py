@@ -19,6 +19,10 @@ from tests.gateway.conftest import (
 PUBLIC = {
     "POST /v1/chat/completions",
     "POST /v1/completions",
+    "POST /v1/responses",
+    "GET /v1/responses/{response_id}",
+    "DELETE /v1/responses/{response_id}",
+    "GET /v1/responses/{response_id}/input_items",
     "GET /v1/models",
     "GET /v1/usage",
     "GET /v1/admin/usage",
