@@ -42,12 +42,18 @@ def request_body(body: dict[str, Any], model: str) -> bytes:
 
 
 def renamed(payload: bytes, model: str) -> bytes:
-    """A reply or chunk with `model` set to the catalog id (the provider names a dated snapshot)."""
+    """A reply or chunk with `model` set to the catalog id (the provider names a dated snapshot);
+    in a Responses API event, the response's."""
     try:
         data = msgspec.json.decode(payload)
     except msgspec.DecodeError:
         return payload
-    if isinstance(data, dict) and "model" in data:
+    if isinstance(data, dict) and isinstance(data.get("response"), dict):
+        data = data["response"]
+        if "model" in data:
+            data["model"] = model
+            return msgspec.json.encode({**msgspec.json.decode(payload), "response": data})
+    elif isinstance(data, dict) and "model" in data:
         data["model"] = model
         return msgspec.json.encode(data)
     return payload

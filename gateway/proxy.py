@@ -39,6 +39,7 @@ from gateway.streaming import DONE, SSE_HEADERS, StreamResult, relay, reply_deco
 from gateway.validation import Kind, Parsed, client_request_id, parse
 from router.policy import NoRoute, Route, Router, Saturation, Unsupported, prefix_text
 
+RESPONSES_PATH = "/v1/responses"
 PATHS = {
     "chat": "/v1/chat/completions",
     "completion": "/v1/completions",
@@ -72,9 +73,16 @@ class _Call:
     body: dict[str, Any]  # without the output cap, which each model names its own way
     headers: dict[str, str]
     max_tokens: int
+    # a Responses API request as OpenAI takes it: OpenAI's models get it as is (their own
+    # /v1/responses), every other model `body`, its translation onto chat
+    responses: dict[str, Any] | None = None
 
     def to(self, upstream: Upstream) -> UpstreamCall:
         info = upstream.info
+        if self.responses is not None and info.provider == "openai":
+            native = {**self.responses, "model": info.name, "max_output_tokens": self.max_tokens}
+            encoded = msgspec.json.encode(native)
+            return UpstreamCall(RESPONSES_PATH, encoded, self.headers, prefix_text(self.body))
         body = {**self.body, "model": info.name}
         if self.kind != "embedding":  # an embedding generates nothing: no output cap
             body[info.max_tokens_param] = self.max_tokens
@@ -111,11 +119,18 @@ class Proxy:
         self.settlement = Settlement(quotas, self.keeper, price)
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def handle(self, request: Request, kind: Kind, body: bytes | None = None) -> Response:
+    async def handle(
+        self,
+        request: Request,
+        kind: Kind,
+        body: bytes | None = None,
+        responses: dict[str, Any] | None = None,
+    ) -> Response:
         """An HTTP request's walk. `body`: one the gateway built in place of the request's own
-        (the Responses API's translation onto chat), walked the same way."""
+        (the Responses API's translation onto chat), walked the same way; `responses`: the
+        Responses API request itself, for OpenAI's models (`_Call.responses`)."""
         try:
-            return await self._handle(request, kind, body)
+            return await self._handle(request, kind, body, responses)
         except GatewayError as exc:
             reason = exc.limit or exc.code  # the limit's own name, also where OpenAI's code differs
             if exc.status in (429, 503) and reason:
@@ -124,7 +139,13 @@ class Proxy:
                 self._spawn(refusals.record(self.quotas.redis, reason))
             raise
 
-    async def _handle(self, request: Request, kind: Kind, body: bytes | None) -> Response:
+    async def _handle(
+        self,
+        request: Request,
+        kind: Kind,
+        body: bytes | None,
+        responses: dict[str, Any] | None,
+    ) -> Response:
         started = time.perf_counter()
         authorization = authorization_of(request.headers)
         policy = await self.auth.authenticate(authorization)
@@ -145,6 +166,7 @@ class Proxy:
             request_ids.request_id(request.scope),
             key_prefix(authorization),
             started,
+            responses,
         )
 
     async def run_batch_request(
@@ -179,6 +201,7 @@ class Proxy:
         request_id: str,
         key: str,
         started: float,
+        responses: dict[str, Any] | None = None,
     ) -> Response:
         """Route, reserve, forward. `request` is the HTTP request, or the batch worker: nothing
         to stream to, but a caller that may hang up."""
@@ -220,6 +243,7 @@ class Proxy:
                 "x-request-id": request_id,
             },
             max_tokens,
+            responses,
         )
         res = await self.quotas.reserve(policy, lease_id, tokens, pages, tier == "batch")
         self.keeper.active[lease_id] = res

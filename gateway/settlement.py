@@ -15,8 +15,7 @@ from gateway.streaming import UsageIn
 def usage_of(got: UsageIn | None, fallback_prompt: int, fallback_completion: int) -> Usage:
     if got is None:  # the upstream never reported: settle the estimate
         return Usage(fallback_prompt, fallback_completion, 0)
-    cached = got.prompt_tokens_details.cached_tokens if got.prompt_tokens_details else 0
-    return Usage(got.prompt_tokens, got.completion_tokens, cached, reported=True)
+    return Usage(got.prompt, got.completion, got.cached, reported=True)
 
 
 class Settlement:

@@ -25,16 +25,39 @@ class UsageIn(msgspec.Struct):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     prompt_tokens_details: _Details | None = None
+    # the Responses API's names for the same counts (OpenAI's models serve it natively)
+    input_tokens: int = 0
+    output_tokens: int = 0
+    input_tokens_details: _Details | None = None
+
+    @property
+    def prompt(self) -> int:
+        return self.prompt_tokens or self.input_tokens
+
+    @property
+    def completion(self) -> int:
+        return self.completion_tokens or self.output_tokens
+
+    @property
+    def cached(self) -> int:
+        details = self.prompt_tokens_details or self.input_tokens_details
+        return details.cached_tokens if details else 0
 
 
 class _Choice(msgspec.Struct):
     finish_reason: str | None = None
 
 
+class _Response(msgspec.Struct):
+    usage: UsageIn | None = None
+
+
 class _Chunk(msgspec.Struct):
     choices: list[_Choice] = []
     usage: UsageIn | None = None
     timings: dict[str, Any] | None = None
+    # a Responses API event (OpenAI's models): the finished response carries the usage
+    response: _Response | None = None
 
 
 class Reply(msgspec.Struct):
@@ -84,6 +107,8 @@ def _keep(event: bytes, result: StreamResult, include_usage: bool) -> bool:
         result.chunks += 1
         if chunk.choices[0].finish_reason and result.finish_reason is None:
             result.finish_reason = chunk.choices[0].finish_reason
+    if chunk.response is not None and chunk.response.usage is not None:
+        result.usage = chunk.response.usage
     if chunk.usage is not None:
         result.usage = chunk.usage
         result.timings = chunk.timings

@@ -15,13 +15,13 @@ from litestar import Controller, Request, Response, delete, get, post
 from litestar.params import Parameter
 from litestar.response import Stream
 
-from backends.sse import Splitter
+from backends import sse
 from core.errors import GatewayError
 from core.openapi import json_body
 from gateway.proxy import Proxy
-from gateway.responses.events import EventWriter
+from gateway.responses.events import ENDINGS, EventWriter, sse_event
 from gateway.responses.store import ResponseStore, Stored
-from gateway.responses.translate import PARAMS, CreateResponse, Turn, begin, from_chat
+from gateway.responses.translate import PARAMS, CreateResponse, Turn, adopt, begin, from_chat
 from gateway.validation import decode_json
 
 log = logging.getLogger("tokenyard.responses")
@@ -67,26 +67,32 @@ class ResponsesController(Controller):
     async def create(self, request: Request) -> Response:
         proxy, store = _parts(request)
         team = await _team(request)
-        req = _request(decode_json(await request.body()))
+        raw = decode_json(await request.body())
+        req = _request(raw)
         earlier: list[dict[str, Any]] = []
         if req.previous_response_id is not None:
             previous = await _stored(request, req.previous_response_id)
             earlier = previous.context + previous.response["output"]
-        turn = begin(req, earlier)
+        turn = begin(req, raw, earlier)
         try:
-            reply = await proxy.handle(request, "chat", msgspec.json.encode(turn.chat))
+            chat = msgspec.json.encode(turn.chat)
+            reply = await proxy.handle(request, "chat", chat, responses=turn.native)
         except GatewayError as exc:  # name the field as the client sent it
             exc.param = PARAMS.get(exc.param or "", exc.param)
             raise
         turn.model = reply.headers.get("x-tokenyard-model") or turn.model
+        served = proxy.router.catalog.get(turn.model)
+        native = served is not None and served.provider == "openai"  # answered in kind
         headers = dict(reply.headers)
         if isinstance(reply, Stream):
             headers.pop("content-type", None)
-            events = _events(turn, reply, store, team)
+            relay = _native_events if native else _events
+            events = relay(turn, reply, store, team)
             return Stream(events, media_type="text/event-stream", headers=headers)
         if reply.status_code != 200:  # the upstream's refusal, already OpenAI's error shape
             return reply
-        response = from_chat(turn, msgspec.json.decode(reply.content))
+        data = msgspec.json.decode(reply.content)
+        response = adopt(turn, data) if native else from_chat(turn, data)
         if turn.store:
             await store.save(team, response, turn.context)
         headers.pop("content-length", None)
@@ -133,33 +139,61 @@ class ResponsesController(Controller):
         )
 
 
+async def _payloads(reply: Stream) -> AsyncIterator[Any]:
+    """The walk's event stream as decoded `data:` payloads, `[DONE]` as None."""
+    chunks = reply.iterator.__aiter__()  # type: ignore[union-attr]
+    try:
+        async for event in sse.events(chunks):
+            yield None if event.data == b"[DONE]" else msgspec.json.decode(event.data)
+    finally:
+        await chunks.aclose()  # the walk's stream settles when closed
+
+
+def _lost(data: Any) -> dict[str, Any] | None:
+    """The walk's own event for an upstream lost mid-stream (an OpenAI error body)."""
+    if isinstance(data, dict) and "type" not in data and isinstance(data.get("error"), dict):
+        return data["error"]
+    return None
+
+
 async def _events(
     turn: Turn, reply: Stream, store: ResponseStore, team: str
 ) -> AsyncIterator[bytes]:
-    """The chat stream as Responses events. The walk's stream settles before it sends its closing
+    """A chat stream as Responses events. The walk's stream settles before it sends its closing
     `[DONE]`, and the response is stored before `response.completed`: a follow-up by
     previous_response_id can be sent as soon as the client sees the end."""
     writer = EventWriter(turn)
-    splitter = Splitter()
-    chunks = reply.iterator.__aiter__()  # type: ignore[union-attr]
     yield writer.start()
-    try:
-        async for piece in chunks:
-            for block in splitter.feed(piece):
-                payload = block.removeprefix(b"data:").strip()
-                if payload == b"[DONE]":
-                    response, tail = writer.finish()
-                    if turn.store:
-                        await store.save(team, response, turn.context)
-                    yield tail
-                    return
-                data = msgspec.json.decode(payload)
-                if "error" in data:  # the walk's own event for an upstream lost mid-stream
-                    error = data["error"]
-                    yield writer.failed(error.get("message", ""), error.get("code") or "")
-                    return
-                if out := writer.chunk(data):
-                    yield out
-        yield writer.failed("the model's stream ended early", "upstream_error")
-    finally:
-        await chunks.aclose()
+    async for data in _payloads(reply):
+        if data is None:
+            response, tail = writer.finish()
+            if turn.store:
+                await store.save(team, response, turn.context)
+            yield tail
+            return
+        if (error := _lost(data)) is not None:
+            yield writer.failed(error.get("message", ""), error.get("code") or "")
+            return
+        if out := writer.chunk(data):
+            yield out
+    yield writer.failed("the model's stream ended early", "upstream_error")
+
+
+async def _native_events(
+    turn: Turn, reply: Stream, store: ResponseStore, team: str
+) -> AsyncIterator[bytes]:
+    """OpenAI's own Responses events, under the gateway's response id; stored, as above, before
+    the final event goes out."""
+    writer = EventWriter(turn)
+    async for data in _payloads(reply):
+        if data is None:
+            continue
+        if (error := _lost(data)) is not None:
+            yield writer.failed(error.get("message", ""), error.get("code") or "")
+            return
+        if isinstance(data.get("response"), dict):
+            adopt(turn, data["response"])
+            if data.get("type") in ENDINGS and turn.store:
+                await store.save(team, data["response"], turn.context)
+        writer.sequence = data.get("sequence_number", writer.sequence) + 1
+        yield sse_event(data)

@@ -19,9 +19,14 @@ from gateway.responses.translate import (
     response_object,
 )
 
+# the events a stored response is saved at
+ENDINGS = ("response.completed", "response.incomplete")
 
-def _sse(event: dict[str, Any]) -> bytes:
-    return b"event: " + event["type"].encode() + b"\ndata: " + msgspec.json.encode(event) + b"\n\n"
+
+def sse_event(event: dict[str, Any]) -> bytes:
+    """One event as OpenAI sends it: named by its type."""
+    name = str(event.get("type", "")).encode()
+    return b"event: " + name + b"\ndata: " + msgspec.json.encode(event) + b"\n\n"
 
 
 class EventWriter:
@@ -38,7 +43,7 @@ class EventWriter:
     def _event(self, kind: str, **fields: Any) -> bytes:
         event = {"type": kind, "sequence_number": self.sequence, **fields}
         self.sequence += 1
-        return _sse(event)
+        return sse_event(event)
 
     def start(self) -> bytes:
         response = response_object(self.turn, "in_progress")

@@ -218,22 +218,60 @@ def _response_format(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
     raise _bad("text.format.type must be text, json_schema or json_object", "text.format")
 
 
+# what OpenAI's models get of a request, as the client sent it: OpenAI's own fields, less what the
+# gateway does itself (store, previous_response_id: it keeps conversations) or refuses
+NATIVE = frozenset(
+    {
+        "instructions",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "text",
+        "temperature",
+        "top_p",
+        "top_logprobs",
+        "reasoning",
+        "stream",
+        "stream_options",
+        "user",
+        "safety_identifier",
+        "prompt_cache_key",
+        "prompt_cache_retention",
+        "service_tier",
+        "include",
+        "max_tool_calls",
+    }
+)
+
+
 @dataclass
 class Turn:
-    """One response being made: what it echoes, the context it stores, and its chat request."""
+    """One response being made: what it echoes, the context it stores, and its request as chat
+    (for the walk, and every model but OpenAI's) and as OpenAI takes it (`native`)."""
 
     id: str
     created_at: int
     echo: dict[str, Any]  # the Response object's fields that repeat the request
     context: list[dict[str, Any]]  # earlier context and this input: what input_items lists
     chat: dict[str, Any]
+    native: dict[str, Any]
     store: bool
     model: str = ""  # the model that served it (known once the walk picked it)
     output: list[dict[str, Any]] = field(default_factory=list)
 
 
-def begin(req: CreateResponse, earlier: list[dict[str, Any]]) -> Turn:
-    """A response to `req`; `earlier`: the stored context and output of its previous response."""
+def _native(raw: dict[str, Any], context: list[dict[str, Any]]) -> dict[str, Any]:
+    """The request for OpenAI's models: the whole conversation as input (its items without the
+    gateway's ids), nothing stored there."""
+    body = {k: v for k, v in raw.items() if k in NATIVE}
+    body["input"] = [{k: v for k, v in i.items() if k not in ("id", "status")} for i in context]
+    body["store"] = False
+    return body
+
+
+def begin(req: CreateResponse, raw: dict[str, Any], earlier: list[dict[str, Any]]) -> Turn:
+    """A response to `req` (`raw`: its body as sent); `earlier`: the stored context and output of
+    its previous response."""
     for name, value, idle in (
         ("background", req.background, (None, False)),
         ("conversation", req.conversation, (None,)),
@@ -299,7 +337,18 @@ def begin(req: CreateResponse, earlier: list[dict[str, Any]]) -> Turn:
         "user": req.user,
         "background": False,
     }
-    return Turn(new_id("resp"), int(time.time()), echo, context, chat, req.store, req.model)
+    native = _native(raw, context)
+    return Turn(new_id("resp"), int(time.time()), echo, context, chat, native, req.store, req.model)
+
+
+def adopt(turn: Turn, response: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's own Response for this turn, under the gateway's id, with what the gateway keeps
+    itself (store, previous_response_id, metadata)."""
+    for name in ("store", "previous_response_id", "metadata"):
+        response[name] = turn.echo[name]
+    response["id"] = turn.id
+    turn.output = response.get("output") or []
+    return response
 
 
 def response_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:

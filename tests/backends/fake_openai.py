@@ -1,6 +1,7 @@
 """A fake OpenAI API: POST /v1/chat/completions and /v1/completions, streamed or not, in OpenAI's
 wire format (chunks with `usage: null` and a last `choices: []` usage chunk when
-stream_options.include_usage, then `data: [DONE]`; tool calls; errors as {"error": {...}}).
+stream_options.include_usage, then `data: [DONE]`; tool calls; errors as {"error": {...}}); and
+POST /v1/responses, whole or as its typed events (a message, or a function call with #tool).
 
 Like OpenAI it refuses a request without `Authorization: Bearer …` (401) and one with a field it
 does not know (400 "Unrecognized request argument supplied: top_k"). Faults and output follow the
@@ -39,6 +40,11 @@ KNOWN = {
     | {"tool_choice", "parallel_tool_calls", "metadata", "store", "service_tier"}
     | {"reasoning_effort", "modalities", "prediction", "functions", "function_call"},
     "/v1/completions": _COMMON | {"prompt", "best_of", "echo", "suffix"},
+    "/v1/responses": {"model", "input", "instructions", "tools", "tool_choice", "text", "include"}
+    | {"parallel_tool_calls", "max_output_tokens", "temperature", "top_p", "top_logprobs"}
+    | {"reasoning", "stream", "stream_options", "store", "metadata", "user", "safety_identifier"}
+    | {"prompt_cache_key", "prompt_cache_retention", "service_tier", "max_tool_calls"}
+    | {"previous_response_id", "truncation", "background", "conversation", "prompt"},
 }
 ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "not_found_error"}
 ERROR_TYPES |= {429: "rate_limit_exceeded"}
@@ -52,6 +58,12 @@ def error(status: int, message: str, param: str | None = None) -> dict[str, Any]
 
 
 def prompt_text(body: dict[str, Any]) -> str:
+    if "input" in body:  # the Responses API: a string, or items
+        items = body["input"]
+        if isinstance(items, str):
+            return items
+        texts = [text_of(i.get("content")) + str(i.get("output", "")) for i in items]
+        return " ".join(texts)
     if "messages" in body:
         return " ".join(text_of(m.get("content")) for m in body["messages"])
     prompt = body.get("prompt", "")
@@ -84,6 +96,8 @@ async def handle(
     if unknown:
         message = f"Unrecognized request argument supplied: {unknown[0]}"
         return await send_json(send, 400, error(400, message, unknown[0]))
+    if path == "/v1/responses":
+        return await _responses(body, d, send)
     chat = path == "/v1/chat/completions"
     tool = (body.get("tools") or [{}])[0].get("function", {}).get("name") if d.tool else None
     base = {
@@ -150,6 +164,86 @@ async def handle(
     for sent, event in enumerate(events):
         await pace(d, sent)
         await send({"type": "http.response.body", "body": event, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def _responses(body: dict[str, Any], d: Directives, send: Send) -> None:
+    """The Responses API: one message of d.chunks pieces, or one call of the first tool."""
+    tool = (body.get("tools") or [{}])[0].get("name") if d.tool else None
+    prompt = len(prompt_text(body).split())
+    response: dict[str, Any] = {
+        "id": "resp_fake",
+        "object": "response",
+        "created_at": int(time.time()),
+        "status": "in_progress",
+        "error": None,
+        "incomplete_details": None,
+        "instructions": body.get("instructions"),
+        "max_output_tokens": body.get("max_output_tokens"),
+        "model": body.get("model", "") + "-2024-07-18",
+        "output": [],
+        "parallel_tool_calls": True,
+        "previous_response_id": None,
+        "store": body.get("store", True),
+        "temperature": 1.0,
+        "text": {"format": {"type": "text"}},
+        "tool_choice": body.get("tool_choice", "auto"),
+        "tools": [{"strict": True, "parameters": None, **t} for t in body.get("tools") or []],
+        "top_p": 1.0,
+        "usage": None,
+        "metadata": {},
+    }
+    pieces = [f"w{i} " for i in range(d.chunks)]
+    if tool:
+        item: dict[str, Any] = {"id": "fc_fake", "type": "function_call", "call_id": "call_fake"}
+        item |= {"name": tool, "arguments": ARGUMENTS, "status": "completed"}
+    else:
+        part = {"type": "output_text", "text": "".join(pieces), "annotations": [], "logprobs": []}
+        item = {"id": "msg_fake", "type": "message", "role": "assistant", "status": "completed"}
+        item["content"] = [part]
+    usage = {
+        "input_tokens": prompt,
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+        "output_tokens": d.chunks,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt + d.chunks,
+    }
+    done = {**response, "status": "completed", "output": [item], "usage": usage}
+    if not body.get("stream"):
+        return await send_json(send, 200, done)
+    events: list[dict[str, Any]] = [
+        {"type": "response.created", "response": response},
+        {"type": "response.in_progress", "response": response},
+    ]
+    if tool:
+        events.append({"type": "response.output_item.added", "output_index": 0, "item": item})
+        events += [
+            {
+                "type": "response.function_call_arguments.delta",
+                "item_id": "fc_fake",
+                "output_index": 0,
+                "delta": part,
+            }
+            for part in ('{"city"', ': "Paris"}')
+        ]
+    else:
+        added = {**item, "status": "in_progress", "content": []}
+        events.append({"type": "response.output_item.added", "output_index": 0, "item": added})
+        where = {"item_id": "msg_fake", "output_index": 0, "content_index": 0}
+        empty = {**item["content"][0], "text": ""}
+        events.append({"type": "response.content_part.added", **where, "part": empty})
+        events += [
+            {"type": "response.output_text.delta", **where, "delta": p, "logprobs": []}
+            for p in pieces
+        ]
+    events.append({"type": "response.output_item.done", "output_index": 0, "item": item})
+    events.append({"type": "response.completed", "response": done})
+    await start_sse(send)
+    for sent, event in enumerate(events):
+        await pace(d, sent)
+        payload = {**event, "sequence_number": sent}
+        data = b"event: " + event["type"].encode() + b"\n" + _event(payload)
+        await send({"type": "http.response.body", "body": data, "more_body": True})
     await send({"type": "http.response.body", "body": b""})
 
 

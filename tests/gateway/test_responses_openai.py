@@ -1,0 +1,133 @@
+"""The Responses API on an OpenAI model: passed through to OpenAI's own /v1/responses (the fake
+OpenAI server, tests/backends/fake_openai.py), with the gateway keeping the conversation: the
+whole context goes as input with store false, the answer comes back under the gateway's id,
+stored, billed from its usage; the same walk as chat (keys, quotas, settling)."""
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from gateway import keys
+from tests.backends.conftest import HERE as BACKENDS
+from tests.backends.conftest import control, start_server, stats
+from tests.gateway.conftest import Gateway, day_tokens, reservations, wait_until
+from tests.openai_spec import problems
+
+KEY_ENV = "TEST_RESPONSES_OPENAI_KEY"
+TOOL = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}
+
+
+@pytest.fixture(scope="module")
+def openai_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    proc, url = start_server(
+        BACKENDS / "fake_openai.py", tmp_path_factory.mktemp("oa") / "openai.log"
+    )
+    yield url
+    proc.stop()
+
+
+@pytest.fixture(scope="module")
+def gw(
+    base_env: dict[str, str], openai_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Gateway]:
+    tmp = tmp_path_factory.mktemp("responses-openai")
+    catalog = tmp / "catalog.toml"
+    catalog.write_text(
+        f"""
+[[models]]
+id = "gpt-fake"
+provider = "openai"
+upstream_model = "gpt-4o-mini"
+base_urls = ["{openai_url}/v1"]
+api_key_env = "{KEY_ENV}"
+price = {{ input = 0.15, output = 0.6 }}
+supports = {{ tools = true, structured_outputs = true, logprobs = true }}
+"""
+    )
+    env = {**base_env, "TOKENYARD_CATALOG": str(catalog), KEY_ENV: "sk-test"}
+    gateway = Gateway(env, tmp / "gateway.log")
+    yield gateway
+    gateway.stop()
+
+
+@pytest.fixture
+def team(sql: Any) -> tuple[str, str]:
+    name = "roa-" + uuid.uuid4().hex[:8]
+    keys.create_team(sql, name)
+    return name, keys.create_key(sql, name).key
+
+
+def test_passed_through_with_the_conversation_kept_by_the_gateway(
+    gw: Gateway, team: tuple[str, str], openai_url: str, redis_server: Any
+) -> None:
+    control(openai_url, reset=True)
+    name, key = team
+    client = gw.client(key)
+    first = client.responses.create(
+        model="gpt-fake",
+        instructions="Be brief.",
+        input="Weather in Paris? #tool",
+        tools=[TOOL],  # type: ignore[list-item]
+        max_output_tokens=50,
+    )
+    seen = stats(openai_url)
+    assert seen["last_path"] == "/v1/responses"
+    sent = seen["last_body"]
+    assert sent["model"] == "gpt-4o-mini" and sent["store"] is False
+    assert sent["instructions"] == "Be brief." and sent["max_output_tokens"] == 50
+    assert sent["input"] == [
+        {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "Weather in Paris? #tool"}],
+        }
+    ]
+    assert first.id.startswith("resp_") and first.id != "resp_fake"  # the gateway's id
+    assert first.model == "gpt-fake" and first.store is True
+    (call,) = first.output
+    assert call.type == "function_call" and json.loads(call.arguments) == {"city": "Paris"}
+    raw = client.responses.with_raw_response.retrieve(first.id)
+    assert not problems("Response", json.loads(raw.text))
+
+    second = client.responses.create(
+        model="gpt-fake",
+        previous_response_id=first.id,
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}],
+    )
+    sent = stats(openai_url)["last_body"]
+    assert "previous_response_id" not in sent  # OpenAI stores nothing: the gateway sends it all
+    assert [i["type"] for i in sent["input"]] == [
+        "message",
+        "function_call",
+        "function_call_output",
+    ]
+    assert "instructions" not in sent  # not carried over, as at OpenAI
+    assert second.previous_response_id == first.id and second.output_text == "w0 w1 w2 w3 w4 "
+    # billed from the Responses usage, through the same settling as chat
+    assert first.usage and second.usage
+    spent = first.usage.total_tokens + second.usage.total_tokens
+    wait_until(lambda: day_tokens(redis_server.client(), name) == spent, 5, "usage settled")
+    assert reservations(redis_server.client(), name)["leases"] == 0
+
+
+def test_streamed_events_pass_through_under_the_gateways_id(
+    gw: Gateway, team: tuple[str, str], redis_server: Any
+) -> None:
+    name, key = team
+    client = gw.client(key)
+    with client.responses.stream(model="gpt-fake", input="Hello #chunks=3") as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    assert [e.type for e in events][:2] == ["response.created", "response.in_progress"]
+    assert events[-1].type == "response.completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert all(e.response.id == final.id for e in events if hasattr(e, "response"))
+    assert final.output_text == "w0 w1 w2 "
+    stored = client.responses.retrieve(final.id)
+    assert stored.output_text == final.output_text and stored.model == "gpt-fake"
+    assert final.usage is not None
+    total = final.usage.total_tokens
+    wait_until(lambda: day_tokens(redis_server.client(), name) == total, 5, "usage settled")
