@@ -84,6 +84,7 @@ def _model_card(entry: ModelEntry, upstream: Upstream | None) -> dict[str, Any]:
         "circuit": info.circuit if info else None,
         "max_model_len": (info.max_model_len if info else 0) or entry.max_context,
         "capability": entry.capability,
+        "supports": msgspec.to_builtins(entry.supports),  # what requests it can honour
         "tiers": list(entry.tiers),
         "pricing": msgspec.to_builtins(entry.price),
         "fallbacks": list(entry.fallbacks),

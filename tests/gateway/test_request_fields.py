@@ -135,6 +135,8 @@ def test_auto_never_sends_tools_to_a_model_without_the_flag(
         assert reply.headers["x-tokenyard-model"] == "fake"
         sent = upstream_stats(upstream)["last_body"]
         assert sent["model"] == "fake" and sent["tools"] == TOOLS
+    cards = {m.id: m.model_extra for m in client.models.list().data}
+    assert cards["fake"]["supports"]["tools"] and not cards["plain"]["supports"]["tools"]
     plain = client.chat.completions.with_raw_response.create(model="auto", messages=CHAT)
     assert plain.headers["x-tokenyard-model"] == "plain"  # without tools: the cheapest
     # a named model's fallbacks are filtered the same way: plain falls back to fake, never the
