@@ -9,6 +9,7 @@ import torch
 
 from engine.attention import SeqSlice, make_attention
 from engine.config import EngineConfig
+from engine.constraints import Constraints, SchemaError
 from engine.detokenizer import IncrementalText
 from engine.kv_cache import BlockManager, blocks_for_budget, kv_pool
 from engine.loader import load_weights, resolve_model_path
@@ -121,6 +122,9 @@ class LLMEngine:
             speculation,
         )
         self.sampler = Sampler(self.tokenizer.eos_token_ids, self.device)
+        self.constraints = Constraints(
+            self.tokenizer.hf, self.model_config.vocab_size, self.tokenizer.eos_token_ids
+        )
         self.model_name = config.served_model_name or config.model
         self.metrics = EngineMetrics(self.model_name)
         self._seq_ids = itertools.count()
@@ -152,6 +156,22 @@ class LLMEngine:
                 "max_tokens",
                 "kv_cache_capacity_exceeded",
             )
+        vocab = self.model_config.vocab_size
+        if any(not 0 <= token < vocab for token in params.logit_bias):
+            raise RequestError(f"logit_bias: token ids must be in [0, {vocab})", "logit_bias")
+        if params.constraint is not None:
+            if params.min_tokens:
+                raise RequestError(
+                    "min_tokens cannot be combined with response_format or a forced tool call "
+                    "(the grammar may end the output before)",
+                    "min_tokens",
+                )
+            try:
+                self.constraints.compile(params.constraint)  # cached: once per schema
+            except SchemaError as exc:
+                raise RequestError(
+                    f"{params.constraint.param}: {exc}", params.constraint.param, "invalid_schema"
+                ) from None
 
     def add_request(self, request: GenerationRequest) -> None:
         self.validate(request)
@@ -164,6 +184,7 @@ class LLMEngine:
         self._requests[request.request_id] = seqs
         for seq in seqs:
             self._texts[seq.seq_id] = IncrementalText(list(request.params.stop))
+            self.constraints.start(seq)
             self.scheduler.add(seq)
 
     def abort(self, request_id: str) -> None:
@@ -215,6 +236,7 @@ class LLMEngine:
             if seq.timings.first_scheduled is None:
                 seq.timings.first_scheduled = start - seq.request.arrival
         meta = self.attention.build_metadata(slices, batch.num_decodes)
+        masks = self.constraints.masks(producing, drafts)  # filled while the forward pass runs
         hidden = self.model(
             torch.tensor(input_ids, device=self.device),
             torch.tensor(positions, device=self.device),
@@ -223,7 +245,8 @@ class LLMEngine:
             meta,
         )
         logits = self.model.logits(hidden[rows]) if rows else None
-        emitted = self.sampler.verify(logits, producing, drafts) if rows else []
+        masks = masks.result() if masks else None
+        emitted = self.sampler.verify(logits, producing, drafts, masks) if rows else []
         now = time.perf_counter()
         self._account(batch, dict(zip(producing, emitted, strict=True)), now - start)
         outputs = [self._append(seq, e, now) for seq, e in zip(producing, emitted, strict=True)]
@@ -271,7 +294,8 @@ class LLMEngine:
                 timings.token_gaps.append(elapsed - timings.last_token)
             timings.last_token = elapsed
             is_eos = token in self.tokenizer.eos_token_ids and not params.ignore_eos
-            if is_eos or token in params.stop_token_ids:
+            grammar_done = self.constraints.accept(seq, token)
+            if is_eos or token in params.stop_token_ids or grammar_done:
                 finish = "stop"
             else:
                 out.text += text.add(
@@ -327,6 +351,7 @@ class LLMEngine:
     def _forget(self, seq: Sequence) -> None:
         self._texts.pop(seq.seq_id, None)
         self.sampler.forget(seq)
+        self.constraints.forget(seq)
 
     def _update_gauges(self, preempted: int) -> None:
         m = self.metrics

@@ -3,12 +3,15 @@
 import re
 import time
 import uuid
+from dataclasses import dataclass, replace
 
 import msgspec
 
+from engine.constraints import Constraint
 from engine.engine import RequestError, RequestOutput, SeqStats
 from engine.sampler import Sampled
 from engine.sequence import Priority, SamplingParams
+from engine.tool_formats.base import ToolFormat
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):
@@ -36,6 +39,7 @@ class _Common(msgspec.Struct, kw_only=True):
     frequency_penalty: float = 0.0
     seed: int | None = None
     user: str | None = None
+    logit_bias: dict[str, float] | None = None
     # vLLM's extra sampling parameters, with vLLM's names and meaning
     top_k: int = -1
     min_p: float = 0.0
@@ -59,6 +63,9 @@ class ChatRequest(_Common, kw_only=True):
     logprobs: bool = False
     top_logprobs: int | None = None
     tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool = True
+    response_format: dict | None = None
 
 
 class CompletionRequest(_Common, kw_only=True):
@@ -114,6 +121,11 @@ def sampling_params(req: _Common, max_tokens: int | None, logprobs: int | None) 
     stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     _check(len(stops) <= MAX_STOPS, "stop", f"at most {MAX_STOPS} stop sequences")
     _check(all(stops), "stop", "stop sequences must not be empty")
+    bias = req.logit_bias or {}
+    _check(all(k.isdigit() for k in bias), "logit_bias", "keys must be token ids")
+    _check(
+        all(-100 <= v <= 100 for v in bias.values()), "logit_bias", "values must be in [-100, 100]"
+    )
     _check(
         logprobs is None or 0 <= logprobs <= MAX_TOP_LOGPROBS,
         "top_logprobs" if isinstance(req, ChatRequest) else "logprobs",
@@ -135,14 +147,106 @@ def sampling_params(req: _Common, max_tokens: int | None, logprobs: int | None) 
         min_tokens=req.min_tokens,
         logprobs=logprobs,
         skip_special_tokens=req.skip_special_tokens,
+        logit_bias={int(k): v for k, v in bias.items()},
     )
 
 
-def chat_params(req: ChatRequest) -> SamplingParams:
+def chat_params(req: ChatRequest, tool_use: "ToolUse", fmt: ToolFormat) -> SamplingParams:
     _check(bool(req.messages), "messages", "must not be empty")
     _check(req.top_logprobs is None or req.logprobs, "top_logprobs", "needs logprobs set to true")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    return sampling_params(req, req.max_completion_tokens or req.max_tokens, logprobs)
+    params = sampling_params(req, req.max_completion_tokens or req.max_tokens, logprobs)
+    return replace(params, constraint=_constraint(req, tool_use, fmt))
+
+
+_FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+@dataclass
+class ToolUse:
+    tools: list[dict]  # offered to the model (none with tool_choice "none")
+    forced: list[dict]  # one or more of these must be called (required: all; named: that one)
+
+
+def tool_use(req: ChatRequest) -> ToolUse:
+    """The request's tools, checked, and which of them must be called."""
+    tools = req.tools or []
+    for i, tool in enumerate(tools):
+        function = tool.get("function")
+        _check(
+            tool.get("type") == "function" and isinstance(function, dict),
+            f"tools[{i}]",
+            "must be {'type': 'function', 'function': {...}}",
+        )
+        name = function.get("name")
+        _check(
+            isinstance(name, str) and _FUNCTION_NAME.fullmatch(name) is not None,
+            f"tools[{i}].function.name",
+            "must be 1 to 64 letters, digits, underscores or dashes",
+        )
+        _check(
+            isinstance(function.get("parameters", {}), dict),
+            f"tools[{i}].function.parameters",
+            "must be a JSON schema object",
+        )
+    choice = req.tool_choice if req.tool_choice is not None else ("auto" if tools else "none")
+    if choice == "none":
+        return ToolUse([], [])
+    _check(bool(tools), "tool_choice", "is only allowed when tools are given")
+    if choice == "auto":
+        return ToolUse(tools, [])
+    if choice == "required":
+        return ToolUse(tools, tools)
+    function = choice.get("function") if isinstance(choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    named = [t for t in tools if t["function"]["name"] == name]
+    _check(
+        isinstance(choice, dict) and choice.get("type") == "function" and bool(named),
+        "tool_choice",
+        "must be 'none', 'auto', 'required' or {'type': 'function', 'function': {'name': N}} "
+        "naming one of the tools",
+    )
+    return ToolUse(tools, named)
+
+
+def response_schema(response_format: dict | None) -> dict | None:
+    """The JSON schema response_format asks the output to match; None for text."""
+    kind = (response_format or {}).get("type", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    _check(
+        kind == "json_schema", "response_format.type", "must be text, json_object or json_schema"
+    )
+    spec = response_format.get("json_schema")  # type: ignore[union-attr]
+    _check(
+        isinstance(spec, dict) and isinstance(spec.get("name"), str),
+        "response_format.json_schema",
+        "must be an object with a name and a schema",
+    )
+    schema = spec.get("schema", {"type": "object"})
+    _check(isinstance(schema, dict), "response_format.json_schema.schema", "must be an object")
+    return schema
+
+
+def _constraint(req: ChatRequest, use: ToolUse, fmt: ToolFormat) -> Constraint | None:
+    """The grammar of a forced tool call, or of response_format (which, with tools offered,
+    the model may answer with tool calls instead)."""
+    schema = response_schema(req.response_format)
+    if use.forced:
+        return Constraint.structural_tag(fmt.grammar(use.forced, req.parallel_tool_calls))
+    if schema is None:
+        return None
+    if not use.tools:
+        return Constraint.json_schema(schema)
+    calls = fmt.grammar(use.tools, req.parallel_tool_calls)
+    answer = {"type": "json_schema", "json_schema": schema, "max_whitespace_cnt": 1}
+    either = {
+        "type": "structural_tag",
+        "format": {"type": "or", "elements": [answer, calls["format"]]},
+    }
+    return Constraint.structural_tag(either, "response_format")
 
 
 def completion_params(req: CompletionRequest) -> SamplingParams:

@@ -1,8 +1,11 @@
-"""Next-token choice: penalties, temperature, top-k/top-p/min-p, seeded sampling, logprobs.
+"""Next-token choice: penalties, logit bias, grammar masks, temperature, top-k/top-p/min-p, seeded
+sampling, logprobs.
 
-Penalties follow OpenAI (presence/frequency, over generated tokens) and vLLM (repetition, over
-prompt and generated tokens; min_tokens holds back EOS and stop tokens). Logprobs are those of
-the model's distribution after penalties, before temperature and truncation (as vLLM reports).
+Penalties follow OpenAI (presence/frequency, over generated tokens; logit_bias added as given) and
+vLLM (repetition, over prompt and generated tokens; min_tokens holds back EOS and stop tokens).
+A constrained sequence's rows then lose every token its grammar forbids (engine/constraints.py).
+Logprobs are those of the model's distribution after penalties, bias and mask, before temperature
+and truncation (as vLLM reports).
 Speculative drafts are verified here too (`verify`).
 """
 
@@ -11,6 +14,7 @@ from itertools import accumulate
 
 import torch
 
+from engine.constraints import Masks
 from engine.sequence import Sequence
 
 
@@ -35,7 +39,11 @@ class Sampler:
         return [out[0] for out in self.verify(logits, seqs, [[] for _ in seqs])]
 
     def verify(
-        self, logits: torch.Tensor, seqs: list[Sequence], drafts: list[list[int]]
+        self,
+        logits: torch.Tensor,
+        seqs: list[Sequence],
+        drafts: list[list[int]],
+        masks: Masks | None = None,
     ) -> list[list[Sampled]]:
         """The tokens each sequence emits: its accepted draft tokens, then one more.
 
@@ -53,6 +61,8 @@ class Sampler:
         for seq, draft, span in zip(seqs, drafts, spans, strict=True):
             for i, row in enumerate(span):
                 self._penalize(logits[row], seq, draft[:i])
+        if masks is not None:
+            masks.apply(logits)
         need_logprobs = any(s.request.params.logprobs is not None for s in seqs)
         logprobs = torch.log_softmax(logits, dim=-1) if need_logprobs else None
         greedy = logits.argmax(dim=-1).tolist()
@@ -87,6 +97,9 @@ class Sampler:
         if (params.presence_penalty or params.frequency_penalty) and output:
             ids, counts = torch.tensor(output, device=self.device).unique(return_counts=True)
             logits[ids] -= params.frequency_penalty * counts + params.presence_penalty
+        if params.logit_bias:
+            ids = torch.tensor(list(params.logit_bias), device=self.device)
+            logits[ids] += torch.tensor(list(params.logit_bias.values()), device=self.device)
         if len(output) < params.min_tokens:
             banned = list(params.stop_token_ids)
             if not params.ignore_eos:

@@ -4,6 +4,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
+from engine.constraints import Constraint
 from engine.kv_cache import BlockTable
 
 
@@ -31,6 +32,8 @@ class SamplingParams:
     min_tokens: int = 0
     logprobs: int | None = None  # None: no logprobs; k: the chosen token's and the top k
     skip_special_tokens: bool = True
+    logit_bias: dict[int, float] = field(default_factory=dict)  # added to the token's logit
+    constraint: Constraint | None = None  # the grammar the output must match (constraints.py)
 
     @property
     def greedy(self) -> bool:

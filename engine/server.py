@@ -29,10 +29,12 @@ from engine.protocol import (
     new_request_id,
     parse_priority,
     timings,
+    tool_use,
     usage,
 )
 from engine.sampler import Sampled
 from engine.sequence import GenerationRequest, SamplingParams
+from engine.tool_formats import ToolCalls, for_template, prompt_messages
 
 log = logging.getLogger(__name__)
 SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
@@ -145,6 +147,7 @@ def create_app(engine: AsyncEngine) -> Litestar:
     core = engine.engine
     tokenizer = core.tokenizer
     model_name = core.model_name
+    tool_format, native_tools = for_template(tokenizer.hf.chat_template)
 
     def generation_request(
         request: Request, body, prompt_ids: list[int], params: SamplingParams, suffix: str
@@ -220,7 +223,8 @@ def create_app(engine: AsyncEngine) -> Litestar:
     async def chat_completions(request: Request) -> Response | Stream:
         body = decode_body(await request.body(), ChatRequest)
         check_model(body.model)
-        params = chat_params(body)
+        tools = tool_use(body)
+        params = chat_params(body, tools, tool_format)
         messages = []
         for m in body.messages:
             message = {"role": m.role, "content": message_text(m.content)}
@@ -228,26 +232,41 @@ def create_app(engine: AsyncEngine) -> Litestar:
                 if getattr(m, key) is not None:
                     message[key] = getattr(m, key)
             messages.append(message)
-        prompt = tokenizer.apply_chat_template(messages, body.tools)
+        messages = prompt_messages(tool_format, native_tools, messages, tools.tools)
+        prompt = tokenizer.apply_chat_template(
+            messages, tools.tools if native_tools and tools.tools else None
+        )
         with_logprobs = params.logprobs is not None
+        calls: dict[int, ToolCalls] = {}  # per streamed choice, when tools are offered
 
         def logprobs_of(sampled: list[Sampled]) -> dict | None:
             return chat_logprobs(sampled, tokenizer.token_text) if with_logprobs else None
 
         def chunk_choice(index: int, out: RequestOutput) -> dict:
+            delta, reason = {"content": out.text} if out.text else {}, out.finish_reason
+            if tools.tools:
+                parsed = calls.setdefault(index, ToolCalls(tool_format))
+                delta = parsed.delta(out.text, reason is not None)
+                reason = parsed.finish_reason(reason)
             return {
                 "index": index,
-                "delta": {"content": out.text} if out.text else {},
+                "delta": delta,
                 "logprobs": logprobs_of(out.logprobs),
-                "finish_reason": out.finish_reason,
+                "finish_reason": reason,
             }
 
         def final_choice(index: int, c: Choice) -> dict:
+            message = {"role": "assistant", "content": "".join(c.text), "refusal": None}
+            reason = c.finish_reason
+            if tools.tools:
+                parsed = ToolCalls(tool_format)
+                parsed.delta("".join(c.text), True)
+                message, reason = parsed.message(), parsed.finish_reason(reason)
             return {
                 "index": index,
-                "message": {"role": "assistant", "content": "".join(c.text), "refusal": None},
+                "message": message,
                 "logprobs": logprobs_of(c.sampled),
-                "finish_reason": c.finish_reason,
+                "finish_reason": reason,
             }
 
         opening = [

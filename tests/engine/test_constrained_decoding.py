@@ -1,0 +1,213 @@
+"""Constrained decoding in the engine: outputs match their schema under greedy and sampled
+decoding, other sequences of the batch are untouched, and speculation, preemption and chunked
+prefill keep both true."""
+
+import json
+
+import jsonschema
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine.constraints import Constraint, unenforceable
+from engine.engine import RequestError
+from engine.sequence import GenerationRequest, Priority, SamplingParams
+from tests.engine.conftest import assert_all_blocks_free, greedy, run_to_completion
+from tests.engine.test_speculative import PLAIN, SPECULATIVE, counters
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "city": {"enum": ["Paris", "Rotterdam", "Lima"]},
+    },
+    "required": ["name", "age", "city"],
+    "additionalProperties": False,
+}
+
+
+def chat(engine, text: str) -> list[int]:
+    return engine.tokenizer.apply_chat_template([{"role": "user", "content": text}])
+
+
+def text_of(outputs: list) -> str:
+    return "".join(o.text for o in outputs)
+
+
+def tokens(outputs: list) -> list[int]:
+    return [t for o in outputs for t in o.token_ids]
+
+
+# ---------------------------------------------------------------- bounded schemas
+
+LEAVES = st.sampled_from(
+    [
+        {"type": "string", "maxLength": 12},
+        {"type": "integer", "minimum": -5, "maximum": 500},
+        {"type": "boolean"},
+        {"type": "null"},
+        {"enum": ["red", "green", "blue"]},
+    ]
+)
+
+
+def _object(props: dict) -> st.SearchStrategy:
+    required = st.lists(st.sampled_from(sorted(props)), unique=True)
+    return required.map(
+        lambda req: {
+            "type": "object",
+            "properties": props,
+            "required": req,
+            "additionalProperties": False,
+        }
+    )
+
+
+def _compound(children: st.SearchStrategy) -> st.SearchStrategy:
+    objects = st.dictionaries(st.sampled_from("abcd"), children, min_size=1, max_size=3)
+    arrays = st.tuples(children, st.integers(0, 2), st.integers(0, 2)).map(
+        lambda t: {"type": "array", "items": t[0], "minItems": t[1], "maxItems": t[1] + t[2]}
+    )
+    any_of = st.lists(children, min_size=2, max_size=2).map(lambda s: {"anyOf": s})
+    return st.one_of(objects.flatmap(_object), arrays, any_of)
+
+
+# the top is an object (the JSON an API asks for); up to 5 leaves below it
+SCHEMAS = st.recursive(LEAVES, _compound, max_leaves=5).map(
+    lambda s: {"type": "object", "properties": {"value": s}, "required": ["value"]}
+)
+
+
+@settings(
+    max_examples=5,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(schema=SCHEMAS)
+def test_outputs_validate_under_generated_schemas(engine_factory, schema):
+    engine = engine_factory(**PLAIN)
+    prompt = chat(engine, f"Reply with JSON matching this schema: {json.dumps(schema)}")
+    constraint = Constraint.json_schema(schema)
+    requests = [
+        GenerationRequest(
+            f"t{t}",
+            prompt,
+            SamplingParams(max_tokens=200, temperature=t, seed=7, constraint=constraint),
+        )
+        for t in (0.0, 1.0)
+    ]
+    outputs = run_to_completion(engine, requests)
+    for request in requests:
+        out = outputs[request.request_id]
+        assert out[-1].finish_reason == "stop", (schema, text_of(out))
+        jsonschema.validate(json.loads(text_of(out)), schema)
+
+
+# ---------------------------------------------------------------- the batch
+
+
+def test_unconstrained_sequence_is_untouched_by_constrained_neighbours(engine_factory):
+    engine = engine_factory(**PLAIN)
+    free = GenerationRequest("free", chat(engine, "Name three colours."), greedy(16))
+    alone = run_to_completion(engine, [free])["free"]
+    constrained = [
+        GenerationRequest(
+            f"c{i}",
+            chat(engine, "Describe a person as JSON."),
+            SamplingParams(
+                max_tokens=48, temperature=t, seed=i, constraint=Constraint.json_schema(PERSON)
+            ),
+        )
+        for i, t in enumerate((0.0, 1.0, 0.7))
+    ]
+    together = run_to_completion(engine, [*constrained, free])
+    assert tokens(together["free"]) == tokens(alone)
+    for request in constrained:
+        jsonschema.validate(json.loads(text_of(together[request.request_id])), PERSON)
+
+
+RECORD = '{"name": "Ada Lovelace", "age": 36, "city": "Paris"}'
+
+
+def test_speculation_checks_drafts_against_the_grammar(engine_factory):
+    """Drafts copied from the prompt are verified under the mask: greedy output is the same as
+    without speculation, with shared prompt prefixes, chunked prefill and batch priority."""
+    plain, engine = engine_factory(**PLAIN), engine_factory(**SPECULATIVE)
+    prompt = chat(engine, f"Return this record exactly, as JSON: {RECORD} {RECORD} {RECORD}")
+    other = chat(engine, f"Copy: {RECORD} and also {RECORD}, then {RECORD}")
+    requests = [
+        GenerationRequest(
+            f"s{i}",
+            prompt if i % 2 else other,
+            greedy(36, constraint=Constraint.json_schema(PERSON) if i % 3 else None),
+            priority=Priority.BATCH if i % 2 else Priority.INTERACTIVE,
+        )
+        for i in range(8)
+    ]
+    proposed, accepted = counters(engine)
+    hits = engine.blocks.prefix_hits
+    expected = run_to_completion(plain, requests)
+    got = run_to_completion(engine, requests)
+    for request in requests:
+        assert tokens(got[request.request_id]) == tokens(expected[request.request_id])
+        if request.params.constraint is not None:
+            jsonschema.validate(json.loads(text_of(got[request.request_id])), PERSON)
+    proposed_now, accepted_now = counters(engine)
+    assert accepted_now > accepted and proposed_now > proposed
+    assert engine.blocks.prefix_hits > hits
+    assert_all_blocks_free(engine)
+
+
+# ---------------------------------------------------------------- refusals and bias
+
+
+@pytest.mark.parametrize(
+    ("schema", "named"),
+    [
+        ({"type": "object", "properties": {"a": {"not": {"type": "string"}}}}, "'not'"),
+        ({"type": "string", "format": "iri"}, "'format': 'iri'"),
+        ({"allOf": [{"type": "integer"}, {"minimum": 3}]}, "'allOf'"),
+        ({"oneOf": [{"type": "integer"}, {"type": "number"}]}, "'oneOf'"),
+        ({"type": "array", "contains": {"const": 1}}, "'contains'"),
+        ({"if": {"type": "integer"}, "then": {"minimum": 1}}, "'if'"),
+    ],
+)
+def test_unenforceable_schema_features_are_refused_by_name(engine_factory, schema, named):
+    assert named in unenforceable(schema)
+    engine = engine_factory(**PLAIN)
+    request = GenerationRequest(
+        "bad", [1, 2, 3], SamplingParams(constraint=Constraint.json_schema(schema))
+    )
+    with pytest.raises(RequestError) as caught:
+        engine.add_request(request)
+    assert named in caught.value.message and caught.value.param == "response_format"
+    assert not engine.has_work()
+
+
+def test_enforced_features_pass_the_check():
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": {"allOf": [{"$ref": "#/$defs/n"}]},
+            "b": {"type": "string", "format": "date", "pattern": "^2"},
+            "c": {"oneOf": [{"const": "x"}, {"const": "y"}], "discriminator": {}},
+        },
+        "$defs": {"n": {"type": "integer", "multipleOf": 3}},
+    }
+    assert unenforceable(schema) is None
+
+
+def test_logit_bias_moves_the_greedy_choice(engine_factory):
+    engine = engine_factory(**PLAIN)
+    prompt = chat(engine, "Name three colours.")
+    first = tokens(run_to_completion(engine, [GenerationRequest("a", prompt, greedy(1))])["a"])[0]
+    banned = GenerationRequest("b", prompt, greedy(4, logit_bias={first: -100.0}))
+    forced = GenerationRequest("c", prompt, greedy(4, logit_bias={42: 100.0}))
+    out = run_to_completion(engine, [banned, forced])
+    assert first not in tokens(out["b"])
+    assert tokens(out["c"]) == [42] * 4
+    with pytest.raises(RequestError) as caught:
+        engine.add_request(GenerationRequest("d", prompt, greedy(1, logit_bias={10**6: 1.0})))
+    assert caught.value.param == "logit_bias"
