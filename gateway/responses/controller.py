@@ -40,11 +40,11 @@ async def _team(request: Request) -> str:
     return policy.team
 
 
-async def _stored(request: Request, response_id: str) -> Stored:
+async def _stored(request: Request, response_id: str, param: str = "response_id") -> Stored:
     found = await request.app.state.responses.get(await _team(request), response_id)
     if found is None:
         raise GatewayError(
-            404, f"no response with id {response_id!r}", code="not_found", param="response_id"
+            404, f"no response with id {response_id!r}", code="not_found", param=param
         )
     return found
 
@@ -71,7 +71,7 @@ class ResponsesController(Controller):
         req = _request(raw)
         earlier: list[dict[str, Any]] = []
         if req.previous_response_id is not None:
-            previous = await _stored(request, req.previous_response_id)
+            previous = await _stored(request, req.previous_response_id, "previous_response_id")
             earlier = previous.context + previous.response["output"]
         turn = begin(req, raw, earlier)
         try:

@@ -39,7 +39,17 @@ class CreateResponse(msgspec.Struct, kw_only=True):
     stream: bool = False
     store: bool = True
     previous_response_id: str | None = None
-    metadata: dict[str, str] | None = None
+    # OpenAI's bounds: up to 16 pairs, keys up to 64 characters, values up to 512
+    metadata: (
+        Annotated[
+            dict[
+                Annotated[str, msgspec.Meta(max_length=64)],
+                Annotated[str, msgspec.Meta(max_length=512)],
+            ],
+            msgspec.Meta(max_length=16),
+        ]
+        | None
+    ) = None
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None

@@ -265,3 +265,26 @@ def test_a_refusal_reserves_nothing(gw: Gateway, key: str, sql: Any, redis_serve
         client.responses.create(model="plain", input="x", tools=[TOOL])  # type: ignore[list-item]
     held = reservations(redis_server.client(), name)
     assert held["leases"] == 0 and held["pages"] == 0
+
+
+def test_malformed_requests_are_400s_naming_the_field(gw: Gateway, key: str) -> None:
+    with raw(gw, key) as http:
+        for body, param in (
+            ({"input": "x", "metadata": {str(i): "v" for i in range(17)}}, "metadata"),
+            ({"input": 5}, "input"),
+            ({"input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
+            ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
+            ({"input": "x", "text": {"format": {"type": "yaml"}}}, "text.format"),
+            ({"input": "x", "tool_choice": "sometimes"}, "tool_choice"),
+        ):
+            reply = http.post("/v1/responses", json={"model": "fake", **body})
+            assert reply.status_code == 400, (body, reply.text)
+            assert reply.json()["error"]["param"] == param
+        missing = http.post(
+            "/v1/responses",
+            json={"model": "fake", "input": "x", "previous_response_id": "resp_nope"},
+        )
+        assert (
+            missing.status_code == 404
+            and missing.json()["error"]["param"] == "previous_response_id"
+        )
