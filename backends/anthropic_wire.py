@@ -164,8 +164,9 @@ def messages_request(body: dict[str, Any], model: str) -> dict[str, Any]:
     for name in ("top_p", "top_k"):
         if body.get(name) is not None:
             out[name] = body[name]
-    if body.get("user"):
-        out["metadata"] = {"user_id": str(body["user"])}
+    user = body.get("user") or body.get("safety_identifier")  # OpenAI's newer name for it
+    if user:
+        out["metadata"] = {"user_id": str(user)}
     tools = [t["function"] for t in body.get("tools") or [] if t.get("type") == "function"]
     if tools:
         out["tools"] = [

@@ -80,8 +80,12 @@ FIELDS: dict[str, Rule] = {
     "tools": Rule(CHAT, (H, P, H), needs="tools", inert=([],)),
     "tool_choice": Rule(CHAT, (H, P, H), needs="tools"),
     "parallel_tool_calls": Rule(CHAT, (H, P, H), needs="tools", inert=(True,)),
-    "user": Rule(BOTH, (H, P, H), note="an end-user id: no effect on the output anywhere"),
-    "safety_identifier": Rule(CHAT, (H, P, H), note="as user"),
+    "user": Rule(
+        BOTH,
+        (H, P, H),
+        note="an end-user id, no effect on the output (Anthropic: metadata.user_id)",
+    ),
+    "safety_identifier": Rule(CHAT, (H, P, H), note="as user (Anthropic: its metadata.user_id)"),
     "prompt_cache_key": Rule(
         CHAT, (H, P, R), note="engine: picks the replica (prefix affinity), as OpenAI routes by it"
     ),

@@ -162,3 +162,10 @@ def test_shipped_catalog_declares_the_engine_model_able_to_call_tools() -> None:
     catalog = Catalog.load(DEFAULT_CATALOG)
     smollm2 = catalog.models["smollm2"].supports
     assert smollm2.tools and smollm2.structured_outputs and not smollm2.image_input
+
+
+def test_anthropic_honours_the_end_user_ids_the_table_says_it_does() -> None:
+    from backends.anthropic_wire import messages_request
+
+    body = {"messages": [{"role": "user", "content": "hi"}], "safety_identifier": "s-1"}
+    assert messages_request(body, "claude")["metadata"] == {"user_id": "s-1"}
