@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import openai
 import pytest
 
 from gateway import keys
@@ -45,6 +46,15 @@ base_urls = ["{openai_url}/v1"]
 api_key_env = "{KEY_ENV}"
 price = {{ input = 0.15, output = 0.6 }}
 supports = {{ tools = true, structured_outputs = true, logprobs = true }}
+
+[[models]]
+id = "o-fake"
+provider = "openai"
+upstream_model = "o4-mini"
+base_urls = ["{openai_url}/v1"]
+api_key_env = "{KEY_ENV}"
+max_tokens_param = "max_completion_tokens"
+supports = {{ tools = true, reasoning = true }}
 """
     )
     env = {**base_env, "TOKENYARD_CATALOG": str(catalog), KEY_ENV: "sk-test"}
@@ -131,3 +141,18 @@ def test_streamed_events_pass_through_under_the_gateways_id(
     assert final.usage is not None
     total = final.usage.total_tokens
     wait_until(lambda: day_tokens(redis_server.client(), name) == total, 5, "usage settled")
+
+
+def test_reasoning_where_the_model_supports_it_and_refused_where_not(
+    gw: Gateway, team: tuple[str, str], openai_url: str
+) -> None:
+    client = gw.client(team[1])
+    reasoned = client.responses.create(
+        model="o-fake", input="Think #chunks=2", reasoning={"effort": "low"}
+    )
+    assert stats(openai_url)["last_body"]["reasoning"] == {"effort": "low"}
+    assert reasoned.output_text == "w0 w1 "
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model="gpt-fake", input="x", reasoning={"effort": "low"})
+    assert refused.value.body["param"] == "reasoning.effort"  # type: ignore[index]
+    assert refused.value.body["code"] == "unsupported_parameter"  # type: ignore[index]
