@@ -11,7 +11,11 @@ from typing import Any, NamedTuple
 
 import msgspec
 
-ENDPOINTS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
+ENDPOINTS = {
+    "/v1/chat/completions": "chat",
+    "/v1/completions": "completion",
+    "/v1/embeddings": "embedding",
+}
 MAX_CUSTOM_ID = 512  # characters: it is stored in SQL and echoed in every output line
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # PostgreSQL refuses a NUL in a text column
 # what decoding client JSON can raise: malformed JSON (invalid UTF-8 included), nesting deeper than
