@@ -110,6 +110,11 @@ def test_sdk_embeddings_match_sentence_transformers(
         assert record.model == EMBED and record.status == 200 and record.completion_tokens == 0
         assert record.cost_usd > 0  # its compute time at the catalog's $/hour
     assert sum(record.prompt_tokens for record in records()) == used
+    # the team's /v1/usage (billing's daily rollups, which the dashboard draws) counts them too
+    headers = {"authorization": f"Bearer {key}"}
+    usage = httpx.get(embed_gateway.url + "/v1/usage", headers=headers).json()
+    assert usage["models"][EMBED]["requests"] == 3
+    assert usage["models"][EMBED]["prompt_tokens"] == used
 
 
 def test_dimensions_and_bad_input_are_openai_errors(embed_gateway: Any, team: Any) -> None:
