@@ -26,6 +26,7 @@ from tests.gateway.conftest import (
     reservations,
     wait_until,
 )
+from tests.openai_spec import problems
 
 EMBED = "all-minilm-l6-v2"
 TEXTS = ["The cat sat on the mat.", "Quarterly revenue grew by four percent."]
@@ -86,6 +87,12 @@ def test_sdk_embeddings_match_sentence_transformers(
     tokens = sum(len(reference.tokenizer.tokenize(t)) for t in TEXTS)
     assert got.usage.prompt_tokens == tokens == got.usage.total_tokens
 
+    # the raw reply as OpenAI's OpenAPI document describes it (which knows float vectors only)
+    raw = client.embeddings.with_raw_response.create(
+        model=EMBED, input=TEXTS, dimensions=384, encoding_format="float"
+    )
+    assert problems("CreateEmbeddingResponse", raw.http_response.json()) == []
+
     floats = client.embeddings.create(model=EMBED, input=TEXTS[0], encoding_format="float")
     assert np.abs(np.array(floats.data[0].embedding) - expected[0]).max() < 1e-4
     # token ids (the model's own WordPiece ids) embed as the text they spell
@@ -97,7 +104,7 @@ def test_sdk_embeddings_match_sentence_transformers(
     # settled from the server's usage: the reservation gone, the day's tokens the real count
     r = redis_server.client()
     wait_until(lambda: reservations(r, name)["leases"] == 0, 5, "leases released")
-    used = tokens + floats.usage.prompt_tokens + by_ids.usage.prompt_tokens
+    used = 2 * tokens + floats.usage.prompt_tokens + by_ids.usage.prompt_tokens
     assert day_tokens(r, name) == used
 
     def records() -> list[UsageRecord]:
@@ -105,7 +112,7 @@ def test_sdk_embeddings_match_sentence_transformers(
             query = sqlmodel.select(UsageRecord).where(UsageRecord.team == name)
             return list(session.exec(query))
 
-    wait_until(lambda: len(records()) == 3, 10, "three usage records")
+    wait_until(lambda: len(records()) == 4, 10, "four usage records")
     for record in records():
         assert record.model == EMBED and record.status == 200 and record.completion_tokens == 0
         assert record.cost_usd > 0  # its compute time at the catalog's $/hour
@@ -113,7 +120,7 @@ def test_sdk_embeddings_match_sentence_transformers(
     # the team's /v1/usage (billing's daily rollups, which the dashboard draws) counts them too
     headers = {"authorization": f"Bearer {key}"}
     usage = httpx.get(embed_gateway.url + "/v1/usage", headers=headers).json()
-    assert usage["models"][EMBED]["requests"] == 3
+    assert usage["models"][EMBED]["requests"] == 4
     assert usage["models"][EMBED]["prompt_tokens"] == used
 
 
