@@ -94,7 +94,7 @@ def test_bad_requests_are_refused_up_front(start_gateway: Any, team: Any) -> Non
     uploaded = client.files.create(file=("in.jsonl", jsonl([line("a")])), purpose="batch")
     with pytest.raises(openai.BadRequestError) as err:
         client.batches.create(
-            input_file_id=uploaded.id, endpoint="/v1/embeddings", completion_window="24h"
+            input_file_id=uploaded.id, endpoint="/v1/moderations", completion_window="24h"
         )
     assert err.value.body["param"] == "endpoint"
     with pytest.raises(openai.BadRequestError) as err:
