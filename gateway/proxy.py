@@ -36,6 +36,7 @@ from gateway.quotas import LeaseKeeper, Quotas, Reservation
 from gateway.settlement import Settlement, usage_of
 from gateway.sizing import kv_pages, max_tokens_for
 from gateway.streaming import DONE, SSE_HEADERS, StreamResult, relay, reply_decoder
+from gateway.tracing import NO_TRACE, RequestTrace, Tracing
 from gateway.validation import Kind, Parsed, client_request_id, parse
 from router.policy import NoRoute, Route, Router, Saturation, Unsupported, prefix_text
 
@@ -106,7 +107,9 @@ class Proxy:
         backends: Backends,
         router: Router,
         price: Pricer,
+        tracing: Tracing | None = None,
     ) -> None:
+        self.tracing = tracing or Tracing()  # off unless tokenyard/app.py hands one in
         self.settings = settings
         self.auth = auth
         self.quotas = quotas
@@ -129,9 +132,13 @@ class Proxy:
         """An HTTP request's walk. `body`: one the gateway built in place of the request's own
         (the Responses API's translation onto chat), walked the same way; `responses`: the
         Responses API request itself, for OpenAI's models (`_Call.responses`)."""
+        trace = self.tracing.begin(request_ids.request_id(request.scope), kind)
         try:
-            return await self._handle(request, kind, body, responses)
-        except GatewayError as exc:
+            return await self._handle(request, kind, body, responses, trace)
+        except BaseException as exc:
+            trace.refused(exc.status if isinstance(exc, GatewayError) else 500)
+            if not isinstance(exc, GatewayError):
+                raise
             reason = exc.limit or exc.code  # the limit's own name, also where OpenAI's code differs
             if exc.status in (429, 503) and reason:
                 metrics.REFUSALS.labels(reason).inc()
@@ -145,10 +152,13 @@ class Proxy:
         kind: Kind,
         body: bytes | None,
         responses: dict[str, Any] | None,
+        trace: RequestTrace,
     ) -> Response:
         started = time.perf_counter()
         authorization = authorization_of(request.headers)
-        policy = await self.auth.authenticate(authorization)
+        with trace.span("auth"):
+            policy = await self.auth.authenticate(authorization)
+        trace.root.set_attribute("tokenyard.team", policy.team)
         parsed = parse(await request.body() if body is None else body, kind)
         tier = _tier(request, parsed, policy)
         # the id is always the gateway's own: unique, so billing (idempotent by it), the engine
@@ -167,6 +177,7 @@ class Proxy:
             key_prefix(authorization),
             started,
             responses,
+            trace,
         )
 
     async def run_batch_request(
@@ -186,9 +197,15 @@ class Proxy:
         parsed = parse(body, kind)
         if parsed.stream:
             raise GatewayError(400, "batch requests cannot stream", param="stream")
-        response = await self._serve(
-            caller, kind, policy, parsed, "batch", request_id, key, started
-        )
+        trace = self.tracing.begin(request_id, kind)
+        trace.root.set_attribute("tokenyard.team", policy.team)
+        try:
+            response = await self._serve(
+                caller, kind, policy, parsed, "batch", request_id, key, started, trace=trace
+            )
+        except BaseException as exc:
+            trace.refused(exc.status if isinstance(exc, GatewayError) else 500)
+            raise
         return response.status_code, response.content
 
     async def _serve(
@@ -202,25 +219,32 @@ class Proxy:
         key: str,
         started: float,
         responses: dict[str, Any] | None = None,
+        trace: RequestTrace = NO_TRACE,
     ) -> Response:
         """Route, reserve, forward. `request` is the HTTP request, or the batch worker: nothing
         to stream to, but a caller that may hang up."""
-        try:
-            endpoint = "embedding" if kind == "embedding" else "chat"
-            route = self.router.route(
-                parsed.model,
-                parsed.body,
-                policy,
-                tier,
-                endpoint,
-                prompt_tokens=max(parsed.prompt_sizes, default=0),
-            )
-        except NoRoute as exc:
-            raise GatewayError(404, str(exc), code="model_not_found", param="model") from None
-        except Unsupported as exc:  # before any quota is touched
-            found = exc.refusal
-            raise GatewayError(400, found.message, code=found.code, param=found.param) from None
-        upstream = self.first_usable(route, tier)
+        with trace.span("route", **{"tokenyard.model": parsed.model}) as span:
+            try:
+                endpoint = "embedding" if kind == "embedding" else "chat"
+                route = self.router.route(
+                    parsed.model,
+                    parsed.body,
+                    policy,
+                    tier,
+                    endpoint,
+                    prompt_tokens=max(parsed.prompt_sizes, default=0),
+                )
+            except NoRoute as exc:
+                raise GatewayError(404, str(exc), code="model_not_found", param="model") from None
+            except Unsupported as exc:  # before any quota is touched
+                found = exc.refusal
+                raise GatewayError(400, found.message, code=found.code, param=found.param) from None
+            upstream = self.first_usable(route, tier)
+            span.set_attribute("tokenyard.route.decision", _decision(route))
+            span.set_attribute("tokenyard.route.candidates", list(route.candidates))
+            span.set_attribute("tokenyard.route.served", upstream.info.name)
+            if route.score is not None:
+                span.set_attribute("tokenyard.route.score", route.score)
         extra = upstream.info.prompt_extra(policy.team)
         prompts = [size + extra for size in parsed.prompt_sizes]
         max_tokens = max_tokens_for(parsed, max(prompts), upstream.info, policy, self.settings)
@@ -245,7 +269,9 @@ class Proxy:
             max_tokens,
             responses,
         )
-        res = await self.quotas.reserve(policy, lease_id, tokens, pages, tier == "batch")
+        with trace.span("quota.reserve", tokens=tokens, kv_pages=pages, tier=tier):
+            res = await self.quotas.reserve(policy, lease_id, tokens, pages, tier == "batch")
+        res.trace, trace.settling = trace, True
         self.keeper.active[lease_id] = res
         metrics.IN_FLIGHT.inc()
         headers = {"x-request-id": request_id, "x-tokenyard-route": _decision(route), **res.headers}
@@ -372,6 +398,7 @@ class Proxy:
         index = route.candidates.index(upstream.info.name)
         while True:
             event["model_served"] = headers["x-tokenyard-model"] = upstream.info.name
+            res.trace.begin_upstream(upstream.info.name, parsed.stream)
             try:
                 return await self._send(
                     request, upstream, call.to(upstream), parsed, res, event, headers, started
@@ -396,6 +423,7 @@ class Proxy:
     ) -> Response:
         if not parsed.stream:
             reply = await self._complete_unless_gone(request, upstream, call)
+            res.trace.end_upstream(reply.status)
             got = None
             if reply.status == 200:
                 with contextlib.suppress(msgspec.DecodeError):
@@ -412,6 +440,7 @@ class Proxy:
             )
         stream = await upstream.open_stream(call)
         if stream.status != 200:
+            res.trace.end_upstream(stream.status)
             refusal = await stream.read_all()
             await self.settlement.settle(
                 res, upstream, Usage(), event, started, status=stream.status
@@ -435,6 +464,7 @@ class Proxy:
             body.event["ttft"] = result.first_byte - body.started
             metrics.TTFT.labels(body.upstream.info.name).observe(body.event["ttft"])
         status = 200 if result.error is None else 502
+        body.res.trace.end_upstream(status, body.event.get("ttft"))
         return self._spawn(
             self._close_and_settle(
                 body.stream, body.res, body.upstream, usage, body.event, body.started, status

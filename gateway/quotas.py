@@ -24,6 +24,7 @@ from gateway.keys import TeamPolicy
 from gateway.ratelimit_headers import rate_limit_headers
 from gateway.spool import UsageSpool
 from gateway.store import BatchedScript
+from gateway.tracing import NO_TRACE, RequestTrace
 
 log = logging.getLogger("tokenyard.gateway")
 
@@ -85,6 +86,7 @@ class Reservation:
     batch: bool
     enforced: bool = True  # False: admitted without Redis (fail-open), nothing to settle
     headers: dict[str, str] = field(default_factory=dict)  # x-ratelimit-*, as reserve left them
+    trace: RequestTrace = NO_TRACE  # the request's spans; its settling ends them
 
     @property
     def day_key(self) -> str:

@@ -53,4 +53,13 @@ class Settlement:
         metrics.TOKENS.labels(team, model, "prompt").inc(usage.prompt_tokens)
         metrics.TOKENS.labels(team, model, "completion").inc(usage.completion_tokens)
         metrics.TOKENS.labels(team, model, "cached").inc(usage.cached_tokens)
-        await self.quotas.settle(res, usage, event, self.price(team, model, usage, event))
+        attributes = {
+            "tokenyard.model": model,
+            "tokenyard.prompt_tokens": usage.prompt_tokens,
+            "tokenyard.completion_tokens": usage.completion_tokens,
+        }
+        try:
+            with res.trace.span("settle", **attributes):
+                await self.quotas.settle(res, usage, event, self.price(team, model, usage, event))
+        finally:
+            res.trace.end(status)

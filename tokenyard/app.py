@@ -38,6 +38,7 @@ from gateway.responses.controller import ResponsesController
 from gateway.responses.store import ResponseStore
 from gateway.spool import UsageSpool
 from gateway.store import connect, embedded_redis, redis_url
+from gateway.tracing import Tracing
 from router.catalog import load_catalog
 from router.classifier import ComplexityClassifier
 from router.policy import Router, Scorer
@@ -69,7 +70,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
         backends = build_backends(catalog, redis, settings)
         auth = Authenticator(sql, redis, settings.gateway_key_cache_s)
         router = Router(catalog, Scorer(ComplexityClassifier.load))
-        proxy = Proxy(settings, auth, quotas, backends, router, Pricer(catalog))
+        tracing = Tracing.from_settings(settings)
+        proxy = Proxy(settings, auth, quotas, backends, router, Pricer(catalog), tracing=tracing)
         app.state.proxy = proxy
         app.state.responses = ResponseStore(sql, settings.responses_retention_days)
         await backends.start()
@@ -88,6 +90,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         proxy: Proxy = app.state.proxy
         await app.state.batch_worker.stop()  # first: its requests' settles are then drained
         await proxy.drain()
+        proxy.tracing.shutdown()  # the spans still batched go out
         await app.state.usage_consumer.stop()
         await app.state.spool.stop()  # what is still spooled is replayed by the next start
         await proxy.keeper.stop()
