@@ -83,6 +83,7 @@ def _model_card(entry: ModelEntry, upstream: Upstream | None) -> dict[str, Any]:
         "ready": bool(info and info.ready),
         "circuit": info.circuit if info else None,
         "max_model_len": (info.max_model_len if info else 0) or entry.max_context,
+        "kind": entry.kind,  # chat, or embedding (/v1/embeddings)
         "capability": entry.capability,
         "supports": msgspec.to_builtins(entry.supports),  # what requests it can honour
         "tiers": list(entry.tiers),

@@ -80,6 +80,7 @@ def test_sdk_embeddings_match_sentence_transformers(
     # the SDK asks for base64 by default and decodes it itself
     got = client.embeddings.create(model=EMBED, input=TEXTS)
     assert got.model == EMBED and [d.index for d in got.data] == [0, 1]
+    assert client.models.retrieve(EMBED).model_extra["kind"] == "embedding"
     vectors = np.array([d.embedding for d in got.data])
     assert vectors.shape == (2, 384)
     expected = reference.encode(TEXTS)
