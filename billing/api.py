@@ -14,7 +14,7 @@ from billing import reports
 from billing.models import UsageDaily
 from core.db import database_url, get_engine
 from core.errors import GatewayError
-from core.operator_keys import bearer_is
+from core.operator_keys import require_admin
 from core.settings import Settings
 
 MAX_DAYS = 366
@@ -75,11 +75,7 @@ class UsageController(Controller):
     @get("/admin/usage")
     async def admin_usage(self, request: Request) -> Response[bytes]:
         settings: Settings = request.app.state.proxy.settings
-        if not settings.admin_key:
-            raise GatewayError(403, "the admin API is off (no admin key set)", code="admin_off")
-        admin_key = settings.admin_key.get_secret_value()
-        if not bearer_is(request.headers.get("authorization"), admin_key):
-            raise GatewayError(401, "this needs the admin key", code="invalid_admin_key")
+        require_admin(request.headers.get("authorization"), settings.admin_key)
         start, end = _range(request)
         team = request.query_params.get("team") or None
         rows = await _rows(settings, start, end, team)

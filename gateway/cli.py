@@ -33,12 +33,10 @@ def _limits(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _team_record(team: Any) -> dict[str, Any]:
-    return {"name": team.name, **{name: getattr(team, name) for name in LIMIT_FIELDS}}
-
-
 def _print_teams(teams: list[Any], as_json: bool) -> None:
-    records = [_team_record(t) for t in teams]
+    from gateway.keys import team_record
+
+    records = [team_record(t) for t in teams]
     if as_json:
         print(json.dumps(records, indent=2))
         return
@@ -108,6 +106,12 @@ def _keys(args: argparse.Namespace) -> int:
             print(new.key)
         elif args.action == "list":
             _print_keys(keys.list_keys(sql, args.team), args.json)
+        elif args.action == "rotate":
+            new, old_hash = keys.rotate_key(sql, args.prefix)
+            _drop_cached_keys(settings, [old_hash])
+            print(f"revoked {args.prefix}; new key for team {new.team} (prefix {new.prefix}),")
+            print("shown once:")
+            print(new.key)
         else:
             _drop_cached_keys(settings, [keys.revoke_key(sql, args.prefix)])
             print(f"revoked {args.prefix}")
@@ -119,16 +123,7 @@ def _keys(args: argparse.Namespace) -> int:
 
 def _print_keys(found: list[Any], as_json: bool) -> None:
     """Prefixes, teams, state and times: never a hash or a secret."""
-    records = [
-        {
-            "prefix": k.prefix,
-            "team": k.team,
-            "revoked": k.revoked,
-            "created_at": k.created_at.isoformat(),
-            "last_used_at": k.last_used_at.isoformat() if k.last_used_at else None,
-        }
-        for k in found
-    ]
+    records = [k.record() for k in found]
     if as_json:
         print(json.dumps(records, indent=2))
         return
@@ -171,7 +166,7 @@ def _wait_healthy(url: str, proc: subprocess.Popen[bytes] | None, timeout: float
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise SystemExit(f"the engine exited with status {proc.returncode}")
+            raise SystemExit(f"{url} exited with status {proc.returncode}")
         with contextlib.suppress(httpx.HTTPError):
             if httpx.get(url + "/health", timeout=1.0).status_code == 200:
                 return
@@ -238,11 +233,11 @@ Ctrl-C stops everything.
 
 
 def _up(args: argparse.Namespace) -> int:
-    """Embedded Redis + SQLite + one engine + one gateway on this machine."""
+    """Embedded Redis + SQLite + one engine + the embeddings server + one gateway here."""
     from gateway.store import embedded_redis
 
     settings = get_settings()
-    engine: subprocess.Popen[bytes] | None = None
+    servers: list[subprocess.Popen[bytes]] = []
     embedded = None
     try:
         if not settings.redis_url:
@@ -250,14 +245,24 @@ def _up(args: argparse.Namespace) -> int:
             url = SecretStr(f"unix://{embedded.socket_file}")
             settings = settings.model_copy(update={"redis_url": url})
         if settings.engine_urls:
-            print(f"using the engine(s) at {settings.engine_urls}", flush=True)
+            print(f"using the servers at {settings.engine_urls}", flush=True)
         else:
-            engine_url = f"http://{settings.engine_host}:{settings.engine_port}"
-            command = [sys.executable, "-c", "from tokenyard.cli import main; main()", "engine"]
-            command += ["--model", settings.engine_model, "--port", str(settings.engine_port)]
-            print(f"starting the engine ({settings.engine_model}) on {engine_url} …", flush=True)
-            engine = subprocess.Popen(command, start_new_session=True)
-            _wait_healthy(engine_url, engine, args.engine_timeout)
+            engine = ["engine", "--model", settings.engine_model, "--port"]
+            _start(
+                f"the engine ({settings.engine_model})",
+                [*engine, str(settings.engine_port)],
+                f"http://{settings.engine_host}:{settings.engine_port}",
+                args.engine_timeout,
+                servers,
+            )
+            embeddings = ["embeddings", "--port", str(settings.embeddings_port)]
+            _start(
+                "the embeddings server (all-minilm-l6-v2)",
+                embeddings,
+                f"http://{settings.embeddings_host}:{settings.embeddings_port}",
+                args.engine_timeout,
+                servers,
+            )
         key = _demo_key(_sql(settings), Path(settings.data_dir))
         model = _demo_model(settings)
         # the dashboard should work out of the box: a fresh admin password for this run if none set
@@ -269,16 +274,27 @@ def _up(args: argparse.Namespace) -> int:
         print(_banner(key, host, port, model, settings, admin_generated), flush=True)
         serve(settings, host, port)  # returns on Ctrl-C / SIGTERM
     finally:
-        if engine is not None and engine.poll() is None:
-            os.killpg(engine.pid, signal.SIGTERM)
-            try:
-                engine.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(engine.pid, signal.SIGKILL)
-                engine.wait()
+        for server in servers:
+            if server.poll() is None:
+                os.killpg(server.pid, signal.SIGTERM)
+                try:
+                    server.wait(15)
+                except subprocess.TimeoutExpired:
+                    os.killpg(server.pid, signal.SIGKILL)
+                    server.wait()
         if embedded is not None:
             _stop_embedded(embedded)
     return 0
+
+
+def _start(
+    what: str, argv: list[str], url: str, timeout: float, servers: list[subprocess.Popen[bytes]]
+) -> None:
+    """A `tokenyard` server as a process of its own (stopped with `up`), once it answers."""
+    command = [sys.executable, "-c", "from tokenyard.cli import main; main()", *argv]
+    print(f"starting {what} on {url} …", flush=True)
+    servers.append(subprocess.Popen(command, start_new_session=True))
+    _wait_healthy(url, servers[-1], timeout)
 
 
 def _stop_embedded(embedded: Any) -> None:
@@ -300,7 +316,9 @@ def _demo_model(settings: Settings) -> str:
     from router.catalog import load_catalog
 
     models = load_catalog(settings).models.values()
-    return next(m.id for m in models if m.provider == "self-hosted" and m.configured)
+    return next(
+        m.id for m in models if m.provider == "self-hosted" and m.kind == "chat" and m.configured
+    )
 
 
 def _listen_flags(p: argparse.ArgumentParser) -> None:
@@ -339,7 +357,7 @@ def add_parser(sub: Any) -> None:
     ).add_argument("name")
     teams.set_defaults(run=_teams)
 
-    keys_p = sub.add_parser("keys", help="create, list or revoke API keys")
+    keys_p = sub.add_parser("keys", help="create, list, revoke or rotate API keys")
     ksub = keys_p.add_subparsers(dest="action", required=True, metavar="ACTION")
     create = ksub.add_parser("create", help="a new key for a team, printed once")
     create.add_argument("--team", required=True, help="the team the key belongs to")
@@ -349,6 +367,9 @@ def add_parser(sub: Any) -> None:
     ksub.add_parser("revoke", help="stop a key within a second").add_argument(
         "prefix", help="the key's visible prefix, as keys list shows it"
     )
+    ksub.add_parser(
+        "rotate", help="revoke a key and print a new one for its team (once)"
+    ).add_argument("prefix", help="the key's visible prefix, as keys list shows it")
     keys_p.set_defaults(run=_keys)
 
     up = sub.add_parser("up", help="start Redis, SQLite, an engine and the gateway on this machine")
@@ -357,6 +378,6 @@ def add_parser(sub: Any) -> None:
         "--engine-timeout",
         type=float,
         default=900.0,
-        help="seconds to wait for the engine to load (default: 900)",
+        help="seconds to wait for the engine and the embeddings server to load (default: 900)",
     )
     up.set_defaults(run=_up)

@@ -48,6 +48,10 @@ class ManagementError(Exception):
     """A management operation named a team or key that does not exist or already exists."""
 
 
+class AlreadyExists(ManagementError):
+    """The team to create exists already."""
+
+
 @dataclass
 class NewKey:
     key: str  # shown once, never stored
@@ -96,7 +100,7 @@ def create_team(engine: Engine, name: str, **limits: Any) -> Team:
         raise ValueError(f"team names are {TEAM_NAME_RULE}")
     with Session(engine) as session:
         if session.exec(select(Team).where(Team.name == name)).first():
-            raise ManagementError(f"team {name!r} already exists")
+            raise AlreadyExists(f"team {name!r} already exists")
         team = Team(name=name)
         _apply(team, limits)
         session.add(team)
@@ -115,6 +119,17 @@ def update_team(engine: Engine, name: str, **limits: Any) -> Team:
         session.commit()
         session.refresh(team)
         return team
+
+
+def team_record(team: Team) -> dict[str, Any]:
+    """A team as the CLI and the admin API show it: its name and limits (None: unlimited); never
+    its webhook secret."""
+    limits = {name: getattr(team, name) for name in LIMIT_FIELDS}
+    return {
+        "name": team.name,
+        **limits,
+        "created_at": team.created_at.isoformat(),
+    }
 
 
 def get_team(engine: Engine, name: str) -> Team | None:
@@ -151,6 +166,25 @@ def revoke_key(engine: Engine, prefix: str) -> str:
         return api_key.key_hash
 
 
+def rotate_key(engine: Engine, prefix: str) -> tuple[NewKey, str]:
+    """A new key for the team of the key with this prefix, which is revoked in the same
+    transaction. Returns the new key (its secret shown once) and the old key's hash, for the
+    caller to drop its cached lookup."""
+    with Session(engine) as session:
+        old = session.exec(select(ApiKey).where(ApiKey.prefix == prefix)).first()
+        if old is None or old.revoked:
+            raise ManagementError(f"no active key with prefix {prefix!r}")
+        team = session.get(Team, old.team_id)
+        assert team is not None  # a key's team_id is a foreign key
+        key = "ty-" + secrets.token_urlsafe(32)
+        new = ApiKey(prefix=key[:KEY_PREFIX_LEN], key_hash=hash_key(key), team_id=old.team_id)
+        old.revoked = True
+        session.add(old)
+        session.add(new)
+        session.commit()
+        return NewKey(key=key, prefix=new.prefix, team=team.name), old.key_hash
+
+
 @dataclass
 class KeyInfo:
     """A key as listings show it: never its hash or secret."""
@@ -160,6 +194,16 @@ class KeyInfo:
     revoked: bool
     created_at: datetime
     last_used_at: datetime | None
+
+    def record(self) -> dict[str, Any]:
+        """As the CLI and the admin API show it: never a hash or a secret."""
+        return {
+            "prefix": self.prefix,
+            "team": self.team,
+            "revoked": self.revoked,
+            "created_at": self.created_at.isoformat(),
+            "last_used_at": self.last_used_at.isoformat() if self.last_used_at else None,
+        }
 
 
 def delete_team(engine: Engine, name: str) -> list[str]:

@@ -28,6 +28,7 @@ from core.errors import (
 from core.openapi import openapi_config
 from core.settings import Settings, get_settings
 from core.usage import USAGE_STREAM
+from gateway.admin_api import AdminController
 from gateway.auth import Authenticator
 from gateway.controllers import CompletionsController, OpsController
 from gateway.messages import MessagesController
@@ -102,6 +103,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             CompletionsController,
             ResponsesController,
             MessagesController,
+            AdminController,
             UsageController,
             FeedbackController,
             OpsController,

@@ -1,0 +1,203 @@
+"""The admin REST API under `/v1/admin/`, for scripts holding the admin key (TOKENYARD_ADMIN_KEY as
+`Authorization: Bearer`): teams (create, read, update limits, delete), their
+daily budgets with today's spend, and keys (create — the secret shown once —, list, revoke,
+rotate). The operations are gateway/keys.py's, as for the CLI and the admin UI; whatever changes a
+team's limits or a key's standing drops the gateway's cached lookups of the keys concerned
+(gateway/auth.py `forget`), so it applies at once. Errors are OpenAI's shape."""
+
+import asyncio
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+import msgspec
+from litestar import Controller, Request, Response, delete, get, patch, post, put
+from litestar.connection import ASGIConnection
+from litestar.handlers import BaseRouteHandler
+from litestar.params import FromPath
+from msgspec import UNSET, UnsetType
+
+from core.errors import GatewayError
+from core.openapi import json_body
+from core.operator_keys import require_admin
+from gateway import auth, keys
+from gateway.proxy import Proxy
+from gateway.quotas import day_number
+from gateway.validation import decode_json
+
+_T = TypeVar("_T")
+_S = TypeVar("_S", bound=msgspec.Struct)
+Count = Annotated[int, msgspec.Meta(ge=0)]
+Share = Annotated[float, msgspec.Meta(ge=0, le=1)]
+Dollars = Annotated[float, msgspec.Meta(ge=0)]
+
+
+class TeamLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A team's limits: a field left out is kept, null makes it unlimited (the CLI's flags)."""
+
+    rpm: Count | UnsetType | None = UNSET
+    tpm: Count | UnsetType | None = UNSET
+    tokens_per_day: Count | UnsetType | None = UNSET
+    batch_tokens_per_day: Count | UnsetType | None = UNSET
+    usd_per_day: Dollars | UnsetType | None = UNSET
+    concurrency: Count | UnsetType | None = UNSET
+    kv_pages: Count | UnsetType | None = UNSET
+    max_tokens: Count | UnsetType | None = UNSET
+    max_context: Count | UnsetType | None = UNSET
+    models: list[str] | UnsetType = UNSET  # model ids the team may use; empty: all
+    default_tier: str | UnsetType = UNSET
+    auto_threshold: Share | UnsetType | None = UNSET
+    strong_share: Share | UnsetType | None = UNSET
+
+
+class NewTeam(TeamLimits, kw_only=True, forbid_unknown_fields=True):
+    name: str
+
+
+class Budget(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A team's daily budgets (UTC days): left out, kept; null, unlimited."""
+
+    tokens_per_day: Count | UnsetType | None = UNSET
+    batch_tokens_per_day: Count | UnsetType | None = UNSET
+    usd_per_day: Dollars | UnsetType | None = UNSET
+
+
+class NewKey(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    team: str
+
+
+def _set(struct: msgspec.Struct) -> dict[str, Any]:
+    return {
+        name: value
+        for name in struct.__struct_fields__
+        if name != "name" and (value := getattr(struct, name)) is not UNSET
+    }
+
+
+def _body(raw: bytes, struct: type[_S]) -> _S:
+    try:
+        return msgspec.convert(decode_json(raw), struct)
+    except msgspec.ValidationError as exc:
+        raise GatewayError(400, str(exc)) from None
+
+
+def _json(data: Any, status: int = 200) -> Response[bytes]:
+    return Response(msgspec.json.encode(data), status_code=status, media_type="application/json")
+
+
+def _admin_only(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+    proxy: Proxy = connection.app.state.proxy
+    require_admin(connection.headers.get("authorization"), proxy.settings.admin_key)
+
+
+class AdminController(Controller):
+    path = "/v1/admin"
+    guards = (_admin_only,)
+
+    @staticmethod
+    async def _run(request: Request, operation: Callable[..., _T], *args: Any) -> _T:
+        """A keys.py operation in a thread (SQL never blocks the event loop), its refusals as
+        HTTP errors."""
+        try:
+            return await asyncio.to_thread(operation, request.app.state.proxy.auth.sql, *args)
+        except keys.AlreadyExists as exc:
+            raise GatewayError(409, str(exc), code="already_exists") from None
+        except keys.ManagementError as exc:
+            raise GatewayError(404, str(exc), code="not_found") from None
+        except ValueError as exc:
+            raise GatewayError(400, str(exc)) from None
+
+    @staticmethod
+    async def _forget(request: Request, hashes: list[str]) -> None:
+        await auth.forget(request.app.state.proxy.quotas.redis, hashes)
+
+    async def _changed(self, request: Request, name: str, team: Any) -> Response[bytes]:
+        """A team whose limits or standing changed: its keys' cached lookups dropped."""
+        await self._forget(request, await self._run(request, keys.active_key_hashes, name))
+        return _json(keys.team_record(team))
+
+    @get("/teams")
+    async def list_teams(self, request: Request) -> Response[bytes]:
+        teams = await self._run(request, keys.list_teams)
+        return _json({"object": "list", "data": [keys.team_record(t) for t in teams]})
+
+    @post("/teams", operation_class=json_body(NewTeam))
+    async def create_team(self, request: Request) -> Response[bytes]:
+        new = _body(await request.body(), NewTeam)
+        team = await self._run(request, lambda sql: keys.create_team(sql, new.name, **_set(new)))
+        return _json(keys.team_record(team), 201)
+
+    @get("/teams/{name:str}")
+    async def read_team(self, request: Request, name: FromPath[str]) -> Response[bytes]:
+        team = await self._run(request, keys.get_team, name)
+        if team is None:
+            raise GatewayError(404, f"no team {name!r}", code="not_found")
+        return _json(keys.team_record(team))
+
+    @patch("/teams/{name:str}", operation_class=json_body(TeamLimits))
+    async def update_team(self, request: Request, name: FromPath[str]) -> Response[bytes]:
+        limits = _set(_body(await request.body(), TeamLimits))
+        team = await self._run(request, lambda sql: keys.update_team(sql, name, **limits))
+        return await self._changed(request, name, team)
+
+    @delete("/teams/{name:str}", status_code=200)
+    async def delete_team(self, request: Request, name: FromPath[str]) -> Response[bytes]:
+        await self._forget(request, await self._run(request, keys.delete_team, name))
+        return _json({"name": name, "deleted": True})
+
+    @get("/teams/{name:str}/budget")
+    async def read_budget(self, request: Request, name: FromPath[str]) -> Response[bytes]:
+        team = await self._run(request, keys.get_team, name)
+        if team is None:
+            raise GatewayError(404, f"no team {name!r}", code="not_found")
+        return _json(await _budget(request, team))
+
+    @put("/teams/{name:str}/budget", operation_class=json_body(Budget))
+    async def set_budget(self, request: Request, name: FromPath[str]) -> Response[bytes]:
+        limits = _set(_body(await request.body(), Budget))
+        team = await self._run(request, lambda sql: keys.update_team(sql, name, **limits))
+        await self._forget(request, await self._run(request, keys.active_key_hashes, name))
+        return _json(await _budget(request, team))
+
+    @get("/keys")
+    async def list_keys(self, request: Request) -> Response[bytes]:
+        team = request.query_params.get("team") or None
+        found = await self._run(request, keys.list_keys, team)
+        return _json({"object": "list", "data": [k.record() for k in found]})
+
+    @post("/keys", operation_class=json_body(NewKey))
+    async def create_key(self, request: Request) -> Response[bytes]:
+        new = await self._run(request, keys.create_key, _body(await request.body(), NewKey).team)
+        return _json({"key": new.key, "prefix": new.prefix, "team": new.team}, 201)
+
+    @post("/keys/{prefix:str}/revoke")
+    async def revoke_key(self, request: Request, prefix: FromPath[str]) -> Response[bytes]:
+        await self._forget(request, [await self._run(request, keys.revoke_key, prefix)])
+        return _json({"prefix": prefix, "revoked": True})
+
+    @post("/keys/{prefix:str}/rotate")
+    async def rotate_key(self, request: Request, prefix: FromPath[str]) -> Response[bytes]:
+        new, old_hash = await self._run(request, keys.rotate_key, prefix)
+        await self._forget(request, [old_hash])
+        body = {"key": new.key, "prefix": new.prefix, "team": new.team, "revoked": prefix}
+        return _json(body, 201)
+
+
+async def _budget(request: Request, team: Any) -> dict[str, Any]:
+    """The daily budgets and what today (UTC) has used of them, from the quota counters."""
+    names = request.app.state.proxy.quotas.team_keys(team.name)
+    day = day_number()
+    redis = request.app.state.proxy.quotas.redis
+    tokens, batch, micro_usd = await redis.mget(
+        names.day_tokens(day), names.day_batch_tokens(day), names.day_usd(day)
+    )
+    return {
+        "team": team.name,
+        "tokens_per_day": team.tokens_per_day,
+        "batch_tokens_per_day": team.batch_tokens_per_day,
+        "usd_per_day": team.usd_per_day,
+        "today": {
+            "tokens": int(tokens or 0),
+            "batch_tokens": int(batch or 0),
+            "usd": int(float(micro_usd or 0)) / 1e6,
+        },
+    }

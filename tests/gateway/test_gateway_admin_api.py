@@ -1,0 +1,147 @@
+"""The admin REST API (/v1/admin/…) against a gateway with an admin key: teams, budgets and keys,
+each change applied to the next request (cached key lookups dropped), errors in OpenAI's shape."""
+
+import subprocess
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from tests.gateway.conftest import MODEL, TOKENYARD, Gateway, wait_until
+
+ADMIN_KEY = "adm-" + uuid.uuid4().hex
+CHAT = [{"role": "user", "content": "hello"}]
+
+
+@pytest.fixture(scope="module")
+def admin(base_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    env = {**base_env, "TOKENYARD_ADMIN_KEY": ADMIN_KEY, "TOKENYARD_GATEWAY_KEY_CACHE_S": "0.2"}
+    gw = Gateway(env, tmp_path_factory.mktemp("admin") / "gateway.log")
+    gw.api = httpx.Client(
+        base_url=gw.url + "/v1/admin", headers={"authorization": f"Bearer {ADMIN_KEY}"}
+    )
+    yield gw
+    gw.api.close()
+    gw.stop()
+
+
+def _works(gw: Any, key: str) -> bool:
+    try:
+        gw.client(key).chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2)
+    except openai.AuthenticationError:
+        return False
+    return True
+
+
+def test_the_admin_key_is_required(admin: Any, gateway: Any) -> None:
+    for headers in ({}, {"authorization": "Bearer nope"}):
+        reply = httpx.get(admin.url + "/v1/admin/teams", headers=headers)
+        assert reply.status_code == 401
+        assert reply.json()["error"]["code"] == "invalid_admin_key"
+    # a gateway without an admin key has the admin API off
+    off = httpx.get(gateway.url + "/v1/admin/teams", headers={"authorization": "Bearer x"})
+    assert off.status_code == 403 and off.json()["error"]["code"] == "admin_off"
+
+
+def test_teams_lifecycle(admin: Any) -> None:
+    api = admin.api
+    name = "adm" + uuid.uuid4().hex[:8]
+    made = api.post("/teams", json={"name": name, "rpm": 5, "models": [MODEL]})
+    assert made.status_code == 201
+    assert made.json() | {"created_at": None} == {
+        "name": name,
+        "rpm": 5,
+        "tpm": None,
+        "tokens_per_day": None,
+        "batch_tokens_per_day": None,
+        "usd_per_day": None,
+        "concurrency": None,
+        "kv_pages": None,
+        "max_tokens": None,
+        "max_context": None,
+        "models": MODEL,
+        "default_tier": "interactive",
+        "auto_threshold": None,
+        "strong_share": None,
+        "created_at": None,
+    }
+    assert api.post("/teams", json={"name": name}).status_code == 409
+    assert api.get(f"/teams/{name}").json()["rpm"] == 5
+    assert name in [t["name"] for t in api.get("/teams").json()["data"]]
+    # a field left out is kept, null makes it unlimited
+    patched = api.patch(f"/teams/{name}", json={"tpm": 1000, "rpm": None}).json()
+    assert (patched["rpm"], patched["tpm"], patched["models"]) == (None, 1000, MODEL)
+    for bad in ({"rpm": -1}, {"nope": 1}, {"default_tier": "gold"}, {"strong_share": 2}):
+        reply = api.patch(f"/teams/{name}", json=bad)
+        assert reply.status_code == 400, bad
+        assert reply.json()["error"]["type"] == "invalid_request_error"
+    assert api.post("/teams", json={"name": "../x"}).status_code == 400
+    missing = api.patch("/teams/no-such-team", json={"rpm": 1})
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+    assert api.delete(f"/teams/{name}").json() == {"name": name, "deleted": True}
+    assert api.get(f"/teams/{name}").status_code == 404
+
+
+def test_keys_limits_and_budget_apply_at_once(admin: Any) -> None:
+    api = admin.api
+    name = "adm" + uuid.uuid4().hex[:8]
+    api.post("/teams", json={"name": name, "models": ["another-model"]})
+    created = api.post("/keys", json={"team": name})
+    assert created.status_code == 201
+    key, prefix = created.json()["key"], created.json()["prefix"]
+    assert key.startswith(prefix)
+    listed = api.get("/keys", params={"team": name}).json()["data"]
+    assert [k["prefix"] for k in listed] == [prefix] and key not in str(listed)
+    assert api.post("/keys", json={"team": "no-such-team"}).status_code == 404
+
+    # the team may not use the model yet; allowing it applies to the next request
+    with pytest.raises(openai.NotFoundError):
+        admin.client(key).chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2)
+    api.patch(f"/teams/{name}", json={"models": []})
+    wait_until(lambda: _works(admin, key), 3, "the new limits to apply")
+
+    budget = api.put(f"/teams/{name}/budget", json={"tokens_per_day": 10000, "usd_per_day": 2.5})
+    assert budget.json()["tokens_per_day"] == 10000 and budget.json()["usd_per_day"] == 2.5
+    assert budget.json()["today"]["tokens"] > 0  # the requests above
+    assert api.get(f"/teams/{name}").json()["tokens_per_day"] == 10000
+    assert api.put(f"/teams/{name}/budget", json={"rpm": 3}).status_code == 400
+
+    rotated = api.post(f"/keys/{prefix}/rotate")
+    assert rotated.status_code == 201 and rotated.json()["revoked"] == prefix
+    new_key = rotated.json()["key"]
+    wait_until(lambda: not _works(admin, key), 3, "the rotated key to be refused")
+    assert _works(admin, new_key)
+    assert api.post(f"/keys/{prefix}/rotate").status_code == 404  # already revoked
+    new_prefix = rotated.json()["prefix"]
+    assert api.post(f"/keys/{new_prefix}/revoke").json() == {"prefix": new_prefix, "revoked": True}
+    wait_until(lambda: not _works(admin, new_key), 3, "the revoked key to be refused")
+
+
+def test_openapi_documents_the_admin_api(admin: Any) -> None:
+    paths = httpx.get(admin.url + "/schema/openapi.json").json()["paths"]
+    assert {"post", "get"} <= paths["/v1/admin/teams"].keys()
+    assert {"get", "patch", "delete"} <= paths["/v1/admin/teams/{name}"].keys()
+    assert {"get", "put"} <= paths["/v1/admin/teams/{name}/budget"].keys()
+    assert "post" in paths["/v1/admin/keys/{prefix}/rotate"]
+    body = paths["/v1/admin/teams"]["post"]["requestBody"]["content"]["application/json"]
+    assert {"name", "rpm", "usd_per_day"} <= body["schema"]["properties"].keys()
+
+
+def test_the_cli_rotates_keys(admin: Any, base_env: dict[str, str]) -> None:
+    """The same operations from `tokenyard teams` and `tokenyard keys`."""
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run([*TOKENYARD, *args], env=base_env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done
+
+    name = "cli" + uuid.uuid4().hex[:8]
+    run("teams", "create", name)
+    key = run("keys", "create", "--team", name).stdout.strip().splitlines()[-1]
+    new_key = run("keys", "rotate", key[:12]).stdout.strip().splitlines()[-1]
+    assert new_key.startswith("ty-") and new_key != key
+    wait_until(lambda: not _works(admin, key), 3, "the rotated key to be refused")
+    assert _works(admin, new_key)
