@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 from litestar import Controller, Request, Response, delete, get, post
-from litestar.params import Parameter
+from litestar.params import FromPath, FromQuery, QueryParameter
 from litestar.response import Stream
 
 from backends import sse
@@ -101,11 +101,11 @@ class ResponsesController(Controller):
         )
 
     @get("/{response_id:str}")
-    async def retrieve(self, request: Request, response_id: str) -> Response[bytes]:
+    async def retrieve(self, request: Request, response_id: FromPath[str]) -> Response[bytes]:
         return _json((await _stored(request, response_id)).response)
 
     @delete("/{response_id:str}", status_code=200)
-    async def remove(self, request: Request, response_id: str) -> Response[bytes]:
+    async def remove(self, request: Request, response_id: FromPath[str]) -> Response[bytes]:
         if not await request.app.state.responses.delete(await _team(request), response_id):
             await _stored(request, response_id)  # the same 404 as a retrieve
         return _json({"id": response_id, "object": "response", "deleted": True})
@@ -114,10 +114,10 @@ class ResponsesController(Controller):
     async def input_items(
         self,
         request: Request,
-        response_id: str,
-        limit: Annotated[int, Parameter(ge=1, le=100)] = 20,
-        order: Literal["asc", "desc"] = "desc",
-        after: str | None = None,
+        response_id: FromPath[str],
+        limit: Annotated[int, QueryParameter(ge=1, le=100)] = 20,
+        order: FromQuery[Literal["asc", "desc"]] = "desc",
+        after: FromQuery[str | None] = None,
     ) -> Response[bytes]:
         items = (await _stored(request, response_id)).context
         if order == "desc":

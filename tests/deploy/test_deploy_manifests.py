@@ -572,8 +572,8 @@ def test_gateway_serve_believes_forwarded_headers_only_from_its_trusted_proxies(
 def test_engine_drain_flag_defaults_to_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     import argparse
 
+    from core import settings
     from engine import cli
-    from tokenyard import settings
 
     monkeypatch.setenv("TOKENYARD_ENGINE_DRAIN_S", "17")
     settings.get_settings.cache_clear()
