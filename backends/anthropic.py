@@ -6,12 +6,10 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
-
 from backends import sse
 from backends.anthropic_wire import ChunkWriter, StreamError, chat_chunks, chat_reply, error_reply
 from backends.anthropic_wire import messages_request as translate
-from backends.api import ApiClient, Opened
+from backends.api import ApiClient, Opened, Reply
 from backends.base import (
     BufferedStream,
     LiveStream,
@@ -65,10 +63,10 @@ class AnthropicUpstream:
         response = await self._guard.run(
             lambda: self._api.post(PATH, body), call.headers.get("x-tenant", "")
         )
-        if response.status_code == 200:
+        if response.status == 200:
             reply = chat_reply(response.json(), self.info.name)
             return UpstreamReply(200, json.dumps(reply).encode(), "application/json")
-        status, content = error_reply(response.status_code, response.content)
+        status, content = error_reply(response.status, response.body)
         return UpstreamReply(status, content, "application/json")
 
     async def open_stream(self, call: UpstreamCall) -> UpstreamStream:
@@ -76,8 +74,8 @@ class AnthropicUpstream:
 
         async def attempt() -> tuple[Opened, bytes, AsyncIterator[bytes]] | BufferedStream:
             opened = await self._api.open(PATH, body)
-            if isinstance(opened, httpx.Response):
-                return BufferedStream(*error_reply(opened.status_code, opened.content))
+            if isinstance(opened, Reply):
+                return BufferedStream(*error_reply(opened.status, opened.body))
             writer = ChunkWriter(self.info.name, include_usage)
             chunks = chat_chunks(sse.events(opened.chunks()), writer)
             try:  # an `error` event in place of message_start is a refusal, retried if 429/5xx

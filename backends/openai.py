@@ -83,11 +83,11 @@ class OpenAIUpstream:
         response = await self._guard.run(
             lambda: self._api.post(path, body), call.headers.get("x-tenant", "")
         )
-        content = response.content
-        if response.status_code == 200:
+        content = response.body
+        if response.status == 200:
             content = renamed(content, self.info.name)
         return UpstreamReply(
-            response.status_code,
+            response.status,
             content,
             response.headers.get("content-type", "application/json"),
         )
@@ -98,7 +98,7 @@ class OpenAIUpstream:
             lambda: self._api.open(path, body), call.headers.get("x-tenant", "")
         )
         if not isinstance(opened, Opened):
-            return BufferedStream(opened.status_code, opened.content)
+            return BufferedStream(opened.status, opened.body)
         return LiveStream(
             renamed_events(opened.chunks(), self.info.name), opened.aclose, self._guard.failed
         )
