@@ -32,6 +32,7 @@ bench: install
 	$(PY) bench/engine_throughput.py
 	$(PY) bench/gateway_overhead.py
 	$(PY) bench/router_latency.py
+	$(PY) bench/guard_latency.py
 
 clean:
 	rm -rf $(VENV)

@@ -8,6 +8,7 @@ from litestar.exceptions import HTTPException
 
 from admin_ui import csrf
 from admin_ui.access import refuse
+from admin_ui.pages.guard import Guard
 from admin_ui.pages.keys import Keys
 from admin_ui.pages.sign_in import SignIn
 from admin_ui.pages.status import Status
@@ -16,7 +17,7 @@ from admin_ui.pages.usage import AdminUsage, TeamUsage
 
 admin_router = Router(
     path="/admin",
-    route_handlers=[SignIn, AdminUsage, Teams, Keys, Status, TeamUsage],
+    route_handlers=[SignIn, AdminUsage, Teams, Keys, Status, TeamUsage, Guard],
     before_request=csrf.verify,
     exception_handlers={HTTPException: refuse},
     include_in_schema=False,

@@ -10,6 +10,7 @@ dependencies; --no-litellm skips it.
     .venv/bin/python bench/gateway_overhead.py [--seconds 5] [--no-litellm]
     .venv/bin/python bench/gateway_overhead.py --clients [--seconds 5]
     .venv/bin/python bench/gateway_overhead.py --tracing --no-litellm [--seconds 5]
+    .venv/bin/python bench/gateway_overhead.py --guard --no-litellm [--seconds 5]
 
 Prints a markdown table; added latency = this target's percentile minus the direct one's.
 `--clients` instead measures the upstream HTTP clients alone against that upstream, in one process
@@ -17,7 +18,9 @@ on uvloop: backends/http.py's own pool, httpx2, aiohttp and httpx 0.28 (requests
 and streams at 16 and 64 concurrent requests), which is what decides whether the own client stays.
 `--tracing` adds a second gateway, same settings, exporting every request's trace over OTLP/HTTP
 (OTEL_EXPORTER_OTLP_ENDPOINT) to a local sink that accepts and drops them: tracing on beside the
-first gateway's tracing off, in the same run.
+first gateway's tracing off, in the same run. `--guard` likewise adds a gateway with the safety
+layer on (guard/: the default policy classifies every prompt and every reply) beside the first
+one's off; TTFT (first body byte) is printed for both.
 """
 
 import argparse
@@ -32,7 +35,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +114,7 @@ class Result:
     seconds: float
     latencies: list[float]
     errors: int
+    ttfts: list[float] = field(default_factory=list)  # first body byte (streams: first event)
 
     @property
     def rps(self) -> float:
@@ -119,9 +123,13 @@ class Result:
     def pct(self, q: float) -> float:
         return statistics.quantiles(self.latencies, n=100, method="inclusive")[int(q) - 1]
 
+    def ttft(self, q: float) -> float:
+        return statistics.quantiles(self.ttfts, n=100, method="inclusive")[int(q) - 1]
 
-async def _read_response(reader: asyncio.StreamReader) -> int:
-    """Read one HTTP/1.1 response (content-length or chunked); returns its status."""
+
+async def _read_response(reader: asyncio.StreamReader, first: list[float] | None = None) -> int:
+    """Read one HTTP/1.1 response (content-length or chunked); returns its status. `first` gets
+    the time its first body byte arrived."""
     head = await reader.readuntil(b"\r\n\r\n")
     lines = head.lower().split(b"\r\n")
     status = int(lines[0][9:12])
@@ -130,12 +138,16 @@ async def _read_response(reader: asyncio.StreamReader) -> int:
     if headers.get(b"transfer-encoding", b"").strip() == b"chunked":
         while True:
             size = int((await reader.readline()).split(b";")[0], 16)
+            if first is not None and not first:
+                first.append(time.perf_counter())
             if size == 0:
                 await reader.readline()
                 return status
             await reader.readexactly(size + 2)
     length = int(headers[b"content-length"])
     await reader.readexactly(length)
+    if first is not None:
+        first.append(time.perf_counter())
     return status
 
 
@@ -144,13 +156,15 @@ async def _worker(port: int, request: bytes, until: float, warm_until: float, ou
     try:
         while (t0 := time.perf_counter()) < until:
             writer.write(request)
-            status = await _read_response(reader)
+            first: list[float] = []
+            status = await _read_response(reader, first)
             if t0 < warm_until:
                 continue
             if status != 200:
                 out.errors += 1
                 continue
             out.latencies.append(time.perf_counter() - t0)
+            out.ttfts.append(first[0] - t0)
             out.requests += 1
     finally:
         writer.close()
@@ -291,6 +305,12 @@ def main() -> None:
     parser.add_argument(
         "--tracing", action="store_true", help="also a gateway exporting traces over OTLP"
     )
+    parser.add_argument(
+        "--guard",
+        action="store_true",
+        help="also a gateway with the safety layer on (its default policy: every category "
+        "checked, input and output); the plain one runs with it off",
+    )
     args = parser.parse_args()
     if args.clients:
         clients_main(args.seconds)
@@ -299,13 +319,14 @@ def main() -> None:
     import uvloop
 
     tmp = Path(tempfile.mkdtemp(prefix="ty-bench-"))
-    names = ("redis", "upstream", "gateway", "litellm", "traced", "otlp")
+    names = ("redis", "upstream", "gateway", "litellm", "traced", "otlp", "guarded")
     ports = {name: free_port() for name in names}
     env = {
         **{k: v for k, v in os.environ.items() if k != "OTEL_EXPORTER_OTLP_ENDPOINT"},
         "TOKENYARD_DATA_DIR": str(tmp),
         "TOKENYARD_REDIS_URL": f"redis://127.0.0.1:{ports['redis']}",
         "TOKENYARD_ENGINE_URLS": f"{MODEL}=http://127.0.0.1:{ports['upstream']}",
+        "TOKENYARD_GUARD_ENABLED": "false",  # the plain gateway: --guard adds one with it on
     }
     tokenyard = [sys.executable, "-c", "from tokenyard.cli import main; main()"]
     upstream = [sys.executable, str(ROOT / "tests/gateway/fake_upstream.py"), "--model", MODEL]
@@ -337,10 +358,18 @@ def main() -> None:
         if args.tracing:
             stack.enter_context(process([sys.executable, "-c", OTLP_SINK, str(ports["otlp"])]))
             traced = {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{ports['otlp']}"}
-            gateway_traced = [*tokenyard, "gateway", "--port", str(ports["traced"])]
-            stack.enter_context(process(gateway_traced, traced))
+            stack.enter_context(
+                process([*tokenyard, "gateway", "--port", str(ports["traced"])], traced)
+            )
             wait_http(f"http://127.0.0.1:{ports['traced']}/ready")
             targets["tokenyard+tracing"] = (ports["traced"], "/v1/chat/completions", key)
+        if args.guard:
+            guarded = {**env, "TOKENYARD_GUARD_ENABLED": "true"}
+            stack.enter_context(
+                process([*tokenyard, "gateway", "--port", str(ports["guarded"])], guarded)
+            )
+            wait_http(f"http://127.0.0.1:{ports['guarded']}/ready")
+            targets["tokenyard+guard"] = (ports["guarded"], "/v1/chat/completions", key)
         if not args.no_litellm:
             litellm = ensure_litellm()
             config = tmp / "litellm.yaml"
@@ -368,23 +397,39 @@ def main() -> None:
                     r = results[name, stream, concurrency]
                     print(
                         f"# {name:9} stream={stream!s:5} c={concurrency:<3} {r.rps:8.1f} req/s"
-                        f" p50 {r.pct(50) * 1000:7.2f} ms  errors {r.errors}",
+                        f" p50 {r.pct(50) * 1000:7.2f} ms  TTFT p50 {r.ttft(50) * 1000:7.2f} ms"
+                        f"  errors {r.errors}",
                         file=sys.stderr,
                         flush=True,
                     )
 
-    print("| target | stream | concurrency | req/s | p50 ms | p99 ms | added p50 ms | added p99 |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        "| target | stream | concurrency | req/s | p50 ms | p99 ms | added p50 ms | added p99 "
+        "| TTFT p50 ms | added TTFT p50 ms |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for (name, stream, concurrency), r in results.items():
         base = results["direct", stream, concurrency]
         added50 = (r.pct(50) - base.pct(50)) * 1000
         added99 = (r.pct(99) - base.pct(99)) * 1000
+        added_ttft = (r.ttft(50) - base.ttft(50)) * 1000
         print(
             f"| {name} | {'yes' if stream else 'no'} | {concurrency} | {r.rps:.0f} | "
             f"{r.pct(50) * 1000:.2f} | {r.pct(99) * 1000:.2f} | "
             f"{'—' if name == 'direct' else f'{added50:.2f}'} | "
-            f"{'—' if name == 'direct' else f'{added99:.2f}'} |"
+            f"{'—' if name == 'direct' else f'{added99:.2f}'} | "
+            f"{r.ttft(50) * 1000:.2f} | {'—' if name == 'direct' else f'{added_ttft:.2f}'} |"
         )
+    if args.guard:
+        for stream in (False, True):
+            for concurrency in CONCURRENCY:
+                on = results["tokenyard+guard", stream, concurrency]
+                off = results["tokenyard", stream, concurrency]
+                print(
+                    f"\nguard on - off, stream={stream}, c={concurrency}: TTFT p50 "
+                    f"{(on.ttft(50) - off.ttft(50)) * 1000:+.2f} ms, p50 "
+                    f"{(on.pct(50) - off.pct(50)) * 1000:+.2f} ms, req/s {on.rps / off.rps:.2f}x"
+                )
     for stream in (False, True):
         for concurrency in (16, 64):
             if ("litellm", stream, concurrency) in results:

@@ -85,6 +85,18 @@ class Settings(BaseSettings):
     gateway_max_upstream_waiting: int = 0
     # a self-hosted model with this share of its KV cache in use overflows to its fallbacks; 0: off
     router_max_kv_usage: float = 0.0
+    # safety layer (guard/, docs/guard.md): classify prompts and replies per each team's policy;
+    # off: no check, no cost, and /v1/moderations answers 404
+    guard_enabled: bool = True
+    guard_artifact: str = ""  # the classifier's .joblib; empty: the shipped one
+    # an OpenAI-compatible moderation service beside the classifier (each category: the higher of
+    # the two scores); empty: the classifier alone
+    guard_moderation_url: str = ""
+    guard_moderation_key: SecretStr = SecretStr("")
+    guard_moderation_model: str = "omni-moderation-latest"
+    # the output check reads this many of a reply's last characters, every stride characters
+    guard_window_chars: int = 1000
+    guard_stride_chars: int = 200
     # on SIGTERM: stop accepting, let in-flight requests and streams finish for up to this many
     # seconds, then cancel them (they settle); 0: wait without a deadline
     gateway_drain_s: float = 30.0

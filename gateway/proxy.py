@@ -26,6 +26,7 @@ from backends.base import (
 )
 from backends.registry import Backends
 from core.errors import GatewayError
+from core.safety import OutputWatch, Safety
 from core.settings import Settings
 from core.usage import Pricer, Usage
 from gateway import access_log, metrics, refusals, request_ids
@@ -33,6 +34,7 @@ from gateway.auth import Authenticator, authorization_of
 from gateway.keys import TeamPolicy, key_prefix
 from gateway.limits import TIERS
 from gateway.quotas import LeaseKeeper, Quotas, Reservation
+from gateway.screening import CONTENT_FILTER, InputCheck, blocked_error, filter_reply, input_text
 from gateway.settlement import Settlement, usage_of
 from gateway.sizing import kv_pages, max_tokens_for
 from gateway.streaming import DONE, SSE_HEADERS, StreamResult, relay, reply_decoder
@@ -107,10 +109,12 @@ class Proxy:
         backends: Backends,
         router: Router,
         price: Pricer,
+        safety: Safety | None = None,
         tracing: Tracing | None = None,
     ) -> None:
         self.tracing = tracing or Tracing()  # off unless tokenyard/app.py hands one in
         self.settings = settings
+        self.safety = safety  # the safety layer (guard/), handed in by tokenyard/app.py
         self.auth = auth
         self.quotas = quotas
         self.backends = backends
@@ -301,8 +305,12 @@ class Proxy:
         if isinstance(request, Request):  # (the batch worker is no HTTP request)
             access_log.attach_usage(request.scope, event)
         try:
+            check = None
+            if self.safety is not None and kind != "embedding":
+                screen = await self.safety.screen(policy.team, request_id, parsed.model)
+                check = None if screen is None else InputCheck(screen, input_text(parsed.body))
             return await self._forward(
-                request, route, upstream, call, parsed, res, event, headers, started
+                request, route, upstream, call, parsed, res, event, headers, started, check
             )
         except BaseException as exc:
             # a no-op if the response already settled (or its stream body owns settling); a task
@@ -392,6 +400,7 @@ class Proxy:
         event: dict[str, Any],
         headers: dict[str, str],
         started: float,
+        check: "InputCheck | None" = None,
     ) -> Response:
         """Send the request to `upstream`; while a backend fails before its first byte, try the
         route's next usable candidate (nothing has reached the client yet)."""
@@ -401,7 +410,15 @@ class Proxy:
             res.trace.begin_upstream(upstream.info.name, parsed.stream)
             try:
                 return await self._send(
-                    request, upstream, call.to(upstream), parsed, res, event, headers, started
+                    request,
+                    upstream,
+                    call.to(upstream),
+                    parsed,
+                    res,
+                    event,
+                    headers,
+                    started,
+                    check,
                 )
             except BackendUnavailable:
                 found = self._next_open(route, str(event["tier"]), index + 1)
@@ -420,10 +437,24 @@ class Proxy:
         event: dict[str, Any],
         headers: dict[str, str],
         started: float,
+        check: "InputCheck | None" = None,
     ) -> Response:
         if not parsed.stream:
-            reply = await self._complete_unless_gone(request, upstream, call)
+            reply = await self._screened(
+                check,
+                self._complete_unless_gone(request, upstream, call),
+                res,
+                upstream,
+                event,
+                started,
+            )
             res.trace.end_upstream(reply.status)
+            body = reply.body
+            if check is not None and reply.status == 200:  # the output check, on the whole reply
+                filtered = filter_reply(body, check.screen.watch_output)
+                if filtered is not None:
+                    body = filtered
+                    headers["x-tokenyard-guard"] = "output-blocked"
             got = None
             if reply.status == 200:
                 with contextlib.suppress(msgspec.DecodeError):
@@ -431,14 +462,18 @@ class Proxy:
             usage = usage_of(got.usage, event["prompt_reserved"], 0) if got else Usage()
             event["timings"] = got.timings if got else None
             event["finish_reason"] = got.finish_reason if got else None
+            if body is not reply.body:
+                event["finish_reason"] = CONTENT_FILTER
             await self.settlement.settle(res, upstream, usage, event, started, status=reply.status)
             return Response(
-                reply.body,
+                body,
                 status_code=reply.status,
                 media_type=reply.content_type,
                 headers=headers,
             )
-        stream = await upstream.open_stream(call)
+        stream = await self._screened(
+            check, upstream.open_stream(call), res, upstream, event, started
+        )
         if stream.status != 200:
             res.trace.end_upstream(stream.status)
             refusal = await stream.read_all()
@@ -449,8 +484,48 @@ class Proxy:
                 refusal, status_code=stream.status, media_type="application/json", headers=headers
             )
         # from here on the body settles, however the stream ends
-        body_iter = _StreamBody(self, stream, parsed, res, upstream, event, started)
+        watch = check.screen.watch_output() if check is not None else None
+        body_iter = _StreamBody(self, stream, parsed, res, upstream, event, started, watch)
         return Stream(body_iter, media_type="text/event-stream", headers={**headers, **SSE_HEADERS})
+
+    async def _screened(
+        self,
+        check: "InputCheck | None",
+        call: Any,
+        res: Reservation,
+        upstream: Upstream,
+        event: dict[str, Any],
+        started: float,
+    ) -> Any:
+        """Await the upstream `call` (a whole reply, or a stream opening), the input verdict in
+        parallel: the call starts first, the prompt is classified while the upstream works, and
+        nothing is returned (so nothing reaches the client) before the verdict. A blocked prompt
+        cancels the call and refuses with 400 content_policy_violation; the team is charged only
+        what the upstream reported (a reply that was already whole), else nothing."""
+        if check is None:
+            return await call
+        task = asyncio.ensure_future(call)
+        await asyncio.sleep(0)  # the upstream call starts: its request goes out first
+        try:
+            verdict = await check.verdict()
+        except BaseException:
+            task.cancel()
+            raise
+        if not verdict.blocked:
+            return await task
+        task.cancel()
+        usage = Usage()
+        await asyncio.wait({task})  # done already, or cancelled now
+        got = None if task.cancelled() or task.exception() else task.result()
+        if isinstance(got, UpstreamReply) and got.status == 200:
+            with contextlib.suppress(msgspec.DecodeError):
+                usage = usage_of(reply_decoder.decode(got.body).usage, event["prompt_reserved"], 0)
+        elif got is not None:  # a stream that opened: nothing read from it, nothing to charge
+            await got.aclose()
+        event["finish_reason"] = CONTENT_FILTER
+        event["error"] = "content_policy_violation"
+        await self.settlement.settle(res, upstream, usage, event, started, status=400)
+        raise blocked_error(verdict)
 
     def finish_stream(self, body: "_StreamBody") -> "asyncio.Task[None]":
         """Close the upstream and settle; in a task of its own, because when the client hung up
@@ -512,8 +587,10 @@ class _StreamBody:
         upstream: Upstream,
         event: dict[str, Any],
         started: float,
+        watch: OutputWatch | None = None,
     ) -> None:
         self.proxy = proxy
+        self.watch = watch  # the team's output check (core/safety.py), or None
         self.stream = stream
         self.parsed = parsed
         self.res = res
@@ -529,7 +606,7 @@ class _StreamBody:
     async def _relay(self) -> AsyncIterator[bytes]:
         try:
             async for piece in relay(
-                self.stream, self.parsed.include_usage, self.result, time.perf_counter
+                self.stream, self.parsed.include_usage, self.result, time.perf_counter, self.watch
             ):
                 yield piece
             # the usage event is in Redis before the client sees the stream end

@@ -18,6 +18,7 @@ PACKAGES = (
     "admin_ui",
     "batch",
     "billing",
+    "guard",
     "gateway",
     "router",
     "backends",

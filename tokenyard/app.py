@@ -40,6 +40,8 @@ from gateway.responses.store import ResponseStore
 from gateway.spool import UsageSpool
 from gateway.store import connect, embedded_redis, redis_url
 from gateway.tracing import Tracing
+from guard import service as guard_service
+from guard.api import ModerationsController
 from router.catalog import load_catalog
 from router.classifier import ComplexityClassifier
 from router.policy import Router, Scorer
@@ -71,8 +73,14 @@ def create_app(settings: Settings | None = None) -> Litestar:
         backends = build_backends(catalog, redis, settings)
         auth = Authenticator(sql, redis, settings.gateway_key_cache_s)
         router = Router(catalog, Scorer(ComplexityClassifier.load))
+        # the safety layer: its classifier loads here, before the gateway serves anything
+        guard = None
+        if settings.guard_enabled:
+            guard = await asyncio.to_thread(guard_service.build, settings, sql, redis)
+            guard.audit.start()
+        app.state.guard = guard
         tracing = Tracing.from_settings(settings)
-        proxy = Proxy(settings, auth, quotas, backends, router, Pricer(catalog), tracing=tracing)
+        proxy = Proxy(settings, auth, quotas, backends, router, Pricer(catalog), guard, tracing)
         app.state.proxy = proxy
         app.state.responses = ResponseStore(sql, settings.responses_retention_days)
         await backends.start()
@@ -96,6 +104,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
         await app.state.spool.stop()  # what is still spooled is replayed by the next start
         await proxy.keeper.stop()
         await proxy.backends.aclose()
+        if app.state.guard is not None:
+            await app.state.guard.aclose()  # its last audit rows are written
         await proxy.quotas.redis.aclose()
 
     return Litestar(
@@ -107,6 +117,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             UsageController,
             FeedbackController,
             OpsController,
+            ModerationsController,
             FilesController,
             BatchesController,
             admin_router,

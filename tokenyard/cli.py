@@ -12,6 +12,7 @@ SUBCOMMANDS = [
     ("engine.cli", "add_parser"),
     ("embeddings.cli", "add_parser"),
     ("router.cli", "add_parser"),
+    ("guard.cli", "add_parser"),
     ("gateway.cli", "add_parser"),
     ("billing.cli", "add_parser"),
 ]

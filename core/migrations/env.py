@@ -1,5 +1,5 @@
 """Alembic environment: every table of the platform (gateway teams, keys and stored responses,
-billing usage, the batch tier).
+billing usage, the batch tier, the safety layer's policies and audit log).
 
 Runs on the connection core.migrate passes in; from the alembic command line, on the database
 the settings name.
@@ -13,11 +13,13 @@ import batch.models
 import billing.models
 import gateway.models
 import gateway.responses.models
+import guard.models
 from core.db import database_url
 from core.settings import get_settings
 
 # imported for their tables in SQLModel.metadata
 assert batch.models and billing.models and gateway.models and gateway.responses.models
+assert guard.models
 
 
 def _migrate(connection: Connection) -> None:

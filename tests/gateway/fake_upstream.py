@@ -3,7 +3,7 @@
 It is not under test: it answers fast and deterministically. Directives in the prompt text steer it:
 `#chunks=N` (default 20, capped by max_tokens), `#delay=S` (seconds between chunks, also when not
 streamed), `#fail=K` (drop the connection after K chunks), `#status=C` (refuse with HTTP C), `#stop`
-(finish with "stop"; else "length").
+(finish with "stop"; else "length"), `#echo` (the reply repeats the prompt's words, one a chunk).
 A chat request with `tools` (tool_choice not "none") whose last message is not a tool result is
 answered with one call of the forced tool, else the first, with the arguments {"city": "Paris"}
 (streamed in two pieces).
@@ -146,6 +146,12 @@ def make_app(model: str, block_size: int, max_model_len: int) -> Any:
         echo = [(b"x-request-id", rid.encode())]
         text = _prompt_text(body)
         directives = {k: float(v) for k, v in _DIRECTIVE.findall(text)}
+        # `#echo`: the reply repeats the prompt's words (directives left out), one per chunk
+        words = [w for w in text.split() if not w.startswith("#")] if "#echo" in text else []
+
+        def piece(i: int) -> str:
+            return words[i % len(words)] + " " if words else "tok "
+
         if "status" in directives:
             error = {"message": "refused", "type": "invalid_request_error", "param": None}
             return await send_json(send, int(directives["status"]), {"error": error})
@@ -177,9 +183,10 @@ def make_app(model: str, block_size: int, max_model_len: int) -> Any:
                 choice["message"] = {"role": "assistant", "content": None, "tool_calls": [call]}
                 choice["finish_reason"] = "tool_calls"
             elif chat:
-                choice["message"] = {"role": "assistant", "content": "tok " * n_chunks}
+                content = "".join(piece(i) for i in range(n_chunks))
+                choice["message"] = {"role": "assistant", "content": content}
             else:
-                choice["text"] = "tok " * n_chunks
+                choice["text"] = "".join(piece(i) for i in range(n_chunks))
             reply = {
                 "id": f"cmpl-{rid}",
                 "object": kind,
@@ -238,9 +245,10 @@ def make_app(model: str, block_size: int, max_model_len: int) -> Any:
                     return
                 finish = ending if i == n_chunks - 1 else None  # as on the whole reply
                 if chat:
-                    choice = {"index": 0, "delta": {"content": "tok "}, "finish_reason": finish}
+                    delta = {"content": piece(i)}
+                    choice = {"index": 0, "delta": delta, "finish_reason": finish}
                 else:
-                    choice = {"index": 0, "text": "tok ", "finish_reason": finish}
+                    choice = {"index": 0, "text": piece(i), "finish_reason": finish}
                 chunk = {
                     "id": f"cmpl-{rid}",
                     "object": kind + (".chunk" if chat else ""),

@@ -1,0 +1,83 @@
+"""Safety classifier latency: one prompt's scores (every head) by prompt length, and one output
+window's check, p50 / p99 / max over many calls, in one thread, as the gateway runs it.
+
+Prompts are real benign and jailbreak texts from guard/data stretched to the target length (in
+MiniLM WordPiece tokens), so the word cache sees realistic vocabulary; each timing is one call on a
+prompt not seen before in that size class (the tokenizer's word cache stays warm, as in a long-
+running gateway).
+
+    .venv/bin/python bench/guard_latency.py [--calls 2000]
+"""
+
+import argparse
+import random
+import statistics
+import time
+
+from guard.classifier import SafetyClassifier
+from guard.dataset import load
+from router.embedding import WordPieces, tokenizer_json
+
+SIZES = (16, 128, 1024, 4096, 8192)
+
+
+def stretch(texts: list[str], tokens: int, pieces: WordPieces, rng: random.Random) -> str:
+    out: list[str] = []
+    count = 0
+    while count < tokens:
+        t = rng.choice(texts)
+        out.append(t)
+        count += len(pieces.ids(t[:2000]))
+    text = " ".join(out)
+    # trim to about the target: characters per token of this text
+    ratio = len(text) / max(count, 1)
+    return text[: int(tokens * ratio)]
+
+
+def pct(values: list[float], q: int) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--calls", type=int, default=2000, help="timed calls per size")
+    args = parser.parse_args()
+    rng = random.Random(0)
+    began = time.perf_counter()
+    clf = SafetyClassifier.load()
+    print(f"# loaded in {time.perf_counter() - began:.2f} s", flush=True)
+    pieces = WordPieces(tokenizer_json())
+    texts = [r.text for r in load() if r.direction == "input"]
+    print("| prompt tokens | chars | p50 µs | p99 µs | max µs |")
+    print("|---|---|---|---|---|")
+    for size in SIZES:
+        prompts = [stretch(texts, size, pieces, rng) for _ in range(50)]
+        for p in prompts:  # warm: the word cache, as a running gateway has it
+            clf.scores(p)
+        times = []
+        for i in range(args.calls):
+            p = prompts[i % len(prompts)]
+            t0 = time.perf_counter()
+            clf.scores(p)
+            times.append(time.perf_counter() - t0)
+        chars = int(statistics.mean(len(p) for p in prompts))
+        print(
+            f"| {size} | {chars} | {pct(times, 50) * 1e6:.0f} | {pct(times, 99) * 1e6:.0f} | "
+            f"{max(times) * 1e6:.0f} |",
+            flush=True,
+        )
+    # the output check: one 1,000-character window (TOKENYARD_GUARD_WINDOW_CHARS)
+    windows = [stretch(texts, 300, pieces, rng)[:1000] for _ in range(50)]
+    times = []
+    for i in range(args.calls):
+        t0 = time.perf_counter()
+        clf.scores(windows[i % len(windows)])
+        times.append(time.perf_counter() - t0)
+    print(
+        f"\noutput window (1,000 chars): p50 {pct(times, 50) * 1e6:.0f} µs, "
+        f"p99 {pct(times, 99) * 1e6:.0f} µs"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,75 @@
+"""The training report: JSON (every number) and Markdown (the tables people read)."""
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+def _f(x: Any) -> str:
+    return "–" if x is None else f"{x:.3f}" if isinstance(x, float) else str(x)
+
+
+def _section(title: str, ev: dict[str, Any]) -> list[str]:
+    lines = [f"## {title}", "", f"{ev['rows']} rows.", ""]
+    lines += [
+        "| binary | positives | negatives | AUPRC | precision | recall |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, m in ev["binary"].items():
+        lines.append(
+            f"| {name} | {m['positives']} | {m['negatives']} | {_f(m['auprc'])} | "
+            f"{_f(m['precision'])} | {_f(m['recall'])} |"
+        )
+    lines += ["", "| over-refusal set | benign prompts | flagged |", "|---|---|---|"]
+    for src, m in ev["over_refusal"].items():
+        lines.append(f"| {src} | {m['benign']} | {_f(m['flagged_rate'])} |")
+    lines += ["", "| category | positives | AUPRC | precision | recall |", "|---|---|---|---|---|"]
+    for head, m in ev["categories"].items():
+        lines.append(
+            f"| {head} | {m['positives']} | {_f(m['auprc'])} | {_f(m['precision'])} | "
+            f"{_f(m['recall'])} |"
+        )
+    lines += [
+        "",
+        "| source | rows | harmful | jailbreak | benign | harmful recall | jailbreak recall | "
+        "benign flagged |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for src, m in ev["by_source"].items():
+        lines.append(
+            f"| {src} | {m['rows']} | {m['harmful']} | {m['jailbreak']} | {m['benign']} | "
+            f"{_f(m['harmful_recall'])} | {_f(m['jailbreak_recall'])} | "
+            f"{_f(m['benign_flagged_rate'])} |"
+        )
+    return [*lines, ""]
+
+
+def write_report(report: dict[str, Any], stem: Path) -> None:
+    stem.with_suffix(".json").write_text(json.dumps(report, indent=2) + "\n")
+    lines = [
+        f"# Safety classifier {report['version']}: training report",
+        "",
+        "Written by `tokenyard guard train` (guard/train.py). Splits are by group within each "
+        "source (70/10/20); thresholds are set on the validation split; the test split and the "
+        "leave-one-source-out (LOSO) scores are never used to choose anything. Flagged: the "
+        "jailbreak head, or a category, at or over its threshold; a category only where the "
+        "harmful head (any category) is over its own too, and its score is at most that head's. "
+        "Over-refusal: the share of benign-but-scary prompts flagged. Pooled LOSO: each family's "
+        "rows are scored by a different model, so their scores are pooled across models.",
+        "",
+        f"Data hash {report['data_hash']}; rows {report['rows']}; trained in "
+        f"{report['trained_s']} s; artifact vs fitted model, max |score difference| "
+        f"{report['artifact_max_abs_diff']:.2e}.",
+        "",
+        "| head | threshold |",
+        "|---|---|",
+        *(f"| {h} | {t:.3f} |" for h, t in report["thresholds"].items()),
+        "",
+    ]
+    lines += _section("Held-out test split", report["test"])
+    if "loso" in report:
+        lines += _section(
+            "Leave one source out (every row scored by a model that never saw its source family)",
+            report["loso"],
+        )
+    stem.with_suffix(".md").write_text("\n".join(lines))

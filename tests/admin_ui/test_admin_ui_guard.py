@@ -1,0 +1,76 @@
+"""The admin UI's Safety pages: the audit log (filters, no text unless a policy opts in) and a
+team's policy form (saved, refused when wrong, reset)."""
+
+from typing import Any
+
+import openai
+
+from guard import store
+from tests.admin_ui.conftest import csrf_of, sign_in
+from tests.gateway.conftest import MODEL, Gateway, wait_until
+from tests.guard.conftest import classifier, texts  # noqa: F401 - fixtures, by name
+
+
+def test_audit_log_and_policy_form(
+    admin_gateway: Gateway,
+    team: Any,
+    sql: Any,
+    texts: Any,  # noqa: F811
+) -> None:
+    name, key = team()
+    client = admin_gateway.client(key)
+    reply = client.chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": texts.harmful}], max_tokens=3
+    )
+    request_id = reply.headers["x-request-id"]
+    wait_until(lambda: store.audit_rows(sql, request_id=request_id), 10, "flag row")
+
+    admin = sign_in(admin_gateway.url)
+    try:
+        page = admin.get("/admin/guard", params={"team": name})
+        assert page.status_code == 200
+        assert request_id in page.text and "flag" in page.text
+        assert texts.harmful not in page.text  # scores only: the default keeps no text
+        assert "Safety" in page.text  # in the navigation
+        empty = admin.get("/admin/guard", params={"team": name, "action": "block"})
+        assert request_id not in empty.text
+
+        form_page = admin.get(f"/admin/guard/policy/{name}")
+        assert form_page.status_code == 200 and "platform default" in form_page.text
+        fields = {"csrf": csrf_of(form_page), "input.illicit.action": "block"}
+        fields["input.illicit.threshold"] = "0.6"
+        for direction, heads in (("input", ["violence", "jailbreak"]), ("output", ["hate"])):
+            for head in heads:
+                fields[f"{direction}.{head}.action"] = "flag"
+        saved = admin.post(f"/admin/guard/policy/{name}", data=fields)
+        assert saved.status_code == 303
+        policy = store.read_policy(sql, name)
+        assert policy is not None
+        assert policy.input["illicit"].action == "block"
+        assert policy.input["illicit"].threshold == 0.6
+        assert policy.input["sexual"].action == "off"  # not in the form: off
+        assert policy.output["hate"].action == "flag"
+
+        bad = dict(fields, **{"input.illicit.threshold": "7"})
+        bad["csrf"] = csrf_of(admin.get(f"/admin/guard/policy/{name}"))
+        refused = admin.post(f"/admin/guard/policy/{name}", data=bad)
+        assert refused.status_code == 400 and "between 0 and 1" in refused.text
+        assert store.read_policy(sql, name).input["illicit"].threshold == 0.6  # type: ignore
+
+        # the gateway applies it: the prompt it flagged is now blocked
+        def blocked() -> bool:
+            try:
+                client.chat.completions.create(
+                    model=MODEL, messages=[{"role": "user", "content": texts.harmful}]
+                )
+            except openai.BadRequestError:
+                return True
+            return False
+
+        wait_until(blocked, 10, "the saved policy applied")
+        token = csrf_of(admin.get(f"/admin/guard/policy/{name}"))
+        reset = admin.post(f"/admin/guard/policy/{name}", data={"csrf": token, "reset": "1"})
+        assert reset.status_code == 303 and store.read_policy(sql, name) is None
+        assert admin.get("/admin/guard/policy/no-such-team").status_code == 404
+    finally:
+        admin.close()

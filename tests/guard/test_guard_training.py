@@ -1,0 +1,78 @@
+"""`tokenyard guard train` end to end on a sample of the data (the split, the fits, the report and
+the artifact, which scores as the fitted model did), and its leave-one-source-out loop on four
+families."""
+
+import json
+import random
+from pathlib import Path
+
+import numpy as np
+
+from guard.classifier import SafetyClassifier
+from guard.dataset import HEADS, load
+from guard.train import (
+    TrainConfig,
+    evaluate,
+    featurize,
+    labels_matrix,
+    loso,
+    raw_table,
+    scary_benign,
+    split_of,
+    train,
+)
+from router.embedding import WordPieces, tokenizer_json
+
+
+def test_train_writes_a_loadable_artifact_and_its_report(tmp_path: Path) -> None:
+    report = train(TrainConfig(max_rows=1500, loso=False, jobs=2), tmp_path)
+    assert report["artifact_max_abs_diff"] < 1e-2  # float16 storage
+    for section in ("test",):
+        binary = report[section]["binary"]
+        assert set(binary) == {
+            "harmful_vs_benign_input",
+            "jailbreak_vs_benign_input",
+            "harmful_vs_benign_output",
+        }
+        assert binary["harmful_vs_benign_input"]["auprc"] is not None
+        assert set(report[section]["categories"]) == set(HEADS)
+        assert "xstest" in report[section]["over_refusal"] or section == "test"
+    clf = SafetyClassifier.load(tmp_path / "guard-v1.joblib")
+    assert set(clf.scores("hello")) == set(HEADS)
+    md = (tmp_path / "guard-v1-report.md").read_text()
+    assert "Held-out test split" in md and "over-refusal" in md
+    assert json.loads((tmp_path / "guard-v1-report.json").read_text())["version"] == "v1"
+
+
+def test_leave_one_source_out_scores_every_row_with_a_model_blind_to_its_family() -> None:
+    rng = random.Random(0)
+    rows = []
+    for source in ("xstest", "toxigen", "gsm8k", "jbb-jailbreaks"):
+        rows += rng.sample([r for r in load() if r.source == source], 150)
+    config = TrainConfig(jobs=2)
+    f = featurize(rows, raw_table(), WordPieces(tokenizer_json()))
+    y = labels_matrix(rows)
+    split = np.array([split_of(r, config) for r in rows])
+    scores, thresholds, families = loso(rows, f, y, scary_benign(rows, y), split, config)
+    assert families == ["gsm8k+nq-open", "jailbreakbench", "toxigen", "xstest"]
+    assert scores.shape == thresholds.shape == (len(rows), len(HEADS))
+    assert ((scores > 0) & (scores < 1)).all() and ((thresholds >= 0.5) & (thresholds < 1)).all()
+    report = evaluate(rows, y, scores, thresholds)
+    assert report["over_refusal"]["xstest"]["benign"] > 0
+
+
+def test_splits_keep_groups_together() -> None:
+    config = TrainConfig()
+    sides: dict[tuple[str, str], set[str]] = {}
+    for row in load():
+        sides.setdefault((row.source, row.group), set()).add(split_of(row, config))
+    assert all(len(s) == 1 for s in sides.values())
+    assert {next(iter(s)) for s in sides.values()} == {"train", "val", "test"}
+
+
+def test_shipped_data_is_decontaminated() -> None:
+    """No shipped row is one DECONTAMINATE.jsonl names (by its locator in the source file)."""
+    rows = load()
+    dropped = {("gsm8k", "test:9"), ("simplesafetytests", "sst_032")}
+    assert not any((r.source, r.group) in dropped for r in rows)
+    assert len(rows) == 24748
