@@ -1,5 +1,5 @@
 """The admin REST API under `/v1/admin/`, for scripts holding the admin key (TOKENYARD_ADMIN_KEY as
-`Authorization: Bearer`): teams (create, read, update limits, delete), their
+`Authorization: Bearer`): teams (create, read, update limits, disable and enable, delete), their
 daily budgets with today's spend, and keys (create — the secret shown once —, list, revoke,
 rotate). The operations are gateway/keys.py's, as for the CLI and the admin UI; whatever changes a
 team's limits or a key's standing drops the gateway's cached lookups of the keys concerned
@@ -138,6 +138,18 @@ class AdminController(Controller):
         limits = _set(_body(await request.body(), TeamLimits))
         team = await self._run(request, lambda sql: keys.update_team(sql, name, **limits))
         return await self._changed(request, name, team)
+
+    @post("/teams/{name:str}/disable")
+    async def disable_team(self, request: Request, name: FromPath[str]) -> Response[bytes]:
+        team, hashes = await self._run(request, keys.set_disabled, name, True)
+        await self._forget(request, hashes)
+        return _json(keys.team_record(team))
+
+    @post("/teams/{name:str}/enable")
+    async def enable_team(self, request: Request, name: FromPath[str]) -> Response[bytes]:
+        team, hashes = await self._run(request, keys.set_disabled, name, False)
+        await self._forget(request, hashes)
+        return _json(keys.team_record(team))
 
     @delete("/teams/{name:str}", status_code=200)
     async def delete_team(self, request: Request, name: FromPath[str]) -> Response[bytes]:

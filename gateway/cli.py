@@ -66,6 +66,10 @@ def _teams(args: argparse.Namespace) -> int:
         elif args.action == "delete":
             _drop_cached_keys(settings, keys.delete_team(sql, args.name))
             print(f"deleted team {args.name} and its keys (its usage records are kept)")
+        elif args.action in ("disable", "enable"):
+            team, hashes = keys.set_disabled(sql, args.name, args.action == "disable")
+            _drop_cached_keys(settings, hashes)
+            _print_teams([team], args.json)
         else:
             _print_teams(keys.list_teams(sql), args.json)
     except (keys.ManagementError, ValueError) as exc:
@@ -339,7 +343,9 @@ def add_parser(sub: Any) -> None:
     _listen_flags(p)
     p.set_defaults(run=_gateway)
 
-    teams = sub.add_parser("teams", help="create, update, show, list or delete teams")
+    teams = sub.add_parser(
+        "teams", help="create, update, show, list, disable, enable or delete teams"
+    )
     tsub = teams.add_subparsers(dest="action", required=True, metavar="ACTION")
     for action, what in (("create", "a new team"), ("update", "a team's limits")):
         t = tsub.add_parser(action, help=what)
@@ -355,6 +361,13 @@ def add_parser(sub: Any) -> None:
     tsub.add_parser(
         "delete", help="delete a team and its keys (usage records are kept)"
     ).add_argument("name")
+    for action, what in (
+        ("disable", "refuse a team's keys until it is enabled again (all else is kept)"),
+        ("enable", "let a disabled team's keys work again"),
+    ):
+        toggle = tsub.add_parser(action, help=what)
+        toggle.add_argument("name")
+        _json_flag(toggle)
     teams.set_defaults(run=_teams)
 
     keys_p = sub.add_parser("keys", help="create, list, revoke or rotate API keys")

@@ -121,13 +121,28 @@ def update_team(engine: Engine, name: str, **limits: Any) -> Team:
         return team
 
 
+def set_disabled(engine: Engine, name: str, disabled: bool) -> tuple[Team, list[str]]:
+    """Disable (or enable) a team: its keys are refused while it is disabled. Returns the team
+    and its active keys' hashes, for the caller to drop cached lookups."""
+    with Session(engine) as session:
+        team = session.exec(select(Team).where(Team.name == name)).first()
+        if team is None:
+            raise ManagementError(f"no team {name!r}")
+        team.disabled = disabled
+        session.add(team)
+        session.commit()
+        session.refresh(team)
+    return team, active_key_hashes(engine, name)
+
+
 def team_record(team: Team) -> dict[str, Any]:
-    """A team as the CLI and the admin API show it: its name and limits (None: unlimited); never
-    its webhook secret."""
+    """A team as the CLI and the admin API show it: its name, state and limits (None: unlimited);
+    never its webhook secret."""
     limits = {name: getattr(team, name) for name in LIMIT_FIELDS}
     return {
         "name": team.name,
         **limits,
+        "disabled": team.disabled,
         "created_at": team.created_at.isoformat(),
     }
 
@@ -251,7 +266,11 @@ def lookup_key(engine: Engine, key_hash: str) -> TeamPolicy | None:
         row = session.exec(
             select(ApiKey, Team)
             .join(Team, ApiKey.team_id == Team.id)  # type: ignore[arg-type]
-            .where(ApiKey.key_hash == key_hash, ApiKey.revoked == False)  # noqa: E712
+            .where(
+                ApiKey.key_hash == key_hash,
+                ApiKey.revoked == False,  # noqa: E712
+                Team.disabled == False,  # noqa: E712
+            )
         ).first()
         if row is None:
             return None

@@ -35,6 +35,8 @@ class Team(SQLModel, table=True):
     # signs the team's batch callbacks (Standard Webhooks, whsec_…; batch/webhooks.py); kept as
     # is, not hashed: signing needs the key itself, a hash could only check one
     webhook_secret: str | None = None
+    # a disabled team's keys are refused (its keys, limits and usage are kept, to enable it again)
+    disabled: bool = False
     created_at: datetime = Field(default_factory=_now)
 
 

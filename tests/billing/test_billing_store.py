@@ -125,8 +125,9 @@ def test_a_database_from_before_migrations_is_adopted(tmp_path: Path) -> None:
     with Session(engine) as session:
         session.add(Team(name="kept"))
         session.commit()
-    with engine.begin() as conn:  # a column added since then (by migration 0004)
+    with engine.begin() as conn:  # the columns added since then (by migrations 0004 and 0009)
         conn.execute(text("ALTER TABLE team DROP COLUMN webhook_secret"))
+        conn.execute(text("ALTER TABLE team DROP COLUMN disabled"))
     upgrade(engine)
     assert {"usage_record", "usage_daily"} <= set(inspect(engine).get_table_names())
     with engine.connect() as conn:

@@ -1,6 +1,7 @@
 """The admin REST API (/v1/admin/…) against a gateway with an admin key: teams, budgets and keys,
 each change applied to the next request (cached key lookups dropped), errors in OpenAI's shape."""
 
+import json
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -66,6 +67,7 @@ def test_teams_lifecycle(admin: Any) -> None:
         "default_tier": "interactive",
         "auto_threshold": None,
         "strong_share": None,
+        "disabled": False,
         "created_at": None,
     }
     assert api.post("/teams", json={"name": name}).status_code == 409
@@ -85,7 +87,7 @@ def test_teams_lifecycle(admin: Any) -> None:
     assert api.get(f"/teams/{name}").status_code == 404
 
 
-def test_keys_limits_and_budget_apply_at_once(admin: Any) -> None:
+def test_keys_limits_disable_and_budget_apply_at_once(admin: Any) -> None:
     api = admin.api
     name = "adm" + uuid.uuid4().hex[:8]
     api.post("/teams", json={"name": name, "models": ["another-model"]})
@@ -102,6 +104,11 @@ def test_keys_limits_and_budget_apply_at_once(admin: Any) -> None:
         admin.client(key).chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2)
     api.patch(f"/teams/{name}", json={"models": []})
     wait_until(lambda: _works(admin, key), 3, "the new limits to apply")
+
+    assert api.post(f"/teams/{name}/disable").json()["disabled"] is True
+    wait_until(lambda: not _works(admin, key), 3, "the disabled team's key to be refused")
+    assert api.post(f"/teams/{name}/enable").json()["disabled"] is False
+    wait_until(lambda: _works(admin, key), 3, "the enabled team's key to work")
 
     budget = api.put(f"/teams/{name}/budget", json={"tokens_per_day": 10000, "usd_per_day": 2.5})
     assert budget.json()["tokens_per_day"] == 10000 and budget.json()["usd_per_day"] == 2.5
@@ -130,7 +137,7 @@ def test_openapi_documents_the_admin_api(admin: Any) -> None:
     assert {"name", "rpm", "usd_per_day"} <= body["schema"]["properties"].keys()
 
 
-def test_the_cli_rotates_keys(admin: Any, base_env: dict[str, str]) -> None:
+def test_the_cli_disables_teams_and_rotates_keys(admin: Any, base_env: dict[str, str]) -> None:
     """The same operations from `tokenyard teams` and `tokenyard keys`."""
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -141,6 +148,10 @@ def test_the_cli_rotates_keys(admin: Any, base_env: dict[str, str]) -> None:
     name = "cli" + uuid.uuid4().hex[:8]
     run("teams", "create", name)
     key = run("keys", "create", "--team", name).stdout.strip().splitlines()[-1]
+    assert json.loads(run("teams", "disable", name, "--json").stdout)[0]["disabled"] is True
+    wait_until(lambda: not _works(admin, key), 3, "the disabled team's key to be refused")
+    assert json.loads(run("teams", "enable", name, "--json").stdout)[0]["disabled"] is False
+    wait_until(lambda: _works(admin, key), 3, "the enabled team's key to work")
     new_key = run("keys", "rotate", key[:12]).stdout.strip().splitlines()[-1]
     assert new_key.startswith("ty-") and new_key != key
     wait_until(lambda: not _works(admin, key), 3, "the rotated key to be refused")
