@@ -251,3 +251,29 @@ def test_policy_cli_and_guard_off(start_gateway: Any, team: Any, base_env: dict[
         headers={"authorization": f"Bearer {key}"},
     )
     assert reply.status_code == 404
+
+
+def test_odd_prompts_are_screened_never_a_500(gw: Any, team: Any, sql: Any) -> None:
+    """Whatever a client sends as text reaches the classifier as text: empty, huge, binary-looking,
+    other scripts, lone surrogates (valid JSON escapes), content parts."""
+    name, key = team()
+    _policy(sql, name, "input.*=block", "output.*=block")
+    headers = {"authorization": f"Bearer {key}", "content-type": "application/json"}
+    contents: list[Any] = [
+        "",
+        "\x00\x01\x02" * 1000,
+        "x" * 300_000,
+        "这是一个普通的问题。",
+        [{"type": "text", "text": "part one"}, {"type": "image_url", "image_url": {"url": "x"}}],
+    ]
+    for content in contents:
+        body = {"model": MODEL, "messages": [{"role": "user", "content": content}], "max_tokens": 2}
+        reply = httpx.post(gw.url + "/v1/chat/completions", json=body, headers=headers, timeout=30)
+        assert reply.status_code in (200, 400), reply.text
+        assert reply.status_code == 200 or reply.json()["error"]["code"] != "internal_error"
+    raw = (
+        b'{"model": "fake", "max_tokens": 2, '
+        b'"messages": [{"role": "user", "content": "\\ud800 a \\udfff"}]}'
+    )
+    reply = httpx.post(gw.url + "/v1/chat/completions", content=raw, headers=headers, timeout=30)
+    assert reply.status_code in (200, 400), reply.text
