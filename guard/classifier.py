@@ -159,4 +159,4 @@ class SafetyClassifier:
             values = self.model.scores(text)
         except (UnicodeError, TypeError):  # lone surrogates: the tokenizer takes UTF-8 only
             values = self.model.scores(text.encode("utf-8", "replace").decode("utf-8"))
-        return dict(zip(self.model.heads, map(float, values), strict=True))
+        return dict(zip(self.model.heads, values.tolist(), strict=True))

@@ -72,4 +72,29 @@ def write_report(report: dict[str, Any], stem: Path) -> None:
             "Leave one source out (every row scored by a model that never saw its source family)",
             report["loso"],
         )
+        if "by_family" in report["loso"]:
+            lines += [
+                "### Leave one source out, one model at a time",
+                "",
+                "Each family's positives against benign texts the same model never saw (the "
+                "family's own and every other family's test-split benign texts); the mean is "
+                "weighted by positives.",
+                "",
+                "| held-out family | harmful input (positives, AUPRC) | jailbreak input | "
+                "harmful output |",
+                "|---|---|---|---|",
+            ]
+            for name, m in report["loso"]["by_family"].items():
+                cells = []
+                for metric in (
+                    "harmful_vs_benign_input",
+                    "jailbreak_vs_benign_input",
+                    "harmful_vs_benign_output",
+                ):
+                    got = m.get(metric)
+                    cells.append(f"{got['positives']}, {_f(got['auprc'])}" if got else "–")
+                lines.append(f"| {name} | " + " | ".join(cells) + " |")
+            means = report["loso"]["family_mean"]
+            lines.append("| **weighted mean** | " + " | ".join(_f(means[k]) for k in means) + " |")
+            lines.append("")
     stem.with_suffix(".md").write_text("\n".join(lines))

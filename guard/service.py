@@ -58,6 +58,9 @@ class Guard:
         self.window = window
         self.stride = stride
         self.defaults = moderator.thresholds()
+        # metric children looked up once (a labels() call per request costs microseconds)
+        self._seconds = {d: metrics.CHECK_SECONDS.labels(d) for d in ("input", "output")}
+        self._allowed: dict[tuple[str, str], Any] = {}
         # the local classifier scores in line (sub-millisecond, no await); a service is awaited
         self._local = moderator if isinstance(moderator, LocalModerator) else None
 
@@ -73,7 +76,7 @@ class Guard:
             scores = self._local.score_now(text)
         else:
             scores = (await self.moderator.scores([text]))[0]
-        metrics.CHECK_SECONDS.labels(direction).observe(time.perf_counter() - began)
+        self._seconds[direction].observe(time.perf_counter() - began)
         return scores
 
     def score_now(self, text: str) -> dict[str, float] | None:
@@ -82,13 +85,21 @@ class Guard:
             return None
         began = time.perf_counter()
         scores = self._local.score_now(text)
-        metrics.CHECK_SECONDS.labels("output").observe(time.perf_counter() - began)
+        self._seconds["output"].observe(time.perf_counter() - began)
         return scores
 
     def outcome(self, screen: "Screen", direction: str, verdict: Verdict, text: str | None) -> None:
         """Count it; a flag or block is also an audit row."""
         if verdict.action == "allow":
-            metrics.OUTCOMES.labels(screen.team, "none", direction, "allow").inc()
+            key = (screen.team, direction)
+            child = self._allowed.get(key)
+            if child is None:
+                if len(self._allowed) > 10_000:
+                    self._allowed.clear()
+                child = self._allowed[key] = metrics.OUTCOMES.labels(
+                    screen.team, "none", direction, "allow"
+                )
+            child.inc()
             return
         for category in verdict.categories:
             metrics.OUTCOMES.labels(screen.team, category, direction, verdict.action).inc()

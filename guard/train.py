@@ -362,13 +362,18 @@ def loso(
     scary: np.ndarray,
     split: np.ndarray,
     config: TrainConfig,
-) -> tuple[np.ndarray, np.ndarray, list[str]]:
+) -> tuple[np.ndarray, np.ndarray, list[str], dict[str, Any]]:
     """Every row scored by a model that never saw its source family, with that model's
-    thresholds (rows × heads each)."""
+    thresholds (rows × heads each); and, per family, that one model's AUPRC of the family's
+    positives against benign texts it never saw (the family's own, and the test split's benign
+    texts of every other family): one model's ranking, where the pooled figure mixes models."""
     fam = np.array([family(r.source) for r in rows])
+    direction = np.array([r.direction for r in rows])
+    benign = ~y.any(axis=1)
     scores = np.zeros(y.shape)
     thresholds = np.zeros(y.shape)
     families = sorted(set(fam))
+    per_family: dict[str, Any] = {}
     for name in families:
         held = fam == name
         train_idx = np.flatnonzero(~held & (split == "train"))
@@ -378,8 +383,45 @@ def loso(
         held_idx = np.flatnonzero(held)
         scores[held_idx] = fitted.scores(_take(f, held_idx))
         thresholds[held_idx] = fitted.thresholds
+        unseen = np.flatnonzero(~held & (split == "test") & benign)
+        unseen_scores = fitted.scores(_take(f, unseen))
+        result = {}
+        for metric, head, dirn in (
+            ("harmful_vs_benign_input", HARM, "input"),
+            ("jailbreak_vs_benign_input", JB, "input"),
+            ("harmful_vs_benign_output", HARM, "output"),
+        ):
+            pos = held & y[:, head] & (direction == dirn)
+            neg_held = held & benign & (direction == dirn)
+            neg_other = direction[unseen] == dirn
+            if not pos.any():
+                continue
+            ss = np.concatenate(
+                [scores[pos, head], scores[neg_held, head], unseen_scores[neg_other, head]]
+            )
+            yy = np.concatenate(
+                [np.ones(pos.sum(), bool), np.zeros(neg_held.sum() + neg_other.sum(), bool)]
+            )
+            result[metric] = {"positives": int(pos.sum()), "auprc": _auprc(yy, ss)}
+        per_family[name] = result
         print(f"  LOSO {name}: {held.sum()} rows")
-    return scores, thresholds, families
+    return scores, thresholds, families, per_family
+
+
+def family_means(per_family: dict[str, Any]) -> dict[str, float | None]:
+    """Each metric's mean over the families that have positives for it, weighted by them."""
+    out: dict[str, float | None] = {}
+    for metric in (
+        "harmful_vs_benign_input",
+        "jailbreak_vs_benign_input",
+        "harmful_vs_benign_output",
+    ):
+        got = [m[metric] for m in per_family.values() if m.get(metric, {}).get("auprc") is not None]
+        total = sum(g["positives"] for g in got)
+        out[metric] = (
+            round(sum(g["auprc"] * g["positives"] for g in got) / total, 4) if total else None
+        )
+    return out
 
 
 def model_of(fitted: Fitted, table: np.ndarray, pieces: WordPieces) -> Model:
@@ -422,9 +464,11 @@ def train(config: TrainConfig, out_dir: Path = ARTIFACT_DIR) -> dict[str, Any]:
         "test": evaluate([rows[i] for i in te], y[te], test_scores, fitted.thresholds),
     }
     if config.loso:
-        s_loso, t_loso, families = loso(rows, f, y, scary, split, config)
+        s_loso, t_loso, families, per_family = loso(rows, f, y, scary, split, config)
         report["loso"] = evaluate(rows, y, s_loso, t_loso)
         report["loso"]["families"] = families
+        report["loso"]["by_family"] = per_family
+        report["loso"]["family_mean"] = family_means(per_family)
     model = model_of(fitted, table, pieces)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{NAME}.joblib"

@@ -53,7 +53,11 @@ def test_leave_one_source_out_scores_every_row_with_a_model_blind_to_its_family(
     f = featurize(rows, raw_table(), WordPieces(tokenizer_json()))
     y = labels_matrix(rows)
     split = np.array([split_of(r, config) for r in rows])
-    scores, thresholds, families = loso(rows, f, y, scary_benign(rows, y), split, config)
+    scores, thresholds, families, per_family = loso(
+        rows, f, y, scary_benign(rows, y), split, config
+    )
+    assert per_family["xstest"]["harmful_vs_benign_input"]["auprc"] is not None
+    assert "harmful_vs_benign_input" not in per_family["gsm8k+nq-open"]  # no positives there
     assert families == ["gsm8k+nq-open", "jailbreakbench", "toxigen", "xstest"]
     assert scores.shape == thresholds.shape == (len(rows), len(HEADS))
     assert ((scores > 0) & (scores < 1)).all() and ((thresholds >= 0.5) & (thresholds < 1)).all()
