@@ -153,9 +153,13 @@ class _Proxy:
 
 async def _run_and_yield(monkeypatch: pytest.MonkeyPatch, after_reply: bool) -> tuple[list, _Proxy]:
     calls: list[tuple[str, object]] = []
-    monkeypatch.setattr(lifecycle, "release", lambda sql, owner, rid, nb: calls.append(("release", nb)))
     monkeypatch.setattr(
-        lifecycle, "finish", lambda sql, owner, rid, **kw: calls.append(("finish", kw["status_code"]))
+        lifecycle, "release", lambda sql, owner, rid, nb: calls.append(("release", nb))
+    )
+    monkeypatch.setattr(
+        lifecycle,
+        "finish",
+        lambda sql, owner, rid, **kw: calls.append(("finish", kw["status_code"])),
     )
 
     async def policy(self: BatchWorker, team: str) -> object:
