@@ -6,6 +6,8 @@ pricer) here, so that nothing below imports billing, the batch tier or the admin
 
 import asyncio
 import gc
+import logging
+from collections.abc import Awaitable
 from pathlib import Path
 
 from litestar import Litestar
@@ -46,6 +48,16 @@ from router.catalog import load_catalog
 from router.classifier import ComplexityClassifier
 from router.policy import Router, Scorer
 from router.upstreams import build_backends
+
+log = logging.getLogger("tokenyard.gateway")
+
+
+async def _bounded(step: str, work: Awaitable[None], seconds: float) -> None:
+    try:
+        async with asyncio.timeout(seconds):
+            await work
+    except TimeoutError:
+        log.error("shutdown: %s did not finish within %.0f s; going on", step, seconds)
 
 
 def create_app(settings: Settings | None = None) -> Litestar:
@@ -97,15 +109,17 @@ def create_app(settings: Settings | None = None) -> Litestar:
 
     async def shutdown(app: Litestar) -> None:
         proxy: Proxy = app.state.proxy
-        await app.state.batch_worker.stop()  # first: its requests' settles are then drained
-        await proxy.drain()
+        # each step bounded: a process asked to stop must stop, and the log names a step that hung
+        bound = settings.gateway_drain_s or 30.0
+        await _bounded("batch worker", app.state.batch_worker.stop(), bound)  # its settles first
+        await _bounded("pending settles", proxy.drain(), bound)
         proxy.tracing.shutdown()  # the spans still batched go out
-        await app.state.usage_consumer.stop()
-        await app.state.spool.stop()  # what is still spooled is replayed by the next start
-        await proxy.keeper.stop()
-        await proxy.backends.aclose()
-        if app.state.guard is not None:
-            await app.state.guard.aclose()  # its last audit rows are written
+        await _bounded("usage consumer", app.state.usage_consumer.stop(), bound)
+        await _bounded("spool", app.state.spool.stop(), bound)  # replayed by the next start
+        await _bounded("lease keeper", proxy.keeper.stop(), bound)
+        await _bounded("backends", proxy.backends.aclose(), bound)
+        if app.state.guard is not None:  # its last audit rows are written
+            await _bounded("guard", app.state.guard.aclose(), bound)
         await proxy.quotas.redis.aclose()
 
     return Litestar(

@@ -124,3 +124,12 @@ def test_an_assistant_turn_that_calls_a_tool_needs_no_content() -> None:
         b'"content": "42", "tool_call_id": "c"}]}'
     )
     assert parse(raw, "chat").prompt_tokens > 0
+
+
+async def test_a_hung_shutdown_step_is_given_up_and_named(caplog: pytest.LogCaptureFixture) -> None:
+    from tokenyard.app import _bounded
+
+    await _bounded("the stuck step", asyncio.Event().wait(), 0.05)  # never set: would hang
+    assert "shutdown: the stuck step did not finish within 0 s" in caplog.text
+    await _bounded("a quick step", asyncio.sleep(0), 5.0)
+    assert "a quick step" not in caplog.text
