@@ -12,9 +12,11 @@ import msgspec
 import numpy as np
 import openai
 import pytest
+import redis as redis_sync
 import sqlmodel
 
 from billing.models import UsageRecord
+from core.db import get_engine
 from tests.gateway.conftest import (
     HERE,
     MODEL,
@@ -45,12 +47,33 @@ def embeddings_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
     proc.stop()
 
 
+def _own_stores(base_env: dict[str, str], data_dir: Path) -> dict[str, str]:
+    """A database and a Redis db of this module's own: the session's gateway, whose catalog has no
+    embedding model, shares a database with any gateway started on base_env, and its batch worker
+    would claim this module's batch lines and answer them 404 (a deployment's gateways share one
+    catalog; these two deliberately do not)."""
+    own = data_dir / "embeddings"
+    own.mkdir(exist_ok=True)
+    return {
+        "TOKENYARD_DATA_DIR": str(own),
+        "TOKENYARD_DATABASE_URL": f"sqlite:///{own}/tokenyard.db",
+        "TOKENYARD_REDIS_URL": base_env["TOKENYARD_REDIS_URL"] + "/1",
+    }
+
+
+@pytest.fixture(scope="module")
+def sql(base_env: dict[str, str], data_dir: Path) -> Any:
+    """This module's database (teams made by `team` go there too)."""
+    return get_engine(_own_stores(base_env, data_dir)["TOKENYARD_DATABASE_URL"])
+
+
 @pytest.fixture(scope="module")
 def embed_gateway(
     embeddings_server: str, upstream: str, base_env: dict[str, str], data_dir: Path
 ) -> Iterator[Any]:
     env = {
         **base_env,
+        **_own_stores(base_env, data_dir),
         "TOKENYARD_CATALOG": str(HERE / "embeddings_catalog.toml"),
         "TOKENYARD_ENGINE_URLS": f"{MODEL}={upstream},{EMBED}={embeddings_server}",
     }
@@ -103,7 +126,7 @@ def test_sdk_embeddings_match_sentence_transformers(
     assert by_ids.usage.prompt_tokens == len(ids)
 
     # settled from the server's usage: the reservation gone, the day's tokens the real count
-    r = redis_server.client()
+    r = redis_sync.Redis.from_url(redis_server.url + "/1")  # the module's own Redis db
     wait_until(lambda: reservations(r, name)["leases"] == 0, 5, "leases released")
     used = 2 * tokens + floats.usage.prompt_tokens + by_ids.usage.prompt_tokens
     assert day_tokens(r, name) == used
