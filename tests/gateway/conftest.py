@@ -155,6 +155,21 @@ def gateway(base_env: dict[str, str], data_dir: Path) -> Iterator[Gateway]:
     gw.stop()
 
 
+@pytest.fixture(scope="session")
+def capabilities_gw(
+    base_env: dict[str, str], upstream: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Gateway]:
+    """A gateway whose catalog has a model without capability flags ("plain") beside "fake"."""
+    env = {
+        **base_env,
+        "TOKENYARD_CATALOG": str(Path(__file__).parent / "catalog_capabilities.toml"),
+        "TOKENYARD_ENGINE_URLS": f"plain={upstream},fake={upstream}",
+    }
+    gateway = Gateway(env, tmp_path_factory.mktemp("capabilities") / "gateway.log")
+    yield gateway
+    gateway.stop()
+
+
 @pytest.fixture
 def start_gateway(base_env: dict[str, str], tmp_path: Path) -> Iterator[Any]:
     """Start extra gateways with settings of their own; stopped after the test."""

@@ -3,8 +3,6 @@
 refuses what needs it; auto never sends a tools request to a model without the flag."""
 
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import openai
@@ -39,20 +37,6 @@ REFUSED_BY_ENGINE = {
 
 
 @pytest.fixture(scope="module")
-def gw(
-    base_env: dict[str, str], upstream: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Gateway]:
-    env = {
-        **base_env,
-        "TOKENYARD_CATALOG": str(Path(__file__).parent / "catalog_capabilities.toml"),
-        "TOKENYARD_ENGINE_URLS": f"plain={upstream},fake={upstream}",
-    }
-    gateway = Gateway(env, tmp_path_factory.mktemp("fields") / "gateway.log")
-    yield gateway
-    gateway.stop()
-
-
-@pytest.fixture(scope="module")
 def team(sql: Any) -> tuple[str, str]:
     name = "fields-" + uuid.uuid4().hex[:8]
     keys.create_team(sql, name)
@@ -66,10 +50,10 @@ def test_the_sample_covers_every_field_the_engine_refuses() -> None:
 
 @pytest.mark.parametrize(("field", "value"), sorted(REFUSED_BY_ENGINE.items()))
 def test_each_refused_field_answers_400_naming_it(
-    gw: Gateway, team: tuple[str, str], redis_server: Any, field: str, value: Any
+    capabilities_gw: Gateway, team: tuple[str, str], redis_server: Any, field: str, value: Any
 ) -> None:
     name, key = team
-    client = gw.client(key)
+    client = capabilities_gw.client(key)
     legacy = FIELDS[field].endpoints == ("completion",)
     with pytest.raises(openai.BadRequestError) as refused:
         if legacy:
@@ -82,8 +66,8 @@ def test_each_refused_field_answers_400_naming_it(
     assert held["leases"] == 0 and held["pages"] == 0
 
 
-def test_values_that_ask_for_nothing_pass(gw: Gateway, team: tuple[str, str]) -> None:
-    client = gw.client(team[1])
+def test_values_that_ask_for_nothing_pass(capabilities_gw: Gateway, team: tuple[str, str]) -> None:
+    client = capabilities_gw.client(team[1])
     reply = client.chat.completions.create(
         model="fake",
         messages=CHAT,
@@ -101,9 +85,9 @@ def test_values_that_ask_for_nothing_pass(gw: Gateway, team: tuple[str, str]) ->
 
 
 def test_a_model_without_a_capability_refuses_what_needs_it(
-    gw: Gateway, team: tuple[str, str]
+    capabilities_gw: Gateway, team: tuple[str, str]
 ) -> None:
-    client = gw.client(team[1])
+    client = capabilities_gw.client(team[1])
     cases = {
         "tools": {"tools": TOOLS},
         "tool_choice": {"tool_choice": "none"},
@@ -123,9 +107,9 @@ def test_a_model_without_a_capability_refuses_what_needs_it(
 
 
 def test_auto_never_sends_tools_to_a_model_without_the_flag(
-    gw: Gateway, team: tuple[str, str], upstream: str
+    capabilities_gw: Gateway, team: tuple[str, str], upstream: str
 ) -> None:
-    client = gw.client(team[1])
+    client = capabilities_gw.client(team[1])
     for _ in range(3):
         reply = client.chat.completions.with_raw_response.create(
             model="auto",

@@ -5,8 +5,6 @@ OpenAPI document."""
 
 import json
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -57,20 +55,6 @@ def conforms(name: str, instance: Any) -> None:
     assert not found, f"{name}: {found[:5]}"
 
 
-@pytest.fixture(scope="module")
-def gw(
-    base_env: dict[str, str], upstream: str, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Gateway]:
-    env = {
-        **base_env,
-        "TOKENYARD_CATALOG": str(Path(__file__).parent / "catalog_capabilities.toml"),
-        "TOKENYARD_ENGINE_URLS": f"plain={upstream},fake={upstream}",
-    }
-    gateway = Gateway(env, tmp_path_factory.mktemp("responses") / "gateway.log")
-    yield gateway
-    gateway.stop()
-
-
 @pytest.fixture
 def key(sql: Any) -> str:
     name = "resp-" + uuid.uuid4().hex[:8]
@@ -78,14 +62,16 @@ def key(sql: Any) -> str:
     return keys.create_key(sql, name).key
 
 
-def raw(gw: Gateway, key: str) -> httpx.Client:
-    return httpx.Client(base_url=gw.url, headers={"authorization": f"Bearer {key}"}, timeout=30)
+def raw(capabilities_gw: Gateway, key: str) -> httpx.Client:
+    return httpx.Client(
+        base_url=capabilities_gw.url, headers={"authorization": f"Bearer {key}"}, timeout=30
+    )
 
 
 def test_function_tool_then_its_output_by_previous_response_id(
-    gw: Gateway, key: str, upstream: str
+    capabilities_gw: Gateway, key: str, upstream: str
 ) -> None:
-    client = gw.client(key)
+    client = capabilities_gw.client(key)
     first = client.responses.create(
         model="fake",
         instructions="You answer about weather.",
@@ -121,7 +107,7 @@ def test_function_tool_then_its_output_by_previous_response_id(
     assert messages[1]["tool_calls"][0]["id"] == call.call_id
     assert messages[2] == {"role": "tool", "tool_call_id": call.call_id, "content": "sunny, 21C"}
 
-    with raw(gw, key) as http:
+    with raw(capabilities_gw, key) as http:
         conforms("Response", http.get(f"/v1/responses/{first.id}").json())
         conforms("Response", http.get(f"/v1/responses/{second.id}").json())
         items = http.get(f"/v1/responses/{second.id}/input_items", params={"order": "asc"})
@@ -130,8 +116,8 @@ def test_function_tool_then_its_output_by_previous_response_id(
     assert listed == ["message", "function_call", "function_call_output"]
 
 
-def test_streamed_function_call_and_text_follow_up(gw: Gateway, key: str) -> None:
-    client = gw.client(key)
+def test_streamed_function_call_and_text_follow_up(capabilities_gw: Gateway, key: str) -> None:
+    client = capabilities_gw.client(key)
     with client.responses.stream(
         model="fake",
         input="Weather in Paris?",
@@ -162,9 +148,9 @@ def test_streamed_function_call_and_text_follow_up(gw: Gateway, key: str) -> Non
     assert client.responses.retrieve(follow.id).output_text == follow.output_text
 
 
-def test_stream_events_conform(gw: Gateway, key: str) -> None:
+def test_stream_events_conform(capabilities_gw: Gateway, key: str) -> None:
     body = {"model": "fake", "input": "hi #chunks=3", "stream": True}
-    with raw(gw, key) as http:
+    with raw(capabilities_gw, key) as http:
         reply = http.post("/v1/responses", json=body)
         assert reply.status_code == 200
         assert reply.headers["content-type"].startswith("text/event-stream")
@@ -182,11 +168,11 @@ def test_stream_events_conform(gw: Gateway, key: str) -> None:
         assert http.get(f"/v1/responses/{final['id']}").json() == final
 
 
-def test_stored_responses_are_team_scoped(gw: Gateway, key: str, sql: Any) -> None:
+def test_stored_responses_are_team_scoped(capabilities_gw: Gateway, key: str, sql: Any) -> None:
     other_team = "resp-" + uuid.uuid4().hex[:8]
     keys.create_team(sql, other_team)
-    other = gw.client(keys.create_key(sql, other_team).key)
-    mine = gw.client(key)
+    other = capabilities_gw.client(keys.create_key(sql, other_team).key)
+    mine = capabilities_gw.client(key)
     made = mine.responses.create(model="fake", input="hello #chunks=2", metadata={"k": "v"})
     assert mine.responses.retrieve(made.id).metadata == {"k": "v"}
     with pytest.raises(openai.NotFoundError) as missing:
@@ -213,9 +199,9 @@ def test_stored_responses_are_team_scoped(gw: Gateway, key: str, sql: Any) -> No
 
 
 def test_auto_serves_responses_with_tools_only_on_a_model_with_the_flag(
-    gw: Gateway, key: str
+    capabilities_gw: Gateway, key: str
 ) -> None:
-    client = gw.client(key)
+    client = capabilities_gw.client(key)
     plain = client.responses.with_raw_response.create(model="auto", input="hi #chunks=1")
     assert plain.headers["x-tokenyard-model"] == "plain"  # the cheapest
     tools = client.responses.with_raw_response.create(
@@ -246,9 +232,9 @@ def test_auto_serves_responses_with_tools_only_on_a_model_with_the_flag(
     ],
 )
 def test_what_a_model_cannot_do_is_refused_naming_the_field(
-    gw: Gateway, key: str, redis_server: Any, fields: dict, param: str
+    capabilities_gw: Gateway, key: str, redis_server: Any, fields: dict, param: str
 ) -> None:
-    with raw(gw, key) as http:
+    with raw(capabilities_gw, key) as http:
         reply = http.post("/v1/responses", json={"input": "hi", **fields})
     assert reply.status_code == 400, reply.text
     error = reply.json()["error"]
@@ -257,18 +243,20 @@ def test_what_a_model_cannot_do_is_refused_naming_the_field(
     conforms("ErrorResponse", reply.json())
 
 
-def test_a_refusal_reserves_nothing(gw: Gateway, key: str, sql: Any, redis_server: Any) -> None:
+def test_a_refusal_reserves_nothing(
+    capabilities_gw: Gateway, key: str, sql: Any, redis_server: Any
+) -> None:
     name = "resp-" + uuid.uuid4().hex[:8]
     keys.create_team(sql, name)
-    client = gw.client(keys.create_key(sql, name).key)
+    client = capabilities_gw.client(keys.create_key(sql, name).key)
     with pytest.raises(openai.BadRequestError):
         client.responses.create(model="plain", input="x", tools=[TOOL])  # type: ignore[list-item]
     held = reservations(redis_server.client(), name)
     assert held["leases"] == 0 and held["pages"] == 0
 
 
-def test_malformed_requests_are_400s_naming_the_field(gw: Gateway, key: str) -> None:
-    with raw(gw, key) as http:
+def test_malformed_requests_are_400s_naming_the_field(capabilities_gw: Gateway, key: str) -> None:
+    with raw(capabilities_gw, key) as http:
         for body, param in (
             ({"input": "x", "metadata": {str(i): "v" for i in range(17)}}, "metadata"),
             ({"input": 5}, "input"),
