@@ -16,17 +16,14 @@ prompt by the two edges. Anything a client can send (empty, huge, binary, any sc
 here; a text with no known token scores each head's bias alone.
 """
 
-import json
 import math
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import joblib
 import numpy as np
-import sklearn
 
+from core.artifacts import load_artifact
 from router.embedding import WordPieces
 
 ARTIFACT_DIR = Path(__file__).parent / "artifacts"
@@ -124,16 +121,7 @@ class SafetyClassifier:
 
     @classmethod
     def load(cls, path: Path | str = DEFAULT_ARTIFACT) -> "SafetyClassifier":
-        path = Path(path)
-        metadata = json.loads(path.with_suffix(".json").read_text())
-        if metadata.get("sklearn_version") != sklearn.__version__:
-            # only plain arrays are stored: the version matters to retraining, not to scoring
-            warnings.warn(
-                f"{path.name} was trained with scikit-learn {metadata.get('sklearn_version')}, "
-                f"this is {sklearn.__version__}; retrain with `tokenyard guard train`",
-                stacklevel=2,
-            )
-        model: Model = joblib.load(path)
+        model, metadata = load_artifact(path, "tokenyard guard train")
         model.prepare()
         clf = cls(model=model, metadata=metadata)
         clf.scores("warm up")  # the first call builds the tokenizer's caches

@@ -2,16 +2,13 @@
 scorer's arrays) with its metadata (version, the threshold curve for a share of strong traffic).
 How a prompt is scored is router/scorer.py."""
 
-import json
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import joblib
 import numpy as np
-import sklearn
 
+from core.artifacts import load_artifact
 from router.scorer import CompiledScorer, RouteScore
 
 DEFAULT_ARTIFACT = Path(__file__).parent / "artifacts" / "complexity-v6.joblib"
@@ -24,16 +21,8 @@ class ComplexityClassifier:
 
     @classmethod
     def load(cls, path: Path | str = DEFAULT_ARTIFACT) -> "ComplexityClassifier":
-        path = Path(path)
-        metadata = json.loads(path.with_suffix(".json").read_text())
-        if metadata["sklearn_version"] != sklearn.__version__:
-            # only plain arrays are stored; the version matters to retraining, not to scoring
-            warnings.warn(
-                f"{path.name} was trained with scikit-learn {metadata['sklearn_version']}, "
-                f"this is {sklearn.__version__}; retrain with `tokenyard router train`",
-                stacklevel=2,
-            )
-        return cls(scorer=joblib.load(path), metadata=metadata)
+        scorer, metadata = load_artifact(path, "tokenyard router train")
+        return cls(scorer=scorer, metadata=metadata)
 
     @property
     def version(self) -> str:
