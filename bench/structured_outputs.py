@@ -26,6 +26,7 @@ import time
 import timeit
 
 import httpx
+import torch
 from engine_throughput import pct
 from engine_vs_llamacpp import Server, build_llama_server, cpu_flags
 
@@ -142,7 +143,9 @@ def measure(server: Server, llama: bool, rounds: int, single: int) -> dict[int, 
 def compile_and_idle_costs(tokenizer: Tokenizer) -> None:
     """First compile of a 20-property schema (the first request's cost) and of a cached one; the
     per-step check of an unconstrained batch of 16; the masks of a constrained batch of 16."""
-    constraints = Constraints(tokenizer.hf, len(tokenizer.hf), tokenizer.eos_token_ids)
+    constraints = Constraints(
+        tokenizer.hf, len(tokenizer.hf), tokenizer.eos_token_ids, torch.device("cpu")
+    )
     kinds = ["string", "integer", "boolean", "number"]
     schema = {
         "type": "object",

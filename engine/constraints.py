@@ -19,6 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+import numpy as np
 import torch
 import xgrammar as xgr
 
@@ -103,21 +104,42 @@ def _schemas(tag: object) -> list[dict]:
 
 
 class Masks:
-    """One step's token masks: a bitmask row for every logits row, applied to the constrained."""
+    """One step's token masks: a bitmask row for every logits row, applied to the constrained
+    (the other rows' bits all allow)."""
 
-    def __init__(self, bitmask: torch.Tensor, rows: list[int]):
+    def __init__(self, bitmask: torch.Tensor, rows: list[int], unpack: bool):
         self.bitmask, self.rows = bitmask, rows
+        # On CPU, xgrammar's kernel tests the bits one by one: 3.2 ms for 16 rows of SmolLM2's
+        # 49k vocabulary, 8% of a 16-sequence decode step. Unpacked here, in the worker thread
+        # (36 us), the step only does one masked fill (0.23 ms).
+        self.forbidden = (
+            torch.from_numpy(
+                np.unpackbits(~bitmask.numpy().view(np.uint8), axis=-1, bitorder="little")
+            ).view(torch.bool)
+            if unpack
+            else None
+        )
 
     def apply(self, logits: torch.Tensor) -> None:
-        bitmask = self.bitmask.to(logits.device, non_blocking=True)
-        xgr.apply_token_bitmask_inplace(logits, bitmask, indices=self.rows)
+        if self.forbidden is not None:
+            logits.masked_fill_(self.forbidden[:, : logits.shape[-1]], -float("inf"))
+        else:
+            bitmask = self.bitmask.to(logits.device, non_blocking=True)
+            xgr.apply_token_bitmask_inplace(logits, bitmask, indices=self.rows)
 
 
 class Constraints:
     """Compiled grammars (cached) and the matchers of the constrained sequences."""
 
-    def __init__(self, hf_tokenizer, vocab_size: int, stop_token_ids: tuple[int, ...]):
+    def __init__(
+        self,
+        hf_tokenizer,
+        vocab_size: int,
+        stop_token_ids: tuple[int, ...],
+        device: torch.device,
+    ):
         self.vocab_size = vocab_size
+        self._on_cpu = device.type == "cpu"
         info = xgr.TokenizerInfo.from_huggingface(
             hf_tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids)
         )
@@ -201,4 +223,4 @@ class Constraints:
                 if walked:
                     matcher.rollback(walked)
             row += 1 + len(draft)
-        return Masks(bitmask, rows)
+        return Masks(bitmask, rows, unpack=self._on_cpu)

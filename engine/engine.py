@@ -123,7 +123,10 @@ class LLMEngine:
         )
         self.sampler = Sampler(self.tokenizer.eos_token_ids, self.device)
         self.constraints = Constraints(
-            self.tokenizer.hf, self.model_config.vocab_size, self.tokenizer.eos_token_ids
+            self.tokenizer.hf,
+            self.model_config.vocab_size,
+            self.tokenizer.eos_token_ids,
+            self.device,
         )
         self.model_name = config.served_model_name or config.model
         self.metrics = EngineMetrics(self.model_name)

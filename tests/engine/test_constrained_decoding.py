@@ -6,10 +6,12 @@ import json
 
 import jsonschema
 import pytest
+import torch
+import xgrammar as xgr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.constraints import Constraint, unenforceable
+from engine.constraints import Constraint, Masks, unenforceable
 from engine.engine import RequestError
 from engine.sequence import GenerationRequest, Priority, SamplingParams
 from tests.engine.conftest import assert_all_blocks_free, greedy, run_to_completion
@@ -197,6 +199,19 @@ def test_enforced_features_pass_the_check():
         "$defs": {"n": {"type": "integer", "multipleOf": 3}},
     }
     assert unenforceable(schema) is None
+
+
+def test_cpu_masks_forbid_exactly_what_xgrammars_kernel_does():
+    vocab = 1000  # not a multiple of 32: the bitmask's last word has bits past the vocabulary
+    bitmask = xgr.allocate_token_bitmask(3, vocab)  # every bit set: every token allowed
+    bitmask[[0, 2]] = torch.randint(-(2**31), 2**31 - 1, (2, bitmask.shape[1]), dtype=torch.int32)
+    logits = torch.randn(3, vocab)
+    ours, theirs = logits.clone(), logits.clone()
+    Masks(bitmask, [0, 2], unpack=True).apply(ours)
+    Masks(bitmask, [0, 2], unpack=False).apply(theirs)
+    assert torch.equal(ours, theirs)
+    assert torch.equal(ours[1], logits[1])  # the unconstrained row
+    assert 0 < int(ours[[0, 2]].isinf().sum()) < 2 * vocab
 
 
 def test_logit_bias_moves_the_greedy_choice(engine_factory):
