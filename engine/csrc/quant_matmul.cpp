@@ -22,6 +22,7 @@
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -30,6 +31,7 @@ namespace {
 
 constexpr int64_t QB = 32;  // activation block, and q4's weight block
 constexpr int64_t MR = 4;   // activation rows that share one pass over a weight row
+constexpr int64_t NR = 4;   // weight rows that share one pass over the activations
 
 #define AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
 #define VNNI_TARGET \
@@ -101,138 +103,200 @@ AVX2_TARGET inline __m256 block_scale_avx2(const float* d, int64_t group) {
                      : _mm256_set_m128(_mm_set1_ps(d[1]), _mm_set1_ps(d[0]));
 }
 
-template <int R>
-AVX2_TARGET void q4_rows_avx2(const uint8_t* qs, const float* d, const QuantRows& a, int64_t m0,
-                              int64_t nb, float* out) {
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const __m256i w = unpack_q4_avx2(qs + b * QB / 2);
-    for (int r = 0; r < R; ++r) {
-      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.row(m0 + r) + b * QB));
-      const __m256 p = _mm256_cvtepi32_ps(dot4_avx2(w, x));
-      acc[r] = _mm256_fmadd_ps(p, _mm256_set1_ps(d[b] * a.s(m0 + r)[b]), acc[r]);
+// AVX2: the tile's weight rows one after another, one block at a time (the same interface as the
+// AVX-512 tiles below)
+template <int R, int NW>
+AVX2_TARGET void q4_tile_avx2(const uint8_t* const* qs, const float* const* d,
+                              const float* const* mn, const QuantRows& a, int64_t m0, int64_t nb,
+                              float (*out)[MR]) {
+  for (int i = 0; i < NW; ++i) {
+    __m256 acc[R];
+    float offset[R] = {};
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const __m256i w = unpack_q4_avx2(qs[i] + b * QB / 2);
+      for (int r = 0; r < R; ++r) {
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.row(m0 + r) + b * QB));
+        const __m256 p = _mm256_cvtepi32_ps(dot4_avx2(w, x));
+        acc[r] = _mm256_fmadd_ps(p, _mm256_set1_ps(d[i][b] * a.s(m0 + r)[b]), acc[r]);
+        offset[r] += mn[i][b] * a.ssum(m0 + r)[b];
+      }
     }
+    for (int r = 0; r < R; ++r) out[i][r] = hsum256(acc[r]) + offset[r];
   }
-  for (int r = 0; r < R; ++r) out[r] = hsum256(acc[r]);
 }
 
-template <int R>
-AVX2_TARGET void q8_rows_avx2(const int8_t* qs, const float* d, int64_t group,
-                              const QuantRows& a, int64_t m0, int64_t nb, float* out) {
-  __m256 acc[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+template <int R, int NW>
+AVX2_TARGET void q8_tile_avx2(const int8_t* const* qs, const float* const* d, int64_t group,
+                              const QuantRows& a, int64_t m0, int64_t nb, float (*out)[MR]) {
   const int64_t per_block = QB / group;
-  for (int64_t b = 0; b < nb; ++b) {
-    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + b * QB));
-    const __m256i w_abs = _mm256_sign_epi8(w, w);  // -128 stays 0x80: 128 as unsigned
-    const __m256 wd = block_scale_avx2(d + b * per_block, group);
-    for (int r = 0; r < R; ++r) {
-      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.row(m0 + r) + b * QB));
-      const __m256 p = _mm256_cvtepi32_ps(dot4_avx2(w_abs, _mm256_sign_epi8(x, w)));
-      acc[r] = _mm256_fmadd_ps(p, _mm256_mul_ps(wd, _mm256_set1_ps(a.s(m0 + r)[b])), acc[r]);
+  for (int i = 0; i < NW; ++i) {
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs[i] + b * QB));
+      const __m256i w_abs = _mm256_sign_epi8(w, w);  // -128 stays 0x80: 128 as unsigned
+      const __m256 wd = block_scale_avx2(d[i] + b * per_block, group);
+      for (int r = 0; r < R; ++r) {
+        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.row(m0 + r) + b * QB));
+        const __m256 p = _mm256_cvtepi32_ps(dot4_avx2(w_abs, _mm256_sign_epi8(x, w)));
+        acc[r] = _mm256_fmadd_ps(p, _mm256_mul_ps(wd, _mm256_set1_ps(a.s(m0 + r)[b])), acc[r]);
+      }
     }
+    for (int r = 0; r < R; ++r) out[i][r] = hsum256(acc[r]);
   }
-  for (int r = 0; r < R; ++r) out[r] = hsum256(acc[r]);
 }
 
 // ------------------------------------------------------------------ AVX-512 VNNI: two blocks a step
 
 // per lane of 16 int32 sums over 64 weights: the scale of the lane's group, from `scales` (one per
-// `group` weights; `count` of them cover the 64)
-VNNI_TARGET inline __m512 spread_scales(const float* scales, int64_t group) {
+// `group` weights); `one`: only the first 32 weights exist (the lanes past them get 0)
+VNNI_TARGET inline __m512 spread_scales(const float* scales, int64_t group, bool one) {
   const __m512i idx = group == QB ? _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0)
                                   : _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-  const __mmask16 count = group == QB ? 0x3 : 0xF;
+  const __mmask16 count = group == QB ? (one ? 0x1 : 0x3) : (one ? 0x3 : 0xF);
   return _mm512_permutexvar_ps(idx, _mm512_maskz_loadu_ps(count, scales));
 }
 
 // 64 weights of q4 (two blocks, 32 bytes) as bytes in order: [lo(0..15), hi(0..15), lo(16..31),
-// hi(16..31)] holds block 0's weights 0..31 then block 1's
-VNNI_TARGET inline __m512i unpack_q4_avx512(const uint8_t* qs) {
-  const __m512i x = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs)));
+// hi(16..31)] holds block 0's weights 0..31 then block 1's; `one`: block 0 only (16 bytes read)
+VNNI_TARGET inline __m512i unpack_q4_avx512(const uint8_t* qs, bool one) {
+  const __m512i x = _mm512_castsi256_si512(_mm256_maskz_loadu_epi8(one ? 0xFFFFu : ~0u, qs));
   const __m512i doubled = _mm512_permutexvar_epi64(_mm512_set_epi64(3, 2, 3, 2, 1, 0, 1, 0), x);
   const __m512i shifted = _mm512_srlv_epi64(doubled, _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0));
   return _mm512_and_si512(shifted, _mm512_set1_epi8(0x0F));
 }
 
-template <int R>
-VNNI_TARGET void q4_rows_vnni(const uint8_t* qs, const float* d, const QuantRows& a, int64_t m0,
-                              int64_t nb, float* out) {
-  __m512 acc[R];
-  __m256 tail[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps(), tail[r] = _mm256_setzero_ps();
-  int64_t b = 0;
-  for (; b + 2 <= nb; b += 2) {
-    const __m512i w = unpack_q4_avx512(qs + b * QB / 2);
-    const __m512 wd = spread_scales(d + b, QB);
+// One step of NW weight rows x R activation rows over two blocks (64 weights), or over the last
+// block when `one` (K an odd number of blocks: masked loads read nothing past it, and its missing
+// partner block multiplies as zeros). The weight rows share each activation load and scale; the
+// NW x R sums are independent, so their dependency chains overlap.
+template <int R, int NW, bool one>
+VNNI_TARGET inline void q4_step_vnni(const uint8_t* const* qs, const float* const* d,
+                                     const QuantRows& a, int64_t m0, int64_t b,
+                                     __m512 (&acc)[NW][R]) {
+  __m512i x[R];
+  __m512 s[R];
+  for (int r = 0; r < R; ++r) {
+    x[r] = _mm512_maskz_loadu_epi8(one ? 0xFFFFFFFFull : ~0ull, a.row(m0 + r) + b * QB);
+    s[r] = _mm512_maskz_loadu_ps(one ? 0x00FF : 0xFFFF, a.lanes(m0 + r) + b * 8);
+  }
+  for (int i = 0; i < NW; ++i) {
+    const __m512i w = unpack_q4_avx512(qs[i] + b * QB / 2, one);
+    const __m512 wd = spread_scales(d[i] + b, QB, one);
     for (int r = 0; r < R; ++r) {
-      const __m512i x = _mm512_loadu_si512(a.row(m0 + r) + b * QB);
-      const __m512 p = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w, x));
-      acc[r] = _mm512_fmadd_ps(p, _mm512_mul_ps(wd, _mm512_loadu_ps(a.lanes(m0 + r) + b * 8)), acc[r]);
+      const __m512 p = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w, x[r]));
+      acc[i][r] = _mm512_fmadd_ps(p, _mm512_mul_ps(wd, s[r]), acc[i][r]);
     }
   }
-  if (b < nb) {  // K an odd number of blocks: the last one on 256-bit vectors
-    const __m256i w = unpack_q4_avx2(qs + b * QB / 2);
-    for (int r = 0; r < R; ++r) {
-      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.row(m0 + r) + b * QB));
-      const __m256 p = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), w, x));
-      tail[r] = _mm256_mul_ps(p, _mm256_set1_ps(d[b] * a.s(m0 + r)[b]));
-    }
-  }
-  for (int r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(acc[r]) + hsum256(tail[r]);
 }
 
-template <int R>
-VNNI_TARGET void q8_rows_vnni(const int8_t* qs, const float* d, int64_t group,
-                              const QuantRows& a, int64_t m0, int64_t nb, float* out) {
-  __m512 acc[R];
-  __m256 tail[R];
-  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps(), tail[r] = _mm256_setzero_ps();
-  const int64_t per_block = QB / group;
+// out[i][r]: weight row i of the tile (its pointers in qs, d, mn) times activation row m0 + r.
+// q4's offsets, m * (s * sum qa) per block, join the same sums: 16 blocks per fused multiply-add.
+template <int R, int NW>
+VNNI_TARGET void q4_tile_vnni(const uint8_t* const* qs, const float* const* d,
+                              const float* const* mn, const QuantRows& a, int64_t m0, int64_t nb,
+                              float (*out)[MR]) {
+  __m512 acc[NW][R];
+  for (int i = 0; i < NW; ++i)
+    for (int r = 0; r < R; ++r) acc[i][r] = _mm512_setzero_ps();
   int64_t b = 0;
-  for (; b + 2 <= nb; b += 2) {
-    const __m512i w = _mm512_loadu_si512(qs + b * QB);
+  for (; b + 2 <= nb; b += 2) q4_step_vnni<R, NW, false>(qs, d, a, m0, b, acc);
+  if (b < nb) q4_step_vnni<R, NW, true>(qs, d, a, m0, b, acc);
+  for (int64_t c = 0; c < nb; c += 16) {
+    const __mmask16 k = nb - c >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (nb - c)) - 1);
+    for (int r = 0; r < R; ++r) {
+      const __m512 sums = _mm512_maskz_loadu_ps(k, a.ssum(m0 + r) + c);
+      for (int i = 0; i < NW; ++i)
+        acc[i][r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, mn[i] + c), sums, acc[i][r]);
+    }
+  }
+  for (int i = 0; i < NW; ++i)
+    for (int r = 0; r < R; ++r) out[i][r] = _mm512_reduce_add_ps(acc[i][r]);
+}
+
+template <int R, int NW, bool one>
+VNNI_TARGET inline void q8_step_vnni(const int8_t* const* qs, const float* const* d, int64_t group,
+                                     const QuantRows& a, int64_t m0, int64_t b,
+                                     __m512 (&acc)[NW][R]) {
+  __m512i x[R];
+  __m512 s[R];
+  for (int r = 0; r < R; ++r) {
+    x[r] = _mm512_maskz_loadu_epi8(one ? 0xFFFFFFFFull : ~0ull, a.row(m0 + r) + b * QB);
+    s[r] = _mm512_maskz_loadu_ps(one ? 0x00FF : 0xFFFF, a.lanes(m0 + r) + b * 8);
+  }
+  const int64_t per_block = QB / group;
+  for (int i = 0; i < NW; ++i) {
+    const __m512i w = _mm512_maskz_loadu_epi8(one ? 0xFFFFFFFFull : ~0ull, qs[i] + b * QB);
     const __m512i w_abs = _mm512_abs_epi8(w);  // -128 stays 0x80: 128 as unsigned
     const __mmask64 negative = _mm512_movepi8_mask(w);
-    const __m512 wd = spread_scales(d + b * per_block, group);
+    const __m512 wd = spread_scales(d[i] + b * per_block, group, one);
     for (int r = 0; r < R; ++r) {
-      __m512i x = _mm512_loadu_si512(a.row(m0 + r) + b * QB);
-      x = _mm512_mask_sub_epi8(x, negative, _mm512_setzero_si512(), x);
-      const __m512 p = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w_abs, x));
-      acc[r] = _mm512_fmadd_ps(p, _mm512_mul_ps(wd, _mm512_loadu_ps(a.lanes(m0 + r) + b * 8)), acc[r]);
+      const __m512i xs = _mm512_mask_sub_epi8(x[r], negative, _mm512_setzero_si512(), x[r]);
+      const __m512 p = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w_abs, xs));
+      acc[i][r] = _mm512_fmadd_ps(p, _mm512_mul_ps(wd, s[r]), acc[i][r]);
     }
   }
-  if (b < nb) {
-    const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + b * QB));
-    const __m256i w_abs = _mm256_sign_epi8(w, w);
-    const __m256 wd = block_scale_avx2(d + b * per_block, group);
-    for (int r = 0; r < R; ++r) {
-      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.row(m0 + r) + b * QB));
-      const __m256i xs = _mm256_sign_epi8(x, w);
-      const __m256 p = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), w_abs, xs));
-      tail[r] = _mm256_mul_ps(p, _mm256_mul_ps(wd, _mm256_set1_ps(a.s(m0 + r)[b])));
-    }
-  }
-  for (int r = 0; r < R; ++r) out[r] = _mm512_reduce_add_ps(acc[r]) + hsum256(tail[r]);
+}
+
+template <int R, int NW>
+VNNI_TARGET void q8_tile_vnni(const int8_t* const* qs, const float* const* d, int64_t group,
+                              const QuantRows& a, int64_t m0, int64_t nb, float (*out)[MR]) {
+  __m512 acc[NW][R];
+  for (int i = 0; i < NW; ++i)
+    for (int r = 0; r < R; ++r) acc[i][r] = _mm512_setzero_ps();
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) q8_step_vnni<R, NW, false>(qs, d, group, a, m0, b, acc);
+  if (b < nb) q8_step_vnni<R, NW, true>(qs, d, group, a, m0, b, acc);
+  for (int i = 0; i < NW; ++i)
+    for (int r = 0; r < R; ++r) out[i][r] = _mm512_reduce_add_ps(acc[i][r]);
 }
 
 // ------------------------------------------------------------------ driver
 
-// calls rows<R>(m0, out) for every chunk of at most MR activation rows, R a compile-time count
-template <typename Fn>
-inline void each_row_chunk(int64_t M, float* out, Fn&& rows) {
+// calls tile<R, NW>(n0, m0, out) over every tile of at most NR weight rows and MR activation rows,
+// R and NW compile-time counts, and writes y[M, N] in x's dtype. Each thread takes whole tiles of
+// weight rows: every weight is read once, for all M activation rows.
+template <int NW, typename T, typename Tile>
+inline void tile_rows(int64_t n0, int64_t M, int64_t N, T* y, Tile&& tile) {
   for (int64_t m0 = 0; m0 < M; m0 += MR) {
-    float y[MR];
+    float out[NR][MR];
     const int64_t r = std::min(MR, M - m0);
     switch (r) {
-      case 4: rows(std::integral_constant<int, 4>{}, m0, y); break;
-      case 3: rows(std::integral_constant<int, 3>{}, m0, y); break;
-      case 2: rows(std::integral_constant<int, 2>{}, m0, y); break;
-      default: rows(std::integral_constant<int, 1>{}, m0, y); break;
+      case 4: tile(std::integral_constant<int, 4>{}, std::integral_constant<int, NW>{}, n0, m0, out); break;
+      case 3: tile(std::integral_constant<int, 3>{}, std::integral_constant<int, NW>{}, n0, m0, out); break;
+      case 2: tile(std::integral_constant<int, 2>{}, std::integral_constant<int, NW>{}, n0, m0, out); break;
+      default: tile(std::integral_constant<int, 1>{}, std::integral_constant<int, NW>{}, n0, m0, out); break;
     }
-    std::memcpy(out + m0, y, r * sizeof(float));
+    for (int64_t i = 0; i < NW; ++i)
+      for (int64_t j = 0; j < r; ++j) y[(m0 + j) * N + n0 + i] = static_cast<T>(out[i][j]);
   }
+}
+
+template <typename T, typename Tile>
+void matmul_into(int64_t M, int64_t N, T* y, Tile&& tile) {
+  const int64_t tiles = (N + NR - 1) / NR;
+  at::parallel_for(0, tiles, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t n0 = t * NR;
+      if (n0 + NR <= N) {
+        tile_rows<NR>(n0, M, N, y, tile);
+      } else {  // the last rows of N, one at a time
+        for (int64_t n = n0; n < N; ++n) tile_rows<1>(n, M, N, y, tile);
+      }
+    }
+  });
+}
+
+template <typename Tile>
+torch::Tensor matmul(const torch::Tensor& x, int64_t N, Tile&& tile) {
+  const int64_t M = x.size(0);
+  torch::Tensor y = torch::empty({M, N}, x.scalar_type());
+  if (x.scalar_type() == torch::kBFloat16)
+    matmul_into(M, N, y.data_ptr<at::BFloat16>(), tile);
+  else
+    matmul_into(M, N, y.data_ptr<float>(), tile);
+  return y;
 }
 
 QuantRows quantize_input(const torch::Tensor& x) {
@@ -241,18 +305,6 @@ QuantRows quantize_input(const torch::Tensor& x) {
     return quantize_rows(x.data_ptr<at::BFloat16>(), x.size(0), K);
   TORCH_CHECK(x.scalar_type() == torch::kFloat32, "quantized matmuls take float32 or bfloat16");
   return quantize_rows(x.data_ptr<float>(), x.size(0), K);
-}
-
-// y[M, N] (fp32, a transposed view) from weight_row(n, yt[n]) filling yt[N, M]: each weight row
-// is read once for all the M rows of x
-template <typename RowFn>
-torch::Tensor matmul(int64_t M, int64_t N, RowFn&& weight_row) {
-  torch::Tensor yt = torch::empty({N, M}, torch::kFloat32);
-  float* y = yt.data_ptr<float>();
-  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n) weight_row(n, y + n * M);
-  });
-  return yt.t();
 }
 
 void check_input(const torch::Tensor& x) {
@@ -265,50 +317,56 @@ void check_weights(const torch::Tensor& qs, const torch::Tensor& d) {
   TORCH_CHECK(d.size(0) == qs.size(0), "one row of scales per weight row");
 }
 
+// the NW row pointers of a tile from n0: a matrix's rows are `stride` elements apart
+template <int NW, typename P>
+inline std::array<const P*, NW> tile_ptrs(const P* base, int64_t n0, int64_t stride) {
+  std::array<const P*, NW> out;
+  for (int i = 0; i < NW; ++i) out[i] = base + (n0 + i) * stride;
+  return out;
+}
+
 torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d, torch::Tensor mn,
                         int64_t isa) {
   check_input(x);
-  const int64_t M = x.size(0), K = x.size(1), nb = K / QB;
+  const int64_t K = x.size(1), nb = K / QB;
   check_weights(qs, d);
   TORCH_CHECK(qs.size(1) * 2 == K && d.size(1) == nb && mn.sizes() == d.sizes(), "q4 shapes");
-  QuantRows a = quantize_input(x.contiguous());
+  TORCH_CHECK(mn.is_contiguous() && mn.scalar_type() == torch::kFloat32, "q4 offsets");
+  x = x.contiguous();
+  const QuantRows a = quantize_input(x);
   const uint8_t* w = qs.data_ptr<uint8_t>();
-  const float* dp = d.data_ptr<float>();
-  torch::Tensor y = matmul(M, qs.size(0), [&](int64_t n, float* out) {
-    const uint8_t* wq = w + n * K / 2;
-    const float* wd = dp + n * nb;
-    each_row_chunk(M, out, [&](auto r, int64_t m0, float* y) {
-      if (isa == 2)
-        q4_rows_vnni<decltype(r)::value>(wq, wd, a, m0, nb, y);
-      else
-        q4_rows_avx2<decltype(r)::value>(wq, wd, a, m0, nb, y);
-    });
+  const float *dp = d.data_ptr<float>(), *mp = mn.data_ptr<float>();
+  return matmul(x, qs.size(0), [&](auto r, auto nw, int64_t n0, int64_t m0, float (*out)[MR]) {
+    constexpr int R = decltype(r)::value, NW = decltype(nw)::value;
+    const auto wq = tile_ptrs<NW>(w, n0, K / 2);
+    const auto wd = tile_ptrs<NW>(dp, n0, nb), wm = tile_ptrs<NW>(mp, n0, nb);
+    if (isa == 2)
+      q4_tile_vnni<R, NW>(wq.data(), wd.data(), wm.data(), a, m0, nb, out);
+    else
+      q4_tile_avx2<R, NW>(wq.data(), wd.data(), wm.data(), a, m0, nb, out);
   });
-  y.addmm_(torch::from_blob(a.sum.data(), {M, nb}, torch::kFloat32), mn.t());
-  return y.to(x.scalar_type()).contiguous();
 }
 
 torch::Tensor q8_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d, int64_t group,
                         int64_t isa) {
   check_input(x);
-  const int64_t M = x.size(0), K = x.size(1), nb = K / QB;
+  const int64_t K = x.size(1), nb = K / QB;
   check_weights(qs, d);
   TORCH_CHECK(group == 32 || group == 16, "q8 scales cover 32 or 16 weights");
   TORCH_CHECK(qs.size(1) == K && d.size(1) == K / group, "q8 shapes");
-  const QuantRows a = quantize_input(x.contiguous());
+  x = x.contiguous();
+  const QuantRows a = quantize_input(x);
   const int8_t* w = qs.data_ptr<int8_t>();
   const float* dp = d.data_ptr<float>();
-  torch::Tensor y = matmul(M, qs.size(0), [&](int64_t n, float* out) {
-    const int8_t* wq = w + n * K;
-    const float* wd = dp + n * (K / group);
-    each_row_chunk(M, out, [&](auto r, int64_t m0, float* y) {
-      if (isa == 2)
-        q8_rows_vnni<decltype(r)::value>(wq, wd, group, a, m0, nb, y);
-      else
-        q8_rows_avx2<decltype(r)::value>(wq, wd, group, a, m0, nb, y);
-    });
+  return matmul(x, qs.size(0), [&](auto r, auto nw, int64_t n0, int64_t m0, float (*out)[MR]) {
+    constexpr int R = decltype(r)::value, NW = decltype(nw)::value;
+    const auto wq = tile_ptrs<NW>(w, n0, K);
+    const auto wd = tile_ptrs<NW>(dp, n0, K / group);
+    if (isa == 2)
+      q8_tile_vnni<R, NW>(wq.data(), wd.data(), group, a, m0, nb, out);
+    else
+      q8_tile_avx2<R, NW>(wq.data(), wd.data(), group, a, m0, nb, out);
   });
-  return y.to(x.scalar_type()).contiguous();
 }
 
 // The weights as a dense [N, K] matrix of `out`'s dtype, written in place: prefill steps (hundreds
