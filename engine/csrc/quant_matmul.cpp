@@ -12,8 +12,10 @@
 // 16 int32 sums) where present, else AVX2's vpmaddubsw (u8 x s8 pairs into int16, exact here: at
 // most 2 * 128 * 127 < 32768). Both take one unsigned operand: q4 weights are unsigned already;
 // for q8 the weight's sign moves onto the activation (|w| * sign(w) * qa). Each block's int32 sum
-// is scaled in fp32 (d * s); q4's offsets, m * (s * sum qa) per block, are one small float
-// matmul over every row and output afterwards.
+// is scaled in fp32 (d * s); q4's offsets, m * (s * sum qa) per block, join the same float sums.
+// Work is cut in tiles of up to 4 weight rows x 4 activation rows: on AVX-512 the 16 sums of a tile
+// run side by side, each activation block loaded once for the 4 weight rows (a 3072 x 576 Q4_1
+// matrix streamed at one row: 114 us with one weight row a pass, 77 us with four).
 //
 // Both paths are compiled whatever the build machine (function target attributes) and picked at
 // run time by the caller (`isa`: 2 = AVX-512 VNNI, 1 = AVX2), so tests can force the AVX2 one.
