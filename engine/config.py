@@ -35,7 +35,8 @@ class EngineConfig:
     dtype: str = "auto"
     # tokens per KV block; 0 picks the attention backend's default (16 on CPU, 256 for flash-attn)
     block_size: int = 0
-    cpu_kernel: bool = True  # attention with the compiled kernels on CPU (else PyTorch SDPA)
+    # CPU: attention and element-wise layer ops compiled (engine/csrc); else PyTorch SDPA and ops
+    cpu_kernel: bool = True
     packed_weights: bool = True  # CPU: linear weights packed once for oneDNN (packed_linear.py)
     # CPU matrices: auto keeps a GGUF's quantized ones as shipped (safetensors: float); none
     # dequantizes to `dtype`; int8 / int4 quantize every matrix at load (engine/quant.py). CUDA

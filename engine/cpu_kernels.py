@@ -4,6 +4,8 @@ keyed by the source:
 - attention (paged_attention.cpp, prefill_attention.cpp): decode attention, and bf16 prefill
   attention where the CPU has AVX512-BF16, both reading the paged KV pool in place. Built for the
   CPU it runs on (-march=native), so a cache must not move between CPU models.
+- element-wise layer ops (layer_ops.cpp): residual add + RMSNorm, rotary in place, SiLU * up,
+  each one call instead of several PyTorch ops (exact rounding: no fast math).
 - quantized matmuls (quant_matmul.cpp): AVX-512 VNNI and AVX2 paths both compiled (function target
   attributes) and chosen at run time (`quant_isa`).
 Without a compiler the engine attends with PyTorch SDPA and multiplies quantized weights through
@@ -25,9 +27,10 @@ HEAD_DIMS = (64, 128)  # what the kernel is instantiated for
 # -ffast-math at compile time only (vectorized exp over finite scores): linking with it would set
 # flush-to-zero for the whole process
 CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffast-math"]
-# no fast math: the activations' rounding to int8 must be exact; -march=native vectorizes the
-# plain loops (quantizing activations, dequantizing), the dot products carry their own targets
-QUANT_CFLAGS = ["-O3", "-march=native", "-fopenmp"]
+# no fast math and no contraction of a * b + c into one rounding: rounding must be exact
+# (activations to int8; layer ops as PyTorch rounds); -march=native vectorizes the plain loops, the
+# dot products carry their own targets
+QUANT_CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"]
 # names for `quant_isa`'s codes (the kernel's `isa` argument); TOKENYARD_QUANT_ISA forces one
 QUANT_ISAS = {"avx512_vnni": 2, "avx2": 1}
 
@@ -51,6 +54,17 @@ def paged_attention() -> ModuleType | None:
         return _build("tokenyard_paged_attention", sources, CFLAGS)
     except Exception as exc:  # no compiler or ninja: the PyTorch path serves
         log.warning("CPU attention kernel not built (%s): decoding with PyTorch SDPA", exc)
+        return None
+
+
+@functools.cache
+def layer_ops() -> ModuleType | None:
+    """The compiled element-wise ops (`rms_norm`, `rotary_`, `silu_mul`), or None where they cannot
+    be built (the model then runs the same arithmetic as PyTorch ops)."""
+    try:
+        return _build("tokenyard_layer_ops", [str(CSRC / "layer_ops.cpp")], QUANT_CFLAGS)
+    except Exception as exc:  # no compiler or ninja
+        log.warning("CPU layer ops not built (%s): using PyTorch", exc)
         return None
 
 
@@ -84,6 +98,7 @@ def quant_isa() -> int:
 
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO)
-    attention, quant = paged_attention(), quant_matmul()
+    attention, ops, quant = paged_attention(), layer_ops(), quant_matmul()
     print(f"CPU attention kernel: {attention.__file__ if attention else 'not available'}")
+    print(f"CPU layer ops: {ops.__file__ if ops else 'not available'}")
     print(f"quantized matmul kernel: {quant.__file__ if quant else 'not available'}")

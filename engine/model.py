@@ -1,10 +1,13 @@
 """Llama: token embedding, RMSNorm, RoPE (with Llama 3 scaling), GQA attention, SwiGLU, LM head.
 
 The forward pass takes one flattened batch of tokens from many sequences; attention reads and
-writes the paged KV pool through the attention backend.
+writes the paged KV pool through the attention backend. On CPU the element-wise parts (residual
+add + RMSNorm, rotary, SiLU * up) run as single compiled calls (`ops`, engine/csrc/layer_ops.cpp);
+the PyTorch expressions here are the same arithmetic, for CUDA and machines without a compiler.
 """
 
 import math
+from types import ModuleType
 
 import torch
 from torch import nn
@@ -20,15 +23,25 @@ Weight = torch.Tensor | QuantizedTensor
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, size: int, eps: float):
+    def __init__(self, size: int, eps: float, ops: ModuleType | None = None):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
+        self.ops = ops
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.ops is not None:
+            return self.ops.rms_norm(x, None, self.weight, self.eps)[0]
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x32.to(x.dtype)
+
+    def add_forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The norm of x + residual, and that sum (the residual stream from here on)."""
+        if self.ops is not None:
+            return self.ops.rms_norm(x, residual, self.weight, self.eps)
+        total = x + residual
+        return self.forward(total), total
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -78,8 +91,9 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, ops: ModuleType | None = None):
         super().__init__()
+        self.ops = ops
         self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
         self.head_dim = config.head_dim
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -93,43 +107,59 @@ class Attention(nn.Module):
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        q, k = apply_rotary(q, k, *rope)
+        if self.ops is not None:
+            self.ops.rotary_(q, k, *rope)  # in place, in the projection's output
+        else:
+            q, k = apply_rotary(q, k, *rope)
         out = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta)
         return self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
 
 
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, ops: ModuleType | None = None):
         super().__init__()
+        self.ops = ops
         self.intermediate = config.intermediate_size
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if self.ops is not None:
+            return self.down_proj(self.ops.silu_mul(gate_up))
+        gate, up = gate_up.split(self.intermediate, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, ops: ModuleType | None = None):
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
+        self.self_attn = Attention(config, ops)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
+        self.mlp = MLP(config, ops)
 
-    def forward(self, x, rope, kv_cache, backend, meta) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, kv_cache, backend, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x, residual, rope, kv_cache, backend, meta) -> tuple[torch.Tensor, ...]:
+        """x: the previous layer's output, not yet added to the residual stream (None in the
+        first layer, whose input is the stream itself); returns this layer's output and the
+        stream, so that each addition is fused into the norm after it."""
+        if residual is None:
+            residual, h = x, self.input_layernorm(x)
+        else:
+            h, residual = self.input_layernorm.add_forward(x, residual)
+        h = self.self_attn(h, rope, kv_cache, backend, meta)
+        h, residual = self.post_attention_layernorm.add_forward(h, residual)
+        return self.mlp(h), residual
 
 
 class LlamaModel(nn.Module):
-    def __init__(self, config: ModelConfig, max_len: int):
+    def __init__(self, config: ModelConfig, max_len: int, ops: ModuleType | None = None):
+        """ops: the compiled element-wise ops (engine/cpu_kernels.py), for a model run on CPU."""
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.layers = nn.ModuleList(DecoderLayer(config, ops) for _ in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         self.rotary = Rotary(config, max_len)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if config.tie_word_embeddings:
@@ -146,9 +176,10 @@ class LlamaModel(nn.Module):
         # a quantized embedding gives float32 rows: the step runs in the norms' dtype
         x = self.embed_tokens(input_ids).to(self.norm.weight.dtype)
         rope = self.rotary(positions, x.dtype)
+        residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(x, rope, kv_cache, backend, meta)
-        return self.norm(x)
+            x, residual = layer(x, residual, rope, kv_cache, backend, meta)
+        return self.norm.add_forward(x, residual)[0]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden).float()

@@ -1,0 +1,65 @@
+"""The compiled element-wise layer ops give the PyTorch expressions' bits (engine/model.py's
+reference path) in fp32 and bf16, on views of the fused projections as the model passes them."""
+
+import pytest
+import torch
+
+from engine.cpu_kernels import layer_ops
+from engine.model import RMSNorm, apply_rotary
+
+OPS = layer_ops()
+pytestmark = pytest.mark.skipif(OPS is None, reason="CPU layer ops not built here (no compiler)")
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 5, 40])
+def test_rms_norm_with_and_without_residual(dtype, rows):
+    torch.manual_seed(rows)
+    reference, fused = RMSNorm(576, 1e-5), RMSNorm(576, 1e-5, OPS)
+    weight = torch.randn(576)
+    for norm in (reference, fused):
+        norm.weight.data.copy_(weight)
+        norm.to(dtype)
+    x, residual = torch.randn(rows, 576, dtype=dtype), torch.randn(rows, 576, dtype=dtype) * 4
+    # the sum of squares adds up in another order: a scale one fp32 ulp apart can move a bf16
+    # result by one ulp, twice rounded (the normalized value, then times the weight)
+    ulps = 2**-6 if dtype == torch.bfloat16 else 1e-6
+    torch.testing.assert_close(fused(x), reference(x), rtol=ulps, atol=0)
+    (normed, total), (ref_normed, ref_total) = (
+        n.add_forward(x, residual) for n in (fused, reference)
+    )
+    assert torch.equal(total, ref_total)
+    torch.testing.assert_close(normed, ref_normed, rtol=ulps, atol=0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rotary_in_place_on_projection_views(dtype):
+    torch.manual_seed(0)
+    tokens, heads, kv_heads, dim = 7, 9, 3, 64
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, dtype=dtype)
+    q, k, v = qkv.split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+    q, k = q.view(tokens, heads, dim), k.view(tokens, kv_heads, dim)
+    angles = torch.rand(tokens, 1, dim) * 6
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    expected_q, expected_k = apply_rotary(q, k, cos, sin)
+    v_before = v.clone()
+    OPS.rotary_(q, k, cos, sin)
+    assert torch.equal(q, expected_q) and torch.equal(k, expected_k)
+    assert torch.equal(v, v_before)  # the rest of the projection's output is untouched
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul_matches_the_mlp(dtype):
+    torch.manual_seed(1)
+    gate_up = torch.randn(6, 2 * 1536, dtype=dtype) * 3
+    gate, up = gate_up.split(1536, dim=-1)
+    expected = torch.nn.functional.silu(gate) * up
+    torch.testing.assert_close(OPS.silu_mul(gate_up), expected, rtol=2**-7, atol=1e-6)
+
+
+def test_bad_shapes_are_refused():
+    with pytest.raises(RuntimeError, match="weight"):
+        OPS.rms_norm(torch.randn(2, 8), None, torch.ones(4), 1e-5)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        OPS.silu_mul(torch.randn(8, 6).t())
