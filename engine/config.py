@@ -44,6 +44,9 @@ class EngineConfig:
     # llama.cpp at 16 and 64 streams on an idle machine: from about 4 rows its int8 kernel is
     # slower than bf16 matmuls on AMX machines (issue 17)
     quantization: str = "none"
+    # quantized matrices in a bf16 step: also keep a packed bf16 copy for steps of 10+ rows (batches
+    # of decodes, prefill), where it outruns the int8 kernels (engine/quantized_linear.py)
+    dense_copy: bool = True
     kv_cache_gib: float = 1.0  # memory budget for the KV pool
     num_blocks: int = 0  # overrides kv_cache_gib when > 0 (tests use small pools)
     max_num_batched_tokens: int = 512  # per-step token budget (decodes + prefill chunks)

@@ -17,7 +17,7 @@ from engine.loader import load_weights, resolve_model_path
 from engine.metrics import EngineMetrics
 from engine.model import LlamaModel
 from engine.packed_linear import pack_linears
-from engine.quantized_linear import effective_quantization
+from engine.quantized_linear import QuantizedLinear, effective_quantization
 from engine.sampler import Sampled, Sampler
 from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import GenerationRequest, SeqStatus, Sequence
@@ -95,6 +95,10 @@ class LLMEngine:
         self.model.to(self.device, self.dtype).eval()
         if config.packed_weights:
             pack_linears(self.model)
+        if config.dense_copy and self.dtype == torch.bfloat16:
+            for layer in self.model.modules():
+                if isinstance(layer, QuantizedLinear):
+                    layer.keep_dense_copy()
         self.tokenizer = Tokenizer.load(path, self.model_config.eos_token_ids)
         self.attention = make_attention(
             self.device,

@@ -1,10 +1,13 @@
 """Linear layers and the token embedding over block-quantized weights (CPU).
 
 A decode step multiplies a few rows by every weight, so it is bound by the bytes of weights read:
-the compiled kernels read 4- or 8-bit weights once (engine/csrc/quant_matmul.cpp). A prefill step
-multiplies hundreds of rows, where oneDNN's float matmuls outrun int8 dot products: there the
-weight is dequantized into the activations' dtype for the call, a cost that hundreds of rows
-share. Without the kernels, PyTorch dequantizes and multiplies (the reference).
+the compiled kernels read 4- or 8-bit weights once (engine/csrc/quant_matmul.cpp). From about ten
+rows on (a batch of decodes, a prefill chunk) the int8 dot products are compute-bound and oneDNN's
+bf16 matmuls outrun them (AMX, a 3072 x 576 Q4_1 matrix: 240 against 401 us at 16 rows, 329
+against 1398 at 64; bench/quant_crossover.py), so where the activations are bf16 the layer also
+keeps a packed bf16 copy of its weight for those steps (`keep_dense_copy`: 2 more bytes a weight).
+Without it, steps from DENSE_ROWS rows dequantize the weight for the call, a cost the rows share.
+Without the kernels, PyTorch dequantizes and multiplies (the reference).
 """
 
 import logging
@@ -14,12 +17,15 @@ from torch import nn
 from torch.nn import functional as F
 
 from engine.cpu_kernels import quant_isa, quant_matmul
+from engine.packed_linear import PackedLinear
 from engine.quant import QuantizedTensor
 
 log = logging.getLogger("tokenyard.engine")
 
-# rows from which dequantize + float matmul beats the int8 kernels (bench: quant crossover)
+# rows from which dequantize + float matmul beats the int8 kernels (bench/quant_crossover.py)
 DENSE_ROWS = 48
+# rows from which a kept bf16 copy beats them (AMX: between 8 and 12; bench/quant_crossover.py)
+COPY_ROWS = 10
 
 
 def effective_quantization(requested: str, device: torch.device) -> str:
@@ -48,11 +54,19 @@ class QuantizedLinear(nn.Module):
         self.out_features, self.in_features = weight.shape
         self.kernels = quant_matmul()
         self.isa = quant_isa()
+        self.copy: PackedLinear | None = None
+
+    def keep_dense_copy(self) -> None:
+        """Keep a packed bf16 copy of the weight for steps of COPY_ROWS rows or more."""
+        if self.kernels is not None:
+            self.copy = PackedLinear(self.dense(torch.bfloat16))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.in_features)
         if self.kernels is None:
             y = F.linear(rows, self.weight.dequantize().to(x.dtype))
+        elif self.copy is not None and rows.shape[0] >= COPY_ROWS and x.dtype == torch.bfloat16:
+            y = self.copy(rows)
         elif rows.shape[0] >= DENSE_ROWS:
             y = F.linear(rows, self.dense(x.dtype))
         elif self.weight.kind == "q4":

@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <vector>
 
 namespace {
@@ -39,6 +40,10 @@ inline float sum(vec v) {
   return total;
 }
 
+// tokens a part of a split sequence holds at least: below this, merging parts costs more than the
+// second thread saves
+constexpr int64_t MIN_PART = 64;
+
 template <typename T, int64_t D>
 void decode(const T* q, const T* k_cache, const T* v_cache, const int32_t* tables,
             const int32_t* lens, T* out, int64_t batch, int64_t q_heads, int64_t kv_heads,
@@ -46,21 +51,36 @@ void decode(const T* q, const T* k_cache, const T* v_cache, const int32_t* table
   constexpr int64_t C = D / L;
   const int64_t group = q_heads / kv_heads;
   const int64_t row = kv_heads * D;  // one token's K (or V) for every KV head
-  at::parallel_for(0, batch * kv_heads, 1, [&](int64_t begin, int64_t end) {
+  // Work items are (sequence, KV head) pairs; with fewer pairs than 4 per thread (a batch-1 step
+  // has 3 for 2 threads) each sequence's tokens are cut into parts that run apart and are merged
+  // after, as flash-decoding does: a part keeps its running max, sum of exps and unnormalized sums.
+  int64_t longest = 0;
+  for (int64_t b = 0; b < batch; ++b) longest = std::max<int64_t>(longest, lens[b]);
+  const int64_t pairs = batch * kv_heads, wanted = 4 * at::get_num_threads();
+  const int64_t parts =
+      pairs >= wanted ? 1 : std::max<int64_t>(1, std::min((wanted + pairs - 1) / pairs, longest / MIN_PART));
+  std::vector<float> tops(pairs * parts * group), totals(pairs * parts * group, 0.f);
+  std::vector<vec> sums(pairs * parts * group * C);
+  at::parallel_for(0, pairs * parts, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
-    std::vector<vec> qv(group * C), acc(group * C);
+    std::vector<vec> qv(group * C);
     for (int64_t i = begin; i < end; ++i) {
-      const int64_t b = i / kv_heads, h = i % kv_heads, len = lens[b];
+      const int64_t pair = i / parts, part = i % parts;
+      const int64_t b = pair / kv_heads, h = pair % kv_heads, len = lens[b];
+      const int64_t span = (len + parts - 1) / parts, lo = part * span;
+      const int64_t hi = std::min(len, lo + span), n_tokens = hi - lo;
+      if (n_tokens <= 0) continue;  // a short sequence in a split step: its total stays 0
       const int32_t* table = tables + b * max_blocks;
-      // calls fn(j, row of token j) for the sequence's tokens, walking its blocks
+      // calls fn(j, row of token lo + j) for the part's tokens, walking its blocks
       auto each_row = [&](const T* cache, auto fn) {
-        for (int64_t first = 0; first < len; first += block_size) {
-          const T* base = cache + table[first / block_size] * block_size * row + h * D;
-          const int64_t n = std::min(block_size, len - first);
-          for (int64_t t = 0; t < n; ++t) fn(first + t, base + t * row);
+        for (int64_t first = lo; first < hi;) {
+          const int64_t offset = first % block_size, n = std::min(block_size - offset, hi - first);
+          const T* base = cache + (table[first / block_size] * block_size + offset) * row + h * D;
+          for (int64_t t = 0; t < n; ++t) fn(first - lo + t, base + t * row);
+          first += n;
         }
       };
-      scores.resize(group * len);
+      scores.resize(group * n_tokens);
       for (int64_t g = 0; g < group; ++g) {
         load_row<D>(q + (b * q_heads + h * group + g) * D, &qv[g * C]);
         for (int64_t c = 0; c < C; ++c) qv[g * C + c] *= scale;
@@ -72,30 +92,51 @@ void decode(const T* q, const T* k_cache, const T* v_cache, const int32_t* table
           const vec* qg = &qv[g * C];
           vec s = qg[0] * k[0];
           for (int64_t c = 1; c < C; ++c) s += qg[c] * k[c];
-          scores[g * len + j] = sum(s);
+          scores[g * n_tokens + j] = sum(s);
         }
       });
+      const int64_t slot = i * group;  // this item's first (item, query head) slot
       for (int64_t g = 0; g < group; ++g) {
-        float* s = scores.data() + g * len;
+        float* s = scores.data() + g * n_tokens;
         float top = s[0], total = 0.f;
-        for (int64_t j = 1; j < len; ++j) top = std::max(top, s[j]);
-        for (int64_t j = 0; j < len; ++j) total += (s[j] = std::exp(s[j] - top));
-        const float inv = 1.f / total;
-        for (int64_t j = 0; j < len; ++j) s[j] *= inv;
+        for (int64_t j = 1; j < n_tokens; ++j) top = std::max(top, s[j]);
+        for (int64_t j = 0; j < n_tokens; ++j) total += (s[j] = std::exp(s[j] - top));
+        tops[slot + g] = top;
+        totals[slot + g] = total;
       }
-      for (auto& a : acc) a = vec{};
+      vec* acc = &sums[slot * C];
+      for (int64_t c = 0; c < group * C; ++c) acc[c] = vec{};
       each_row(v_cache, [&](int64_t j, const T* value) {
         vec v[C];
         load_row<D>(value, v);
         for (int64_t g = 0; g < group; ++g) {
-          const float p = scores[g * len + j];
+          const float p = scores[g * n_tokens + j];
           for (int64_t c = 0; c < C; ++c) acc[g * C + c] += p * v[c];
         }
       });
-      for (int64_t g = 0; g < group; ++g)
-        for (int64_t c = 0; c < C; ++c)
-          for (int64_t l = 0; l < L; ++l)
-            out[(b * q_heads + h * group + g) * D + c * L + l] = static_cast<T>(acc[g * C + c][l]);
+    }
+  });
+  // merge the parts of each (sequence, query head): weights exp(top - max) rescale each part
+  at::parallel_for(0, pairs * group, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t x = begin; x < end; ++x) {
+      const int64_t pair = x / group, g = x % group;
+      const int64_t b = pair / kv_heads, h = pair % kv_heads;
+      auto slot = [&](int64_t part) { return (pair * parts + part) * group + g; };
+      float top = -std::numeric_limits<float>::max();  // finite: built with -ffast-math
+      for (int64_t p = 0; p < parts; ++p)
+        if (totals[slot(p)] > 0.f) top = std::max(top, tops[slot(p)]);
+      vec merged[C] = {};
+      float total = 0.f;
+      for (int64_t p = 0; p < parts; ++p) {
+        if (totals[slot(p)] <= 0.f) continue;
+        const float w = std::exp(tops[slot(p)] - top);
+        total += w * totals[slot(p)];
+        for (int64_t c = 0; c < C; ++c) merged[c] += w * sums[slot(p) * C + c];
+      }
+      const float inv = 1.f / total;
+      T* o = out + (b * q_heads + h * group + g) * D;
+      for (int64_t c = 0; c < C; ++c)
+        for (int64_t l = 0; l < L; ++l) o[c * L + l] = static_cast<T>(merged[c][l] * inv);
     }
   });
 }

@@ -84,6 +84,20 @@ def test_kernel_matches_reference(kernel, dtype, dim, q_heads, kv_heads, tol):
     assert (ours.float() - ref.float()).abs().max().item() < tol
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("decode_lengths", [[700], [1000, 1], [9 * BS + 3, BS + 1]])
+def test_split_sequences_match_reference(kernel, dtype, decode_lengths):
+    """Few sequences for the threads: each one's tokens are cut into parts, attended apart and
+    merged (parts of unequal length, and parts past a short sequence's end)."""
+    rng = random.Random(len(decode_lengths))
+    tables, k_cache, v_cache = _pool(rng, decode_lengths, 3, 64, dtype)
+    slices = [SeqSlice(t, n - 1, 1) for t, n in zip(tables, decode_lengths, strict=True)]
+    q, k, v = (torch.randn(len(slices), h, 64, dtype=dtype) for h in (9, 3, 3))
+    (ref, _, _), (ours, _, _) = _run_both(kernel, slices, len(slices), q, k, v, k_cache, v_cache)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert (ours.float() - ref.float()).abs().max().item() < tol
+
+
 @pytest.mark.parametrize(("dim", "q_heads", "kv_heads"), [(64, 9, 3), (128, 32, 8), (64, 4, 4)])
 def test_prefill_kernel_matches_reference(prefill_kernel, dim, q_heads, kv_heads):
     """Every prefill chunk of a step in one call: fresh prompts, chunks after cached context, a

@@ -9,8 +9,9 @@ from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize as gguf_dequantize
 
 from engine.cpu_kernels import QUANT_ISAS, quant_isa, quant_matmul
+from engine.packed_linear import PackedLinear
 from engine.quant import BLOCK, GGUF_TYPES, QuantizedTensor, from_gguf, quantize
-from engine.quantized_linear import DENSE_ROWS, QuantizedLinear
+from engine.quantized_linear import COPY_ROWS, DENSE_ROWS, QuantizedLinear
 
 KERNELS = quant_matmul()
 needs_kernels = pytest.mark.skipif(KERNELS is None, reason="quantized kernels not built here")
@@ -105,6 +106,22 @@ def test_bf16_input_and_dense_path(kind):
     torch.testing.assert_close(layer.dense(torch.float32), w, rtol=1e-6, atol=1e-6)
     big = torch.randn(DENSE_ROWS + 1, 9 * BLOCK)
     torch.testing.assert_close(layer(big), big @ w.T, rtol=1e-4, atol=1e-3)
+
+
+@needs_kernels
+def test_kept_bf16_copy_serves_larger_steps():
+    """With a dense copy, bf16 steps from COPY_ROWS rows multiply the packed bf16 weight; smaller
+    steps, and fp32 ones, stay on the int8 kernels."""
+    torch.manual_seed(3)
+    layer = QuantizedLinear(quantize(torch.randn(70, 9 * BLOCK), "int4"))
+    plain = QuantizedLinear(layer.weight)
+    layer.keep_dense_copy()
+    copy = PackedLinear(layer.weight.dequantize().bfloat16())
+    big, small = torch.randn(COPY_ROWS, 9 * BLOCK), torch.randn(COPY_ROWS - 1, 9 * BLOCK)
+    assert torch.equal(layer(big.bfloat16()), copy(big.bfloat16()))
+    assert not torch.equal(plain(big.bfloat16()), copy(big.bfloat16()))  # int8 activations
+    assert torch.equal(layer(small.bfloat16()), plain(small.bfloat16()))
+    assert torch.equal(layer(big), plain(big))
 
 
 @pytest.mark.parametrize("kind", ["int8", "int4"])

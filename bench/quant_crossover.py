@@ -1,0 +1,60 @@
+"""Where the quantized matmul kernels stop paying: one Q4_1-shaped matrix (SmolLM2's gate_up,
+3072 x 576) times 1-64 activation rows through the int8 kernel, a packed bf16 copy (oneDNN) and
+dequantize-per-call + bf16 matmul, 30 distinct matrices in turn so the weights stream from memory
+as they do in a decode step. engine/quantized_linear.py's COPY_ROWS and DENSE_ROWS come from this.
+
+    .venv/bin/python bench/quant_crossover.py [--rounds 3]
+"""
+
+import argparse
+import timeit
+
+import torch
+from engine_vs_llamacpp import cpu_flags
+from torch.nn import functional as F
+
+from engine.cpu_kernels import quant_isa, quant_matmul
+from engine.packed_linear import PackedLinear
+
+N, K, MATRICES = 3072, 576, 30
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    kernels, isa = quant_matmul(), quant_isa()
+    if kernels is None:
+        raise SystemExit("the quantized kernels are not built here")
+    print(f"CPU: {cpu_flags()}; kernel path {isa} (2: AVX-512 VNNI, 1: AVX2)")
+    torch.manual_seed(0)
+    weights = [
+        (
+            torch.randint(0, 256, (N, K // 2), dtype=torch.uint8),
+            torch.rand(N, K // 32) * 0.01,
+            -torch.rand(N, K // 32) * 0.1,
+        )
+        for _ in range(MATRICES)
+    ]
+    dense = [kernels.dequantize(q, d, m, 32, K, torch.bfloat16) for q, d, m in weights]
+    copies = [PackedLinear(w) for w in dense]
+    print(f"{'rows':>4} {'q4 kernel':>10} {'bf16 copy':>10} {'dequantize':>11}  (us per matrix)")
+    for rows in (1, 4, 8, 12, 16, 24, 32, 48, 64):
+        x = torch.randn(rows, K, dtype=torch.bfloat16)
+        paths = {
+            "kernel": lambda x=x: [kernels.q4_linear(x, q, d, m, isa) for q, d, m in weights],
+            "copy": lambda x=x: [c(x) for c in copies],
+            "dequantize": lambda x=x: [
+                F.linear(x, kernels.dequantize(q, d, m, 32, K, torch.bfloat16))
+                for q, d, m in weights
+            ],
+        }
+        us = {}
+        for name, run in paths.items():
+            run()
+            us[name] = timeit.timeit(run, number=args.rounds) / args.rounds / MATRICES * 1e6
+        print(f"{rows:>4} {us['kernel']:>10.0f} {us['copy']:>10.0f} {us['dequantize']:>11.0f}")
+
+
+if __name__ == "__main__":
+    main()
