@@ -35,8 +35,8 @@ class Settings(BaseSettings):
     # auto: bf16 on CUDA and on CPUs with bf16 dot products (AVX512-BF16, AMX), else fp32
     engine_dtype: str = "auto"
     # CPU weight matrices: auto (a GGUF's quantized ones as shipped) | none | int8 | int4
-    engine_quantization: str = "none"
-    engine_cpu_kernel: bool = True  # attention with the compiled CPU kernels (else SDPA)
+    engine_quantization: str = "auto"
+    engine_cpu_kernel: bool = True  # attention and layer ops compiled for CPU (else PyTorch)
     engine_block_size: int = 0  # 0: the device's default (16 on CPU, 256 with flash-attn)
     engine_kv_cache_gib: float = 1.0
     engine_max_batched_tokens: int = 512

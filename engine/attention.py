@@ -126,13 +126,17 @@ class TorchAttention:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
     ) -> torch.Tensor:
-        heads, dim = k_cache.shape[2:]
-        k_cache.view(-1, heads, dim).index_copy_(0, meta.slot_mapping, k)
-        v_cache.view(-1, heads, dim).index_copy_(0, meta.slot_mapping, v)
+        self._write_kv(k, v, k_cache, v_cache, meta)
         out = torch.empty_like(q)
         self._decode(q, k_cache, v_cache, meta, out)
         self._prefill(q, k_cache, v_cache, meta, out)
         return out
+
+    @staticmethod
+    def _write_kv(k, v, k_cache, v_cache, meta: AttentionMetadata) -> None:
+        heads, dim = k_cache.shape[2:]
+        k_cache.view(-1, heads, dim).index_copy_(0, meta.slot_mapping, k)
+        v_cache.view(-1, heads, dim).index_copy_(0, meta.slot_mapping, v)
 
     def _prefill(self, q, k_cache, v_cache, meta: AttentionMetadata, out: torch.Tensor) -> None:
         heads, dim = k_cache.shape[2:]
@@ -179,6 +183,15 @@ class KernelAttention(TorchAttention):
         super().__init__(block_size, device)
         self.kernel = kernel
         self.prefill = prefill
+
+    def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        if meta.num_decodes < q.shape[0]:
+            return super().forward(q, k, v, k_cache, v_cache, meta)
+        # decodes only (most steps): the kernel's output is the result, no copy into a buffer
+        self._write_kv(k, v, k_cache, v_cache, meta)
+        return self.kernel.paged_decode(
+            q, k_cache, v_cache, meta.block_tables, meta.context_lens, q.shape[-1] ** -0.5
+        )
 
     def _prefill_metadata(self, prefills: list[SeqSlice], meta: AttentionMetadata) -> None:
         if not self.prefill:

@@ -40,10 +40,9 @@ class EngineConfig:
     packed_weights: bool = True  # CPU: linear weights packed once for oneDNN (packed_linear.py)
     # CPU matrices: auto keeps a GGUF's quantized ones as shipped (safetensors: float); none
     # dequantizes to `dtype`; int8 / int4 quantize every matrix at load (engine/quant.py). CUDA
-    # runs float whatever this says. Default none until the quantized path is measured against
-    # llama.cpp at 16 and 64 streams on an idle machine: from about 4 rows its int8 kernel is
-    # slower than bf16 matmuls on AMX machines (issue 17)
-    quantization: str = "none"
+    # runs float whatever this says. auto is the fastest at 1, 16 and 64 streams on an AMX CPU
+    # (bench/RESULTS.md, issue 17)
+    quantization: str = "auto"
     # quantized matrices in a bf16 step: also keep a packed bf16 copy for steps of 10+ rows (batches
     # of decodes, prefill), where it outruns the int8 kernels (engine/quantized_linear.py)
     dense_copy: bool = True

@@ -62,7 +62,7 @@ class QuantizedLinear(nn.Module):
             self.copy = PackedLinear(self.dense(torch.bfloat16))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.in_features)
+        rows = x if x.dim() == 2 else x.reshape(-1, self.in_features)
         if self.kernels is None:
             y = F.linear(rows, self.weight.dequantize().to(x.dtype))
         elif self.copy is not None and rows.shape[0] >= COPY_ROWS and x.dtype == torch.bfloat16:
@@ -75,7 +75,7 @@ class QuantizedLinear(nn.Module):
         else:
             w = self.weight
             y = self.kernels.q8_linear(rows, w.qs, w.scales, w.group, self.isa)
-        return y.reshape(*x.shape[:-1], self.out_features)
+        return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
 
     def dense(self, dtype: torch.dtype) -> torch.Tensor:
         w = self.weight
