@@ -31,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--no-cpu-kernel",
         action="store_true",
         default=not s.engine_cpu_kernel,
-        help="attend with PyTorch SDPA instead of the compiled CPU attention kernels",
+        help="PyTorch SDPA and ops instead of the compiled CPU attention kernels and layer ops",
     )
     p.add_argument("--block-size", type=int, default=s.engine_block_size)
     p.add_argument("--kv-cache-gib", type=float, default=s.engine_kv_cache_gib)
