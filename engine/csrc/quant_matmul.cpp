@@ -169,6 +169,16 @@ VNNI_TARGET inline __m512i unpack_q4_avx512(const uint8_t* qs, bool one) {
   return _mm512_and_si512(shifted, _mm512_set1_epi8(0x0F));
 }
 
+// R activation rows' int8 blocks and per-lane scales for the step at block b (`one`: block b only)
+template <int R, bool one>
+VNNI_TARGET inline void load_activations(const QuantRows& a, int64_t m0, int64_t b, __m512i (&x)[R],
+                                         __m512 (&s)[R]) {
+  for (int r = 0; r < R; ++r) {
+    x[r] = _mm512_maskz_loadu_epi8(one ? 0xFFFFFFFFull : ~0ull, a.row(m0 + r) + b * QB);
+    s[r] = _mm512_maskz_loadu_ps(one ? 0x00FF : 0xFFFF, a.lanes(m0 + r) + b * 8);
+  }
+}
+
 // One step of NW weight rows x R activation rows over two blocks (64 weights), or over the last
 // block when `one` (K an odd number of blocks: masked loads read nothing past it, and its missing
 // partner block multiplies as zeros). The weight rows share each activation load and scale; the
@@ -179,10 +189,7 @@ VNNI_TARGET inline void q4_step_vnni(const uint8_t* const* qs, const float* cons
                                      __m512 (&acc)[NW][R]) {
   __m512i x[R];
   __m512 s[R];
-  for (int r = 0; r < R; ++r) {
-    x[r] = _mm512_maskz_loadu_epi8(one ? 0xFFFFFFFFull : ~0ull, a.row(m0 + r) + b * QB);
-    s[r] = _mm512_maskz_loadu_ps(one ? 0x00FF : 0xFFFF, a.lanes(m0 + r) + b * 8);
-  }
+  load_activations<R, one>(a, m0, b, x, s);
   for (int i = 0; i < NW; ++i) {
     const __m512i w = unpack_q4_avx512(qs[i] + b * QB / 2, one);
     const __m512 wd = spread_scales(d[i] + b, QB, one);
@@ -223,10 +230,7 @@ VNNI_TARGET inline void q8_step_vnni(const int8_t* const* qs, const float* const
                                      __m512 (&acc)[NW][R]) {
   __m512i x[R];
   __m512 s[R];
-  for (int r = 0; r < R; ++r) {
-    x[r] = _mm512_maskz_loadu_epi8(one ? 0xFFFFFFFFull : ~0ull, a.row(m0 + r) + b * QB);
-    s[r] = _mm512_maskz_loadu_ps(one ? 0x00FF : 0xFFFF, a.lanes(m0 + r) + b * 8);
-  }
+  load_activations<R, one>(a, m0, b, x, s);
   const int64_t per_block = QB / group;
   for (int i = 0; i < NW; ++i) {
     const __m512i w = _mm512_maskz_loadu_epi8(one ? 0xFFFFFFFFull : ~0ull, qs[i] + b * QB);
