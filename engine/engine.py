@@ -10,6 +10,7 @@ import torch
 from engine.attention import SeqSlice, make_attention
 from engine.config import EngineConfig
 from engine.constraints import Constraints, SchemaError
+from engine.cpu_decode import CpuDecoder
 from engine.cpu_kernels import layer_ops
 from engine.detokenizer import IncrementalText
 from engine.kv_cache import BlockManager, blocks_for_budget, kv_pool
@@ -113,6 +114,11 @@ class LLMEngine:
         )
         self.kv_caches = kv_pool(
             self.model_config, num_blocks, self.block_size, self.dtype, self.device
+        )
+        self.cpu_decoder = (
+            CpuDecoder(self.model, self.attention, self.kv_caches)
+            if CpuDecoder.fits(self.model, self.attention)
+            else None
         )
         self.blocks = BlockManager(num_blocks, self.block_size, config.enable_prefix_caching)
         speculation = None
@@ -246,11 +252,9 @@ class LLMEngine:
                 seq.timings.first_scheduled = start - seq.request.arrival
         meta = self.attention.build_metadata(slices, batch.num_decodes)
         masks = self.constraints.masks(producing, drafts)  # filled while the forward pass runs
-        hidden = self.model(
+        hidden = self._forward(
             torch.tensor(input_ids, device=self.device),
             torch.tensor(positions, device=self.device),
-            self.kv_caches,
-            self.attention,
             meta,
         )
         logits = self.model.logits(hidden[rows]) if rows else None
@@ -261,6 +265,11 @@ class LLMEngine:
         outputs = [self._append(seq, e, now) for seq, e in zip(producing, emitted, strict=True)]
         self._update_gauges(len(batch.preempted))
         return outputs
+
+    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta) -> torch.Tensor:
+        if self.cpu_decoder is not None and self.cpu_decoder.serves(meta, input_ids.shape[0]):
+            return self.cpu_decoder(input_ids, positions, meta)
+        return self.model(input_ids, positions, self.kv_caches, self.attention, meta)
 
     def _account(
         self, batch: ScheduledBatch, emitted: dict[Sequence, list[Sampled]], elapsed: float

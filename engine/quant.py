@@ -3,11 +3,14 @@ kernels multiply (engine/csrc/quant_matmul.cpp), quantization of float checkpoin
 the PyTorch reference (dequantize) that tests and machines without the kernels use.
 
     q4: blocks of 32 weights along a row, w = d * q + m, q in 0..15 two a byte in GGML's order
-        (byte j: weight j in the low nibble, weight j + 16 in the high one); d, m fp32 per block.
+        (byte j: weight j in the low nibble, weight j + 16 in the high one); d, m per block.
         Holds Q4_0 (m = -8d), Q4_1, Q4_K (d = d_super * scale, m = -dmin_super * min) and int4.
-    q8: w = d * q, q int8, d fp32 per `group` weights (32; 16 for Q6_K's sub-blocks).
+    q8: w = d * q, q int8, d per `group` weights (32; 16 for Q6_K's sub-blocks).
         Holds Q8_0, Q6_K (q - 32 and d * scale, both exact) and int8.
-Every conversion is exact: GGUF's fp16 scales times small integer scales fit fp32's mantissa.
+Every conversion is exact: GGUF's fp16 scales times small integer scales fit fp32's mantissa. A
+tensor's scales (and offsets) stay fp16 where every one of them is exactly an fp16 (Q4_0, Q4_1 and
+Q8_0 as shipped): a decode step streams every weight once, and fp32 scales made a Q4_1 block 24
+bytes instead of 20 (bench/RESULTS.md, issue 17).
 """
 
 from dataclasses import dataclass
@@ -27,8 +30,8 @@ class QuantizedTensor:
 
     kind: str  # "q4" | "q8"
     qs: torch.Tensor  # q4: uint8 [rows, cols / 2]; q8: int8 [rows, cols]
-    scales: torch.Tensor  # float32 [rows, cols / group]
-    mins: torch.Tensor | None  # q4: float32 [rows, cols / 32]
+    scales: torch.Tensor  # float16 or float32 [rows, cols / group]
+    mins: torch.Tensor | None  # q4: [rows, cols / 32], in the scales' dtype
     group: int  # weights per scale
     source: str  # the GGUF type it came from, or int8 / int4 when quantized at load
 
@@ -70,11 +73,14 @@ class QuantizedTensor:
     def cat(parts: list["QuantizedTensor"]) -> "QuantizedTensor":
         """Row-wise concatenation (fused projections) of tensors of one layout."""
         first = parts[0]
-        mins = None if first.mins is None else torch.cat([p.mins for p in parts])
+        # one dtype for the fused scales: fp16 only where every part has it
+        half = all(p.scales.dtype == torch.float16 for p in parts)
+        dtype = torch.float16 if half else torch.float32
+        mins = None if first.mins is None else torch.cat([p.mins.to(dtype) for p in parts])
         return QuantizedTensor(
             first.kind,
             torch.cat([p.qs for p in parts]),
-            torch.cat([p.scales for p in parts]),
+            torch.cat([p.scales.to(dtype) for p in parts]),
             mins,
             first.group,
             "+".join(sorted({p.source for p in parts})),
@@ -95,8 +101,7 @@ def pack_q4(levels: np.ndarray, d: np.ndarray, m: np.ndarray, source: str) -> Qu
     return QuantizedTensor(
         "q4",
         torch.from_numpy(np.ascontiguousarray(qs, dtype=np.uint8)),
-        _f32(d, rows),
-        _f32(m, rows),
+        *_scales(rows, d, m),
         BLOCK,
         source,
     )
@@ -105,11 +110,17 @@ def pack_q4(levels: np.ndarray, d: np.ndarray, m: np.ndarray, source: str) -> Qu
 def pack_q8(levels: np.ndarray, d: np.ndarray, group: int, source: str) -> QuantizedTensor:
     rows = levels.shape[0]
     qs = torch.from_numpy(np.ascontiguousarray(levels, dtype=np.int8))
-    return QuantizedTensor("q8", qs, _f32(d, rows), None, group, source)
+    (scales,) = _scales(rows, d)
+    return QuantizedTensor("q8", qs, scales, None, group, source)
 
 
-def _f32(x: np.ndarray, rows: int) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32).reshape(rows, -1))
+def _scales(rows: int, *arrays: np.ndarray) -> list[torch.Tensor]:
+    """The arrays as [rows, -1] tensors: fp16 when all of them are exactly fp16 values, else fp32."""
+    exact = [np.asarray(x, dtype=np.float32) for x in arrays]
+    with np.errstate(over="ignore"):
+        fits = all(np.array_equal(x.astype(np.float16).astype(np.float32), x) for x in exact)
+    dtype = np.float16 if fits else np.float32
+    return [torch.from_numpy(np.ascontiguousarray(x, dtype=dtype).reshape(rows, -1)) for x in exact]
 
 
 # ---------------------------------------------------------------- GGUF blocks → layouts

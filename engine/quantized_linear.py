@@ -69,13 +69,17 @@ class QuantizedLinear(nn.Module):
             y = self.copy(rows)
         elif rows.shape[0] >= DENSE_ROWS:
             y = F.linear(rows, self.dense(x.dtype))
-        elif self.weight.kind == "q4":
-            w = self.weight
-            y = self.kernels.q4_linear(rows, w.qs, w.scales, w.mins, self.isa)
         else:
-            w = self.weight
-            y = self.kernels.q8_linear(rows, w.qs, w.scales, w.group, self.isa)
+            y = self.multiply(rows)
         return y if x.dim() == 2 else y.reshape(*x.shape[:-1], self.out_features)
+
+    def multiply(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows [M, in] @ W.T through the compiled int8 kernels (the layer has them): what a step
+        of a few rows runs."""
+        w = self.weight
+        if w.kind == "q4":
+            return self.kernels.q4_linear(rows, w.qs, w.scales, w.mins, self.isa)
+        return self.kernels.q8_linear(rows, w.qs, w.scales, w.group, self.isa)
 
     def dense(self, dtype: torch.dtype) -> torch.Tensor:
         w = self.weight

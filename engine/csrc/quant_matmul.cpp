@@ -2,8 +2,9 @@
 // 8-bit weight once. Decode steps multiply a few rows by every weight of the model, so their time
 // is the time to stream the weights from memory: a quarter (q8) or an eighth (q4) of fp32's bytes.
 //
-// Weights come in blocks along K, each with fp32 scales (engine/quant.py converts every GGUF format
-// to one of these two without rounding anything):
+// Weights come in blocks along K, each with scales in fp16 where that is exact (GGUF's own fp16
+// scales, kept as shipped: a Q4_1 block streams 20 bytes instead of 24) or else fp32; engine/quant.py
+// converts every GGUF format to one of these two layouts without rounding anything:
 //   q4: 32 weights a block, w = d * q + m with q in 0..15, two a byte (GGML's order: byte j holds
 //       weight j in its low nibble and weight j + 16 in its high one)
 //   q8: `group` (32, or 16 for Q6_K) weights a scale, w = d * q with q in -128..127
@@ -100,17 +101,18 @@ AVX2_TARGET inline __m256i unpack_q4_avx2(const uint8_t* qs) {
 }
 
 // the per-lane weight scale of one block of 32: d[0] everywhere, or d[0] then d[1] for groups of 16
-AVX2_TARGET inline __m256 block_scale_avx2(const float* d, int64_t group) {
-  return group == QB ? _mm256_set1_ps(d[0])
-                     : _mm256_set_m128(_mm_set1_ps(d[1]), _mm_set1_ps(d[0]));
+template <typename S>
+AVX2_TARGET inline __m256 block_scale_avx2(const S* d, int64_t group) {
+  const float d0 = static_cast<float>(d[0]);
+  return group == QB ? _mm256_set1_ps(d0)
+                     : _mm256_set_m128(_mm_set1_ps(static_cast<float>(d[1])), _mm_set1_ps(d0));
 }
 
 // AVX2: the tile's weight rows one after another, one block at a time (the same interface as the
 // AVX-512 tiles below)
-template <int R, int NW>
-AVX2_TARGET void q4_tile_avx2(const uint8_t* const* qs, const float* const* d,
-                              const float* const* mn, const QuantRows& a, int64_t m0, int64_t nb,
-                              float (*out)[MR]) {
+template <int R, int NW, typename S>
+AVX2_TARGET void q4_tile_avx2(const uint8_t* const* qs, const S* const* d, const S* const* mn,
+                              const QuantRows& a, int64_t m0, int64_t nb, float (*out)[MR]) {
   for (int i = 0; i < NW; ++i) {
     __m256 acc[R];
     float offset[R] = {};
@@ -120,16 +122,17 @@ AVX2_TARGET void q4_tile_avx2(const uint8_t* const* qs, const float* const* d,
       for (int r = 0; r < R; ++r) {
         const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.row(m0 + r) + b * QB));
         const __m256 p = _mm256_cvtepi32_ps(dot4_avx2(w, x));
-        acc[r] = _mm256_fmadd_ps(p, _mm256_set1_ps(d[i][b] * a.s(m0 + r)[b]), acc[r]);
-        offset[r] += mn[i][b] * a.ssum(m0 + r)[b];
+        const float wd = static_cast<float>(d[i][b]);
+        acc[r] = _mm256_fmadd_ps(p, _mm256_set1_ps(wd * a.s(m0 + r)[b]), acc[r]);
+        offset[r] += static_cast<float>(mn[i][b]) * a.ssum(m0 + r)[b];
       }
     }
     for (int r = 0; r < R; ++r) out[i][r] = hsum256(acc[r]) + offset[r];
   }
 }
 
-template <int R, int NW>
-AVX2_TARGET void q8_tile_avx2(const int8_t* const* qs, const float* const* d, int64_t group,
+template <int R, int NW, typename S>
+AVX2_TARGET void q8_tile_avx2(const int8_t* const* qs, const S* const* d, int64_t group,
                               const QuantRows& a, int64_t m0, int64_t nb, float (*out)[MR]) {
   const int64_t per_block = QB / group;
   for (int i = 0; i < NW; ++i) {
@@ -153,11 +156,18 @@ AVX2_TARGET void q8_tile_avx2(const int8_t* const* qs, const float* const* d, in
 
 // per lane of 16 int32 sums over 64 weights: the scale of the lane's group, from `scales` (one per
 // `group` weights); `one`: only the first 32 weights exist (the lanes past them get 0)
-VNNI_TARGET inline __m512 spread_scales(const float* scales, int64_t group, bool one) {
+// 16 scales from p (lanes past the mask 0), as fp32
+VNNI_TARGET inline __m512 load_scales(const float* p, __mmask16 k) { return _mm512_maskz_loadu_ps(k, p); }
+VNNI_TARGET inline __m512 load_scales(const at::Half* p, __mmask16 k) {
+  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, p));
+}
+
+template <typename S>
+VNNI_TARGET inline __m512 spread_scales(const S* scales, int64_t group, bool one) {
   const __m512i idx = group == QB ? _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0)
                                   : _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
   const __mmask16 count = group == QB ? (one ? 0x1 : 0x3) : (one ? 0x3 : 0xF);
-  return _mm512_permutexvar_ps(idx, _mm512_maskz_loadu_ps(count, scales));
+  return _mm512_permutexvar_ps(idx, load_scales(scales, count));
 }
 
 // 64 weights of q4 (two blocks, 32 bytes) as bytes in order: [lo(0..15), hi(0..15), lo(16..31),
@@ -183,8 +193,8 @@ VNNI_TARGET inline void load_activations(const QuantRows& a, int64_t m0, int64_t
 // block when `one` (K an odd number of blocks: masked loads read nothing past it, and its missing
 // partner block multiplies as zeros). The weight rows share each activation load and scale; the
 // NW x R sums are independent, so their dependency chains overlap.
-template <int R, int NW, bool one>
-VNNI_TARGET inline void q4_step_vnni(const uint8_t* const* qs, const float* const* d,
+template <int R, int NW, bool one, typename S>
+VNNI_TARGET inline void q4_step_vnni(const uint8_t* const* qs, const S* const* d,
                                      const QuantRows& a, int64_t m0, int64_t b,
                                      __m512 (&acc)[NW][R]) {
   __m512i x[R];
@@ -202,10 +212,9 @@ VNNI_TARGET inline void q4_step_vnni(const uint8_t* const* qs, const float* cons
 
 // out[i][r]: weight row i of the tile (its pointers in qs, d, mn) times activation row m0 + r.
 // q4's offsets, m * (s * sum qa) per block, join the same sums: 16 blocks per fused multiply-add.
-template <int R, int NW>
-VNNI_TARGET void q4_tile_vnni(const uint8_t* const* qs, const float* const* d,
-                              const float* const* mn, const QuantRows& a, int64_t m0, int64_t nb,
-                              float (*out)[MR]) {
+template <int R, int NW, typename S>
+VNNI_TARGET void q4_tile_vnni(const uint8_t* const* qs, const S* const* d, const S* const* mn,
+                              const QuantRows& a, int64_t m0, int64_t nb, float (*out)[MR]) {
   __m512 acc[NW][R];
   for (int i = 0; i < NW; ++i)
     for (int r = 0; r < R; ++r) acc[i][r] = _mm512_setzero_ps();
@@ -217,15 +226,15 @@ VNNI_TARGET void q4_tile_vnni(const uint8_t* const* qs, const float* const* d,
     for (int r = 0; r < R; ++r) {
       const __m512 sums = _mm512_maskz_loadu_ps(k, a.ssum(m0 + r) + c);
       for (int i = 0; i < NW; ++i)
-        acc[i][r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(k, mn[i] + c), sums, acc[i][r]);
+        acc[i][r] = _mm512_fmadd_ps(load_scales(mn[i] + c, k), sums, acc[i][r]);
     }
   }
   for (int i = 0; i < NW; ++i)
     for (int r = 0; r < R; ++r) out[i][r] = _mm512_reduce_add_ps(acc[i][r]);
 }
 
-template <int R, int NW, bool one>
-VNNI_TARGET inline void q8_step_vnni(const int8_t* const* qs, const float* const* d, int64_t group,
+template <int R, int NW, bool one, typename S>
+VNNI_TARGET inline void q8_step_vnni(const int8_t* const* qs, const S* const* d, int64_t group,
                                      const QuantRows& a, int64_t m0, int64_t b,
                                      __m512 (&acc)[NW][R]) {
   __m512i x[R];
@@ -245,8 +254,8 @@ VNNI_TARGET inline void q8_step_vnni(const int8_t* const* qs, const float* const
   }
 }
 
-template <int R, int NW>
-VNNI_TARGET void q8_tile_vnni(const int8_t* const* qs, const float* const* d, int64_t group,
+template <int R, int NW, typename S>
+VNNI_TARGET void q8_tile_vnni(const int8_t* const* qs, const S* const* d, int64_t group,
                               const QuantRows& a, int64_t m0, int64_t nb, float (*out)[MR]) {
   __m512 acc[NW][R];
   for (int i = 0; i < NW; ++i)
@@ -319,8 +328,15 @@ void check_input(const torch::Tensor& x) {
 
 void check_weights(const torch::Tensor& qs, const torch::Tensor& d) {
   TORCH_CHECK(qs.is_contiguous() && d.is_contiguous(), "quantized weights must be contiguous");
-  TORCH_CHECK(d.scalar_type() == torch::kFloat32, "block scales must be float32");
+  TORCH_CHECK(d.scalar_type() == torch::kFloat32 || d.scalar_type() == torch::kFloat16,
+              "block scales must be float32 or float16");
   TORCH_CHECK(d.size(0) == qs.size(0), "one row of scales per weight row");
+}
+
+// calls fn(S{}) with S the scales' element type: float, or at::Half for fp16 scales
+template <typename Fn>
+auto with_scale_type(const torch::Tensor& d, Fn&& fn) {
+  return d.scalar_type() == torch::kFloat16 ? fn(at::Half{}) : fn(float{});
 }
 
 // the NW row pointers of a tile from n0: a matrix's rows are `stride` elements apart
@@ -337,19 +353,23 @@ torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d, torc
   const int64_t K = x.size(1), nb = K / QB;
   check_weights(qs, d);
   TORCH_CHECK(qs.size(1) * 2 == K && d.size(1) == nb && mn.sizes() == d.sizes(), "q4 shapes");
-  TORCH_CHECK(mn.is_contiguous() && mn.scalar_type() == torch::kFloat32, "q4 offsets");
+  TORCH_CHECK(mn.is_contiguous() && mn.scalar_type() == d.scalar_type(),
+              "q4 offsets: contiguous, in the scales' dtype");
   x = x.contiguous();
   const QuantRows a = quantize_input(x);
   const uint8_t* w = qs.data_ptr<uint8_t>();
-  const float *dp = d.data_ptr<float>(), *mp = mn.data_ptr<float>();
-  return matmul(x, qs.size(0), [&](auto r, auto nw, int64_t n0, int64_t m0, float (*out)[MR]) {
-    constexpr int R = decltype(r)::value, NW = decltype(nw)::value;
-    const auto wq = tile_ptrs<NW>(w, n0, K / 2);
-    const auto wd = tile_ptrs<NW>(dp, n0, nb), wm = tile_ptrs<NW>(mp, n0, nb);
-    if (isa == 2)
-      q4_tile_vnni<R, NW>(wq.data(), wd.data(), wm.data(), a, m0, nb, out);
-    else
-      q4_tile_avx2<R, NW>(wq.data(), wd.data(), wm.data(), a, m0, nb, out);
+  return with_scale_type(d, [&](auto scale_type) {
+    using S = decltype(scale_type);
+    const S *dp = d.data_ptr<S>(), *mp = mn.data_ptr<S>();
+    return matmul(x, qs.size(0), [&](auto r, auto nw, int64_t n0, int64_t m0, float (*out)[MR]) {
+      constexpr int R = decltype(r)::value, NW = decltype(nw)::value;
+      const auto wq = tile_ptrs<NW>(w, n0, K / 2);
+      const auto wd = tile_ptrs<NW>(dp, n0, nb), wm = tile_ptrs<NW>(mp, n0, nb);
+      if (isa == 2)
+        q4_tile_vnni<R, NW>(wq.data(), wd.data(), wm.data(), a, m0, nb, out);
+      else
+        q4_tile_avx2<R, NW>(wq.data(), wd.data(), wm.data(), a, m0, nb, out);
+    });
   });
 }
 
@@ -363,46 +383,50 @@ torch::Tensor q8_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d, int6
   x = x.contiguous();
   const QuantRows a = quantize_input(x);
   const int8_t* w = qs.data_ptr<int8_t>();
-  const float* dp = d.data_ptr<float>();
-  return matmul(x, qs.size(0), [&](auto r, auto nw, int64_t n0, int64_t m0, float (*out)[MR]) {
-    constexpr int R = decltype(r)::value, NW = decltype(nw)::value;
-    const auto wq = tile_ptrs<NW>(w, n0, K);
-    const auto wd = tile_ptrs<NW>(dp, n0, K / group);
-    if (isa == 2)
-      q8_tile_vnni<R, NW>(wq.data(), wd.data(), group, a, m0, nb, out);
-    else
-      q8_tile_avx2<R, NW>(wq.data(), wd.data(), group, a, m0, nb, out);
+  return with_scale_type(d, [&](auto scale_type) {
+    using S = decltype(scale_type);
+    const S* dp = d.data_ptr<S>();
+    return matmul(x, qs.size(0), [&](auto r, auto nw, int64_t n0, int64_t m0, float (*out)[MR]) {
+      constexpr int R = decltype(r)::value, NW = decltype(nw)::value;
+      const auto wq = tile_ptrs<NW>(w, n0, K);
+      const auto wd = tile_ptrs<NW>(dp, n0, K / group);
+      if (isa == 2)
+        q8_tile_vnni<R, NW>(wq.data(), wd.data(), group, a, m0, nb, out);
+      else
+        q8_tile_avx2<R, NW>(wq.data(), wd.data(), group, a, m0, nb, out);
+    });
   });
 }
 
 // The weights as a dense [N, K] matrix of `out`'s dtype, written in place: prefill steps (hundreds
 // of rows) multiply faster through oneDNN's bf16/fp32 matmuls than through int8 dot products.
-template <typename T>
-void dequantize_into(const torch::Tensor& qs, const torch::Tensor& d, const torch::Tensor& mn,
-                     int64_t group, torch::Tensor& out) {
+template <typename T, typename S>
+void dequantize_into(const torch::Tensor& qs, const S* dp, const S* mp, int64_t group,
+                     torch::Tensor& out) {
   const int64_t N = out.size(0), K = out.size(1);
-  const float* dp = d.data_ptr<float>();
   T* o = out.data_ptr<T>();
   const bool q4 = qs.scalar_type() == torch::kUInt8;
   const uint8_t* q4s = q4 ? qs.data_ptr<uint8_t>() : nullptr;
   const int8_t* q8s = q4 ? nullptr : qs.data_ptr<int8_t>();
-  const float* mp = q4 ? mn.data_ptr<float>() : nullptr;
   at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
       T* row = o + n * K;
       if (q4) {
         const uint8_t* q = q4s + n * K / 2;
-        const float *rd = dp + n * (K / QB), *rm = mp + n * (K / QB);
-        for (int64_t b = 0; b < K / QB; ++b)
+        const S *rd = dp + n * (K / QB), *rm = mp + n * (K / QB);
+        for (int64_t b = 0; b < K / QB; ++b) {
+          const float scale = static_cast<float>(rd[b]), offset = static_cast<float>(rm[b]);
           for (int64_t j = 0; j < QB / 2; ++j) {
             const uint8_t byte = q[b * QB / 2 + j];
-            row[b * QB + j] = static_cast<T>(rd[b] * static_cast<float>(byte & 0x0F) + rm[b]);
-            row[b * QB + j + QB / 2] = static_cast<T>(rd[b] * static_cast<float>(byte >> 4) + rm[b]);
+            row[b * QB + j] = static_cast<T>(scale * static_cast<float>(byte & 0x0F) + offset);
+            row[b * QB + j + QB / 2] = static_cast<T>(scale * static_cast<float>(byte >> 4) + offset);
           }
+        }
       } else {
         const int8_t* q = q8s + n * K;
-        const float* rd = dp + n * (K / group);
-        for (int64_t k = 0; k < K; ++k) row[k] = static_cast<T>(rd[k / group] * static_cast<float>(q[k]));
+        const S* rd = dp + n * (K / group);
+        for (int64_t k = 0; k < K; ++k)
+          row[k] = static_cast<T>(static_cast<float>(rd[k / group]) * static_cast<float>(q[k]));
       }
     }
   });
@@ -410,13 +434,18 @@ void dequantize_into(const torch::Tensor& qs, const torch::Tensor& d, const torc
 
 torch::Tensor dequantize(torch::Tensor qs, torch::Tensor d, torch::Tensor mn, int64_t group,
                          int64_t K, torch::ScalarType dtype) {
+  TORCH_CHECK(dtype == torch::kFloat32 || dtype == torch::kBFloat16,
+              "dequantize to float32 or bfloat16");
   torch::Tensor out = torch::empty({qs.size(0), K}, dtype);
-  if (dtype == torch::kBFloat16)
-    dequantize_into<at::BFloat16>(qs, d, mn, group, out);
-  else {
-    TORCH_CHECK(dtype == torch::kFloat32, "dequantize to float32 or bfloat16");
-    dequantize_into<float>(qs, d, mn, group, out);
-  }
+  with_scale_type(d, [&](auto scale_type) {
+    using S = decltype(scale_type);
+    const S* mp = qs.scalar_type() == torch::kUInt8 ? mn.data_ptr<S>() : nullptr;
+    if (dtype == torch::kBFloat16)
+      dequantize_into<at::BFloat16>(qs, d.data_ptr<S>(), mp, group, out);
+    else
+      dequantize_into<float>(qs, d.data_ptr<S>(), mp, group, out);
+    return 0;
+  });
   return out;
 }
 

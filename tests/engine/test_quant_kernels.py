@@ -147,3 +147,22 @@ def test_avx2_path_is_forced_by_environment(monkeypatch):
     monkeypatch.setenv("TOKENYARD_QUANT_ISA", "sse")
     with pytest.raises(ValueError):
         quant_isa()
+
+
+def test_fp16_scales_are_kept_where_exact():
+    """GGUF's fp16 scales stay fp16 (fewer bytes a decode step streams) where every one is an exact
+    fp16; Q4_K's products of two scales are not, and stay fp32; fusing both kinds gives fp32 scales
+    and the same weights; the kernels' dense copy reads fp16 scales as the reference does."""
+    q40 = from_gguf(random_gguf("Q4_0", 6, 256), "Q4_0", 6, 256)
+    q4k = from_gguf(random_gguf("Q4_K", 6, 256), "Q4_K", 6, 256)
+    q80 = from_gguf(random_gguf("Q8_0", 6, 256), "Q8_0", 6, 256)
+    assert q40.scales.dtype == q40.mins.dtype == q80.scales.dtype == torch.float16
+    assert q4k.scales.dtype == q4k.mins.dtype == torch.float32
+    assert quantize(torch.randn(4, 64), "int4").scales.dtype == torch.float32
+    fused = QuantizedTensor.cat([q40, q4k])
+    assert fused.scales.dtype == fused.mins.dtype == torch.float32
+    assert torch.equal(fused.dequantize(), torch.cat([q40.dequantize(), q4k.dequantize()]))
+    if KERNELS is not None:
+        for weight in (q40, q80):
+            dense = QuantizedLinear(weight).dense(torch.float32)
+            torch.testing.assert_close(dense, weight.dequantize(), rtol=1e-6, atol=1e-6)

@@ -1,0 +1,107 @@
+"""Small decode steps on CPU as direct calls of the compiled kernels.
+
+A step of a few decodes on a quantized model reads every weight once (about 9 ms here) and, through
+the modules, spends 4-5 ms more in Python: per layer nine module calls, the linear layers'
+dispatch, views and splits. One stream waits for every step, so this path runs the same kernels
+in the same order with nothing between them: the layer loop of engine/model.py written out once
+for this case (a batch-1 step 14.9 → 13.3 ms in-process, bench/RESULTS.md, issue 17). The modules
+stay the reference: tests compare the two paths bit for bit.
+
+It serves steps of decodes only (one token each), fewer than COPY_ROWS of them, on a model whose
+projections are all quantized with the kernels built, attended by KernelAttention; anything else
+goes through the modules.
+"""
+
+from types import ModuleType
+
+import torch
+
+from engine.attention import AttentionMetadata, KernelAttention
+from engine.model import LlamaModel
+from engine.quantized_linear import COPY_ROWS, QuantizedLinear
+
+
+class CpuDecoder:
+    def __init__(self, model: LlamaModel, attention: KernelAttention, kv_caches: list[torch.Tensor]):
+        config = model.config
+        self.model = model
+        self.ops: ModuleType = model.norm.ops
+        self.paged_decode = attention.kernel.paged_decode
+        self.eps = config.rms_norm_eps
+        self.heads, self.kv_heads, self.head_dim = (
+            config.num_heads,
+            config.num_kv_heads,
+            config.head_dim,
+        )
+        self.scale = config.head_dim**-0.5
+        self.sizes = model.layers[0].self_attn.sizes
+        # per layer: its norms' weights, its projections' kernel calls and its K and V pools as
+        # [slots, kv heads, head dim] views, looked up once rather than at every step
+        self.layers = []
+        for layer, cache in zip(model.layers, kv_caches, strict=True):
+            attn, mlp = layer.self_attn, layer.mlp
+            k_cache, v_cache = cache.unbind(0)
+            self.layers.append(
+                (
+                    layer.input_layernorm.weight,
+                    attn.qkv_proj.multiply,
+                    k_cache,
+                    v_cache,
+                    k_cache.view(-1, self.kv_heads, self.head_dim),
+                    v_cache.view(-1, self.kv_heads, self.head_dim),
+                    attn.o_proj.multiply,
+                    layer.post_attention_layernorm.weight,
+                    mlp.gate_up_proj.multiply,
+                    mlp.down_proj.multiply,
+                )
+            )
+
+    @staticmethod
+    def fits(model: LlamaModel, attention) -> bool:
+        """Whether the model and attention backend are what this path runs."""
+        linears = [
+            p
+            for layer in model.layers
+            for p in (
+                layer.self_attn.qkv_proj,
+                layer.self_attn.o_proj,
+                layer.mlp.gate_up_proj,
+                layer.mlp.down_proj,
+            )
+        ]
+        return (
+            model.norm.ops is not None
+            and isinstance(attention, KernelAttention)
+            and all(isinstance(p, QuantizedLinear) and p.kernels is not None for p in linears)
+        )
+
+    @staticmethod
+    def serves(meta: AttentionMetadata, tokens: int) -> bool:
+        return meta.num_decodes == tokens < COPY_ROWS
+
+    def __call__(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """The final hidden states [T, hidden], as LlamaModel.forward gives them."""
+        model, ops, n = self.model, self.ops, input_ids.shape[0]
+        x = model.embed_tokens(input_ids).to(model.norm.weight.dtype)
+        cos, sin = model.rotary(positions, x.dtype)
+        residual = None
+        slots, tables, lens = meta.slot_mapping, meta.block_tables, meta.context_lens
+        for in_norm, qkv_proj, k_cache, v_cache, k_slots, v_slots, o_proj, post_norm, gate_up, down in (
+            self.layers
+        ):
+            if residual is None:
+                residual, h = x, ops.rms_norm(x, None, in_norm, self.eps)[0]
+            else:
+                h, residual = ops.rms_norm(x, residual, in_norm, self.eps)
+            q, k, v = qkv_proj(h).split(self.sizes, dim=-1)
+            q = q.view(n, self.heads, self.head_dim)
+            k = k.view(n, self.kv_heads, self.head_dim)
+            ops.rotary_(q, k, cos, sin)
+            k_slots.index_copy_(0, slots, k)
+            v_slots.index_copy_(0, slots, v.view(n, self.kv_heads, self.head_dim))
+            out = self.paged_decode(q, k_cache, v_cache, tables, lens, self.scale)
+            h, residual = ops.rms_norm(o_proj(out.view(n, -1)), residual, post_norm, self.eps)
+            x = down(ops.silu_mul(gate_up(h)))
+        return ops.rms_norm(x, residual, model.norm.weight, self.eps)[0]
