@@ -12,6 +12,8 @@ projections are all quantized with the kernels built, attended by KernelAttentio
 goes through the modules.
 """
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from types import ModuleType
 
 import torch
@@ -21,28 +23,42 @@ from engine.model import LlamaModel
 from engine.quantized_linear import COPY_ROWS, QuantizedLinear
 
 
+@dataclass
+class _Layer:
+    """One decoder layer as this path calls it: norm weights, the projections' kernel calls, and
+    the layer's K and V pools, whole and as [slots, kv heads, head dim] views for the writes."""
+
+    input_norm: torch.Tensor
+    qkv: Callable[[torch.Tensor], torch.Tensor]
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    k_slots: torch.Tensor
+    v_slots: torch.Tensor
+    o: Callable[[torch.Tensor], torch.Tensor]
+    post_norm: torch.Tensor
+    gate_up: Callable[[torch.Tensor], torch.Tensor]
+    down: Callable[[torch.Tensor], torch.Tensor]
+
+
 class CpuDecoder:
-    def __init__(self, model: LlamaModel, attention: KernelAttention, kv_caches: list[torch.Tensor]):
+    def __init__(
+        self, model: LlamaModel, attention: KernelAttention, kv_caches: list[torch.Tensor]
+    ):
         config = model.config
         self.model = model
         self.ops: ModuleType = model.norm.ops
         self.paged_decode = attention.kernel.paged_decode
         self.eps = config.rms_norm_eps
-        self.heads, self.kv_heads, self.head_dim = (
-            config.num_heads,
-            config.num_kv_heads,
-            config.head_dim,
-        )
+        self.heads, self.kv_heads = config.num_heads, config.num_kv_heads
+        self.head_dim = config.head_dim
         self.scale = config.head_dim**-0.5
         self.sizes = model.layers[0].self_attn.sizes
-        # per layer: its norms' weights, its projections' kernel calls and its K and V pools as
-        # [slots, kv heads, head dim] views, looked up once rather than at every step
-        self.layers = []
+        self.layers = []  # looked up once here rather than at every step
         for layer, cache in zip(model.layers, kv_caches, strict=True):
             attn, mlp = layer.self_attn, layer.mlp
             k_cache, v_cache = cache.unbind(0)
             self.layers.append(
-                (
+                _Layer(
                     layer.input_layernorm.weight,
                     attn.qkv_proj.multiply,
                     k_cache,
@@ -83,25 +99,23 @@ class CpuDecoder:
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
         """The final hidden states [T, hidden], as LlamaModel.forward gives them."""
-        model, ops, n = self.model, self.ops, input_ids.shape[0]
+        model, ops, n, eps = self.model, self.ops, input_ids.shape[0], self.eps
         x = model.embed_tokens(input_ids).to(model.norm.weight.dtype)
         cos, sin = model.rotary(positions, x.dtype)
         residual = None
         slots, tables, lens = meta.slot_mapping, meta.block_tables, meta.context_lens
-        for in_norm, qkv_proj, k_cache, v_cache, k_slots, v_slots, o_proj, post_norm, gate_up, down in (
-            self.layers
-        ):
+        for layer in self.layers:
             if residual is None:
-                residual, h = x, ops.rms_norm(x, None, in_norm, self.eps)[0]
+                residual, h = x, ops.rms_norm(x, None, layer.input_norm, eps)[0]
             else:
-                h, residual = ops.rms_norm(x, residual, in_norm, self.eps)
-            q, k, v = qkv_proj(h).split(self.sizes, dim=-1)
+                h, residual = ops.rms_norm(x, residual, layer.input_norm, eps)
+            q, k, v = layer.qkv(h).split(self.sizes, dim=-1)
             q = q.view(n, self.heads, self.head_dim)
             k = k.view(n, self.kv_heads, self.head_dim)
             ops.rotary_(q, k, cos, sin)
-            k_slots.index_copy_(0, slots, k)
-            v_slots.index_copy_(0, slots, v.view(n, self.kv_heads, self.head_dim))
-            out = self.paged_decode(q, k_cache, v_cache, tables, lens, self.scale)
-            h, residual = ops.rms_norm(o_proj(out.view(n, -1)), residual, post_norm, self.eps)
-            x = down(ops.silu_mul(gate_up(h)))
-        return ops.rms_norm(x, residual, model.norm.weight, self.eps)[0]
+            layer.k_slots.index_copy_(0, slots, k)
+            layer.v_slots.index_copy_(0, slots, v.view(n, self.kv_heads, self.head_dim))
+            out = self.paged_decode(q, layer.k_cache, layer.v_cache, tables, lens, self.scale)
+            h, residual = ops.rms_norm(layer.o(out.view(n, -1)), residual, layer.post_norm, eps)
+            x = layer.down(ops.silu_mul(layer.gate_up(h)))
+        return ops.rms_norm(x, residual, model.norm.weight, eps)[0]

@@ -115,7 +115,8 @@ def pack_q8(levels: np.ndarray, d: np.ndarray, group: int, source: str) -> Quant
 
 
 def _scales(rows: int, *arrays: np.ndarray) -> list[torch.Tensor]:
-    """The arrays as [rows, -1] tensors: fp16 when all of them are exactly fp16 values, else fp32."""
+    """The arrays as [rows, -1] tensors: fp16 when every value of them is exact in fp16, else
+    fp32."""
     exact = [np.asarray(x, dtype=np.float32) for x in arrays]
     with np.errstate(over="ignore"):
         fits = all(np.array_equal(x.astype(np.float16).astype(np.float32), x) for x in exact)

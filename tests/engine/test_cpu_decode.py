@@ -67,5 +67,5 @@ def test_only_small_decode_steps_take_it(engine):
 
 
 def test_not_built_for_float_weights():
-    engine = LLMEngine(EngineConfig(device="cpu", dtype="float32", quantization="none", num_blocks=8))
-    assert engine.cpu_decoder is None
+    config = EngineConfig(device="cpu", dtype="float32", quantization="none", num_blocks=8)
+    assert LLMEngine(config).cpu_decoder is None
