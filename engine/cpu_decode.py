@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from types import ModuleType
 
 import torch
+from torch.nn import functional as F
 
 from engine.attention import AttentionMetadata, KernelAttention
 from engine.model import LlamaModel
@@ -53,6 +54,7 @@ class CpuDecoder:
         self.head_dim = config.head_dim
         self.scale = config.head_dim**-0.5
         self.sizes = model.layers[0].self_attn.sizes
+        self.intermediate = config.intermediate_size
         self.layers = []  # looked up once here rather than at every step
         for layer, cache in zip(model.layers, kv_caches, strict=True):
             attn, mlp = layer.self_attn, layer.mlp
@@ -117,5 +119,6 @@ class CpuDecoder:
             layer.v_slots.index_copy_(0, slots, v.view(n, self.kv_heads, self.head_dim))
             out = self.paged_decode(q, layer.k_cache, layer.v_cache, tables, lens, self.scale)
             h, residual = ops.rms_norm(layer.o(out.view(n, -1)), residual, layer.post_norm, eps)
-            x = layer.down(ops.silu_mul(layer.gate_up(h)))
+            gate, up = layer.gate_up(h).split(self.intermediate, dim=-1)
+            x = layer.down(F.silu(gate) * up)
         return ops.rms_norm(x, residual, model.norm.weight, eps)[0]

@@ -34,10 +34,43 @@ inline void load_row(const at::BFloat16* src, vec* dst) {
   }
 }
 
-inline float sum(vec v) {
-  float total = 0.f;
-  for (int64_t i = 0; i < L; ++i) total += v[i];
-  return total;
+typedef int32_t index_vec __attribute__((vector_size(L * sizeof(int32_t))));
+
+// Sums of the lanes of L vectors at once (a token's products with q, L tokens): pairs of vectors
+// fold into one in log2(L) rounds, each round halving the lanes one vector's partial sums take
+// (segments of 2h lanes → h: the lower halves of a's and b's segments, alternating, plus the upper
+// halves). Summing each vector on its own took 40% of the kernel; this is ~4x fewer instructions.
+// The sums come out in bit-reversed order: token t's products go in at slot bit_reverse(t).
+constexpr int64_t LOG2_L = 4;
+static_assert(L == int64_t{1} << LOG2_L);
+
+constexpr int64_t bit_reverse(int64_t t) {
+  int64_t r = 0;
+  for (int64_t bit = 0; bit < LOG2_L; ++bit) r |= ((t >> bit) & 1) << (LOG2_L - 1 - bit);
+  return r;
+}
+
+struct FoldMasks {
+  index_vec lower[LOG2_L], upper[LOG2_L];  // per round
+  FoldMasks() {
+    for (int64_t round = 0, h = L / 2; round < LOG2_L; ++round, h /= 2)
+      for (int64_t seg = 0, i = 0; seg < L / (2 * h); ++seg)
+        for (int64_t from = 0; from < 2; ++from)  // a's lanes, then b's (index + L)
+          for (int64_t k = 0; k < h; ++k, ++i) {
+            lower[round][i] = static_cast<int32_t>(from * L + seg * 2 * h + k);
+            upper[round][i] = static_cast<int32_t>(from * L + seg * 2 * h + h + k);
+          }
+  }
+};
+const FoldMasks FOLD;
+
+// v[bit_reverse(t)] holds token t's partial sums; returns the L totals in token order (v is spent)
+inline vec reduce_lanes(vec* v) {
+  for (int64_t round = 0, n = L; round < LOG2_L; ++round, n /= 2)
+    for (int64_t i = 0; i < n / 2; ++i)
+      v[i] = __builtin_shuffle(v[2 * i], v[2 * i + 1], FOLD.lower[round]) +
+             __builtin_shuffle(v[2 * i], v[2 * i + 1], FOLD.upper[round]);
+  return v[0];
 }
 
 // tokens a part of a split sequence holds at least: below this, merging parts costs more than the
@@ -63,7 +96,7 @@ void decode(const T* q, const T* k_cache, const T* v_cache, const int32_t* table
   std::vector<vec> sums(pairs * parts * group * C);
   at::parallel_for(0, pairs * parts, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;
-    std::vector<vec> qv(group * C);
+    std::vector<vec> qv(group * C), partial(group * L, vec{});
     for (int64_t i = begin; i < end; ++i) {
       const int64_t pair = i / parts, part = i % parts;
       const int64_t b = pair / kv_heads, h = pair % kv_heads, len = lens[b];
@@ -85,16 +118,33 @@ void decode(const T* q, const T* k_cache, const T* v_cache, const int32_t* table
         load_row<D>(q + (b * q_heads + h * group + g) * D, &qv[g * C]);
         for (int64_t c = 0; c < C; ++c) qv[g * C + c] *= scale;
       }
-      each_row(k_cache, [&](int64_t j, const T* key) {
+      // each token's products with every query head of the group wait in `partial` until L
+      // tokens' are summed at once
+      int64_t done = 0, waiting = 0;
+      auto flush = [&] {
+        for (int64_t g = 0; g < group; ++g) {
+          const vec totals_of_chunk = reduce_lanes(&partial[g * L]);
+          float* out = scores.data() + g * n_tokens + done;
+          if (waiting == L)
+            std::memcpy(out, &totals_of_chunk, sizeof totals_of_chunk);
+          else
+            for (int64_t t = 0; t < waiting; ++t) out[t] = totals_of_chunk[t];
+        }
+        done += waiting;
+        waiting = 0;
+      };
+      each_row(k_cache, [&](int64_t, const T* key) {
         vec k[C];
         load_row<D>(key, k);
         for (int64_t g = 0; g < group; ++g) {
           const vec* qg = &qv[g * C];
           vec s = qg[0] * k[0];
           for (int64_t c = 1; c < C; ++c) s += qg[c] * k[c];
-          scores[g * n_tokens + j] = sum(s);
+          partial[g * L + bit_reverse(waiting)] = s;
         }
+        if (++waiting == L) flush();
       });
+      if (waiting > 0) flush();
       const int64_t slot = i * group;  // this item's first (item, query head) slot
       for (int64_t g = 0; g < group; ++g) {
         float* s = scores.data() + g * n_tokens;

@@ -49,17 +49,9 @@ def test_rotary_in_place_on_projection_views(dtype):
     assert torch.equal(v, v_before)  # the rest of the projection's output is untouched
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_silu_mul_matches_the_mlp(dtype):
-    torch.manual_seed(1)
-    gate_up = torch.randn(6, 2 * 1536, dtype=dtype) * 3
-    gate, up = gate_up.split(1536, dim=-1)
-    expected = torch.nn.functional.silu(gate) * up
-    torch.testing.assert_close(OPS.silu_mul(gate_up), expected, rtol=2**-7, atol=1e-6)
-
-
 def test_bad_shapes_are_refused():
     with pytest.raises(RuntimeError, match="weight"):
         OPS.rms_norm(torch.randn(2, 8), None, torch.ones(4), 1e-5)
-    with pytest.raises(RuntimeError, match="contiguous"):
-        OPS.silu_mul(torch.randn(8, 6).t())
+    q, k = torch.randn(2, 3, 8), torch.randn(2, 1, 8)
+    with pytest.raises(RuntimeError, match="cos and sin"):
+        OPS.rotary_(q, k, torch.randn(8, 2).t(), torch.randn(2, 8))  # not contiguous
