@@ -83,95 +83,100 @@ void decode(const T* q, const T* k_cache, const T* v_cache, const int32_t* table
             int64_t block_size, int64_t max_blocks, float scale) {
   constexpr int64_t C = D / L;
   const int64_t group = q_heads / kv_heads;
-  const int64_t row = kv_heads * D;  // one token's K (or V) for every KV head
-  // Work items are (sequence, KV head) pairs; with fewer pairs than 4 per thread (a batch-1 step
-  // has 3 for 2 threads) each sequence's tokens are cut into parts that run apart and are merged
-  // after, as flash-decoding does: a part keeps its running max, sum of exps and unnormalized sums.
+  const int64_t row = kv_heads * D;  // one token's K (or V): every KV head's, side by side
+  // Work items are sequences: a thread reads each token's K (then V) row for every KV head at
+  // once, so a block's cache lines are read in order, each once (an item per (sequence, KV head)
+  // read a third of every line pair here and ran at half the speed). With fewer sequences than 4
+  // per thread (a batch-1 step) each sequence's tokens are cut into parts that run apart and are
+  // merged after, as flash-decoding does: a part keeps its running max, sum of exps and
+  // unnormalized sums.
   int64_t longest = 0;
   for (int64_t b = 0; b < batch; ++b) longest = std::max<int64_t>(longest, lens[b]);
-  const int64_t pairs = batch * kv_heads, wanted = 4 * at::get_num_threads();
+  const int64_t wanted = 4 * at::get_num_threads();
   const int64_t parts =
-      pairs >= wanted ? 1 : std::max<int64_t>(1, std::min((wanted + pairs - 1) / pairs, longest / MIN_PART));
-  std::vector<float> tops(pairs * parts * group), totals(pairs * parts * group, 0.f);
-  std::vector<vec> sums(pairs * parts * group * C);
-  at::parallel_for(0, pairs * parts, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;
-    std::vector<vec> qv(group * C), partial(group * L, vec{});
+      batch >= wanted ? 1 : std::max<int64_t>(1, std::min((wanted + batch - 1) / batch, longest / MIN_PART));
+  std::vector<float> tops(batch * parts * q_heads), totals(batch * parts * q_heads, 0.f);
+  std::vector<vec> sums(batch * parts * q_heads * C);
+  at::parallel_for(0, batch * parts, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores;  // [q_heads, the part's tokens]
+    std::vector<vec> qv(q_heads * C), partial(q_heads * L, vec{});
     for (int64_t i = begin; i < end; ++i) {
-      const int64_t pair = i / parts, part = i % parts;
-      const int64_t b = pair / kv_heads, h = pair % kv_heads, len = lens[b];
+      const int64_t b = i / parts, part = i % parts, len = lens[b];
       const int64_t span = (len + parts - 1) / parts, lo = part * span;
       const int64_t hi = std::min(len, lo + span), n_tokens = hi - lo;
-      if (n_tokens <= 0) continue;  // a short sequence in a split step: its total stays 0
+      if (n_tokens <= 0) continue;  // a short sequence in a split step: its totals stay 0
       const int32_t* table = tables + b * max_blocks;
       // calls fn(j, row of token lo + j) for the part's tokens, walking its blocks
       auto each_row = [&](const T* cache, auto fn) {
         for (int64_t first = lo; first < hi;) {
           const int64_t offset = first % block_size, n = std::min(block_size - offset, hi - first);
-          const T* base = cache + (table[first / block_size] * block_size + offset) * row + h * D;
+          const T* base = cache + (table[first / block_size] * block_size + offset) * row;
           for (int64_t t = 0; t < n; ++t) fn(first - lo + t, base + t * row);
           first += n;
         }
       };
-      scores.resize(group * n_tokens);
-      for (int64_t g = 0; g < group; ++g) {
-        load_row<D>(q + (b * q_heads + h * group + g) * D, &qv[g * C]);
-        for (int64_t c = 0; c < C; ++c) qv[g * C + c] *= scale;
+      scores.resize(q_heads * n_tokens);
+      for (int64_t h = 0; h < q_heads; ++h) {
+        load_row<D>(q + (b * q_heads + h) * D, &qv[h * C]);
+        for (int64_t c = 0; c < C; ++c) qv[h * C + c] *= scale;
       }
-      // each token's products with every query head of the group wait in `partial` until L
-      // tokens' are summed at once
+      // each token's products with every query head wait in `partial` until L tokens' are
+      // summed at once
       int64_t done = 0, waiting = 0;
       auto flush = [&] {
-        for (int64_t g = 0; g < group; ++g) {
-          const vec totals_of_chunk = reduce_lanes(&partial[g * L]);
-          float* out = scores.data() + g * n_tokens + done;
+        for (int64_t h = 0; h < q_heads; ++h) {
+          const vec chunk = reduce_lanes(&partial[h * L]);
+          float* dst = scores.data() + h * n_tokens + done;
           if (waiting == L)
-            std::memcpy(out, &totals_of_chunk, sizeof totals_of_chunk);
+            std::memcpy(dst, &chunk, sizeof chunk);
           else
-            for (int64_t t = 0; t < waiting; ++t) out[t] = totals_of_chunk[t];
+            for (int64_t t = 0; t < waiting; ++t) dst[t] = chunk[t];
         }
         done += waiting;
         waiting = 0;
       };
-      each_row(k_cache, [&](int64_t, const T* key) {
-        vec k[C];
-        load_row<D>(key, k);
-        for (int64_t g = 0; g < group; ++g) {
-          const vec* qg = &qv[g * C];
-          vec s = qg[0] * k[0];
-          for (int64_t c = 1; c < C; ++c) s += qg[c] * k[c];
-          partial[g * L + bit_reverse(waiting)] = s;
+      each_row(k_cache, [&](int64_t, const T* keys) {
+        for (int64_t kv = 0; kv < kv_heads; ++kv) {
+          vec k[C];
+          load_row<D>(keys + kv * D, k);
+          for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
+            const vec* qh = &qv[h * C];
+            vec s = qh[0] * k[0];
+            for (int64_t c = 1; c < C; ++c) s += qh[c] * k[c];
+            partial[h * L + bit_reverse(waiting)] = s;
+          }
         }
         if (++waiting == L) flush();
       });
       if (waiting > 0) flush();
-      const int64_t slot = i * group;  // this item's first (item, query head) slot
-      for (int64_t g = 0; g < group; ++g) {
-        float* s = scores.data() + g * n_tokens;
+      const int64_t slot = i * q_heads;  // this item's first (item, query head) slot
+      for (int64_t h = 0; h < q_heads; ++h) {
+        float* s = scores.data() + h * n_tokens;
         float top = s[0], total = 0.f;
         for (int64_t j = 1; j < n_tokens; ++j) top = std::max(top, s[j]);
         for (int64_t j = 0; j < n_tokens; ++j) total += (s[j] = std::exp(s[j] - top));
-        tops[slot + g] = top;
-        totals[slot + g] = total;
+        tops[slot + h] = top;
+        totals[slot + h] = total;
       }
       vec* acc = &sums[slot * C];
-      for (int64_t c = 0; c < group * C; ++c) acc[c] = vec{};
-      each_row(v_cache, [&](int64_t j, const T* value) {
-        vec v[C];
-        load_row<D>(value, v);
-        for (int64_t g = 0; g < group; ++g) {
-          const float p = scores[g * n_tokens + j];
-          for (int64_t c = 0; c < C; ++c) acc[g * C + c] += p * v[c];
+      for (int64_t c = 0; c < q_heads * C; ++c) acc[c] = vec{};
+      each_row(v_cache, [&](int64_t j, const T* values) {
+        for (int64_t kv = 0; kv < kv_heads; ++kv) {
+          vec v[C];
+          load_row<D>(values + kv * D, v);
+          for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
+            const float p = scores[h * n_tokens + j];
+            for (int64_t c = 0; c < C; ++c) acc[h * C + c] += p * v[c];
+          }
         }
       });
     }
   });
   // merge the parts of each (sequence, query head): weights exp(top - max) rescale each part
-  at::parallel_for(0, pairs * group, 16, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, batch * q_heads, 16, [&](int64_t begin, int64_t end) {
     for (int64_t x = begin; x < end; ++x) {
-      const int64_t pair = x / group, g = x % group;
-      const int64_t b = pair / kv_heads, h = pair % kv_heads;
-      auto slot = [&](int64_t part) { return (pair * parts + part) * group + g; };
+      const int64_t b = x / q_heads, h = x % q_heads;
+      auto slot = [&](int64_t part) { return (b * parts + part) * q_heads + h; };
       float top = -std::numeric_limits<float>::max();  // finite: built with -ffast-math
       for (int64_t p = 0; p < parts; ++p)
         if (totals[slot(p)] > 0.f) top = std::max(top, tops[slot(p)]);
@@ -184,7 +189,7 @@ void decode(const T* q, const T* k_cache, const T* v_cache, const int32_t* table
         for (int64_t c = 0; c < C; ++c) merged[c] += w * sums[slot(p) * C + c];
       }
       const float inv = 1.f / total;
-      T* o = out + (b * q_heads + h * group + g) * D;
+      T* o = out + x * D;
       for (int64_t c = 0; c < C; ++c)
         for (int64_t l = 0; l < L; ++l) o[c * L + l] = static_cast<T>(merged[c][l] * inv);
     }
