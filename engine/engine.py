@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from engine import huge_pages
 from engine.attention import SeqSlice, make_attention
 from engine.config import EngineConfig
 from engine.constraints import Constraints, SchemaError
@@ -18,7 +19,7 @@ from engine.loader import load_weights, resolve_model_path
 from engine.metrics import EngineMetrics
 from engine.model import LlamaModel
 from engine.packed_linear import pack_linears
-from engine.quantized_linear import QuantizedLinear, effective_quantization
+from engine.quantized_linear import QuantizedEmbedding, QuantizedLinear, effective_quantization
 from engine.sampler import Sampled, Sampler
 from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import GenerationRequest, SeqStatus, Sequence
@@ -96,10 +97,14 @@ class LLMEngine:
         self.model.to(self.device, self.dtype).eval()
         if config.packed_weights:
             pack_linears(self.model)
+        quantized = [
+            m for m in self.model.modules() if isinstance(m, QuantizedLinear | QuantizedEmbedding)
+        ]
         if config.dense_copy and self.dtype == torch.bfloat16:
-            for layer in self.model.modules():
+            for layer in quantized:
                 if isinstance(layer, QuantizedLinear):
                     layer.keep_dense_copy()
+        huge_pages.gather([layer.weight for layer in quantized])
         self.tokenizer = Tokenizer.load(path, self.model_config.eos_token_ids)
         self.attention = make_attention(
             self.device,
