@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from types import ModuleType
 
 import torch
-from torch.nn import functional as F
 
 from engine.attention import AttentionMetadata, KernelAttention
 from engine.model import LlamaModel
@@ -54,7 +53,6 @@ class CpuDecoder:
         self.head_dim = config.head_dim
         self.scale = config.head_dim**-0.5
         self.sizes = model.layers[0].self_attn.sizes
-        self.intermediate = config.intermediate_size
         self.layers = []  # looked up once here rather than at every step
         for layer, cache in zip(model.layers, kv_caches, strict=True):
             attn, mlp = layer.self_attn, layer.mlp
@@ -111,14 +109,11 @@ class CpuDecoder:
                 residual, h = x, ops.rms_norm(x, None, layer.input_norm, eps)[0]
             else:
                 h, residual = ops.rms_norm(x, residual, layer.input_norm, eps)
-            q, k, v = layer.qkv(h).split(self.sizes, dim=-1)
-            q = q.view(n, self.heads, self.head_dim)
-            k = k.view(n, self.kv_heads, self.head_dim)
-            ops.rotary_(q, k, cos, sin)
-            layer.k_slots.index_copy_(0, slots, k)
-            layer.v_slots.index_copy_(0, slots, v.view(n, self.kv_heads, self.head_dim))
+            qkv = layer.qkv(h)
+            q = ops.rotary_to_cache_(
+                qkv, self.heads, self.kv_heads, cos, sin, layer.k_slots, layer.v_slots, slots
+            )
             out = self.paged_decode(q, layer.k_cache, layer.v_cache, tables, lens, self.scale)
             h, residual = ops.rms_norm(layer.o(out.view(n, -1)), residual, layer.post_norm, eps)
-            gate, up = layer.gate_up(h).split(self.intermediate, dim=-1)
-            x = layer.down(F.silu(gate) * up)
+            x = layer.down(ops.silu_mul(layer.gate_up(h)))
         return ops.rms_norm(x, residual, model.norm.weight, eps)[0]

@@ -4,8 +4,9 @@ keyed by the source:
 - attention (paged_attention.cpp, prefill_attention.cpp): decode attention, and bf16 prefill
   attention where the CPU has AVX512-BF16, both reading the paged KV pool in place. Built for the
   CPU it runs on (-march=native), so a cache must not move between CPU models.
-- element-wise layer ops (layer_ops.cpp): residual add + RMSNorm and rotary in place, each one
-  call instead of several PyTorch ops (exact rounding: no fast math).
+- element-wise layer ops (layer_ops.cpp): residual add + RMSNorm, rotary in place (also with the
+  step's K/V written into the pool), SiLU * up, each one call instead of several PyTorch ops
+  (rounded as PyTorch rounds: no fast math).
 - quantized matmuls (quant_matmul.cpp): AVX-512 VNNI and AVX2 paths both compiled (function target
   attributes) and chosen at run time (`quant_isa`).
 Without a compiler the engine attends with PyTorch SDPA and multiplies quantized weights through
@@ -59,8 +60,8 @@ def paged_attention() -> ModuleType | None:
 
 @functools.cache
 def layer_ops() -> ModuleType | None:
-    """The compiled element-wise ops (`rms_norm`, `rotary_`), or None where they cannot
-    be built (the model then runs the same arithmetic as PyTorch ops)."""
+    """The compiled element-wise ops (`rms_norm`, `rotary_`, `rotary_to_cache_`, `silu_mul`), or
+    None where they cannot be built (the model then runs the same arithmetic as PyTorch ops)."""
     try:
         return _build("tokenyard_layer_ops", [str(CSRC / "layer_ops.cpp")], QUANT_CFLAGS)
     except Exception as exc:  # no compiler or ninja

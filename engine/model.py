@@ -2,7 +2,7 @@
 
 The forward pass takes one flattened batch of tokens from many sequences; attention reads and
 writes the paged KV pool through the attention backend. On CPU the element-wise parts (residual
-add + RMSNorm, rotary) run as single compiled calls (`ops`, engine/csrc/layer_ops.cpp);
+add + RMSNorm, rotary, SiLU * up) run as single compiled calls (`ops`, engine/csrc/layer_ops.cpp);
 the PyTorch expressions here are the same arithmetic, for CUDA and machines without a compiler.
 """
 
@@ -116,14 +116,18 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig):
+    def __init__(self, config: ModelConfig, ops: ModuleType | None = None):
         super().__init__()
+        self.ops = ops
         self.intermediate = config.intermediate_size
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if self.ops is not None:
+            return self.down_proj(self.ops.silu_mul(gate_up))
+        gate, up = gate_up.split(self.intermediate, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -133,7 +137,7 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         self.self_attn = Attention(config, ops)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
-        self.mlp = MLP(config)
+        self.mlp = MLP(config, ops)
 
     def forward(self, x, residual, rope, kv_cache, backend, meta) -> tuple[torch.Tensor, ...]:
         """x: the previous layer's output, not yet added to the residual stream (None in the

@@ -1,15 +1,17 @@
-// The element-wise parts of a Llama layer as single calls on CPU: residual add + RMSNorm, and
-// rotary embedding in place. Unfused, a decode step runs each as 3-9 PyTorch ops whose dispatch
-// costs more than their arithmetic (a batch-1 SmolLM2 step: 2.1 ms in RMSNorm, 1.0 ms in rotary, of
-// 16 ms). SiLU(gate) * up stays PyTorch's: its vectorized exp outruns a scalar loop at every size
-// (1 row: 3.9 against 9.3 us; a 512-token prefill chunk: 0.58 against 2.3 ms a layer). Each result is rounded to the activations' dtype at the same points as the
-// PyTorch expressions in engine/model.py, so both paths give the same bits up to the order of the
-// RMSNorm's sum.
+// The element-wise parts of a Llama layer as single calls on CPU: residual add + RMSNorm, rotary
+// embedding in place (on its own, or with the step's K/V written into the pool), SiLU(gate) * up.
+// Unfused, a decode step runs each as 3-9 PyTorch ops whose dispatch costs more than their
+// arithmetic (a batch-1 SmolLM2 step: 2.1 ms in RMSNorm, 1.0 ms in rotary, of 16 ms; 1.0 ms in
+// split + rotary + the two index_copy_ of K/V, and 1.0 ms in SiLU * up, of 12.5). Each result is
+// rounded to the activations' dtype at the same points as the PyTorch expressions in
+// engine/model.py, so both paths give the same bits up to the order of the RMSNorm's sum, and for
+// SiLU up to the last bit of exp (computed here in vectors: exp_lanes).
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <cstring>
 #include <tuple>
 
 namespace {
@@ -20,6 +22,66 @@ constexpr int64_t GRAIN = 16;  // rows per thread at least: a decode step's few 
 template <typename T>
 inline float round_to(float x) {
   return static_cast<float>(static_cast<T>(x));
+}
+
+constexpr int64_t L = 16;  // lanes of one vector (GCC lowers it to whatever SIMD -march has)
+typedef float vecf __attribute__((vector_size(L * sizeof(float))));
+typedef int32_t veci __attribute__((vector_size(L * sizeof(int32_t))));
+typedef uint16_t vech __attribute__((vector_size(L * sizeof(uint16_t))));
+
+inline vecf load(const float* p) {
+  vecf v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline vecf load(const at::BFloat16* p) {  // bf16 is the top half of an fp32
+  vech h;
+  std::memcpy(&h, p, sizeof h);
+  const veci bits = __builtin_convertvector(h, veci) << 16;
+  vecf v;
+  std::memcpy(&v, &bits, sizeof v);
+  return v;
+}
+inline void store(float* p, vecf v) { std::memcpy(p, &v, sizeof v); }
+inline void store(at::BFloat16* p, vecf v) {  // round to nearest even, as c10 does (finite values)
+  veci bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  const veci rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16;
+  const vech h = __builtin_convertvector(rounded & 0xFFFF, vech);
+  std::memcpy(p, &h, sizeof h);
+}
+// v rounded to T and back: what PyTorch does between two ops in T
+inline vecf round_lanes(vecf v, float*) { return v; }
+inline vecf round_lanes(vecf v, at::BFloat16*) {
+  at::BFloat16 tmp[L];
+  store(tmp, v);
+  return load(tmp);
+}
+
+// e^x in every lane: x = n ln2 + r with |r| <= ln2 / 2 (n rounded by the 1.5 * 2^23 trick), e^r
+// by its Taylor polynomial to r^6 (relative error under 2e-7, about PyTorch's vectorized exp's),
+// 2^n written into the exponent bits. x is clamped to [-87, 88], where 2^n stays a normal float:
+// beyond it SiLU's results round to the same values.
+inline vecf exp_lanes(vecf x) {
+  x = x < -87.f ? vecf{} - 87.f : x;
+  x = x > 88.f ? vecf{} + 88.f : x;
+  const float shifter = 12582912.f;  // 1.5 * 2^23: adding it rounds to an integer
+  const vecf shifted = x * 1.44269504f + shifter;
+  const vecf n = shifted - shifter;
+  const vecf r = (x - n * 0.693145752f) - n * 1.42860677e-6f;  // ln 2 in two parts
+  vecf p = vecf{} + 1.f / 720.f;
+  p = p * r + 1.f / 120.f;
+  p = p * r + 1.f / 24.f;
+  p = p * r + 1.f / 6.f;
+  p = p * r + 0.5f;
+  p = p * r + 1.f;
+  p = p * r + 1.f;
+  veci bits;
+  std::memcpy(&bits, &shifted, sizeof bits);
+  bits = (bits - 0x4B400000 + 127) << 23;  // n + 127 in the exponent field
+  vecf scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
 }
 
 template <typename T>
@@ -111,9 +173,91 @@ void rotary_(torch::Tensor q, torch::Tensor k, torch::Tensor cos, torch::Tensor 
   });
 }
 
+// the fused projection's output [T, (Hq + 2 Hk) D] → rotated q (a [T, Hq, D] view of it); its
+// rotated K and V rows are written into the pool views k_slots, v_slots [slots, Hk, D] at
+// slots [T] (int64): a decode step's split, rotary and two index_copy_ in one call
+torch::Tensor rotary_to_cache_(torch::Tensor qkv, int64_t q_heads, int64_t kv_heads,
+                               torch::Tensor cos, torch::Tensor sin, torch::Tensor k_slots,
+                               torch::Tensor v_slots, torch::Tensor slots) {
+  TORCH_CHECK(k_slots.dim() == 3 && k_slots.is_contiguous() && v_slots.is_contiguous() &&
+                  k_slots.sizes() == v_slots.sizes() && k_slots.size(1) == kv_heads,
+              "k_slots and v_slots must be contiguous [slots, kv_heads, D]");
+  const int64_t d = k_slots.size(2), tokens = qkv.size(0), width = qkv.size(1);
+  TORCH_CHECK(qkv.dim() == 2 && qkv.is_contiguous() && width == (q_heads + 2 * kv_heads) * d,
+              "qkv must be contiguous [T, (q_heads + 2 kv_heads) * D]");
+  TORCH_CHECK(k_slots.dtype() == qkv.dtype() && v_slots.dtype() == qkv.dtype(),
+              "the pool must be in qkv's dtype");
+  TORCH_CHECK(slots.dim() == 1 && slots.size(0) == tokens && slots.scalar_type() == torch::kInt64,
+              "slots must be [T] int64");
+  TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.numel() == tokens * d &&
+                  sin.numel() == tokens * d && cos.dtype() == qkv.dtype() && sin.dtype() == qkv.dtype(),
+              "cos and sin must be [T, D] in qkv's dtype");
+  slots = slots.contiguous();
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  for (int64_t t = 0; t < tokens; ++t)
+    TORCH_CHECK(slot[t] >= 0 && slot[t] < k_slots.size(0), "slot ", slot[t], " outside the pool");
+  AT_DISPATCH_FLOATING_TYPES_AND(at::kBFloat16, qkv.scalar_type(), "rotary_to_cache", [&] {
+    scalar_t* x = qkv.data_ptr<scalar_t>();
+    const scalar_t *c = cos.data_ptr<scalar_t>(), *s = sin.data_ptr<scalar_t>();
+    rotate_rows<scalar_t>(x, tokens, q_heads, d, width, c, s);
+    rotate_rows<scalar_t>(x + q_heads * d, tokens, kv_heads, d, width, c, s);
+    const int64_t kv_row = kv_heads * d;
+    for (int64_t t = 0; t < tokens; ++t) {
+      const scalar_t* row = x + t * width + q_heads * d;
+      std::memcpy(k_slots.data_ptr<scalar_t>() + slot[t] * kv_row, row, kv_row * sizeof(scalar_t));
+      std::memcpy(v_slots.data_ptr<scalar_t>() + slot[t] * kv_row, row + kv_row,
+                  kv_row * sizeof(scalar_t));
+    }
+  });
+  return qkv.narrow(1, 0, q_heads * d).view({tokens, q_heads, d});
+}
+
+// gate_up [T, 2I] (gate then up) -> SiLU(gate) * up [T, I], rounded as F.silu(gate) * up: SiLU's
+// result to T, then the product
+template <typename T>
+void silu_rows(const T* in, T* out, int64_t rows, int64_t n) {
+  at::parallel_for(0, rows, GRAIN, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const T *gate = in + r * 2 * n, *up = gate + n;
+      T* o = out + r * n;
+      auto lanes = [&](const T* g_src, const T* u_src, T* dst) {
+        const vecf g = load(g_src);
+        const vecf silu = round_lanes(g / (1.f + exp_lanes(vecf{} - g)), dst);
+        store(dst, silu * load(u_src));
+      };
+      int64_t i = 0;
+      for (; i + L <= n; i += L) lanes(gate + i, up + i, o + i);
+      if (i < n) {  // the last lanes, through zero-padded copies
+        T g[L] = {}, u[L] = {}, y[L];
+        std::memcpy(g, gate + i, (n - i) * sizeof(T));
+        std::memcpy(u, up + i, (n - i) * sizeof(T));
+        lanes(g, u, y);
+        std::memcpy(o + i, y, (n - i) * sizeof(T));
+      }
+    }
+  });
+}
+
+torch::Tensor silu_mul(torch::Tensor gate_up) {
+  TORCH_CHECK(gate_up.is_contiguous() && gate_up.dim() == 2 && gate_up.size(1) % 2 == 0,
+              "gate_up must be contiguous [T, 2I]");
+  const int64_t rows = gate_up.size(0), n = gate_up.size(1) / 2;
+  torch::Tensor out = torch::empty({rows, n}, gate_up.options());
+  if (gate_up.scalar_type() == torch::kBFloat16)
+    silu_rows(gate_up.data_ptr<at::BFloat16>(), out.data_ptr<at::BFloat16>(), rows, n);
+  else {
+    TORCH_CHECK(gate_up.scalar_type() == torch::kFloat32, "silu_mul takes float32 or bfloat16");
+    silu_rows(gate_up.data_ptr<float>(), out.data_ptr<float>(), rows, n);
+  }
+  return out;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, "RMSNorm of x (or of x + residual, also returned)");
   m.def("rotary_", &rotary_, "rotary embedding of q and k, in place");
+  m.def("rotary_to_cache_", &rotary_to_cache_,
+        "rotary in place on a fused QKV output, its K and V written into the pool; returns q");
+  m.def("silu_mul", &silu_mul, "SiLU(gate) * up from the fused gate_up projection");
 }

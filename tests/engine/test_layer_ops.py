@@ -55,3 +55,46 @@ def test_bad_shapes_are_refused():
     q, k = torch.randn(2, 3, 8), torch.randn(2, 1, 8)
     with pytest.raises(RuntimeError, match="cos and sin"):
         OPS.rotary_(q, k, torch.randn(8, 2).t(), torch.randn(2, 8))  # not contiguous
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_mul_matches_the_mlp(dtype):
+    """Equal to F.silu(gate) * up but for exp's last bit: within one bf16 rounding step, and for
+    fp32 a few ulps; a width that is not a multiple of the vector (the tail lanes) included."""
+    torch.manual_seed(1)
+    for width in (1536, 100):
+        gate_up = torch.randn(6, 2 * width, dtype=dtype) * 4
+        gate_up[0, :3] = torch.tensor([-120.0, 95.0, 0.0])  # past exp's clamp, and zero
+        gate, up = gate_up.split(width, dim=-1)
+        expected = torch.nn.functional.silu(gate) * up
+        rtol = 2**-7 if dtype == torch.bfloat16 else 1e-6
+        torch.testing.assert_close(OPS.silu_mul(gate_up), expected, rtol=rtol, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rotary_to_cache_rotates_and_writes_the_pool(dtype):
+    """The fused decode op equals split + rotary + index_copy_ into the pool, returns q as a view
+    of the projection, writes only the given slots, and refuses a slot outside the pool."""
+    torch.manual_seed(2)
+    tokens, heads, kv_heads, dim = 3, 9, 3, 64
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, dtype=dtype)
+    angles = torch.rand(tokens, 1, dim) * 6
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    q, k, v = qkv.clone().split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+    q, k = apply_rotary(q.view(tokens, heads, dim), k.view(tokens, kv_heads, dim), cos, sin)
+    k_pool, v_pool = (
+        torch.zeros(20, kv_heads, dim, dtype=dtype),
+        torch.zeros(20, kv_heads, dim, dtype=dtype),
+    )
+    slots = torch.tensor([7, 0, 19])
+    out = OPS.rotary_to_cache_(qkv, heads, kv_heads, cos, sin, k_pool, v_pool, slots)
+    assert torch.equal(out, q) and out.data_ptr() == qkv.data_ptr()
+    assert torch.equal(k_pool[slots], k) and torch.equal(
+        v_pool[slots], v.view(tokens, kv_heads, dim)
+    )
+    untouched = [i for i in range(20) if i not in slots.tolist()]
+    assert not k_pool[untouched].any() and not v_pool[untouched].any()
+    with pytest.raises(RuntimeError, match="outside the pool"):
+        OPS.rotary_to_cache_(
+            qkv, heads, kv_heads, cos, sin, k_pool, v_pool, torch.tensor([0, 1, 20])
+        )
