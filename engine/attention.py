@@ -14,6 +14,11 @@ import torch.nn.functional as F
 
 from engine.cpu_kernels import HEAD_DIMS, paged_attention
 
+# chunks up to this long attend as decode rows on CPU: the decode kernel reads the context once per
+# query row, the prefill kernel is built for hundreds of rows (a speculating sequence's 5 tokens
+# over 500 of context: 233 us a layer through it)
+SHORT_CHUNK = 8
+
 
 @dataclass
 class SeqSlice:
@@ -31,7 +36,9 @@ class SeqSlice:
 @dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] flat slot of each new token's K/V
-    num_decodes: int  # the first num_decodes tokens are single-token decodes
+    # the first num_decodes tokens attend as decode rows: one query over its sequence's context up
+    # to itself (single-token decodes; with KernelAttention also the tokens of short chunks)
+    num_decodes: int
     # PyTorch backend: per group of decodes of similar length, (first, end, block ids [B, W],
     # mask [B, 1, 1, W * block_size]); per prefill chunk, (q_start, q_end, block ids, context)
     decodes: list[tuple[int, int, torch.Tensor, torch.Tensor]] | None = None
@@ -192,6 +199,19 @@ class KernelAttention(TorchAttention):
         return self.kernel.paged_decode(
             q, k_cache, v_cache, meta.block_tables, meta.context_lens, q.shape[-1] ** -0.5
         )
+
+    def build_metadata(self, slices: list[SeqSlice], num_decodes: int) -> AttentionMetadata:
+        """Chunks of at most SHORT_CHUNK tokens right after the decodes (a speculating sequence's
+        1 + n tokens) run as that many decode rows, each over the context up to its token."""
+        split = num_decodes
+        while split < len(slices) and slices[split].num_new <= SHORT_CHUNK:
+            split += 1
+        rows = [
+            SeqSlice(s.block_table, s.num_computed + j, 1)
+            for s in slices[:split]
+            for j in range(s.num_new)
+        ]
+        return super().build_metadata(rows + slices[split:], len(rows))
 
     def _prefill_metadata(self, prefills: list[SeqSlice], meta: AttentionMetadata) -> None:
         if not self.prefill:

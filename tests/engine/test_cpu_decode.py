@@ -5,7 +5,7 @@ it takes only the steps it was made for."""
 import pytest
 import torch
 
-from engine.attention import SeqSlice
+from engine.attention import SHORT_CHUNK, SeqSlice
 from engine.config import EngineConfig
 from engine.cpu_kernels import layer_ops, quant_matmul
 from engine.engine import LLMEngine
@@ -62,8 +62,12 @@ def test_only_small_decode_steps_take_it(engine):
     decoder = engine.cpu_decoder
     _, _, meta = decode_step(engine, [10] * COPY_ROWS)
     assert not decoder.serves(meta, COPY_ROWS)  # a batch the bf16 copies serve
-    prefill = engine.attention.build_metadata([SeqSlice([0], 0, 5)], 0)
-    assert not decoder.serves(prefill, 5)
+    # a short chunk (a speculating sequence's tokens) attends as decode rows: served; a longer
+    # one is a prefill
+    short = engine.attention.build_metadata([SeqSlice([0], 3, SHORT_CHUNK)], 0)
+    assert short.num_decodes == SHORT_CHUNK and decoder.serves(short, SHORT_CHUNK)
+    prefill = engine.attention.build_metadata([SeqSlice([0], 0, SHORT_CHUNK + 1)], 0)
+    assert not decoder.serves(prefill, SHORT_CHUNK + 1)
 
 
 def test_not_built_for_float_weights():

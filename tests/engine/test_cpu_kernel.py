@@ -64,15 +64,17 @@ def _pool(rng: random.Random, lengths: list[int], heads: int, dim: int, dtype: t
 )
 def test_kernel_matches_reference(kernel, dtype, dim, q_heads, kv_heads, tol):
     rng = random.Random(dim * q_heads)
-    # lengths at and around block edges, one token alone, and long contexts; plus a prefill chunk
-    # that follows cached context, which both backends run the same way
+    # lengths at and around block edges, one token alone, and long contexts; a short chunk (a
+    # speculating sequence's 1 + 4 tokens, which the kernel backend attends as 5 decode rows); a
+    # prefill chunk that follows cached context
     decode_lengths = [1, 2, BS - 1, BS, BS + 1, 3 * BS, 700, 257, 40]
-    prefill = (30, 50)  # 30 new tokens after 50 cached
-    lengths = [*decode_lengths, sum(prefill)]
+    short, prefill = (5, 2 * BS + 3), (30, 50)  # (new tokens, cached before them)
+    lengths = [*decode_lengths, sum(short), sum(prefill)]
     tables, k_cache, v_cache = _pool(rng, lengths, kv_heads, dim, dtype)
     slices = [SeqSlice(t, n - 1, 1) for t, n in zip(tables, decode_lengths, strict=False)]
+    slices.append(SeqSlice(tables[-2], short[1], short[0]))
     slices.append(SeqSlice(tables[-1], prefill[1], prefill[0]))
-    tokens = len(decode_lengths) + prefill[0]
+    tokens = len(decode_lengths) + short[0] + prefill[0]
     q = torch.randn(tokens, q_heads, dim, dtype=dtype)
     k = torch.randn(tokens, kv_heads, dim, dtype=dtype)
     v = torch.randn(tokens, kv_heads, dim, dtype=dtype)
