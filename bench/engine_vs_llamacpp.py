@@ -4,10 +4,14 @@ same streaming client, one server at a time on this machine.
 llama-server is built once from the vendored llama.cpp of the `llama-cpp-python` sdist (pip
 download, cmake; ~20 minutes on 2 cores) and cached under var/llamacpp (ignored by git). It serves
 16 slots (`-np 16`). The workload is bench/engine_throughput.py's: chat prompts of 30-600 tokens,
-outputs of 16-256 tokens, EOS ignored, greedy; sent at concurrency 1 (the first --single
-requests), 16 and 64 (all of them). Reported per server and concurrency: output tok/s, time per
-output token p50 (a request's (last token - first token) / (tokens - 1)), TTFT p50, and the
-server's peak RSS; then the ratios against the issue's targets.
+outputs of 16-256 tokens, EOS ignored, greedy; sent at concurrency 1 (--single requests), 16 and 64
+(--requests each). Every phase (and the warm-up) draws its own prompts (seeds seed .. seed + 3), so
+that no server answers a phase from prompts it cached in an earlier one: both keep prompt caches
+(the engine's prefix cache holds every earlier prompt; llama-server's slots their last one).
+Before 2026-11-26 every phase re-sent the same prompts, which let the engine's prefix cache skip
+most prefill at 16 and 64 (bench/RESULTS.md). Reported per server and concurrency: output tok/s,
+time per output token p50 (a request's (last token - first token) / (tokens - 1)), TTFT p50, and
+the server's peak RSS; then the ratios against the issue's targets.
 
     .venv/bin/python bench/engine_vs_llamacpp.py [--requests 64] [--single 16]
         [--quantization auto] [--engine-args "..."]
@@ -161,10 +165,10 @@ async def drive(url: str, work, concurrency: int) -> dict:
     }
 
 
-def run(server: Server, work, single: int) -> dict[int, dict]:
+def run(server: Server, phases: dict[int, list], warm_up: list) -> dict[int, dict]:
     rows = {}
-    asyncio.run(drive(server.url, work[:2], 1))  # warm-up: kernels built, caches touched
-    for concurrency, requests in ((1, work[:single]), (16, work), (64, work)):
+    asyncio.run(drive(server.url, warm_up, 1))  # kernels built, caches touched
+    for concurrency, requests in phases.items():
         row = asyncio.run(drive(server.url, requests, concurrency))
         rows[concurrency] = row
         print(
@@ -209,13 +213,20 @@ def main() -> None:
 
     gguf = resolve_model_path("smollm2")
     tokenizer = Tokenizer.load(gguf, ())
-    work = make_workload(tokenizer, args.requests, args.seed, None)
+    # each phase its own prompts: none is answered from another phase's cached prefixes
+    phases = {
+        1: make_workload(tokenizer, args.single, args.seed, None),
+        16: make_workload(tokenizer, args.requests, args.seed + 1, None),
+        64: make_workload(tokenizer, args.requests, args.seed + 2, None),
+    }
+    warm_up = make_workload(tokenizer, 2, args.seed + 3, None)
     print(f"CPU: {cpu_flags()}")
-    print(
-        f"workload: {len(work)} chat requests, {sum(len(i) for _, i, _ in work)} prompt tokens, "
-        f"{sum(n for _, _, n in work)} output tokens (EOS ignored, greedy); "
-        f"one at a time: the first {args.single}"
-    )
+    for concurrency, work in phases.items():
+        print(
+            f"workload at c={concurrency}: {len(work)} chat requests, "
+            f"{sum(len(i) for _, i, _ in work)} prompt tokens, "
+            f"{sum(n for _, _, n in work)} output tokens (EOS ignored, greedy)"
+        )
     threads = str(os.cpu_count() or 2)
     results: dict[str, dict[int, dict]] = {}
     tokenyard = os.path.join(os.path.dirname(sys.executable), "tokenyard")
@@ -232,7 +243,7 @@ def main() -> None:
         port = int(cmd[cmd.index("--port") + 1])
         server = Server(name, cmd, port)
         try:
-            results[name] = run(server, work, args.single)
+            results[name] = run(server, phases, warm_up)
         finally:
             server.stop()
 
