@@ -207,7 +207,7 @@ class KernelAttention(TorchAttention):
         while split < len(slices) and slices[split].num_new <= SHORT_CHUNK:
             split += 1
         rows = [
-            SeqSlice(s.block_table, s.num_computed + j, 1)
+            s if s.num_new == 1 else SeqSlice(s.block_table, s.num_computed + j, 1)
             for s in slices[:split]
             for j in range(s.num_new)
         ]

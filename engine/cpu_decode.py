@@ -7,7 +7,8 @@ in the same order with nothing between them: the layer loop of engine/model.py w
 for this case (a batch-1 step 14.9 → 13.3 ms in-process, bench/RESULTS.md, issue 17). The modules
 stay the reference: tests compare the two paths bit for bit.
 
-It serves steps of decodes only (one token each), fewer than COPY_ROWS of them, on a model whose
+It serves steps whose tokens all attend as decode rows (decodes, and the short chunks of
+speculation: engine/attention.py's SHORT_CHUNK), fewer than COPY_ROWS of them, on a model whose
 projections are all quantized with the kernels built, attended by KernelAttention; anything else
 goes through the modules.
 """
