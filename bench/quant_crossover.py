@@ -15,6 +15,8 @@ from torch.nn import functional as F
 
 from engine.cpu_kernels import quant_isa, quant_matmul
 from engine.packed_linear import PackedLinear
+from engine.quant import pack_q4
+from engine.quantized_linear import QuantizedLinear
 
 N, K, MATRICES = 3072, 576, 30
 
@@ -23,31 +25,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    kernels, isa = quant_matmul(), quant_isa()
-    if kernels is None:
+    if quant_matmul() is None:
         raise SystemExit("the quantized kernels are not built here")
-    print(f"CPU: {cpu_flags()}; kernel path {isa} (2: AVX-512 VNNI, 1: AVX2)")
+    print(f"CPU: {cpu_flags()}; kernel path {quant_isa()} (2: AVX-512 VNNI, 1: AVX2)")
     torch.manual_seed(0)
-    weights = [
-        (
-            torch.randint(0, 256, (N, K // 2), dtype=torch.uint8),
-            torch.rand(N, K // 32) * 0.01,
-            -torch.rand(N, K // 32) * 0.1,
+    layers = [
+        QuantizedLinear(
+            pack_q4(
+                torch.randint(0, 16, (N, K), dtype=torch.uint8).numpy(),
+                (torch.rand(N, K // 32) * 0.01).half().numpy(),
+                (-torch.rand(N, K // 32) * 0.1).half().numpy(),
+                "Q4_1",
+            )
         )
         for _ in range(MATRICES)
     ]
-    dense = [kernels.dequantize(q, d, m, 32, K, torch.bfloat16) for q, d, m in weights]
-    copies = [PackedLinear(w) for w in dense]
+    copies = [PackedLinear(layer.dense(torch.bfloat16)) for layer in layers]
     print(f"{'rows':>4} {'q4 kernel':>10} {'bf16 copy':>10} {'dequantize':>11}  (us per matrix)")
     for rows in (1, 4, 8, 12, 16, 24, 32, 48, 64):
         x = torch.randn(rows, K, dtype=torch.bfloat16)
         paths = {
-            "kernel": lambda x=x: [kernels.q4_linear(x, q, d, m, isa) for q, d, m in weights],
+            "kernel": lambda x=x: [layer.multiply(x) for layer in layers],
             "copy": lambda x=x: [c(x) for c in copies],
-            "dequantize": lambda x=x: [
-                F.linear(x, kernels.dequantize(q, d, m, 32, K, torch.bfloat16))
-                for q, d, m in weights
-            ],
+            "dequantize": lambda x=x: [F.linear(x, layer.dense(x.dtype)) for layer in layers],
         }
         us = {}
         for name, run in paths.items():

@@ -16,7 +16,7 @@ from torch.nn import functional as F
 from engine.attention import AttentionMetadata
 from engine.config import ModelConfig
 from engine.quant import QuantizedTensor
-from engine.quantized_linear import QuantizedEmbedding, QuantizedLinear
+from engine.quantized_linear import QuantizedEmbedding, QuantizedLinear, kernel_layout
 
 # a loaded weight: float, or block-quantized (engine/quant.py)
 Weight = torch.Tensor | QuantizedTensor
@@ -205,8 +205,12 @@ class LlamaModel(nn.Module):
         state["norm.weight"] = weights["model.norm.weight"]
         head = "model.embed_tokens.weight" if self.config.tie_word_embeddings else "lm_head.weight"
         state["lm_head.weight"] = weights[head]
+        laid_out: dict[int, QuantizedTensor] = {}  # a tied embedding and head share one copy
         for name, weight in list(state.items()):
             if isinstance(weight, QuantizedTensor):
+                if id(weight) not in laid_out:
+                    laid_out[id(weight)] = kernel_layout(weight)
+                weight = laid_out[id(weight)]
                 path, _, _ = name.rpartition(".")
                 parent, _, attr = path.rpartition(".")
                 layer = QuantizedEmbedding if attr == "embed_tokens" else QuantizedLinear

@@ -11,6 +11,10 @@ Every conversion is exact: GGUF's fp16 scales times small integer scales fit fp3
 tensor's scales (and offsets) stay fp16 where every one of them is exactly an fp16 (Q4_0, Q4_1 and
 Q8_0 as shipped): a decode step streams every weight once, and fp32 scales made a Q4_1 block 24
 bytes instead of 20 (bench/RESULTS.md, issue 17).
+
+Those row-major layouts are what loading builds (fusing and reordering rows is simple there) and
+what the embedding looks rows up in. A linear layer's kernels multiply the same weights regrouped
+in panels of 16 rows (`to_panels`, an exact reordering): engine/csrc/quant_matmul.cpp says why.
 """
 
 from dataclasses import dataclass
@@ -19,6 +23,7 @@ import numpy as np
 import torch
 
 BLOCK = 32  # weights per q4 block, and per activation block in the kernels
+PANEL = 16  # weight rows per panel: one per int32 lane of an AVX-512 register
 QUANTIZATIONS = ("auto", "none", "int8", "int4")
 # GGUF tensor types the loader keeps quantized; others (F32, F16, BF16, ...) are dequantized
 GGUF_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q8_0", "Q6_K")
@@ -34,9 +39,14 @@ class QuantizedTensor:
     mins: torch.Tensor | None  # q4: [rows, cols / 32], in the scales' dtype
     group: int  # weights per scale
     source: str  # the GGUF type it came from, or int8 / int4 when quantized at load
+    # the row count of a tensor in panels (`to_panels`: qs [panels, cols / 32, bytes a block],
+    # scales and mins [panels, cols / 32, (32 / group), 16]); None in the row-major layout
+    panel_rows: int | None = None
 
     @property
     def shape(self) -> tuple[int, int]:
+        if self.panel_rows is not None:
+            return self.panel_rows, self.qs.shape[1] * BLOCK
         rows, width = self.qs.shape
         return rows, width * 2 if self.kind == "q4" else width
 
@@ -47,6 +57,8 @@ class QuantizedTensor:
 
     def values(self, rows: torch.Tensor | slice = slice(None)) -> torch.Tensor:
         """The integer levels q of `rows` as float32 [n, cols]."""
+        if self.panel_rows is not None:
+            return from_panels(self).values(rows)
         qs = self.qs[rows]
         if self.kind == "q8":
             return qs.float()
@@ -55,6 +67,8 @@ class QuantizedTensor:
 
     def dequantize(self, rows: torch.Tensor | slice = slice(None)) -> torch.Tensor:
         """The reference: float32 [n, cols] of `rows` (all of them by default)."""
+        if self.panel_rows is not None:
+            return from_panels(self).dequantize(rows)
         q = self.values(rows)
         n, cols = q.shape
         grouped = q.reshape(n, cols // self.group, self.group) * self.scales[rows].unsqueeze(-1)
@@ -64,6 +78,7 @@ class QuantizedTensor:
 
     def permute_rows(self, order: torch.Tensor) -> "QuantizedTensor":
         """The same weights with rows reordered (blocks run along rows, so rows move whole)."""
+        assert self.panel_rows is None, "rows are reordered before the panels are made"
         mins = None if self.mins is None else self.mins[order]
         return QuantizedTensor(
             self.kind, self.qs[order], self.scales[order], mins, self.group, self.source
@@ -73,6 +88,7 @@ class QuantizedTensor:
     def cat(parts: list["QuantizedTensor"]) -> "QuantizedTensor":
         """Row-wise concatenation (fused projections) of tensors of one layout."""
         first = parts[0]
+        assert all(p.panel_rows is None for p in parts), "fused before the panels are made"
         # one dtype for the fused scales: fp16 only where every part has it
         half = all(p.scales.dtype == torch.float16 for p in parts)
         dtype = torch.float16 if half else torch.float32
@@ -88,6 +104,62 @@ class QuantizedTensor:
 
     def same_layout(self, other: "QuantizedTensor") -> bool:
         return (self.kind, self.group) == (other.kind, other.group)
+
+
+# ---------------------------------------------------------------- panels
+
+
+def to_panels(w: QuantizedTensor) -> QuantizedTensor:
+    """The same weights in the kernels' layout (engine/csrc/quant_matmul.cpp): rows in panels of
+    16 (the last padded with zero rows), each block of a panel's 16 rows stored together, its
+    scales (and offsets) after it as 16-lane vectors."""
+    assert w.panel_rows is None
+    rows, cols = w.shape
+    pad, blocks, groups = -rows % PANEL, cols // BLOCK, BLOCK // w.group
+
+    def panels(x: torch.Tensor, *inner: int) -> torch.Tensor:  # [rows, ...] -> [P, 16, *inner]
+        x = torch.cat([x, x.new_zeros(pad, *x.shape[1:])])
+        return x.reshape(-1, PANEL, *inner)
+
+    if w.kind == "q4":
+        # [P, row, block, chunk, low/high nibble, byte] -> [P, block, chunk, row, byte, nibble]
+        levels = panels(w.values().to(torch.uint8), blocks, 4, 2, 4).permute(0, 2, 3, 1, 5, 4)
+        qs = levels[..., 0] | (levels[..., 1] << 4)
+    else:  # [P, row, block, chunk, byte] -> [P, block, chunk, row, byte]
+        qs = panels(w.qs, blocks, 8, 4).permute(0, 2, 3, 1, 4)
+    lanes = (0, 2, 3, 1)  # [P, row, block, group] -> [P, block, group, row]
+    scales = panels(w.scales, blocks, groups).permute(*lanes)
+    mins = None if w.mins is None else panels(w.mins, blocks, 1).permute(*lanes).contiguous()
+    return QuantizedTensor(
+        w.kind,
+        qs.reshape(qs.shape[0], blocks, -1).contiguous(),
+        scales.contiguous(),
+        mins,
+        w.group,
+        w.source,
+        panel_rows=rows,
+    )
+
+
+def from_panels(w: QuantizedTensor) -> QuantizedTensor:
+    """The row-major layout of a tensor in panels (the inverse of `to_panels`)."""
+    rows, cols = w.shape
+    count, blocks = w.qs.shape[:2]
+
+    def unpanel(x: torch.Tensor) -> torch.Tensor:  # [P, block, group, row] -> [rows, -1]
+        return x.permute(0, 3, 1, 2).reshape(count * PANEL, -1)[:rows].contiguous()
+
+    if w.kind == "q4":
+        chunks = w.qs.reshape(count, blocks, 4, PANEL, 4)  # [P, block, chunk, row, byte]
+        levels = torch.stack((chunks & 0x0F, chunks >> 4), dim=-1)
+        levels = levels.permute(0, 3, 1, 2, 5, 4).reshape(count * PANEL, cols)[:rows]
+        blocked = levels.reshape(rows, blocks, 2, BLOCK // 2)
+        qs = (blocked[:, :, 0] | (blocked[:, :, 1] << 4)).reshape(rows, cols // 2)
+    else:
+        chunks = w.qs.reshape(count, blocks, 8, PANEL, 4)
+        qs = chunks.permute(0, 3, 1, 2, 4).reshape(count * PANEL, cols)[:rows]
+    mins = None if w.mins is None else unpanel(w.mins)
+    return QuantizedTensor(w.kind, qs.contiguous(), unpanel(w.scales), mins, w.group, w.source)
 
 
 # ---------------------------------------------------------------- packing

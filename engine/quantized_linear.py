@@ -18,7 +18,7 @@ from torch.nn import functional as F
 
 from engine.cpu_kernels import quant_isa, quant_matmul
 from engine.packed_linear import PackedLinear
-from engine.quant import QuantizedTensor
+from engine.quant import QuantizedTensor, to_panels
 
 log = logging.getLogger("tokenyard.engine")
 
@@ -43,16 +43,17 @@ def effective_quantization(requested: str, device: torch.device) -> str:
 
 
 class QuantizedLinear(nn.Module):
-    """A bias-free linear layer over a QuantizedTensor [out, in].
+    """A bias-free linear layer over a QuantizedTensor [out, in], kept in the kernels' panels
+    where they are built (a tied embedding keeps its own row-major copy for lookups).
 
     The weight is a plain attribute, not a buffer, so that `Module.to(dtype)` leaves its fp32
     scales unrounded; these layers live on the CPU."""
 
     def __init__(self, weight: QuantizedTensor) -> None:
         super().__init__()
-        self.weight = weight
-        self.out_features, self.in_features = weight.shape
         self.kernels = quant_matmul()
+        self.weight = kernel_layout(weight)
+        self.out_features, self.in_features = weight.shape
         self.isa = quant_isa()
         self.copy: PackedLinear | None = None
 
@@ -77,14 +78,12 @@ class QuantizedLinear(nn.Module):
         """rows [M, in] @ W.T through the compiled int8 kernels (the layer has them): what a step
         of a few rows runs."""
         w = self.weight
-        if w.kind == "q4":
-            return self.kernels.q4_linear(rows, w.qs, w.scales, w.mins, self.isa)
-        return self.kernels.q8_linear(rows, w.qs, w.scales, w.group, self.isa)
+        return self.kernels.panel_linear(
+            rows, w.qs, w.scales, _mins(w), w.group, self.out_features, self.isa
+        )
 
     def dense(self, dtype: torch.dtype) -> torch.Tensor:
-        w = self.weight
-        mins = w.mins if w.mins is not None else w.scales.new_empty(0)
-        return self.kernels.dequantize(w.qs, w.scales, mins, w.group, self.in_features, dtype)
+        return _rows(self.kernels, self.weight, dtype)
 
     def extra_repr(self) -> str:
         w = self.weight
@@ -92,11 +91,35 @@ class QuantizedLinear(nn.Module):
 
 
 class QuantizedEmbedding(nn.Module):
-    """Token embedding rows dequantized as they are looked up (float32)."""
+    """Token embedding rows dequantized as they are looked up (float32): by the kernels from panels
+    (the layout a tied LM head multiplies, so the two share one copy), else by the reference."""
 
     def __init__(self, weight: QuantizedTensor) -> None:
         super().__init__()
-        self.weight = weight
+        self.kernels = quant_matmul()
+        self.weight = kernel_layout(weight)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.weight.dequantize(ids)
+        if self.weight.panel_rows is None:
+            return self.weight.dequantize(ids)
+        rows = _rows(self.kernels, self.weight, torch.float32, ids.reshape(-1))
+        return rows.reshape(*ids.shape, -1)
+
+
+def kernel_layout(weight: QuantizedTensor) -> QuantizedTensor:
+    """`weight` as the kernels read it: in panels where they are built (the model converts each
+    tensor once, so a tied embedding and head share the result)."""
+    if quant_matmul() is None or weight.panel_rows is not None:
+        return weight
+    return to_panels(weight)
+
+
+def _mins(w: QuantizedTensor) -> torch.Tensor:
+    return w.mins if w.mins is not None else w.scales.new_empty(0)
+
+
+def _rows(kernels, w: QuantizedTensor, dtype: torch.dtype, ids: torch.Tensor | None = None):
+    """Rows `ids` (all by default) of panel weights `w`, dense, through the kernels."""
+    rows, cols = w.shape
+    ids = ids if ids is not None else torch.empty(0, dtype=torch.int64)
+    return kernels.dequantize(w.qs, w.scales, _mins(w), w.group, rows, cols, dtype, ids)

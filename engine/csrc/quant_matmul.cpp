@@ -1,316 +1,340 @@
 // Matmuls on block-quantized weights for CPUs: y[M, N] = x[M, K] @ W[N, K]^T, reading each 4- or
-// 8-bit weight once. Decode steps multiply a few rows by every weight of the model, so their time
-// is the time to stream the weights from memory: a quarter (q8) or an eighth (q4) of fp32's bytes.
+// 8-bit weight once. Decode steps multiply a few rows by every weight of the model; speculation's
+// verify steps and small batches multiply 2-16. Both want few instructions per weight and row.
 //
-// Weights come in blocks along K, each with scales in fp16 where that is exact (GGUF's own fp16
-// scales, kept as shipped: a Q4_1 block streams 20 bytes instead of 24) or else fp32; engine/quant.py
-// converts every GGUF format to one of these two layouts without rounding anything:
-//   q4: 32 weights a block, w = d * q + m with q in 0..15, two a byte (GGML's order: byte j holds
-//       weight j in its low nibble and weight j + 16 in its high one)
-//   q8: `group` (32, or 16 for Q6_K) weights a scale, w = d * q with q in -128..127
-// Activations are quantized per row in blocks of 32 to int8 (a = s * qa, |qa| <= 127), so that the
-// dot products run on the CPU's int8 instructions: AVX-512 VNNI's vpdpbusd (u8 x s8, 64 pairs into
-// 16 int32 sums) where present, else AVX2's vpmaddubsw (u8 x s8 pairs into int16, exact here: at
-// most 2 * 128 * 127 < 32768). Both take one unsigned operand: q4 weights are unsigned already;
-// for q8 the weight's sign moves onto the activation (|w| * sign(w) * qa). Each block's int32 sum
-// is scaled in fp32 (d * s); q4's offsets, m * (s * sum qa) per block, join the same float sums.
-// Work is cut in tiles of up to 4 weight rows x 4 activation rows: on AVX-512 the 16 sums of a tile
-// run side by side, each activation block loaded once for the 4 weight rows (a 3072 x 576 Q4_1
-// matrix streamed at one row: 114 us with one weight row a pass, 77 us with four).
+// Weights come in panels of 16 rows (engine/quant.py `to_panels`), one row per int32 lane of an
+// AVX-512 register, in blocks of 32 weights along K with a scale per block (per 16 for Q6_K) in
+// fp16 where that is exact (GGUF's own scales, as shipped) or else fp32:
+//   q4: w = d * q + m, q in 0..15. A block is 4 chunks of 64 bytes; chunk c, lane j, byte t holds
+//       row j's weight 8c + t in its low nibble and 8c + 4 + t in its high one. Then d[16], m[16].
+//   q8: w = d * q, q int8. A block is 8 chunks of 64 bytes; chunk c, lane j, byte t: row j's
+//       weight 4c + t. Then d[16] (d[2][16] for groups of 16).
+// Activations are quantized per row in blocks of 32 to int8 (a = s * qa, |qa| <= 127). One vpdpbusd
+// multiplies a chunk by 4 activations broadcast to every lane: 16 rows' partial sums at once, so
+// a block costs 8 dot instructions and one conversion + scaling for 16 rows (the row-major layout
+// this replaces needed a conversion and scaling for every row: 3-4 instructions per 64 weights and
+// row against about one here; bench/RESULTS.md, issue 17). The unpacked chunks serve up to MR
+// activation rows from registers.
 //
-// Both paths are compiled whatever the build machine (function target attributes) and picked at
-// run time by the caller (`isa`: 2 = AVX-512 VNNI, 1 = AVX2), so tests can force the AVX2 one.
+// vpdpbusd takes unsigned x signed bytes: q4 weights are unsigned; q8 weights are made unsigned
+// (q + 128, one xor a chunk) and 128 * sum(qa) comes off each block's int32 sum. AVX2 (no VNNI)
+// runs the same layout as two halves of 8 rows with vpmaddubsw + vpmaddwd (exact: pairs of
+// products stay below 2^15, q8 by moving the weight's sign onto the activation). Both paths are
+// compiled whatever the build machine (function target attributes) and picked at run time by the
+// caller (`isa`: 2 = AVX-512 VNNI, 1 = AVX2), so tests can force the AVX2 one.
+
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
 #include <immintrin.h>
 
-#include <array>
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 namespace {
 
-constexpr int64_t QB = 32;  // activation block, and q4's weight block
-constexpr int64_t MR = 4;   // activation rows that share one pass over a weight row
-constexpr int64_t NR = 4;   // weight rows that share one pass over the activations
+constexpr int64_t QB = 32;  // weights per block, and per activation block
+constexpr int64_t PW = 16;  // weight rows per panel
+constexpr int MR = 8;       // activation rows that share one pass over a panel
 
 #define AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
 #define VNNI_TARGET \
   __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,avx2,fma,f16c")))
 
-// Activations quantized per block of 32: qa (int8), the block's scale s (also repeated for each
-// of the 8 int32 sums a block's dot product has on AVX-512, ready to load) and s * sum(qa).
+// Activations quantized per block of 32: qa (int8), the block's scale s, s * sum(qa), and the
+// integer sums of qa over each half block (q8's correction).
 struct QuantRows {
   std::vector<int8_t> q;
-  std::vector<float> scale, lane_scale, sum;
+  std::vector<float> scale, sum;
+  std::vector<int32_t> half;
   int64_t blocks;
   const int8_t* row(int64_t m) const { return q.data() + m * blocks * QB; }
   const float* s(int64_t m) const { return scale.data() + m * blocks; }
-  const float* lanes(int64_t m) const { return lane_scale.data() + m * blocks * 8; }
   const float* ssum(int64_t m) const { return sum.data() + m * blocks; }
+  const int32_t* halves(int64_t m) const { return half.data() + m * blocks * 2; }
 };
+
+// 8 floats from fp32 or bf16 (bf16 is fp32's upper half: a shift)
+AVX2_TARGET inline __m256 load_floats(const float* p) { return _mm256_loadu_ps(p); }
+AVX2_TARGET inline __m256 load_floats(const at::BFloat16* p) {
+  const __m128i halves = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(halves), 16));
+}
+
+AVX2_TARGET inline float hmax256(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+
+AVX2_TARGET inline int32_t hsum256(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1)));
+}
+
+// Vectorized (AVX2, which every machine running these kernels has) because a decode step
+// quantizes every projection's input: element by element, with bf16 inputs, it cost ~3 ms of a
+// batch-1 step (bench/RESULTS.md, issue 17). Same arithmetic as the reference: s = amax / 127,
+// qa = nearest-even(x * (127 / amax)).
+template <typename T>
+AVX2_TARGET void quantize_block(const T* x, int64_t i, QuantRows& out) {
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  __m256 v[4];
+  __m256 amax = _mm256_setzero_ps();
+  for (int k = 0; k < 4; ++k) {
+    v[k] = load_floats(x + i * QB + 8 * k);
+    amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[k]));
+  }
+  const float top = hmax256(amax), s = top / 127.f, inv = top > 0.f ? 127.f / top : 0.f;
+  __m256i q[4];
+  for (int k = 0; k < 4; ++k)
+    q[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v[k], _mm256_set1_ps(inv)),
+                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  const int32_t halves[2] = {hsum256(_mm256_add_epi32(q[0], q[1])),
+                             hsum256(_mm256_add_epi32(q[2], q[3]))};
+  // int32 -> int8 in order: the packs interleave 128-bit lanes, the permute undoes it
+  const __m256i bytes =
+      _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+  const __m256i ordered =
+      _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out.q.data() + i * QB), ordered);
+  out.scale[i] = s;
+  out.sum[i] = s * static_cast<float>(halves[0] + halves[1]);
+  out.half[i * 2] = halves[0];
+  out.half[i * 2 + 1] = halves[1];
+}
 
 template <typename T>
 QuantRows quantize_rows(const T* x, int64_t M, int64_t K) {
   const int64_t nb = K / QB;
   QuantRows out{std::vector<int8_t>(M * K), std::vector<float>(M * nb),
-                std::vector<float>(M * nb * 8), std::vector<float>(M * nb), nb};
-  int8_t* q = out.q.data();
-  float* scale = out.scale.data();
-  float* lanes = out.lane_scale.data();
-  float* sum = out.sum.data();
+                std::vector<float>(M * nb), std::vector<int32_t>(M * nb * 2), nb};
   at::parallel_for(0, M * nb, 64, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const T* src = x + i * QB;
-      float amax = 0.f;
-      for (int64_t j = 0; j < QB; ++j) amax = std::max(amax, std::fabs(static_cast<float>(src[j])));
-      const float s = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
-      int32_t total = 0;
-      for (int64_t j = 0; j < QB; ++j) {
-        const auto v = static_cast<int8_t>(std::nearbyint(static_cast<float>(src[j]) * inv));
-        q[i * QB + j] = v;
-        total += v;
-      }
-      scale[i] = s;
-      for (int64_t l = 0; l < 8; ++l) lanes[i * 8 + l] = s;
-      sum[i] = s * static_cast<float>(total);
-    }
+    for (int64_t i = begin; i < end; ++i) quantize_block(x, i, out);
   });
   return out;
 }
 
-// ------------------------------------------------------------------ AVX2: one block of 32 at a time
-
-AVX2_TARGET inline float hsum256(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+// n outputs to y in its dtype; bf16 rounded to nearest even as at::BFloat16 rounds (8 at a time:
+// element by element it was a visible part of a decode step)
+inline void store_outputs(float* y, const float* out, int64_t n) {
+  std::memcpy(y, out, n * sizeof(float));
+}
+AVX2_TARGET inline void store_outputs(at::BFloat16* y, const float* out, int64_t n) {
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 v = _mm256_loadu_ps(out + j);
+    const __m256i bits = _mm256_castps_si256(v);
+    const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+    __m256i rounded =
+        _mm256_srli_epi32(_mm256_add_epi32(bits, _mm256_add_epi32(odd, _mm256_set1_epi32(0x7FFF))), 16);
+    const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    rounded = _mm256_blendv_epi8(rounded, _mm256_set1_epi32(0x7FC0), nan);
+    const __m128i packed = _mm_packus_epi32(_mm256_castsi256_si128(rounded),
+                                            _mm256_extracti128_si256(rounded, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(y + j), packed);
+  }
+  for (; j < n; ++j) y[j] = static_cast<at::BFloat16>(out[j]);
 }
 
-// 8 int32 sums of 4 products each (lane i: weights 4i..4i+3) of unsigned w and signed a
+// 4 activations as one int32, to broadcast to every lane
+inline int32_t word(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// ------------------------------------------------------------------ AVX-512 VNNI
+
+VNNI_TARGET inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+VNNI_TARGET inline __m512 load16(const at::Half* p) {
+  return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+}
+
+// sum over chunks [c0, c1) of w[c] . x[4c..4c+3], in two chains so the dot products overlap
+template <int C0, int C1>
+VNNI_TARGET inline __m512i dot_chunks(const __m512i (&w)[8], const int8_t* x) {
+  __m512i even = _mm512_setzero_si512(), odd = _mm512_setzero_si512();
+  for (int c = C0; c < C1; c += 2) {
+    even = _mm512_dpbusd_epi32(even, w[c], _mm512_set1_epi32(word(x + 4 * c)));
+    odd = _mm512_dpbusd_epi32(odd, w[c + 1], _mm512_set1_epi32(word(x + 4 * c + 4)));
+  }
+  return _mm512_add_epi32(even, odd);
+}
+
+// out[r][j]: panel row j times activation row m0 + r, for R rows
+template <int R, typename S>
+VNNI_TARGET void q4_panel_vnni(const uint8_t* qs, const S* d, const S* mn, int64_t nb,
+                               const QuantRows& a, int64_t m0, float (*out)[PW]) {
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int64_t b = 0; b < nb; ++b) {
+    __m512i w[8];
+    for (int c = 0; c < 4; ++c) {
+      const __m512i v = _mm512_loadu_si512(qs + b * 256 + 64 * c);
+      w[2 * c] = _mm512_and_si512(v, low);
+      w[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+    }
+    const __m512 wd = load16(d + b * PW), wm = load16(mn + b * PW);
+    for (int r = 0; r < R; ++r) {
+      const __m512 p = _mm512_cvtepi32_ps(dot_chunks<0, 8>(w, a.row(m0 + r) + b * QB));
+      acc[r] = _mm512_fmadd_ps(p, _mm512_mul_ps(wd, _mm512_set1_ps(a.s(m0 + r)[b])), acc[r]);
+      acc[r] = _mm512_fmadd_ps(wm, _mm512_set1_ps(a.ssum(m0 + r)[b]), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out[r], acc[r]);
+}
+
+// G scale groups a block: 1 (groups of 32) or 2 (Q6_K's groups of 16)
+template <int R, int G, typename S>
+VNNI_TARGET void q8_panel_vnni(const int8_t* qs, const S* d, int64_t nb, const QuantRows& a,
+                               int64_t m0, float (*out)[PW]) {
+  __m512 acc[R];
+  for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (int64_t b = 0; b < nb; ++b) {
+    __m512i w[8];
+    for (int c = 0; c < 8; ++c)
+      w[c] = _mm512_xor_si512(_mm512_loadu_si512(qs + b * 512 + 64 * c), flip);  // q + 128
+    __m512 wd[G];
+    for (int g = 0; g < G; ++g) wd[g] = load16(d + (b * G + g) * PW);
+    for (int r = 0; r < R; ++r) {
+      const int8_t* x = a.row(m0 + r) + b * QB;
+      const int32_t* h = a.halves(m0 + r) + b * 2;
+      const __m512 s = _mm512_set1_ps(a.s(m0 + r)[b]);
+      __m512i sums[G];
+      if constexpr (G == 1) {
+        sums[0] = _mm512_sub_epi32(dot_chunks<0, 8>(w, x), _mm512_set1_epi32(128 * (h[0] + h[1])));
+      } else {
+        sums[0] = _mm512_sub_epi32(dot_chunks<0, 4>(w, x), _mm512_set1_epi32(128 * h[0]));
+        sums[1] = _mm512_sub_epi32(dot_chunks<4, 8>(w, x), _mm512_set1_epi32(128 * h[1]));
+      }
+      for (int g = 0; g < G; ++g)
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[g]), _mm512_mul_ps(wd[g], s), acc[r]);
+    }
+  }
+  for (int r = 0; r < R; ++r) _mm512_storeu_ps(out[r], acc[r]);
+}
+
+// ------------------------------------------------------------------ AVX2: two halves of 8 rows
+
+AVX2_TARGET inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+AVX2_TARGET inline __m256 load8(const at::Half* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+
+// 8 int32 sums of 4 products each of unsigned w and signed a
 AVX2_TARGET inline __m256i dot4_avx2(__m256i w, __m256i a) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(w, a), _mm256_set1_epi16(1));
 }
 
-AVX2_TARGET inline __m256i unpack_q4_avx2(const uint8_t* qs) {
-  const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m256i both = _mm256_set_m128i(_mm_srli_epi16(x, 4), x);
-  return _mm256_and_si256(both, _mm256_set1_epi8(0x0F));
+AVX2_TARGET inline __m256i load256(const void* p) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
 }
 
-// the per-lane weight scale of one block of 32: d[0] everywhere, or d[0] then d[1] for groups of 16
-template <typename S>
-AVX2_TARGET inline __m256 block_scale_avx2(const S* d, int64_t group) {
-  const float d0 = static_cast<float>(d[0]);
-  return group == QB ? _mm256_set1_ps(d0)
-                     : _mm256_set_m128(_mm_set1_ps(static_cast<float>(d[1])), _mm_set1_ps(d0));
-}
-
-// AVX2: the tile's weight rows one after another, one block at a time (the same interface as the
-// AVX-512 tiles below)
-template <int R, int NW, typename S>
-AVX2_TARGET void q4_tile_avx2(const uint8_t* const* qs, const S* const* d, const S* const* mn,
-                              const QuantRows& a, int64_t m0, int64_t nb, float (*out)[MR]) {
-  for (int i = 0; i < NW; ++i) {
+template <int R, typename S>
+AVX2_TARGET void q4_panel_avx2(const uint8_t* qs, const S* d, const S* mn, int64_t nb,
+                               const QuantRows& a, int64_t m0, float (*out)[PW]) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  for (int half = 0; half < 2; ++half) {
     __m256 acc[R];
-    float offset[R] = {};
     for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
-      const __m256i w = unpack_q4_avx2(qs[i] + b * QB / 2);
-      for (int r = 0; r < R; ++r) {
-        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.row(m0 + r) + b * QB));
-        const __m256 p = _mm256_cvtepi32_ps(dot4_avx2(w, x));
-        const float wd = static_cast<float>(d[i][b]);
-        acc[r] = _mm256_fmadd_ps(p, _mm256_set1_ps(wd * a.s(m0 + r)[b]), acc[r]);
-        offset[r] += static_cast<float>(mn[i][b]) * a.ssum(m0 + r)[b];
+      __m256i w[8];
+      for (int c = 0; c < 4; ++c) {
+        const __m256i v = load256(qs + b * 256 + 64 * c + 32 * half);
+        w[2 * c] = _mm256_and_si256(v, low);
+        w[2 * c + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
       }
-    }
-    for (int r = 0; r < R; ++r) out[i][r] = hsum256(acc[r]) + offset[r];
-  }
-}
-
-template <int R, int NW, typename S>
-AVX2_TARGET void q8_tile_avx2(const int8_t* const* qs, const S* const* d, int64_t group,
-                              const QuantRows& a, int64_t m0, int64_t nb, float (*out)[MR]) {
-  const int64_t per_block = QB / group;
-  for (int i = 0; i < NW; ++i) {
-    __m256 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs[i] + b * QB));
-      const __m256i w_abs = _mm256_sign_epi8(w, w);  // -128 stays 0x80: 128 as unsigned
-      const __m256 wd = block_scale_avx2(d[i] + b * per_block, group);
+      const __m256 wd = load8(d + b * PW + 8 * half), wm = load8(mn + b * PW + 8 * half);
       for (int r = 0; r < R; ++r) {
-        const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.row(m0 + r) + b * QB));
-        const __m256 p = _mm256_cvtepi32_ps(dot4_avx2(w_abs, _mm256_sign_epi8(x, w)));
+        const int8_t* x = a.row(m0 + r) + b * QB;
+        __m256i sum = _mm256_setzero_si256();
+        for (int c = 0; c < 8; ++c)
+          sum = _mm256_add_epi32(sum, dot4_avx2(w[c], _mm256_set1_epi32(word(x + 4 * c))));
+        const __m256 p = _mm256_cvtepi32_ps(sum);
         acc[r] = _mm256_fmadd_ps(p, _mm256_mul_ps(wd, _mm256_set1_ps(a.s(m0 + r)[b])), acc[r]);
+        acc[r] = _mm256_fmadd_ps(wm, _mm256_set1_ps(a.ssum(m0 + r)[b]), acc[r]);
       }
     }
-    for (int r = 0; r < R; ++r) out[i][r] = hsum256(acc[r]);
+    for (int r = 0; r < R; ++r) _mm256_storeu_ps(out[r] + 8 * half, acc[r]);
   }
 }
 
-// ------------------------------------------------------------------ AVX-512 VNNI: two blocks a step
-
-// per lane of 16 int32 sums over 64 weights: the scale of the lane's group, from `scales` (one per
-// `group` weights); `one`: only the first 32 weights exist (the lanes past them get 0)
-// 16 scales from p (lanes past the mask 0), as fp32
-VNNI_TARGET inline __m512 load_scales(const float* p, __mmask16 k) { return _mm512_maskz_loadu_ps(k, p); }
-VNNI_TARGET inline __m512 load_scales(const at::Half* p, __mmask16 k) {
-  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(k, p));
-}
-
-template <typename S>
-VNNI_TARGET inline __m512 spread_scales(const S* scales, int64_t group, bool one) {
-  const __m512i idx = group == QB ? _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0)
-                                  : _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-  const __mmask16 count = group == QB ? (one ? 0x1 : 0x3) : (one ? 0x3 : 0xF);
-  return _mm512_permutexvar_ps(idx, load_scales(scales, count));
-}
-
-// 64 weights of q4 (two blocks, 32 bytes) as bytes in order: [lo(0..15), hi(0..15), lo(16..31),
-// hi(16..31)] holds block 0's weights 0..31 then block 1's; `one`: block 0 only (16 bytes read)
-VNNI_TARGET inline __m512i unpack_q4_avx512(const uint8_t* qs, bool one) {
-  const __m512i x = _mm512_castsi256_si512(_mm256_maskz_loadu_epi8(one ? 0xFFFFu : ~0u, qs));
-  const __m512i doubled = _mm512_permutexvar_epi64(_mm512_set_epi64(3, 2, 3, 2, 1, 0, 1, 0), x);
-  const __m512i shifted = _mm512_srlv_epi64(doubled, _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0));
-  return _mm512_and_si512(shifted, _mm512_set1_epi8(0x0F));
-}
-
-// R activation rows' int8 blocks and per-lane scales for the step at block b (`one`: block b only)
-template <int R, bool one>
-VNNI_TARGET inline void load_activations(const QuantRows& a, int64_t m0, int64_t b, __m512i (&x)[R],
-                                         __m512 (&s)[R]) {
-  for (int r = 0; r < R; ++r) {
-    x[r] = _mm512_maskz_loadu_epi8(one ? 0xFFFFFFFFull : ~0ull, a.row(m0 + r) + b * QB);
-    s[r] = _mm512_maskz_loadu_ps(one ? 0x00FF : 0xFFFF, a.lanes(m0 + r) + b * 8);
-  }
-}
-
-// One step of NW weight rows x R activation rows over two blocks (64 weights), or over the last
-// block when `one` (K an odd number of blocks: masked loads read nothing past it, and its missing
-// partner block multiplies as zeros). The weight rows share each activation load and scale; the
-// NW x R sums are independent, so their dependency chains overlap.
-template <int R, int NW, bool one, typename S>
-VNNI_TARGET inline void q4_step_vnni(const uint8_t* const* qs, const S* const* d,
-                                     const QuantRows& a, int64_t m0, int64_t b,
-                                     __m512 (&acc)[NW][R]) {
-  __m512i x[R];
-  __m512 s[R];
-  load_activations<R, one>(a, m0, b, x, s);
-  for (int i = 0; i < NW; ++i) {
-    const __m512i w = unpack_q4_avx512(qs[i] + b * QB / 2, one);
-    const __m512 wd = spread_scales(d[i] + b, QB, one);
-    for (int r = 0; r < R; ++r) {
-      const __m512 p = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w, x[r]));
-      acc[i][r] = _mm512_fmadd_ps(p, _mm512_mul_ps(wd, s[r]), acc[i][r]);
+template <int R, int G, typename S>
+AVX2_TARGET void q8_panel_avx2(const int8_t* qs, const S* d, int64_t nb, const QuantRows& a,
+                               int64_t m0, float (*out)[PW]) {
+  for (int half = 0; half < 2; ++half) {
+    __m256 acc[R];
+    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      __m256i w[8], w_abs[8];
+      for (int c = 0; c < 8; ++c) {
+        w[c] = load256(qs + b * 512 + 64 * c + 32 * half);
+        w_abs[c] = _mm256_sign_epi8(w[c], w[c]);  // -128 stays 0x80: 128 as unsigned
+      }
+      for (int r = 0; r < R; ++r) {
+        const int8_t* x = a.row(m0 + r) + b * QB;
+        const __m256 s = _mm256_set1_ps(a.s(m0 + r)[b]);
+        for (int g = 0; g < G; ++g) {
+          __m256i sum = _mm256_setzero_si256();
+          for (int c = g * 8 / G; c < (g + 1) * 8 / G; ++c) {
+            const __m256i xs = _mm256_sign_epi8(_mm256_set1_epi32(word(x + 4 * c)), w[c]);
+            sum = _mm256_add_epi32(sum, dot4_avx2(w_abs[c], xs));
+          }
+          const __m256 wd = load8(d + (b * G + g) * PW + 8 * half);
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(wd, s), acc[r]);
+        }
+      }
     }
+    for (int r = 0; r < R; ++r) _mm256_storeu_ps(out[r] + 8 * half, acc[r]);
   }
-}
-
-// out[i][r]: weight row i of the tile (its pointers in qs, d, mn) times activation row m0 + r.
-// q4's offsets, m * (s * sum qa) per block, join the same sums: 16 blocks per fused multiply-add.
-template <int R, int NW, typename S>
-VNNI_TARGET void q4_tile_vnni(const uint8_t* const* qs, const S* const* d, const S* const* mn,
-                              const QuantRows& a, int64_t m0, int64_t nb, float (*out)[MR]) {
-  __m512 acc[NW][R];
-  for (int i = 0; i < NW; ++i)
-    for (int r = 0; r < R; ++r) acc[i][r] = _mm512_setzero_ps();
-  int64_t b = 0;
-  for (; b + 2 <= nb; b += 2) q4_step_vnni<R, NW, false>(qs, d, a, m0, b, acc);
-  if (b < nb) q4_step_vnni<R, NW, true>(qs, d, a, m0, b, acc);
-  for (int64_t c = 0; c < nb; c += 16) {
-    const __mmask16 k = nb - c >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << (nb - c)) - 1);
-    for (int r = 0; r < R; ++r) {
-      const __m512 sums = _mm512_maskz_loadu_ps(k, a.ssum(m0 + r) + c);
-      for (int i = 0; i < NW; ++i)
-        acc[i][r] = _mm512_fmadd_ps(load_scales(mn[i] + c, k), sums, acc[i][r]);
-    }
-  }
-  for (int i = 0; i < NW; ++i)
-    for (int r = 0; r < R; ++r) out[i][r] = _mm512_reduce_add_ps(acc[i][r]);
-}
-
-template <int R, int NW, bool one, typename S>
-VNNI_TARGET inline void q8_step_vnni(const int8_t* const* qs, const S* const* d, int64_t group,
-                                     const QuantRows& a, int64_t m0, int64_t b,
-                                     __m512 (&acc)[NW][R]) {
-  __m512i x[R];
-  __m512 s[R];
-  load_activations<R, one>(a, m0, b, x, s);
-  const int64_t per_block = QB / group;
-  for (int i = 0; i < NW; ++i) {
-    const __m512i w = _mm512_maskz_loadu_epi8(one ? 0xFFFFFFFFull : ~0ull, qs[i] + b * QB);
-    const __m512i w_abs = _mm512_abs_epi8(w);  // -128 stays 0x80: 128 as unsigned
-    const __mmask64 negative = _mm512_movepi8_mask(w);
-    const __m512 wd = spread_scales(d[i] + b * per_block, group, one);
-    for (int r = 0; r < R; ++r) {
-      const __m512i xs = _mm512_mask_sub_epi8(x[r], negative, _mm512_setzero_si512(), x[r]);
-      const __m512 p = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w_abs, xs));
-      acc[i][r] = _mm512_fmadd_ps(p, _mm512_mul_ps(wd, s[r]), acc[i][r]);
-    }
-  }
-}
-
-template <int R, int NW, typename S>
-VNNI_TARGET void q8_tile_vnni(const int8_t* const* qs, const S* const* d, int64_t group,
-                              const QuantRows& a, int64_t m0, int64_t nb, float (*out)[MR]) {
-  __m512 acc[NW][R];
-  for (int i = 0; i < NW; ++i)
-    for (int r = 0; r < R; ++r) acc[i][r] = _mm512_setzero_ps();
-  int64_t b = 0;
-  for (; b + 2 <= nb; b += 2) q8_step_vnni<R, NW, false>(qs, d, group, a, m0, b, acc);
-  if (b < nb) q8_step_vnni<R, NW, true>(qs, d, group, a, m0, b, acc);
-  for (int i = 0; i < NW; ++i)
-    for (int r = 0; r < R; ++r) out[i][r] = _mm512_reduce_add_ps(acc[i][r]);
 }
 
 // ------------------------------------------------------------------ driver
 
-// calls tile<R, NW>(n0, m0, out) over every tile of at most NR weight rows and MR activation rows,
-// R and NW compile-time counts, and writes y[M, N] in x's dtype. Each thread takes whole tiles of
-// weight rows: every weight is read once, for all M activation rows.
-template <int NW, typename T, typename Tile>
-inline void tile_rows(int64_t n0, int64_t M, int64_t N, T* y, Tile&& tile) {
-  for (int64_t m0 = 0; m0 < M; m0 += MR) {
-    float out[NR][MR];
-    const int64_t r = std::min(MR, M - m0);
-    switch (r) {
-      case 4: tile(std::integral_constant<int, 4>{}, std::integral_constant<int, NW>{}, n0, m0, out); break;
-      case 3: tile(std::integral_constant<int, 3>{}, std::integral_constant<int, NW>{}, n0, m0, out); break;
-      case 2: tile(std::integral_constant<int, 2>{}, std::integral_constant<int, NW>{}, n0, m0, out); break;
-      default: tile(std::integral_constant<int, 1>{}, std::integral_constant<int, NW>{}, n0, m0, out); break;
-    }
-    for (int64_t i = 0; i < NW; ++i)
-      for (int64_t j = 0; j < r; ++j) y[(m0 + j) * N + n0 + i] = static_cast<T>(out[i][j]);
+// fn(std::integral_constant<int, R>{}) for the run-time r in 1..MR
+template <int R = MR, typename Fn>
+inline void with_rows(int64_t r, Fn&& fn) {
+  if constexpr (R == 1) {
+    fn(std::integral_constant<int, 1>{});
+  } else {
+    if (r == R) fn(std::integral_constant<int, R>{});
+    else with_rows<R - 1>(r, fn);
   }
 }
 
-template <typename T, typename Tile>
-void matmul_into(int64_t M, int64_t N, T* y, Tile&& tile) {
-  const int64_t tiles = (N + NR - 1) / NR;
-  at::parallel_for(0, tiles, 4, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t n0 = t * NR;
-      if (n0 + NR <= N) {
-        tile_rows<NR>(n0, M, N, y, tile);
-      } else {  // the last rows of N, one at a time
-        for (int64_t n = n0; n < N; ++n) tile_rows<1>(n, M, N, y, tile);
+// panel(R, p, m0, out) over every panel and tile of at most MR activation rows; writes y[M, N] in
+// x's dtype. Threads take whole panels: every weight is read from memory once, for all M rows.
+template <typename T, typename Panel>
+void matmul_into(int64_t M, int64_t N, T* y, Panel&& panel) {
+  const int64_t panels = (N + PW - 1) / PW;
+  at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t p = begin; p < end; ++p) {
+      const int64_t n0 = p * PW, width = std::min(PW, N - n0);
+      for (int64_t m0 = 0; m0 < M; m0 += MR) {
+        const int64_t rows = std::min<int64_t>(MR, M - m0);
+        float out[MR][PW];
+        with_rows(rows, [&](auto r) { panel(r, p, m0, out); });
+        for (int64_t i = 0; i < rows; ++i) store_outputs(y + (m0 + i) * N + n0, out[i], width);
       }
     }
   });
 }
 
-template <typename Tile>
-torch::Tensor matmul(const torch::Tensor& x, int64_t N, Tile&& tile) {
+template <typename Panel>
+torch::Tensor matmul(const torch::Tensor& x, int64_t N, Panel&& panel) {
   const int64_t M = x.size(0);
   torch::Tensor y = torch::empty({M, N}, x.scalar_type());
   if (x.scalar_type() == torch::kBFloat16)
-    matmul_into(M, N, y.data_ptr<at::BFloat16>(), tile);
+    matmul_into(M, N, y.data_ptr<at::BFloat16>(), panel);
   else
-    matmul_into(M, N, y.data_ptr<float>(), tile);
+    matmul_into(M, N, y.data_ptr<float>(), panel);
   return y;
 }
 
@@ -322,128 +346,125 @@ QuantRows quantize_input(const torch::Tensor& x) {
   return quantize_rows(x.data_ptr<float>(), x.size(0), K);
 }
 
-void check_input(const torch::Tensor& x) {
-  TORCH_CHECK(x.dim() == 2 && x.size(1) % QB == 0, "x must be [M, K] with K a multiple of 32");
-}
-
-void check_weights(const torch::Tensor& qs, const torch::Tensor& d) {
-  TORCH_CHECK(qs.is_contiguous() && d.is_contiguous(), "quantized weights must be contiguous");
-  TORCH_CHECK(d.scalar_type() == torch::kFloat32 || d.scalar_type() == torch::kFloat16,
-              "block scales must be float32 or float16");
-  TORCH_CHECK(d.size(0) == qs.size(0), "one row of scales per weight row");
-}
-
 // calls fn(S{}) with S the scales' element type: float, or at::Half for fp16 scales
 template <typename Fn>
 auto with_scale_type(const torch::Tensor& d, Fn&& fn) {
   return d.scalar_type() == torch::kFloat16 ? fn(at::Half{}) : fn(float{});
 }
 
-// the NW row pointers of a tile from n0: a matrix's rows are `stride` elements apart
-template <int NW, typename P>
-inline std::array<const P*, NW> tile_ptrs(const P* base, int64_t n0, int64_t stride) {
-  std::array<const P*, NW> out;
-  for (int i = 0; i < NW; ++i) out[i] = base + (n0 + i) * stride;
-  return out;
+// qs [P, K / 32, 256 (q4) | 512 (q8)], d [P, K / 32, 32 / group, 16], mn (q4) like d; N <= 16 P
+void check_panels(const torch::Tensor& qs, const torch::Tensor& d, const torch::Tensor& mn,
+                  int64_t group, int64_t N, int64_t K) {
+  const bool q4 = qs.scalar_type() == torch::kUInt8;
+  TORCH_CHECK(q4 || qs.scalar_type() == torch::kInt8, "panels: uint8 (q4) or int8 (q8)");
+  TORCH_CHECK(group == QB || (!q4 && group == QB / 2), "a scale per 32 weights, or 16 for q8");
+  TORCH_CHECK(K % QB == 0 && qs.dim() == 3 && qs.size(1) == K / QB &&
+                  qs.size(2) == (q4 ? 256 : 512) && (N + PW - 1) / PW == qs.size(0),
+              "panel shapes");
+  TORCH_CHECK(d.numel() == qs.size(0) * (K / group) * PW, "one scale a group and row");
+  TORCH_CHECK(d.scalar_type() == torch::kFloat32 || d.scalar_type() == torch::kFloat16,
+              "block scales must be float32 or float16");
+  TORCH_CHECK(qs.is_contiguous() && d.is_contiguous(), "quantized weights must be contiguous");
+  if (q4)
+    TORCH_CHECK(mn.sizes() == d.sizes() && mn.scalar_type() == d.scalar_type() &&
+                    mn.is_contiguous(),
+                "q4 offsets: one a block and row, contiguous, in the scales' dtype");
 }
 
-torch::Tensor q4_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d, torch::Tensor mn,
-                        int64_t isa) {
-  check_input(x);
+torch::Tensor panel_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d, torch::Tensor mn,
+                           int64_t group, int64_t N, int64_t isa) {
+  TORCH_CHECK(x.dim() == 2, "x must be [M, K]");
   const int64_t K = x.size(1), nb = K / QB;
-  check_weights(qs, d);
-  TORCH_CHECK(qs.size(1) * 2 == K && d.size(1) == nb && mn.sizes() == d.sizes(), "q4 shapes");
-  TORCH_CHECK(mn.is_contiguous() && mn.scalar_type() == d.scalar_type(),
-              "q4 offsets: contiguous, in the scales' dtype");
+  check_panels(qs, d, mn, group, N, K);
   x = x.contiguous();
   const QuantRows a = quantize_input(x);
-  const uint8_t* w = qs.data_ptr<uint8_t>();
-  return with_scale_type(d, [&](auto scale_type) {
-    using S = decltype(scale_type);
-    const S *dp = d.data_ptr<S>(), *mp = mn.data_ptr<S>();
-    return matmul(x, qs.size(0), [&](auto r, auto nw, int64_t n0, int64_t m0, float (*out)[MR]) {
-      constexpr int R = decltype(r)::value, NW = decltype(nw)::value;
-      const auto wq = tile_ptrs<NW>(w, n0, K / 2);
-      const auto wd = tile_ptrs<NW>(dp, n0, nb), wm = tile_ptrs<NW>(mp, n0, nb);
-      if (isa == 2)
-        q4_tile_vnni<R, NW>(wq.data(), wd.data(), wm.data(), a, m0, nb, out);
-      else
-        q4_tile_avx2<R, NW>(wq.data(), wd.data(), wm.data(), a, m0, nb, out);
-    });
-  });
-}
-
-torch::Tensor q8_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d, int64_t group,
-                        int64_t isa) {
-  check_input(x);
-  const int64_t K = x.size(1), nb = K / QB;
-  check_weights(qs, d);
-  TORCH_CHECK(group == 32 || group == 16, "q8 scales cover 32 or 16 weights");
-  TORCH_CHECK(qs.size(1) == K && d.size(1) == K / group, "q8 shapes");
-  x = x.contiguous();
-  const QuantRows a = quantize_input(x);
-  const int8_t* w = qs.data_ptr<int8_t>();
+  const bool vnni = isa == 2;
   return with_scale_type(d, [&](auto scale_type) {
     using S = decltype(scale_type);
     const S* dp = d.data_ptr<S>();
-    return matmul(x, qs.size(0), [&](auto r, auto nw, int64_t n0, int64_t m0, float (*out)[MR]) {
-      constexpr int R = decltype(r)::value, NW = decltype(nw)::value;
-      const auto wq = tile_ptrs<NW>(w, n0, K);
-      const auto wd = tile_ptrs<NW>(dp, n0, K / group);
-      if (isa == 2)
-        q8_tile_vnni<R, NW>(wq.data(), wd.data(), group, a, m0, nb, out);
-      else
-        q8_tile_avx2<R, NW>(wq.data(), wd.data(), group, a, m0, nb, out);
+    if (qs.scalar_type() == torch::kUInt8) {
+      const uint8_t* w = qs.data_ptr<uint8_t>();
+      const S* mp = mn.data_ptr<S>();
+      return matmul(x, N, [&](auto r, int64_t p, int64_t m0, float (*out)[PW]) {
+        constexpr int R = decltype(r)::value;
+        const int64_t base = p * nb;
+        if (vnni)
+          q4_panel_vnni<R>(w + base * 256, dp + base * PW, mp + base * PW, nb, a, m0, out);
+        else
+          q4_panel_avx2<R>(w + base * 256, dp + base * PW, mp + base * PW, nb, a, m0, out);
+      });
+    }
+    const int8_t* w = qs.data_ptr<int8_t>();
+    return matmul(x, N, [&](auto r, int64_t p, int64_t m0, float (*out)[PW]) {
+      constexpr int R = decltype(r)::value;
+      const int64_t base = p * nb;
+      if (group == QB) {
+        if (vnni) q8_panel_vnni<R, 1>(w + base * 512, dp + base * PW, nb, a, m0, out);
+        else q8_panel_avx2<R, 1>(w + base * 512, dp + base * PW, nb, a, m0, out);
+      } else {
+        if (vnni) q8_panel_vnni<R, 2>(w + base * 512, dp + base * 2 * PW, nb, a, m0, out);
+        else q8_panel_avx2<R, 2>(w + base * 512, dp + base * 2 * PW, nb, a, m0, out);
+      }
     });
   });
 }
 
-// The weights as a dense [N, K] matrix of `out`'s dtype, written in place: prefill steps (hundreds
-// of rows) multiply faster through oneDNN's bf16/fp32 matmuls than through int8 dot products.
+// Rows of the weights as a dense matrix of `out`'s dtype: all N for prefill steps (hundreds of
+// rows multiply faster through oneDNN's bf16/fp32 matmuls than through int8 dot products), or the
+// rows `ids` names (the token embedding, where it is tied to the LM head's panels).
 template <typename T, typename S>
 void dequantize_into(const torch::Tensor& qs, const S* dp, const S* mp, int64_t group,
-                     torch::Tensor& out) {
-  const int64_t N = out.size(0), K = out.size(1);
+                     const int64_t* ids, torch::Tensor& out) {
+  const int64_t K = out.size(1), nb = K / QB, G = QB / group;
   T* o = out.data_ptr<T>();
   const bool q4 = qs.scalar_type() == torch::kUInt8;
-  const uint8_t* q4s = q4 ? qs.data_ptr<uint8_t>() : nullptr;
-  const int8_t* q8s = q4 ? nullptr : qs.data_ptr<int8_t>();
-  at::parallel_for(0, N, 16, [&](int64_t begin, int64_t end) {
-    for (int64_t n = begin; n < end; ++n) {
-      T* row = o + n * K;
-      if (q4) {
-        const uint8_t* q = q4s + n * K / 2;
-        const S *rd = dp + n * (K / QB), *rm = mp + n * (K / QB);
-        for (int64_t b = 0; b < K / QB; ++b) {
-          const float scale = static_cast<float>(rd[b]), offset = static_cast<float>(rm[b]);
-          for (int64_t j = 0; j < QB / 2; ++j) {
-            const uint8_t byte = q[b * QB / 2 + j];
-            row[b * QB + j] = static_cast<T>(scale * static_cast<float>(byte & 0x0F) + offset);
-            row[b * QB + j + QB / 2] = static_cast<T>(scale * static_cast<float>(byte >> 4) + offset);
+  const uint8_t* bytes = static_cast<const uint8_t*>(qs.data_ptr());
+  at::parallel_for(0, out.size(0), 16, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t n = ids ? ids[i] : i, p = n / PW, j = n % PW;
+      for (int64_t b = 0; b < nb; ++b) {
+        const int64_t base = p * nb + b;
+        for (int64_t k = 0; k < QB; ++k) {
+          float w;
+          if (q4) {
+            const uint8_t byte = bytes[base * 256 + (k / 8) * 64 + j * 4 + k % 4];
+            const int level = k % 8 < 4 ? byte & 0x0F : byte >> 4;
+            w = static_cast<float>(dp[base * PW + j]) * static_cast<float>(level) +
+                static_cast<float>(mp[base * PW + j]);
+          } else {
+            const auto level = static_cast<int8_t>(bytes[base * 512 + (k / 4) * 64 + j * 4 + k % 4]);
+            w = static_cast<float>(dp[(base * G + k / group) * PW + j]) * static_cast<float>(level);
           }
+          o[i * K + b * QB + k] = static_cast<T>(w);
         }
-      } else {
-        const int8_t* q = q8s + n * K;
-        const S* rd = dp + n * (K / group);
-        for (int64_t k = 0; k < K; ++k)
-          row[k] = static_cast<T>(static_cast<float>(rd[k / group]) * static_cast<float>(q[k]));
       }
     }
   });
 }
 
+// ids: int64 row numbers, or empty for every row
 torch::Tensor dequantize(torch::Tensor qs, torch::Tensor d, torch::Tensor mn, int64_t group,
-                         int64_t K, torch::ScalarType dtype) {
+                         int64_t N, int64_t K, torch::ScalarType dtype, torch::Tensor ids) {
   TORCH_CHECK(dtype == torch::kFloat32 || dtype == torch::kBFloat16,
               "dequantize to float32 or bfloat16");
-  torch::Tensor out = torch::empty({qs.size(0), K}, dtype);
+  check_panels(qs, d, mn, group, N, K);
+  const bool some = ids.numel() > 0;
+  if (some) {
+    TORCH_CHECK(ids.scalar_type() == torch::kInt64 && ids.dim() == 1, "ids: int64 [n]");
+    ids = ids.contiguous();
+    const int64_t* first = ids.data_ptr<int64_t>();
+    const auto [low, high] = std::minmax_element(first, first + ids.numel());
+    TORCH_CHECK(*low >= 0 && *high < N, "ids in 0..N-1");
+  }
+  torch::Tensor out = torch::empty({some ? ids.size(0) : N, K}, dtype);
+  const int64_t* rows = some ? ids.data_ptr<int64_t>() : nullptr;
   with_scale_type(d, [&](auto scale_type) {
     using S = decltype(scale_type);
     const S* mp = qs.scalar_type() == torch::kUInt8 ? mn.data_ptr<S>() : nullptr;
     if (dtype == torch::kBFloat16)
-      dequantize_into<at::BFloat16>(qs, d.data_ptr<S>(), mp, group, out);
+      dequantize_into<at::BFloat16>(qs, d.data_ptr<S>(), mp, group, rows, out);
     else
-      dequantize_into<float>(qs, d.data_ptr<S>(), mp, group, out);
+      dequantize_into<float>(qs, d.data_ptr<S>(), mp, group, rows, out);
     return 0;
   });
   return out;
@@ -462,8 +483,7 @@ int64_t best_isa() {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("q4_linear", &q4_linear, "x @ W.T for 4-bit weights (d * q + m, blocks of 32)");
-  m.def("q8_linear", &q8_linear, "x @ W.T for 8-bit weights (d * q, a scale per group)");
-  m.def("dequantize", &dequantize, "quantized weights as a dense matrix");
+  m.def("panel_linear", &panel_linear, "x @ W.T for weights in 16-row panels (q4 or q8)");
+  m.def("dequantize", &dequantize, "rows of panel weights (all when ids is empty), dense");
   m.def("best_isa", &best_isa, "2: AVX-512 VNNI, 1: AVX2, 0: neither");
 }

@@ -10,8 +10,17 @@ from gguf.quants import dequantize as gguf_dequantize
 
 from engine.cpu_kernels import QUANT_ISAS, quant_isa, quant_matmul
 from engine.packed_linear import PackedLinear
-from engine.quant import BLOCK, GGUF_TYPES, QuantizedTensor, from_gguf, quantize
-from engine.quantized_linear import COPY_ROWS, DENSE_ROWS, QuantizedLinear
+from engine.quant import (
+    BLOCK,
+    GGUF_TYPES,
+    PANEL,
+    QuantizedTensor,
+    from_gguf,
+    from_panels,
+    quantize,
+    to_panels,
+)
+from engine.quantized_linear import COPY_ROWS, DENSE_ROWS, QuantizedEmbedding, QuantizedLinear
 
 KERNELS = quant_matmul()
 needs_kernels = pytest.mark.skipif(KERNELS is None, reason="quantized kernels not built here")
@@ -63,6 +72,27 @@ def test_gguf_blocks_dequantize_like_gguf(type_name):
         assert torch.equal(weight.dequantize(), torch.from_numpy(expected)), (rows, cols)
         some_rows = torch.tensor([rows - 1, 0])
         assert torch.equal(weight.dequantize(some_rows), torch.from_numpy(expected[[rows - 1, 0]]))
+
+
+@pytest.mark.parametrize("type_name", GGUF_TYPES)
+def test_panels_reorder_exactly(type_name):
+    """The kernels' panel layout holds the same levels and scales: back to rows it is the same
+    tensor, and the reference reads it the same; rows past a multiple of 16 are padding."""
+    rows, cols = shapes(type_name)[0]
+    weight = from_gguf(random_gguf(type_name, rows, cols), type_name, rows, cols)
+    panels = to_panels(weight)
+    assert panels.shape == weight.shape and panels.qs.shape[0] == -(-rows // PANEL)
+    back = from_panels(panels)
+    for name in ("qs", "scales", "mins"):
+        original, restored = getattr(weight, name), getattr(back, name)
+        assert (original is None and restored is None) or torch.equal(original, restored), name
+    assert torch.equal(panels.dequantize(), weight.dequantize())
+    some_rows = torch.tensor([rows - 1, 0])
+    assert torch.equal(panels.dequantize(some_rows), weight.dequantize(some_rows))
+    if KERNELS is not None:  # the embedding looks rows up in the panels, bit for bit
+        ids = torch.tensor([[rows - 1, 0, 5], [5, 17, 2]])
+        looked_up = QuantizedEmbedding(panels)(ids)
+        assert torch.equal(looked_up, weight.dequantize(ids.reshape(-1)).reshape(2, 3, cols))
 
 
 @needs_kernels
