@@ -1,12 +1,14 @@
 """Linear layers and the token embedding over block-quantized weights (CPU).
 
 A decode step multiplies a few rows by every weight, so it is bound by the bytes of weights read:
-the compiled kernels read 4- or 8-bit weights once (engine/csrc/quant_matmul.cpp). From about ten
-rows on (a batch of decodes, a prefill chunk) the int8 dot products are compute-bound and oneDNN's
-bf16 matmuls outrun them (AMX, a 3072 x 576 Q4_1 matrix: 240 against 401 us at 16 rows, 329
-against 1398 at 64; bench/quant_crossover.py), so where the activations are bf16 the layer also
-keeps a packed bf16 copy of its weight for those steps (`keep_dense_copy`: 2 more bytes a weight).
-Without it, steps from DENSE_ROWS rows dequantize the weight for the call, a cost the rows share.
+the compiled kernels read 4- or 8-bit weights once (engine/csrc/quant_matmul.cpp). With many rows
+(a large batch, a prefill chunk) the int8 dot products become compute-bound, and where the CPU has
+AMX oneDNN's bf16 matmuls outrun them from about 50 rows (a 3072 x 576 Q4_1 matrix: 372 against
+495 us at 32 rows, 768 against 621 at 64; bench/quant_crossover.py), so where the activations are
+bf16 the layer also keeps a packed bf16 copy of its weight for those steps (`keep_dense_copy`: 2
+more bytes a weight). Without AMX (fp32 activations) the kernels beat dequantize + fp32 matmul up
+to a 512-row chunk (6.1 against 8.0 ms at 512 rows with AVX-512 VNNI; about even with AVX2), so
+only steps from DENSE_ROWS rows dequantize the weight for the call, a cost the rows share.
 Without the kernels, PyTorch dequantizes and multiplies (the reference).
 """
 
@@ -22,10 +24,10 @@ from engine.quant import QuantizedTensor, to_panels
 
 log = logging.getLogger("tokenyard.engine")
 
-# rows from which dequantize + float matmul beats the int8 kernels (bench/quant_crossover.py)
-DENSE_ROWS = 48
-# rows from which a kept bf16 copy beats them (AMX: between 8 and 12; bench/quant_crossover.py)
-COPY_ROWS = 10
+# rows from which dequantize + fp32 matmul beats the int8 kernels (beyond 512 with VNNI)
+DENSE_ROWS = 1024
+# rows from which a kept bf16 copy beats them (AMX: between 48 and 64; bench/quant_crossover.py)
+COPY_ROWS = 48
 
 
 def effective_quantization(requested: str, device: torch.device) -> str:

@@ -412,31 +412,50 @@ torch::Tensor panel_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d, t
 // Rows of the weights as a dense matrix of `out`'s dtype: all N for prefill steps (hundreds of
 // rows multiply faster through oneDNN's bf16/fp32 matmuls than through int8 dot products), or the
 // rows `ids` names (the token embedding, where it is tied to the LM head's panels).
+// One block (32 weights) of panel row j as floats, 8 at a time: a row's bytes are 4-byte words
+// 64 bytes apart (one per chunk)
+template <typename S>
+AVX2_TARGET inline void dequantize_block(const uint8_t* block, const S* dp, const S* mp,
+                                         int64_t j, int64_t G, bool q4, float* w) {
+  auto word = [&](int64_t c) {
+    uint32_t v;
+    std::memcpy(&v, block + c * 64 + j * 4, sizeof v);
+    return static_cast<uint64_t>(v);
+  };
+  for (int64_t c = 0; c < (q4 ? 4 : 8); c += q4 ? 1 : 2) {
+    __m256 v;
+    if (q4) {  // weights 8c..8c+3 in the low nibbles, 8c+4..8c+7 in the high ones
+      const uint64_t nibbles = (word(c) & 0x0F0F0F0F) | (((word(c) >> 4) & 0x0F0F0F0F) << 32);
+      const __m256 level = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(nibbles)));
+      v = _mm256_add_ps(_mm256_mul_ps(_mm256_set1_ps(static_cast<float>(dp[j])), level),
+                        _mm256_set1_ps(static_cast<float>(mp[j])));
+    } else {  // weights 4c..4c+7: chunks c and c + 1
+      const uint64_t levels = word(c) | (word(c + 1) << 32);
+      const __m256 level = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_cvtsi64_si128(levels)));
+      const int64_t g = c * 4 * G / QB;
+      v = _mm256_mul_ps(_mm256_set1_ps(static_cast<float>(dp[g * PW + j])), level);
+    }
+    _mm256_storeu_ps(w + (q4 ? 8 * c : 4 * c), v);
+  }
+}
+
 template <typename T, typename S>
 void dequantize_into(const torch::Tensor& qs, const S* dp, const S* mp, int64_t group,
                      const int64_t* ids, torch::Tensor& out) {
   const int64_t K = out.size(1), nb = K / QB, G = QB / group;
   T* o = out.data_ptr<T>();
   const bool q4 = qs.scalar_type() == torch::kUInt8;
+  const int64_t block_bytes = q4 ? 256 : 512;
   const uint8_t* bytes = static_cast<const uint8_t*>(qs.data_ptr());
   at::parallel_for(0, out.size(0), 16, [&](int64_t begin, int64_t end) {
+    float w[QB];
     for (int64_t i = begin; i < end; ++i) {
       const int64_t n = ids ? ids[i] : i, p = n / PW, j = n % PW;
       for (int64_t b = 0; b < nb; ++b) {
         const int64_t base = p * nb + b;
-        for (int64_t k = 0; k < QB; ++k) {
-          float w;
-          if (q4) {
-            const uint8_t byte = bytes[base * 256 + (k / 8) * 64 + j * 4 + k % 4];
-            const int level = k % 8 < 4 ? byte & 0x0F : byte >> 4;
-            w = static_cast<float>(dp[base * PW + j]) * static_cast<float>(level) +
-                static_cast<float>(mp[base * PW + j]);
-          } else {
-            const auto level = static_cast<int8_t>(bytes[base * 512 + (k / 4) * 64 + j * 4 + k % 4]);
-            w = static_cast<float>(dp[(base * G + k / group) * PW + j]) * static_cast<float>(level);
-          }
-          o[i * K + b * QB + k] = static_cast<T>(w);
-        }
+        dequantize_block(bytes + base * block_bytes, dp + base * G * PW,
+                         q4 ? mp + base * PW : nullptr, j, G, q4, w);
+        store_outputs(o + i * K + b * QB, w, QB);
       }
     }
   });

@@ -25,7 +25,7 @@ from engine.tokenizer import Tokenizer
 TEXT = Path(__file__).parent / "data" / "alice_ch4.txt"
 # tokens per forward pass: under DENSE_ROWS every matmul runs in the int8 kernels (decode's path:
 # activations rounded to int8 too), from it on dequantized weights (prefill's path)
-KERNEL_CHUNK, DENSE_CHUNK = 32, 256
+KERNEL_CHUNK, DENSE_CHUNK = 32, 1024
 # (quantization, chunk, bound on perplexity relative to fp32 on the dequantized GGUF: issue 17);
 # the shipped weights through the kernels, the ones quantized at load through prefill's path
 CASES = [("auto", KERNEL_CHUNK, 0.01), ("int8", DENSE_CHUNK, 0.01), ("int4", DENSE_CHUNK, 0.05)]
