@@ -100,6 +100,21 @@ def test_split_sequences_match_reference(kernel, dtype, decode_lengths):
     assert (ours.float() - ref.float()).abs().max().item() < tol
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("length", "chunk"), [(700, 5), (9 * BS + 3, 8), (BS + 2, 2)])
+def test_a_short_chunk_alone_matches_reference(kernel, dtype, length, chunk):
+    """A speculating sequence alone in its step (batch 1): its chunk's rows attend as decode rows,
+    cut into parts for the threads; each row sees only its own context (the last part holds
+    tokens that only the later rows see)."""
+    rng = random.Random(length + chunk)
+    tables, k_cache, v_cache = _pool(rng, [length], 3, 64, dtype)
+    slices = [SeqSlice(tables[0], length - chunk, chunk)]
+    q, k, v = (torch.randn(chunk, h, 64, dtype=dtype) for h in (9, 3, 3))
+    (ref, _, _), (ours, _, _) = _run_both(kernel, slices, 0, q, k, v, k_cache, v_cache)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert (ours.float() - ref.float()).abs().max().item() < tol
+
+
 @pytest.mark.parametrize(("dim", "q_heads", "kv_heads"), [(64, 9, 3), (128, 32, 8), (64, 4, 4)])
 def test_prefill_kernel_matches_reference(prefill_kernel, dim, q_heads, kv_heads):
     """Every prefill chunk of a step in one call: fresh prompts, chunks after cached context, a
