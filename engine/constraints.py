@@ -2,9 +2,12 @@
 
 A request's `Constraint` (a JSON schema, or a structural tag for forced tool calls) is compiled
 once and cached; each of its sequences gets a matcher that follows the tokens it emits. Before a
-step's forward pass, a worker thread fills the token masks of the rows that produce a token (the
-pass runs in torch kernels that release the GIL); the sampler then sets the masked logits of those
-rows to -inf. Rows of unconstrained sequences are never touched, and a step without a constrained
+step's forward pass the token masks of the rows that produce a token are filled: by a worker thread
+during the pass (its kernels release the GIL) where a CPU is left over beside the pass's threads,
+else on the step's own thread first. On a CPU the pass keeps busy with all its threads, a third
+thread only preempts one of them, and every parallel region then waits for it: at 16 constrained
+sequences on 2 cores the worker's 0.5 ms of masks cost 3-5 ms a step (bench/RESULTS.md, issue 21).
+The sampler then sets the masked logits of those rows to -inf. Rows of unconstrained sequences are never touched, and a step without a constrained
 sequence does no grammar work at all.
 
 Speculative drafts are checked against the mask: the matcher walks the draft token by token,
@@ -13,6 +16,7 @@ in its row, so the verifier rejects it there, and the rows after it are never sa
 """
 
 import json
+import os
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -147,7 +151,8 @@ class Constraints:
         self._compiled: OrderedDict[Constraint, xgr.CompiledGrammar] = OrderedDict()
         self._lock = threading.Lock()  # the server's loop and the engine's both compile
         self._matchers: dict[int, xgr.GrammarMatcher] = {}
-        self._worker = ThreadPoolExecutor(1, thread_name_prefix="grammar-masks")
+        spare_cpu = device.type != "cpu" or len(os.sched_getaffinity(0)) > torch.get_num_threads()
+        self._worker = ThreadPoolExecutor(1, "grammar-masks") if spare_cpu else None
 
     def compile(self, constraint: Constraint) -> xgr.CompiledGrammar:
         """The compiled grammar, from the cache when seen before; SchemaError if unenforceable."""
@@ -201,7 +206,11 @@ class Constraints:
         each producing sequence, in order); None when no sequence is constrained."""
         if not any(seq.seq_id in self._matchers for seq in seqs):
             return None
-        return self._worker.submit(self._fill, seqs, drafts)
+        if self._worker is not None:
+            return self._worker.submit(self._fill, seqs, drafts)
+        done: Future = Future()
+        done.set_result(self._fill(seqs, drafts))
+        return done
 
     def _fill(self, seqs: list["Sequence"], drafts: list[list[int]]) -> Masks:
         num_rows = sum(1 + len(d) for d in drafts)

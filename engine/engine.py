@@ -256,7 +256,7 @@ class LLMEngine:
             if seq.timings.first_scheduled is None:
                 seq.timings.first_scheduled = start - seq.request.arrival
         meta = self.attention.build_metadata(slices, batch.num_decodes)
-        masks = self.constraints.masks(producing, drafts)  # filled while the forward pass runs
+        masks = self.constraints.masks(producing, drafts)  # may fill while the forward pass runs
         hidden = self._forward(
             torch.tensor(input_ids, device=self.device),
             torch.tensor(positions, device=self.device),

@@ -255,9 +255,12 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("rms_norm", &rms_norm, "RMSNorm of x (or of x + residual, also returned)");
-  m.def("rotary_", &rotary_, "rotary embedding of q and k, in place");
-  m.def("rotary_to_cache_", &rotary_to_cache_,
+  // the kernels touch no Python object: other threads (the server's event loop, the grammar
+  // worker) run Python while they compute
+  const auto no_gil = py::call_guard<py::gil_scoped_release>();
+  m.def("rms_norm", &rms_norm, no_gil, "RMSNorm of x (or of x + residual, also returned)");
+  m.def("rotary_", &rotary_, no_gil, "rotary embedding of q and k, in place");
+  m.def("rotary_to_cache_", &rotary_to_cache_, no_gil,
         "rotary in place on a fused QKV output, its K and V written into the pool; returns q");
-  m.def("silu_mul", &silu_mul, "SiLU(gate) * up from the fused gate_up projection");
+  m.def("silu_mul", &silu_mul, no_gil, "SiLU(gate) * up from the fused gate_up projection");
 }

@@ -254,8 +254,11 @@ torch::Tensor paged_prefill(torch::Tensor q, torch::Tensor k_cache, torch::Tenso
 #endif
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("paged_decode", &paged_decode, "decode attention over a paged KV cache (CPU)");
+  // the kernels touch no Python object: other threads (the server's event loop, the grammar
+  // worker) run Python while they compute
+  const auto no_gil = py::call_guard<py::gil_scoped_release>();
+  m.def("paged_decode", &paged_decode, no_gil, "decode attention over a paged KV cache (CPU)");
 #if defined(__AVX512BF16__)
-  m.def("paged_prefill", &paged_prefill, "causal prefill attention over a paged KV cache (bf16)");
+  m.def("paged_prefill", &paged_prefill, no_gil, "causal prefill attention over a paged KV cache (bf16)");
 #endif
 }

@@ -502,7 +502,10 @@ int64_t best_isa() {
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("panel_linear", &panel_linear, "x @ W.T for weights in 16-row panels (q4 or q8)");
-  m.def("dequantize", &dequantize, "rows of panel weights (all when ids is empty), dense");
+  // the kernels touch no Python object: other threads (the server's event loop, the grammar
+  // worker) run Python while they compute
+  const auto no_gil = py::call_guard<py::gil_scoped_release>();
+  m.def("panel_linear", &panel_linear, no_gil, "x @ W.T for weights in 16-row panels (q4 or q8)");
+  m.def("dequantize", &dequantize, no_gil, "rows of panel weights (all when ids is empty), dense");
   m.def("best_isa", &best_isa, "2: AVX-512 VNNI, 1: AVX2, 0: neither");
 }

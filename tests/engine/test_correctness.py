@@ -48,8 +48,12 @@ def test_prompts_cover_lengths(prompt_ids):
 
 
 def test_alone_matches_transformers(engine_factory, prompt_ids, expected):
+    """One at a time (each prompt one prefill chunk, batch-1 decodes): the shortest and longest
+    prompts and every third between them; the mixed batches below run all of them."""
     engine = engine_factory(num_blocks=2048)
-    for i, ids in enumerate(prompt_ids):
+    by_length = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
+    for i in sorted({*by_length[::3], by_length[-1]}):
+        ids = prompt_ids[i]
         out = run_to_completion(
             engine, [GenerationRequest(f"alone-{i}", ids, greedy(MAX_NEW, min_tokens=MAX_NEW))]
         )
