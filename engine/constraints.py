@@ -7,8 +7,8 @@ during the pass (its kernels release the GIL) where a CPU is left over beside th
 else on the step's own thread first. On a CPU the pass keeps busy with all its threads, a third
 thread only preempts one of them, and every parallel region then waits for it: at 16 constrained
 sequences on 2 cores the worker's 0.5 ms of masks cost 3-5 ms a step (bench/RESULTS.md, issue 21).
-The sampler then sets the masked logits of those rows to -inf. Rows of unconstrained sequences are never touched, and a step without a constrained
-sequence does no grammar work at all.
+The sampler then sets the masked logits of those rows to -inf. Rows of unconstrained sequences are
+never touched, and a step without a constrained sequence does no grammar work at all.
 
 Speculative drafts are checked against the mask: the matcher walks the draft token by token,
 filling the mask of each row, then rolls back. A draft token the grammar forbids has probability 0
