@@ -175,7 +175,7 @@ def compile_and_idle_costs(tokenizer: Tokenizer) -> None:
         for token in prefix:
             constraints.accept(seq, token)
     fill = timeit.timeit(lambda: constraints.masks(seqs, drafts).result(), number=50) / 50
-    print(f"masks of a 16-sequence constrained step (worker thread): {fill * 1e3:.2f} ms")
+    print(f"masks of a 16-sequence constrained step: {fill * 1e3:.2f} ms")
 
 
 def step_times(gguf: str, rounds: int) -> None:
