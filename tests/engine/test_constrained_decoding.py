@@ -3,6 +3,8 @@ decoding, other sequences of the batch are untouched, and speculation, preemptio
 prefill keep both true."""
 
 import json
+import os
+import threading
 
 import jsonschema
 import pytest
@@ -11,9 +13,9 @@ import xgrammar as xgr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.constraints import Constraint, Masks, unenforceable
+from engine.constraints import Constraint, Constraints, Masks, unenforceable
 from engine.engine import RequestError
-from engine.sequence import GenerationRequest, Priority, SamplingParams
+from engine.sequence import GenerationRequest, Priority, SamplingParams, Sequence
 from tests.engine.conftest import assert_all_blocks_free, greedy, run_to_completion
 from tests.engine.test_speculative import PLAIN, SPECULATIVE, counters
 
@@ -212,6 +214,36 @@ def test_cpu_masks_forbid_exactly_what_xgrammars_kernel_does():
     assert torch.equal(ours, theirs)
     assert torch.equal(ours[1], logits[1])  # the unconstrained row
     assert 0 < int(ours[[0, 2]].isinf().sum()) < 2 * vocab
+
+
+def test_masks_fill_beside_the_forward_pass_only_with_a_cpu_to_spare(engine_factory, monkeypatch):
+    """With every CPU running the forward pass's threads the masks are filled on the step's own
+    thread (a worker would preempt one of them); with a CPU left over, on the worker. Both fill
+    the same masks."""
+    tokenizer = engine_factory(**PLAIN).tokenizer
+    cpus = len(os.sched_getaffinity(0))
+    fills, masks = [], {}
+    fill = Constraints._fill
+
+    def spy(self, seqs, drafts):
+        fills.append(threading.current_thread() is threading.main_thread())
+        return fill(self, seqs, drafts)
+
+    monkeypatch.setattr(Constraints, "_fill", spy)
+    params = SamplingParams(constraint=Constraint.json_schema(PERSON))
+    for threads in (cpus, cpus - 1):
+        monkeypatch.setattr(torch, "get_num_threads", lambda threads=threads: threads)
+        constraints = Constraints(
+            tokenizer.hf, len(tokenizer.hf), tokenizer.eos_token_ids, torch.device("cpu")
+        )
+        seqs = [Sequence(i, GenerationRequest(str(i), [1], params), 0, [1]) for i in range(3)]
+        for seq in seqs:
+            constraints.start(seq)
+        constraints.accept(seqs[1], tokenizer.encode("{")[0])  # one sequence a token further
+        masks[threads] = constraints.masks(seqs, [[] for _ in seqs]).result()
+    assert fills == [True, False]  # the step's thread with no CPU to spare, then the worker
+    assert torch.equal(masks[cpus].forbidden, masks[cpus - 1].forbidden)
+    assert not torch.equal(masks[cpus].forbidden[0], masks[cpus].forbidden[1])
 
 
 def test_logit_bias_moves_the_greedy_choice(engine_factory):
