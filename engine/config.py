@@ -59,3 +59,7 @@ class EngineConfig:
     # no drafts in a step with more decodes than speculative_max_decodes
     speculative_tokens: int = 0
     speculative_max_decodes: int = 4
+    # a draft row's cost as a share of a one-row decode step: each sequence drafts as many tokens
+    # as its acceptance so far makes pay (engine/speculative.py `draft_length`); 0 always drafts
+    # speculative_tokens
+    speculative_row_cost: float = 0.2

@@ -129,7 +129,10 @@ class LLMEngine:
         speculation = None
         if config.speculative_tokens:
             speculation = Speculation(
-                NgramProposer(), config.speculative_tokens, config.speculative_max_decodes
+                NgramProposer(),
+                config.speculative_tokens,
+                config.speculative_max_decodes,
+                config.speculative_row_cost,
             )
         self.scheduler = Scheduler(
             self.blocks,
@@ -287,6 +290,7 @@ class LLMEngine:
             draft = batch.drafts.get(seq)
             if draft:  # the rejected draft tokens' slots go back; their K/V is never read
                 accepted = len(emitted[seq]) - 1
+                seq.acceptance.record(len(draft), accepted)
                 self.metrics.spec_proposed.inc(len(draft))
                 self.metrics.spec_accepted.inc(accepted)
                 num_new -= len(draft) - accepted

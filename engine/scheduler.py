@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from engine.kv_cache import BlockManager
 from engine.sequence import Priority, SeqStatus, Sequence
-from engine.speculative import Speculation
+from engine.speculative import Speculation, draft_length
 
 
 @dataclass
@@ -195,6 +195,10 @@ class Scheduler:
             left = seq.request.params.max_tokens - (seq.num_tokens - seq.num_prompt)
             room = min(spec.num_tokens, budget, left - 1)
             if not seq.request.speculative or room <= 0:
+                continue
+            seq.acceptance.decay()
+            room = min(room, draft_length(seq.acceptance.rate, spec.num_tokens, spec.row_cost))
+            if room <= 0:
                 continue
             draft = spec.proposer.propose(seq.token_ids, room)
             num_tokens = seq.num_tokens + len(draft)

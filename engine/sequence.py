@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from engine.constraints import Constraint
 from engine.kv_cache import BlockTable
+from engine.speculative import Acceptance
 
 
 class Priority(enum.IntEnum):
@@ -84,6 +85,7 @@ class Sequence:
     table: BlockTable = field(default_factory=BlockTable)
     timings: Timings = field(default_factory=Timings)
     finish_reason: str | None = None
+    acceptance: Acceptance = field(default_factory=Acceptance)  # of its speculative drafts
 
     @property
     def num_prompt(self) -> int:

@@ -55,3 +55,46 @@ class Speculation:
     # no drafts in a step with more decodes than this: a larger batch makes the step's matmuls
     # compute-bound, and verifying drafts then costs more than the tokens it saves
     max_decodes: int
+    # what one draft row adds to a one-row step's time, as a share of it (`draft_length`)
+    row_cost: float
+
+
+@dataclass
+class Acceptance:
+    """How a sequence's drafts fare: the chance that a draft token is accepted given the ones
+    before it were, from its verified drafts (accepted tokens, and the rejection that ended a
+    draft early). The counts decay at every decode, toward an even prior, so the estimate
+    follows the text (a copied passage ends, another starts) and a sequence that stopped drafting
+    tries again."""
+
+    accepted: float = 0.0
+    rejected: float = 0.0
+    DECAY = 0.9
+
+    @property
+    def rate(self) -> float:
+        return (1 + self.accepted) / (2 + self.accepted + self.rejected)
+
+    def decay(self) -> None:
+        self.accepted *= self.DECAY
+        self.rejected *= self.DECAY
+
+    def record(self, proposed: int, accepted: int) -> None:
+        self.accepted += accepted
+        self.rejected += accepted < proposed
+
+
+def draft_length(rate: float, most: int, row_cost: float) -> int:
+    """The draft length, 0 to `most`, that gives the most tokens per unit of step time: a draft
+    of k tokens is expected to yield 1 + a + ... + a^k tokens (each accepted with chance a once
+    the ones before it were) and costs 1 + row_cost * k one-row steps. On this CPU a draft row
+    costs ~0.2 of a step (a 5-row verify step 1.75x a one-row one, bench/RESULTS.md), so drafts
+    that are mostly rejected cost more than they save; where rows are nearly free (a GPU), every
+    draft pays."""
+    best, best_gain, expected = 0, 1.0, 1.0
+    for k in range(1, most + 1):
+        expected += rate**k
+        gain = expected / (1 + row_cost * k)
+        if gain > best_gain:
+            best, best_gain = k, gain
+    return best

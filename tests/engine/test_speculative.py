@@ -12,7 +12,7 @@ from engine.kv_cache import BlockManager, BlockTable
 from engine.sampler import Sampler
 from engine.scheduler import Scheduler
 from engine.sequence import GenerationRequest, SamplingParams, Sequence
-from engine.speculative import NgramProposer, Speculation
+from engine.speculative import Acceptance, NgramProposer, Speculation, draft_length
 
 from .conftest import assert_all_blocks_free, greedy, run_to_completion
 from .prompts import SYSTEM, chat_prompts
@@ -25,6 +25,7 @@ SPECULATIVE = {
     "max_num_seqs": 16,
     "speculative_tokens": 4,
     "speculative_max_decodes": 16,
+    "speculative_row_cost": 0.0,  # full drafts whatever the acceptance
 }
 PLAIN = {"num_blocks": 2048}  # the reference: everything at once (test_correctness's "alone")
 P_VALUE = 1e-3  # distribution tests fail below this p-value (a false alarm once in 1000 runs)
@@ -66,7 +67,7 @@ def decoding(prompt_len: int, max_tokens: int = 8, speculative: bool = True) -> 
 def scheduled_after_prefill(seqs: list[Sequence], max_decodes: int, budget: int = 64):
     """Prefill the sequences (one step), give each a first token, and schedule the next step
     with this token budget."""
-    speculation = Speculation(FixedProposer(), 3, max_decodes)
+    speculation = Speculation(FixedProposer(), 3, max_decodes, row_cost=0.0)
     s = Scheduler(BlockManager(64, 4), 64, 8, speculation=speculation)
     for sq in seqs:
         s.add(sq)
@@ -162,6 +163,33 @@ def test_rejection_sampling_keeps_the_distribution():
     assert chisquare(first, probs[0] * trials).pvalue > P_VALUE
     assert chisquare(second, probs[1] * sum(second)).pvalue > P_VALUE
     assert abs(sum(second) / trials - 0.4) < 0.03  # accepted with p(draft) = 0.4
+
+
+def test_draft_length_pays_for_its_rows():
+    """No draft when its tokens would be rejected too often to pay for their rows; longer drafts
+    as acceptance rises; every draft when rows are free."""
+    assert draft_length(0.1, 4, 0.2) == 0
+    lengths = [draft_length(rate, 4, 0.2) for rate in (0.3, 0.6, 0.8, 0.95)]
+    assert lengths == sorted(lengths) and lengths[0] < lengths[-1] == 4
+    assert draft_length(0.05, 4, 0.0) == 4
+
+
+def test_acceptance_follows_the_drafts_and_recovers():
+    acceptance = Acceptance()
+    assert acceptance.rate == 0.5  # the prior
+    for _ in range(5):
+        acceptance.decay()
+        acceptance.record(4, 4)
+    high = acceptance.rate
+    assert high > 0.8
+    for _ in range(15):  # the copied passage ends: every draft rejected at once
+        acceptance.decay()
+        acceptance.record(4, 0)
+    low = acceptance.rate
+    assert low < high and low < 0.5
+    for _ in range(40):  # no drafts for a while: back toward the prior, so it drafts again
+        acceptance.decay()
+    assert abs(acceptance.rate - 0.5) < 0.05
 
 
 # ---------------------------------------------------------------- the engine
