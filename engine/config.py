@@ -61,5 +61,6 @@ class EngineConfig:
     speculative_max_decodes: int = 4
     # a draft row's cost as a share of a one-row decode step: each sequence drafts as many tokens
     # as its acceptance so far makes pay (engine/speculative.py `draft_length`); 0 always drafts
-    # speculative_tokens
-    speculative_row_cost: float = 0.2
+    # speculative_tokens; None: what was measured on CPU there (speculative.CPU_ROW_COST), 0 on
+    # CUDA (a few more rows are nearly free)
+    speculative_row_cost: float | None = None

@@ -23,7 +23,7 @@ from engine.quantized_linear import QuantizedEmbedding, QuantizedLinear, effecti
 from engine.sampler import Sampled, Sampler
 from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import GenerationRequest, SeqStatus, Sequence
-from engine.speculative import NgramProposer, Speculation
+from engine.speculative import CPU_ROW_COST, NgramProposer, Speculation
 from engine.tokenizer import Tokenizer
 
 
@@ -128,11 +128,11 @@ class LLMEngine:
         self.blocks = BlockManager(num_blocks, self.block_size, config.enable_prefix_caching)
         speculation = None
         if config.speculative_tokens:
+            row_cost = config.speculative_row_cost
+            if row_cost is None:
+                row_cost = CPU_ROW_COST if self.device.type == "cpu" else 0.0
             speculation = Speculation(
-                NgramProposer(),
-                config.speculative_tokens,
-                config.speculative_max_decodes,
-                config.speculative_row_cost,
+                NgramProposer(), config.speculative_tokens, config.speculative_max_decodes, row_cost
             )
         self.scheduler = Scheduler(
             self.blocks,

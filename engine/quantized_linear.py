@@ -46,7 +46,7 @@ def effective_quantization(requested: str, device: torch.device) -> str:
 
 class QuantizedLinear(nn.Module):
     """A bias-free linear layer over a QuantizedTensor [out, in], kept in the kernels' panels
-    where they are built (a tied embedding keeps its own row-major copy for lookups).
+    where they are built (a tied embedding looks its rows up in the same panels).
 
     The weight is a plain attribute, not a buffer, so that `Module.to(dtype)` leaves its fp32
     scales unrounded; these layers live on the CPU."""

@@ -84,13 +84,17 @@ class Acceptance:
         self.rejected += accepted < proposed
 
 
+# a draft row's cost as a share of a one-row step on CPU: a 5-row verify step costs 1.75x a
+# one-row one on the quantized kernels (bench/RESULTS.md, issue 17)
+CPU_ROW_COST = 0.2
+
+
 def draft_length(rate: float, most: int, row_cost: float) -> int:
     """The draft length, 0 to `most`, that gives the most tokens per unit of step time: a draft
     of k tokens is expected to yield 1 + a + ... + a^k tokens (each accepted with chance a once
-    the ones before it were) and costs 1 + row_cost * k one-row steps. On this CPU a draft row
-    costs ~0.2 of a step (a 5-row verify step 1.75x a one-row one, bench/RESULTS.md), so drafts
-    that are mostly rejected cost more than they save; where rows are nearly free (a GPU), every
-    draft pays."""
+    the ones before it were) and costs 1 + row_cost * k one-row steps. Where rows cost (a CPU),
+    drafts that are mostly rejected cost more than they save; where they are nearly free (a GPU),
+    every draft pays."""
     best, best_gain, expected = 0, 1.0, 1.0
     for k in range(1, most + 1):
         expected += rate**k
