@@ -69,6 +69,20 @@ def layer_ops() -> ModuleType | None:
         return None
 
 
+def layer_ops_for(hidden_size: int, head_dim: int) -> ModuleType | None:
+    """The layer ops where the model's shapes suit them: they work in whole vectors of LANES
+    floats, across the hidden size and across half a head (the other path is PyTorch's)."""
+    ops = layer_ops()
+    if ops is None or (hidden_size % ops.LANES == 0 and head_dim % (2 * ops.LANES) == 0):
+        return ops
+    log.info(
+        "hidden size %d or head size %d not in whole vectors: layer ops through PyTorch",
+        hidden_size,
+        head_dim,
+    )
+    return None
+
+
 @functools.cache
 def quant_matmul() -> ModuleType | None:
     """The compiled quantized matmuls (`q4_linear`, `q8_linear`, `dequantize`), or None where they

@@ -12,7 +12,7 @@ from engine.attention import SeqSlice, make_attention
 from engine.config import EngineConfig
 from engine.constraints import Constraints, SchemaError
 from engine.cpu_decode import CpuDecoder
-from engine.cpu_kernels import layer_ops
+from engine.cpu_kernels import layer_ops_for
 from engine.detokenizer import IncrementalText
 from engine.kv_cache import BlockManager, blocks_for_budget, kv_pool
 from engine.loader import load_weights, resolve_model_path
@@ -90,7 +90,9 @@ class LLMEngine:
         quantization = effective_quantization(config.quantization, self.device)
         self.model_config, weights = load_weights(path, quantization)
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
-        ops = layer_ops() if self.device.type == "cpu" and config.cpu_kernel else None
+        ops = None
+        if self.device.type == "cpu" and config.cpu_kernel:
+            ops = layer_ops_for(self.model_config.hidden_size, self.model_config.head_dim)
         self.model = LlamaModel(self.model_config, self.max_model_len, ops)
         self.model.load(weights)
         del weights

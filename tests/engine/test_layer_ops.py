@@ -4,7 +4,7 @@ reference path) in fp32 and bf16, on views of the fused projections as the model
 import pytest
 import torch
 
-from engine.cpu_kernels import layer_ops
+from engine.cpu_kernels import layer_ops, layer_ops_for
 from engine.model import RMSNorm, apply_rotary
 
 OPS = layer_ops()
@@ -55,6 +55,16 @@ def test_bad_shapes_are_refused():
     q, k = torch.randn(2, 3, 8), torch.randn(2, 1, 8)
     with pytest.raises(RuntimeError, match="cos and sin"):
         OPS.rotary_(q, k, torch.randn(8, 2).t(), torch.randn(2, 8))  # not contiguous
+    # the ops work in whole vectors: other widths are refused, and a model with them keeps to
+    # PyTorch's ops
+    with pytest.raises(RuntimeError, match="multiple of 16"):
+        OPS.rms_norm(torch.randn(2, 40), None, torch.ones(40), 1e-5)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        OPS.rotary_(
+            torch.randn(2, 3, 48), torch.randn(2, 1, 48), torch.randn(2, 48), torch.randn(2, 48)
+        )
+    assert layer_ops_for(576, 64) is OPS and layer_ops_for(576, 128) is OPS
+    assert layer_ops_for(40, 64) is None and layer_ops_for(576, 48) is None
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
