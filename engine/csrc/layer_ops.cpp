@@ -231,8 +231,7 @@ torch::Tensor rotary_to_cache_(torch::Tensor qkv, int64_t q_heads, int64_t kv_he
     for (int64_t t = 0; t < tokens; ++t) {
       const T* row = x + t * width + q_heads * d;
       std::memcpy(k_slots.data_ptr<T>() + slot[t] * kv_row, row, kv_row * sizeof(T));
-      std::memcpy(v_slots.data_ptr<T>() + slot[t] * kv_row, row + kv_row,
-                  kv_row * sizeof(T));
+      std::memcpy(v_slots.data_ptr<T>() + slot[t] * kv_row, row + kv_row, kv_row * sizeof(T));
     }
   });
   return qkv.narrow(1, 0, q_heads * d).view({tokens, q_heads, d});

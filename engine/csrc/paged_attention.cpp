@@ -259,6 +259,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   const auto no_gil = py::call_guard<py::gil_scoped_release>();
   m.def("paged_decode", &paged_decode, no_gil, "decode attention over a paged KV cache (CPU)");
 #if defined(__AVX512BF16__)
-  m.def("paged_prefill", &paged_prefill, no_gil, "causal prefill attention over a paged KV cache (bf16)");
+  m.def("paged_prefill", &paged_prefill, no_gil,
+        "causal prefill attention over a paged KV cache (bf16)");
 #endif
 }
