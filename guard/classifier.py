@@ -5,8 +5,11 @@ A text is cut into MiniLM's WordPiece ids (router/embedding.py's tokenizer, word
 long texts keep their first HEAD_CHARS and last TAIL_CHARS characters (the output check reads a
 sliding window of the reply instead). Two feature blocks, each of unit norm, feed one logistic
 regression per head:
-- lexical: the set of WordPiece unigrams and hashed bigrams (binary, l2-normalised), so a head's
-  lexical logit is the sum of its weights over the text's distinct features over sqrt(their count);
+- lexical: the set of WordPiece unigrams and hashed bigrams, each weighted by its inverse document
+  frequency in the training texts and l2-normalised (scikit-learn's TfidfTransformer on binary
+  counts), so a head's lexical logit is sum(w * idf) / sqrt(sum(idf^2)) over the text's distinct
+  features. The idf keeps common words from adding up in long texts: with plain binary features
+  a long ordinary request collected a jailbreak score from its many everyday words;
 - semantic: the mean of MiniLM's per-token vectors (router/embedding.py: each vocabulary token
   embedded alone by the full model), projected on the training texts' principal axes, centred and
   normalised.
@@ -27,7 +30,7 @@ from core.artifacts import load_artifact
 from router.embedding import WordPieces
 
 ARTIFACT_DIR = Path(__file__).parent / "artifacts"
-DEFAULT_ARTIFACT = ARTIFACT_DIR / "guard-v1.joblib"
+DEFAULT_ARTIFACT = ARTIFACT_DIR / "guard-v2.joblib"
 HEAD_CHARS = 2000
 TAIL_CHARS = 2000
 BIGRAM_BITS = 18
@@ -73,6 +76,7 @@ class Model:
     center: np.ndarray  # dims
     lex_index: np.ndarray  # the lexical features with a weight (int32), sorted
     lex_weight: np.ndarray  # len(lex_index) × heads (float16)
+    idf: np.ndarray  # every lexical feature's inverse document frequency (float32)
     emb_weight: np.ndarray  # dims × heads
     bias: np.ndarray  # heads
     thresholds: np.ndarray  # heads: the default decision threshold of each head's probability
@@ -88,7 +92,8 @@ class Model:
         """Expand the stored (compact) weights for scoring; done once at load."""
         vocab = self.table.shape[0]
         dense = np.zeros((n_lexical(vocab), len(self.heads)), dtype=np.float32)
-        dense[self.lex_index] = self.lex_weight.astype(np.float32)
+        # each weight times its feature's idf: a text's lexical logit is then one sum and a norm
+        dense[self.lex_index] = self.lex_weight.astype(np.float32) * self.idf[self.lex_index, None]
         self._dense = dense
         self._table = self.table.astype(np.float32)
         return self
@@ -102,7 +107,8 @@ class Model:
         if ids.size == 0:
             return out
         index = lexical_index(ids, self._table.shape[0])
-        out += self._dense[index].sum(axis=0, dtype=np.float64) / math.sqrt(index.size)
+        idf = self.idf[index].astype(np.float64)
+        out += self._dense[index].sum(axis=0, dtype=np.float64) / math.sqrt(float(idf @ idf))
         v = self._table[ids].mean(axis=0, dtype=np.float64) - self.center
         norm = math.sqrt(float(v @ v))
         if norm > 0:

@@ -23,6 +23,8 @@ from pathlib import Path
 
 DATA_DIR = Path(__file__).parent / "data"
 SHARED = Path("/work/shared/data/safety")  # the default source of `tokenyard guard data`
+# sets that are not in the shared folder, kept in the project as their upstream files (gzip'd)
+UPSTREAM = DATA_DIR / "upstream"
 
 # OpenAI's moderation categories the data supports, and the input-only jailbreak/injection class
 CATEGORIES = (
@@ -66,7 +68,7 @@ PARENT = {"self-harm/intent": "self-harm", "self-harm/instructions": "self-harm"
 SCARY_BENIGN_SOURCES = ("xstest", "hatecheck", "toxigen")
 # benign sets sampled down (thousands of near-identical math problems and search questions teach
 # the model little past a few thousand)
-BENIGN_CAP = {"gsm8k": 3000, "nq-open": 3000}
+BENIGN_CAP = {"gsm8k": 3000, "nq-open": 3000, "mmlu": 3000}
 OUTPUT_CAP = {"gptfuzz-responses": 2500}
 
 
@@ -341,12 +343,43 @@ def _rows_benign(root: Path, drop: dict[str, set[str]]) -> Iterator[Row]:
         yield Row(r["turns"][0]["content"], "arena-hard", r["question_id"])
 
 
+def _rows_assistant_requests(upstream: Path) -> Iterator[Row]:
+    """Everyday assistant requests (writing, editing, planning, code, advice, formatting
+    constraints) and GPT-4's replies to some: what ordinary traffic looks like. Without them the
+    benign prompts were exam and search questions, and a family of real chat prompts the model had
+    not seen was 40% flagged, nearly all as jailbreaks (leave-one-source-out, arena-hard)."""
+    for name in ("user_oriented_instructions", "seed_tasks"):
+        for task in _jsonl(upstream / f"self-instruct/{name}.jsonl.gz"):
+            for instance in task["instances"]:
+                extra = f"\n\n{instance['input']}" if instance["input"] else ""
+                yield Row(task["instruction"] + extra, "self-instruct", task["id"])
+    keys = {}
+    for r in _jsonl(upstream / "ifeval/input_data.jsonl.gz"):
+        keys[r["prompt"]] = str(r["key"])
+        yield Row(r["prompt"], "ifeval", keys[r["prompt"]])
+    replies = upstream / "ifeval/input_response_data_gpt4_20231107_145030.jsonl.gz"
+    for r in _jsonl(replies):
+        yield Row(r["response"], "ifeval-replies", keys.get(r["prompt"], r["prompt"]), "output")
+
+
+def _rows_benchmark_questions() -> Iterator[Row]:
+    """MMLU's exam questions (law, medicine, security, moral scenarios: sensitive subjects asked
+    benignly) and MT-Bench's first turns, from the router's own copy (router/data)."""
+    from router.dataset import load_mmlu, load_mt_bench
+
+    for e in load_mmlu():
+        yield Row(e.prompt, "mmlu", e.subject)
+    for q in load_mt_bench():
+        yield Row(q.first_turn, "mt-bench", str(q.question_id))
+
+
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def build(root: Path = SHARED, seed: int = 0) -> list[Row]:
-    """Every usable row of the shared folder, decontaminated, benign sets sampled down."""
+def build(root: Path = SHARED, seed: int = 0, upstream: Path = UPSTREAM) -> list[Row]:
+    """Every usable row of the shared folder, decontaminated, with the sets kept in the project
+    (`upstream`, the router's benchmark questions); benign sets sampled down."""
     drop = _decontaminated(root)
 
     def dropped(name: str) -> set[str]:
@@ -363,13 +396,14 @@ def build(root: Path = SHARED, seed: int = 0) -> list[Row]:
         *_rows_jbb(root),
         *_rows_gptfuzz(root, dropped("gptfuzz/prompts/GPTFuzzer.csv")),
         *_rows_benign(root, drop),
+        *_rows_assistant_requests(upstream),
+        *_rows_benchmark_questions(),
     ]
     # the giskard set: every row but the 11 near-copies of hidden texts
     giskard = dropped("giskard-prompt-injections/prompt_injections.csv")
     for r in _csv(root / "giskard-prompt-injections/prompt_injections.csv"):
         if r["index"] not in giskard:
             rows.append(Row(r["prompt"], "giskard-injections", r["name"], labels=[JAILBREAK]))
-    rng = random.Random(seed)
     out: list[Row] = []
     by_source: dict[str, list[Row]] = {}
     for row in rows:
@@ -378,7 +412,8 @@ def build(root: Path = SHARED, seed: int = 0) -> list[Row]:
     for source, items in sorted(by_source.items()):
         cap = BENIGN_CAP.get(source) or OUTPUT_CAP.get(source)
         if cap and len(items) > cap:
-            items = rng.sample(items, cap)
+            # a generator per source: a set added later changes no other set's sample
+            items = random.Random(f"{seed}\x00{source}").sample(items, cap)
         out.extend(items)
     return out
 

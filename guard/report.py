@@ -67,6 +67,21 @@ def write_report(report: dict[str, Any], stem: Path) -> None:
         "",
     ]
     lines += _section("Held-out test split", report["test"])
+    lines += [
+        "## Ordinary prompts from sets no model trained on",
+        "",
+        "The router's exam questions (guard/train.py `UNSEEN_BENIGN`), scored by the shipped "
+        "model: every one is benign, so every flag is a false positive.",
+        "",
+        "| set | prompts | flagged | flagged as jailbreak |",
+        "|---|---|---|---|",
+        *(
+            f"| {name} | {m['prompts']} | {_f(m['flagged_rate'])} | "
+            f"{_f(m['jailbreak_flagged_rate'])} |"
+            for name, m in report["unseen_benign"].items()
+        ),
+        "",
+    ]
     if "loso" in report:
         lines += _section(
             "Leave one source out (every row scored by a model that never saw its source family)",

