@@ -21,6 +21,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from router.dataset import load_mmlu, load_mt_bench
+
 DATA_DIR = Path(__file__).parent / "data"
 SHARED = Path("/work/shared/data/safety")  # the default source of `tokenyard guard data`
 # sets that are not in the shared folder, kept in the project as their upstream files (gzip'd)
@@ -365,8 +367,6 @@ def _rows_assistant_requests(upstream: Path) -> Iterator[Row]:
 def _rows_benchmark_questions() -> Iterator[Row]:
     """MMLU's exam questions (law, medicine, security, moral scenarios: sensitive subjects asked
     benignly) and MT-Bench's first turns, from the router's own copy (router/data)."""
-    from router.dataset import load_mmlu, load_mt_bench
-
     for e in load_mmlu():
         yield Row(e.prompt, "mmlu", e.subject)
     for q in load_mt_bench():

@@ -51,6 +51,7 @@ from guard.dataset import (
     data_hash,
     load,
 )
+from router.dataset import load_routerbench
 from router.embedding import WordPieces, token_table, tokenizer_json
 
 CACHE_DIR = Path("var") / "guard"
@@ -436,8 +437,6 @@ UNSEEN_BENIGN = ("arc_challenge", "winogrande")
 
 
 def unseen_benign(fitted: Fitted, table: np.ndarray, pieces: WordPieces) -> dict[str, Any]:
-    from router.dataset import load_routerbench
-
     out = {}
     for domain in UNSEEN_BENIGN:
         rows = [Row(r.prompt, domain, domain) for r in load_routerbench(domain)]
