@@ -27,23 +27,36 @@ class Proposer(Protocol):
 
 
 class NgramProposer:
-    """Prompt lookup: find the sequence's last k tokens (longest k first) earlier in its prompt and
-    output, and propose what followed their most recent occurrence. Pays off where the output
-    copies its input: summaries, extractions, rewrites, code edits."""
+    """Prompt lookup: find where the sequence's last tokens occurred before in its prompt and
+    output, and propose what followed. Of the earlier occurrences of its last token, the one whose
+    match reaches furthest back (up to max_ngram tokens) wins, the most recent on a tie: a longer
+    match is surer to be the passage being copied (a line of code, a sentence) and not a phrase
+    that recurs elsewhere. Pays off where the output copies its input: summaries, extractions,
+    rewrites, code edits."""
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+    def __init__(self, max_ngram: int = 8, min_ngram: int = 1):
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
     def propose(self, token_ids: list[int], max_tokens: int) -> list[int]:
         tokens = np.asarray(token_ids)
-        for n in range(min(self.max_ngram, len(tokens) - 1), self.min_ngram - 1, -1):
-            # every n-gram that ends before the last token, so a match has a token after it
-            windows = np.lib.stride_tricks.sliding_window_view(tokens[:-1], n)
-            hits = np.flatnonzero((windows == tokens[-n:]).all(axis=1))
-            if hits.size:
-                start = int(hits[-1]) + n
-                return token_ids[start : start + max_tokens]
-        return []
+        last = tokens.size - 1
+        # earlier positions holding the last token (each with a token after it), and how far the
+        # match of the sequence's end reaches back from each, grown one token at a time: one pass
+        # over the sequence, then work only on the candidates
+        ends = np.flatnonzero(tokens[:-1] == tokens[-1])
+        if not ends.size:
+            return []
+        length = np.ones(ends.size, dtype=np.int64)
+        for j in range(1, min(self.max_ngram, last)):
+            grows = (length == j) & (ends >= j) & (tokens[ends - j] == tokens[last - j])
+            if not grows.any():
+                break
+            length += grows
+        longest = length.max()
+        if longest < self.min_ngram:
+            return []
+        start = int(ends[length == longest][-1]) + 1
+        return token_ids[start : start + max_tokens]
 
 
 @dataclass

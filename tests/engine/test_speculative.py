@@ -2,6 +2,7 @@
 rollback of rejected tokens' KV slots, and the acceptance metrics."""
 
 import itertools
+import random
 
 import pytest
 import torch
@@ -44,6 +45,33 @@ def test_ngram_proposes_what_followed_the_latest_longest_match():
     assert proposer.propose([1, 2, 1, 2], 4) == [1, 2]
     assert proposer.propose([1, 2, 3], 4) == []
     assert proposer.propose([1], 4) == []
+
+
+def test_ngram_prefers_the_longer_match_over_the_more_recent_one():
+    # "8 1 2 3" occurs once, early; "1 2 3" alone recurs later with something else after it
+    tokens = [8, 1, 2, 3, 4, 5, 9, 1, 2, 3, 6, 7, 8, 1, 2, 3]
+    assert NgramProposer(max_ngram=8).propose(tokens, 2) == [4, 5]
+    assert NgramProposer(max_ngram=3).propose(tokens, 2) == [6, 7]  # capped: the latest wins
+    # a match shorter than min_ngram proposes nothing
+    assert NgramProposer(min_ngram=2).propose([5, 6, 9, 5, 7, 4, 2, 5], 3) == []
+
+
+def brute_force_lookup(tokens: list[int], max_ngram: int, max_tokens: int) -> list[int]:
+    """The definition: the longest suffix of up to max_ngram tokens that occurs earlier with a
+    token after it; its latest such occurrence; what follows it."""
+    for n in range(min(max_ngram, len(tokens) - 1), 0, -1):
+        for start in range(len(tokens) - n - 1, -1, -1):
+            if tokens[start : start + n] == tokens[-n:]:
+                return tokens[start + n : start + n + max_tokens]
+    return []
+
+
+def test_ngram_proposer_matches_its_definition_on_random_text():
+    rng = random.Random(7)
+    proposer = NgramProposer(max_ngram=6)
+    for _ in range(300):
+        tokens = [rng.randrange(4) for _ in range(rng.randrange(1, 40))]
+        assert proposer.propose(tokens, 5) == brute_force_lookup(tokens, 6, 5), tokens
 
 
 # ---------------------------------------------------------------- scheduling
