@@ -1,9 +1,9 @@
 """The backends the gateway can serve, by model name; polls their readiness and load."""
 
 import asyncio
-import contextlib
 
 from backends.base import Upstream
+from core.tasks import cancel_and_wait
 
 
 class Backends:
@@ -30,8 +30,5 @@ class Backends:
             await self.refresh()
 
     async def aclose(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
         await asyncio.gather(*(u.aclose() for u in self.upstreams.values()))

@@ -28,6 +28,7 @@ from batch.models import BatchJob
 from batch.webhooks import team_secret
 from core.errors import GatewayError
 from core.settings import Settings
+from core.tasks import cancel_and_wait
 from gateway.keys import TeamPolicy, get_team, policy_of
 from gateway.proxy import Proxy
 from gateway.quotas import PLATFORM_BATCH_LEASES, PLATFORM_LEASES
@@ -90,9 +91,7 @@ class BatchWorker:
     async def stop(self) -> None:
         """Stop claiming, and give the requests still running back for another process to run."""
         for background in self._loops:
-            background.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await background
+            await cancel_and_wait(background)
         for request_id, running in list(self.running.items()):
             running.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -12,7 +12,6 @@ with the reason, so that it neither blocks the events behind it nor is lost.
 """
 
 import asyncio
-import contextlib
 import logging
 import math
 import os
@@ -28,6 +27,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from billing import store
 from billing.events import decoder, to_row
 from core.settings import Settings
+from core.tasks import cancel_and_wait
 from core.usage import USAGE_STREAM
 
 log = logging.getLogger("tokenyard.billing")
@@ -71,10 +71,7 @@ class UsageConsumer:
 
     async def stop(self) -> None:
         """Stop between batches or mid-retry: what is not acknowledged stays pending."""
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
 
     async def ensure_group(self) -> None:
         try:

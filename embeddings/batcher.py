@@ -9,13 +9,13 @@ self-hosted model by.
 """
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from core.tasks import cancel_and_wait
 from embeddings.model import Encoded
 
 
@@ -51,10 +51,7 @@ class Batcher:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
 
     async def embed(self, inputs: list[list[int]]) -> Result:
         job = _Job(inputs, time.perf_counter())

@@ -7,7 +7,6 @@ only a dead gateway's leases expire.
 """
 
 import asyncio
-import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from core.errors import GatewayError
+from core.tasks import cancel_and_wait
 from core.usage import USAGE_STREAM, Usage
 from gateway.keys import TeamPolicy
 from gateway.ratelimit_headers import rate_limit_headers
@@ -279,10 +279,7 @@ class LeaseKeeper:
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
 
     async def _run(self) -> None:
         while True:

@@ -17,6 +17,8 @@ from pathlib import Path
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from core.tasks import cancel_and_wait
+
 log = logging.getLogger("tokenyard.gateway")
 
 _BATCH = 500  # events per XADD pipeline while replaying
@@ -89,7 +91,4 @@ class UsageSpool:
             await asyncio.sleep(self.every_s)
 
     async def stop(self) -> None:
-        if self._task:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)

@@ -21,6 +21,7 @@ from redis.exceptions import RedisError
 from sqlalchemy import Engine
 from sqlmodel import Session, col, select
 
+from core.tasks import cancel_and_wait
 from guard import metrics
 from guard.models import GuardAudit, GuardPolicy
 from guard.policy import DEFAULT, Policy, decode, encode
@@ -172,10 +173,7 @@ class AuditLog:
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await cancel_and_wait(self._task)
         await self.flush()
 
     async def flush(self) -> None:
