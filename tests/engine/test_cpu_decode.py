@@ -64,9 +64,9 @@ def test_only_small_decode_steps_take_it(engine):
     assert not decoder.serves(meta, COPY_ROWS)  # a batch the bf16 copies serve
     # a short chunk (a speculating sequence's tokens) attends as decode rows: served; a longer
     # one is a prefill
-    short = engine.attention.build_metadata([SeqSlice([0], 3, SHORT_CHUNK)], 0)
+    short = engine.attention.build_metadata([SeqSlice([0, 1], 3, SHORT_CHUNK)], 0)
     assert short.num_decodes == SHORT_CHUNK and decoder.serves(short, SHORT_CHUNK)
-    prefill = engine.attention.build_metadata([SeqSlice([0], 0, SHORT_CHUNK + 1)], 0)
+    prefill = engine.attention.build_metadata([SeqSlice([0, 1], 0, SHORT_CHUNK + 1)], 0)
     assert not decoder.serves(prefill, SHORT_CHUNK + 1)
 
 
