@@ -40,6 +40,8 @@ class NgramProposer:
     def propose(self, token_ids: list[int], max_tokens: int) -> list[int]:
         tokens = np.asarray(token_ids)
         last = tokens.size - 1
+        if last < 1:
+            return []
         # earlier positions holding the last token (each with a token after it), and how far the
         # match of the sequence's end reaches back from each, grown one token at a time: one pass
         # over the sequence, then work only on the candidates

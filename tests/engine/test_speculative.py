@@ -45,6 +45,7 @@ def test_ngram_proposes_what_followed_the_latest_longest_match():
     assert proposer.propose([1, 2, 1, 2], 4) == [1, 2]
     assert proposer.propose([1, 2, 3], 4) == []
     assert proposer.propose([1], 4) == []
+    assert proposer.propose([], 4) == []
 
 
 def test_ngram_prefers_the_longer_match_over_the_more_recent_one():
