@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.keys import TEAM_NAME, TEAM_NAME_RULE
-from gateway.limits import LIMIT_FIELDS, TIERS
+from gateway.limits import FRACTIONS, LIMIT_FIELDS, TIERS
 from gateway.models import Team
 
 _MAX_INT = 2**53  # any larger is a typo, and would not survive a float round trip in Lua
@@ -30,9 +30,8 @@ LABELS: dict[str, tuple[str, str]] = {
     "default_tier": ("Default tier", "when a request names none"),
     "auto_threshold": ("Auto-routing threshold", "0 to 1: escalate prompts scoring this or more"),
     "strong_share": ("Strong-model share", "0 to 1: used when no threshold is set"),
+    "auto_quality": ("Auto-routing quality bar", "0 to 1: cheapest model predicted to reach it"),
 }
-
-_FRACTIONS = ("auto_threshold", "strong_share")
 
 
 @dataclass
@@ -77,7 +76,7 @@ def _number(raw: str, kind: type, name: str) -> tuple[Any, str | None]:
         return None, "must be a number (or blank)"
     if not math.isfinite(number) or number < 0:
         return None, "must be 0 or more"
-    if name in _FRACTIONS and number > 1:
+    if name in FRACTIONS and number > 1:
         return None, "must be between 0 and 1"
     return number, None
 

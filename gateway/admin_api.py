@@ -47,6 +47,7 @@ class TeamLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     default_tier: str | UnsetType = UNSET
     auto_threshold: Share | UnsetType | None = UNSET
     strong_share: Share | UnsetType | None = UNSET
+    auto_quality: Share | UnsetType | None = UNSET
 
 
 class NewTeam(TeamLimits, kw_only=True, forbid_unknown_fields=True):

@@ -15,7 +15,7 @@ import msgspec
 from sqlalchemy import Engine
 from sqlmodel import Session, col, select
 
-from gateway.limits import LIMIT_FIELDS, TIERS
+from gateway.limits import FRACTIONS, LIMIT_FIELDS, TIERS
 from gateway.models import ApiKey, Team
 
 KEY_PREFIX_LEN = 12
@@ -42,6 +42,7 @@ class TeamPolicy(msgspec.Struct, frozen=True):
     default_tier: str = "interactive"
     auto_threshold: float | None = None
     strong_share: float | None = None
+    auto_quality: float | None = None
 
 
 class ManagementError(Exception):
@@ -79,6 +80,7 @@ def policy_of(team: Team) -> TeamPolicy:
         default_tier=team.default_tier,
         auto_threshold=team.auto_threshold,
         strong_share=team.strong_share,
+        auto_quality=team.auto_quality,
     )
 
 
@@ -88,7 +90,7 @@ def _apply(team: Team, limits: dict[str, Any]) -> None:
             raise ValueError(f"unknown team field {name!r}")
         if name == "default_tier" and value not in TIERS:
             raise ValueError(f"default_tier must be one of {TIERS}")
-        if name in ("auto_threshold", "strong_share") and value is not None and not 0 <= value <= 1:
+        if name in FRACTIONS and value is not None and not 0 <= value <= 1:
             raise ValueError(f"{name} must be between 0 and 1")
         if name == "models" and not isinstance(value, str):
             value = ",".join(value)

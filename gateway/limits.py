@@ -17,7 +17,11 @@ LIMIT_FIELDS: dict[str, type] = {
     "default_tier": str,
     "auto_threshold": float,
     "strong_share": float,
+    "auto_quality": float,
 }
+
+# the fields that are shares, in [0, 1]
+FRACTIONS = ("auto_threshold", "strong_share", "auto_quality")
 
 # the CLI's help for each: what it limits, its unit, what unset means
 LIMIT_HELP: dict[str, str] = {
@@ -36,4 +40,7 @@ LIMIT_HELP: dict[str, str] = {
     "(default: the catalog's)",
     "strong_share": "model=auto's share of traffic for the strong model when no threshold is "
     "set, 0 to 1 (default: the catalog's)",
+    "auto_quality": "model=auto sends each prompt to the cheapest model whose predicted quality "
+    "on it reaches this, 0 to 1; set, it wins over the threshold and share (default: the "
+    "catalog's quality_bar)",
 }

@@ -31,6 +31,9 @@ class Team(SQLModel, table=True):
     # traffic to send to the strong model (calibrated to a score); both unset: the catalog default
     auto_threshold: float | None = None
     strong_share: float | None = None
+    # model="auto": the cheapest model predicted to answer with at least this quality (0-1); set,
+    # it wins over the two above
+    auto_quality: float | None = None
     batch_tokens_per_day: int | None = None  # the batch tier's own daily budget
     # signs the team's batch callbacks (Standard Webhooks, whsec_…; batch/webhooks.py); kept as
     # is, not hashed: signing needs the key itself, a hash could only check one

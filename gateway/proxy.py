@@ -286,6 +286,8 @@ class Proxy:
         if route.confidence is not None:
             headers["x-tokenyard-route-confidence"] = f"{route.confidence:.3f}"
             metrics.ROUTE_CONFIDENCE.observe(route.confidence)
+        if route.predicted_quality is not None:
+            headers["x-tokenyard-predicted-quality"] = f"{route.predicted_quality:.3f}"
         metrics.ROUTES.labels(route.asked, _decision(route)).inc()
         event = {
             "request_id": request_id,

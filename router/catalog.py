@@ -8,7 +8,7 @@ environment stays in the catalog as unavailable: listed by `/v1/models`, never r
 import os
 import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -22,6 +22,7 @@ Tier = Literal["interactive", "batch"]
 ENGINE_SUPPORTS = Supports(tools=True, structured_outputs=True, logprobs=True)
 # what a model serves: chat (and legacy) completions, or embeddings (/v1/embeddings)
 Kind = Literal["chat", "embedding"]
+Fraction = Annotated[float, msgspec.Meta(ge=0, le=1)]
 
 
 class Price(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -62,6 +63,9 @@ class ModelEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # need more are routed elsewhere or refused (backends/fields.py)
     supports: Supports = Supports()
     capability: int = 1  # higher answers harder prompts
+    # model="auto" with a quality bar: the model of the router's data whose quality curve stands
+    # for this one (router/quality.py); empty: never auto's choice under a bar
+    quality_reference: str = ""
     tiers: tuple[Tier, ...] = ("interactive", "batch")
     fallbacks: tuple[str, ...] = ()  # tried in order when this model is saturated or down
     # the request field that caps its output: OpenAI's reasoning models (o-series, GPT-5) refuse
@@ -86,11 +90,14 @@ class ModelEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 class AutoRouting(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """How `model="auto"` chooses: score below the threshold → the cheapest model; at or above →
-    the cheapest model of at least `strong_capability`."""
+    the cheapest model of at least `strong_capability`. With a quality bar: the cheapest model
+    whose predicted quality on the prompt clears it."""
 
     strong_capability: int = 2
-    # the platform default when a team sets neither a threshold nor a strong share
-    strong_share: float = 0.3
+    # the platform defaults when a team sets none of quality bar, threshold and strong share:
+    # the bar when set, else the share
+    strong_share: Fraction = 0.3
+    quality_bar: Fraction | None = None
 
 
 class CatalogFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -1,14 +1,16 @@
 """The complexity classifier as shipped: the artifact (router/artifacts/complexity-vN.joblib, the
-scorer's arrays) with its metadata (version, the threshold curve for a share of strong traffic).
+scorer's arrays) with its metadata (version, the threshold curve for a share of strong traffic,
+each reference model's quality curve).
 How a prompt is scored is router/scorer.py."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from core.artifacts import load_artifact
+from router.quality import QualityCurve
 from router.scorer import CompiledScorer, RouteScore
 
 DEFAULT_ARTIFACT = Path(__file__).parent / "artifacts" / "complexity-v6.joblib"
@@ -18,6 +20,13 @@ DEFAULT_ARTIFACT = Path(__file__).parent / "artifacts" / "complexity-v6.joblib"
 class ComplexityClassifier:
     scorer: CompiledScorer
     metadata: dict[str, Any]
+    quality_curves: dict[str, QualityCurve] = field(init=False)
+
+    def __post_init__(self) -> None:
+        curves = self.metadata.get("quality_curves", {})  # none in artifacts before them
+        object.__setattr__(
+            self, "quality_curves", {m: QualityCurve(**c) for m, c in curves.items()}
+        )
 
     @classmethod
     def load(cls, path: Path | str = DEFAULT_ARTIFACT) -> "ComplexityClassifier":

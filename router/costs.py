@@ -1,75 +1,99 @@
 """Cost against quality on RouterBench's prompts, where every one of 11 models has an answer and a
-price: the cheapest model whose predicted quality clears a bar, next to always using one model.
+price: the cheapest model whose predicted quality clears a bar, next to always using one model
+and to the same choice made without a router (each model's mean quality).
 
-Each model's quality is predicted from the router's score alone: a one-feature logistic
-regression of the model's correctness on the score's logit, fitted on one half of the prompts
-(seeded), so the policy is evaluated on the other half. Costs are RouterBench's own, per call.
+Held out by domain, like the rest of the report: the quality curves are fitted on one domain's
+prompts and the policy is scored on another's, with the leave-one-domain-out scores (those of a
+classifier that saw neither). Costs are RouterBench's own, per call; the price order is the
+fitting domain's mean cost per call, as a catalog's list prices would give it.
 """
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 from sklearn.linear_model import LogisticRegression
 
 from router.dataset import Routed
-from router.scorer import CompiledScorer
+from router.quality import QualityCurve, cheapest_clearing, logit
 
 BARS = (0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
+Curves = dict[str, QualityCurve]
 
 
-def _logit(p: np.ndarray) -> np.ndarray:
-    p = np.clip(p, 1e-9, 1 - 1e-9)
-    return np.log(p / (1 - p))
+def fit_curves(scores: np.ndarray, rows: Sequence[Routed]) -> Curves:
+    """One curve per model whose correctness every row has (RouterBench's prompts)."""
+    if not rows or any(r.correct is None for r in rows):
+        raise ValueError("quality curves need every model's correctness on every prompt")
+    z = logit(scores)[:, None]
+    curves = {}
+    for model in sorted(rows[0].correct):  # type: ignore[arg-type]
+        fitted = LogisticRegression().fit(z, [r.correct[model] for r in rows])  # type: ignore[index]
+        curves[model] = QualityCurve(float(fitted.intercept_[0]), float(fitted.coef_[0, 0]))
+    return curves
 
 
-def cost_quality(by_domain: dict[str, list[Routed]], scorer: CompiledScorer, seed: int = 0) -> dict:
-    rows = [r for rows in by_domain.values() for r in rows]
+def _static(rows: list[Routed]) -> Curves:
+    models = sorted(rows[0].correct)  # type: ignore[arg-type]
+    return {m: QualityCurve.constant(np.mean([r.correct[m] for r in rows])) for m in models}  # type: ignore[index]
+
+
+def _matrix(rows: list[Routed], field: str, models: list[str]) -> np.ndarray:
+    return np.array([[getattr(r, field)[m] for m in models] for r in rows])
+
+
+def cost_quality(scores: dict[str, np.ndarray], by_domain: dict[str, list[Routed]]) -> dict:
+    """`scores`: each domain's prompts scored by a classifier fitted without it; at least two
+    domains, each held out in turn with the curves fitted on the others."""
+    if len(by_domain) < 2:
+        raise ValueError("cost against quality holds a domain out: it needs two or more")
+    rows = [r for d in by_domain for r in by_domain[d]]
     if any(r.correct is None or r.cost is None for r in rows):
         raise ValueError("cost against quality needs every model's correctness and cost")
     models = sorted(rows[0].correct)  # type: ignore[arg-type]
-    z = _logit(scorer.scores([r.prompt for r in rows]))[:, None]
-    correct = np.array([[r.correct[m] for m in models] for r in rows])  # type: ignore[index]
-    cost = np.array([[r.cost[m] for m in models] for r in rows])  # type: ignore[index]
-    half = np.random.default_rng(seed).permutation(len(rows)) < len(rows) // 2
-    fit, held = half, ~half
-    predicted = np.column_stack(
-        [
-            LogisticRegression().fit(z[fit], correct[fit, j]).predict_proba(z[held])[:, 1]
-            for j in range(len(models))
-        ]
-    )
-    # the price order a catalog gives: mean cost per call on the fitting half
-    by_price = np.argsort(cost[fit].mean(axis=0), kind="stable")
+    ways: dict[str, Callable[[np.ndarray, list[Routed]], Curves]] = {
+        "policy": fit_curves,
+        "static": lambda _, fit_rows: _static(fit_rows),
+    }
+    chosen: dict[str, dict[float, list[np.ndarray]]] = {w: {b: [] for b in BARS} for w in ways}
+    for held in by_domain:
+        others = [d for d in by_domain if d != held]
+        fit_rows = [r for d in others for r in by_domain[d]]
+        fit_scores = np.concatenate([scores[d] for d in others])
+        by_price = np.argsort(_matrix(fit_rows, "cost", models).mean(axis=0), kind="stable")
+        for way, make in ways.items():
+            curves = make(fit_scores, fit_rows)
+            predicted = np.column_stack([curves[models[j]].predict(scores[held]) for j in by_price])
+            for bar in BARS:
+                picks = [by_price[cheapest_clearing(row, bar)] for row in predicted]
+                chosen[way][bar].append(np.array(picks))
+
+    correct, cost = _matrix(rows, "correct", models), _matrix(rows, "cost", models)
+    idx = np.arange(len(rows))
+
+    def scored(choice: np.ndarray, bar: float) -> dict[str, Any]:
+        return {
+            "bar": bar,
+            "quality": float(correct[idx, choice].mean()),
+            "usd_per_1k": float(cost[idx, choice].mean() * 1000),
+            "share_by_model": {
+                models[j]: float((choice == j).mean())
+                for j in range(len(models))
+                if (choice == j).any()
+            },
+        }
+
     out: dict[str, Any] = {
-        "n": int(held.sum()),
-        "domains": sorted(by_domain),
+        "n": len(rows),
+        "domains": list(by_domain),
         "models": {
             m: {
-                "quality": float(correct[held, j].mean()),
-                "usd_per_1k": float(cost[held, j].mean() * 1000),
+                "quality": float(correct[:, j].mean()),
+                "usd_per_1k": float(cost[:, j].mean() * 1000),
             }
             for j, m in enumerate(models)
         },
-        "policy": [],
     }
-    n = int(held.sum())
-    for bar in BARS:
-        clears = predicted[:, by_price] >= bar
-        # the cheapest that clears the bar; none does: the one predicted best
-        first = np.where(clears.any(axis=1), clears.argmax(axis=1), -1)
-        best = predicted.argmax(axis=1)
-        choice = np.where(first >= 0, by_price[np.maximum(first, 0)], best)
-        idx = np.arange(n)
-        out["policy"].append(
-            {
-                "bar": bar,
-                "quality": float(correct[held][idx, choice].mean()),
-                "usd_per_1k": float(cost[held][idx, choice].mean() * 1000),
-                "share_by_model": {
-                    models[j]: float((choice == j).mean())
-                    for j in range(len(models))
-                    if (choice == j).any()
-                },
-            }
-        )
+    for way in ways:
+        out[way] = [scored(np.concatenate(chosen[way][b]), b) for b in BARS]
     return out

@@ -2,12 +2,15 @@
 
 An explicit model is tried first, then its fallback chain. `model="auto"` scores the prompt with the
 complexity classifier: below the team's threshold it goes to the cheapest model, at or above it to
-the cheapest model of the catalog's strong capability, each followed by its fallbacks. Every
+the cheapest model of the catalog's strong capability, each followed by its fallbacks. With a
+quality bar (the team's, or the catalog's default) it goes instead to the cheapest model whose
+predicted quality on the prompt clears the bar (router/quality.py). Every
 candidate must be allowed for the team and serve the request's tier; the gateway then skips the
 ones that are down (circuit open, not ready) or saturated, and falls back on a failure before the
 first byte.
 """
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -16,9 +19,11 @@ from backends.base import ModelInfo
 from backends.fields import Ask, Refusal, ask_of, refusal
 from router.catalog import Catalog, Kind, ModelEntry
 from router.features import encode_features
+from router.quality import QualityCurve, cheapest_clearing
 from router.scorer import RouteScore
 
 AUTO = "auto"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -29,6 +34,7 @@ class Route:
     escalated: bool = False  # auto sent it to the strong class
     confidence: float | None = None  # how sure the classifier is (0: far from its training data)
     features: str | None = None  # auto: the router's view of the prompt, kept for feedback
+    predicted_quality: float | None = None  # auto with a quality bar: the chosen model's
 
 
 class TeamRouting(Protocol):
@@ -42,6 +48,9 @@ class TeamRouting(Protocol):
 
     @property
     def strong_share(self) -> float | None: ...
+
+    @property
+    def auto_quality(self) -> float | None: ...
 
 
 class NoRoute(Exception):
@@ -73,6 +82,10 @@ class Scorer:
 
     def route_score(self, prompt: str) -> RouteScore:
         return self.classifier.route_score(prompt)
+
+    @property
+    def quality_curves(self) -> dict[str, QualityCurve]:
+        return self.classifier.quality_curves
 
     def features(self, prompt: str, decision: str, score: RouteScore) -> str:
         return encode_features(self.classifier.version, decision, score.projected, len(prompt))
@@ -121,6 +134,7 @@ class Router:
     def __init__(self, catalog: Catalog, scorer: Scorer) -> None:
         self.catalog = catalog
         self.scorer = scorer
+        self._unknown: set[str] = set()  # quality references warned about
 
     def _eligible(
         self,
@@ -169,9 +183,28 @@ class Router:
             if found:
                 raise Unsupported(found)
             return Route(model, self._chain(model, team, tier, kind, ask, prompt_tokens))
+        able = self._able(team, tier, kind, ask, prompt_tokens)
         prompt = prompt_text(body)
         scored = self.scorer.route_score(prompt)
-        escalated = scored.score >= self._threshold(team)
+        pool, escalated, predicted = self._choose(able, scored.score, team)
+        candidates = list(self._chain(pool[0].id, team, tier, kind, ask, prompt_tokens))
+        # after the chosen model's own fallbacks, the rest of its class by price
+        candidates += [m.id for m in pool if m.id not in candidates]
+        features = self.scorer.features(prompt, "strong" if escalated else "weak", scored)
+        return Route(
+            AUTO,
+            tuple(candidates),
+            scored.score,
+            escalated,
+            scored.confidence,
+            features,
+            predicted,
+        )
+
+    def _able(
+        self, team: TeamRouting, tier: str, kind: Kind, ask: Ask | None, prompt_tokens: int
+    ) -> list[ModelEntry]:
+        """Auto's candidates in price order: configured, allowed, able to serve the request."""
         usable = [
             m
             for m in self.catalog.by_price()
@@ -186,16 +219,59 @@ class Router:
             if not found:
                 raise NoRoute(f"no model this team may use fits a prompt of {prompt_tokens} tokens")
             raise Unsupported(found)
-        usable = able
+        return able
+
+    def _choose(
+        self, able: list[ModelEntry], score: float, team: TeamRouting
+    ) -> tuple[list[ModelEntry], bool, float | None]:
+        """The chosen model first, then the rest of its class by price; whether that is the
+        strong class; the chosen model's predicted quality (with a quality bar)."""
+        bar = self._quality_bar(team)
+        picked = self._by_quality(able, score, bar) if bar is not None else None
+        if picked is not None:
+            first, predicted = picked
+            rest = [m for m in able if m is not first and m.capability >= first.capability]
+            return (
+                [first, *rest],
+                first.capability >= self.catalog.auto.strong_capability,
+                predicted,
+            )
+        escalated = score >= self._threshold(team)
         need = self.catalog.auto.strong_capability if escalated else 0
         # a team with no model of the strong class gets its most capable ones instead
-        need = min(need, max(m.capability for m in usable))
-        pool = [m for m in usable if m.capability >= need]
-        candidates = list(self._chain(pool[0].id, team, tier, kind, ask, prompt_tokens))
-        # after the chosen model's own fallbacks, the rest of its class by price
-        candidates += [m.id for m in pool if m.id not in candidates]
-        features = self.scorer.features(prompt, "strong" if escalated else "weak", scored)
-        return Route(AUTO, tuple(candidates), scored.score, escalated, scored.confidence, features)
+        need = min(need, max(m.capability for m in able))
+        return [m for m in able if m.capability >= need], escalated, None
+
+    def _quality_bar(self, team: TeamRouting) -> float | None:
+        """The team's bar; a team that set a threshold or a share routes by it; else the
+        catalog's bar (None: threshold routing)."""
+        if team.auto_quality is not None:
+            return team.auto_quality
+        if team.auto_threshold is not None or team.strong_share is not None:
+            return None
+        return self.catalog.auto.quality_bar
+
+    def _by_quality(
+        self, able: list[ModelEntry], score: float, bar: float
+    ) -> tuple[ModelEntry, float] | None:
+        """The cheapest of `able` (in price order) whose predicted quality clears `bar`, or the
+        one predicted best; None when no model has a curve (threshold routing then)."""
+        curves = self.scorer.quality_curves
+        rated = []
+        for m in able:
+            curve = curves.get(m.quality_reference)
+            if curve is not None:
+                rated.append((m, float(curve.predict(score))))
+            elif m.quality_reference and m.quality_reference not in self._unknown:
+                self._unknown.add(m.quality_reference)
+                log.warning(
+                    "%s: quality_reference %r is not a model of the router's artifact",
+                    m.id,
+                    m.quality_reference,
+                )
+        if not rated:
+            return None
+        return rated[cheapest_clearing([q for _, q in rated], bar)]
 
     def _chain(
         self,

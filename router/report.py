@@ -63,20 +63,23 @@ def _summary(evaluations: dict[str, Any]) -> list[str]:
 
 def _costs(cq: dict[str, Any]) -> list[str]:
     lines = [
-        f"{cq['n']} held-out prompts of {', '.join(cq['domains'])} (test parts, the half not used "
-        "to fit the per-model quality curves).",
+        f"{cq['n']} prompts of {', '.join(cq['domains'])}, each domain held out in turn: its "
+        "prompts scored by the classifier fitted without it, and the quality curves fitted on the "
+        "other domain. *Without the router*: the same bar on each model's mean quality there.",
         "",
-        "| policy | quality | USD per 1,000 prompts | models used |",
-        "|---|---|---|---|",
+        "| bar | with the router: quality | USD per 1,000 | without: quality | USD per 1,000 "
+        "| models the router used |",
+        "|---|---|---|---|---|---|",
     ]
-    for p in cq["policy"]:
-        used = ", ".join(f"{m} {s:.0%}" for m, s in p["share_by_model"].items())
+    for p, s in zip(cq["policy"], cq["static"], strict=True):
+        used = ", ".join(f"{m} {v:.0%}" for m, v in p["share_by_model"].items())
         lines.append(
-            f"| cheapest with predicted quality ≥ {p['bar']:g} | {p['quality']:.3f} "
-            f"| {p['usd_per_1k']:.3f} | {used} |"
+            f"| {p['bar']:g} | {p['quality']:.3f} | {p['usd_per_1k']:.3f} | {s['quality']:.3f} "
+            f"| {s['usd_per_1k']:.3f} | {used} |"
         )
+    lines += ["", "| always | quality | USD per 1,000 |", "|---|---|---|"]
     for m, v in sorted(cq["models"].items(), key=lambda kv: kv[1]["usd_per_1k"]):
-        lines.append(f"| always {m} | {v['quality']:.3f} | {v['usd_per_1k']:.3f} | |")
+        lines.append(f"| {m} | {v['quality']:.3f} | {v['usd_per_1k']:.3f} |")
     return lines
 
 

@@ -9,6 +9,9 @@ gpt-4-1106-preview strong; router/dataset.py): MMLU, GSM8K, MT-Bench, ARC-Challe
 - The shipped model is fitted on the train parts of every domain (seeded splits grouped by
   normalised prompt; MT-Bench's 72 questions are all training), calibrated on the validation parts
   (share → threshold), and scored on the test parts (in-domain, secondary).
+- Each RouterBench model's quality curve (router/quality.py) is fitted on the LODO scores of
+  ARC-Challenge and Winogrande, for the cost-aware choice; the report scores that choice with the
+  curves of one domain on the other (router/costs.py).
 - Feedback from the platform's own traffic (`POST /v1/feedback`) joins the training data with
   `--feedback` (router/feedback_data.py).
 """
@@ -29,8 +32,15 @@ from sklearn.cluster import KMeans
 from sklearn.decomposition import PCA
 from sklearn.linear_model import LogisticRegression
 
-from router.costs import cost_quality
-from router.dataset import DOMAINS, Routed, data_hash, load_domains, random_split
+from router.costs import cost_quality, fit_curves
+from router.dataset import (
+    DOMAINS,
+    ROUTERBENCH_FILES,
+    Routed,
+    data_hash,
+    load_domains,
+    random_split,
+)
 from router.embedding import WordPieces, token_table, tokenizer_json
 from router.metrics import Interval, bootstrap, router_metrics
 from router.report import write_report
@@ -321,10 +331,12 @@ def train(
         evaluations["in_domain"][d] = evaluate(
             shipped.scores([r.prompt for r in test]), test, config, salt
         )
-    evaluations["cost_quality"] = cost_quality(
-        {d: [domains[d][i] for i in splits[d].test] for d in ("arc_challenge", "winogrande")},
-        shipped,
-    )
+    # cost-aware choice: curves fitted on leave-one-domain-out scores, the kind the shipped model
+    # gives a prompt from no training domain
+    priced = {d: domains[d] for d in ROUTERBENCH_FILES}
+    evaluations["cost_quality"] = cost_quality(lodo, priced)
+    rows = [r for d in priced for r in priced[d]]
+    curves = fit_curves(np.concatenate([lodo[d] for d in priced]), rows)
 
     metadata = {
         "version": VERSION,
@@ -336,6 +348,7 @@ def train(
         "selection": selection,
         "feedback_rows": 0 if feedback is None else len(feedback),
         "threshold_curve": threshold_curve(shipped.scores(val_prompts)),
+        "quality_curves": {m: asdict(c) for m, c in curves.items()},
         "test_prompts_sha256": {
             d: prompts_hash([domains[d][i] for i in splits[d].test]) for d in splits
         },

@@ -125,9 +125,9 @@ def test_a_database_from_before_migrations_is_adopted(tmp_path: Path) -> None:
     with Session(engine) as session:
         session.add(Team(name="kept"))
         session.commit()
-    with engine.begin() as conn:  # the columns added since then (by migrations 0004 and 0009)
-        conn.execute(text("ALTER TABLE team DROP COLUMN webhook_secret"))
-        conn.execute(text("ALTER TABLE team DROP COLUMN disabled"))
+    with engine.begin() as conn:  # the columns added since then (migrations 0004, 0009, 0010)
+        for column in ("webhook_secret", "disabled", "auto_quality"):
+            conn.execute(text(f"ALTER TABLE team DROP COLUMN {column}"))
     upgrade(engine)
     assert {"usage_record", "usage_daily"} <= set(inspect(engine).get_table_names())
     with engine.connect() as conn:

@@ -67,6 +67,7 @@ def test_teams_lifecycle(admin: Any) -> None:
         "default_tier": "interactive",
         "auto_threshold": None,
         "strong_share": None,
+        "auto_quality": None,
         "disabled": False,
         "created_at": None,
     }

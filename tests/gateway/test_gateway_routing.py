@@ -1,5 +1,6 @@
-"""Routing through the gateway: model="auto" by the classifier and the team's threshold, overflow
-when the cheap model's engine is saturated, fallback when it is down, the served model reported."""
+"""Routing through the gateway: model="auto" by the classifier and the team's threshold or quality
+bar, overflow when the cheap model's engine is saturated, fallback when it is down, the served
+model reported."""
 
 import sys
 from collections.abc import Iterator
@@ -33,6 +34,7 @@ id = "cheap"
 provider = "self-hosted"
 price = { input = 0.02, output = 0.05 }
 capability = 1
+quality_reference = "mistralai/mistral-7b-chat"
 fallbacks = ["strong"]
 
 [[models]]
@@ -40,6 +42,7 @@ id = "strong"
 provider = "self-hosted"
 price = { input = 3.0, output = 15.0 }
 capability = 3
+quality_reference = "gpt-4-1106-preview"
 """
     )
     return path
@@ -103,6 +106,28 @@ def test_auto_routes_by_score_and_threshold(routed: Any, team: Any, engines: dic
     metrics = httpx.get(routed.url + "/metrics").text
     assert 'tokenyard_router_decisions_total{asked="auto",decision="strong"}' in metrics
     assert 'tokenyard_router_decisions_total{asked="auto",decision="weak"}' in metrics
+
+
+def test_a_team_quality_bar_picks_the_cheapest_model_predicted_to_clear_it(
+    routed: Any, team: Any
+) -> None:
+    classifier = ComplexityClassifier.load()
+    score = classifier.score(HARD + " #chunks=2")
+    cheap = float(classifier.quality_curves["mistralai/mistral-7b-chat"].predict(score))
+    strong = float(classifier.quality_curves["gpt-4-1106-preview"].predict(score))
+    assert cheap + 1e-3 < strong
+    for bar, served, predicted in ((cheap, "cheap", cheap), (strong, "strong", strong)):
+        _, key = team(auto_quality=bar - 1e-6)  # a bar just under the model's prediction
+        reply = _ask(routed.client(key), "auto", HARD)
+        assert reply.headers["x-tokenyard-model"] == served
+        assert float(reply.headers["x-tokenyard-predicted-quality"]) == pytest.approx(
+            predicted, abs=1e-3
+        )
+    # a team without a bar is routed by the threshold, and told no prediction
+    _, key = team(strong_share=0.0)
+    reply = _ask(routed.client(key), "auto", HARD)
+    assert reply.headers["x-tokenyard-model"] == "cheap"
+    assert "x-tokenyard-predicted-quality" not in reply.headers
 
 
 def test_saturated_engine_overflows_to_the_fallback(routed: Any, team: Any, engines: dict) -> None:

@@ -49,6 +49,7 @@ class Team:
     models: tuple[str, ...] = ()
     auto_threshold: float | None = 2.0  # never escalate: auto picks the cheapest able model
     strong_share: float | None = None
+    auto_quality: float | None = None
 
 
 class NoScorer:

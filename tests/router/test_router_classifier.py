@@ -1,11 +1,12 @@
 """The shipped artifact: it loads, scores sensibly, its OOD guard holds, its thresholds calibrate,
-its report recomputes from it."""
+its report recomputes from it, its quality curves cover the catalog."""
 
 import itertools
 
 import numpy as np
 import pytest
 
+from router.catalog import DEFAULT_CATALOG, Catalog
 from router.dataset import random_split
 from router.metrics import router_metrics
 from router.train import prompts_hash
@@ -105,3 +106,18 @@ def test_report_holds_every_domain_left_out(shipped: Shipped) -> None:
         assert {"classifier", "length", "random"} <= set(section["routers"])
         diff = section["minus_length"]["classifier"]["apgr"]
         assert diff["low"] <= diff["value"] <= diff["high"]
+
+
+def test_quality_curves_cover_the_catalog_and_rank_models_as_the_data_does(
+    shipped: Shipped,
+) -> None:
+    """Every quality_reference of the shipped catalog has a curve; each curve falls as the score
+    rises (the score says the weak model fails), and gpt-4's lies above Mixtral's everywhere."""
+    curves = shipped.classifier.quality_curves
+    references = {m.quality_reference for m in Catalog.load(DEFAULT_CATALOG).models.values()}
+    assert references - {""} <= set(curves) and len(curves) == 11
+    scores = np.linspace(0.01, 0.99, 50)
+    for model, curve in curves.items():
+        assert np.all(np.diff(curve.predict(scores)) < 0), model
+    strong, weak = curves["gpt-4-1106-preview"], curves["mistralai/mixtral-8x7b-chat"]
+    assert np.all(strong.predict(scores) > weak.predict(scores))

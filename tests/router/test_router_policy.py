@@ -1,9 +1,11 @@
 """The catalog and the routing policy: chains, team restrictions, tiers, auto's two classes,
-thresholds from shares, saturation."""
+thresholds from shares, the cost-aware choice under a quality bar, saturation."""
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from backends.base import ModelInfo
@@ -19,6 +21,8 @@ from router.policy import (
     prefix_text,
     prompt_text,
 )
+from router.quality import QualityCurve
+from router.scorer import RouteScore
 
 CATALOG = """
 [auto]
@@ -31,6 +35,7 @@ provider = "self-hosted"
 base_urls = ["http://127.0.0.1:1"]
 price = { input = 0.01, output = 0.02 }
 capability = 1
+quality_reference = "ref-tiny"
 fallbacks = ["mini"]
 
 [[models]]
@@ -40,6 +45,7 @@ base_urls = ["http://127.0.0.1:2/v1"]
 api_key_env = "TEST_POLICY_OPENAI_KEY"
 price = { input = 0.15, cached_input = 0.075, output = 0.6 }
 capability = 2
+quality_reference = "ref-mini"
 tiers = ["interactive"]
 fallbacks = ["tiny"]
 
@@ -50,6 +56,7 @@ base_urls = ["http://127.0.0.1:3"]
 api_key_env = "TEST_POLICY_ANTHROPIC_KEY"
 price = { input = 3.0, cached_input = 0.3, output = 15.0 }
 capability = 3
+quality_reference = "ref-big"
 fallbacks = ["bigger", "mini"]
 
 [[models]]
@@ -67,6 +74,7 @@ class Team:
     models: tuple[str, ...] = ()
     auto_threshold: float | None = None
     strong_share: float | None = None
+    auto_quality: float | None = None
 
 
 @pytest.fixture
@@ -200,6 +208,77 @@ def test_strong_share_is_calibrated_into_a_threshold(
     expected = classifier.threshold_for_strong_share(0.25)
     route = router.route(AUTO, chat(HARD), Team(), "interactive")
     assert route.escalated == (classifier.score(HARD) >= expected)
+
+
+# predicted quality against the score: tiny falls fast as prompts get harder, big barely
+CURVES = {
+    "ref-tiny": QualityCurve(1.0, -2.0),  # at score 0.2: 0.977, 0.5: 0.731, 0.8: 0.145
+    "ref-mini": QualityCurve(2.0, -1.0),  # 0.967, 0.881, 0.649
+    "ref-big": QualityCurve(3.0, -0.5),  # 0.976, 0.953, 0.909
+}
+
+
+@dataclass
+class FixedScores:
+    """A classifier stand-in: each prompt's score is its text ("0.5" scores 0.5)."""
+
+    quality_curves: dict[str, QualityCurve] = field(default_factory=lambda: CURVES)
+    version: str = "test"
+
+    def route_score(self, prompt: str) -> RouteScore:
+        return RouteScore(float(prompt), 1.0, 0.5, np.zeros(4))
+
+    def threshold_for_strong_share(self, share: float) -> float:
+        return 1.0 - share
+
+
+def test_quality_bar_picks_the_cheapest_model_predicted_to_clear_it(catalog: Catalog) -> None:
+    router = Router(catalog, Scorer(FixedScores))
+
+    def first(score: str, bar: float) -> tuple[str, bool, float | None]:
+        route = router.route(AUTO, chat(score), Team(auto_quality=bar), "interactive")
+        return route.candidates[0], route.escalated, route.predicted_quality
+
+    assert first("0.2", 0.9) == ("tiny", False, pytest.approx(0.977, abs=1e-3))
+    assert first("0.5", 0.85) == ("mini", False, pytest.approx(0.881, abs=1e-3))
+    assert first("0.5", 0.9) == ("big", True, pytest.approx(0.953, abs=1e-3))
+    # no model clears 0.95 on a hard prompt: the one predicted best, never "bigger" (no curve)
+    assert first("0.8", 0.95) == ("big", True, pytest.approx(0.909, abs=1e-3))
+    # the rest of the chosen model's class follows its fallbacks
+    route = router.route(AUTO, chat("0.5"), Team(auto_quality=0.85), "interactive")
+    assert route.candidates[:2] == ("mini", "tiny") and "bigger" in route.candidates
+    # batch: mini serves interactive only, so the cheapest that clears 0.85 there is big
+    assert router.route(AUTO, chat("0.5"), Team(auto_quality=0.85), "batch").candidates[0] == "big"
+    # a team whose models have no curve is routed by the threshold instead
+    only = router.route(AUTO, chat("0.5"), Team(models=("bigger",), auto_quality=0.9), "batch")
+    assert only.candidates == ("bigger",) and only.predicted_quality is None
+
+
+def test_quality_bar_precedence_team_then_catalog(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("TEST_POLICY_OPENAI_KEY", "sk-test")
+    monkeypatch.setenv("TEST_POLICY_ANTHROPIC_KEY", "sk-ant-test")
+    path = tmp_path / "catalog.toml"
+    text = CATALOG.replace("strong_share = 0.25", "strong_share = 0.25\nquality_bar = 0.9")
+    path.write_text(text.replace('"ref-mini"', '"no-such-model"'))
+    router = Router(Catalog.load(path), Scorer(FixedScores))
+    # no team setting: the catalog's bar (mini has an unknown reference, so big clears 0.9)
+    with caplog.at_level(logging.WARNING, logger="router.policy"):
+        default = router.route(AUTO, chat("0.5"), Team(), "interactive")
+    assert default.candidates[0] == "big" and default.predicted_quality is not None
+    assert "no-such-model" in caplog.text
+    # the team's own bar wins over the catalog's
+    assert router.route(AUTO, chat("0.5"), Team(auto_quality=0.7), "interactive").candidates[0] == (
+        "tiny"
+    )
+    # a team that set a threshold or a share is routed by it, not by the catalog's bar
+    for team in (Team(auto_threshold=0.6), Team(strong_share=0.4)):  # threshold 0.6 both ways
+        route = router.route(AUTO, chat("0.5"), team, "interactive")
+        assert route.predicted_quality is None and route.candidates[0] == "tiny"
+    path.write_text(CATALOG.replace("strong_share = 0.25", "strong_share = 0.25\nquality_bar = 2"))
+    with pytest.raises(CatalogError):
+        Catalog.load(path)
 
 
 def test_prompt_text_takes_the_last_user_turn() -> None:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from router.cli import add_parser
-from router.costs import cost_quality
+from router.costs import cost_quality, fit_curves
 from router.dataset import (
     ROUTERBENCH_STRONG,
     ROUTERBENCH_WEAK,
@@ -22,6 +22,7 @@ from router.dataset import (
 from router.embedding import WordPieces, edges, tokenizer_json
 from router.features import decode_features, encode_features
 from router.metrics import apgr, cpt, routing_curve
+from router.quality import QualityCurve
 from router.train import Recipe, Samples, TrainConfig, embed_raw, fit, labels, samples
 
 
@@ -132,17 +133,35 @@ def test_route_features_round_trip() -> None:
 
 
 def test_cost_policy_buys_quality_with_money(domains: dict) -> None:
-    class ByLength:
-        def scores(self, prompts: list[str]) -> np.ndarray:
-            return np.array([min(len(p) / 2000, 0.99) for p in prompts])
+    rows = {d: domains[d][:600] for d in ("arc_challenge", "winogrande")}
+    # a stand-in for leave-one-domain-out scores: longer prompts score higher
+    scores = {d: np.array([min(len(r.prompt) / 2000, 0.99) for r in rows[d]]) for d in rows}
+    out = cost_quality(scores, rows)
+    assert out["n"] == 1200
+    for way in ("policy", "static"):
+        costs = [p["usd_per_1k"] for p in out[way]]
+        # a higher bar never buys a cheaper mix, and the highest costs less than always-gpt-4
+        assert all(a <= b + 1e-12 for a, b in itertools.pairwise(costs))
+        assert costs[-1] <= out["models"]["gpt-4-1106-preview"]["usd_per_1k"]
+        assert all(sum(p["share_by_model"].values()) == pytest.approx(1.0) for p in out[way])
+    with pytest.raises(ValueError):  # nothing to hold out
+        cost_quality(scores, {"arc_challenge": rows["arc_challenge"]})
 
-    rows = {"arc_challenge": domains["arc_challenge"][:600]}
-    out = cost_quality(rows, ByLength())  # type: ignore[arg-type]
-    policy = out["policy"]
-    costs = [p["usd_per_1k"] for p in policy]
-    # a higher bar never buys a cheaper mix, and the highest costs less than always-gpt-4
-    assert all(a <= b + 1e-12 for a, b in itertools.pairwise(costs))
-    assert costs[-1] <= out["models"]["gpt-4-1106-preview"]["usd_per_1k"]
+
+def test_quality_curves_recover_a_known_curve() -> None:
+    """Correctness drawn from a known curve of the score's logit: the fit finds it again."""
+    from router.dataset import Routed
+
+    rng = np.random.default_rng(1)
+    scores = rng.uniform(0.02, 0.98, 20_000)
+    truth = QualityCurve(1.5, -0.8)
+    right = rng.random(scores.size) < truth.predict(scores)
+    rows = [Routed("p", "d", "s", 0.0, 1.0, {"m": float(r)}) for r in right]
+    fitted = fit_curves(scores, rows)["m"]
+    assert fitted.intercept == pytest.approx(1.5, abs=0.1)
+    assert fitted.slope == pytest.approx(-0.8, abs=0.1)
+    # a constant curve is the mean quality whatever the score
+    np.testing.assert_allclose(QualityCurve.constant(0.7).predict(scores), 0.7)
 
 
 def test_random_split_keeps_duplicates_together() -> None:
