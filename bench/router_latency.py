@@ -26,7 +26,7 @@ from collections.abc import Callable
 import numpy as np
 from redis.asyncio import Redis
 
-from backends.registry import Backends
+from billing.settle import Pricer
 from core.settings import Settings
 from gateway.keys import TeamPolicy
 from gateway.proxy import Proxy
@@ -34,7 +34,7 @@ from router.catalog import DEFAULT_CATALOG, Catalog
 from router.classifier import DEFAULT_ARTIFACT, ComplexityClassifier
 from router.dataset import load_domains, random_split
 from router.policy import AUTO, Router, Scorer
-from router.upstreams import build_upstream
+from router.upstreams import build_backends
 
 
 def _percentiles(seconds: list[float]) -> str:
@@ -82,26 +82,28 @@ def _routing_proxy(clf: ComplexityClassifier) -> Proxy:
     settings = Settings(gateway_max_upstream_waiting=8, router_max_kv_usage=0.95)
     catalog = Catalog.load(DEFAULT_CATALOG, "smollm2=http://127.0.0.1:1,smollm2=http://127.0.0.1:2")
     redis = Redis()  # never connected: breaker state is read from the process's copy
-    upstreams = {m.id: build_upstream(m, redis, settings) for m in catalog.models.values()}
-    for upstream in upstreams.values():
+    backends = build_backends(catalog, redis, settings)
+    for upstream in backends.upstreams.values():
         upstream.info.ready = True
     router = Router(catalog, Scorer(lambda: clf))
-    return Proxy(settings, None, None, Backends(upstreams), router)  # type: ignore[arg-type]
+    return Proxy(settings, None, None, backends, router, Pricer(catalog))  # type: ignore[arg-type]
 
 
 def _time_routing(proxy: Proxy, prompts: list[str]) -> dict[str, list[float]]:
-    team = TeamPolicy(team="bench", strong_share=0.3)
+    share = TeamPolicy(team="bench", strong_share=0.3)
+    bar = TeamPolicy(team="bench", auto_quality=0.8)  # the cost-aware choice
     states = {
-        "all healthy": lambda b: None,
-        "cheap engine saturated": lambda b: setattr(b["smollm2"].info, "waiting", 50),
-        "strong breaker open": lambda b: setattr(b["gpt-4o"].info, "circuit", "open"),
+        "all healthy": (lambda b: None, share),
+        "all healthy, quality bar 0.8": (lambda b: None, bar),
+        "cheap engine saturated": (lambda b: setattr(b["smollm2"].info, "waiting", 50), share),
+        "strong breaker open": (lambda b: setattr(b["gpt-4o"].info, "circuit", "open"), share),
     }
     out: dict[str, list[float]] = {}
     served: dict[str, set[str]] = {}
-    for name, apply in states.items():
+    for name, (apply, team) in states.items():
         apply(proxy.backends.upstreams)
 
-        def decide(prompt: str) -> str:
+        def decide(prompt: str, team: TeamPolicy = team) -> str:
             body = {"model": AUTO, "messages": [{"role": "user", "content": prompt}]}
             route = proxy.router.route(AUTO, body, team, "interactive")
             return proxy.first_usable(route, "interactive").info.name
