@@ -4,10 +4,9 @@ An explicit model is tried first, then its fallback chain. `model="auto"` scores
 complexity classifier: below the team's threshold it goes to the cheapest model, at or above it to
 the cheapest model of the catalog's strong capability, each followed by its fallbacks. With a
 quality bar (the team's, or the catalog's default) it goes instead to the cheapest model whose
-predicted quality on the prompt clears the bar (router/quality.py). Every
-candidate must be allowed for the team and serve the request's tier; the gateway then skips the
-ones that are down (circuit open, not ready) or saturated, and falls back on a failure before the
-first byte.
+predicted quality on the prompt clears the bar (router/quality.py). Every candidate must be
+allowed for the team and serve the request's tier; the gateway then skips the ones that are down
+(circuit open, not ready) or saturated, and falls back on a failure before the first byte.
 """
 
 import logging
@@ -34,7 +33,7 @@ class Route:
     escalated: bool = False  # auto sent it to the strong class
     confidence: float | None = None  # how sure the classifier is (0: far from its training data)
     features: str | None = None  # auto: the router's view of the prompt, kept for feedback
-    predicted_quality: float | None = None  # auto with a quality bar: the chosen model's
+    predicted_quality: float | None = None  # auto under a quality bar: the chosen model's, 0-1
 
 
 class TeamRouting(Protocol):
