@@ -8,13 +8,13 @@ prompt (`route_features`: the artifact version, the decision, the prompt's proje
 length; never its text).
 
 `tokenyard router train --feedback` reads the rated rows here (`feedback_rows`) and turns them into
-training rows (router/features.py).
+training rows and per-model quality curves (router/features.py).
 """
 
 import asyncio
 import math
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 from litestar import Controller, Request, Response, post
@@ -95,12 +95,18 @@ class FeedbackController(Controller):
         return Response(msgspec.json.encode(answer), media_type="application/json")
 
 
-def feedback_rows(engine: Engine) -> list[tuple[str, float]]:
-    """(route_features, score) of every rated auto-routed request."""
+class Rated(NamedTuple):
+    features: str  # the usage record's route_features
+    model: str  # the model that served the request
+    score: float
+
+
+def feedback_rows(engine: Engine) -> list[Rated]:
+    """Every rated auto-routed request: the router's view of it, what served it, the rating."""
     with Session(engine) as session:
         rows = session.exec(
-            select(UsageRecord.route_features, RouteFeedback.score)
+            select(UsageRecord.route_features, UsageRecord.model_served, RouteFeedback.score)
             .join(RouteFeedback, RouteFeedback.request_id == UsageRecord.request_id)
             .where(UsageRecord.route_features.is_not(None))  # type: ignore[union-attr]
         ).all()
-    return [(f, s) for f, s in rows]
+    return [Rated(f, m, s) for f, m, s in rows]

@@ -6,20 +6,24 @@ from pathlib import Path
 
 def _train(args: argparse.Namespace) -> int:
     # imported here so the rest of the CLI starts without loading scikit-learn
+    import numpy as np
+
     from router.train import ARTIFACT_DIR, TrainConfig, train
 
-    feedback = None
+    rated = None
     if args.feedback:
         # the ratings are billing's rows (a CLI entry point may read any layer)
         from billing.feedback import feedback_rows
         from core.db import database_url, get_engine
         from core.settings import get_settings
-        from router.features import feedback_samples
+        from router.features import ratings
 
-        feedback = feedback_samples(feedback_rows(get_engine(database_url(get_settings()))))
-        print(f"feedback: {len(feedback)} rated auto-routed requests")
+        rated = ratings(feedback_rows(get_engine(database_url(get_settings()))))
+        models, counts = np.unique(rated.model, return_counts=True)
+        by_model = ", ".join(f"{m} {c}" for m, c in zip(models, counts, strict=True))
+        print(f"feedback: {len(rated)} rated auto-routed requests ({by_model or 'none'})")
     out_dir = Path(args.out) if args.out else ARTIFACT_DIR
-    train(TrainConfig(seed=args.seed, bootstrap_resamples=args.bootstrap), out_dir, feedback)
+    train(TrainConfig(seed=args.seed, bootstrap_resamples=args.bootstrap), out_dir, rated)
     print(f"wrote the artifact and its report to {out_dir}")
     return 0
 

@@ -21,16 +21,28 @@ BARS = (0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
 Curves = dict[str, QualityCurve]
 
 
+def fit_curve(scores: np.ndarray, quality: np.ndarray) -> QualityCurve:
+    """A model's quality (correctness, or a rating in [0, 1]) against the score's logit. A rating
+    q counts as a right answer of weight q and a wrong one of weight 1 - q: the logistic fit of
+    fractional labels."""
+    z = logit(np.asarray(scores))[:, None]
+    quality = np.asarray(quality, dtype=float)
+    fitted = LogisticRegression().fit(
+        np.vstack([z, z]),
+        np.r_[np.ones(len(z)), np.zeros(len(z))],
+        sample_weight=np.r_[quality, 1.0 - quality],
+    )
+    return QualityCurve(float(fitted.intercept_[0]), float(fitted.coef_[0, 0]))
+
+
 def fit_curves(scores: np.ndarray, rows: Sequence[Routed]) -> Curves:
     """One curve per model whose correctness every row has (RouterBench's prompts)."""
     if not rows or any(r.correct is None for r in rows):
         raise ValueError("quality curves need every model's correctness on every prompt")
-    z = logit(scores)[:, None]
-    curves = {}
-    for model in sorted(rows[0].correct):  # type: ignore[arg-type]
-        fitted = LogisticRegression().fit(z, [r.correct[model] for r in rows])  # type: ignore[index]
-        curves[model] = QualityCurve(float(fitted.intercept_[0]), float(fitted.coef_[0, 0]))
-    return curves
+    return {
+        model: fit_curve(scores, np.array([r.correct[model] for r in rows]))  # type: ignore[index]
+        for model in sorted(rows[0].correct)  # type: ignore[arg-type]
+    }
 
 
 def _static(rows: list[Routed]) -> Curves:

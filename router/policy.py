@@ -254,11 +254,12 @@ class Router:
         self, able: list[ModelEntry], score: float, bar: float
     ) -> tuple[ModelEntry, float] | None:
         """The cheapest of `able` (in price order) whose predicted quality clears `bar`, or the
-        one predicted best; None when no model has a curve (threshold routing then)."""
+        one predicted best; None when no model has a curve (threshold routing then). A model's
+        own curve (fitted on the platform's ratings of it) wins over its reference's."""
         curves = self.scorer.quality_curves
         rated = []
         for m in able:
-            curve = curves.get(m.quality_reference)
+            curve = curves.get(m.id) or curves.get(m.quality_reference)
             if curve is not None:
                 rated.append((m, float(curve.predict(score))))
             elif m.quality_reference and m.quality_reference not in self._unknown:

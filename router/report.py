@@ -104,7 +104,8 @@ def write_report(report: dict[str, Any], metadata: dict[str, Any], stem: Path) -
         "",
         f"Chosen by the mean leave-one-domain-out APGR: **{metadata['chosen']['name']}**; "
         f"sklearn {metadata['sklearn_version']}; data sha256 `{metadata['data_sha256'][:16]}…`; "
-        f"feedback rows {metadata['feedback_rows']}.",
+        f"feedback rows {metadata['feedback_rows']}; quality curves from the platform's "
+        f"ratings: {', '.join(metadata['feedback_curves']) or 'none'}.",
         "",
         "## Leave one domain out",
         "",

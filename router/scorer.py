@@ -75,11 +75,12 @@ class CompiledScorer:
             return np.zeros(self.table.shape[1])
         return self.table[ids].mean(axis=0, dtype=np.float64) - self.center
 
-    def parts_of(self, v: np.ndarray, chars: int) -> tuple[float, float, float]:
-        """(model, prior, confidence) in standardised units, from the projected embedding."""
+    def parts_of(self, v: np.ndarray, log_chars: float) -> tuple[float, float, float]:
+        """(model, prior, confidence) in standardised units, from the projected embedding and
+        log(1 + the prompt's characters)."""
         norm = math.sqrt(float(v @ v))
         e = v / norm if norm > 0 else v
-        prior = (math.log1p(chars) - self.length_mean) / self.length_std
+        prior = (log_chars - self.length_mean) / self.length_std
         model = (float(e @ self.coef) - self.logit_mean) / self.logit_std + self.w_length * prior
         near = (float((self.centroids @ e).max()) - self.sim_none) / (self.sim_full - self.sim_none)
         inside = (self.norm_none - norm) / (self.norm_none - self.norm_full)
@@ -87,8 +88,15 @@ class CompiledScorer:
         return model, prior, confidence
 
     def route_score(self, prompt: str) -> RouteScore:
-        projected = self.projected(prompt)
-        model, prior, confidence = self.parts_of(projected, len(prompt))
+        return self.score_projected(self.projected(prompt), math.log1p(len(prompt)))
+
+    def score_raw(self, raw: np.ndarray, log_chars: float) -> float:
+        """The score of a prompt known by its mean MiniLM token vector (a rated request's)."""
+        return self.score_projected((raw - self.raw_mean) @ self.axes.T, log_chars).score
+
+    def score_projected(self, projected: np.ndarray, log_chars: float) -> RouteScore:
+        """The score of a prompt known by its view alone: the projected embedding and length."""
+        model, prior, confidence = self.parts_of(projected, log_chars)
         return RouteScore(
             score=_sigmoid(prior + confidence * (model - prior)),
             confidence=confidence,

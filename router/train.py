@@ -13,7 +13,8 @@ gpt-4-1106-preview strong; router/dataset.py): MMLU, GSM8K, MT-Bench, ARC-Challe
   ARC-Challenge and Winogrande, for the cost-aware choice; the report scores that choice with the
   curves of one domain on the other (router/costs.py).
 - Feedback from the platform's own traffic (`POST /v1/feedback`) joins the training data with
-  `--feedback` (router/feedback_data.py).
+  `--feedback`, and gives each model rated often enough its own quality curve
+  (router/features.py).
 """
 
 import hashlib
@@ -42,6 +43,7 @@ from router.dataset import (
     random_split,
 )
 from router.embedding import WordPieces, token_table, tokenizer_json
+from router.features import Ratings
 from router.metrics import Interval, bootstrap, router_metrics
 from router.report import write_report
 from router.scorer import CompiledScorer
@@ -280,10 +282,13 @@ def prompts_hash(rows: Sequence[Routed]) -> str:
 def train(
     config: TrainConfig,
     out_dir: Path = ARTIFACT_DIR,
-    feedback: Samples | None = None,
+    ratings: Ratings | None = None,
     log: Callable[[str], Any] = print,
 ) -> dict[str, Any]:
+    """`ratings`: the platform's rated requests (`--feedback`): the weak class's join the
+    training data, and a model rated often enough gets its own quality curve."""
     started = time.time()
+    feedback = ratings.samples() if ratings is not None else None
     domains = load_domains()
     pieces = WordPieces(tokenizer_json())
     table = _cached(CACHE_DIR / "minilm-token-table.npy", token_table)
@@ -337,6 +342,8 @@ def train(
     evaluations["cost_quality"] = cost_quality(lodo, priced)
     rows = [r for d in priced for r in priced[d]]
     curves = fit_curves(np.concatenate([lodo[d] for d in priced]), rows)
+    # the deployment's own models, by catalog id, read against the shipped model's score
+    own = ratings.curves(shipped) if ratings is not None else {}
 
     metadata = {
         "version": VERSION,
@@ -347,8 +354,9 @@ def train(
         "chosen": asdict(best) | {"name": best.name},
         "selection": selection,
         "feedback_rows": 0 if feedback is None else len(feedback),
+        "feedback_curves": sorted(own),
         "threshold_curve": threshold_curve(shipped.scores(val_prompts)),
-        "quality_curves": {m: asdict(c) for m, c in curves.items()},
+        "quality_curves": {m: asdict(c) for m, c in (curves | own).items()},
         "test_prompts_sha256": {
             d: prompts_hash([domains[d][i] for i in splits[d].test]) for d in splits
         },

@@ -2,6 +2,7 @@
 its report recomputes from it, its quality curves cover the catalog."""
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -41,7 +42,7 @@ def test_a_prompt_far_from_training_gets_the_prior(shipped: Shipped) -> None:
     prompts += [*FAR, *ODD, *ODD_TEXT]
     for prompt in prompts:
         scored = scorer.route_score(prompt)
-        model, _, _ = scorer.parts_of(scored.projected, len(prompt))
+        model, _, _ = scorer.parts_of(scored.projected, math.log1p(len(prompt)))
         model_score = 1 / (1 + np.exp(-model))
         low, high = sorted((scored.prior, model_score))
         assert low - 1e-12 <= scored.score <= high + 1e-12

@@ -1,6 +1,6 @@
 """`POST /v1/feedback` against a real gateway: team-scoped, stored beside the usage record with
-the router's view of the prompt; the route's confidence in a header and a metric; the stored rows
-become training samples."""
+the router's view of the prompt and the model that served it; the route's confidence in a header
+and a metric; the stored rows read back at the score the router gave."""
 
 from typing import Any
 
@@ -10,7 +10,7 @@ import sqlmodel
 from billing.feedback import feedback_rows
 from billing.models import RouteFeedback, UsageRecord
 from router.classifier import ComplexityClassifier
-from router.features import decode_features
+from router.features import decode_features, ratings
 from tests.gateway.conftest import MODEL, wait_until
 
 
@@ -76,7 +76,15 @@ def test_feedback_is_team_scoped_and_stored_with_the_route(
             sqlmodel.select(RouteFeedback).where(RouteFeedback.request_id == request_id)
         ).all()
     assert [(r.score, r.comment) for r in rows] == [(0.9, None)]
-    assert (record.route_features, 0.9) in feedback_rows(sql)
+    served = auto.headers["x-tokenyard-model"]
+    rows = feedback_rows(sql)
+    assert (record.route_features, served, 0.9) in rows
+    # what training reads back: the rated request at the score the router gave it
+    rated = ratings(rows, clf)
+    mine = [i for i, r in enumerate(rows) if r.features == record.route_features]
+    assert rated.model[mine[0]] == served and rated.rating[mine[0]] == 0.9
+    again_scored = clf.scorer.score_raw(rated.raw[mine[0]], rated.log_chars[mine[0]])
+    assert abs(again_scored - float(auto.headers["x-tokenyard-score"])) < 0.02
 
     # a named model's request has no route features, but can still be rated
     direct = _chat(gateway, key, MODEL, prompt)

@@ -249,6 +249,12 @@ def test_quality_bar_picks_the_cheapest_model_predicted_to_clear_it(catalog: Cat
     assert route.candidates[:2] == ("mini", "tiny") and "bigger" in route.candidates
     # batch: mini serves interactive only, so the cheapest that clears 0.85 there is big
     assert router.route(AUTO, chat("0.5"), Team(auto_quality=0.85), "batch").candidates[0] == "big"
+    # a curve fitted on the platform's ratings of a model (by its id) wins over its reference's
+    own = Router(catalog, Scorer(lambda: FixedScores(CURVES | {"mini": QualityCurve(5.0, 0.0)})))
+    route = own.route(AUTO, chat("0.8"), Team(auto_quality=0.95), "interactive")
+    assert route.candidates[0] == "mini" and route.predicted_quality == pytest.approx(
+        0.993, abs=1e-3
+    )
     # a team whose models have no curve is routed by the threshold instead
     only = router.route(AUTO, chat("0.5"), Team(models=("bigger",), auto_quality=0.9), "batch")
     assert only.candidates == ("bigger",) and only.predicted_quality is None

@@ -7,6 +7,7 @@ import itertools
 import numpy as np
 import pytest
 
+from router.classifier import ComplexityClassifier
 from router.cli import add_parser
 from router.costs import cost_quality, fit_curves
 from router.dataset import (
@@ -20,7 +21,7 @@ from router.dataset import (
     random_split,
 )
 from router.embedding import WordPieces, edges, tokenizer_json
-from router.features import decode_features, encode_features
+from router.features import decode_features, encode_features, ratings
 from router.metrics import apgr, cpt, routing_curve
 from router.quality import QualityCurve
 from router.train import Recipe, Samples, TrainConfig, embed_raw, fit, labels, samples
@@ -162,6 +163,32 @@ def test_quality_curves_recover_a_known_curve() -> None:
     assert fitted.slope == pytest.approx(-0.8, abs=0.1)
     # a constant curve is the mean quality whatever the score
     np.testing.assert_allclose(QualityCurve.constant(0.7).predict(scores), 0.7)
+
+
+def test_ratings_give_each_well_rated_model_its_own_curve(domains: dict) -> None:
+    """Rated requests drawn from a known curve of the router's score: the model rated often
+    enough gets that curve back; a rarely rated one and another artifact's rows get nothing."""
+    clf = ComplexityClassifier.load()
+    truth = QualityCurve(0.5, -1.2)
+    rows = []
+    prompts = [r.prompt for d in domains.values() for r in d[::37]]
+    for prompt in prompts:
+        scored = clf.route_score(prompt)
+        decision = "weak" if scored.score < 0.5 else "strong"
+        features = encode_features(clf.version, decision, scored.projected, len(prompt))
+        rows.append((features, "team-model", float(truth.predict(scored.score))))
+    rows += [(rows[0][0], "rare-model", 1.0)] * 5
+    rows.append(("v0" + rows[0][0][len(clf.version) :], "team-model", 0.0))  # another artifact
+    rated = ratings(rows, clf)
+    assert len(rated) == len(prompts) + 5
+    curves = rated.curves(clf.scorer)
+    assert set(curves) == {"team-model"}
+    assert curves["team-model"].intercept == pytest.approx(0.5, abs=0.05)
+    assert curves["team-model"].slope == pytest.approx(-1.2, abs=0.05)
+    # only the weak class's ratings train the classifier: strong quality taken as 1
+    samples = rated.samples()
+    assert len(samples) == int((rated.decision == "weak").sum()) > 0
+    assert (samples.strong == 1.0).all() and set(samples.domain) == {"feedback"}
 
 
 def test_random_split_keeps_duplicates_together() -> None:
