@@ -36,7 +36,7 @@ P_VALUE = 1e-3  # distribution tests fail below this p-value (a false alarm once
 
 
 def test_ngram_proposes_what_followed_the_latest_longest_match():
-    proposer = NgramProposer(max_ngram=3)
+    proposer = NgramProposer(max_ngram=3, min_ngram=1)
     # "1 2 3" occurs twice; the latest occurrence is followed by 7 8
     assert proposer.propose([1, 2, 3, 4, 5, 1, 2, 3, 7, 8, 9, 1, 2, 3], 2) == [7, 8]
     # no 3-gram or 2-gram match: the last single token's latest occurrence
@@ -53,8 +53,10 @@ def test_ngram_prefers_the_longer_match_over_the_more_recent_one():
     tokens = [8, 1, 2, 3, 4, 5, 9, 1, 2, 3, 6, 7, 8, 1, 2, 3]
     assert NgramProposer(max_ngram=8).propose(tokens, 2) == [4, 5]
     assert NgramProposer(max_ngram=3).propose(tokens, 2) == [6, 7]  # capped: the latest wins
-    # a match shorter than min_ngram proposes nothing
-    assert NgramProposer(min_ngram=2).propose([5, 6, 9, 5, 7, 4, 2, 5], 3) == []
+    # a match shorter than min_ngram (by default 2: one token is weak evidence) proposes nothing
+    assert NgramProposer().propose([5, 6, 9, 5, 7, 4, 2, 5], 3) == []
+    assert NgramProposer(min_ngram=3).propose([9, 1, 2, 5, 1, 2], 3) == []
+    assert NgramProposer().propose([9, 1, 2, 5, 1, 2], 3) == [5, 1, 2]
 
 
 def brute_force_lookup(tokens: list[int], max_ngram: int, max_tokens: int) -> list[int]:
@@ -69,7 +71,7 @@ def brute_force_lookup(tokens: list[int], max_ngram: int, max_tokens: int) -> li
 
 def test_ngram_proposer_matches_its_definition_on_random_text():
     rng = random.Random(7)
-    proposer = NgramProposer(max_ngram=6)
+    proposer = NgramProposer(max_ngram=6, min_ngram=1)
     for _ in range(300):
         tokens = [rng.randrange(4) for _ in range(rng.randrange(1, 40))]
         assert proposer.propose(tokens, 5) == brute_force_lookup(tokens, 6, 5), tokens
