@@ -17,12 +17,12 @@ import base64
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from router.classifier import ComplexityClassifier
 from router.quality import QualityCurve
+from router.samples import Samples
 from router.scorer import CompiledScorer
 
 FEEDBACK_DOMAIN = "feedback"
@@ -56,10 +56,8 @@ class Ratings:
     def __len__(self) -> int:
         return len(self.rating)
 
-    def samples(self) -> Any:
+    def samples(self) -> Samples:
         """The weak-class ratings as training rows: weak quality the rating, strong 1."""
-        from router.train import Samples
-
         weak = self.decision == "weak"
         n = int(weak.sum())
         return Samples(

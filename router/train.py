@@ -46,6 +46,7 @@ from router.embedding import WordPieces, token_table, tokenizer_json
 from router.features import Ratings
 from router.metrics import Interval, bootstrap, router_metrics
 from router.report import write_report
+from router.samples import Samples
 from router.scorer import CompiledScorer
 
 ARTIFACT_DIR = Path(__file__).parent / "artifacts"
@@ -98,31 +99,6 @@ class TrainConfig:
     norm_none_quantile: float = 0.999
     norm_none_factor: float = 1.5
     recipes: tuple[Recipe, ...] = field(default_factory=_recipes)
-
-
-@dataclass(frozen=True)
-class Samples:
-    """Training rows as the fit sees them: no prompt text, so feedback rows (stored as embeddings)
-    and benchmark rows are alike."""
-
-    raw: np.ndarray  # mean MiniLM token vector (384) of each prompt
-    log_chars: np.ndarray
-    weak: np.ndarray
-    strong: np.ndarray
-    domain: np.ndarray
-
-    def __len__(self) -> int:
-        return len(self.weak)
-
-    def arrays(self) -> tuple[np.ndarray, ...]:
-        return (self.raw, self.log_chars, self.weak, self.strong, self.domain)
-
-    def take(self, idx: np.ndarray) -> "Samples":
-        return Samples(*(a[idx] for a in self.arrays()))
-
-    @staticmethod
-    def join(parts: Sequence["Samples"]) -> "Samples":
-        return Samples(*(np.concatenate(a) for a in zip(*(p.arrays() for p in parts), strict=True)))
 
 
 def labels(s: Samples, target: str) -> np.ndarray:

@@ -24,7 +24,8 @@ from router.embedding import WordPieces, edges, tokenizer_json
 from router.features import decode_features, encode_features, ratings
 from router.metrics import apgr, cpt, routing_curve
 from router.quality import QualityCurve
-from router.train import Recipe, Samples, TrainConfig, embed_raw, fit, labels, samples
+from router.samples import Samples
+from router.train import Recipe, TrainConfig, embed_raw, fit, labels, samples
 
 
 @pytest.fixture(scope="module")
