@@ -64,7 +64,7 @@ class ModelEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     supports: Supports = Supports()
     capability: int = 1  # higher answers harder prompts
     # model="auto" with a quality bar: the model of the router's data whose quality curve stands
-    # for this one (router/quality.py); empty: never auto's choice under a bar
+    # for this one (router/quality.py) until ratings give it its own; with neither, never chosen
     quality_reference: str = ""
     tiers: tuple[Tier, ...] = ("interactive", "batch")
     fallbacks: tuple[str, ...] = ()  # tried in order when this model is saturated or down
