@@ -13,6 +13,7 @@ from router.costs import cost_quality, fit_curves
 from router.dataset import (
     ROUTERBENCH_STRONG,
     ROUTERBENCH_WEAK,
+    Routed,
     last_question,
     load_domains,
     load_gsm8k,
@@ -25,7 +26,17 @@ from router.features import decode_features, encode_features, ratings
 from router.metrics import apgr, cpt, routing_curve
 from router.quality import QualityCurve
 from router.samples import Samples
-from router.train import Recipe, TrainConfig, embed_raw, fit, labels, samples
+from router.train import (
+    Recipe,
+    TrainConfig,
+    choose,
+    embed_raw,
+    evaluate,
+    fit,
+    labels,
+    samples,
+    selection_row,
+)
 
 
 @pytest.fixture(scope="module")
@@ -216,6 +227,42 @@ def test_metrics_on_known_routers() -> None:
     assert cpt(random, 0.5) == pytest.approx(0.5, abs=0.03)
     assert apgr(oracle) > 0.8
     assert cpt(oracle, 0.5) == pytest.approx(gain.mean() / 2, abs=0.03)
+
+
+def test_the_recipe_that_ships_routes_no_held_out_domain_worse_than_length() -> None:
+    """Two domains where the weak model fails longer prompts more often. A recipe perfect on one
+    and a coin on the other has the better mean but loses to the length rule on the second; the
+    recipe that follows length on both ships. With no such recipe, the smallest loss wins."""
+    rng = np.random.default_rng(3)
+    domains = {}
+    for name in ("a", "b"):
+        lengths = rng.integers(10, 400, 1500)
+        fails = rng.random(1500) < 0.2 + 0.5 * lengths / 400
+        domains[name] = [
+            Routed("x" * int(n), name, name, 0.0 if f else 1.0, 1.0)
+            for n, f in zip(lengths, fails, strict=True)
+        ]
+    length = {d: np.array([len(r.prompt) for r in rows], float) for d, rows in domains.items()}
+    oracle = {d: np.array([1.0 - r.weak for r in rows]) for d, rows in domains.items()}
+    config = TrainConfig(bootstrap_resamples=200)
+
+    def row(name: str, scores: dict[str, np.ndarray]) -> dict:
+        evals = {d: evaluate(scores[d], domains[d], config, i) for i, d in enumerate(domains)}
+        return selection_row(Recipe(target=name), evals)
+
+    # perfect on a, but on b no better than a coin where length knows something
+    sharp_but_unsafe = row("escalate", {"a": oracle["a"], "b": rng.random(1500)})
+    safe = row("weak_fails", {"a": length["a"], "b": length["b"]})
+    assert sharp_but_unsafe["mean"] > safe["mean"]  # so the mean alone would pick it
+    assert not sharp_but_unsafe["never_below_length"] and sharp_but_unsafe["worst_vs_length"] < 0
+    assert safe["never_below_length"]
+    assert choose([sharp_but_unsafe, safe]) == 1
+    # both qualify: the better mean ships
+    better = dict(safe, mean=safe["mean"] + 0.01)
+    assert choose([safe, better]) == 1 and choose([better, safe]) == 0
+    # none qualifies: the one that loses least to length
+    worse = dict(sharp_but_unsafe, worst_vs_length=sharp_but_unsafe["worst_vs_length"] - 0.1)
+    assert choose([worse, sharp_but_unsafe]) == 1
 
 
 def test_cli_registers_router_train() -> None:
