@@ -3,9 +3,10 @@
 Five domains, each routed between the same two models (Mixtral-8x7B-Instruct weak,
 gpt-4-1106-preview strong; router/dataset.py): MMLU, GSM8K, MT-Bench, ARC-Challenge, Winogrande.
 - Leave one domain out (LODO): for each domain, a model of the recipe is fitted on all the prompts
-  of the other four and scores every prompt of the held-out one. The recipe is chosen by the mean
-  LODO APGR over the five domains, never by in-domain numbers: it is what predicts prompts from no
-  benchmark. Every recipe's LODO row is in the report.
+  of the other four and scores every prompt of the held-out one. The recipe is chosen on LODO,
+  never on in-domain numbers, since that is what predicts prompts from no benchmark (`choose`):
+  the best mean APGR among the recipes that route no held-out domain worse than the length rule.
+  Every recipe's LODO row is in the report.
 - The shipped model is fitted on the train parts of every domain (seeded splits grouped by
   normalised prompt; MT-Bench's 72 questions are all training), calibrated on the validation parts
   (share → threshold), and scored on the test parts (in-domain, secondary).
