@@ -14,10 +14,11 @@ import torch.nn.functional as F
 
 from engine.cpu_kernels import HEAD_DIMS, paged_attention
 
-# chunks up to this long attend as decode rows on CPU, and the step can take engine/cpu_decode.py's
-# path: the decode kernel reads the context once per query row, the prefill kernel is built for
-# hundreds of rows. Over 451 tokens of context, a layer: 87 against 132 us at 5 rows, 152 against
-# 171 at 9, even at 16 (a speculating sequence's 1 + 8 tokens fit)
+# chunks up to this long attend as decode rows on CPU (a speculating sequence's 1 + n tokens), with
+# fp32 probabilities as a lone decode has them: the bf16 prefill kernel is faster from 3-5 rows on
+# (a layer over 600 tokens of context: 9 rows 107 against 254 us), but its bf16 probabilities
+# break greedy near-ties away from the output without speculation, and on the copy-heavy benchmark
+# it gained nothing over this (bench/RESULTS.md, issue 17)
 SHORT_CHUNK = 16
 
 
@@ -193,17 +194,25 @@ class KernelAttention(TorchAttention):
         self.prefill = prefill
 
     def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
-        if meta.num_decodes < q.shape[0]:
-            return super().forward(q, k, v, k_cache, v_cache, meta)
-        # decodes only (most steps): the kernel's output is the result, no copy into a buffer
         self._write_kv(k, v, k_cache, v_cache, meta)
+        return self.attend(q, k_cache, v_cache, meta)
+
+    def attend(self, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        """The step's attention over K/V already in the pool (engine/cpu_decode.py writes them
+        with the rotary embedding)."""
+        if meta.num_decodes < q.shape[0]:
+            out = torch.empty_like(q)
+            self._decode(q, k_cache, v_cache, meta, out)
+            self._prefill(q, k_cache, v_cache, meta, out)
+            return out
+        # decodes only (most steps): the kernel's output is the result, no copy into a buffer
         return self.kernel.paged_decode(
             q, k_cache, v_cache, meta.block_tables, meta.context_lens, q.shape[-1] ** -0.5
         )
 
     def build_metadata(self, slices: list[SeqSlice], num_decodes: int) -> AttentionMetadata:
-        """Chunks of at most SHORT_CHUNK tokens right after the decodes (a speculating sequence's
-        1 + n tokens) run as that many decode rows, each over the context up to its token."""
+        """Chunks of at most SHORT_CHUNK tokens right after the decodes run as that many decode
+        rows, each over the context up to its token."""
         split = num_decodes
         while split < len(slices) and slices[split].num_new <= SHORT_CHUNK:
             split += 1

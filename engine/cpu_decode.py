@@ -7,10 +7,9 @@ in the same order with nothing between them: the layer loop of engine/model.py w
 for this case (a batch-1 step 14.9 → 13.3 ms in-process, bench/RESULTS.md, issue 17). The modules
 stay the reference: tests compare the two paths bit for bit.
 
-It serves steps whose tokens all attend as decode rows (decodes, and the short chunks of
-speculation: engine/attention.py's SHORT_CHUNK), fewer than COPY_ROWS of them, on a model whose
-projections are all quantized with the kernels built, attended by KernelAttention; anything else
-goes through the modules.
+It serves steps of fewer than COPY_ROWS tokens (decodes, and the short chunks of speculation or
+of a prompt's tail), on a model whose projections are all quantized with the kernels built,
+attended by KernelAttention; anything else goes through the modules.
 """
 
 from collections.abc import Callable
@@ -48,11 +47,10 @@ class CpuDecoder:
         config = model.config
         self.model = model
         self.ops: ModuleType = model.norm.ops
-        self.paged_decode = attention.kernel.paged_decode
+        self.attend = attention.attend
         self.eps = config.rms_norm_eps
         self.heads, self.kv_heads = config.num_heads, config.num_kv_heads
         self.head_dim = config.head_dim
-        self.scale = config.head_dim**-0.5
         self.sizes = model.layers[0].self_attn.sizes
         self.layers = []  # looked up once here rather than at every step
         for layer, cache in zip(model.layers, kv_caches, strict=True):
@@ -93,8 +91,8 @@ class CpuDecoder:
         )
 
     @staticmethod
-    def serves(meta: AttentionMetadata, tokens: int) -> bool:
-        return meta.num_decodes == tokens < COPY_ROWS
+    def serves(tokens: int) -> bool:
+        return tokens < COPY_ROWS
 
     def __call__(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
@@ -104,7 +102,7 @@ class CpuDecoder:
         x = model.embed_tokens(input_ids).to(model.norm.weight.dtype)
         cos, sin = model.rotary(positions, x.dtype)
         residual = None
-        slots, tables, lens = meta.slot_mapping, meta.block_tables, meta.context_lens
+        slots = meta.slot_mapping
         for layer in self.layers:
             if residual is None:
                 residual, h = x, ops.rms_norm(x, None, layer.input_norm, eps)[0]
@@ -114,7 +112,7 @@ class CpuDecoder:
             q = ops.rotary_to_cache_(
                 qkv, self.heads, self.kv_heads, cos, sin, layer.k_slots, layer.v_slots, slots
             )
-            out = self.paged_decode(q, layer.k_cache, layer.v_cache, tables, lens, self.scale)
+            out = self.attend(q, layer.k_cache, layer.v_cache, meta)
             h, residual = ops.rms_norm(layer.o(out.view(n, -1)), residual, layer.post_norm, eps)
             x = layer.down(ops.silu_mul(layer.gate_up(h)))
         return ops.rms_norm(x, residual, model.norm.weight, eps)[0]

@@ -277,7 +277,7 @@ class LLMEngine:
         return outputs
 
     def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta) -> torch.Tensor:
-        if self.cpu_decoder is not None and self.cpu_decoder.serves(meta, input_ids.shape[0]):
+        if self.cpu_decoder is not None and self.cpu_decoder.serves(input_ids.shape[0]):
             return self.cpu_decoder(input_ids, positions, meta)
         return self.model(input_ids, positions, self.kv_caches, self.attention, meta)
 

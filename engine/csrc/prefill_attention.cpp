@@ -4,17 +4,21 @@
 // (a pair of bf16 products per fp32 lane), which is why this beats PyTorch's CPU flash kernel:
 // the same instruction is what oneDNN's bf16 matmuls reach ~190 GFLOP/s per core with.
 //
-// Two passes, both OpenMP-parallel: (1) every key tile of every (sequence, KV head) is read once
+// Three passes, all parallel: (1) every key tile of every (sequence, KV head) is read once
 // through the block table and packed into the pair-interleaved layout vdpbf16ps wants; (2) each
 // work item -- a sequence, a KV head and a run of query positions, for all the query heads that
-// share the KV head -- walks its key tiles. P is rounded to bf16 for the P.V product, as flash
-// attention does on GPUs and PyTorch's CPU kernel does for bf16.
+// share the KV head -- walks its key tiles; (3) the results are normalized into the output. A
+// step of few items (a speculating sequence's 1 + n tokens over its context: 3 items for 2
+// threads here) cuts each run's key tiles into parts that run apart, their running max, sum of
+// exps and unnormalized sums merged in (3), as flash-decoding does. P is rounded to bf16 for the
+// P.V product, as flash attention does on GPUs and PyTorch's CPU kernel does for bf16.
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #if defined(__AVX512BF16__)
@@ -27,9 +31,18 @@ constexpr int64_t M = 32;         // query positions per work item
 constexpr int64_t RB = 4;         // rows per register block
 constexpr float MASKED = -1e30f;  // finite: built with -ffast-math, which assumes no infinities
 
-struct Item {
-  int64_t seq, head, first, count, keys;  // query positions [first, first + count); keys seen
+// query positions [first, first + count) of a sequence, for the query heads of one KV head;
+// `parts` pieces of its key tiles, each with `padded` rows of partial results from `slot` on
+struct Run {
+  int64_t seq, head, first, count, parts, slot, padded;
 };
+
+struct Item {
+  int64_t run, part, tile_lo, tile_hi;  // the key tiles [tile_lo, tile_hi) of one part of a run
+};
+
+// key tiles a part holds at least: below this, merging parts costs more than a thread saves
+constexpr int64_t MIN_PART_TILES = 2;
 
 inline __m512bh bh(__m512i x) { return reinterpret_cast<__m512bh>(x); }
 
@@ -75,34 +88,68 @@ inline void accumulate(const uint32_t* p, const uint32_t* v, const float* alpha,
     for (int64_t c = 0; c < C; ++c) _mm512_storeu_ps(o + r * D + c * 16, acc[r][c]);
 }
 
-// the rows of keys [first, first + KT) of a (sequence, KV head), read through the block table;
-// null past the context
+// keys past the context read as zeros (their scores are masked; their values weigh 0)
+alignas(64) constexpr uint16_t ZERO_ROW[128] = {};
+
+// the rows of keys [first, first + KT) of a (sequence, KV head), read through the block table
 inline void tile_rows(const uint16_t* cache, const int32_t* table, int64_t block_size, int64_t row,
                       int64_t first, int64_t keys, const uint16_t** rows) {
+  // one division for the tile, not one a key: the block size is known only at run time
+  int64_t block = first / block_size, offset = first % block_size;
   for (int64_t n = 0; n < KT; ++n) {
-    const int64_t pos = first + n;
-    rows[n] = pos < keys ? cache + (table[pos / block_size] * block_size + pos % block_size) * row
-                         : nullptr;
+    rows[n] = first + n < keys ? cache + (table[block] * block_size + offset) * row : ZERO_ROW;
+    if (++offset == block_size) offset = 0, ++block;
   }
 }
 
+// c[j] = (r[0][j], ..., r[15][j]): a 16 x 16 transpose of 32-bit words in registers (pairs of
+// words, then pairs of pairs, within 128-bit lanes; then the lanes)
+inline void transpose16(const __m512i (&r)[16], __m512i (&c)[16]) {
+  __m512i a[16], b[16];
+  for (int i = 0; i < 16; i += 2) {
+    a[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    a[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {  // b[i + k], lane L: rows i..i+3 of word 4L + k
+    b[i] = _mm512_unpacklo_epi64(a[i], a[i + 2]);
+    b[i + 1] = _mm512_unpackhi_epi64(a[i], a[i + 2]);
+    b[i + 2] = _mm512_unpacklo_epi64(a[i + 1], a[i + 3]);
+    b[i + 3] = _mm512_unpackhi_epi64(a[i + 1], a[i + 3]);
+  }
+  for (int k = 0; k < 4; ++k) {
+    const __m512i x0 = _mm512_shuffle_i32x4(b[k], b[4 + k], 0x44),
+                  x1 = _mm512_shuffle_i32x4(b[k], b[4 + k], 0xEE),
+                  y0 = _mm512_shuffle_i32x4(b[8 + k], b[12 + k], 0x44),
+                  y1 = _mm512_shuffle_i32x4(b[8 + k], b[12 + k], 0xEE);
+    c[k] = _mm512_shuffle_i32x4(x0, y0, 0x88);
+    c[4 + k] = _mm512_shuffle_i32x4(x0, y0, 0xDD);
+    c[8 + k] = _mm512_shuffle_i32x4(x1, y1, 0x88);
+    c[12 + k] = _mm512_shuffle_i32x4(x1, y1, 0xDD);
+  }
+}
+
+// kp[j][n]: key n's pair of dimensions (2j, 2j + 1), the tile transposed 16 x 16 at a time
 template <int64_t D>
 void pack_keys(const uint16_t* const* rows, uint32_t* kp) {
-  for (int64_t n = 0; n < KT; ++n)
-    for (int64_t j = 0; j < D / 2; ++j) {
-      uint32_t pair = 0;
-      if (rows[n]) std::memcpy(&pair, rows[n] + 2 * j, sizeof pair);
-      kp[j * KT + n] = pair;
+  for (int64_t n0 = 0; n0 < KT; n0 += 16)
+    for (int64_t j0 = 0; j0 < D / 2; j0 += 16) {
+      __m512i r[16], c[16];
+      for (int i = 0; i < 16; ++i) r[i] = _mm512_loadu_si512(rows[n0 + i] + 2 * j0);
+      transpose16(r, c);
+      for (int j = 0; j < 16; ++j) _mm512_storeu_si512(kp + (j0 + j) * KT + n0, c[j]);
     }
 }
 
+// vp[m][d]: keys 2m and 2m + 1's dimension d, as one pair
 template <int64_t D>
 void pack_values(const uint16_t* const* rows, uint32_t* vp) {
   for (int64_t m = 0; m < KT / 2; ++m)
-    for (int64_t d = 0; d < D; ++d) {
-      const uint32_t lo = rows[2 * m] ? rows[2 * m][d] : 0,
-                     hi = rows[2 * m + 1] ? rows[2 * m + 1][d] : 0;
-      vp[m * D + d] = lo | hi << 16;
+    for (int64_t d = 0; d < D; d += 16) {
+      const __m512i lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                        reinterpret_cast<const __m256i*>(rows[2 * m] + d))),
+                    hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256(
+                        reinterpret_cast<const __m256i*>(rows[2 * m + 1] + d)));
+      _mm512_storeu_si512(vp + m * D + d, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
     }
 }
 
@@ -117,7 +164,9 @@ void prefill(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache
   for (int64_t s = 0; s < seqs; ++s)
     tile_base[s + 1] = tile_base[s] + (context_lens[s] + KT - 1) / KT;
   const int64_t tiles = tile_base[seqs];
-  std::vector<uint32_t> packed_k(tiles * kv_heads * tile_words), packed_v(packed_k.size());
+  // written whole below: left uninitialized
+  std::unique_ptr<uint32_t[]> packed_k(new uint32_t[tiles * kv_heads * tile_words]),
+      packed_v(new uint32_t[tiles * kv_heads * tile_words]);
   at::parallel_for(0, tiles * kv_heads, 8, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const int64_t t = i / kv_heads, h = i % kv_heads;
@@ -127,44 +176,65 @@ void prefill(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache
       const int64_t first_key = (t - tile_base[s]) * KT;
       const uint16_t* rows[KT];
       tile_rows(k_cache + h * D, table, block_size, row, first_key, context_lens[s], rows);
-      pack_keys<D>(rows, packed_k.data() + i * tile_words);
+      pack_keys<D>(rows, packed_k.get() + i * tile_words);
       tile_rows(v_cache + h * D, table, block_size, row, first_key, context_lens[s], rows);
-      pack_values<D>(rows, packed_v.data() + i * tile_words);
+      pack_values<D>(rows, packed_v.get() + i * tile_words);
     }
   });
-  // pass 2: work items, the longest first so that the threads finish together
-  std::vector<Item> items;
+  // pass 2: runs of query positions, each cut into parts when there are few to share out
+  std::vector<Run> runs;
+  int64_t slots = 0;
   for (int64_t s = 0; s < seqs; ++s) {
-    const int64_t num_new = starts[s + 1] - starts[s], cached = context_lens[s] - num_new;
+    const int64_t num_new = starts[s + 1] - starts[s];
     for (int64_t first = 0; first < num_new; first += M)
-      for (int64_t h = 0; h < kv_heads; ++h)
-        items.push_back(
-            {s, h, first, std::min(M, num_new - first), cached + std::min(first + M, num_new)});
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        const int64_t count = std::min(M, num_new - first);
+        runs.push_back({s, h, first, count, 1, 0, (count * group + RB - 1) / RB * RB});
+      }
   }
-  std::stable_sort(items.begin(), items.end(),
-                   [](const Item& a, const Item& b) { return a.keys > b.keys; });
+  const int64_t wanted = 4 * at::get_num_threads(), num_runs = static_cast<int64_t>(runs.size());
+  std::vector<Item> items;
+  for (int64_t r = 0; r < num_runs; ++r) {
+    Run& run = runs[r];
+    const int64_t cached = context_lens[run.seq] - (starts[run.seq + 1] - starts[run.seq]);
+    const int64_t tiles = (cached + run.first + run.count + KT - 1) / KT;  // keys the run sees
+    if (num_runs < wanted)
+      run.parts = std::max<int64_t>(
+          1, std::min((wanted + num_runs - 1) / num_runs, tiles / MIN_PART_TILES));
+    run.slot = slots;
+    slots += run.parts * run.padded;
+    for (int64_t p = 0; p < run.parts; ++p)
+      items.push_back({r, p, tiles * p / run.parts, tiles * (p + 1) / run.parts});
+  }
+  // the most work first, so that the threads finish together
+  std::stable_sort(items.begin(), items.end(), [&](const Item& a, const Item& b) {
+    return (a.tile_hi - a.tile_lo) * runs[a.run].padded > (b.tile_hi - b.tile_lo) * runs[b.run].padded;
+  });
+  std::vector<float> o_all(slots * D, 0.f), top_all(slots, MASKED), total_all(slots, 0.f);
   const uint32_t zero_row[D / 2] = {};
   const int64_t num_items = static_cast<int64_t>(items.size());
 #pragma omp parallel for schedule(dynamic, 1) num_threads(at::get_num_threads())
   for (int64_t w = 0; w < num_items; ++w) {
     const Item& it = items[w];
-    const int64_t rows = it.count * group, blocks = (rows + RB - 1) / RB;
-    const int64_t cached = context_lens[it.seq] - (starts[it.seq + 1] - starts[it.seq]);
-    std::vector<const uint32_t*> qr(blocks * RB, zero_row);
-    std::vector<int64_t> limit(blocks * RB, 0);  // the last key each row sees
+    const Run& run = runs[it.run];
+    const int64_t rows = run.count * group, blocks = run.padded / RB;
+    const int64_t cached = context_lens[run.seq] - (starts[run.seq + 1] - starts[run.seq]);
+    std::vector<const uint32_t*> qr(run.padded, zero_row);
+    std::vector<int64_t> limit(run.padded, -1);  // the last key each row sees (padding: none)
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t i = it.first + r / group, g = r % group;
+      const int64_t i = run.first + r / group, g = r % group;
       qr[r] = reinterpret_cast<const uint32_t*>(
-          q + ((starts[it.seq] + i) * q_heads + it.head * group + g) * D);
+          q + ((starts[run.seq] + i) * q_heads + run.head * group + g) * D);
       limit[r] = cached + i;
     }
-    std::vector<float> s(RB * KT), o(blocks * RB * D, 0.f), top(blocks * RB, MASKED),
-        total(blocks * RB, 0.f), alpha(RB);
+    const int64_t slot = run.slot + it.part * run.padded;
+    float *o = &o_all[slot * D], *top = &top_all[slot], *total = &total_all[slot];
+    std::vector<float> s(RB * KT), alpha(RB);
     std::vector<uint32_t> p(RB * KT / 2);
-    const int64_t tile0 = (tile_base[it.seq] * kv_heads) + it.head;  // tiles are head-interleaved
-    for (int64_t kt = 0; kt * KT < it.keys; ++kt) {
-      const uint32_t* kp = packed_k.data() + (tile0 + kt * kv_heads) * tile_words;
-      const uint32_t* vp = packed_v.data() + (tile0 + kt * kv_heads) * tile_words;
+    const int64_t tile0 = (tile_base[run.seq] * kv_heads) + run.head;  // tiles are head-interleaved
+    for (int64_t kt = it.tile_lo; kt < it.tile_hi; ++kt) {
+      const uint32_t* kp = packed_k.get() + (tile0 + kt * kv_heads) * tile_words;
+      const uint32_t* vp = packed_v.get() + (tile0 + kt * kv_heads) * tile_words;
       const int64_t k0 = kt * KT;
       for (int64_t b = 0; b < blocks; ++b) {
         const int64_t r0 = b * RB;
@@ -173,6 +243,11 @@ void prefill(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache
         for (int64_t r = 0; r < RB; ++r) {
           float* sr = s.data() + r * KT;
           const int64_t visible = std::clamp<int64_t>(limit[r0 + r] - k0 + 1, 0, KT);
+          if (visible == 0) {  // nothing of this tile yet: the row's sums stay as they are
+            std::memset(p.data() + r * KT / 2, 0, KT / 2 * sizeof(uint32_t));
+            alpha[r] = 1.f;
+            continue;
+          }
           for (int64_t n = visible; n < KT; ++n) sr[n] = MASKED;
           float best = top[r0 + r];
           for (int64_t n = 0; n < KT; ++n) best = std::max(best, sr[n]);
@@ -184,20 +259,40 @@ void prefill(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache
           const __m512bh lo_hi = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(sr + 16), _mm512_loadu_ps(sr));
           std::memcpy(p.data() + r * KT / 2, &lo_hi, sizeof lo_hi);
         }
-        accumulate<D>(p.data(), vp, alpha.data(), o.data() + r0 * D);
-      }
-    }
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t i = it.first + r / group, g = r % group;
-      uint16_t* dst = out + ((starts[it.seq] + i) * q_heads + it.head * group + g) * D;
-      const __m512 inv = _mm512_set1_ps(1.f / total[r]);
-      for (int64_t c = 0; c < D / 16; ++c) {
-        const __m256bh h =
-            _mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(&o[r * D + c * 16]), inv));
-        std::memcpy(dst + c * 16, &h, sizeof h);
+        accumulate<D>(p.data(), vp, alpha.data(), o + r0 * D);
       }
     }
   }
+  // pass 3: each row's parts merged (weights exp(top - max) rescale each), normalized, rounded
+  at::parallel_for(0, num_runs, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const Run& run = runs[r];
+      for (int64_t row = 0; row < run.count * group; ++row) {
+        auto slot = [&](int64_t part) { return run.slot + part * run.padded + row; };
+        float best = MASKED;
+        for (int64_t p = 0; p < run.parts; ++p)
+          if (total_all[slot(p)] > 0.f) best = std::max(best, top_all[slot(p)]);
+        __m512 merged[D / 16];
+        for (auto& m : merged) m = _mm512_setzero_ps();
+        float sum = 0.f;
+        for (int64_t p = 0; p < run.parts; ++p) {
+          if (total_all[slot(p)] <= 0.f) continue;  // a part wholly after this row's position
+          const float weight = std::exp(top_all[slot(p)] - best);
+          sum += weight * total_all[slot(p)];
+          const __m512 wv = _mm512_set1_ps(weight);
+          for (int64_t c = 0; c < D / 16; ++c)
+            merged[c] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(&o_all[slot(p) * D + c * 16]), merged[c]);
+        }
+        const int64_t i = run.first + row / group, g = row % group;
+        uint16_t* dst = out + ((starts[run.seq] + i) * q_heads + run.head * group + g) * D;
+        const __m512 inv = _mm512_set1_ps(1.f / sum);
+        for (int64_t c = 0; c < D / 16; ++c) {
+          const __m256bh h = _mm512_cvtneps_pbh(_mm512_mul_ps(merged[c], inv));
+          std::memcpy(dst + c * 16, &h, sizeof h);
+        }
+      }
+    }
+  });
 }
 
 }  // namespace

@@ -1,6 +1,6 @@
 """The CPU decode path (engine/cpu_decode.py) gives the modules' results bit for bit: the final
-hidden states and the K/V it writes into the pool, for a batch of decodes at different lengths;
-it takes only the steps it was made for."""
+hidden states and the K/V it writes into the pool, for decodes at different lengths and for short
+chunks beside them; it takes only the steps it was made for."""
 
 import pytest
 import torch
@@ -23,28 +23,41 @@ def engine(request) -> LLMEngine:
     )
 
 
-def decode_step(engine: LLMEngine, lengths: list[int]):
-    """A decode step of len(lengths) sequences with that many tokens cached (random K/V in the
-    pool; each sequence its own blocks): its inputs and attention metadata."""
-    torch.manual_seed(len(lengths))
+def step(engine: LLMEngine, lengths: list[int], chunks: list[tuple[int, int]] = ()):
+    """A step of len(lengths) decodes with that many tokens cached, then chunks of (new tokens,
+    cached before them): random K/V in the pool, each sequence its own blocks. Its inputs and
+    attention metadata."""
+    torch.manual_seed(len(lengths) + len(chunks))
     for cache in engine.kv_caches:
         cache.normal_()
-    bs, slices, first = engine.block_size, [], 0
-    for n in lengths:
-        width = n // bs + 1
-        slices.append(SeqSlice(list(range(first, first + width)), n, 1))
+    bs, slices, positions, first = engine.block_size, [], [], 0
+    for new, cached in [(1, n) for n in lengths] + list(chunks):
+        width = (cached + new) // bs + 1
+        slices.append(SeqSlice(list(range(first, first + width)), cached, new))
+        positions += range(cached, cached + new)
         first += width
-    meta = engine.attention.build_metadata(slices, len(slices))
-    ids = torch.randint(0, engine.model_config.vocab_size, (len(lengths),))
-    return ids, torch.tensor(lengths), meta
+    meta = engine.attention.build_metadata(slices, len(lengths))
+    ids = torch.randint(0, engine.model_config.vocab_size, (len(positions),))
+    return ids, torch.tensor(positions), meta
 
 
-@pytest.mark.parametrize("lengths", [[0], [37], [5, 300, 16, 129]])
-def test_same_bits_as_the_modules(engine, lengths):
+@pytest.mark.parametrize(
+    "lengths, chunks",
+    [
+        ([0], []),
+        ([37], []),
+        ([5, 300, 16, 129], []),
+        # speculation's chunks (1 + a draft: decode rows) after their context, and prefills: a
+        # prompt's tail after its cached start, whole prompts
+        ([20], [(2, 45), (9, 130)]),
+        ([], [(9, 300), (17, 4), (20, 0)]),
+    ],
+)
+def test_same_bits_as_the_modules(engine, lengths, chunks):
     decoder = engine.cpu_decoder
     assert decoder is not None
-    ids, positions, meta = decode_step(engine, lengths)
-    assert decoder.serves(meta, len(lengths))
+    ids, positions, meta = step(engine, lengths, chunks)
+    assert decoder.serves(len(ids))
     before = [c.clone() for c in engine.kv_caches]
     with torch.inference_mode():
         expected = engine.model(ids, positions, engine.kv_caches, engine.attention, meta)
@@ -58,16 +71,20 @@ def test_same_bits_as_the_modules(engine, lengths):
         assert not torch.equal(cache, saved)  # this layer's K/V was written
 
 
-def test_only_small_decode_steps_take_it(engine):
+def test_only_small_steps_take_it(engine):
     decoder = engine.cpu_decoder
-    _, _, meta = decode_step(engine, [10] * COPY_ROWS)
-    assert not decoder.serves(meta, COPY_ROWS)  # a batch the bf16 copies serve
-    # a short chunk (a speculating sequence's tokens) attends as decode rows: served; a longer
-    # one is a prefill
-    short = engine.attention.build_metadata([SeqSlice([0, 1], 3, SHORT_CHUNK)], 0)
-    assert short.num_decodes == SHORT_CHUNK and decoder.serves(short, SHORT_CHUNK)
-    prefill = engine.attention.build_metadata([SeqSlice([0, 1], 0, SHORT_CHUNK + 1)], 0)
-    assert not decoder.serves(prefill, SHORT_CHUNK + 1)
+    assert decoder.serves(COPY_ROWS - 1)
+    assert not decoder.serves(COPY_ROWS)  # a batch the bf16 copies serve
+
+
+def test_short_chunks_attend_as_decode_rows(engine):
+    """A speculating sequence's 1 + n tokens attend as n + 1 decode rows, each over the context
+    up to its token; a longer chunk is a prefill."""
+    for new in (2, 9, SHORT_CHUNK, SHORT_CHUNK + 1):
+        meta = engine.attention.build_metadata([SeqSlice([0, 1, 2], 20, new)], 0)
+        assert meta.num_decodes == (new if new <= SHORT_CHUNK else 0)
+        if meta.num_decodes:
+            assert meta.context_lens.tolist() == list(range(21, 21 + new))
 
 
 def test_not_built_for_float_weights():

@@ -146,6 +146,29 @@ def test_prefill_kernel_matches_reference(prefill_kernel, dim, q_heads, kv_heads
     assert our_err <= 1.5 * (ref.float() - fp32).abs().mean().item()
 
 
+@pytest.mark.parametrize(("dim", "q_heads", "kv_heads"), [(64, 9, 3), (64, 4, 4)])
+@pytest.mark.parametrize("chunks", [[(300, 9)], [(600, 16), (45, 3)], [(70, 2)], [(29, 5)]])
+def test_prefill_kernel_splits_the_keys_of_few_rows(prefill_kernel, dim, q_heads, kv_heads, chunks):
+    """A speculating sequence's chunk over its context is too few work items for the threads: each
+    one's key tiles are cut into parts (some wholly after a row's position) and merged after."""
+    rng = random.Random(len(chunks) + dim)
+    tables, k_cache, v_cache = _pool(rng, [c + n for c, n in chunks], kv_heads, dim, torch.bfloat16)
+    slices = [SeqSlice(t, c, n) for t, (c, n) in zip(tables, chunks, strict=True)]
+    tokens = sum(n for _, n in chunks)
+    q, k, v = (
+        torch.randn(tokens, h, dim, dtype=torch.bfloat16) for h in (q_heads, kv_heads, kv_heads)
+    )
+    (ref, _, ref_v), (ours, our_k, _) = _run_both(
+        prefill_kernel, slices, 0, q, k, v, k_cache, v_cache, prefill=True
+    )
+    exact = TorchAttention(BS, CPU)
+    meta = exact.build_metadata(slices, 0)
+    fp32 = exact.forward(q.float(), k.float(), v.float(), our_k.float(), ref_v.float(), meta)
+    error = (ours.float() - fp32).abs()
+    assert error.max().item() < 2e-2
+    assert error.mean().item() <= 1.5 * (ref.float() - fp32).abs().mean().item()
+
+
 def test_kernel_refuses_what_it_cannot_run(kernel):
     q = torch.randn(2, 9, 64)
     cache = torch.randn(4, BS, 3, 64)
