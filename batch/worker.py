@@ -19,7 +19,6 @@ import msgspec
 from redis.exceptions import RedisError
 from sqlalchemy import Engine
 
-from backends.base import BackendUnavailable
 from batch import jobs, lifecycle
 from batch.callbacks import callback_client, deliver
 from batch.destinations import allow_list
@@ -217,9 +216,6 @@ class BatchWorker:
                 await self._sql(lifecycle.release, self.sql, self.owner, request.id, 0.0)
                 return
             status, body, retry_in = exc.status, exc.body(), exc.retry_after or retry_in
-        except BackendUnavailable as exc:
-            log.info("batch request %s: no backend (%s), retried later", request.id, exc)
-            status, body = 503, b""
         except asyncio.CancelledError:
             error = self.stopping.get(request.batch_id)
             if error is not None:  # the job was cancelled or expired

@@ -18,7 +18,7 @@ from redis.exceptions import RedisError
 from sqlalchemy import Engine
 
 from core.errors import GatewayError
-from gateway.keys import KEY_PREFIX_LEN, TeamPolicy, hash_key, lookup_key
+from gateway.keys import KEY_PREFIX_LEN, TeamPolicy, bearer_key, hash_key, lookup_key
 
 _MAX_LOCAL = 10_000  # bounded so that a flood of random keys cannot grow memory
 LAST_USED = "ty:key-last-used"  # hash: key prefix -> unix time of its last authenticated request
@@ -66,13 +66,13 @@ class Authenticator:
                 "no API key: send 'Authorization: Bearer <key>'",
                 code="missing_api_key",
             )
-        scheme, _, key = authorization.partition(" ")
-        if scheme.lower() != "bearer" or not key.strip():
+        key = bearer_key(authorization)
+        if key is None:
             raise GatewayError(401, "malformed Authorization header", code="invalid_api_key")
-        policy = await self._lookup(hash_key(key.strip()))
+        policy = await self._lookup(hash_key(key))
         if policy is None:
             raise GatewayError(401, "invalid or revoked API key", code="invalid_api_key")
-        self._mark_used(key.strip()[:KEY_PREFIX_LEN])
+        self._mark_used(key[:KEY_PREFIX_LEN])
         return policy
 
     def _mark_used(self, prefix: str) -> None:

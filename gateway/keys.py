@@ -283,7 +283,13 @@ def lookup_key(engine: Engine, key_hash: str) -> TeamPolicy | None:
         return policy_of(team)
 
 
+def bearer_key(authorization: str | None) -> str | None:
+    """The key of an `Authorization: Bearer <key>` header (the scheme in any case, as HTTP has
+    it), or None."""
+    scheme, _, key = (authorization or "").partition(" ")
+    return (key.strip() or None) if scheme.lower() == "bearer" else None
+
+
 def key_prefix(authorization: str | None) -> str:
     """The visible prefix of the bearer key (as stored in ApiKey.prefix), never the secret."""
-    token = (authorization or "").removeprefix("Bearer ").strip()
-    return token[:KEY_PREFIX_LEN]
+    return (bearer_key(authorization) or "")[:KEY_PREFIX_LEN]

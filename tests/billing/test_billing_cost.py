@@ -83,4 +83,6 @@ def test_event_to_row() -> None:
 def test_key_prefix_is_never_the_key() -> None:
     key = "ty-" + "x" * 43
     assert key_prefix(f"Bearer {key}") == key[:12]
-    assert key_prefix(None) == ""
+    # the scheme in any case, as the gateway accepts it: the prefix is still the key's
+    assert key_prefix(f"bearer {key}") == key_prefix(f"BEARER  {key} ") == key[:12]
+    assert key_prefix(None) == key_prefix(f"Basic {key}") == key_prefix("Bearer ") == ""
