@@ -156,6 +156,7 @@ class LLMEngine:
         self._requests: dict[str, list[Sequence]] = {}
         self._texts: dict[int, IncrementalText] = {}
         self._seen_queries = self._seen_hits = 0  # prefix-cache counters already exported
+        self._publish_load()
 
     # ------------------------------------------------------------ requests
 
@@ -211,6 +212,7 @@ class LLMEngine:
             self._texts[seq.seq_id] = IncrementalText(list(request.params.stop))
             self.constraints.start(seq)
             self.scheduler.add(seq)
+        self._publish_load()
 
     def abort(self, request_id: str) -> None:
         """The client is gone: free its sequences now, report nothing more."""
@@ -218,12 +220,19 @@ class LLMEngine:
             if seq.status != SeqStatus.FINISHED:
                 self.scheduler.finish(seq, "cancelled")
             self._forget(seq)
+        self._publish_load()
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
     def load(self) -> dict:
-        return {
+        """What this replica reports for routing (/load). The server's thread reads it while the
+        engine's thread steps: a snapshot that thread publishes after every change (one reference
+        assignment), never the live queues, whose dicts may grow mid-iteration."""
+        return self._load
+
+    def _publish_load(self) -> None:
+        self._load = {
             "model": self.model_name,
             "block_size": self.block_size,
             "total_blocks": self.blocks.num_blocks,
@@ -274,6 +283,7 @@ class LLMEngine:
         self._account(batch, dict(zip(producing, emitted, strict=True)), now - start)
         outputs = [self._append(seq, e, now) for seq, e in zip(producing, emitted, strict=True)]
         self._update_gauges(len(batch.preempted))
+        self._publish_load()
         return outputs
 
     def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta) -> torch.Tensor:
@@ -408,4 +418,5 @@ class LLMEngine:
                     )
                 self._forget(seq)
             self._requests.pop(request_id)
+        self._publish_load()
         return outputs

@@ -1,6 +1,8 @@
 """The async API: a failing step fails its requests, not the loop; blocks come back."""
 
 import asyncio
+import sys
+import threading
 
 from engine.async_engine import AsyncEngine
 from engine.sequence import GenerationRequest
@@ -39,3 +41,42 @@ def test_a_failing_step_ends_its_requests_with_error_and_the_loop_goes_on(engine
         del core.model.forward  # back to the class's method
     assert calls["n"] > 1
     assert_all_blocks_free(core)
+
+
+def test_load_is_read_safely_while_the_engine_thread_queues_requests(engine_factory):
+    """The server's thread answers /load while the engine's thread adds and drops requests: it
+    reads a snapshot, never the live queues (iterating a tenant dict that grows raised
+    'dictionary changed size during iteration', a 500 the gateway took for a sick replica)."""
+    core = engine_factory(num_blocks=2048)
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def poll() -> None:
+        while not done.is_set():
+            try:
+                core.load()
+            except BaseException as exc:  # what a server thread would have turned into a 500
+                errors.append(exc)
+                return
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads often enough to land inside an iteration
+    reader = threading.Thread(target=poll)
+    reader.start()
+    try:
+        for i in range(3000):
+            request = GenerationRequest(f"load-{i}", [1, 2, 3], greedy(1), tenant=f"team-{i}")
+            core.add_request(request)
+            if i % 50 == 49:
+                for j in range(i - 49, i + 1):
+                    core.abort(f"load-{j}")
+    finally:
+        done.set()
+        reader.join()
+        sys.setswitchinterval(interval)
+    assert errors == []
+    assert core.load()["waiting"] == 0 and not core.has_work()
+    core.add_request(GenerationRequest("load-last", [1, 2, 3], greedy(1), tenant="late"))
+    assert core.load()["waiting"] == 1 and core.load()["tokens_queued"] == 3
+    core.abort("load-last")
+    assert core.load()["waiting"] == 0
