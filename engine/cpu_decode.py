@@ -7,9 +7,10 @@ in the same order with nothing between them: the layer loop of engine/model.py w
 for this case (a batch-1 step 14.9 → 13.3 ms in-process, bench/RESULTS.md, issue 17). The modules
 stay the reference: tests compare the two paths bit for bit.
 
-It serves steps of fewer than COPY_ROWS tokens (decodes, and the short chunks of speculation or
-of a prompt's tail), on a model whose projections are all quantized with the kernels built,
-attended by KernelAttention; anything else goes through the modules.
+It serves steps of fewer than COPY_ROWS tokens (decodes, speculation's short chunks, short
+prompts and the tails of prompts whose start is cached), on a model whose projections are all
+quantized with the kernels built, attended by KernelAttention; anything else goes through the
+modules.
 """
 
 from collections.abc import Callable
