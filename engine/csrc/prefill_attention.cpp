@@ -207,9 +207,9 @@ void prefill(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache
       items.push_back({r, p, tiles * p / run.parts, tiles * (p + 1) / run.parts});
   }
   // the most work first, so that the threads finish together
-  std::stable_sort(items.begin(), items.end(), [&](const Item& a, const Item& b) {
-    return (a.tile_hi - a.tile_lo) * runs[a.run].padded > (b.tile_hi - b.tile_lo) * runs[b.run].padded;
-  });
+  auto work = [&](const Item& it) { return (it.tile_hi - it.tile_lo) * runs[it.run].padded; };
+  std::stable_sort(items.begin(), items.end(),
+                   [&](const Item& a, const Item& b) { return work(a) > work(b); });
   std::vector<float> o_all(slots * D, 0.f), top_all(slots, MASKED), total_all(slots, 0.f);
   const uint32_t zero_row[D / 2] = {};
   const int64_t num_items = static_cast<int64_t>(items.size());
@@ -281,7 +281,8 @@ void prefill(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache
           sum += weight * total_all[slot(p)];
           const __m512 wv = _mm512_set1_ps(weight);
           for (int64_t c = 0; c < D / 16; ++c)
-            merged[c] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(&o_all[slot(p) * D + c * 16]), merged[c]);
+            merged[c] =
+                _mm512_fmadd_ps(wv, _mm512_loadu_ps(&o_all[slot(p) * D + c * 16]), merged[c]);
         }
         const int64_t i = run.first + row / group, g = row % group;
         uint16_t* dst = out + ((starts[run.seq] + i) * q_heads + run.head * group + g) * D;
