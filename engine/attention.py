@@ -136,6 +136,10 @@ class TorchAttention:
         meta: AttentionMetadata,
     ) -> torch.Tensor:
         self._write_kv(k, v, k_cache, v_cache, meta)
+        return self.attend(q, k_cache, v_cache, meta)
+
+    def attend(self, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
+        """The step's attention over K/V already in the pool."""
         out = torch.empty_like(q)
         self._decode(q, k_cache, v_cache, meta, out)
         self._prefill(q, k_cache, v_cache, meta, out)
@@ -193,18 +197,11 @@ class KernelAttention(TorchAttention):
         self.kernel = kernel
         self.prefill = prefill
 
-    def forward(self, q, k, v, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
-        self._write_kv(k, v, k_cache, v_cache, meta)
-        return self.attend(q, k_cache, v_cache, meta)
-
     def attend(self, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
-        """The step's attention over K/V already in the pool (engine/cpu_decode.py writes them
-        with the rotary embedding)."""
+        """As TorchAttention's (engine/cpu_decode.py calls it after writing K/V with the rotary
+        embedding)."""
         if meta.num_decodes < q.shape[0]:
-            out = torch.empty_like(q)
-            self._decode(q, k_cache, v_cache, meta, out)
-            self._prefill(q, k_cache, v_cache, meta, out)
-            return out
+            return super().attend(q, k_cache, v_cache, meta)
         # decodes only (most steps): the kernel's output is the result, no copy into a buffer
         return self.kernel.paged_decode(
             q, k_cache, v_cache, meta.block_tables, meta.context_lens, q.shape[-1] ** -0.5

@@ -88,7 +88,8 @@ inline void accumulate(const uint32_t* p, const uint32_t* v, const float* alpha,
     for (int64_t c = 0; c < C; ++c) _mm512_storeu_ps(o + r * D + c * 16, acc[r][c]);
 }
 
-// keys past the context read as zeros (their scores are masked; their values weigh 0)
+// keys past the context read as zeros (their scores are masked; their values weigh 0), and so do
+// the query rows that pad a run to whole register blocks
 alignas(64) constexpr uint16_t ZERO_ROW[128] = {};
 
 // the rows of keys [first, first + KT) of a (sequence, KV head), read through the block table
@@ -211,7 +212,6 @@ void prefill(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache
   std::stable_sort(items.begin(), items.end(),
                    [&](const Item& a, const Item& b) { return work(a) > work(b); });
   std::vector<float> o_all(slots * D, 0.f), top_all(slots, MASKED), total_all(slots, 0.f);
-  const uint32_t zero_row[D / 2] = {};
   const int64_t num_items = static_cast<int64_t>(items.size());
 #pragma omp parallel for schedule(dynamic, 1) num_threads(at::get_num_threads())
   for (int64_t w = 0; w < num_items; ++w) {
@@ -219,7 +219,7 @@ void prefill(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache
     const Run& run = runs[it.run];
     const int64_t rows = run.count * group, blocks = run.padded / RB;
     const int64_t cached = context_lens[run.seq] - (starts[run.seq + 1] - starts[run.seq]);
-    std::vector<const uint32_t*> qr(run.padded, zero_row);
+    std::vector<const uint32_t*> qr(run.padded, reinterpret_cast<const uint32_t*>(ZERO_ROW));
     std::vector<int64_t> limit(run.padded, -1);  // the last key each row sees (padding: none)
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t i = run.first + r / group, g = r % group;
