@@ -1,5 +1,5 @@
 """Where the quantized matmul kernels stop paying: one Q4_1-shaped matrix (SmolLM2's gate_up,
-3072 x 576) times 1-64 activation rows through the int8 kernel, a packed bf16 copy (oneDNN) and
+3072 x 576) times 1-512 activation rows through the int8 kernel, a packed bf16 copy (oneDNN) and
 dequantize-per-call + bf16 matmul, 30 distinct matrices in turn so the weights stream from memory
 as they do in a decode step. engine/quantized_linear.py's COPY_ROWS and DENSE_ROWS come from this.
 
@@ -42,7 +42,7 @@ def main() -> None:
     ]
     copies = [PackedLinear(layer.dense(torch.bfloat16)) for layer in layers]
     print(f"{'rows':>4} {'q4 kernel':>10} {'bf16 copy':>10} {'dequantize':>11}  (us per matrix)")
-    for rows in (1, 4, 8, 12, 16, 24, 32, 48, 64):
+    for rows in (1, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256, 512):
         x = torch.randn(rows, K, dtype=torch.bfloat16)
         paths = {
             "kernel": lambda x=x: [layer.multiply(x) for layer in layers],

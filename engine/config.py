@@ -43,9 +43,10 @@ class EngineConfig:
     # runs float whatever this says. auto is the fastest at 1, 16 and 64 streams on an AMX CPU
     # (bench/RESULTS.md, issue 17)
     quantization: str = "auto"
-    # quantized matrices in a bf16 step: also keep a packed bf16 copy for steps of 10+ rows (batches
-    # of decodes, prefill), where it outruns the int8 kernels (engine/quantized_linear.py)
-    dense_copy: bool = True
+    # quantized matrices in a bf16 step: also keep a packed bf16 copy for steps of COPY_ROWS+ rows
+    # (batches of decodes, prefill chunks); None: where it outruns the int8 kernels, on CPUs with
+    # AMX (engine/quantized_linear.py)
+    dense_copy: bool | None = None
     kv_cache_gib: float = 1.0  # memory budget for the KV pool
     num_blocks: int = 0  # overrides kv_cache_gib when > 0 (tests use small pools)
     max_num_batched_tokens: int = 512  # per-step token budget (decodes + prefill chunks)

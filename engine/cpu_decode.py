@@ -7,10 +7,11 @@ in the same order with nothing between them: the layer loop of engine/model.py w
 for this case (a batch-1 step 14.9 → 13.3 ms in-process, bench/RESULTS.md, issue 17). The modules
 stay the reference: tests compare the two paths bit for bit.
 
-It serves steps of fewer than COPY_ROWS tokens (decodes, speculation's short chunks, short
-prompts and the tails of prompts whose start is cached), on a model whose projections are all
-quantized with the kernels built, attended by KernelAttention; anything else goes through the
-modules.
+It serves the steps the modules would run on the kernels alone, on a model whose projections are
+all quantized with the kernels built, attended by KernelAttention: where the layers keep bf16
+copies (AMX CPUs), steps of fewer than COPY_ROWS tokens (decodes, speculation's short chunks, short
+prompts and the tails of prompts whose start is cached); elsewhere, of fewer than DENSE_ROWS
+(prefill chunks too). Anything else goes through the modules.
 """
 
 from collections.abc import Callable
@@ -21,7 +22,7 @@ import torch
 
 from engine.attention import AttentionMetadata, KernelAttention
 from engine.model import LlamaModel
-from engine.quantized_linear import COPY_ROWS, QuantizedLinear
+from engine.quantized_linear import COPY_ROWS, DENSE_ROWS, QuantizedLinear
 
 
 @dataclass
@@ -53,6 +54,10 @@ class CpuDecoder:
         self.heads, self.kv_heads = config.num_heads, config.num_kv_heads
         self.head_dim = config.head_dim
         self.sizes = model.layers[0].self_attn.sizes
+        # larger steps go through the modules, which multiply the layers' bf16 copies there (or
+        # dequantize the weights)
+        copies = model.layers[0].self_attn.qkv_proj.copy is not None
+        self.max_tokens = COPY_ROWS if copies else DENSE_ROWS
         self.layers = []  # looked up once here rather than at every step
         for layer, cache in zip(model.layers, kv_caches, strict=True):
             attn, mlp = layer.self_attn, layer.mlp
@@ -91,9 +96,8 @@ class CpuDecoder:
             and all(isinstance(p, QuantizedLinear) and p.kernels is not None for p in linears)
         )
 
-    @staticmethod
-    def serves(tokens: int) -> bool:
-        return tokens < COPY_ROWS
+    def serves(self, tokens: int) -> bool:
+        return tokens < self.max_tokens
 
     def __call__(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata

@@ -19,7 +19,12 @@ from engine.loader import load_weights, resolve_model_path
 from engine.metrics import EngineMetrics
 from engine.model import LlamaModel
 from engine.packed_linear import pack_linears
-from engine.quantized_linear import QuantizedEmbedding, QuantizedLinear, effective_quantization
+from engine.quantized_linear import (
+    QuantizedEmbedding,
+    QuantizedLinear,
+    dense_copy_pays,
+    effective_quantization,
+)
 from engine.sampler import Sampled, Sampler
 from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import GenerationRequest, SeqStatus, Sequence
@@ -102,7 +107,8 @@ class LLMEngine:
         quantized = [
             m for m in self.model.modules() if isinstance(m, QuantizedLinear | QuantizedEmbedding)
         ]
-        if config.dense_copy and self.dtype == torch.bfloat16:
+        dense_copy = dense_copy_pays() if config.dense_copy is None else config.dense_copy
+        if dense_copy and self.dtype == torch.bfloat16:
             for layer in quantized:
                 if isinstance(layer, QuantizedLinear):
                     layer.keep_dense_copy()

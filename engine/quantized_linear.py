@@ -4,10 +4,12 @@ A decode step multiplies a few rows by every weight, so it is bound by the bytes
 the compiled kernels read 4- or 8-bit weights once (engine/csrc/quant_matmul.cpp). With many rows
 (a large batch, a prefill chunk) the int8 dot products become compute-bound, and where the CPU has
 AMX oneDNN's bf16 matmuls outrun them from about 50 rows (a 3072 x 576 Q4_1 matrix: 372 against
-495 us at 32 rows, 768 against 621 at 64; bench/quant_crossover.py), so where the activations are
-bf16 the layer also keeps a packed bf16 copy of its weight for those steps (`keep_dense_copy`: 2
-more bytes a weight). Without AMX (fp32 activations) the kernels beat dequantize + fp32 matmul up
-to a 512-row chunk (6.1 against 8.0 ms at 512 rows with AVX-512 VNNI; about even with AVX2), so
+495 us at 32 rows, 768 against 621 at 64; bench/quant_crossover.py), so there, where the
+activations are bf16, the layer also keeps a packed bf16 copy of its weight for those steps
+(`keep_dense_copy`: 2 more bytes a weight). Without AMX the kernels stay ahead: with AVX512-BF16
+alone (AMD Zen 4) they beat the bf16 copy at every step size up to a 512-row chunk (829 against
+1,335 us at 128 rows, 3,848 against 4,481 at 512), and with fp32 activations they beat dequantize +
+fp32 matmul up to 512 rows too (6.1 against 8.0 ms with AVX-512 VNNI; about even with AVX2), so
 only steps from DENSE_ROWS rows dequantize the weight for the call, a cost the rows share.
 Without the kernels, PyTorch dequantizes and multiplies (the reference).
 """
@@ -28,6 +30,12 @@ log = logging.getLogger("tokenyard.engine")
 DENSE_ROWS = 1024
 # rows from which a kept bf16 copy beats them (AMX: between 48 and 64; bench/quant_crossover.py)
 COPY_ROWS = 48
+
+
+def dense_copy_pays() -> bool:
+    """Whether a packed bf16 copy of each quantized weight outruns the kernels on this CPU's large
+    steps: only where oneDNN multiplies on AMX tiles."""
+    return torch.cpu._is_amx_tile_supported()
 
 
 def effective_quantization(requested: str, device: torch.device) -> str:

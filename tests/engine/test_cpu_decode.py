@@ -1,6 +1,7 @@
 """The CPU decode path (engine/cpu_decode.py) gives the modules' results bit for bit: the final
 hidden states and the K/V it writes into the pool, for decodes at different lengths and for short
-chunks beside them; it takes only the steps it was made for."""
+chunks beside them, and for whole prefill chunks where the layers keep no bf16 copies; it takes
+only the steps it was made for."""
 
 import pytest
 import torch
@@ -9,18 +10,31 @@ from engine.attention import SHORT_CHUNK, SeqSlice
 from engine.config import EngineConfig
 from engine.cpu_kernels import layer_ops, quant_matmul
 from engine.engine import LLMEngine
-from engine.quantized_linear import COPY_ROWS
+from engine.quantized_linear import COPY_ROWS, DENSE_ROWS
 
 pytestmark = pytest.mark.skipif(
     layer_ops() is None or quant_matmul() is None, reason="CPU kernels not built here"
 )
 
 
-@pytest.fixture(scope="module", params=["float32", "bfloat16"])
-def engine(request) -> LLMEngine:
+def make_engine(dtype: str, dense_copy: bool | None = None) -> LLMEngine:
     return LLMEngine(
-        EngineConfig(device="cpu", dtype=request.param, quantization="auto", num_blocks=64)
+        EngineConfig(
+            device="cpu", dtype=dtype, quantization="auto", num_blocks=64, dense_copy=dense_copy
+        )
     )
+
+
+# bf16 with the copies that AMX CPUs keep, whatever this CPU is
+@pytest.fixture(scope="module", params=[("float32", None), ("bfloat16", True)])
+def engine(request) -> LLMEngine:
+    return make_engine(*request.param)
+
+
+@pytest.fixture(scope="module")
+def uncopied() -> LLMEngine:
+    """bf16 without the copies, as on CPUs without AMX."""
+    return make_engine("bfloat16", dense_copy=False)
 
 
 def step(engine: LLMEngine, lengths: list[int], chunks: list[tuple[int, int]] = ()):
@@ -54,6 +68,17 @@ def step(engine: LLMEngine, lengths: list[int], chunks: list[tuple[int, int]] = 
     ],
 )
 def test_same_bits_as_the_modules(engine, lengths, chunks):
+    assert_same_bits(engine, lengths, chunks)
+
+
+@pytest.mark.parametrize(
+    "lengths, chunks", [([], [(300, 0)]), ([7, 200], [(COPY_ROWS, 90), (100, 0)])]
+)
+def test_same_bits_on_prefill_chunks_without_copies(uncopied, lengths, chunks):
+    assert_same_bits(uncopied, lengths, chunks)
+
+
+def assert_same_bits(engine: LLMEngine, lengths: list[int], chunks: list[tuple[int, int]]):
     decoder = engine.cpu_decoder
     assert decoder is not None
     ids, positions, meta = step(engine, lengths, chunks)
@@ -71,10 +96,17 @@ def test_same_bits_as_the_modules(engine, lengths, chunks):
         assert not torch.equal(cache, saved)  # this layer's K/V was written
 
 
-def test_only_small_steps_take_it(engine):
-    decoder = engine.cpu_decoder
-    assert decoder.serves(COPY_ROWS - 1)
-    assert not decoder.serves(COPY_ROWS)  # a batch the bf16 copies serve
+def test_it_takes_the_steps_the_modules_run_on_the_kernels(engine, uncopied):
+    """Where the layers keep bf16 copies, only steps smaller than those the copies serve; without
+    copies (fp32, or bf16 without AMX), any step below the one that dequantizes the weights."""
+    copied = engine.dtype == torch.bfloat16
+    assert (engine.model.layers[0].mlp.down_proj.copy is not None) == copied
+    largest = COPY_ROWS - 1 if copied else DENSE_ROWS - 1
+    assert engine.cpu_decoder.serves(largest)
+    assert not engine.cpu_decoder.serves(largest + 1)
+    assert uncopied.model.layers[0].mlp.down_proj.copy is None
+    assert uncopied.cpu_decoder.serves(DENSE_ROWS - 1)
+    assert not uncopied.cpu_decoder.serves(DENSE_ROWS)
 
 
 def test_short_chunks_attend_as_decode_rows(engine):

@@ -19,16 +19,24 @@ from engine.config import EngineConfig
 from engine.engine import LLMEngine
 from engine.loader import load_weights
 from engine.quant import QuantizedTensor
-from engine.quantized_linear import DENSE_ROWS, QuantizedEmbedding, QuantizedLinear
+from engine.quantized_linear import COPY_ROWS, DENSE_ROWS, QuantizedEmbedding, QuantizedLinear
 from engine.tokenizer import Tokenizer
 
 TEXT = Path(__file__).parent / "data" / "alice_ch4.txt"
 # tokens per forward pass: under DENSE_ROWS every matmul runs in the int8 kernels (decode's path:
 # activations rounded to int8 too), from it on dequantized weights (prefill's path)
 KERNEL_CHUNK, DENSE_CHUNK = 32, 1024
-# (quantization, chunk, bound on perplexity relative to fp32 on the dequantized GGUF: issue 17);
-# the shipped weights through the kernels, the ones quantized at load through prefill's path
-CASES = [("auto", KERNEL_CHUNK, 0.01), ("int8", DENSE_CHUNK, 0.01), ("int4", DENSE_CHUNK, 0.05)]
+# a bf16 prefill chunk: the int8 kernels where the CPU has no AMX, the bf16 copies where it has
+PREFILL_CHUNK = 256
+# (quantization, dtype, chunk, bound on perplexity relative to fp32 on the dequantized GGUF: issue
+# 17); the shipped weights through the kernels (fp32 decode rows, bf16 prefill chunks), the ones
+# quantized at load through prefill's path
+CASES = [
+    ("auto", "float32", KERNEL_CHUNK, 0.01),
+    ("auto", "bfloat16", PREFILL_CHUNK, 0.01),
+    ("int8", "float32", DENSE_CHUNK, 0.01),
+    ("int4", "float32", DENSE_CHUNK, 0.05),
+]
 
 
 def perplexity(engine: LLMEngine, ids: list[int], chunk: int) -> float:
@@ -58,9 +66,9 @@ def text_ids(gguf_path) -> list[int]:
     return Tokenizer.load(gguf_path, ()).encode(TEXT.read_text())
 
 
-def make_engine(quantization: str) -> LLMEngine:
+def make_engine(quantization: str, dtype: str = "float32") -> LLMEngine:
     return LLMEngine(
-        EngineConfig(device="cpu", dtype="float32", quantization=quantization, num_blocks=96)
+        EngineConfig(device="cpu", dtype=dtype, quantization=quantization, num_blocks=96)
     )
 
 
@@ -95,10 +103,10 @@ def test_every_matrix_runs_quantized():
     assert not any(p.dim() == 2 for p in model.parameters())
 
 
-@pytest.mark.parametrize(("quantization", "chunk", "bound"), CASES)
-def test_perplexity_close_to_fp32(text_ids, fp32_perplexity, quantization, chunk, bound):
-    assert KERNEL_CHUNK < DENSE_ROWS <= DENSE_CHUNK
+@pytest.mark.parametrize(("quantization", "dtype", "chunk", "bound"), CASES)
+def test_perplexity_close_to_fp32(text_ids, fp32_perplexity, quantization, dtype, chunk, bound):
+    assert KERNEL_CHUNK < COPY_ROWS <= PREFILL_CHUNK < DENSE_ROWS <= DENSE_CHUNK
     assert len(text_ids) > 1000
-    ppl = perplexity(make_engine(quantization), text_ids, chunk)
+    ppl = perplexity(make_engine(quantization, dtype), text_ids, chunk)
     assert 1.0 < fp32_perplexity < 50.0  # the model reads English
     assert abs(ppl / fp32_perplexity - 1) <= bound, (ppl, fp32_perplexity)
