@@ -10,6 +10,7 @@ from typing import Any
 import msgspec
 
 from core.errors import GatewayError
+from core.messages import content_text
 from core.safety import OutputWatch, RequestScreen, Verdict
 
 CONTENT_FILTER = "content_filter"
@@ -19,22 +20,13 @@ CONTENT_FILTER = "content_filter"
 SCREENED_ROLES = ("user", "tool", "function")
 
 
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = (p.get("text") for p in content if isinstance(p, dict))
-        return "\n".join(t for t in parts if isinstance(t, str))
-    return ""
-
-
 def input_text(body: dict[str, Any]) -> str:
     """The prompt as the classifier reads it: every user and tool turn (chat), or the prompt
     (completions: a string, or a list of them)."""
     messages = body.get("messages")
     if messages is not None:
         return "\n".join(
-            _text(m.get("content"))
+            content_text(m.get("content"))
             for m in messages
             if isinstance(m, dict) and m.get("role") in SCREENED_ROLES
         )

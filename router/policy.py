@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from backends.base import ModelInfo
 from backends.fields import Ask, Refusal, ask_of, refusal
+from core.messages import content_text
 from router.catalog import Catalog, Kind, ModelEntry
 from router.features import encode_features
 from router.quality import QualityCurve, cheapest_clearing
@@ -95,16 +96,6 @@ class Scorer:
         return self._thresholds[share]
 
 
-def _content_text(content: Any) -> str:
-    """A message's text: the string, or its parts' texts."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = (p.get("text") for p in content if isinstance(p, dict))
-        return " ".join(t for t in texts if isinstance(t, str))
-    return ""
-
-
 def prompt_text(body: dict[str, Any]) -> str:
     """What the classifier scores: the last user turn (chat), or the prompt (completions)."""
     messages = body.get("messages")
@@ -112,7 +103,7 @@ def prompt_text(body: dict[str, Any]) -> str:
         prompt = body.get("prompt")
         return prompt if isinstance(prompt, str) else ""
     user = [m for m in messages if m.get("role") == "user"]
-    return _content_text(user[-1].get("content")) if user else ""
+    return content_text(user[-1].get("content")) if user else ""
 
 
 def prefix_text(body: dict[str, Any]) -> str:
@@ -124,7 +115,7 @@ def prefix_text(body: dict[str, Any]) -> str:
         return key
     messages = body.get("messages")
     if messages:
-        return _content_text(messages[0].get("content"))
+        return content_text(messages[0].get("content"))
     prompt = body.get("prompt")
     return prompt if isinstance(prompt, str) else ""
 

@@ -304,7 +304,7 @@ def test_prompt_text_takes_the_last_user_turn() -> None:
 def test_prefix_text_takes_the_first_message_or_the_prompt() -> None:
     parts = [{"type": "text", "text": "abc"}, {"type": "text", "text": "def"}]
     body = {"messages": [{"role": "system", "content": parts}, {"role": "user", "content": "x"}]}
-    assert prefix_text(body) == "abc def"
+    assert prefix_text(body) == "abc\ndef"
     assert prefix_text({"prompt": "once upon"}) == "once upon"
     assert prefix_text({"prompt": [1, 2]}) == ""
 
