@@ -15,8 +15,6 @@ from typing import Protocol
 from core.errors import GatewayError
 
 log = logging.getLogger("tokenyard.backends")
-# the most a prompt's template and default system prompt may add to its byte estimate (tokens)
-MAX_PROMPT_OVERHEAD = 256.0
 
 
 class UpstreamBroken(Exception):
@@ -34,20 +32,6 @@ class ModelInfo:
     provider: str = "self-hosted"
     circuit: str = "closed"  # the breaker's state: closed, open, half_open (never routed to: open)
     max_tokens_param: str = "max_tokens"  # the field its requests cap their output with
-    # prompt tokens the byte estimate misses (chat template, default system prompt), per team,
-    # learned from the usage the upstream reports. Per team and bounded: what one team sends (long
-    # lists of prompts, text that tokenizes densely) must never grow the estimate, and so refuse
-    # the requests, of another
-    prompt_overhead: dict[str, float] = field(default_factory=dict)
-
-    def observe_prompt(self, team: str, estimate: int, actual: int) -> None:
-        """One request of a single prompt: its estimate from the bytes and its actual tokens."""
-        old = self.prompt_overhead.get(team, 0.0)
-        new = old + 0.1 * ((actual - estimate) - old)
-        self.prompt_overhead[team] = min(max(new, 0.0), MAX_PROMPT_OVERHEAD)
-
-    def prompt_extra(self, team: str) -> int:
-        return round(self.prompt_overhead.get(team, 0.0))
 
 
 @dataclass

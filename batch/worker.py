@@ -12,7 +12,6 @@ import logging
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import anyio
 import msgspec
@@ -41,28 +40,18 @@ _RAMP = 8
 _POLICY_TTL_S = 5.0  # limit changes reach running batch jobs this fast
 
 
-class _Hangup:
-    """The worker as the caller of one request: it hangs up when it yields the request to
-    interactive traffic. The gateway drops the upstream call only while it still waits on the
-    upstream; a reply already in hand is recorded (giving it back would send it upstream twice)."""
-
-    def __init__(self) -> None:
-        self.event = asyncio.Event()
-
-    async def receive(self) -> Any:
-        await self.event.wait()
-        return {"type": "http.disconnect"}
-
-
 @dataclass
 class _Running:
     batch_id: str
     task: "asyncio.Task[None]"
-    caller: _Hangup
+    # set when the worker yields the request to interactive traffic: it hangs up as a client
+    # would. The gateway drops the upstream call only while it still waits on the upstream; a
+    # reply already in hand is recorded (giving it back would send it upstream twice)
+    hung_up: asyncio.Event
 
     @property
     def yielding(self) -> bool:
-        return self.caller.event.is_set()
+        return self.hung_up.is_set()
 
 
 class BatchWorker:
@@ -118,16 +107,16 @@ class BatchWorker:
         limit = self.limit(await self._interactive_active())
         active = [r for r in self.running.values() if not (r.yielding or r.task.cancelling())]
         for running in active[limit:]:  # the newest: the least work lost
-            running.caller.event.set()
+            running.hung_up.set()
         room = self.room(limit)
         if room:
             claimed = await self._sql(
                 lifecycle.claim, self.sql, self.owner, self.settings.batch_lease_s, room
             )
             for request in claimed:
-                caller = _Hangup()
-                task = asyncio.get_running_loop().create_task(self._execute(request, caller))
-                self.running[request.id] = _Running(request.batch_id, task, caller)
+                hung_up = asyncio.Event()
+                task = asyncio.get_running_loop().create_task(self._execute(request, hung_up))
+                self.running[request.id] = _Running(request.batch_id, task, hung_up)
                 task.add_done_callback(lambda _, rid=request.id: self.running.pop(rid, None))
         await self._callbacks()
 
@@ -194,7 +183,7 @@ class BatchWorker:
             hit = self._policies[team] = (now + _POLICY_TTL_S, policy_of(row) if row else None)
         return hit[1]
 
-    async def _execute(self, request: lifecycle.Claimed, caller: _Hangup) -> None:
+    async def _execute(self, request: lifecycle.Claimed, hung_up: asyncio.Event) -> None:
         started = time.monotonic()
         upstream_id = new_request_id()  # per attempt: billing keeps one per id
         retry_in = 1  # a refusal for load or quota: run it again after this (seconds)
@@ -208,10 +197,10 @@ class BatchWorker:
                 request.body,
                 upstream_id,
                 request.key_prefix,
-                caller,
+                hung_up.wait,
             )
         except GatewayError as exc:
-            if exc.code == "client_closed" and caller.event.is_set():
+            if exc.code == "client_closed" and hung_up.is_set():
                 # yielded to interactive traffic before the upstream replied: runs again later
                 await self._sql(lifecycle.release, self.sql, self.owner, request.id, 0.0)
                 return

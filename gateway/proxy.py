@@ -9,9 +9,9 @@ import asyncio
 import contextlib
 import os
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import msgspec
 from litestar import Request, Response
@@ -36,7 +36,7 @@ from gateway.limits import TIERS
 from gateway.quotas import LeaseKeeper, Quotas, Reservation
 from gateway.screening import CONTENT_FILTER, InputCheck, blocked_error, filter_reply, input_text
 from gateway.settlement import Settlement, usage_of
-from gateway.sizing import kv_pages, max_tokens_for
+from gateway.sizing import PromptOverhead, kv_pages, max_tokens_for
 from gateway.streaming import DONE, SSE_HEADERS, StreamResult, relay, reply_decoder
 from gateway.tracing import NO_TRACE, RequestTrace, Tracing
 from gateway.validation import Kind, Parsed, client_request_id, parse
@@ -50,12 +50,17 @@ PATHS = {
 }
 
 
-class Caller(Protocol):
-    """Who waits for a non-streamed reply and may hang up first: an HTTP request, or the batch
-    worker, which hangs up on a request it yields to interactive traffic. `receive` returns ASGI
-    messages; "http.disconnect" means the caller is gone."""
+# Returns when whoever waits for a non-streamed reply hangs up: an HTTP client disconnecting, or
+# the batch worker yielding a request to interactive traffic
+HangUp = Callable[[], Awaitable[None]]
 
-    async def receive(self) -> Any: ...
+
+def disconnect_of(request: Request) -> HangUp:
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    return gone
 
 
 def _tier(request: Request, parsed: Parsed, policy: TeamPolicy) -> str:
@@ -123,7 +128,8 @@ class Proxy:
             settings.gateway_max_upstream_waiting, settings.router_max_kv_usage
         )
         self.keeper = LeaseKeeper(quotas, settings.gateway_lease_s)
-        self.settlement = Settlement(quotas, self.keeper, price)
+        self.overhead = PromptOverhead()
+        self.settlement = Settlement(quotas, self.keeper, price, self.overhead)
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def handle(
@@ -173,6 +179,7 @@ class Proxy:
                 break
         return await self._serve(
             request,
+            disconnect_of(request),
             kind,
             policy,
             parsed,
@@ -191,12 +198,12 @@ class Proxy:
         body: bytes,
         request_id: str,
         key: str,
-        caller: Caller,
+        hang_up: HangUp,
     ) -> tuple[int, bytes]:
         """The batch worker's call: an already-authenticated, non-streamed request of the batch
         tier, through the same routing, quotas and settling as an HTTP one. Refusals raise
-        GatewayError as they do for HTTP callers; a `caller` (the worker) that hangs up while the
-        upstream has not replied yet gets a 499 (client_closed), as an HTTP client would."""
+        GatewayError as they do for HTTP callers; a worker that hangs up (`hang_up` returns) while
+        the upstream has not replied yet gets a 499 (client_closed), as an HTTP client would."""
         started = time.perf_counter()
         parsed = parse(body, kind)
         if parsed.stream:
@@ -205,7 +212,7 @@ class Proxy:
         trace.root.set_attribute("tokenyard.team", policy.team)
         try:
             response = await self._serve(
-                caller, kind, policy, parsed, "batch", request_id, key, started, trace=trace
+                None, hang_up, kind, policy, parsed, "batch", request_id, key, started, trace=trace
             )
         except BaseException as exc:
             trace.refused(exc.status if isinstance(exc, GatewayError) else 500)
@@ -214,7 +221,8 @@ class Proxy:
 
     async def _serve(
         self,
-        request: Caller,
+        request: Request | None,
+        hang_up: HangUp,
         kind: Kind,
         policy: TeamPolicy,
         parsed: Parsed,
@@ -225,8 +233,8 @@ class Proxy:
         responses: dict[str, Any] | None = None,
         trace: RequestTrace = NO_TRACE,
     ) -> Response:
-        """Route, reserve, forward. `request` is the HTTP request, or the batch worker: nothing
-        to stream to, but a caller that may hang up."""
+        """Route, reserve, forward. `request`: the HTTP request (None for the batch worker);
+        `hang_up`: how the caller of a non-streamed request says it is gone."""
         with trace.span("route", **{"tokenyard.model": parsed.model}) as span:
             try:
                 endpoint = "embedding" if kind == "embedding" else "chat"
@@ -249,7 +257,7 @@ class Proxy:
             span.set_attribute("tokenyard.route.served", upstream.info.name)
             if route.score is not None:
                 span.set_attribute("tokenyard.route.score", route.score)
-        extra = upstream.info.prompt_extra(policy.team)
+        extra = self.overhead.extra(upstream.info.name, policy.team)
         prompts = [size + extra for size in parsed.prompt_sizes]
         max_tokens = max_tokens_for(parsed, max(prompts), upstream.info, policy, self.settings)
         body = parsed.body
@@ -304,7 +312,7 @@ class Proxy:
             "key_prefix": key,
             "route_features": route.features,
         }
-        if isinstance(request, Request):  # (the batch worker is no HTTP request)
+        if request is not None:
             access_log.attach_usage(request.scope, event)
         try:
             check = None
@@ -312,7 +320,7 @@ class Proxy:
                 screen = await self.safety.screen(policy.team, request_id, parsed.model)
                 check = None if screen is None else InputCheck(screen, input_text(parsed.body))
             return await self._forward(
-                request, route, upstream, call, parsed, res, event, headers, started, check
+                hang_up, route, upstream, call, parsed, res, event, headers, started, check
             )
         except BaseException as exc:
             # a no-op if the response already settled (or its stream body owns settling); a task
@@ -323,7 +331,7 @@ class Proxy:
             raise
 
     async def _complete_unless_gone(
-        self, request: Caller, upstream: Upstream, call: UpstreamCall
+        self, hang_up: HangUp, upstream: Upstream, call: UpstreamCall
     ) -> UpstreamReply:
         """The upstream's whole reply, unless the client hangs up first: then the upstream call is
         dropped at once, so the engine frees the sequence instead of finishing it for nobody."""
@@ -331,8 +339,7 @@ class Proxy:
         assert task is not None
 
         async def watch() -> None:
-            while (await request.receive())["type"] != "http.disconnect":
-                pass
+            await hang_up()
             task.cancel()
 
         watcher = asyncio.get_running_loop().create_task(watch())
@@ -393,7 +400,7 @@ class Proxy:
 
     async def _forward(
         self,
-        request: Caller,
+        hang_up: HangUp,
         route: Route,
         upstream: Upstream,
         call: "_Call",
@@ -412,7 +419,7 @@ class Proxy:
             res.trace.begin_upstream(upstream.info.name, parsed.stream)
             try:
                 return await self._send(
-                    request,
+                    hang_up,
                     upstream,
                     call.to(upstream),
                     parsed,
@@ -431,7 +438,7 @@ class Proxy:
 
     async def _send(
         self,
-        request: Caller,
+        hang_up: HangUp,
         upstream: Upstream,
         call: UpstreamCall,
         parsed: Parsed,
@@ -444,7 +451,7 @@ class Proxy:
         if not parsed.stream:
             reply = await self._screened(
                 check,
-                self._complete_unless_gone(request, upstream, call),
+                self._complete_unless_gone(hang_up, upstream, call),
                 res,
                 upstream,
                 event,

@@ -9,6 +9,7 @@ from backends.base import Upstream
 from core.usage import Pricer, Usage
 from gateway import metrics
 from gateway.quotas import LeaseKeeper, Quotas, Reservation
+from gateway.sizing import PromptOverhead
 from gateway.streaming import UsageIn
 
 
@@ -19,10 +20,13 @@ def usage_of(got: UsageIn | None, fallback_prompt: int, fallback_completion: int
 
 
 class Settlement:
-    def __init__(self, quotas: Quotas, keeper: LeaseKeeper, price: Pricer) -> None:
+    def __init__(
+        self, quotas: Quotas, keeper: LeaseKeeper, price: Pricer, overhead: PromptOverhead
+    ) -> None:
         self.quotas = quotas
         self.keeper = keeper
         self.price = price
+        self.overhead = overhead
 
     async def settle(
         self,
@@ -36,10 +40,9 @@ class Settlement:
         if self.keeper.active.pop(res.lease_id, None) is None:
             return  # already settled
         metrics.IN_FLIGHT.dec()
-        team = res.policy.team
+        team, model = res.policy.team, upstream.info.name
         if usage.reported and usage.prompt_tokens and event["prompt_estimate"] is not None:
-            upstream.info.observe_prompt(team, event["prompt_estimate"], usage.prompt_tokens)
-        model = upstream.info.name
+            self.overhead.observe(model, team, event["prompt_estimate"], usage.prompt_tokens)
         elapsed = time.perf_counter() - started
         event.update(
             status=status,

@@ -1,13 +1,37 @@
-"""What a request may run and reserve: its max_tokens under the team's, the platform's and the
-model's caps, and the KV-cache pages it can occupy on a paged engine."""
+"""What a request may run and reserve: its prompt's size (the byte estimate and what it is known to
+miss), its max_tokens under the team's, the platform's and the model's caps, and the KV-cache pages
+it can occupy on a paged engine."""
 
 import math
+from dataclasses import dataclass, field
 
 from backends.base import ModelInfo
 from core.errors import GatewayError
 from core.settings import Settings
 from gateway.keys import TeamPolicy
 from gateway.validation import Parsed
+
+# the most a prompt's template and default system prompt may add to its byte estimate (tokens)
+MAX_PROMPT_OVERHEAD = 256.0
+
+
+@dataclass
+class PromptOverhead:
+    """Prompt tokens the byte estimate misses (chat template, default system prompt), per model and
+    team, learned from the usage upstreams report. Per team and bounded: what one team sends (long
+    lists of prompts, text that tokenizes densely) must never grow the estimate, and so refuse the
+    requests, of another."""
+
+    learned: dict[tuple[str, str], float] = field(default_factory=dict)
+
+    def observe(self, model: str, team: str, estimate: int, actual: int) -> None:
+        """One request of a single prompt: its estimate from the bytes and its actual tokens."""
+        old = self.learned.get((model, team), 0.0)
+        new = old + 0.1 * ((actual - estimate) - old)
+        self.learned[(model, team)] = min(max(new, 0.0), MAX_PROMPT_OVERHEAD)
+
+    def extra(self, model: str, team: str) -> int:
+        return round(self.learned.get((model, team), 0.0))
 
 
 def min_set(*caps: int) -> int:

@@ -10,7 +10,7 @@ from sqlmodel import Session, select
 from batch import jobs, lifecycle
 from batch.files import Line, check_items, output_line, parse_lines
 from batch.models import BatchRequest
-from batch.worker import BatchWorker, _Hangup, _Running
+from batch.worker import BatchWorker, _Running
 from core.db import get_engine
 from core.settings import Settings
 from gateway.proxy import Proxy
@@ -99,7 +99,7 @@ async def test_leases_renew_while_a_tick_hangs(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(BatchWorker, "tick", stuck)
     worker = BatchWorker(None, None, Settings(batch_lease_s=0.3))  # type: ignore[arg-type]
     request = asyncio.create_task(asyncio.sleep(30))
-    worker.running["req-1"] = _Running("batch-1", request, _Hangup())
+    worker.running["req-1"] = _Running("batch-1", request, asyncio.Event())
     worker.start()
     await ticking.wait()
     await asyncio.sleep(0.6)  # two lease lifetimes, all inside one tick
@@ -144,8 +144,8 @@ class _Proxy:
         self.settled = asyncio.Event()
 
     async def run_batch_request(self, *args: object) -> tuple[int, bytes]:
-        caller = args[-1]
-        reply = await Proxy._complete_unless_gone(self, caller, self.upstream, None)  # type: ignore[arg-type]
+        hang_up = args[-1]
+        reply = await Proxy._complete_unless_gone(self, hang_up, self.upstream, None)  # type: ignore[arg-type]
         self.settling.set()
         await self.settled.wait()
         return 200, reply
@@ -169,17 +169,17 @@ async def _run_and_yield(monkeypatch: pytest.MonkeyPatch, after_reply: bool) -> 
     proxy = _Proxy()
     worker = BatchWorker(proxy, None, Settings())  # type: ignore[arg-type]
     request = lifecycle.Claimed("r1", "b1", "team", "key", CHAT, b"{}", 1)
-    caller = _Hangup()
-    task = asyncio.create_task(worker._execute(request, caller))
+    hung_up = asyncio.Event()
+    task = asyncio.create_task(worker._execute(request, hung_up))
     if after_reply:
         proxy.upstream.reply.set()
         await proxy.settling.wait()
-        caller.event.set()  # the worker yields it while the gateway settles the reply
+        hung_up.set()  # the worker yields it while the gateway settles the reply
         await asyncio.sleep(0.01)
         proxy.settled.set()
     else:
         await asyncio.sleep(0.01)
-        caller.event.set()
+        hung_up.set()
     await asyncio.wait_for(task, 5)
     return calls, proxy
 

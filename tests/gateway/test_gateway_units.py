@@ -4,10 +4,9 @@ import asyncio
 
 import pytest
 
-from backends.base import MAX_PROMPT_OVERHEAD, ModelInfo
 from backends.http import HttpPool, _dechunk, header_line
 from core.errors import GatewayError
-from gateway.sizing import kv_pages
+from gateway.sizing import MAX_PROMPT_OVERHEAD, PromptOverhead, kv_pages
 from gateway.validation import estimate_prompt_sizes, parse
 
 
@@ -72,21 +71,22 @@ def test_dechunk_across_reads() -> None:
 
 
 def test_prompt_overhead_is_learned_and_never_negative() -> None:
-    info = ModelInfo("m")
+    overhead = PromptOverhead()
     for _ in range(60):  # the template adds ~20 tokens the byte estimate cannot see
-        info.observe_prompt("a", estimate=11, actual=32)
-    assert info.prompt_extra("a") == 21
-    for _ in range(60):
-        info.observe_prompt("a", estimate=40, actual=30)  # an estimate above the truth adds nothing
-    assert info.prompt_extra("a") == 0
+        overhead.observe("m", "a", estimate=11, actual=32)
+    assert overhead.extra("m", "a") == 21
+    for _ in range(60):  # an estimate above the truth adds nothing
+        overhead.observe("m", "a", estimate=40, actual=30)
+    assert overhead.extra("m", "a") == 0
 
 
-def test_prompt_overhead_is_per_team_and_bounded() -> None:
-    info = ModelInfo("m")
+def test_prompt_overhead_is_per_model_and_team_and_bounded() -> None:
+    overhead = PromptOverhead()
     for _ in range(100):  # text that tokenizes far denser than the byte estimate
-        info.observe_prompt("dense", estimate=10, actual=50_000)
-    assert info.prompt_extra("dense") == MAX_PROMPT_OVERHEAD
-    assert info.prompt_extra("other") == 0  # another team's estimate never moves
+        overhead.observe("m", "dense", estimate=10, actual=50_000)
+    assert overhead.extra("m", "dense") == MAX_PROMPT_OVERHEAD
+    assert overhead.extra("m", "other") == 0  # another team's estimate never moves
+    assert overhead.extra("other-model", "dense") == 0  # nor another model's template
 
 
 @pytest.mark.parametrize(
