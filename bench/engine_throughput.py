@@ -120,7 +120,7 @@ def floor_tokens_per_s(engine: LLMEngine, work, gflops: float, gbps: float) -> t
     prefill = prefill_flops / (gflops * 1e9)
     # every layer's projections and norms, the final norm and the LM head
     weights = (linear + (2 * cfg.num_layers + 1) * hidden + cfg.vocab_size * hidden) * (
-        engine.dtype.itemsize
+        engine.runner.dtype.itemsize
     )
     weight_read = weights / (gbps * 1e9)
     tokens = sum(n for _, _, n in work)
@@ -281,10 +281,10 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs")
     config = EngineConfig(device="cpu", kv_cache_gib=args.kv_cache_gib, max_num_seqs=args.requests)
     engine = LLMEngine(config)
-    dtype = str(engine.dtype).removeprefix("torch.")
-    gflops, gbps = machine_rates(engine.dtype)
+    dtype = str(engine.runner.dtype).removeprefix("torch.")
+    gflops, gbps = machine_rates(engine.runner.dtype)
     print(f"machine: {dtype} matmul {gflops:.1f} GFLOP/s, memory copy {gbps:.1f} GB/s")
-    print(f"engine: {dtype}, attention {type(engine.attention).__name__}")
+    print(f"engine: {dtype}, attention {type(engine.runner.attention).__name__}")
     tokenizer = engine.tokenizer
     work = make_workload(tokenizer, args.requests, args.seed, None)
     floor, floor_batched = floor_tokens_per_s(engine, work, gflops, gbps)

@@ -141,9 +141,10 @@ def main() -> None:
             enable_prefix_caching=False,
         )
     )
+    runner = engine.runner
     print(
-        f"engine: {engine.dtype}, weights {args.quantization}, {type(engine.attention).__name__}, "
-        f"k={args.speculative_tokens}"
+        f"engine: {runner.dtype}, weights {args.quantization}, "
+        f"{type(runner.attention).__name__}, k={args.speculative_tokens}"
     )
     template = engine.tokenizer.apply_chat_template
     prompts = [template([{"role": "user", "content": task}]) for task in TASKS]

@@ -1,5 +1,5 @@
-"""The step loop: schedule, run one flattened forward pass, sample (verifying speculative drafts),
-detokenize, account."""
+"""The step loop: schedule, run one flattened forward pass (engine/model_runner.py), sample
+(verifying speculative drafts), detokenize, account."""
 
 import itertools
 import time
@@ -7,24 +7,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from engine import huge_pages
-from engine.attention import SeqSlice, make_attention
 from engine.config import EngineConfig
 from engine.constraints import Constraints, SchemaError
-from engine.cpu_decode import CpuDecoder
-from engine.cpu_kernels import layer_ops_for
 from engine.detokenizer import IncrementalText
-from engine.kv_cache import BlockManager, blocks_for_budget, kv_pool
-from engine.loader import load_weights, resolve_model_path
+from engine.kv_cache import BlockManager
+from engine.loader import resolve_model_path
 from engine.metrics import EngineMetrics
-from engine.model import LlamaModel
-from engine.packed_linear import pack_linears
-from engine.quantized_linear import (
-    QuantizedEmbedding,
-    QuantizedLinear,
-    dense_copy_pays,
-    effective_quantization,
-)
+from engine.model_runner import ModelRunner
 from engine.sampler import Sampled, Sampler
 from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import GenerationRequest, SeqStatus, Sequence
@@ -69,76 +58,25 @@ class RequestOutput:
     stats: SeqStats | None = None  # set with finish_reason
 
 
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def _dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        native_bf16 = device.type == "cuda" or (
-            torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-        )
-        return torch.bfloat16 if native_bf16 else torch.float32
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
-
-
 class LLMEngine:
     """Synchronous core; AsyncEngine drives it from one thread."""
 
     def __init__(self, config: EngineConfig):
         self.config = config
-        self.device = _device(config.device)
-        self.dtype = _dtype(config.dtype, self.device)
         path = resolve_model_path(config.model)
-        quantization = effective_quantization(config.quantization, self.device)
-        self.model_config, weights = load_weights(path, quantization)
-        self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
-        ops = None
-        if self.device.type == "cpu" and config.cpu_kernel:
-            ops = layer_ops_for(self.model_config.hidden_size, self.model_config.head_dim)
-        self.model = LlamaModel(self.model_config, self.max_model_len, ops)
-        self.model.load(weights)
-        del weights
-        self.model.to(self.device, self.dtype).eval()
-        if config.packed_weights:
-            pack_linears(self.model)
-        quantized = [
-            m for m in self.model.modules() if isinstance(m, QuantizedLinear | QuantizedEmbedding)
-        ]
-        dense_copy = dense_copy_pays() if config.dense_copy is None else config.dense_copy
-        if dense_copy and self.dtype == torch.bfloat16:
-            for layer in quantized:
-                if isinstance(layer, QuantizedLinear):
-                    layer.keep_dense_copy()
-        huge_pages.gather([layer.weight for layer in quantized])
+        self.runner = ModelRunner(config, path)
+        self.model_config = self.runner.model_config
+        self.max_model_len = self.runner.max_model_len
+        self.block_size = self.runner.block_size
         self.tokenizer = Tokenizer.load(path, self.model_config.eos_token_ids)
-        self.attention = make_attention(
-            self.device,
-            config.block_size,
-            self.model_config.head_dim,
-            self.dtype,
-            config.cpu_kernel,
+        self.blocks = BlockManager(
+            self.runner.num_blocks, self.block_size, config.enable_prefix_caching
         )
-        self.block_size = self.attention.block_size
-        num_blocks = config.num_blocks or blocks_for_budget(
-            self.model_config, self.block_size, self.dtype, config.kv_cache_gib
-        )
-        self.kv_caches = kv_pool(
-            self.model_config, num_blocks, self.block_size, self.dtype, self.device
-        )
-        self.cpu_decoder = (
-            CpuDecoder(self.model, self.attention, self.kv_caches)
-            if CpuDecoder.fits(self.model, self.attention)
-            else None
-        )
-        self.blocks = BlockManager(num_blocks, self.block_size, config.enable_prefix_caching)
         speculation = None
         if config.speculative_tokens:
             row_cost = config.speculative_row_cost
             if row_cost is None:
-                row_cost = CPU_ROW_COST if self.device.type == "cpu" else 0.0
+                row_cost = CPU_ROW_COST if self.runner.device.type == "cpu" else 0.0
             speculation = Speculation(
                 NgramProposer(), config.speculative_tokens, config.speculative_max_decodes, row_cost
             )
@@ -149,12 +87,12 @@ class LLMEngine:
             config.preempt_batch_for_interactive,
             speculation,
         )
-        self.sampler = Sampler(self.tokenizer.eos_token_ids, self.device)
+        self.sampler = Sampler(self.tokenizer.eos_token_ids, self.runner.device)
         self.constraints = Constraints(
             self.tokenizer.hf,
             self.model_config.vocab_size,
             self.tokenizer.eos_token_ids,
-            self.device,
+            self.runner.device,
         )
         self.model_name = config.served_model_name or config.model
         self.metrics = EngineMetrics(self.model_name)
@@ -257,45 +195,22 @@ class LLMEngine:
         if not batch.items:
             return []
         start = time.perf_counter()
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slices: list[SeqSlice] = []
-        producing: list[Sequence] = []  # sequences whose last token is computed this step
-        drafts: list[list[int]] = []  # theirs, to verify
-        rows: list[int] = []  # the rows of their last token and drafts
-        for seq, num_new in batch.items:
-            first = seq.num_computed
-            draft = batch.drafts.get(seq, [])
-            input_ids += seq.token_ids[first : first + num_new - len(draft)] + draft
-            positions += range(first, first + num_new)
-            slices.append(SeqSlice(seq.table.blocks, first, num_new))
-            if first + num_new - len(draft) == seq.num_tokens:
-                producing.append(seq)
-                drafts.append(draft)
-                rows += range(len(input_ids) - 1 - len(draft), len(input_ids))
+        for seq, _ in batch.items:
             if seq.timings.first_scheduled is None:
                 seq.timings.first_scheduled = start - seq.request.arrival
-        meta = self.attention.build_metadata(slices, batch.num_decodes)
-        masks = self.constraints.masks(producing, drafts)  # may fill while the forward pass runs
-        hidden = self._forward(
-            torch.tensor(input_ids, device=self.device),
-            torch.tensor(positions, device=self.device),
-            meta,
-        )
-        logits = self.model.logits(hidden[rows]) if rows else None
+        step = self.runner.prepare(batch)
+        producing = step.producing
+        # the grammar masks may fill while the forward pass runs
+        masks = self.constraints.masks(producing, step.drafts)
+        logits = self.runner.run(step)
         masks = masks.result() if masks else None
-        emitted = self.sampler.verify(logits, producing, drafts, masks) if rows else []
+        emitted = self.sampler.verify(logits, producing, step.drafts, masks) if step.rows else []
         now = time.perf_counter()
         self._account(batch, dict(zip(producing, emitted, strict=True)), now - start)
         outputs = [self._append(seq, e, now) for seq, e in zip(producing, emitted, strict=True)]
         self._update_gauges(len(batch.preempted))
         self._publish_load()
         return outputs
-
-    def _forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta) -> torch.Tensor:
-        if self.cpu_decoder is not None and self.cpu_decoder.serves(input_ids.shape[0]):
-            return self.cpu_decoder(input_ids, positions, meta)
-        return self.model(input_ids, positions, self.kv_caches, self.attention, meta)
 
     def _account(
         self, batch: ScheduledBatch, emitted: dict[Sequence, list[Sampled]], elapsed: float

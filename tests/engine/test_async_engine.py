@@ -13,7 +13,7 @@ from .conftest import assert_all_blocks_free, greedy
 def test_a_failing_step_ends_its_requests_with_error_and_the_loop_goes_on(engine_factory):
     core = engine_factory(num_blocks=2048)
     engine = AsyncEngine(core)
-    forward = core.model.forward
+    forward = core.runner.model.forward
     calls = {"n": 0}
 
     def broken_once(*args, **kwargs):
@@ -22,7 +22,7 @@ def test_a_failing_step_ends_its_requests_with_error_and_the_loop_goes_on(engine
             raise RuntimeError("simulated kernel failure")
         return forward(*args, **kwargs)
 
-    core.model.forward = broken_once
+    core.runner.model.forward = broken_once
     ids = core.tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}])
 
     async def run(request_id: str) -> list:
@@ -38,7 +38,7 @@ def test_a_failing_step_ends_its_requests_with_error_and_the_loop_goes_on(engine
         assert sum(len(o.token_ids) for o in served) == 4
     finally:
         engine.stop()
-        del core.model.forward  # back to the class's method
+        del core.runner.model.forward  # back to the class's method
     assert calls["n"] > 1
     assert_all_blocks_free(core)
 

@@ -69,7 +69,7 @@ def test_mixed_batch_matches_transformers(engine_factory, prompt_ids, expected, 
         num_blocks=96, max_num_batched_tokens=128, max_num_seqs=16, cpu_kernel=cpu_kernel
     )
     backend = "KernelAttention" if cpu_kernel else "TorchAttention"
-    assert type(engine.attention).__name__ == backend
+    assert type(engine.runner.attention).__name__ == backend
     hits_before = engine.blocks.prefix_hits
     requests = [
         GenerationRequest(f"mixed-{i}", ids, greedy(MAX_NEW, min_tokens=MAX_NEW))
@@ -95,12 +95,16 @@ def test_last_position_logits_close(engine_factory, reference, prompt_ids):
     for ids in (prompt_ids[0], prompt_ids[-1]):
         table = BlockTable()
         engine.blocks.grow(table, len(ids))
-        meta = engine.attention.build_metadata([SeqSlice(table.blocks, 0, len(ids))], 0)
+        meta = engine.runner.attention.build_metadata([SeqSlice(table.blocks, 0, len(ids))], 0)
         with torch.inference_mode():
-            hidden = engine.model(
-                torch.tensor(ids), torch.arange(len(ids)), engine.kv_caches, engine.attention, meta
+            hidden = engine.runner.model(
+                torch.tensor(ids),
+                torch.arange(len(ids)),
+                engine.runner.kv_caches,
+                engine.runner.attention,
+                meta,
             )
-            ours = engine.model.logits(hidden[-1:])[0]
+            ours = engine.runner.model.logits(hidden[-1:])[0]
             theirs = reference(torch.tensor([ids])).logits[0, -1]
         engine.blocks.release(table)
         assert (ours - theirs).abs().max().item() < 2e-3
@@ -115,22 +119,22 @@ def test_bf16_tracks_fp32(engine_factory, prompt_ids, expected):
     from engine.kv_cache import BlockTable
 
     engine = engine_factory(num_blocks=2048, dtype="bfloat16")
-    assert engine.kv_caches[0].dtype == torch.bfloat16
+    assert engine.runner.kv_caches[0].dtype == torch.bfloat16
     agree = total = 0
     for ids, continuation in zip(prompt_ids, expected, strict=True):
         tokens = ids + continuation
         table = BlockTable()
         engine.blocks.grow(table, len(tokens))
-        meta = engine.attention.build_metadata([SeqSlice(table.blocks, 0, len(tokens))], 0)
+        meta = engine.runner.attention.build_metadata([SeqSlice(table.blocks, 0, len(tokens))], 0)
         with torch.inference_mode():
-            hidden = engine.model(
+            hidden = engine.runner.model(
                 torch.tensor(tokens),
                 torch.arange(len(tokens)),
-                engine.kv_caches,
-                engine.attention,
+                engine.runner.kv_caches,
+                engine.runner.attention,
                 meta,
             )
-            predicted = engine.model.logits(hidden[len(ids) - 1 : -1]).argmax(-1).tolist()
+            predicted = engine.runner.model.logits(hidden[len(ids) - 1 : -1]).argmax(-1).tolist()
         engine.blocks.release(table)
         agree += sum(p == t for p, t in zip(predicted, continuation, strict=True))
         total += len(continuation)

@@ -42,7 +42,7 @@ def step(engine: LLMEngine, lengths: list[int], chunks: list[tuple[int, int]] = 
     cached before them): random K/V in the pool, each sequence its own blocks. Its inputs and
     attention metadata."""
     torch.manual_seed(len(lengths) + len(chunks))
-    for cache in engine.kv_caches:
+    for cache in engine.runner.kv_caches:
         cache.normal_()
     bs, slices, positions, first = engine.block_size, [], [], 0
     for new, cached in [(1, n) for n in lengths] + list(chunks):
@@ -50,7 +50,7 @@ def step(engine: LLMEngine, lengths: list[int], chunks: list[tuple[int, int]] = 
         slices.append(SeqSlice(list(range(first, first + width)), cached, new))
         positions += range(cached, cached + new)
         first += width
-    meta = engine.attention.build_metadata(slices, len(lengths))
+    meta = engine.runner.attention.build_metadata(slices, len(lengths))
     ids = torch.randint(0, engine.model_config.vocab_size, (len(positions),))
     return ids, torch.tensor(positions), meta
 
@@ -79,19 +79,21 @@ def test_same_bits_on_prefill_chunks_without_copies(uncopied, lengths, chunks):
 
 
 def assert_same_bits(engine: LLMEngine, lengths: list[int], chunks: list[tuple[int, int]]):
-    decoder = engine.cpu_decoder
+    decoder = engine.runner.cpu_decoder
     assert decoder is not None
     ids, positions, meta = step(engine, lengths, chunks)
     assert decoder.serves(len(ids))
-    before = [c.clone() for c in engine.kv_caches]
+    before = [c.clone() for c in engine.runner.kv_caches]
     with torch.inference_mode():
-        expected = engine.model(ids, positions, engine.kv_caches, engine.attention, meta)
-        written = [c.clone() for c in engine.kv_caches]
-        for cache, saved in zip(engine.kv_caches, before, strict=True):
+        expected = engine.runner.model(
+            ids, positions, engine.runner.kv_caches, engine.runner.attention, meta
+        )
+        written = [c.clone() for c in engine.runner.kv_caches]
+        for cache, saved in zip(engine.runner.kv_caches, before, strict=True):
             cache.copy_(saved)
         hidden = decoder(ids, positions, meta)
     assert torch.equal(hidden, expected)
-    for cache, reference, saved in zip(engine.kv_caches, written, before, strict=True):
+    for cache, reference, saved in zip(engine.runner.kv_caches, written, before, strict=True):
         assert torch.equal(cache, reference)
         assert not torch.equal(cache, saved)  # this layer's K/V was written
 
@@ -99,21 +101,21 @@ def assert_same_bits(engine: LLMEngine, lengths: list[int], chunks: list[tuple[i
 def test_it_takes_the_steps_the_modules_run_on_the_kernels(engine, uncopied):
     """Where the layers keep bf16 copies, only steps smaller than those the copies serve; without
     copies (fp32, or bf16 without AMX), any step below the one that dequantizes the weights."""
-    copied = engine.dtype == torch.bfloat16
-    assert (engine.model.layers[0].mlp.down_proj.copy is not None) == copied
+    copied = engine.runner.dtype == torch.bfloat16
+    assert (engine.runner.model.layers[0].mlp.down_proj.copy is not None) == copied
     largest = COPY_ROWS - 1 if copied else DENSE_ROWS - 1
-    assert engine.cpu_decoder.serves(largest)
-    assert not engine.cpu_decoder.serves(largest + 1)
-    assert uncopied.model.layers[0].mlp.down_proj.copy is None
-    assert uncopied.cpu_decoder.serves(DENSE_ROWS - 1)
-    assert not uncopied.cpu_decoder.serves(DENSE_ROWS)
+    assert engine.runner.cpu_decoder.serves(largest)
+    assert not engine.runner.cpu_decoder.serves(largest + 1)
+    assert uncopied.runner.model.layers[0].mlp.down_proj.copy is None
+    assert uncopied.runner.cpu_decoder.serves(DENSE_ROWS - 1)
+    assert not uncopied.runner.cpu_decoder.serves(DENSE_ROWS)
 
 
 def test_short_chunks_attend_as_decode_rows(engine):
     """A speculating sequence's 1 + n tokens attend as n + 1 decode rows, each over the context
     up to its token; a longer chunk is a prefill."""
     for new in (2, 9, SHORT_CHUNK, SHORT_CHUNK + 1):
-        meta = engine.attention.build_metadata([SeqSlice([0, 1, 2], 20, new)], 0)
+        meta = engine.runner.attention.build_metadata([SeqSlice([0, 1, 2], 20, new)], 0)
         assert meta.num_decodes == (new if new <= SHORT_CHUNK else 0)
         if meta.num_decodes:
             assert meta.context_lens.tolist() == list(range(21, 21 + new))
@@ -121,4 +123,4 @@ def test_short_chunks_attend_as_decode_rows(engine):
 
 def test_not_built_for_float_weights():
     config = EngineConfig(device="cpu", dtype="float32", quantization="none", num_blocks=8)
-    assert LLMEngine(config).cpu_decoder is None
+    assert LLMEngine(config).runner.cpu_decoder is None

@@ -39,14 +39,16 @@ def test_the_engine_packs_every_projection_and_its_tied_head(engine_factory) -> 
     packed, plain = engine_factory(), engine_factory(packed_weights=False)
     config = packed.model_config
     assert config.tie_word_embeddings  # SmolLM2 ties its head to the embedding
-    swapped = [m for m in packed.model.modules() if isinstance(m, PackedLinear)]
+    swapped = [m for m in packed.runner.model.modules() if isinstance(m, PackedLinear)]
     assert len(swapped) == 2 * 2 * config.num_layers + 1  # qkv, o, gate_up, down; the head
-    assert not any(isinstance(m, PackedLinear) for m in plain.model.modules())
-    assert isinstance(packed.model.embed_tokens, nn.Embedding)  # lookups still read the rows
+    assert not any(isinstance(m, PackedLinear) for m in plain.runner.model.modules())
+    assert isinstance(packed.runner.model.embed_tokens, nn.Embedding)  # lookups still read the rows
     hidden = torch.randn(3, config.hidden_size)
-    head = packed.model.logits(hidden)
+    head = packed.runner.model.logits(hidden)
     assert head.shape == (3, config.vocab_size)
-    torch.testing.assert_close(head, hidden @ plain.model.embed_tokens.weight.T, rtol=0, atol=1e-4)
+    torch.testing.assert_close(
+        head, hidden @ plain.runner.model.embed_tokens.weight.T, rtol=0, atol=1e-4
+    )
 
 
 def test_packed_and_plain_engines_generate_the_same(engine_factory) -> None:

@@ -48,15 +48,15 @@ def perplexity(engine: LLMEngine, ids: list[int], chunk: int) -> float:
     with torch.inference_mode():
         for start in range(0, len(ids), chunk):
             part = ids[start : start + chunk]
-            meta = engine.attention.build_metadata([SeqSlice(blocks, start, len(part))], 0)
-            hidden = engine.model(
+            meta = engine.runner.attention.build_metadata([SeqSlice(blocks, start, len(part))], 0)
+            hidden = engine.runner.model(
                 torch.tensor(part),
                 torch.arange(start, start + len(part)),
-                engine.kv_caches,
-                engine.attention,
+                engine.runner.kv_caches,
+                engine.runner.attention,
                 meta,
             )
-            logits.append(engine.model.logits(hidden))
+            logits.append(engine.runner.model.logits(hidden))
     nll = F.cross_entropy(torch.cat(logits)[:-1], torch.tensor(ids[1:]))
     return math.exp(nll.item())
 
@@ -94,7 +94,7 @@ def test_gguf_as_shipped_holds_what_gguf_dequantizes(gguf_path):
 
 def test_every_matrix_runs_quantized():
     engine = make_engine("auto")
-    model = engine.model
+    model = engine.runner.model
     assert isinstance(model.embed_tokens, QuantizedEmbedding)
     assert isinstance(model.lm_head, QuantizedLinear)
     assert model.lm_head.weight is model.embed_tokens.weight  # tied: one copy
