@@ -16,7 +16,8 @@ import queue
 import threading
 from collections.abc import AsyncIterator, Callable
 
-from engine.engine import LLMEngine, RequestOutput
+from engine.engine import LLMEngine
+from engine.outputs import RequestOutput
 from engine.sequence import GenerationRequest
 
 log = logging.getLogger(__name__)

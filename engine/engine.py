@@ -3,7 +3,6 @@
 
 import itertools
 import time
-from dataclasses import dataclass, field
 
 import torch
 
@@ -14,48 +13,12 @@ from engine.kv_cache import BlockManager
 from engine.loader import resolve_model_path
 from engine.metrics import EngineMetrics
 from engine.model_runner import ModelRunner
-from engine.sampler import Sampled, Sampler
+from engine.outputs import RequestError, RequestOutput, Sampled, SeqStats
+from engine.sampler import Sampler
 from engine.scheduler import ScheduledBatch, Scheduler
 from engine.sequence import GenerationRequest, SeqStatus, Sequence
 from engine.speculative import CPU_ROW_COST, NgramProposer, Speculation
 from engine.tokenizer import Tokenizer
-
-
-class RequestError(ValueError):
-    """A request the engine can never serve; maps to an OpenAI-style 400."""
-
-    def __init__(self, message: str, param: str | None = None, code: str | None = None):
-        super().__init__(message)
-        self.message, self.param, self.code = message, param, code
-
-
-@dataclass
-class SeqStats:
-    """A finished sequence's accounting, for usage and billing."""
-
-    prompt_tokens: int
-    cached_tokens: int
-    completion_tokens: int
-    queue: float
-    prefill: float
-    ttft: float
-    e2e: float
-    compute: float
-    token_gaps: list[float]
-    preemptions: int
-
-
-@dataclass
-class RequestOutput:
-    """What one step produced for one choice of one request."""
-
-    request_id: str
-    choice: int
-    text: str
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[Sampled] = field(default_factory=list)
-    finish_reason: str | None = None  # stop | length | cancelled | error
-    stats: SeqStats | None = None  # set with finish_reason
 
 
 class LLMEngine:

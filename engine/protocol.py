@@ -8,8 +8,7 @@ from dataclasses import dataclass, replace
 import msgspec
 
 from engine.constraints import Constraint
-from engine.engine import RequestError, RequestOutput, SeqStats
-from engine.sampler import Sampled
+from engine.outputs import RequestError, RequestOutput, Sampled, SeqStats
 from engine.sequence import Priority, SamplingParams
 from engine.tool_formats.base import ToolFormat
 

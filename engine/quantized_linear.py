@@ -7,8 +7,8 @@ AMX oneDNN's bf16 matmuls outrun them from about 50 rows (a 3072 x 576 Q4_1 matr
 495 us at 32 rows, 768 against 621 at 64; bench/quant_crossover.py), so there, where the
 activations are bf16, the layer also keeps a packed bf16 copy of its weight for those steps
 (`keep_dense_copy`: 2 more bytes a weight). Without AMX the kernels stay ahead: with AVX512-BF16
-alone (AMD Zen 4) they beat the bf16 copy at every step size up to a 512-row chunk (829 against
-1,335 us at 128 rows, 3,848 against 4,481 at 512), and with fp32 activations they beat dequantize +
+alone (AMD Zen 4) they beat the bf16 copy at every step size up to a 512-row chunk (817 against
+1,163 us at 128 rows, 3,243 against 4,279 at 512), and with fp32 activations they beat dequantize +
 fp32 matmul up to 512 rows too (6.1 against 8.0 ms with AVX-512 VNNI; about even with AVX2), so
 only steps from DENSE_ROWS rows dequantize the weight for the call, a cost the rows share.
 Without the kernels, PyTorch dequantizes and multiplies (the reference).

@@ -9,20 +9,13 @@ and truncation (as vLLM reports).
 Speculative drafts are verified here too (`verify`).
 """
 
-from dataclasses import dataclass
 from itertools import accumulate
 
 import torch
 
 from engine.constraints import Masks
+from engine.outputs import Sampled
 from engine.sequence import Sequence
-
-
-@dataclass
-class Sampled:
-    token_id: int
-    logprob: float | None = None
-    top_logprobs: list[tuple[int, float]] | None = None
 
 
 class Sampler:

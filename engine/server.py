@@ -13,7 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from core.openapi import json_body, openapi_config
 from engine.async_engine import AsyncEngine, EngineStopped
-from engine.engine import RequestError, RequestOutput, SeqStats
+from engine.outputs import RequestError, RequestOutput, Sampled, SeqStats
 from engine.protocol import (
     ChatRequest,
     Choice,
@@ -32,7 +32,6 @@ from engine.protocol import (
     tool_use,
     usage,
 )
-from engine.sampler import Sampled
 from engine.sequence import GenerationRequest, SamplingParams
 from engine.tool_formats import ToolCalls, for_template, prompt_messages
 

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.constraints import Constraint, Constraints, Masks, unenforceable
-from engine.engine import RequestError
+from engine.outputs import RequestError
 from engine.sequence import GenerationRequest, Priority, SamplingParams, Sequence
 from tests.engine.conftest import assert_all_blocks_free, greedy, run_to_completion
 from tests.engine.test_speculative import PLAIN, SPECULATIVE, counters
