@@ -155,6 +155,9 @@ class LLMEngine:
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
         batch = self.scheduler.schedule()
+        # a request whose prefill this step runs is running (and holds its blocks) for /load
+        # while the step lasts, not only once its first token is out
+        self._publish_load()
         if not batch.items:
             return []
         start = time.perf_counter()

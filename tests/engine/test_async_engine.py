@@ -80,3 +80,23 @@ def test_load_is_read_safely_while_the_engine_thread_queues_requests(engine_fact
     assert core.load()["waiting"] == 1 and core.load()["tokens_queued"] == 3
     core.abort("load-last")
     assert core.load()["waiting"] == 0
+
+
+def test_load_counts_a_request_running_while_its_first_step_runs(engine_factory, monkeypatch):
+    """/load is a snapshot: one taken during a prefill's step shows the request running, with
+    its blocks taken, not still waiting."""
+    core = engine_factory()
+    seen = []
+    run = core.runner.run
+
+    def spy(step):
+        seen.append(core.load())
+        return run(step)
+
+    monkeypatch.setattr(core.runner, "run", spy)
+    core.add_request(GenerationRequest("first", list(range(1, 40)), greedy(2)))
+    before = core.load()
+    assert (before["running"], before["waiting"]) == (0, 1)
+    core.step()
+    assert (seen[0]["running"], seen[0]["waiting"]) == (1, 0)
+    assert seen[0]["free_blocks"] < before["free_blocks"]
