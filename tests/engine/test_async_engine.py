@@ -94,9 +94,11 @@ def test_load_counts_a_request_running_while_its_first_step_runs(engine_factory,
         return run(step)
 
     monkeypatch.setattr(core.runner, "run", spy)
-    core.add_request(GenerationRequest("first", list(range(1, 40)), greedy(2)))
+    core.add_request(GenerationRequest("first", list(range(1, 40)), greedy(1)))
     before = core.load()
     assert (before["running"], before["waiting"]) == (0, 1)
-    core.step()
+    core.step()  # the whole prompt, and its one token
     assert (seen[0]["running"], seen[0]["waiting"]) == (1, 0)
     assert seen[0]["free_blocks"] < before["free_blocks"]
+    assert not core.has_work()  # the engine is shared: left as found
+    assert core.load() == before | {"waiting": 0, "tokens_queued": 0}
