@@ -97,13 +97,7 @@ def test_last_position_logits_close(engine_factory, reference, prompt_ids):
         engine.blocks.grow(table, len(ids))
         meta = engine.runner.attention.build_metadata([SeqSlice(table.blocks, 0, len(ids))], 0)
         with torch.inference_mode():
-            hidden = engine.runner.model(
-                torch.tensor(ids),
-                torch.arange(len(ids)),
-                engine.runner.kv_caches,
-                engine.runner.attention,
-                meta,
-            )
+            hidden = engine.runner.forward(torch.tensor(ids), torch.arange(len(ids)), meta)
             ours = engine.runner.model.logits(hidden[-1:])[0]
             theirs = reference(torch.tensor([ids])).logits[0, -1]
         engine.blocks.release(table)
@@ -127,13 +121,7 @@ def test_bf16_tracks_fp32(engine_factory, prompt_ids, expected):
         engine.blocks.grow(table, len(tokens))
         meta = engine.runner.attention.build_metadata([SeqSlice(table.blocks, 0, len(tokens))], 0)
         with torch.inference_mode():
-            hidden = engine.runner.model(
-                torch.tensor(tokens),
-                torch.arange(len(tokens)),
-                engine.runner.kv_caches,
-                engine.runner.attention,
-                meta,
-            )
+            hidden = engine.runner.forward(torch.tensor(tokens), torch.arange(len(tokens)), meta)
             predicted = engine.runner.model.logits(hidden[len(ids) - 1 : -1]).argmax(-1).tolist()
         engine.blocks.release(table)
         agree += sum(p == t for p, t in zip(predicted, continuation, strict=True))
