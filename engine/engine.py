@@ -172,32 +172,23 @@ class LLMEngine:
         masks = masks.result() if masks else None
         emitted = self.sampler.verify(logits, producing, step.drafts, masks) if step.rows else []
         now = time.perf_counter()
-        self._account(batch, dict(zip(producing, emitted, strict=True)), now - start)
+        # how many of its draft tokens each speculating sequence kept (the rest were rejected)
+        kept = {s: len(e) - 1 for s, e in zip(producing, emitted, strict=True) if s in batch.drafts}
+        self.scheduler.update_from_output(batch, kept)
+        self._account(batch, kept, now - start)
         outputs = [self._append(seq, e, now) for seq, e in zip(producing, emitted, strict=True)]
         self._update_gauges(len(batch.preempted))
         self._publish_load()
         return outputs
 
-    def _account(
-        self, batch: ScheduledBatch, emitted: dict[Sequence, list[Sampled]], elapsed: float
-    ) -> None:
-        """Split the step's wall time across its sequences by tokens processed; roll rejected
-        drafts back; commit blocks."""
+    def _account(self, batch: ScheduledBatch, kept: dict[Sequence, int], elapsed: float) -> None:
+        """Split the step's wall time across its sequences by tokens processed; count drafts."""
         for seq, num_new in batch.items:
             seq.timings.compute += elapsed * num_new / batch.num_tokens
-            tokens = seq.token_ids
             draft = batch.drafts.get(seq)
-            if draft:  # the rejected draft tokens' slots go back; their K/V is never read
-                accepted = len(emitted[seq]) - 1
-                seq.acceptance.record(len(draft), accepted)
+            if draft:
                 self.metrics.spec_proposed.inc(len(draft))
-                self.metrics.spec_accepted.inc(accepted)
-                num_new -= len(draft) - accepted
-                tokens = tokens + draft[:accepted]
-                self.blocks.truncate(seq.table, seq.num_computed + num_new)
-            seq.num_computed += num_new
-            # only computed tokens' full blocks get a prefix hash: never a rejected token's
-            self.blocks.commit_full_blocks(seq.table, tokens, seq.num_computed)
+                self.metrics.spec_accepted.inc(kept[seq])
             if seq.num_computed >= seq.num_prompt and seq.timings.prefill_done is None:
                 seq.timings.prefill_done = time.perf_counter() - seq.request.arrival
 

@@ -181,6 +181,23 @@ class Scheduler:
         num_decodes = sum(1 for _, n in items if n == 1)
         return ScheduledBatch(items, num_decodes, preempted, drafts)
 
+    def update_from_output(self, batch: ScheduledBatch, accepted: dict[Sequence, int]) -> None:
+        """After the step's forward pass: each sequence has computed its new tokens, less the
+        draft tokens the sampler rejected (`accepted`: how many of each draft it kept). Rejected
+        tokens' slots go back (their K/V is never read); full blocks of computed tokens get their
+        prefix hash (never a rejected token's)."""
+        for seq, num_new in batch.items:
+            tokens = seq.token_ids
+            draft = batch.drafts.get(seq)
+            if draft:
+                kept = accepted[seq]
+                seq.acceptance.record(len(draft), kept)
+                num_new -= len(draft) - kept
+                tokens = tokens + draft[:kept]
+                self.blocks.truncate(seq.table, seq.num_computed + num_new)
+            seq.num_computed += num_new
+            self.blocks.commit_full_blocks(seq.table, tokens, seq.num_computed)
+
     def _draft(
         self, spec: Speculation, scheduled: dict[Sequence, int], budget: int
     ) -> dict[Sequence, list[int]]:

@@ -27,9 +27,8 @@ def step(s: Scheduler):
     """One step as the engine does it: compute the scheduled tokens, sample after prefills."""
     batch = s.schedule()
     assert batch.num_tokens <= s.max_num_batched_tokens
-    for sq, n in batch.items:
-        sq.num_computed += n
-        s.blocks.commit_full_blocks(sq.table, sq.token_ids, sq.num_computed)
+    s.update_from_output(batch, {})
+    for sq, _ in batch.items:
         if sq.num_computed == sq.num_tokens:
             sq.token_ids.append(7)
             if len(sq.output_ids) >= sq.request.params.max_tokens:

@@ -102,8 +102,8 @@ def scheduled_after_prefill(seqs: list[Sequence], max_decodes: int, budget: int 
     s = Scheduler(BlockManager(64, 4), 64, 8, speculation=speculation)
     for sq in seqs:
         s.add(sq)
-    for sq, n in s.schedule().items:
-        sq.num_computed += n
+    s.update_from_output(s.schedule(), {})
+    for sq in seqs:
         sq.token_ids.append(1)
     s.max_num_batched_tokens = budget
     return s, s.schedule()
@@ -128,6 +128,26 @@ def test_drafts_respect_opt_out_max_tokens_and_the_budget_left():
     first, second = decoding(5), decoding(6)
     _, batch = scheduled_after_prefill([first, second], max_decodes=4, budget=5)
     assert batch.drafts == {first: [9, 9, 9]} and batch.num_tokens == 5
+
+
+def test_the_step_update_rolls_rejected_drafts_back_and_counts_kept_ones():
+    kept_one, kept_all = decoding(6), decoding(7)
+    s, batch = scheduled_after_prefill([kept_one, kept_all], max_decodes=2)
+    assert batch.drafts == {kept_one: [9, 9, 9], kept_all: [9, 9, 9]}
+    s.update_from_output(batch, {kept_one: 1, kept_all: 3})
+    # the last sampled token and the kept draft tokens are computed; the rejected ones are not
+    assert (kept_one.num_computed, kept_all.num_computed) == (6 + 1 + 1, 7 + 1 + 3)
+    assert len(kept_one.table.blocks) == s.blocks.blocks_needed(8)
+    assert len(kept_all.table.blocks) == s.blocks.blocks_needed(11)
+    # the draft's fate feeds the next draft's length: kept_one's ended in a rejection
+    assert (kept_one.acceptance.accepted, kept_one.acceptance.rejected) == (1, 1)
+    assert (kept_all.acceptance.accepted, kept_all.acceptance.rejected) == (3, 0)
+    # full blocks hold computed tokens only: kept_one's second block (tokens 4-7) is full with
+    # its first draft token, and is hashed as such; a rejected token is in no hash
+    assert kept_one.table.num_hashed == 2
+    assert s.blocks.match_prefix([*range(6), 1, 9, 0]) == kept_one.table.blocks[:2]
+    assert s.blocks.match_prefix([*range(6), 1, 8, 0]) == kept_one.table.blocks[:1]
+    s.blocks.check_invariants([kept_one.table, kept_all.table])
 
 
 def test_truncate_frees_the_draft_blocks_first_in_line_for_reuse():
