@@ -72,6 +72,11 @@ class LLMEngine:
         prompt, params = len(request.prompt_ids), request.params
         if prompt == 0:
             raise RequestError("the prompt is empty", "prompt")
+        vocab = self.model_config.vocab_size
+        # token ids from the client (a completion's prompt may be ids): one out of range would
+        # fail the whole step, every other request in it too
+        if not 0 <= min(request.prompt_ids) <= max(request.prompt_ids) < vocab:
+            raise RequestError(f"prompt: token ids must be in [0, {vocab})", "prompt")
         if prompt + params.max_tokens > self.max_model_len:
             raise RequestError(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, you "
@@ -89,7 +94,6 @@ class LLMEngine:
                 "max_tokens",
                 "kv_cache_capacity_exceeded",
             )
-        vocab = self.model_config.vocab_size
         if any(not 0 <= token < vocab for token in params.logit_bias):
             raise RequestError(f"logit_bias: token ids must be in [0, {vocab})", "logit_bias")
         if params.constraint is not None:

@@ -181,6 +181,23 @@ def test_bad_input_gets_openai_errors(server, body, status, param, code):
     assert error["type"] == "invalid_request_error"
 
 
+def test_prompt_token_ids_out_of_the_vocabulary_are_refused_alone(server, client):
+    """One such id used to fail the whole step (an index error in the embedding), and with it
+    every request in flight."""
+    url, core = server
+    vocab = core.model_config.vocab_size
+    with httpx.Client(base_url=url, timeout=60) as http:
+        for ids in ([-1], [5, vocab], [[1, 2], [vocab + 7]]):
+            body = {"model": "smollm2", "prompt": ids, "max_tokens": 2}
+            r = http.post("/v1/completions", json=body)
+            assert r.status_code == 400, r.text
+            assert r.json()["error"]["param"] == "prompt"
+            assert f"[0, {vocab})" in r.json()["error"]["message"]
+    out = client.completions.create(model="smollm2", prompt=[1, vocab - 1], max_tokens=2)
+    assert out.choices[0].finish_reason in ("stop", "length")
+    wait_idle(url, core)
+
+
 def test_malformed_json_and_sdk_errors(server, client):
     r = httpx.post(
         f"{server[0]}/v1/chat/completions",
