@@ -113,6 +113,11 @@ def sampling_params(req: _Common, max_tokens: int | None, logprobs: int | None) 
     _check(0.0 < req.repetition_penalty <= 2.0, "repetition_penalty", "must be in (0, 2]")
     _check(req.min_tokens >= 0, "min_tokens", "must not be negative")
     _check(
+        req.seed is None or -(2**63) <= req.seed < 2**64,
+        "seed",
+        "must be a 64-bit integer (between -2**63 and 2**64 - 1)",
+    )
+    _check(
         max_tokens is None or req.min_tokens <= max_tokens,
         "min_tokens",
         "must not exceed max_tokens",

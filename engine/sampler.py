@@ -121,8 +121,9 @@ class Sampler:
         if seed is None:
             return None
         if seq.seq_id not in self._generators:
-            # each of the n choices gets its own stream, reproducibly
+            # each of the n choices gets its own stream, reproducibly (the sum wraps: a seed
+            # at the top of the 64-bit range takes n choices too)
             self._generators[seq.seq_id] = torch.Generator(self.device).manual_seed(
-                seed + seq.choice
+                (seed + seq.choice) % 2**64
             )
         return self._generators[seq.seq_id]

@@ -117,6 +117,19 @@ def test_n_choices_logprobs_and_seed(client):
     assert entry.top_logprobs[0].logprob >= entry.logprob
 
 
+def test_a_seed_at_the_top_of_the_range_seeds_every_choice(client):
+    """Each choice's stream is seeded with seed + its index: past 2**64 - 1 that overflowed in
+    the step, failing every request in it."""
+
+    def sample():
+        out = client.completions.create(
+            model="smollm2", prompt="Once", max_tokens=4, temperature=1.0, seed=2**64 - 1, n=2
+        )
+        return [c.text for c in out.choices]
+
+    assert sample() == sample()
+
+
 def test_completions_with_several_prompts_and_stop(client):
     out = client.completions.create(
         model="smollm2",
@@ -156,6 +169,8 @@ def test_vllm_extras_are_accepted(client):
         ({"model": "smollm2", "messages": MESSAGES, "max_tokens": "x"}, 400, "max_tokens", None),
         ({"model": "smollm2", "messages": MESSAGES, "temperature": 5}, 400, "temperature", None),
         ({"model": "smollm2", "messages": MESSAGES, "n": 0}, 400, "n", None),
+        ({"model": "smollm2", "messages": MESSAGES, "seed": 2**64}, 400, "seed", None),
+        ({"model": "smollm2", "messages": MESSAGES, "seed": -(2**63) - 1}, 400, "seed", None),
         ({"model": "smollm2", "messages": []}, 400, "messages", None),
         ({"messages": MESSAGES}, 400, "model", None),
         ({"model": "nope", "messages": MESSAGES}, 404, "model", "model_not_found"),
