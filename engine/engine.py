@@ -94,8 +94,12 @@ class LLMEngine:
                 "max_tokens",
                 "kv_cache_capacity_exceeded",
             )
-        if any(not 0 <= token < vocab for token in params.logit_bias):
-            raise RequestError(f"logit_bias: token ids must be in [0, {vocab})", "logit_bias")
+        for param, tokens in (
+            ("logit_bias", params.logit_bias),
+            ("stop_token_ids", params.stop_token_ids),
+        ):
+            if any(not 0 <= token < vocab for token in tokens):
+                raise RequestError(f"{param}: token ids must be in [0, {vocab})", param)
         if params.constraint is not None:
             if params.min_tokens:
                 raise RequestError(

@@ -163,6 +163,9 @@ def test_vllm_extras_are_accepted(client):
     assert out.usage.completion_tokens == 5
 
 
+ONE_TOKEN_AT_LEAST = {"model": "smollm2", "messages": MESSAGES, "max_tokens": 4, "min_tokens": 1}
+
+
 @pytest.mark.parametrize(
     ("body", "status", "param", "code"),
     [
@@ -170,6 +173,19 @@ def test_vllm_extras_are_accepted(client):
         ({"model": "smollm2", "messages": MESSAGES, "temperature": 5}, 400, "temperature", None),
         ({"model": "smollm2", "messages": MESSAGES, "n": 0}, 400, "n", None),
         ({"model": "smollm2", "messages": MESSAGES, "seed": 2**64}, 400, "seed", None),
+        # min_tokens holds stop tokens back by indexing the logits with them
+        (
+            {**ONE_TOKEN_AT_LEAST, "stop_token_ids": [10**9]},
+            400,
+            "stop_token_ids",
+            None,
+        ),
+        (
+            {**ONE_TOKEN_AT_LEAST, "stop_token_ids": [-1]},
+            400,
+            "stop_token_ids",
+            None,
+        ),
         ({"model": "smollm2", "messages": MESSAGES, "seed": -(2**63) - 1}, 400, "seed", None),
         ({"model": "smollm2", "messages": []}, 400, "messages", None),
         ({"messages": MESSAGES}, 400, "model", None),
