@@ -4,6 +4,7 @@ import re
 import time
 import uuid
 from dataclasses import dataclass, replace
+from typing import Literal
 
 import msgspec
 
@@ -17,11 +18,24 @@ class StreamOptions(msgspec.Struct, kw_only=True):
     include_usage: bool = False
 
 
+class FunctionCall(msgspec.Struct, kw_only=True):
+    name: str
+    arguments: str = "{}"  # JSON text, as OpenAI sends it back
+
+
+class ToolCall(msgspec.Struct, kw_only=True):
+    """A tool call of an earlier assistant turn, sent back in the conversation."""
+
+    function: FunctionCall
+    id: str | None = None
+    type: Literal["function"] = "function"
+
+
 class ChatMessage(msgspec.Struct, kw_only=True):
-    role: str
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[dict] | None = None
     name: str | None = None
-    tool_calls: list[dict] | None = None
+    tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
 
 
@@ -280,7 +294,10 @@ def message_text(content: str | list[dict] | None) -> str:
             raise RequestError(
                 f"content part type {part.get('type')!r} is not supported", "messages"
             )
-        parts.append(part.get("text", ""))
+        text = part.get("text", "")
+        if not isinstance(text, str):
+            raise RequestError("a text content part's text must be a string", "messages")
+        parts.append(text)
     return "".join(parts)
 
 

@@ -182,7 +182,7 @@ class OpenAIServing:
             message = {"role": m.role, "content": message_text(m.content)}
             for key in ("name", "tool_calls", "tool_call_id"):
                 if getattr(m, key) is not None:
-                    message[key] = getattr(m, key)
+                    message[key] = msgspec.to_builtins(getattr(m, key))
             messages.append(message)
         messages = prompt_messages(self.tool_format, self.native_tools, messages, tools.tools)
         prompt = self.tokenizer.apply_chat_template(

@@ -188,6 +188,46 @@ ONE_TOKEN_AT_LEAST = {"model": "smollm2", "messages": MESSAGES, "max_tokens": 4,
         ),
         ({"model": "smollm2", "messages": MESSAGES, "seed": -(2**63) - 1}, 400, "seed", None),
         ({"model": "smollm2", "messages": []}, 400, "messages", None),
+        # malformed turns are refused, not rendered (they were a 500 or a Python repr in the prompt)
+        (
+            {"model": "smollm2", "messages": [{"role": "someone", "content": "hi"}]},
+            400,
+            "messages[0].role",
+            None,
+        ),
+        (
+            {
+                "model": "smollm2",
+                "messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}],
+            },
+            400,
+            "messages",
+            None,
+        ),
+        (
+            {
+                "model": "smollm2",
+                "messages": [*MESSAGES, {"role": "assistant", "tool_calls": [{"function": 5}]}],
+            },
+            400,
+            "messages[1].tool_calls[0].function",
+            None,
+        ),
+        (
+            {
+                "model": "smollm2",
+                "messages": [
+                    *MESSAGES,
+                    {
+                        "role": "assistant",
+                        "tool_calls": [{"function": {"name": "f", "arguments": {}}}],
+                    },
+                ],
+            },
+            400,
+            "messages[1].tool_calls[0].function.arguments",
+            None,
+        ),
         ({"messages": MESSAGES}, 400, "model", None),
         ({"model": "nope", "messages": MESSAGES}, 404, "model", "model_not_found"),
         (
