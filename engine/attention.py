@@ -14,11 +14,11 @@ import torch.nn.functional as F
 
 from engine.cpu_kernels import HEAD_DIMS, paged_attention
 
-# chunks up to this long attend as decode rows on CPU (a speculating sequence's 1 + n tokens), with
-# fp32 probabilities as a lone decode has them: the bf16 prefill kernel is faster from 3-5 rows on
-# (a layer over 600 tokens of context: 9 rows 107 against 254 us), but its bf16 probabilities
-# break greedy near-ties away from the output without speculation, and on the copy-heavy benchmark
-# it gained nothing over this (bench/RESULTS.md, issue 17)
+# chunks up to this long (a speculating sequence's 1 + n tokens) attend with fp32 probabilities,
+# as a lone decode has them: bf16 ones break greedy near-ties away from the output without
+# speculation. With the bf16 prefill kernel they run through it in its exact mode (P.V in fp32:
+# a layer over 600 tokens of context, 9 rows 100 against 214 us as decode rows); without it, as
+# decode rows, each over the context up to its token (bench/RESULTS.md, issue 17)
 SHORT_CHUNK = 16
 
 
@@ -39,14 +39,18 @@ class SeqSlice:
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [T] flat slot of each new token's K/V
     # the first num_decodes tokens attend as decode rows: one query over its sequence's context up
-    # to itself (single-token decodes; with KernelAttention also the tokens of short chunks)
+    # to itself (single-token decodes; with KernelAttention without its prefill kernel, also the
+    # tokens of short chunks)
     num_decodes: int
     # PyTorch backend: per group of decodes of similar length, (first, end, block ids [B, W],
     # mask [B, 1, 1, W * block_size]); per prefill chunk, (q_start, q_end, block ids, context)
     decodes: list[tuple[int, int, torch.Tensor, torch.Tensor]] | None = None
     prefills: list[tuple[int, int, torch.Tensor, int]] | None = None
     # CPU prefill kernel: the chunks' block tables [S, W], offsets of their rows in the prefill
-    # part of q [S + 1] and context lengths [S], all int32
+    # part of q [S + 1] and context lengths [S], all int32; first the `num_short` tokens of the
+    # short chunks (SHORT_CHUNK) right after the decodes, then the other chunks
+    short_batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+    num_short: int = 0
     prefill_batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
     # flash-attn backend
     cu_seqlens_q: torch.Tensor | None = None
@@ -190,7 +194,8 @@ class TorchAttention:
 class KernelAttention(TorchAttention):
     """CPU backend: one call of the compiled kernel (engine/csrc) decodes every sequence, reading
     K/V in place through the block tables; with `prefill` (bf16, a CPU with bf16 dot products),
-    one more call runs every prefill chunk, else they go through SDPA as in TorchAttention."""
+    the prefill chunks run through the prefill kernel (short ones in its exact mode, in a call of
+    their own), else they go through SDPA as in TorchAttention, short ones as decode rows."""
 
     def __init__(self, block_size: int, device: torch.device, kernel: ModuleType, prefill: bool):
         super().__init__(block_size, device)
@@ -207,12 +212,20 @@ class KernelAttention(TorchAttention):
             q, k_cache, v_cache, meta.block_tables, meta.context_lens, q.shape[-1] ** -0.5
         )
 
+    @staticmethod
+    def _num_short(slices: list[SeqSlice]) -> int:
+        """How many of these chunks, from the first, are short."""
+        count = 0
+        while count < len(slices) and slices[count].num_new <= SHORT_CHUNK:
+            count += 1
+        return count
+
     def build_metadata(self, slices: list[SeqSlice], num_decodes: int) -> AttentionMetadata:
-        """Chunks of at most SHORT_CHUNK tokens right after the decodes run as that many decode
-        rows, each over the context up to its token."""
-        split = num_decodes
-        while split < len(slices) and slices[split].num_new <= SHORT_CHUNK:
-            split += 1
+        if self.prefill:
+            return super().build_metadata(slices, num_decodes)
+        # without the prefill kernel, the short chunks right after the decodes run as that many
+        # decode rows, each over the context up to its token
+        split = num_decodes + self._num_short(slices[num_decodes:])
         rows = [
             s if s.num_new == 1 else SeqSlice(s.block_table, s.num_computed + j, 1)
             for s in slices[:split]
@@ -220,22 +233,34 @@ class KernelAttention(TorchAttention):
         ]
         return super().build_metadata(rows + slices[split:], len(rows))
 
+    def _kernel_batch(self, chunks: list[SeqSlice]) -> tuple[torch.Tensor, ...] | None:
+        if not chunks:
+            return None
+        _, tables = self._padded_tables(chunks)
+        starts = [0, *accumulate(s.num_new for s in chunks)]
+        lengths = [s.context_len for s in chunks]
+        return tuple(_int32(x, self.device) for x in (tables, starts, lengths))
+
     def _prefill_metadata(self, prefills: list[SeqSlice], meta: AttentionMetadata) -> None:
         if not self.prefill:
             return super()._prefill_metadata(prefills, meta)
-        if prefills:
-            _, tables = self._padded_tables(prefills)
-            starts = [0, *accumulate(s.num_new for s in prefills)]
-            lengths = [s.context_len for s in prefills]
-            meta.prefill_batch = tuple(_int32(x, self.device) for x in (tables, starts, lengths))
+        split = self._num_short(prefills)
+        meta.short_batch = self._kernel_batch(prefills[:split])
+        meta.num_short = sum(s.num_new for s in prefills[:split])
+        meta.prefill_batch = self._kernel_batch(prefills[split:])
 
     def _prefill(self, q, k_cache, v_cache, meta: AttentionMetadata, out: torch.Tensor) -> None:
         if not self.prefill:
             return super()._prefill(q, k_cache, v_cache, meta, out)
+        scale = q.shape[-1] ** -0.5
+        first, split = meta.num_decodes, meta.num_decodes + meta.num_short
+        if meta.short_batch:
+            out[first:split] = self.kernel.paged_prefill(
+                q[first:split], k_cache, v_cache, *meta.short_batch, scale, exact=True
+            )
         if meta.prefill_batch:
-            n = meta.num_decodes
-            out[n:] = self.kernel.paged_prefill(
-                q[n:], k_cache, v_cache, *meta.prefill_batch, q.shape[-1] ** -0.5
+            out[split:] = self.kernel.paged_prefill(
+                q[split:], k_cache, v_cache, *meta.prefill_batch, scale
             )
 
     def _decode_metadata(self, decodes: list[SeqSlice], meta: AttentionMetadata) -> None:

@@ -88,6 +88,36 @@ inline void accumulate(const uint32_t* p, const uint32_t* v, const float* alpha,
     for (int64_t c = 0; c < C; ++c) _mm512_storeu_ps(o + r * D + c * 16, acc[r][c]);
 }
 
+// the same with P in fp32 (`exact`): each pair of values widened, one FMA a key. A speculating
+// sequence's rows take this, so that their probabilities round as a lone decode's do: bf16 ones
+// break greedy near-ties away from the output without speculation
+template <int64_t D>
+inline void accumulate_exact(const float* p, const uint32_t* v, const float* alpha, float* o) {
+  constexpr int64_t C = D / 16;
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  __m512 acc[RB][C];
+  for (int64_t r = 0; r < RB; ++r) {
+    const __m512 a = _mm512_set1_ps(alpha[r]);
+    for (int64_t c = 0; c < C; ++c)
+      acc[r][c] = _mm512_mul_ps(_mm512_loadu_ps(o + r * D + c * 16), a);
+  }
+  for (int64_t m = 0; m < KT / 2; ++m) {
+    __m512 even[C], odd[C];  // keys 2m (the low halves) and 2m + 1
+    for (int64_t c = 0; c < C; ++c) {
+      const __m512i pair = _mm512_loadu_si512(v + m * D + c * 16);
+      even[c] = _mm512_castsi512_ps(_mm512_slli_epi32(pair, 16));
+      odd[c] = _mm512_castsi512_ps(_mm512_and_si512(pair, high));
+    }
+    for (int64_t r = 0; r < RB; ++r) {
+      const __m512 pe = _mm512_set1_ps(p[r * KT + 2 * m]), po = _mm512_set1_ps(p[r * KT + 2 * m + 1]);
+      for (int64_t c = 0; c < C; ++c)
+        acc[r][c] = _mm512_fmadd_ps(po, odd[c], _mm512_fmadd_ps(pe, even[c], acc[r][c]));
+    }
+  }
+  for (int64_t r = 0; r < RB; ++r)
+    for (int64_t c = 0; c < C; ++c) _mm512_storeu_ps(o + r * D + c * 16, acc[r][c]);
+}
+
 // keys past the context read as zeros (their scores are masked; their values weigh 0), and so do
 // the query rows that pad a run to whole register blocks
 alignas(64) constexpr uint16_t ZERO_ROW[128] = {};
@@ -154,7 +184,7 @@ void pack_values(const uint16_t* const* rows, uint32_t* vp) {
     }
 }
 
-template <int64_t D>
+template <int64_t D, bool EXACT>
 void prefill(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
              const int32_t* tables, const int32_t* starts, const int32_t* context_lens,
              uint16_t* out, int64_t seqs, int64_t q_heads, int64_t kv_heads, int64_t block_size,
@@ -245,6 +275,7 @@ void prefill(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache
           const int64_t visible = std::clamp<int64_t>(limit[r0 + r] - k0 + 1, 0, KT);
           if (visible == 0) {  // nothing of this tile yet: the row's sums stay as they are
             std::memset(p.data() + r * KT / 2, 0, KT / 2 * sizeof(uint32_t));
+            std::memset(sr, 0, KT * sizeof(float));
             alpha[r] = 1.f;
             continue;
           }
@@ -256,10 +287,16 @@ void prefill(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache
           alpha[r] = std::exp(top[r0 + r] - best);
           total[r0 + r] = total[r0 + r] * alpha[r] + sum;
           top[r0 + r] = best;
-          const __m512bh lo_hi = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(sr + 16), _mm512_loadu_ps(sr));
-          std::memcpy(p.data() + r * KT / 2, &lo_hi, sizeof lo_hi);
+          if constexpr (!EXACT) {
+            const __m512bh lo_hi =
+                _mm512_cvtne2ps_pbh(_mm512_loadu_ps(sr + 16), _mm512_loadu_ps(sr));
+            std::memcpy(p.data() + r * KT / 2, &lo_hi, sizeof lo_hi);
+          }
         }
-        accumulate<D>(p.data(), vp, alpha.data(), o + r0 * D);
+        if constexpr (EXACT)
+          accumulate_exact<D>(s.data(), vp, alpha.data(), o + r0 * D);
+        else
+          accumulate<D>(p.data(), vp, alpha.data(), o + r0 * D);
       }
     }
   }
@@ -305,7 +342,7 @@ void prefill(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache
 // context_lens[s] - (its new tokens) + j and sees keys 0..that position. Returns [T, Hq, D].
 torch::Tensor paged_prefill(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                             torch::Tensor block_tables, torch::Tensor starts,
-                            torch::Tensor context_lens, double scale) {
+                            torch::Tensor context_lens, double scale, bool exact) {
   TORCH_CHECK(q.dim() == 3 && (q.size(2) == 64 || q.size(2) == 128), "q must be [T, Hq, 64|128]");
   TORCH_CHECK(q.scalar_type() == torch::kBFloat16 && k_cache.scalar_type() == torch::kBFloat16 &&
                   v_cache.scalar_type() == torch::kBFloat16,
@@ -335,9 +372,9 @@ torch::Tensor paged_prefill(torch::Tensor q, torch::Tensor k_cache, torch::Tenso
        static_cast<float>(scale));
   };
   if (q.size(2) == 64)
-    run(prefill<64>);
+    exact ? run(prefill<64, true>) : run(prefill<64, false>);
   else
-    run(prefill<128>);
+    exact ? run(prefill<128, true>) : run(prefill<128, false>);
   return out;
 }
 

@@ -111,14 +111,23 @@ def test_it_takes_the_steps_the_modules_run_on_the_kernels(engine, uncopied):
     assert not uncopied.runner.cpu_decoder.serves(DENSE_ROWS)
 
 
-def test_short_chunks_attend_as_decode_rows(engine):
-    """A speculating sequence's 1 + n tokens attend as n + 1 decode rows, each over the context
-    up to its token; a longer chunk is a prefill."""
+def test_short_chunks_attend_with_fp32_probabilities(engine):
+    """A speculating sequence's 1 + n tokens: with the bf16 prefill kernel, a call of its own in
+    the kernel's exact mode; without it, n + 1 decode rows, each over the context up to its token.
+    A longer chunk is a prefill either way."""
+    attention = engine.runner.attention
+    with_kernel = getattr(attention, "prefill", False)
     for new in (2, 9, SHORT_CHUNK, SHORT_CHUNK + 1):
-        meta = engine.runner.attention.build_metadata([SeqSlice([0, 1, 2], 20, new)], 0)
-        assert meta.num_decodes == (new if new <= SHORT_CHUNK else 0)
-        if meta.num_decodes:
-            assert meta.context_lens.tolist() == list(range(21, 21 + new))
+        short = new <= SHORT_CHUNK
+        meta = attention.build_metadata([SeqSlice([0, 1, 2], 20, new)], 0)
+        if with_kernel:
+            assert meta.num_decodes == 0 and meta.num_short == (new if short else 0)
+            assert (meta.short_batch is not None) == short
+            assert (meta.prefill_batch is None) == short
+        else:
+            assert meta.num_decodes == (new if short else 0)
+            if short:
+                assert meta.context_lens.tolist() == list(range(21, 21 + new))
 
 
 def test_not_built_for_float_weights():
