@@ -54,8 +54,10 @@ def _train(args: argparse.Namespace) -> int:
 def _data(args: argparse.Namespace) -> int:
     from guard import dataset
 
-    counts = dataset.write(dataset.build(Path(args.source)), Path(args.out))
-    print(json.dumps(counts, indent=2))
+    out = Path(args.out)
+    counts = dataset.write(dataset.build(Path(args.source)), out)
+    evaluation = dataset.write(dataset.build_eval(Path(args.source)), out / "eval")
+    print(json.dumps({"train": counts, "evaluation only": evaluation}, indent=2))
     return 0
 
 

@@ -66,6 +66,11 @@ OPENAI_CATEGORIES = (
 PARENT = {"self-harm/intent": "self-harm", "self-harm/instructions": "self-harm",
           "violence/graphic": "violence"}  # fmt: skip
 
+# sets only evaluated on, never trained on (training reads DATA_DIR's own files, not this folder):
+# replies rated unsafe as a whole, without a category (UNSAFE)
+EVAL_DIR = DATA_DIR / "eval"
+UNSAFE = "unsafe"
+
 # over-refusal is measured on these benign look-alikes (prompts that sound dangerous but are fine)
 SCARY_BENIGN_SOURCES = ("xstest", "hatecheck", "toxigen")
 # benign sets sampled down (thousands of near-identical math problems and search questions teach
@@ -418,6 +423,23 @@ def build(root: Path = SHARED, seed: int = 0, upstream: Path = UPSTREAM) -> list
     return out
 
 
+def build_eval(root: Path = SHARED) -> list[Row]:
+    """The evaluation-only sets (EVAL_DIR): DICES' adversarial conversations with a chatbot, its
+    last turn rated for the whole conversation's safety, expert gold for DICES-350 and the crowd's
+    majority for DICES-990 ("unsure" majorities left out). The reply alone is kept: what the
+    output check reads. Its "unsafe" is broader than this taxonomy (bias, misinformation)."""
+    rows = []
+    for name, source in (("dices_350_expert", "dices-350-expert"), ("dices_990", "dices-990")):
+        data = json.loads((root / "dices" / f"{name}.json").read_text(encoding="utf-8"))
+        for item in data["instances"]:
+            rating = item["annotations"]["safety"]["majority_human"]
+            if rating in ("Yes", "No"):
+                labels = [UNSAFE] if rating == "Yes" else []
+                reply = item["instance"]["response"]
+                rows.append(Row(reply, source, str(item["id"]), "output", labels))
+    return rows
+
+
 def write(rows: list[Row], out_dir: Path = DATA_DIR) -> dict[str, int]:
     """One .jsonl.gz per source (mtime 0, so a rebuild of the same rows is byte-identical)."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -436,7 +458,7 @@ def write(rows: list[Row], out_dir: Path = DATA_DIR) -> dict[str, int]:
 
 
 def load(data_dir: Path = DATA_DIR) -> list[Row]:
-    """The shipped rows (guard/data/*.jsonl.gz)."""
+    """The shipped rows (guard/data/*.jsonl.gz; EVAL_DIR's with `load(EVAL_DIR)`)."""
     rows: list[Row] = []
     for path in sorted(data_dir.glob("*.jsonl.gz")):
         source = path.name.removesuffix(".jsonl.gz")

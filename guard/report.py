@@ -81,6 +81,21 @@ def write_report(report: dict[str, Any], stem: Path) -> None:
             for name, m in report["unseen_benign"].items()
         ),
         "",
+        "## Replies from a source no model trained on",
+        "",
+        "DICES (guard/data/eval): a chatbot's last turn in adversarial conversations, rated for "
+        'the whole conversation\'s safety (its "unsafe" is broader than this taxonomy: bias and '
+        "misinformation too), scored alone as the output check reads a reply. AUPRC of the "
+        "harmful head; flagged: any category at the default thresholds.",
+        "",
+        "| set | replies | unsafe | AUPRC | precision | recall | safe flagged |",
+        "|---|---|---|---|---|---|---|",
+        *(
+            f"| {name} | {m['replies']} | {m['unsafe']} | {_f(m['auprc'])} | "
+            f"{_f(m['precision'])} | {_f(m['recall'])} | {_f(m['safe_flagged_rate'])} |"
+            for name, m in report["unseen_replies"].items()
+        ),
+        "",
     ]
     if "loso" in report:
         lines += _section(

@@ -43,10 +43,12 @@ from guard.classifier import (
 )
 from guard.dataset import (
     CATEGORIES,
+    EVAL_DIR,
     HARMFUL,
     HEADS,
     JAILBREAK,
     SCARY_BENIGN_SOURCES,
+    UNSAFE,
     Row,
     data_hash,
     load,
@@ -449,6 +451,30 @@ def unseen_benign(fitted: Fitted, table: np.ndarray, pieces: WordPieces) -> dict
     return out
 
 
+def unseen_replies(fitted: Fitted, table: np.ndarray, pieces: WordPieces) -> dict[str, Any]:
+    """The evaluation-only replies (guard/data/eval: DICES), rated unsafe or safe as a whole,
+    scored by the shipped model as the output check would score them: the harmful head's ranking,
+    and what the default thresholds flag. Reported, never used to choose."""
+    rows = load(EVAL_DIR)
+    out = {}
+    for source in sorted({r.source for r in rows}):
+        part = [r for r in rows if r.source == source]
+        unsafe = np.array([UNSAFE in r.labels for r in part])
+        s = fitted.scores(featurize(part, table, pieces))
+        _, flags = gated(s, fitted.thresholds)
+        flagged = flags[:, CAT].any(axis=1)
+        precision, recall = _pr(unsafe, flagged)
+        out[source] = {
+            "replies": len(part),
+            "unsafe": int(unsafe.sum()),
+            "auprc": _auprc(unsafe, s[:, HARM]),
+            "precision": precision,
+            "recall": recall,
+            "safe_flagged_rate": round(float(flagged[~unsafe].mean()), 4),
+        }
+    return out
+
+
 def model_of(fitted: Fitted, table: np.ndarray, pieces: WordPieces) -> Model:
     keep = np.flatnonzero(np.abs(fitted.lex_coef).max(axis=1) > 1e-6)
     return Model(
@@ -489,6 +515,7 @@ def train(config: TrainConfig, out_dir: Path = ARTIFACT_DIR) -> dict[str, Any]:
         "thresholds": dict(zip(HEADS, map(float, fitted.thresholds), strict=True)),
         "test": evaluate([rows[i] for i in te], y[te], test_scores, fitted.thresholds),
         "unseen_benign": unseen_benign(fitted, table, pieces),
+        "unseen_replies": unseen_replies(fitted, table, pieces),
     }
     if config.loso:
         s_loso, t_loso, families, per_family = loso(rows, f, y, scary, split, config)

@@ -11,7 +11,9 @@ import numpy as np
 from guard.classifier import SafetyClassifier
 from guard.dataset import (
     BENIGN_CAP,
+    EVAL_DIR,
     HEADS,
+    UNSAFE,
     UPSTREAM,
     _rows_assistant_requests,
     _rows_benchmark_questions,
@@ -48,6 +50,14 @@ def test_train_writes_a_loadable_artifact_and_its_report(tmp_path: Path) -> None
     assert set(clf.scores("hello")) == set(HEADS)
     md = (tmp_path / "guard-v2-report.md").read_text()
     assert "Held-out test split" in md and "over-refusal" in md
+    # the evaluation-only replies, scored by the shipped model
+    replies = report["unseen_replies"]
+    assert {s: (m["replies"], m["unsafe"]) for s, m in replies.items()} == {
+        "dices-350-expert": (350, 175),
+        "dices-990": (990, 160),
+    }
+    assert all(0 < m["auprc"] <= 1 and 0 <= m["safe_flagged_rate"] <= 1 for m in replies.values())
+    assert "Replies from a source no model trained on" in md
     assert json.loads((tmp_path / "guard-v2-report.json").read_text())["version"] == "v2"
 
 
@@ -70,6 +80,17 @@ def test_leave_one_source_out_scores_every_row_with_a_model_blind_to_its_family(
     assert ((scores > 0) & (scores < 1)).all() and ((thresholds >= 0.5) & (thresholds < 1)).all()
     report = evaluate(rows, y, scores, thresholds)
     assert report["over_refusal"]["xstest"]["benign"] > 0
+
+
+def test_evaluation_only_replies_are_kept_apart_from_training() -> None:
+    """DICES' rated replies ship in guard/data/eval, which training never reads: no row of it
+    is among the training rows, and each is a reply labelled unsafe or not at all."""
+    held = load(EVAL_DIR)
+    assert len(held) == 1340 and {r.direction for r in held} == {"output"}
+    assert {tuple(r.labels) for r in held} == {(UNSAFE,), ()}
+    trained = load()
+    assert not {r.text for r in held} & {r.text for r in trained}
+    assert not any(UNSAFE in r.labels for r in trained)
 
 
 def test_splits_keep_groups_together() -> None:
