@@ -114,8 +114,8 @@ class AsyncEngine:
             try:
                 outputs = self.engine.step()
             except Exception:  # the loop must outlive any one bad step
-                log.exception("engine step failed; failing the requests in flight")
-                outputs = self.engine.fail_all()
+                log.exception("engine step failed; failing the requests that took part in it")
+                outputs = self.engine.fail_step()
             self._deliver(outputs)
 
 

@@ -63,6 +63,7 @@ class LLMEngine:
         self._requests: dict[str, list[Sequence]] = {}
         self._texts: dict[int, IncrementalText] = {}
         self._seen_queries = self._seen_hits = 0  # prefix-cache counters already exported
+        self._stepping: ScheduledBatch | None = None  # the step under way, for fail_step
         self._publish_load()
 
     # ------------------------------------------------------------ requests
@@ -162,7 +163,8 @@ class LLMEngine:
 
     @torch.inference_mode()
     def step(self) -> list[RequestOutput]:
-        batch = self.scheduler.schedule()
+        self._stepping = None  # what fail_step ends if this step raises
+        batch = self._stepping = self.scheduler.schedule()
         # a request whose prefill this step runs is running (and holds its blocks) for /load
         # while the step lasts, not only once its first token is out
         self._publish_load()
@@ -290,19 +292,29 @@ class LLMEngine:
         m.prefix_hits.inc(hits - self._seen_hits)
         self._seen_queries, self._seen_hits = queries, hits
 
-    def fail_all(self, reason: str = "error") -> list[RequestOutput]:
-        """After an unexpected error in a step: end every sequence rather than the loop."""
+    def fail_step(self, reason: str = "error") -> list[RequestOutput]:
+        """After an unexpected error in a step: end the requests that took part in it (their state
+        is unknown then, and one of them may be what failed). The others, waiting or not in the
+        step, go on; an error before the step was planned ends every request. Each choice of an
+        ended request gets `reason`, one that finished in the failed step too (its output never
+        left)."""
+        batch, self._stepping = self._stepping, None
+        if batch is None:
+            ended = dict(self._requests)
+        else:
+            ended = {}
+            for seq, _ in batch.items:
+                rid = seq.request.request_id
+                ended[rid] = self._requests.get(rid) or [*ended.get(rid, []), seq]
         outputs = []
-        for request_id, seqs in list(self._requests.items()):
+        for rid, seqs in ended.items():
+            self._requests.pop(rid, None)
             for seq in seqs:
                 if seq.status != SeqStatus.FINISHED:
                     self.scheduler.finish(seq, reason)
-                    outputs.append(
-                        RequestOutput(
-                            request_id, seq.choice, "", finish_reason=reason, stats=self._stats(seq)
-                        )
-                    )
+                out = RequestOutput(rid, seq.choice, "", finish_reason=reason)
+                out.stats = self._stats(seq)
+                outputs.append(out)
                 self._forget(seq)
-            self._requests.pop(request_id)
         self._publish_load()
         return outputs

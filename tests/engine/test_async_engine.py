@@ -4,10 +4,12 @@ import asyncio
 import sys
 import threading
 
+import pytest
+
 from engine.async_engine import AsyncEngine
 from engine.sequence import GenerationRequest
 
-from .conftest import assert_all_blocks_free, greedy
+from .conftest import assert_all_blocks_free, greedy, run_to_completion
 
 
 def test_a_failing_step_ends_its_requests_with_error_and_the_loop_goes_on(engine_factory):
@@ -40,6 +42,36 @@ def test_a_failing_step_ends_its_requests_with_error_and_the_loop_goes_on(engine
         engine.stop()
         del core.runner.model.forward  # back to the class's method
     assert calls["n"] > 1
+    assert_all_blocks_free(core)
+
+
+def test_a_failing_step_spares_the_requests_that_were_not_in_it(engine_factory):
+    """Only the requests of the failed step end (one of them may be what failed); one that was
+    waiting goes on, and its tokens are those it gets alone."""
+    core = engine_factory(num_blocks=2048, max_num_seqs=1)  # one request runs, the other waits
+    ask = [{"role": "user", "content": "Name a colour."}]
+    fails = core.tokenizer.apply_chat_template([{"role": "user", "content": "Hello"}])
+    waits = core.tokenizer.apply_chat_template(ask)
+    alone = run_to_completion(core, [GenerationRequest("alone", waits, greedy(4))])["alone"]
+    core.add_request(GenerationRequest("fails", fails, greedy(4)))
+    core.add_request(GenerationRequest("waits", waits, greedy(4)))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated kernel failure")
+
+    core.runner.model.forward = broken
+    try:
+        with pytest.raises(RuntimeError, match="simulated"):
+            core.step()
+    finally:
+        del core.runner.model.forward  # back to the class's method
+    ended = core.fail_step()
+    assert [(o.request_id, o.finish_reason) for o in ended] == [("fails", "error")]
+    served = []
+    while core.has_work():
+        served += core.step()
+    assert {o.request_id for o in served} == {"waits"} and served[-1].finish_reason == "length"
+    assert [t for o in served for t in o.token_ids] == [t for o in alone for t in o.token_ids]
     assert_all_blocks_free(core)
 
 
