@@ -86,6 +86,11 @@ class CompletionRequest(_Common, kw_only=True):
     prompt: str | list[str | int | list[int]]
     logprobs: int | None = None
     echo: bool = False
+    # OpenAI's legacy fields that would change the answer are refused rather than ignored (as
+    # the gateway refuses them for this engine, backends/fields.py): `best_of` above 1 (n drawn
+    # from more), `suffix` (insertion)
+    best_of: int | None = None
+    suffix: str | None = None
     max_tokens: int | None = 16  # OpenAI's default for completions
 
 
@@ -269,6 +274,8 @@ def _constraint(req: ChatRequest, use: ToolUse, fmt: ToolFormat) -> Constraint |
 
 def completion_params(req: CompletionRequest) -> SamplingParams:
     _check(not req.echo, "echo", "is not supported")
+    _check(req.best_of in (None, 1), "best_of", "is not supported (only 1)")
+    _check(not req.suffix, "suffix", "is not supported")
     return sampling_params(req, req.max_tokens, req.logprobs)
 
 

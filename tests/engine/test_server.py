@@ -269,6 +269,18 @@ def test_prompt_token_ids_out_of_the_vocabulary_are_refused_alone(server, client
     wait_idle(url, core)
 
 
+def test_legacy_completion_fields_that_change_the_answer_are_refused(server, client):
+    """`best_of` above 1 and `suffix` would each give another answer than the one asked for; they
+    are refused, not ignored, as the gateway refuses them for this engine."""
+    for extra, param in (({"best_of": 3, "n": 3}, "best_of"), ({"suffix": "end."}, "suffix")):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.completions.create(model="smollm2", prompt="Hi", max_tokens=2, **extra)
+        assert err.value.body["param"] == param
+    inert = {"best_of": 1, "suffix": ""}  # asks for nothing: accepted
+    out = client.completions.create(model="smollm2", prompt="Hi", max_tokens=2, **inert)
+    assert len(out.choices) == 1
+
+
 def test_malformed_json_and_sdk_errors(server, client):
     r = httpx.post(
         f"{server[0]}/v1/chat/completions",
