@@ -66,33 +66,13 @@ inline void scores(const uint32_t* const* q, const uint32_t* k, float scale, flo
   }
 }
 
-// o[r] = o[r] * alpha[r] + sum_n p[r][n] v_n for RB rows
-template <int64_t D>
-inline void accumulate(const uint32_t* p, const uint32_t* v, const float* alpha, float* o) {
-  constexpr int64_t C = D / 16;
-  __m512 acc[RB][C];
-  for (int64_t r = 0; r < RB; ++r) {
-    const __m512 a = _mm512_set1_ps(alpha[r]);
-    for (int64_t c = 0; c < C; ++c)
-      acc[r][c] = _mm512_mul_ps(_mm512_loadu_ps(o + r * D + c * 16), a);
-  }
-  for (int64_t m = 0; m < KT / 2; ++m) {
-    __m512i vm[C];
-    for (int64_t c = 0; c < C; ++c) vm[c] = _mm512_loadu_si512(v + m * D + c * 16);
-    for (int64_t r = 0; r < RB; ++r) {
-      const __m512i pm = _mm512_set1_epi32(static_cast<int>(p[r * KT / 2 + m]));
-      for (int64_t c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], bh(pm), bh(vm[c]));
-    }
-  }
-  for (int64_t r = 0; r < RB; ++r)
-    for (int64_t c = 0; c < C; ++c) _mm512_storeu_ps(o + r * D + c * 16, acc[r][c]);
-}
-
-// the same with P in fp32 (`exact`): each pair of values widened, one FMA a key. A speculating
-// sequence's rows take this, so that their probabilities round as a lone decode's do: bf16 ones
+// o[r] = o[r] * alpha[r] + sum_n p[r][n] v_n for RB rows. P in bf16 pairs (`pb`, vdpbf16ps), or
+// with EXACT in fp32 (`pf`: each pair of values widened, one FMA a key). A speculating sequence's
+// rows take the exact form, so that their probabilities round as a lone decode's do: bf16 ones
 // break greedy near-ties away from the output without speculation
-template <int64_t D>
-inline void accumulate_exact(const float* p, const uint32_t* v, const float* alpha, float* o) {
+template <int64_t D, bool EXACT>
+inline void accumulate(const uint32_t* pb, const float* pf, const uint32_t* v, const float* alpha,
+                       float* o) {
   constexpr int64_t C = D / 16;
   const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
   __m512 acc[RB][C];
@@ -102,16 +82,26 @@ inline void accumulate_exact(const float* p, const uint32_t* v, const float* alp
       acc[r][c] = _mm512_mul_ps(_mm512_loadu_ps(o + r * D + c * 16), a);
   }
   for (int64_t m = 0; m < KT / 2; ++m) {
-    __m512 even[C], odd[C];  // keys 2m (the low halves) and 2m + 1
+    __m512i vm[C];  // keys 2m (the low halves) and 2m + 1, pairwise
+    [[maybe_unused]] __m512 even[C], odd[C];  // the exact form's, widened once for all rows
     for (int64_t c = 0; c < C; ++c) {
-      const __m512i pair = _mm512_loadu_si512(v + m * D + c * 16);
-      even[c] = _mm512_castsi512_ps(_mm512_slli_epi32(pair, 16));
-      odd[c] = _mm512_castsi512_ps(_mm512_and_si512(pair, high));
+      vm[c] = _mm512_loadu_si512(v + m * D + c * 16);
+      if constexpr (EXACT) {
+        even[c] = _mm512_castsi512_ps(_mm512_slli_epi32(vm[c], 16));
+        odd[c] = _mm512_castsi512_ps(_mm512_and_si512(vm[c], high));
+      }
     }
     for (int64_t r = 0; r < RB; ++r) {
-      const __m512 pe = _mm512_set1_ps(p[r * KT + 2 * m]), po = _mm512_set1_ps(p[r * KT + 2 * m + 1]);
-      for (int64_t c = 0; c < C; ++c)
-        acc[r][c] = _mm512_fmadd_ps(po, odd[c], _mm512_fmadd_ps(pe, even[c], acc[r][c]));
+      if constexpr (EXACT) {
+        const __m512 pe = _mm512_set1_ps(pf[r * KT + 2 * m]),
+                     po = _mm512_set1_ps(pf[r * KT + 2 * m + 1]);
+        for (int64_t c = 0; c < C; ++c)
+          acc[r][c] = _mm512_fmadd_ps(po, odd[c], _mm512_fmadd_ps(pe, even[c], acc[r][c]));
+      } else {
+        const __m512i pm = _mm512_set1_epi32(static_cast<int>(pb[r * KT / 2 + m]));
+        for (int64_t c = 0; c < C; ++c)
+          acc[r][c] = _mm512_dpbf16_ps(acc[r][c], bh(pm), bh(vm[c]));
+      }
     }
   }
   for (int64_t r = 0; r < RB; ++r)
@@ -293,10 +283,7 @@ void prefill(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache
             std::memcpy(p.data() + r * KT / 2, &lo_hi, sizeof lo_hi);
           }
         }
-        if constexpr (EXACT)
-          accumulate_exact<D>(s.data(), vp, alpha.data(), o + r0 * D);
-        else
-          accumulate<D>(p.data(), vp, alpha.data(), o + r0 * D);
+        accumulate<D, EXACT>(p.data(), s.data(), vp, alpha.data(), o + r0 * D);
       }
     }
   }
