@@ -15,11 +15,16 @@ from sqlalchemy import Engine
 
 from admin_ui import render, sessions
 from core.settings import Settings
-from gateway import keys
+from tenancy import keys
+from tenancy.service import Tenancy
 
 
 def proxy_of(connection: ASGIConnection) -> Any:
     return connection.app.state.proxy
+
+
+def tenancy_of(connection: ASGIConnection) -> Tenancy:
+    return connection.app.state.tenancy
 
 
 def sql_of(connection: ASGIConnection) -> Engine:

@@ -8,9 +8,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.keys import TEAM_NAME, TEAM_NAME_RULE
-from gateway.limits import FRACTIONS, LIMIT_FIELDS, TIERS
-from gateway.models import Team
+from tenancy.limits import FRACTIONS, LIMIT_FIELDS, TIERS
+from tenancy.models import Team
+from tenancy.teams import TEAM_NAME, TEAM_NAME_RULE
 
 _MAX_INT = 2**53  # any larger is a typo, and would not survive a float round trip in Lua
 
@@ -38,7 +38,7 @@ LABELS: dict[str, tuple[str, str]] = {
 class TeamForm:
     values: dict[str, Any]  # as typed (models: a list), to fill the form again
     errors: dict[str, str] = field(default_factory=dict)
-    limits: dict[str, Any] = field(default_factory=dict)  # valid values, for gateway.keys
+    limits: dict[str, Any] = field(default_factory=dict)  # valid values, for tenancy.teams
 
 
 def text(form: Any, name: str) -> str:

@@ -10,7 +10,7 @@ from urllib.parse import urlencode
 
 from billing.api import MAX_DAYS
 from billing.models import ROLLUP_SUMS, UsageDaily
-from gateway.keys import TEAM_NAME
+from tenancy.teams import TEAM_NAME
 
 DEFAULT_DAYS = 30
 MAX_SERIES = 8  # more would be unreadable colours: the rest is drawn as "other"

@@ -31,7 +31,8 @@ from batch.models import BatchFile, BatchJob
 from batch.worker import BatchWorker
 from core.errors import GatewayError
 from core.openapi import body_operation, json_body
-from gateway.keys import TeamPolicy, key_prefix
+from tenancy.keys import key_prefix
+from tenancy.policy import TeamPolicy
 
 T = TypeVar("T")
 WINDOW = "24h"  # the one completion window OpenAI offers

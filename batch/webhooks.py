@@ -7,7 +7,7 @@ import secrets
 from sqlalchemy import Engine, update
 from sqlmodel import Session, col, select
 
-from gateway.models import Team
+from tenancy.models import Team
 
 
 def _new_secret() -> str:

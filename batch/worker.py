@@ -27,10 +27,11 @@ from batch.webhooks import team_secret
 from core.errors import GatewayError
 from core.settings import Settings
 from core.tasks import cancel_and_wait
-from gateway.keys import TeamPolicy, get_team, policy_of
 from gateway.proxy import Proxy
 from gateway.quotas import PLATFORM_BATCH_LEASES, PLATFORM_LEASES
 from gateway.request_ids import new_request_id
+from tenancy.policy import TeamPolicy, policy_of
+from tenancy.teams import get_team
 
 log = logging.getLogger("tokenyard.batch")
 

@@ -28,13 +28,13 @@ from redis.asyncio import Redis
 
 from billing.settle import Pricer
 from core.settings import Settings
-from gateway.keys import TeamPolicy
 from gateway.proxy import Proxy
 from router.catalog import DEFAULT_CATALOG, Catalog
 from router.classifier import DEFAULT_ARTIFACT, ComplexityClassifier
 from router.dataset import load_domains, random_split
 from router.policy import AUTO, Router, Scorer
 from router.upstreams import build_backends
+from tenancy.policy import TeamPolicy
 
 
 def _percentiles(seconds: list[float]) -> str:

@@ -1,12 +1,12 @@
 """The admin REST API under `/v1/admin/`, for scripts holding the admin key (TOKENYARD_ADMIN_KEY as
 `Authorization: Bearer`): teams (create, read, update limits, disable and enable, delete), their
 daily budgets with today's spend, and keys (create — the secret shown once —, list, revoke,
-rotate). The operations are gateway/keys.py's, as for the CLI and the admin UI; whatever changes a
-team's limits or a key's standing drops the gateway's cached lookups of the keys concerned
-(gateway/auth.py `forget`), so it applies at once. Errors are OpenAI's shape."""
+rotate). The operations are tenancy/service.py's, as for the CLI and the admin UI: whatever
+changes a team's limits or a key's standing drops the gateways' cached lookups of the keys
+concerned, so it applies at once. Errors are OpenAI's shape."""
 
-import asyncio
-from collections.abc import Callable
+import contextlib
+from collections.abc import Iterator
 from typing import Annotated, Any, TypeVar
 
 import msgspec
@@ -19,12 +19,14 @@ from msgspec import UNSET, UnsetType
 from core.errors import GatewayError
 from core.openapi import json_body
 from core.operator_keys import require_admin
-from gateway import auth, keys
 from gateway.proxy import Proxy
 from gateway.quotas import day_number
 from gateway.validation import decode_json
+from tenancy.errors import AlreadyExists, ManagementError
+from tenancy.models import Team
+from tenancy.service import Tenancy
+from tenancy.teams import team_record
 
-_T = TypeVar("_T")
 _S = TypeVar("_S", bound=msgspec.Struct)
 Count = Annotated[int, msgspec.Meta(ge=0)]
 Share = Annotated[float, msgspec.Meta(ge=0, le=1)]
@@ -90,112 +92,113 @@ def _admin_only(connection: ASGIConnection, _: BaseRouteHandler) -> None:
     require_admin(connection.headers.get("authorization"), proxy.settings.admin_key)
 
 
+def _tenancy(request: Request) -> Tenancy:
+    return request.app.state.tenancy
+
+
+@contextlib.contextmanager
+def _refusals() -> Iterator[None]:
+    """A tenancy operation's refusals as HTTP errors."""
+    try:
+        yield
+    except AlreadyExists as exc:
+        raise GatewayError(409, str(exc), code="already_exists") from None
+    except ManagementError as exc:
+        raise GatewayError(404, str(exc), code="not_found") from None
+    except ValueError as exc:
+        raise GatewayError(400, str(exc)) from None
+
+
+async def _existing(request: Request, name: str) -> Team:
+    team = await _tenancy(request).team(name)
+    if team is None:
+        raise GatewayError(404, f"no team {name!r}", code="not_found")
+    return team
+
+
 class AdminController(Controller):
     path = "/v1/admin"
     guards = (_admin_only,)
 
-    @staticmethod
-    async def _run(request: Request, operation: Callable[..., _T], *args: Any) -> _T:
-        """A keys.py operation in a thread (SQL never blocks the event loop), its refusals as
-        HTTP errors."""
-        try:
-            return await asyncio.to_thread(operation, request.app.state.proxy.auth.sql, *args)
-        except keys.AlreadyExists as exc:
-            raise GatewayError(409, str(exc), code="already_exists") from None
-        except keys.ManagementError as exc:
-            raise GatewayError(404, str(exc), code="not_found") from None
-        except ValueError as exc:
-            raise GatewayError(400, str(exc)) from None
-
-    @staticmethod
-    async def _forget(request: Request, hashes: list[str]) -> None:
-        await auth.forget(request.app.state.proxy.quotas.redis, hashes)
-
-    async def _changed(self, request: Request, name: str, team: Any) -> Response[bytes]:
-        """A team whose limits or standing changed: its keys' cached lookups dropped."""
-        await self._forget(request, await self._run(request, keys.active_key_hashes, name))
-        return _json(keys.team_record(team))
-
     @get("/teams")
     async def list_teams(self, request: Request) -> Response[bytes]:
-        teams = await self._run(request, keys.list_teams)
-        return _json({"object": "list", "data": [keys.team_record(t) for t in teams]})
+        teams = await _tenancy(request).teams()
+        return _json({"object": "list", "data": [team_record(t) for t in teams]})
 
     @post("/teams", operation_class=json_body(NewTeam))
     async def create_team(self, request: Request) -> Response[bytes]:
         new = _body(await request.body(), NewTeam)
-        team = await self._run(request, lambda sql: keys.create_team(sql, new.name, **_set(new)))
-        return _json(keys.team_record(team), 201)
+        with _refusals():
+            team = await _tenancy(request).create_team(new.name, **_set(new))
+        return _json(team_record(team), 201)
 
     @get("/teams/{name:str}")
     async def read_team(self, request: Request, name: FromPath[str]) -> Response[bytes]:
-        team = await self._run(request, keys.get_team, name)
-        if team is None:
-            raise GatewayError(404, f"no team {name!r}", code="not_found")
-        return _json(keys.team_record(team))
+        return _json(team_record(await _existing(request, name)))
 
     @patch("/teams/{name:str}", operation_class=json_body(TeamLimits))
     async def update_team(self, request: Request, name: FromPath[str]) -> Response[bytes]:
         limits = _set(_body(await request.body(), TeamLimits))
-        team = await self._run(request, lambda sql: keys.update_team(sql, name, **limits))
-        return await self._changed(request, name, team)
+        with _refusals():
+            team = await _tenancy(request).update_team(name, **limits)
+        return _json(team_record(team))
 
     @post("/teams/{name:str}/disable")
     async def disable_team(self, request: Request, name: FromPath[str]) -> Response[bytes]:
-        team, hashes = await self._run(request, keys.set_disabled, name, True)
-        await self._forget(request, hashes)
-        return _json(keys.team_record(team))
+        with _refusals():
+            team = await _tenancy(request).set_disabled(name, True)
+        return _json(team_record(team))
 
     @post("/teams/{name:str}/enable")
     async def enable_team(self, request: Request, name: FromPath[str]) -> Response[bytes]:
-        team, hashes = await self._run(request, keys.set_disabled, name, False)
-        await self._forget(request, hashes)
-        return _json(keys.team_record(team))
+        with _refusals():
+            team = await _tenancy(request).set_disabled(name, False)
+        return _json(team_record(team))
 
     @delete("/teams/{name:str}", status_code=200)
     async def delete_team(self, request: Request, name: FromPath[str]) -> Response[bytes]:
-        await self._forget(request, await self._run(request, keys.delete_team, name))
+        with _refusals():
+            await _tenancy(request).delete_team(name)
         return _json({"name": name, "deleted": True})
 
     @get("/teams/{name:str}/budget")
     async def read_budget(self, request: Request, name: FromPath[str]) -> Response[bytes]:
-        team = await self._run(request, keys.get_team, name)
-        if team is None:
-            raise GatewayError(404, f"no team {name!r}", code="not_found")
-        return _json(await _budget(request, team))
+        return _json(await _budget(request, await _existing(request, name)))
 
     @put("/teams/{name:str}/budget", operation_class=json_body(Budget))
     async def set_budget(self, request: Request, name: FromPath[str]) -> Response[bytes]:
         limits = _set(_body(await request.body(), Budget))
-        team = await self._run(request, lambda sql: keys.update_team(sql, name, **limits))
-        await self._forget(request, await self._run(request, keys.active_key_hashes, name))
+        with _refusals():
+            team = await _tenancy(request).update_team(name, **limits)
         return _json(await _budget(request, team))
 
     @get("/keys")
     async def list_keys(self, request: Request) -> Response[bytes]:
-        team = request.query_params.get("team") or None
-        found = await self._run(request, keys.list_keys, team)
+        found = await _tenancy(request).keys(request.query_params.get("team") or None)
         return _json({"object": "list", "data": [k.record() for k in found]})
 
     @post("/keys", operation_class=json_body(NewKey))
     async def create_key(self, request: Request) -> Response[bytes]:
-        new = await self._run(request, keys.create_key, _body(await request.body(), NewKey).team)
+        team = _body(await request.body(), NewKey).team
+        with _refusals():
+            new = await _tenancy(request).create_key(team)
         return _json({"key": new.key, "prefix": new.prefix, "team": new.team}, 201)
 
     @post("/keys/{prefix:str}/revoke")
     async def revoke_key(self, request: Request, prefix: FromPath[str]) -> Response[bytes]:
-        await self._forget(request, [await self._run(request, keys.revoke_key, prefix)])
+        with _refusals():
+            await _tenancy(request).revoke_key(prefix)
         return _json({"prefix": prefix, "revoked": True})
 
     @post("/keys/{prefix:str}/rotate")
     async def rotate_key(self, request: Request, prefix: FromPath[str]) -> Response[bytes]:
-        new, old_hash = await self._run(request, keys.rotate_key, prefix)
-        await self._forget(request, [old_hash])
+        with _refusals():
+            new = await _tenancy(request).rotate_key(prefix)
         body = {"key": new.key, "prefix": new.prefix, "team": new.team, "revoked": prefix}
         return _json(body, 201)
 
 
-async def _budget(request: Request, team: Any) -> dict[str, Any]:
+async def _budget(request: Request, team: Team) -> dict[str, Any]:
     """The daily budgets and what today (UTC) has used of them, from the quota counters."""
     names = request.app.state.proxy.quotas.team_keys(team.name)
     day = day_number()

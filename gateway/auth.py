@@ -1,15 +1,16 @@
 """API key → team, through two short-lived caches (this process, then Redis) in front of SQL.
 
 Each cache layer lives `ttl` seconds, so a revoked key stops working within 2 x ttl everywhere
-(revoke and team changes delete the Redis entries, leaving only the in-process layer). Keys are
-hashed before any lookup and never logged. Each key's last use goes to a Redis hash by its prefix,
-at most once per _LAST_USED_EVERY_S per process, in the background: never a SQL write per request.
+(revoke and team changes delete the Redis entries, tenancy/service.py, leaving only the in-process
+layer). Keys are hashed before any lookup and never logged. Each key's last use goes to a Redis hash
+by its prefix, at most once per _LAST_USED_EVERY_S per process, in the background: never a SQL
+write per request.
 """
 
 import asyncio
 import contextlib
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
 import anyio
 import msgspec
@@ -18,25 +19,15 @@ from redis.exceptions import RedisError
 from sqlalchemy import Engine
 
 from core.errors import GatewayError
-from gateway.keys import KEY_PREFIX_LEN, TeamPolicy, bearer_key, hash_key, lookup_key
+from tenancy.keys import KEY_PREFIX_LEN, bearer_key, hash_key, lookup_key
+from tenancy.policy import TeamPolicy
+from tenancy.service import cache_key
 
 _MAX_LOCAL = 10_000  # bounded so that a flood of random keys cannot grow memory
 LAST_USED = "ty:key-last-used"  # hash: key prefix -> unix time of its last authenticated request
 _LAST_USED_EVERY_S = 5.0
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(TeamPolicy | None)
-
-
-def cache_key(key_hash: str) -> str:
-    return f"ty:key:{key_hash}"
-
-
-async def forget(redis: aioredis.Redis, key_hashes: Iterable[str]) -> None:
-    """Drop the Redis-cached lookups of these keys (revoked, or their team changed): every gateway
-    then sees the change once its own process cache expires, within `ttl`."""
-    names = [cache_key(h) for h in key_hashes]
-    if names:
-        await redis.delete(*names)
 
 
 def authorization_of(headers: Mapping[str, str]) -> str | None:

@@ -1,6 +1,7 @@
 """`tokenyard gateway`, `tokenyard teams …`, `tokenyard keys …` and `tokenyard up`."""
 
 import argparse
+import asyncio
 import contextlib
 import json
 import os
@@ -9,16 +10,18 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 from pydantic import SecretStr
 
 from core.settings import Settings, get_settings
-from gateway.limits import LIMIT_FIELDS, LIMIT_HELP
+from tenancy.limits import LIMIT_FIELDS, LIMIT_HELP
 
 DEMO_TEAM = "demo"
+_T = TypeVar("_T")
 
 
 def _sql(settings: Settings) -> Any:
@@ -34,7 +37,7 @@ def _limits(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _print_teams(teams: list[Any], as_json: bool) -> None:
-    from gateway.keys import team_record
+    from tenancy.teams import team_record
 
     records = [team_record(t) for t in teams]
     if as_json:
@@ -45,81 +48,76 @@ def _print_teams(teams: list[Any], as_json: bool) -> None:
         print(f"{name}: " + ", ".join(f"{k}={v}" for k, v in record.items()))
 
 
+def _change(settings: Settings, work: Callable[[Any], Awaitable[_T]]) -> _T:
+    """A change through tenancy's service, as the admin API and UI make it: the gateways' cached
+    lookups of the keys it concerns are dropped from Redis (best effort), so it applies now."""
+    from gateway.store import connect, embedded_redis, redis_url
+    from tenancy.service import Tenancy
+
+    async def run() -> _T:
+        embedded = None if settings.redis_url else embedded_redis(settings.data_dir)
+        redis = connect(redis_url(settings, embedded))
+        try:
+            return await work(Tenancy(_sql(settings), redis))
+        finally:
+            await redis.aclose()
+
+    return asyncio.run(run())
+
+
 def _teams(args: argparse.Namespace) -> int:
-    from gateway import keys
+    from tenancy import teams
+    from tenancy.errors import ManagementError
 
     settings = get_settings()
-    sql = _sql(settings)
+    name = getattr(args, "name", "")  # "list" has none
     try:
         if args.action == "create":
-            _print_teams([keys.create_team(sql, args.name, **_limits(args))], args.json)
-        elif args.action == "update":
-            team = keys.update_team(sql, args.name, **_limits(args))
-            # gateways cache key lookups with the team's limits: forget them so they apply now
-            _drop_cached_keys(settings, keys.active_key_hashes(sql, args.name))
+            team = teams.create_team(_sql(settings), name, **_limits(args))
             _print_teams([team], args.json)
+        elif args.action == "update":
+            limits = _limits(args)
+            _print_teams([_change(settings, lambda t: t.update_team(name, **limits))], args.json)
         elif args.action == "show":
-            team = keys.get_team(sql, args.name)
+            team = teams.get_team(_sql(settings), name)
             if team is None:
-                raise keys.ManagementError(f"no team {args.name!r}")
+                raise ManagementError(f"no team {name!r}")
             _print_teams([team], args.json)
         elif args.action == "delete":
-            _drop_cached_keys(settings, keys.delete_team(sql, args.name))
-            print(f"deleted team {args.name} and its keys (its usage records are kept)")
+            _change(settings, lambda t: t.delete_team(name))
+            print(f"deleted team {name} and its keys (its usage records are kept)")
         elif args.action in ("disable", "enable"):
-            team, hashes = keys.set_disabled(sql, args.name, args.action == "disable")
-            _drop_cached_keys(settings, hashes)
-            _print_teams([team], args.json)
+            disabled = args.action == "disable"
+            _print_teams([_change(settings, lambda t: t.set_disabled(name, disabled))], args.json)
         else:
-            _print_teams(keys.list_teams(sql), args.json)
-    except (keys.ManagementError, ValueError) as exc:
+            _print_teams(teams.list_teams(_sql(settings)), args.json)
+    except (ManagementError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0
 
 
-def _drop_cached_keys(settings: Settings, key_hashes: list[str]) -> None:
-    """Best effort: forget these keys' cached lookups in Redis now rather than when they expire."""
-    import redis
-
-    from gateway.auth import cache_key
-    from gateway.store import embedded_redis
-
-    if not key_hashes:
-        return
-    try:
-        if settings.redis_url:
-            url = settings.redis_url.get_secret_value()
-            client = redis.Redis.from_url(url, socket_timeout=1.0)
-        else:
-            client = embedded_redis(settings.data_dir)
-        client.delete(*(cache_key(h) for h in key_hashes))
-    except redis.RedisError:
-        pass
-
-
 def _keys(args: argparse.Namespace) -> int:
-    from gateway import keys
+    from tenancy import keys
+    from tenancy.errors import ManagementError
 
     settings = get_settings()
-    sql = _sql(settings)
     try:
         if args.action == "create":
-            new = keys.create_key(sql, args.team)
+            new = keys.create_key(_sql(settings), args.team)
             print(f"key for team {new.team} (prefix {new.prefix}); shown once:")
             print(new.key)
         elif args.action == "list":
-            _print_keys(keys.list_keys(sql, args.team), args.json)
+            _print_keys(keys.list_keys(_sql(settings), args.team), args.json)
         elif args.action == "rotate":
-            new, old_hash = keys.rotate_key(sql, args.prefix)
-            _drop_cached_keys(settings, [old_hash])
+            new = _change(settings, lambda t: t.rotate_key(args.prefix))
             print(f"revoked {args.prefix}; new key for team {new.team} (prefix {new.prefix}),")
             print("shown once:")
             print(new.key)
         else:
-            _drop_cached_keys(settings, [keys.revoke_key(sql, args.prefix)])
+            _change(settings, lambda t: t.revoke_key(args.prefix))
             print(f"revoked {args.prefix}")
-    except keys.ManagementError as exc:
+    except ManagementError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0
@@ -182,10 +180,10 @@ def _demo_key(sql: Any, data_dir: Path) -> str:
     """The demo team's key: the one this data dir's last `up` made while it still works (kept in
     a file only the owner reads), else a new one. Keys are stored hashed, so the file is the only
     way to show it again."""
-    from gateway import keys
+    from tenancy import keys, teams
 
-    if keys.get_team(sql, DEMO_TEAM) is None:
-        keys.create_team(sql, DEMO_TEAM, rpm=600, tpm=200_000, concurrency=16)
+    if teams.get_team(sql, DEMO_TEAM) is None:
+        teams.create_team(sql, DEMO_TEAM, rpm=600, tpm=200_000, concurrency=16)
     saved = data_dir / "demo-key"
     if saved.exists():
         key = saved.read_text().strip()

@@ -31,8 +31,6 @@ from core.settings import Settings
 from core.usage import Pricer, Usage
 from gateway import access_log, metrics, refusals, request_ids
 from gateway.auth import Authenticator, authorization_of
-from gateway.keys import TeamPolicy, key_prefix
-from gateway.limits import TIERS
 from gateway.quotas import LeaseKeeper, Quotas, Reservation
 from gateway.screening import CONTENT_FILTER, InputCheck, blocked_error, filter_reply, input_text
 from gateway.settlement import Settlement, usage_of
@@ -41,6 +39,9 @@ from gateway.streaming import DONE, SSE_HEADERS, StreamResult, relay, reply_deco
 from gateway.tracing import NO_TRACE, RequestTrace, Tracing
 from gateway.validation import Kind, Parsed, client_request_id, parse
 from router.policy import NoRoute, Route, Router, Saturation, Unsupported, prefix_text
+from tenancy.keys import key_prefix
+from tenancy.limits import TIERS
+from tenancy.policy import TeamPolicy
 
 RESPONSES_PATH = "/v1/responses"
 PATHS = {

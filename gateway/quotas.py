@@ -20,11 +20,11 @@ from redis.exceptions import RedisError
 from core.errors import GatewayError
 from core.tasks import cancel_and_wait
 from core.usage import USAGE_STREAM, Usage
-from gateway.keys import TeamPolicy
 from gateway.ratelimit_headers import rate_limit_headers
 from gateway.spool import UsageSpool
 from gateway.store import BatchedScript
 from gateway.tracing import NO_TRACE, RequestTrace
+from tenancy.policy import TeamPolicy
 
 log = logging.getLogger("tokenyard.gateway")
 

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 from backends.base import ModelInfo
 from core.errors import GatewayError
 from core.settings import Settings
-from gateway.keys import TeamPolicy
 from gateway.validation import Parsed
+from tenancy.policy import TeamPolicy
 
 # the most a prompt's template and default system prompt may add to its byte estimate (tokens)
 MAX_PROMPT_OVERHEAD = 256.0

@@ -16,10 +16,10 @@ from core.errors import GatewayError
 from core.usage import Usage
 from gateway import metrics as gateway_metrics
 from gateway import request_ids
-from gateway.keys import key_prefix
 from gateway.proxy import Proxy
 from guard.dataset import HARMFUL, OPENAI_CATEGORIES, PARENT
 from guard.service import Guard
+from tenancy.keys import key_prefix
 
 MAX_INPUTS = 256
 MODEL = "tokenyard-guard"  # the name usage records and answers carry

@@ -86,9 +86,9 @@ def _print_policy(team: str, policy: Any, as_json: bool, own: bool) -> None:
 
 
 def _policy(args: argparse.Namespace) -> int:
-    from gateway import keys
     from guard import store
     from guard.policy import DEFAULT, apply, parse_change
+    from tenancy.teams import get_team
 
     sql = _sql()
     try:
@@ -96,7 +96,7 @@ def _policy(args: argparse.Namespace) -> int:
             for team in store.policy_teams(sql):
                 print(team)
             return 0
-        if keys.get_team(sql, args.team) is None:
+        if get_team(sql, args.team) is None:
             raise ValueError(f"no team {args.team!r}")
         current = store.read_policy(sql, args.team)
         if args.action == "show":

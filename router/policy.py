@@ -38,7 +38,7 @@ class Route:
 
 
 class TeamRouting(Protocol):
-    """What a team's policy says about routing (gateway.keys.TeamPolicy has these fields)."""
+    """What a team's policy says about routing (tenancy.policy.TeamPolicy has these fields)."""
 
     @property
     def models(self) -> tuple[str, ...]: ...  # allowed models; empty: all

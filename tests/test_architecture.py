@@ -22,6 +22,7 @@ PACKAGES = (
     "gateway",
     "router",
     "backends",
+    "tenancy",
     "engine",
     "embeddings",
     "core",

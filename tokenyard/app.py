@@ -48,6 +48,7 @@ from router.catalog import load_catalog
 from router.classifier import ComplexityClassifier
 from router.policy import Router, Scorer
 from router.upstreams import build_backends
+from tenancy.service import Tenancy
 
 log = logging.getLogger("tokenyard.gateway")
 
@@ -84,6 +85,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         catalog = load_catalog(settings)
         backends = build_backends(catalog, redis, settings)
         auth = Authenticator(sql, redis, settings.gateway_key_cache_s)
+        app.state.tenancy = Tenancy(sql, redis)
         router = Router(catalog, Scorer(ComplexityClassifier.load))
         # the safety layer: its classifier loads here, before the gateway serves anything
         guard = None

@@ -10,8 +10,7 @@ from litestar.params import FromPath
 from litestar.response import Redirect
 
 from admin_ui import forms, render
-from admin_ui.access import admin_only, in_thread, sql_of
-from gateway import keys
+from admin_ui.access import admin_only, in_thread, sql_of, tenancy_of
 from guard import store
 from guard.policy import ACTIONS, DEFAULT, DIRECTIONS, Policy, Rule, as_table, heads_of
 
@@ -74,7 +73,7 @@ class Guard(Controller):
             limit=PAGE,
             before_id=before_id,
         )
-        teams = await in_thread(keys.list_teams, sql_of(request))
+        teams = await tenancy_of(request).teams()
         return await render.page(
             request,
             "guard.html",
@@ -95,7 +94,7 @@ class Guard(Controller):
         errors: dict[str, str],
         status: int,
     ) -> Response:
-        if await in_thread(keys.get_team, sql_of(request), name) is None:
+        if await tenancy_of(request).team(name) is None:
             raise NotFoundException(f"no team {name!r}")
         own = await in_thread(store.read_policy, sql_of(request), name)
         shown = policy or own or DEFAULT
@@ -120,7 +119,7 @@ class Guard(Controller):
     @post("/guard/policy/{name:str}")
     async def save_policy(self, request: Request, name: FromPath[str]) -> Response:
         form = await request.form()
-        if await in_thread(keys.get_team, sql_of(request), name) is None:
+        if await tenancy_of(request).team(name) is None:
             raise NotFoundException(f"no team {name!r}")
         if forms.text(form, "reset") == "1":
             await in_thread(store.delete_policy, sql_of(request), name)

@@ -9,11 +9,13 @@ from litestar.params import FromPath
 from litestar.response import Redirect
 
 from admin_ui import forms, render
-from admin_ui.access import admin_only, in_thread, proxy_of, sql_of
-from gateway import auth, keys
+from admin_ui.access import admin_only, proxy_of, tenancy_of
+from gateway import auth
+from tenancy.errors import ManagementError
+from tenancy.keys import KeyInfo
 
 
-async def last_used(request: Request, listed: list[keys.KeyInfo]) -> dict[str, datetime | None]:
+async def last_used(request: Request, listed: list[KeyInfo]) -> dict[str, datetime | None]:
     """Each key's last use: the gateways' Redis record, else the SQL column."""
     if not listed:
         return {}
@@ -29,8 +31,8 @@ class Keys(Controller):
 
     @get("/keys")
     async def keys_page(self, request: Request) -> Response:
-        listed = await in_thread(keys.list_keys, sql_of(request))
-        teams = await in_thread(keys.list_teams, sql_of(request))
+        listed = await tenancy_of(request).keys()
+        teams = await tenancy_of(request).teams()
         return await render.page(
             request,
             "keys.html",
@@ -44,16 +46,15 @@ class Keys(Controller):
     async def create_key(self, request: Request) -> Response:
         team = forms.text(await request.form(), "team")
         try:
-            new = await in_thread(keys.create_key, sql_of(request), team)
-        except keys.ManagementError as exc:
+            new = await tenancy_of(request).create_key(team)
+        except ManagementError as exc:
             raise NotFoundException(str(exc)) from None
         return await render.page(request, "key_created.html", 201, new=new)
 
     @post("/keys/{prefix:str}/revoke")
     async def revoke_key(self, request: Request, prefix: FromPath[str]) -> Response:
         try:
-            key_hash = await in_thread(keys.revoke_key, sql_of(request), prefix)
-        except keys.ManagementError as exc:
+            await tenancy_of(request).revoke_key(prefix)
+        except ManagementError as exc:
             raise NotFoundException(str(exc)) from None
-        await auth.forget(proxy_of(request).quotas.redis, [key_hash])
         return Redirect(f"/admin/keys?revoked={quote(prefix)}", status_code=303)

@@ -11,7 +11,7 @@ from litestar.response import Redirect
 from admin_ui import forms, render, sessions, throttle
 from admin_ui.access import admin_credential, proxy_of, settings_of
 from core.errors import GatewayError
-from gateway import keys
+from tenancy import keys
 
 _CSS = (Path(__file__).parent.parent / "static" / "admin.css").read_bytes()
 

@@ -8,10 +8,10 @@ from litestar.params import FromPath
 from litestar.response import Redirect
 
 from admin_ui import forms, render
-from admin_ui.access import admin_only, in_thread, proxy_of, settings_of, sql_of
+from admin_ui.access import admin_only, proxy_of, settings_of, tenancy_of
 from admin_ui.pages.keys import last_used
-from gateway import auth, keys
-from gateway.limits import LIMIT_FIELDS, TIERS
+from tenancy.errors import ManagementError
+from tenancy.limits import LIMIT_FIELDS, TIERS
 
 
 def _catalog(request: Request) -> list[str]:
@@ -22,7 +22,7 @@ class Teams(Controller):
     guards = [admin_only]  # noqa: RUF012 - Litestar reads it as a class attribute
 
     async def _teams_page(self, request: Request, form: forms.TeamForm, status: int) -> Response:
-        teams = await in_thread(keys.list_teams, sql_of(request))
+        teams = await tenancy_of(request).teams()
         return await render.page(
             request, "teams.html", status, teams=teams, form=form, **_form_context(request)
         )
@@ -36,10 +36,8 @@ class Teams(Controller):
         form = forms.parse(await request.form(), _catalog(request), with_name=True)
         if not form.errors:
             try:
-                await in_thread(
-                    keys.create_team, sql_of(request), form.values["name"], **form.limits
-                )
-            except (keys.ManagementError, ValueError) as exc:
+                await tenancy_of(request).create_team(form.values["name"], **form.limits)
+            except (ManagementError, ValueError) as exc:
                 form.errors["name"] = str(exc)
         if form.errors:
             return await self._teams_page(request, form, 400)
@@ -48,10 +46,10 @@ class Teams(Controller):
     async def _team_page(
         self, request: Request, name: str, form: forms.TeamForm | None, status: int
     ) -> Response:
-        team = await in_thread(keys.get_team, sql_of(request), name)
+        team = await tenancy_of(request).team(name)
         if team is None:
             raise NotFoundException(f"no team {name!r}")
-        listed = await in_thread(keys.list_keys, sql_of(request), name)
+        listed = await tenancy_of(request).keys(name)
         return await render.page(
             request,
             "team.html",
@@ -76,12 +74,10 @@ class Teams(Controller):
         if form.errors:
             return await self._team_page(request, name, form, 400)
         try:
-            await in_thread(keys.update_team, sql_of(request), name, **form.limits)
-        except keys.ManagementError as exc:
+            # it reaches every gateway once its process cache expires (gateway_key_cache_s)
+            await tenancy_of(request).update_team(name, **form.limits)
+        except ManagementError as exc:
             raise NotFoundException(str(exc)) from None
-        # the change reaches every gateway once its process cache expires (gateway_key_cache_s)
-        hashes = await in_thread(keys.active_key_hashes, sql_of(request), name)
-        await auth.forget(proxy_of(request).quotas.redis, hashes)
         return Redirect(f"/admin/teams/{name}?done=saved", status_code=303)
 
 

@@ -1,4 +1,4 @@
-"""Alembic environment: every table of the platform (gateway teams, keys and stored responses,
+"""Alembic environment: every table of the platform (teams and keys, the gateway's stored responses,
 billing usage, the batch tier, the safety layer's policies and audit log).
 
 Runs on the connection core.migrate passes in; from the alembic command line, on the database
@@ -11,14 +11,14 @@ from sqlmodel import SQLModel
 
 import batch.models
 import billing.models
-import gateway.models
 import gateway.responses.models
 import guard.models
+import tenancy.models
 from core.db import database_url
 from core.settings import get_settings
 
 # imported for their tables in SQLModel.metadata
-assert batch.models and billing.models and gateway.models and gateway.responses.models
+assert batch.models and billing.models and tenancy.models and gateway.responses.models
 assert guard.models
 
 

@@ -10,8 +10,8 @@ from multidict import MultiDict
 from admin_ui import charts, forms, status, usage
 from admin_ui.pages.sign_in import _local_next
 from billing.models import UsageDaily
-from gateway.keys import create_team
-from gateway.limits import LIMIT_FIELDS
+from tenancy.limits import LIMIT_FIELDS
+from tenancy.teams import create_team
 
 CATALOG = ["small", "big"]
 

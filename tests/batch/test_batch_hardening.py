@@ -12,7 +12,7 @@ import httpx
 import msgspec
 import pytest
 
-from gateway import keys
+from tenancy import keys, teams
 from tests.batch.conftest import FAST, line
 from tests.gateway.conftest import Gateway
 
@@ -31,7 +31,7 @@ def api(
 
     def client() -> httpx.Client:
         name = "t" + uuid.uuid4().hex[:10]
-        keys.create_team(sql, name)
+        teams.create_team(sql, name)
         key = keys.create_key(sql, name).key
         return httpx.Client(base_url=gw.url, headers={"authorization": f"Bearer {key}"})
 

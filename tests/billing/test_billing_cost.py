@@ -9,8 +9,8 @@ from billing.events import decoder, to_row
 from billing.pricing import costs
 from billing.settle import Pricer
 from core.usage import Usage
-from gateway.keys import key_prefix
 from router.catalog import Catalog, CatalogFile, ModelEntry, Price
+from tenancy.keys import key_prefix
 from tests.billing.conftest import event
 
 CATALOG = Catalog.load()

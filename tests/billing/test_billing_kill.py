@@ -20,7 +20,7 @@ from billing import reports
 from billing.models import UsageRecord
 from core.db import get_engine
 from core.usage import USAGE_STREAM
-from gateway import keys
+from tenancy import keys, teams
 from tests.billing.conftest import MODEL, record_sums, records
 from tests.gateway.conftest import Gateway, wait_until
 
@@ -94,7 +94,7 @@ def test_sigkill_mid_load_with_sql_down_loses_nothing(
     billing_env: dict[str, str], store: Store, tmp_path: Path, redis_server: Any
 ) -> None:
     name = "kill-" + uuid.uuid4().hex[:8]
-    keys.create_team(store.engine, name)
+    teams.create_team(store.engine, name)
     key = keys.create_key(store.engine, name).key
     env = {**billing_env, **store.env, "TOKENYARD_BILLING_BATCH_SIZE": "8"}
     doomed = Gateway(env, tmp_path / "doomed.log")

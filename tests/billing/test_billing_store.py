@@ -19,7 +19,7 @@ from billing import reports, store
 from billing.events import decoder, to_row
 from billing.models import ROLLUP_SUMS, UsageDaily
 from core.migrate import MIGRATIONS, upgrade
-from gateway.models import Team
+from tenancy.models import Team
 from tests.billing.conftest import event, record_sums, records
 
 

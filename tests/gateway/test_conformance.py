@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway import keys
+from tenancy import keys, teams
 from tests.batch.conftest import jsonl, line
 from tests.gateway.conftest import Gateway
 from tests.openai_spec import problems
@@ -37,7 +37,7 @@ def api(
     env = {**base_env, "TOKENYARD_ENGINE_URLS": f"smollm2={engine}"}
     gw = Gateway(env, tmp_path_factory.mktemp("conformance") / "gateway.log")
     name = "conf-" + uuid.uuid4().hex[:8]
-    keys.create_team(sql, name, kv_pages=20)  # 320 tokens in flight: a 429 is one request away
+    teams.create_team(sql, name, kv_pages=20)  # 320 tokens in flight: a 429 is one request away
     key = keys.create_key(sql, name).key
     auth = {"authorization": f"Bearer {key}"}
     # the first reply may wait on the engine building its CPU kernels (first use on a machine)

@@ -13,8 +13,8 @@ import openai
 import pytest
 
 from core.settings import Settings
-from gateway.auth import cache_key
-from gateway.keys import hash_key
+from tenancy.keys import hash_key
+from tenancy.service import cache_key
 from tests.gateway.conftest import (
     MODEL,
     TOKENYARD,

@@ -26,7 +26,6 @@ from hypothesis.stateful import (
 )
 
 from core.errors import GatewayError
-from gateway.keys import TeamPolicy
 from gateway.quotas import (
     PLATFORM_BATCH_LEASES,
     PLATFORM_LEASES,
@@ -35,6 +34,7 @@ from gateway.quotas import (
     Usage,
     day_number,
 )
+from tenancy.policy import TeamPolicy
 from tests.gateway.conftest import RedisServer
 
 DB = 13  # a database of its own: the platform lease sets are shared by every test in db 0

@@ -9,7 +9,7 @@ import openai
 import pytest
 
 from backends.fields import FIELDS
-from gateway import keys
+from tenancy import keys, teams
 from tests.gateway.conftest import Gateway, reservations, upstream_stats
 
 CHAT = [{"role": "user", "content": "hi #chunks=1"}]
@@ -39,7 +39,7 @@ REFUSED_BY_ENGINE = {
 @pytest.fixture(scope="module")
 def team(sql: Any) -> tuple[str, str]:
     name = "fields-" + uuid.uuid4().hex[:8]
-    keys.create_team(sql, name)
+    teams.create_team(sql, name)
     return name, keys.create_key(sql, name).key
 
 

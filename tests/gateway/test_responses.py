@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from gateway import keys
+from tenancy import keys, teams
 from tests.gateway.conftest import Gateway, reservations, upstream_stats
 from tests.openai_spec import problems
 
@@ -58,7 +58,7 @@ def conforms(name: str, instance: Any) -> None:
 @pytest.fixture
 def key(sql: Any) -> str:
     name = "resp-" + uuid.uuid4().hex[:8]
-    keys.create_team(sql, name)
+    teams.create_team(sql, name)
     return keys.create_key(sql, name).key
 
 
@@ -170,7 +170,7 @@ def test_stream_events_conform(capabilities_gw: Gateway, key: str) -> None:
 
 def test_stored_responses_are_team_scoped(capabilities_gw: Gateway, key: str, sql: Any) -> None:
     other_team = "resp-" + uuid.uuid4().hex[:8]
-    keys.create_team(sql, other_team)
+    teams.create_team(sql, other_team)
     other = capabilities_gw.client(keys.create_key(sql, other_team).key)
     mine = capabilities_gw.client(key)
     made = mine.responses.create(model="fake", input="hello #chunks=2", metadata={"k": "v"})
@@ -247,7 +247,7 @@ def test_a_refusal_reserves_nothing(
     capabilities_gw: Gateway, key: str, sql: Any, redis_server: Any
 ) -> None:
     name = "resp-" + uuid.uuid4().hex[:8]
-    keys.create_team(sql, name)
+    teams.create_team(sql, name)
     client = capabilities_gw.client(keys.create_key(sql, name).key)
     with pytest.raises(openai.BadRequestError):
         client.responses.create(model="plain", input="x", tools=[TOOL])  # type: ignore[list-item]

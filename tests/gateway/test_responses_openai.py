@@ -11,7 +11,7 @@ from typing import Any
 import openai
 import pytest
 
-from gateway import keys
+from tenancy import keys, teams
 from tests.backends.conftest import HERE as BACKENDS
 from tests.backends.conftest import control, start_server, stats
 from tests.gateway.conftest import Gateway, day_tokens, reservations, wait_until
@@ -66,7 +66,7 @@ supports = {{ tools = true, reasoning = true }}
 @pytest.fixture
 def team(sql: Any) -> tuple[str, str]:
     name = "roa-" + uuid.uuid4().hex[:8]
-    keys.create_team(sql, name)
+    teams.create_team(sql, name)
     return name, keys.create_key(sql, name).key
 
 

@@ -12,7 +12,7 @@ import pytest
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel
 
-from gateway import keys
+from tenancy import keys, teams
 from tests.gateway.conftest import Gateway
 
 WEATHER = {
@@ -47,7 +47,7 @@ def gw(
 @pytest.fixture(scope="module")
 def key(sql: Any) -> str:
     name = "struct-" + uuid.uuid4().hex[:8]
-    keys.create_team(sql, name)
+    teams.create_team(sql, name)
     return keys.create_key(sql, name).key
 
 

@@ -1,7 +1,8 @@
-"""Teams and API keys, the gateway's tables (sqlmodel; the engine is core.db's).
+"""Teams and API keys, the platform's tenancy tables (sqlmodel; the engine is core.db's).
 
-The request path never queries SQL directly: auth.py caches what it reads here (in process, then
-Redis) for well under a second, so revocations and limit changes still take effect promptly.
+The request path never queries SQL directly: gateway/auth.py caches what it reads here (in process,
+then Redis) for well under a second, and tenancy/service.py drops the Redis entries a change
+concerns, so revocations and limit changes take effect promptly.
 """
 
 from datetime import UTC, datetime

@@ -1,0 +1,114 @@
+"""tenancy/service.py: every change drops the cached lookups of exactly the keys it concerns, in a
+real Redis, and a change still stands when Redis is unreachable."""
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+
+from core.db import get_engine
+from tenancy import keys
+from tenancy.errors import AlreadyExists, ManagementError
+from tenancy.service import Tenancy, cache_key
+from tests.gateway.conftest import RedisServer, free_port
+
+
+@pytest.fixture(scope="module")
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def sql(tmp_path: Path) -> Any:
+    return get_engine(f"sqlite:///{tmp_path / 'tenancy.db'}")
+
+
+@pytest.fixture
+async def tenancy(sql: Any, redis_server: RedisServer) -> AsyncIterator[Tenancy]:
+    redis = aioredis.Redis.from_url(redis_server.url)
+    await redis.flushdb()
+    yield Tenancy(sql, redis)
+    await redis.aclose()
+
+
+async def _team_with_keys(tenancy: Tenancy, name: str, count: int) -> list[str]:
+    """A team with `count` keys, each key's lookup cached as a gateway leaves it; their secrets."""
+    await tenancy.create_team(name)
+    secrets = [(await tenancy.create_key(name)).key for _ in range(count)]
+    for secret in secrets:
+        await tenancy.redis.set(cache_key(keys.hash_key(secret)), b"cached")
+    return secrets
+
+
+async def _cached(tenancy: Tenancy, secrets: list[str]) -> list[bool]:
+    return [bool(await tenancy.redis.exists(cache_key(keys.hash_key(s)))) for s in secrets]
+
+
+async def test_each_change_drops_the_cached_lookups_of_its_keys_only(tenancy: Tenancy) -> None:
+    mine = await _team_with_keys(tenancy, "mine", 2)
+    other = await _team_with_keys(tenancy, "other", 1)
+
+    team = await tenancy.update_team("mine", rpm=7)
+    assert team.rpm == 7 and (await tenancy.team("mine")).rpm == 7  # type: ignore[union-attr]
+    assert await _cached(tenancy, mine) == [False, False]
+    assert await _cached(tenancy, other) == [True]
+
+    for secret in mine:  # cached again by the next requests
+        await tenancy.redis.set(cache_key(keys.hash_key(secret)), b"cached")
+    assert (await tenancy.set_disabled("mine", True)).disabled
+    assert await _cached(tenancy, mine) == [False, False]
+    assert keys.lookup_key(tenancy.sql, keys.hash_key(mine[0])) is None  # refused while disabled
+    assert not (await tenancy.set_disabled("mine", False)).disabled
+    assert keys.lookup_key(tenancy.sql, keys.hash_key(mine[0])) is not None
+
+    for secret in mine:
+        await tenancy.redis.set(cache_key(keys.hash_key(secret)), b"cached")
+    await tenancy.revoke_key(mine[0][: keys.KEY_PREFIX_LEN])
+    assert await _cached(tenancy, mine) == [False, True]
+
+    rotated = await tenancy.rotate_key(mine[1][: keys.KEY_PREFIX_LEN])
+    assert rotated.team == "mine" and rotated.key != mine[1]
+    assert await _cached(tenancy, mine) == [False, False]
+    assert keys.lookup_key(tenancy.sql, keys.hash_key(mine[1])) is None
+    assert keys.lookup_key(tenancy.sql, keys.hash_key(rotated.key)) is not None
+
+    await tenancy.delete_team("other")
+    assert await _cached(tenancy, other) == [False]
+    assert await tenancy.team("other") is None
+    assert [k.team for k in await tenancy.keys()] == ["mine"] * 3
+
+
+async def test_refusals_change_nothing(tenancy: Tenancy) -> None:
+    secrets = await _team_with_keys(tenancy, "kept", 1)
+    with pytest.raises(AlreadyExists):
+        await tenancy.create_team("kept")
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        await tenancy.update_team("kept", auto_threshold=2.0)
+    with pytest.raises(ValueError, match="unknown team field"):
+        await tenancy.update_team("kept", webhook_secret="whsec_x")
+    with pytest.raises(ManagementError):
+        await tenancy.update_team("missing", rpm=1)
+    with pytest.raises(ManagementError):
+        await tenancy.revoke_key("ty-missing00")
+    assert await _cached(tenancy, secrets) == [True]
+    team = await tenancy.team("kept")
+    assert team is not None and team.auto_threshold is None
+
+
+async def test_a_change_stands_when_redis_is_unreachable(sql: Any) -> None:
+    # a loopback port with nothing listening: the delete fails at once
+    gone = aioredis.Redis.from_url(f"redis://127.0.0.1:{free_port()}", socket_connect_timeout=0.5)
+    tenancy = Tenancy(sql, gone)
+    await tenancy.create_team("offline")
+    secret = (await tenancy.create_key("offline")).key
+    team = await asyncio.wait_for(tenancy.update_team("offline", tpm=5), 5)
+    assert team.tpm == 5
+    await asyncio.wait_for(tenancy.revoke_key(secret[: keys.KEY_PREFIX_LEN]), 5)
+    assert keys.lookup_key(sql, keys.hash_key(secret)) is None
+    await gone.aclose()
