@@ -17,8 +17,8 @@ from core.usage import Usage
 from gateway import metrics as gateway_metrics
 from gateway import request_ids
 from gateway.proxy import Proxy
-from guard.dataset import HARMFUL, OPENAI_CATEGORIES, PARENT
 from guard.service import Guard
+from guard.taxonomy import HARMFUL, OPENAI_CATEGORIES, PARENT
 from tenancy.keys import key_prefix
 
 MAX_INPUTS = 256

@@ -21,50 +21,13 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from guard.taxonomy import CATEGORIES, JAILBREAK
 from router.dataset import load_mmlu, load_mt_bench
 
 DATA_DIR = Path(__file__).parent / "data"
 SHARED = Path("/work/shared/data/safety")  # the default source of `tokenyard guard data`
 # sets that are not in the shared folder, kept in the project as their upstream files (gzip'd)
 UPSTREAM = DATA_DIR / "upstream"
-
-# OpenAI's moderation categories the data supports, and the input-only jailbreak/injection class
-CATEGORIES = (
-    "sexual",
-    "sexual/minors",
-    "hate",
-    "hate/threatening",
-    "harassment",
-    "harassment/threatening",
-    "self-harm",
-    "violence",
-    "illicit",
-    "illicit/violent",
-)
-JAILBREAK = "jailbreak"
-# any category at all: the gate every category passes through (a category fires only where this
-# head does too), and the one score of "harmful or not"
-HARMFUL = "harmful"
-HEADS = (*CATEGORIES, JAILBREAK, HARMFUL)
-# OpenAI's full list (the /v1/moderations answer names every one); those not in CATEGORIES have no
-# training data of their own here and are answered from their parent (docs/guard.md)
-OPENAI_CATEGORIES = (
-    "sexual",
-    "sexual/minors",
-    "harassment",
-    "harassment/threatening",
-    "hate",
-    "hate/threatening",
-    "illicit",
-    "illicit/violent",
-    "self-harm",
-    "self-harm/intent",
-    "self-harm/instructions",
-    "violence",
-    "violence/graphic",
-)
-PARENT = {"self-harm/intent": "self-harm", "self-harm/instructions": "self-harm",
-          "violence/graphic": "violence"}  # fmt: skip
 
 # sets only evaluated on, never trained on (training reads DATA_DIR's own files, not this folder):
 # replies rated unsafe as a whole, without a category (UNSAFE)

@@ -13,7 +13,7 @@ from typing import Protocol
 import httpx
 
 from guard.classifier import SafetyClassifier
-from guard.dataset import HARMFUL, OPENAI_CATEGORIES
+from guard.taxonomy import HARMFUL, OPENAI_CATEGORIES
 
 log = logging.getLogger("tokenyard.guard")
 

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from guard.dataset import CATEGORIES, JAILBREAK
+from guard.taxonomy import CATEGORIES, JAILBREAK
 
 ACTIONS = ("off", "flag", "block")
 DIRECTIONS = ("input", "output")

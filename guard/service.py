@@ -17,10 +17,10 @@ from core.safety import ALLOW, Verdict
 from core.settings import Settings
 from guard import metrics
 from guard.classifier import DEFAULT_ARTIFACT, SafetyClassifier
-from guard.dataset import CATEGORIES, HARMFUL
 from guard.moderators import Combined, LocalModerator, Moderator, OpenAIModerator
 from guard.policy import Policy, Rule
 from guard.store import AuditLog, PolicyCache
+from guard.taxonomy import CATEGORIES, HARMFUL
 
 
 def decide(rules: dict[str, Rule], scores: dict[str, float], defaults: dict[str, float]) -> Verdict:

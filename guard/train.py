@@ -41,18 +41,8 @@ from guard.classifier import (
     n_lexical,
     text_ids,
 )
-from guard.dataset import (
-    CATEGORIES,
-    EVAL_DIR,
-    HARMFUL,
-    HEADS,
-    JAILBREAK,
-    SCARY_BENIGN_SOURCES,
-    UNSAFE,
-    Row,
-    data_hash,
-    load,
-)
+from guard.dataset import EVAL_DIR, SCARY_BENIGN_SOURCES, UNSAFE, Row, data_hash, load
+from guard.taxonomy import CATEGORIES, HARMFUL, HEADS, JAILBREAK
 from router.dataset import load_routerbench
 from router.embedding import WordPieces, token_table, tokenizer_json
 

@@ -15,7 +15,9 @@ import numpy as np
 from sklearn.linear_model import LogisticRegression
 
 from router.dataset import Routed
+from router.features import Ratings
 from router.quality import QualityCurve, cheapest_clearing, logit
+from router.scorer import CompiledScorer
 
 BARS = (0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
 Curves = dict[str, QualityCurve]
@@ -42,6 +44,26 @@ def fit_curves(scores: np.ndarray, rows: Sequence[Routed]) -> Curves:
     return {
         model: fit_curve(scores, np.array([r.correct[model] for r in rows]))  # type: ignore[index]
         for model in sorted(rows[0].correct)  # type: ignore[arg-type]
+    }
+
+
+# ratings of one model before its own curve replaces its catalog reference's
+MIN_CURVE_ROWS = 100
+
+
+def own_curves(ratings: Ratings, scorer: CompiledScorer, min_rows: int = MIN_CURVE_ROWS) -> Curves:
+    """Every rated request says how well the model that served it did at its score: each model
+    rated at least `min_rows` times gets its own curve, keyed by its catalog id, against `scorer`
+    (the artifact that will serve the curves), which the cost-aware choice prefers to its
+    `quality_reference` (router/quality.py). Auto sent each model the scores its class gets, so
+    such a curve is measured over that range and extrapolated beyond it."""
+    scores = np.array(
+        [scorer.score_raw(r, c) for r, c in zip(ratings.raw, ratings.log_chars, strict=True)]
+    )
+    return {
+        str(m): fit_curve(scores[ratings.model == m], ratings.rating[ratings.model == m])
+        for m in np.unique(ratings.model)
+        if (ratings.model == m).sum() >= min_rows
     }
 
 

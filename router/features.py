@@ -1,16 +1,14 @@
 """The router's view of a prompt as stored with its usage record (`route_features`: the artifact
 version, the decision, the prompt's projected embedding and length; never its text), and what
-teams' ratings of such requests become: training rows, and each served model's quality curve.
+teams' ratings of such requests become: training rows (each served model's quality curve is fitted
+from them in router/costs.py, `own_curves`).
 
 Ratings of requests the router sent to the weak class become rows whose weak quality is the score
 and strong quality 1 (a request the strong class served says nothing of what the weak one would
 have done, so those are not used). The embedding is mapped back to MiniLM's space through the
 serving artifact's axes; rows from another artifact version are skipped.
 
-Every rated request also says how well the model that served it did at its score: a model with
-at least MIN_CURVE_ROWS ratings gets its own quality curve, keyed by its catalog id, which the
-cost-aware choice prefers to its `quality_reference` (router/quality.py). Auto sent each model the
-scores its class gets, so such a curve is measured over that range and extrapolated beyond it.
+Serving imports this module (`encode_features`); the fitting stays in training code.
 """
 
 import base64
@@ -21,12 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from router.classifier import ComplexityClassifier
-from router.quality import QualityCurve
 from router.samples import Samples
-from router.scorer import CompiledScorer
 
 FEEDBACK_DOMAIN = "feedback"
-MIN_CURVE_ROWS = 100  # ratings of one model before its own curve replaces the reference's
 
 
 def encode_features(version: str, decision: str, projected: np.ndarray, chars: int) -> str:
@@ -67,22 +62,6 @@ class Ratings:
             strong=np.ones(n),
             domain=np.full(n, FEEDBACK_DOMAIN),
         )
-
-    def curves(
-        self, scorer: CompiledScorer, min_rows: int = MIN_CURVE_ROWS
-    ) -> dict[str, QualityCurve]:
-        """Each model rated at least `min_rows` times: its ratings against `scorer`'s score (the
-        artifact that will serve the curves)."""
-        from router.costs import fit_curve
-
-        scores = np.array(
-            [scorer.score_raw(r, c) for r, c in zip(self.raw, self.log_chars, strict=True)]
-        )
-        return {
-            str(m): fit_curve(scores[self.model == m], self.rating[self.model == m])
-            for m in np.unique(self.model)
-            if (self.model == m).sum() >= min_rows
-        }
 
 
 def ratings(

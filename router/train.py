@@ -34,7 +34,7 @@ from sklearn.cluster import KMeans
 from sklearn.decomposition import PCA
 from sklearn.linear_model import LogisticRegression
 
-from router.costs import cost_quality, fit_curves
+from router.costs import cost_quality, fit_curves, own_curves
 from router.dataset import (
     DOMAINS,
     ROUTERBENCH_FILES,
@@ -342,7 +342,7 @@ def train(
     rows = [r for d in priced for r in priced[d]]
     curves = fit_curves(np.concatenate([lodo[d] for d in priced]), rows)
     # the deployment's own models, by catalog id, read against the shipped model's score
-    own = ratings.curves(shipped) if ratings is not None else {}
+    own = own_curves(ratings, shipped) if ratings is not None else {}
 
     metadata = {
         "version": VERSION,

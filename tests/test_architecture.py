@@ -43,10 +43,10 @@ def _lint(root: Path) -> subprocess.CompletedProcess[str]:
 def test_the_packages_import_downward_only() -> None:
     done = _lint(ROOT)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "Contracts: 3 kept, 0 broken." in done.stdout
+    assert "Contracts: 4 kept, 0 broken." in done.stdout
 
 
-def test_an_upward_import_breaks_the_check(tmp_path: Path) -> None:
+def test_an_upward_import_or_training_code_in_serving_breaks_the_check(tmp_path: Path) -> None:
     for package in PACKAGES:
         shutil.copytree(
             ROOT / package,
@@ -58,7 +58,12 @@ def test_an_upward_import_breaks_the_check(tmp_path: Path) -> None:
     shutil.copy(ROOT / "pyproject.toml", tmp_path)
     usage = tmp_path / "core" / "usage.py"
     usage.write_text(usage.read_text() + "\nfrom gateway.proxy import Proxy  # noqa\n")
+    # and serving reaching training code: the guard's runtime loading its data module
+    service = tmp_path / "guard" / "service.py"
+    service.write_text(service.read_text() + "\nfrom guard import dataset  # noqa\n")
     done = _lint(tmp_path)
     assert done.returncode == 1
     assert "core is not allowed to import gateway" in done.stdout
     assert "core.usage -> gateway.proxy" in done.stdout
+    assert "tokenyard.app is not allowed to import guard.dataset" in done.stdout
+    assert "Contracts: 2 kept, 2 broken." in done.stdout

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 import pytest
 
 from guard.classifier import DEFAULT_ARTIFACT, SafetyClassifier
-from guard.dataset import CATEGORIES, HARMFUL, load
+from guard.dataset import load
+from guard.taxonomy import CATEGORIES, HARMFUL
 
 # real gateways for the end-to-end tests, as tests/gateway starts them
 from tests.gateway.conftest import (  # noqa: F401

@@ -10,9 +10,10 @@ import pytest
 from sklearn.metrics import average_precision_score
 
 from guard.classifier import SafetyClassifier
-from guard.dataset import HARMFUL, HEADS, JAILBREAK, load
+from guard.dataset import load
 from guard.policy import DEFAULT
 from guard.service import decide
+from guard.taxonomy import HARMFUL, HEADS, JAILBREAK
 from guard.train import UNSEEN_BENIGN, TrainConfig, split_of
 from router.dataset import load_routerbench
 

@@ -10,8 +10,8 @@ import httpx
 import pytest
 
 from guard.classifier import SafetyClassifier
-from guard.dataset import CATEGORIES, HARMFUL
 from guard.moderators import Combined, LocalModerator, ModeratorError, OpenAIModerator
+from guard.taxonomy import CATEGORIES, HARMFUL
 from tests.guard.conftest import Texts
 
 

@@ -12,13 +12,13 @@ from guard.classifier import SafetyClassifier
 from guard.dataset import (
     BENIGN_CAP,
     EVAL_DIR,
-    HEADS,
     UNSAFE,
     UPSTREAM,
     _rows_assistant_requests,
     _rows_benchmark_questions,
     load,
 )
+from guard.taxonomy import HEADS
 from guard.train import (
     TrainConfig,
     evaluate,

@@ -9,7 +9,7 @@ import pytest
 
 from router.classifier import ComplexityClassifier
 from router.cli import add_parser
-from router.costs import cost_quality, fit_curves
+from router.costs import cost_quality, fit_curves, own_curves
 from router.dataset import (
     ROUTERBENCH_STRONG,
     ROUTERBENCH_WEAK,
@@ -193,7 +193,7 @@ def test_ratings_give_each_well_rated_model_its_own_curve(domains: dict) -> None
     rows.append(("v0" + rows[0][0][len(clf.version) :], "team-model", 0.0))  # another artifact
     rated = ratings(rows, clf)
     assert len(rated) == len(prompts) + 5
-    curves = rated.curves(clf.scorer)
+    curves = own_curves(rated, clf.scorer)
     assert set(curves) == {"team-model"}
     assert curves["team-model"].intercept == pytest.approx(0.5, abs=0.05)
     assert curves["team-model"].slope == pytest.approx(-1.2, abs=0.05)
