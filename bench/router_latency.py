@@ -106,7 +106,7 @@ def _time_routing(proxy: Proxy, prompts: list[str]) -> dict[str, list[float]]:
         def decide(prompt: str, team: TeamPolicy = team) -> str:
             body = {"model": AUTO, "messages": [{"role": "user", "content": prompt}]}
             route = proxy.router.route(AUTO, body, team, "interactive")
-            return proxy.first_usable(route, "interactive").info.name
+            return proxy.dispatch.first_usable(route, "interactive").info.name
 
         out[name], _ = _time(decide, prompts)
         served[name] = {decide(p) for p in prompts[:300]}

@@ -31,6 +31,7 @@ from core.settings import Settings
 from core.usage import Pricer, Usage
 from gateway import access_log, metrics, refusals, request_ids
 from gateway.auth import Authenticator, authorization_of
+from gateway.dispatch import Dispatch, Saturation
 from gateway.quotas import LeaseKeeper, Quotas, Reservation
 from gateway.screening import CONTENT_FILTER, InputCheck, blocked_error, filter_reply, input_text
 from gateway.settlement import Settlement, usage_of
@@ -38,7 +39,7 @@ from gateway.sizing import PromptOverhead, kv_pages, max_tokens_for
 from gateway.streaming import DONE, SSE_HEADERS, StreamResult, relay, reply_decoder
 from gateway.tracing import NO_TRACE, RequestTrace, Tracing
 from gateway.validation import Kind, Parsed, client_request_id, parse
-from router.policy import NoRoute, Route, Router, Saturation, Unsupported, prefix_text
+from router.policy import NoRoute, Route, Router, Unsupported, prefix_text
 from tenancy.keys import key_prefix
 from tenancy.limits import TIERS
 from tenancy.policy import TeamPolicy
@@ -125,8 +126,9 @@ class Proxy:
         self.quotas = quotas
         self.backends = backends
         self.router = router
-        self.saturation = Saturation(
-            settings.gateway_max_upstream_waiting, settings.router_max_kv_usage
+        self.dispatch = Dispatch(
+            backends,
+            Saturation(settings.gateway_max_upstream_waiting, settings.router_max_kv_usage),
         )
         self.keeper = LeaseKeeper(quotas, settings.gateway_lease_s)
         self.overhead = PromptOverhead()
@@ -252,7 +254,7 @@ class Proxy:
             except Unsupported as exc:  # before any quota is touched
                 found = exc.refusal
                 raise GatewayError(400, found.message, code=found.code, param=found.param) from None
-            upstream = self.first_usable(route, tier)
+            upstream = self.dispatch.first_usable(route, tier)
             span.set_attribute("tokenyard.route.decision", _decision(route))
             span.set_attribute("tokenyard.route.candidates", list(route.candidates))
             span.set_attribute("tokenyard.route.served", upstream.info.name)
@@ -354,51 +356,6 @@ class Proxy:
         finally:
             watcher.cancel()
 
-    def _usable(self, upstream: Upstream | None, tier: str) -> str | None:
-        """Why this backend cannot take a request now (None: it can)."""
-        if upstream is None:
-            return "unconfigured"
-        if upstream.info.circuit == "open" or not upstream.info.ready:
-            return "down"
-        if self.saturation.saturated(upstream.info, tier):
-            return "saturated"
-        return None
-
-    def _next_open(self, route: Route, tier: str, after: int) -> tuple[int, Upstream] | None:
-        """The next candidate of the route, from index `after`, that can take the request;
-        candidates skipped for load or an open circuit count as overflow."""
-        for i in range(after, len(route.candidates)):
-            upstream = self.backends.get(route.candidates[i])
-            why = self._usable(upstream, tier)
-            if why is None:
-                assert upstream is not None
-                return i, upstream
-            if why != "unconfigured":
-                metrics.OVERFLOWS.labels(route.candidates[i], why).inc()
-        return None
-
-    def first_usable(self, route: Route, tier: str) -> Upstream:
-        """The backend that takes the request: the route's first usable candidate, or a 503."""
-        found = self._next_open(route, tier, 0)
-        if found is not None:
-            return found[1]
-        infos = [u.info for m in route.candidates if (u := self.backends.get(m))]
-        if any(i.ready and i.circuit != "open" for i in infos):
-            queued = min(i.waiting for i in infos)
-            raise GatewayError(
-                503,
-                f"model {route.candidates[0]!r} and its fallbacks are saturated ({queued} "
-                "requests queued)",
-                code="upstream_saturated",
-                retry_after=1,
-            )
-        raise GatewayError(
-            503,
-            f"model {route.candidates[0]!r} and its fallbacks are not ready",
-            code="model_not_ready",
-            retry_after=1,
-        )
-
     async def _forward(
         self,
         hang_up: HangUp,
@@ -431,7 +388,7 @@ class Proxy:
                     check,
                 )
             except BackendUnavailable:
-                found = self._next_open(route, str(event["tier"]), index + 1)
+                found = self.dispatch.next_open(route, str(event["tier"]), index + 1)
                 if found is None:
                     raise
                 metrics.FALLBACKS.labels(upstream.info.name, found[1].info.name).inc()

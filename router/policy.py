@@ -14,7 +14,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from backends.base import ModelInfo
 from backends.fields import Ask, Refusal, ask_of, refusal
 from core.messages import content_text
 from router.catalog import Catalog, Kind, ModelEntry
@@ -285,19 +284,3 @@ class Router:
             return team.auto_threshold
         share = team.strong_share
         return self.scorer.threshold(self.catalog.auto.strong_share if share is None else share)
-
-
-@dataclass(frozen=True)
-class Saturation:
-    """When a self-hosted model counts as saturated: its least-loaded replica has this many
-    requests queued, or this share of its KV cache in use (0: that test is off). Batch gives way at
-    half the queue, so batch backlog never makes interactive traffic overflow."""
-
-    max_waiting: int = 0
-    max_kv_usage: float = 0.0
-
-    def saturated(self, info: ModelInfo, tier: str) -> bool:
-        limit = (self.max_waiting + 1) // 2 if tier == "batch" else self.max_waiting
-        if limit and info.waiting >= limit:
-            return True
-        return bool(self.max_kv_usage) and info.kv_usage >= self.max_kv_usage

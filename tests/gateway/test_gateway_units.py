@@ -1,13 +1,20 @@
 """In-process checks of the pieces with arithmetic in them: estimates, pages, chunked decoding."""
 
 import asyncio
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
+from backends.base import ModelInfo
 from backends.http import HttpPool, _dechunk, header_line
+from backends.registry import Backends
 from core.errors import GatewayError
+from gateway import metrics
+from gateway.dispatch import Dispatch, Saturation
 from gateway.sizing import MAX_PROMPT_OVERHEAD, PromptOverhead, kv_pages
 from gateway.validation import estimate_prompt_sizes, parse
+from router.policy import Route
 
 
 def test_estimates_and_pages() -> None:
@@ -133,3 +140,47 @@ async def test_a_hung_shutdown_step_is_given_up_and_named(caplog: pytest.LogCapt
     assert "shutdown: the stuck step did not finish within 0 s" in caplog.text
     await _bounded("a quick step", asyncio.sleep(0), 5.0)
     assert "a quick step" not in caplog.text
+
+
+def test_saturation_by_queue_and_kv_usage_batch_gives_way_first() -> None:
+    sat = Saturation(max_waiting=4, max_kv_usage=0.9)
+    info = ModelInfo(name="tiny", ready=True, waiting=2, kv_usage=0.5)
+    assert not sat.saturated(info, "interactive")
+    assert sat.saturated(info, "batch")  # batch overflows at half the queue
+    info.waiting = 4
+    assert sat.saturated(info, "interactive")
+    info.waiting, info.kv_usage = 0, 0.95
+    assert sat.saturated(info, "interactive")
+    assert not Saturation().saturated(info, "interactive")  # both tests off
+
+
+def _overflows(model: str, why: str) -> float:
+    return metrics.OVERFLOWS.labels(model, why)._value.get()
+
+
+def test_dispatch_takes_the_first_usable_candidate_and_counts_what_it_skips() -> None:
+    infos = {
+        "busy": ModelInfo(name="busy", ready=True, waiting=9),
+        "open": ModelInfo(name="open", ready=True, circuit="open"),
+        "free": ModelInfo(name="free", ready=True),
+    }
+    upstreams: Any = {name: SimpleNamespace(info=info) for name, info in infos.items()}
+    dispatch = Dispatch(Backends(upstreams), Saturation(max_waiting=4))
+    route = Route(asked="busy", candidates=("busy", "missing", "open", "free"))
+    before = _overflows("busy", "saturated"), _overflows("open", "down")
+    assert dispatch.first_usable(route, "interactive").info.name == "free"
+    assert (_overflows("busy", "saturated"), _overflows("open", "down")) == (
+        before[0] + 1,
+        before[1] + 1,
+    )
+    assert dispatch.next_open(route, "interactive", 4) is None  # past the last candidate
+    infos["free"].waiting = 5  # every candidate saturated or down: a 503 that says which
+    with pytest.raises(GatewayError) as saturated:
+        dispatch.first_usable(route, "interactive")
+    assert saturated.value.code == "upstream_saturated" and saturated.value.retry_after == 1
+    assert "(5 requests queued)" in saturated.value.message
+    for info in infos.values():
+        info.ready = False
+    with pytest.raises(GatewayError) as down:
+        dispatch.first_usable(route, "interactive")
+    assert down.value.code == "model_not_ready"

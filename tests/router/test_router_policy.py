@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from backends.base import ModelInfo
 from core.settings import Settings
 from router.catalog import DEFAULT_CATALOG, Catalog, CatalogError, Price, load_catalog
 from router.classifier import ComplexityClassifier
@@ -16,7 +15,6 @@ from router.policy import (
     AUTO,
     NoRoute,
     Router,
-    Saturation,
     Scorer,
     prefix_text,
     prompt_text,
@@ -307,15 +305,3 @@ def test_prefix_text_takes_the_first_message_or_the_prompt() -> None:
     assert prefix_text(body) == "abc\ndef"
     assert prefix_text({"prompt": "once upon"}) == "once upon"
     assert prefix_text({"prompt": [1, 2]}) == ""
-
-
-def test_saturation_by_queue_and_kv_usage_batch_gives_way_first() -> None:
-    sat = Saturation(max_waiting=4, max_kv_usage=0.9)
-    info = ModelInfo(name="tiny", ready=True, waiting=2, kv_usage=0.5)
-    assert not sat.saturated(info, "interactive")
-    assert sat.saturated(info, "batch")  # batch overflows at half the queue
-    info.waiting = 4
-    assert sat.saturated(info, "interactive")
-    info.waiting, info.kv_usage = 0, 0.95
-    assert sat.saturated(info, "interactive")
-    assert not Saturation().saturated(info, "interactive")  # both tests off
