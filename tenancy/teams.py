@@ -8,6 +8,7 @@ import re
 from typing import Any
 
 from sqlalchemy import Engine
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
 from tenancy.errors import AlreadyExists, ManagementError
@@ -44,13 +45,16 @@ def _existing(session: Session, name: str) -> Team:
 def create_team(sql: Engine, name: str, **limits: Any) -> Team:
     if not TEAM_NAME.fullmatch(name):
         raise ValueError(f"team names are {TEAM_NAME_RULE}")
+    team = Team(name=name)
+    _apply(team, limits)
     with Session(sql) as session:
-        if session.exec(select(Team).where(Team.name == name)).first():
-            raise AlreadyExists(f"team {name!r} already exists")
-        team = Team(name=name)
-        _apply(team, limits)
         session.add(team)
-        session.commit()
+        try:
+            session.commit()
+        except IntegrityError:
+            # the name's unique index decides, so two concurrent creates cannot both pass a check
+            # made before the insert
+            raise AlreadyExists(f"team {name!r} already exists") from None
         session.refresh(team)
         return team
 

@@ -112,3 +112,13 @@ async def test_a_change_stands_when_redis_is_unreachable(sql: Any) -> None:
     await asyncio.wait_for(tenancy.revoke_key(secret[: keys.KEY_PREFIX_LEN]), 5)
     assert keys.lookup_key(sql, keys.hash_key(secret)) is None
     await gone.aclose()
+
+
+async def test_concurrent_creates_of_one_team_make_one_team(tenancy: Tenancy) -> None:
+    results = await asyncio.gather(
+        *(tenancy.create_team("racing") for _ in range(8)), return_exceptions=True
+    )
+    created = [r for r in results if not isinstance(r, BaseException)]
+    assert len(created) == 1
+    assert all(isinstance(r, AlreadyExists) for r in results if isinstance(r, BaseException))
+    assert [t.name for t in await tenancy.teams()] == ["racing"]
