@@ -21,8 +21,8 @@ from core.errors import GatewayError
 from core.tasks import cancel_and_wait
 from core.usage import USAGE_STREAM, Usage
 from gateway.ratelimit_headers import rate_limit_headers
+from gateway.scripts import BatchedScript
 from gateway.spool import UsageSpool
-from gateway.store import BatchedScript
 from gateway.tracing import NO_TRACE, RequestTrace
 from tenancy.policy import TeamPolicy
 

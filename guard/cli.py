@@ -20,8 +20,8 @@ def _forget(team: str) -> None:
     in-process TTL."""
     import redis
 
+    from core.redis_client import embedded_redis
     from core.settings import get_settings
-    from gateway.store import embedded_redis
     from guard.store import cache_key
 
     settings = get_settings()

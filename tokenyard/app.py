@@ -28,6 +28,7 @@ from core.errors import (
     internal_error_handler,
 )
 from core.openapi import openapi_config
+from core.redis_client import connect, embedded_redis, redis_url
 from core.settings import Settings, get_settings
 from core.usage import USAGE_STREAM
 from gateway.admin_api import AdminController
@@ -40,7 +41,6 @@ from gateway.request_ids import add_request_id
 from gateway.responses.controller import ResponsesController
 from gateway.responses.store import ResponseStore
 from gateway.spool import UsageSpool
-from gateway.store import connect, embedded_redis, redis_url
 from gateway.tracing import Tracing
 from guard import service as guard_service
 from guard.api import ModerationsController

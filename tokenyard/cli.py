@@ -13,7 +13,9 @@ SUBCOMMANDS = [
     ("embeddings.cli", "add_parser"),
     ("router.cli", "add_parser"),
     ("guard.cli", "add_parser"),
-    ("gateway.cli", "add_parser"),
+    ("tenancy.cli", "add_parser"),
+    ("tokenyard.serve", "add_parser"),
+    ("tokenyard.up", "add_parser"),
     ("billing.cli", "add_parser"),
 ]
 

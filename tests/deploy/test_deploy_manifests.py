@@ -545,13 +545,13 @@ def test_gateway_serve_passes_the_drain_deadline_to_uvicorn(
 ) -> None:
     import uvicorn
 
-    from gateway import cli
+    from tokenyard import serve
 
     seen: dict[str, Any] = {}
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(kw))
-    cli.serve(Settings(gateway_drain_s=42.0), "127.0.0.1", 0)
+    serve.serve(Settings(gateway_drain_s=42.0), "127.0.0.1", 0)
     assert seen["timeout_graceful_shutdown"] == 42.0
-    cli.serve(Settings(gateway_drain_s=0), "127.0.0.1", 0)
+    serve.serve(Settings(gateway_drain_s=0), "127.0.0.1", 0)
     assert seen["timeout_graceful_shutdown"] is None  # 0: no deadline
 
 
@@ -560,11 +560,11 @@ def test_gateway_serve_believes_forwarded_headers_only_from_its_trusted_proxies(
 ) -> None:
     import uvicorn
 
-    from gateway import cli
+    from tokenyard import serve
 
     seen: dict[str, Any] = {}
     monkeypatch.setattr(uvicorn, "run", lambda app, **kw: seen.update(kw))
-    cli.serve(Settings(gateway_trusted_proxies="10.0.0.0/8,192.168.1.5"), "127.0.0.1", 0)
+    serve.serve(Settings(gateway_trusted_proxies="10.0.0.0/8,192.168.1.5"), "127.0.0.1", 0)
     assert seen["proxy_headers"] is True
     assert seen["forwarded_allow_ips"] == "10.0.0.0/8,192.168.1.5"
 

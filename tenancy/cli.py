@@ -1,0 +1,172 @@
+"""`tokenyard teams …` and `tokenyard keys …`: reads straight from SQL, changes through the
+service the admin API and UI use (tenancy/service.py)."""
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from core.settings import Settings, get_settings
+from tenancy.limits import LIMIT_FIELDS, LIMIT_HELP
+
+_T = TypeVar("_T")
+
+
+def _sql(settings: Settings) -> Any:
+    from core.db import database_url, get_engine
+
+    return get_engine(database_url(settings))
+
+
+def _limits(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        field: getattr(args, field) for field in LIMIT_FIELDS if getattr(args, field) is not None
+    }
+
+
+def _print_teams(teams: list[Any], as_json: bool) -> None:
+    from tenancy.teams import team_record
+
+    records = [team_record(t) for t in teams]
+    if as_json:
+        print(json.dumps(records, indent=2))
+        return
+    for record in records:
+        name = record.pop("name")
+        print(f"{name}: " + ", ".join(f"{k}={v}" for k, v in record.items()))
+
+
+def _change(settings: Settings, work: Callable[[Any], Awaitable[_T]]) -> _T:
+    """A change through tenancy's service, as the admin API and UI make it: the gateways' cached
+    lookups of the keys it concerns are dropped from Redis (best effort), so it applies now."""
+    from core.redis_client import connect, embedded_redis, redis_url
+    from tenancy.service import Tenancy
+
+    async def run() -> _T:
+        embedded = None if settings.redis_url else embedded_redis(settings.data_dir)
+        redis = connect(redis_url(settings, embedded))
+        try:
+            return await work(Tenancy(_sql(settings), redis))
+        finally:
+            await redis.aclose()
+
+    return asyncio.run(run())
+
+
+def _teams(args: argparse.Namespace) -> int:
+    from tenancy import teams
+    from tenancy.errors import ManagementError
+
+    settings = get_settings()
+    name = getattr(args, "name", "")  # "list" has none
+    try:
+        if args.action == "create":
+            team = teams.create_team(_sql(settings), name, **_limits(args))
+            _print_teams([team], args.json)
+        elif args.action == "update":
+            limits = _limits(args)
+            _print_teams([_change(settings, lambda t: t.update_team(name, **limits))], args.json)
+        elif args.action == "show":
+            team = teams.get_team(_sql(settings), name)
+            if team is None:
+                raise ManagementError(f"no team {name!r}")
+            _print_teams([team], args.json)
+        elif args.action == "delete":
+            _change(settings, lambda t: t.delete_team(name))
+            print(f"deleted team {name} and its keys (its usage records are kept)")
+        elif args.action in ("disable", "enable"):
+            disabled = args.action == "disable"
+            _print_teams([_change(settings, lambda t: t.set_disabled(name, disabled))], args.json)
+        else:
+            _print_teams(teams.list_teams(_sql(settings)), args.json)
+    except (ManagementError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _keys(args: argparse.Namespace) -> int:
+    from tenancy import keys
+    from tenancy.errors import ManagementError
+
+    settings = get_settings()
+    try:
+        if args.action == "create":
+            new = keys.create_key(_sql(settings), args.team)
+            print(f"key for team {new.team} (prefix {new.prefix}); shown once:")
+            print(new.key)
+        elif args.action == "list":
+            _print_keys(keys.list_keys(_sql(settings), args.team), args.json)
+        elif args.action == "rotate":
+            new = _change(settings, lambda t: t.rotate_key(args.prefix))
+            print(f"revoked {args.prefix}; new key for team {new.team} (prefix {new.prefix}),")
+            print("shown once:")
+            print(new.key)
+        else:
+            _change(settings, lambda t: t.revoke_key(args.prefix))
+            print(f"revoked {args.prefix}")
+    except ManagementError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _print_keys(found: list[Any], as_json: bool) -> None:
+    """Prefixes, teams, state and times: never a hash or a secret."""
+    records = [k.record() for k in found]
+    if as_json:
+        print(json.dumps(records, indent=2))
+        return
+    for r in records:
+        state = "revoked" if r["revoked"] else "active"
+        print(f"{r['prefix']}  {r['team']}  {state}  created {r['created_at']}")
+
+
+def _json_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", action="store_true", help="print JSON, for scripts")
+
+
+def add_parser(sub: Any) -> None:
+    teams = sub.add_parser(
+        "teams", help="create, update, show, list, disable, enable or delete teams"
+    )
+    tsub = teams.add_subparsers(dest="action", required=True, metavar="ACTION")
+    for action, what in (("create", "a new team"), ("update", "a team's limits")):
+        t = tsub.add_parser(action, help=what)
+        t.add_argument("name", help="the team's name (letters, digits, . _ -)")
+        for field, kind in LIMIT_FIELDS.items():
+            flag = "--" + field.replace("_", "-")
+            t.add_argument(flag, dest=field, type=kind, default=None, help=LIMIT_HELP[field])
+        _json_flag(t)
+    show = tsub.add_parser("show", help="one team's limits")
+    show.add_argument("name")
+    _json_flag(show)
+    _json_flag(tsub.add_parser("list", help="every team and its limits"))
+    tsub.add_parser(
+        "delete", help="delete a team and its keys (usage records are kept)"
+    ).add_argument("name")
+    for action, what in (
+        ("disable", "refuse a team's keys until it is enabled again (all else is kept)"),
+        ("enable", "let a disabled team's keys work again"),
+    ):
+        toggle = tsub.add_parser(action, help=what)
+        toggle.add_argument("name")
+        _json_flag(toggle)
+    teams.set_defaults(run=_teams)
+
+    keys_p = sub.add_parser("keys", help="create, list, revoke or rotate API keys")
+    ksub = keys_p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    create = ksub.add_parser("create", help="a new key for a team, printed once")
+    create.add_argument("--team", required=True, help="the team the key belongs to")
+    listing = ksub.add_parser("list", help="keys by prefix, team and state (never the secret)")
+    listing.add_argument("--team", default=None, help="only this team's keys (default: all)")
+    _json_flag(listing)
+    ksub.add_parser("revoke", help="stop a key within a second").add_argument(
+        "prefix", help="the key's visible prefix, as keys list shows it"
+    )
+    ksub.add_parser(
+        "rotate", help="revoke a key and print a new one for its team (once)"
+    ).add_argument("prefix", help="the key's visible prefix, as keys list shows it")
+    keys_p.set_defaults(run=_keys)
