@@ -2,11 +2,9 @@
 the usage into the event and count it; the settle script then charges the team's daily dollars.
 The gateway holds it as a core.usage.Pricer, handed in where the app is assembled."""
 
-from typing import Any
-
 from billing.metrics import COST
 from billing.pricing import costs
-from core.usage import Usage
+from core.usage import Usage, UsageEvent
 from router.catalog import Catalog
 
 
@@ -14,7 +12,7 @@ class Pricer:
     def __init__(self, catalog: Catalog) -> None:
         self.catalog = catalog
 
-    def __call__(self, team: str, model: str, usage: Usage, event: dict[str, Any]) -> float:
+    def __call__(self, team: str, model: str, usage: Usage, event: UsageEvent) -> float:
         """Put the costs (and the fields they rest on) into the usage event; count them; return
         the dollars charged."""
         entry = self.catalog.get(model)
@@ -23,14 +21,12 @@ class Pricer:
             usage.prompt_tokens,
             usage.cached_tokens,
             usage.completion_tokens,
-            event.get("timings"),
+            event.timings,
         )
-        event.update(
-            provider=entry.provider if entry else "",
-            usage_reported=usage.reported,
-            cost_usd=priced.charged,
-            list_cost_usd=priced.list,
-        )
+        event.provider = entry.provider if entry else ""
+        event.usage_reported = usage.reported
+        event.cost_usd = priced.charged
+        event.list_cost_usd = priced.list
         COST.labels(team, model, "charged").inc(priced.charged)
         COST.labels(team, model, "list").inc(priced.list)
         return priced.charged

@@ -22,11 +22,12 @@ class Pricer(Protocol):
     """Prices a settled request: puts its costs into the usage event and returns the dollars
     charged to the team (billing.settle.Pricer is the platform's)."""
 
-    def __call__(self, team: str, model: str, usage: Usage, event: dict[str, Any]) -> float: ...
+    def __call__(self, team: str, model: str, usage: Usage, event: "UsageEvent") -> float: ...
 
 
 class UsageEvent(msgspec.Struct):
-    """What gateway/proxy.py puts in the event; fields the gateway may not know default."""
+    """One request's usage event: the gateway fills it in as the request goes and appends it to
+    the stream at settle; billing decodes it. Fields the gateway may not know default."""
 
     request_id: str
     team: str
@@ -51,3 +52,8 @@ class UsageEvent(msgspec.Struct):
     finish_reason: str | None = None
     error: str | None = None
     route_features: str | None = None  # model="auto": the router's view of the prompt
+    # the gateway's sizing: the prompt's tokens estimated from its bytes (single prompts only, None
+    # otherwise), and those reserved with the learned overhead (the usage charged when the upstream
+    # reports none)
+    prompt_estimate: int | None = None
+    prompt_reserved: int = 0

@@ -9,14 +9,16 @@ from typing import Any
 
 import msgspec
 
+from core.usage import UsageEvent
 from gateway import request_ids
 
 log = logging.getLogger("tokenyard.access")
 _USAGE_KEY = "tokenyard_usage"  # the request's usage event, which the proxy fills in as it goes
-_FROM_USAGE = ("team", "model", "model_served", "tier", "prompt_tokens", "completion_tokens")
+_FROM_USAGE = ("team", "model", "model_served", "tier")
+_COUNTS = ("prompt_tokens", "completion_tokens")  # known once the request settled
 
 
-def attach_usage(scope: Any, event: dict[str, Any]) -> None:
+def attach_usage(scope: Any, event: UsageEvent) -> None:
     """Hand the access log the usage event of this request (the proxy's, updated at settle)."""
     scope.setdefault("state", {})[_USAGE_KEY] = event
 
@@ -55,5 +57,8 @@ def _line(scope: Any, status: int, elapsed: float) -> str:
     }
     usage = scope.get("state", {}).get(_USAGE_KEY)
     if usage is not None:
-        entry.update({name: usage.get(name) for name in _FROM_USAGE})
+        entry.update({name: getattr(usage, name) for name in _FROM_USAGE})
+        # a stream settles after its last byte, maybe after this line: its counts are not known
+        settled = usage.status != 0
+        entry.update({name: getattr(usage, name) if settled else None for name in _COUNTS})
     return msgspec.json.encode(entry).decode()

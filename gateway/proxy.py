@@ -28,7 +28,7 @@ from backends.registry import Backends
 from core.errors import GatewayError
 from core.safety import OutputWatch, Safety
 from core.settings import Settings
-from core.usage import Pricer, Usage
+from core.usage import Pricer, Usage, UsageEvent
 from gateway import access_log, metrics, refusals, request_ids
 from gateway.auth import Authenticator, authorization_of
 from gateway.dispatch import Dispatch, Saturation
@@ -300,21 +300,21 @@ class Proxy:
         if route.predicted_quality is not None:
             headers["x-tokenyard-predicted-quality"] = f"{route.predicted_quality:.3f}"
         metrics.ROUTES.labels(route.asked, _decision(route)).inc()
-        event = {
-            "request_id": request_id,
-            "client_request_id": parsed.client_request_id,
-            "team": policy.team,
-            "model": parsed.model,
-            "model_served": upstream.info.name,
-            "tier": tier,
-            "stream": parsed.stream,
-            # from the bytes alone; the overhead is learned from single prompts only
-            "prompt_estimate": parsed.prompt_tokens if len(prompts) == 1 else None,
-            "prompt_reserved": sum(prompts),  # with the learned overhead: the fallback usage
-            "ts": time.time(),
-            "key_prefix": key,
-            "route_features": route.features,
-        }
+        event = UsageEvent(
+            request_id=request_id,
+            client_request_id=parsed.client_request_id,
+            team=policy.team,
+            model=parsed.model,
+            model_served=upstream.info.name,
+            tier=tier,
+            stream=parsed.stream,
+            # the overhead is learned from single prompts only
+            prompt_estimate=parsed.prompt_tokens if len(prompts) == 1 else None,
+            prompt_reserved=sum(prompts),
+            ts=time.time(),
+            key_prefix=key,
+            route_features=route.features,
+        )
         if request is not None:
             access_log.attach_usage(request.scope, event)
         try:
@@ -329,7 +329,7 @@ class Proxy:
             # a no-op if the response already settled (or its stream body owns settling); a task
             # of its own because a cancelled request would cancel an await here as well
             status = exc.status if isinstance(exc, GatewayError) else 500
-            served = self.backends.get(event["model_served"]) or upstream
+            served = self.backends.get(event.model_served) or upstream
             self._spawn(self.settlement.settle(res, served, Usage(), event, started, status=status))
             raise
 
@@ -364,7 +364,7 @@ class Proxy:
         call: "_Call",
         parsed: Parsed,
         res: Reservation,
-        event: dict[str, Any],
+        event: UsageEvent,
         headers: dict[str, str],
         started: float,
         check: "InputCheck | None" = None,
@@ -373,7 +373,7 @@ class Proxy:
         route's next usable candidate (nothing has reached the client yet)."""
         index = route.candidates.index(upstream.info.name)
         while True:
-            event["model_served"] = headers["x-tokenyard-model"] = upstream.info.name
+            event.model_served = headers["x-tokenyard-model"] = upstream.info.name
             res.trace.begin_upstream(upstream.info.name, parsed.stream)
             try:
                 return await self._send(
@@ -388,7 +388,7 @@ class Proxy:
                     check,
                 )
             except BackendUnavailable:
-                found = self.dispatch.next_open(route, str(event["tier"]), index + 1)
+                found = self.dispatch.next_open(route, event.tier, index + 1)
                 if found is None:
                     raise
                 metrics.FALLBACKS.labels(upstream.info.name, found[1].info.name).inc()
@@ -401,7 +401,7 @@ class Proxy:
         call: UpstreamCall,
         parsed: Parsed,
         res: Reservation,
-        event: dict[str, Any],
+        event: UsageEvent,
         headers: dict[str, str],
         started: float,
         check: "InputCheck | None" = None,
@@ -426,11 +426,11 @@ class Proxy:
             if reply.status == 200:
                 with contextlib.suppress(msgspec.DecodeError):
                     got = reply_decoder.decode(reply.body)
-            usage = usage_of(got.usage, event["prompt_reserved"], 0) if got else Usage()
-            event["timings"] = got.timings if got else None
-            event["finish_reason"] = got.finish_reason if got else None
+            usage = usage_of(got.usage, event.prompt_reserved, 0) if got else Usage()
+            event.timings = got.timings if got else None
+            event.finish_reason = got.finish_reason if got else None
             if body is not reply.body:
-                event["finish_reason"] = CONTENT_FILTER
+                event.finish_reason = CONTENT_FILTER
             await self.settlement.settle(res, upstream, usage, event, started, status=reply.status)
             return Response(
                 body,
@@ -461,7 +461,7 @@ class Proxy:
         call: Any,
         res: Reservation,
         upstream: Upstream,
-        event: dict[str, Any],
+        event: UsageEvent,
         started: float,
     ) -> Any:
         """Await the upstream `call` (a whole reply, or a stream opening), the input verdict in
@@ -486,11 +486,11 @@ class Proxy:
         got = None if task.cancelled() or task.exception() else task.result()
         if isinstance(got, UpstreamReply) and got.status == 200:
             with contextlib.suppress(msgspec.DecodeError):
-                usage = usage_of(reply_decoder.decode(got.body).usage, event["prompt_reserved"], 0)
+                usage = usage_of(reply_decoder.decode(got.body).usage, event.prompt_reserved, 0)
         elif got is not None:  # a stream that opened: nothing read from it, nothing to charge
             await got.aclose()
-        event["finish_reason"] = CONTENT_FILTER
-        event["error"] = "content_policy_violation"
+        event.finish_reason = CONTENT_FILTER
+        event.error = "content_policy_violation"
         await self.settlement.settle(res, upstream, usage, event, started, status=400)
         raise blocked_error(verdict)
 
@@ -498,15 +498,15 @@ class Proxy:
         """Close the upstream and settle; in a task of its own, because when the client hung up
         the response's scope is being cancelled."""
         result = body.result
-        usage = usage_of(result.usage, body.event["prompt_reserved"], result.chunks)
-        body.event["timings"] = result.timings
-        body.event["error"] = result.error
-        body.event["finish_reason"] = result.finish_reason
+        usage = usage_of(result.usage, body.event.prompt_reserved, result.chunks)
+        body.event.timings = result.timings
+        body.event.error = result.error
+        body.event.finish_reason = result.finish_reason
         if result.first_byte is not None:
-            body.event["ttft"] = result.first_byte - body.started
-            metrics.TTFT.labels(body.upstream.info.name).observe(body.event["ttft"])
+            ttft = body.event.ttft = result.first_byte - body.started
+            metrics.TTFT.labels(body.upstream.info.name).observe(ttft)
         status = 200 if result.error is None else 502
-        body.res.trace.end_upstream(status, body.event.get("ttft"))
+        body.res.trace.end_upstream(status, body.event.ttft)
         return self._spawn(
             self._close_and_settle(
                 body.stream, body.res, body.upstream, usage, body.event, body.started, status
@@ -519,7 +519,7 @@ class Proxy:
         res: Reservation,
         upstream: Upstream,
         usage: Usage,
-        event: dict[str, Any],
+        event: UsageEvent,
         started: float,
         status: int,
     ) -> None:
@@ -552,7 +552,7 @@ class _StreamBody:
         parsed: Parsed,
         res: Reservation,
         upstream: Upstream,
-        event: dict[str, Any],
+        event: UsageEvent,
         started: float,
         watch: OutputWatch | None = None,
     ) -> None:

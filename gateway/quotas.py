@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 
 from core.errors import GatewayError
 from core.tasks import cancel_and_wait
-from core.usage import USAGE_STREAM, Usage
+from core.usage import USAGE_STREAM, Usage, UsageEvent
 from gateway.ratelimit_headers import rate_limit_headers
 from gateway.scripts import BatchedScript
 from gateway.spool import UsageSpool
@@ -204,7 +204,7 @@ class Quotas:
         )
 
     async def settle(
-        self, res: Reservation, usage: Usage, event: dict, spend_usd: float = 0.0
+        self, res: Reservation, usage: Usage, event: UsageEvent, spend_usd: float = 0.0
     ) -> None:
         """Replace the reservation with actual usage and charge `spend_usd` to the team's dollars
         for the day it reserved on (budgeted teams; the next reservation checks it); never raises

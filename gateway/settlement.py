@@ -3,10 +3,9 @@ report, else the gateway's estimate), its metrics, its price (billing's Pricer, 
 quota script that releases the reservation and appends the usage event."""
 
 import time
-from typing import Any
 
 from backends.base import Upstream
-from core.usage import Pricer, Usage
+from core.usage import Pricer, Usage, UsageEvent
 from gateway import metrics
 from gateway.quotas import LeaseKeeper, Quotas, Reservation
 from gateway.sizing import PromptOverhead
@@ -33,7 +32,7 @@ class Settlement:
         res: Reservation,
         upstream: Upstream,
         usage: Usage,
-        event: dict[str, Any],
+        event: UsageEvent,
         started: float,
         status: int,
     ) -> None:
@@ -41,18 +40,16 @@ class Settlement:
             return  # already settled
         metrics.IN_FLIGHT.dec()
         team, model = res.policy.team, upstream.info.name
-        if usage.reported and usage.prompt_tokens and event["prompt_estimate"] is not None:
-            self.overhead.observe(model, team, event["prompt_estimate"], usage.prompt_tokens)
+        if usage.reported and usage.prompt_tokens and event.prompt_estimate is not None:
+            self.overhead.observe(model, team, event.prompt_estimate, usage.prompt_tokens)
         elapsed = time.perf_counter() - started
-        event.update(
-            status=status,
-            prompt_tokens=usage.prompt_tokens,
-            completion_tokens=usage.completion_tokens,
-            cached_tokens=usage.cached_tokens,
-            e2e=elapsed,
-        )
+        event.status = status
+        event.prompt_tokens = usage.prompt_tokens
+        event.completion_tokens = usage.completion_tokens
+        event.cached_tokens = usage.cached_tokens
+        event.e2e = elapsed
         metrics.REQUESTS.labels(model, str(status)).inc()
-        metrics.LATENCY.labels(model, "1" if event["stream"] else "0").observe(elapsed)
+        metrics.LATENCY.labels(model, "1" if event.stream else "0").observe(elapsed)
         metrics.TOKENS.labels(team, model, "prompt").inc(usage.prompt_tokens)
         metrics.TOKENS.labels(team, model, "completion").inc(usage.completion_tokens)
         metrics.TOKENS.labels(team, model, "cached").inc(usage.cached_tokens)

@@ -13,7 +13,7 @@ import msgspec
 from litestar import Controller, Request, Response, post
 
 from core.errors import GatewayError
-from core.usage import Usage
+from core.usage import Usage, UsageEvent
 from gateway import metrics as gateway_metrics
 from gateway import request_ids
 from gateway.proxy import Proxy
@@ -107,20 +107,16 @@ class ModerationsController(Controller):
         res = await proxy.quotas.reserve(policy, lease_id, tokens, 0, False)
         proxy.keeper.active[lease_id] = res
         gateway_metrics.IN_FLIGHT.inc()
-        event: dict[str, Any] = {
-            "request_id": request_id,
-            "client_request_id": None,
-            "team": policy.team,
-            "model": parsed.model or MODEL,
-            "model_served": MODEL,
-            "tier": "interactive",
-            "stream": False,
-            "prompt_estimate": None,
-            "prompt_reserved": tokens,
-            "ts": time.time(),
-            "key_prefix": key_prefix(authorization),
-            "route_features": None,
-        }
+        event = UsageEvent(
+            request_id=request_id,
+            team=policy.team,
+            model=parsed.model or MODEL,
+            model_served=MODEL,
+            tier="interactive",
+            prompt_reserved=tokens,
+            ts=time.time(),
+            key_prefix=key_prefix(authorization),
+        )
         served = SimpleNamespace(info=SimpleNamespace(name=MODEL))
         status = 500
         try:

@@ -8,7 +8,7 @@ import pytest
 from billing.events import decoder, to_row
 from billing.pricing import costs
 from billing.settle import Pricer
-from core.usage import Usage
+from core.usage import Usage, UsageEvent
 from router.catalog import Catalog, CatalogFile, ModelEntry, Price
 from tenancy.keys import key_prefix
 from tests.billing.conftest import event
@@ -52,17 +52,12 @@ def test_unknown_model_costs_nothing() -> None:
 
 def test_price_fills_the_event() -> None:
     entry = ModelEntry(id="m", provider="openai", price=Price(input=1.0, cached_input=0.5))
-    ev = {"model_served": "m"}
+    ev = UsageEvent(request_id="r", team="alpha", model="m", model_served="m", ts=0.0)
     price = Pricer(Catalog(CatalogFile(models=(entry,))))
     charged = price("alpha", "m", Usage(100, 10, 40, reported=True), ev)
     assert charged == pytest.approx((60 * 1.0 + 40 * 0.5) / 1e6)
-    assert ev == {
-        "model_served": "m",
-        "provider": "openai",
-        "usage_reported": True,
-        "cost_usd": charged,
-        "list_cost_usd": charged,  # no compute-priced model: the list price is charged
-    }
+    assert (ev.provider, ev.usage_reported) == ("openai", True)
+    assert ev.cost_usd == ev.list_cost_usd == charged  # no compute-priced model: list is charged
 
 
 def test_event_to_row() -> None:

@@ -26,6 +26,7 @@ from hypothesis.stateful import (
 )
 
 from core.errors import GatewayError
+from core.usage import UsageEvent
 from gateway.quotas import (
     PLATFORM_BATCH_LEASES,
     PLATFORM_LEASES,
@@ -175,7 +176,8 @@ class QuotaMachine(RuleBasedStateMachine):
     def settle_lease(self, lease_id: str) -> None:
         held = self.held.pop(lease_id)
         usage = Usage(prompt_tokens=held.used)
-        self.loop.run_until_complete(self.quotas.settle(held.res, usage, {}))
+        event = UsageEvent(request_id=lease_id, team="t", model="m", model_served="m", ts=0.0)
+        self.loop.run_until_complete(self.quotas.settle(held.res, usage, event))
         delta = held.used - held.res.tokens
         self.charged_minute += delta
         self.charged_day[held.res.batch] += delta
