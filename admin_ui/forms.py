@@ -4,15 +4,12 @@ Blank means unlimited (None) for limits, "all models" for the allowed models, an
 default for the auto-routing fields.
 """
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from tenancy.limits import FRACTIONS, LIMIT_FIELDS, TIERS
+from tenancy.limits import LIMIT_FIELDS, TIERS, problem
 from tenancy.models import Team
 from tenancy.teams import TEAM_NAME, TEAM_NAME_RULE
-
-_MAX_INT = 2**53  # any larger is a typo, and would not survive a float round trip in Lua
 
 # field → (label, hint); the form shows LIMIT_FIELDS in their order, so a field added there shows up
 # here too (under its own name until it gets a label)
@@ -61,24 +58,18 @@ def from_team(team: Team | None) -> TeamForm:
     return TeamForm(values)
 
 
-def _number(raw: str, kind: type, name: str) -> tuple[Any, str | None]:
-    if kind is int:
-        try:
-            value = int(raw)
-        except ValueError:
-            return None, "must be a whole number (or blank)"
-        if not 0 <= value <= _MAX_INT:
-            return None, "must be 0 or more (blank: unlimited)"
-        return value, None
+def _value(raw: str, kind: type, name: str) -> tuple[Any, str | None]:
+    """A typed field's value and what is wrong with it (tenancy's rule), or why it is no value."""
+    if kind is str:
+        return raw, problem(name, raw)
     try:
-        number = float(raw)
+        value = kind(raw)
     except ValueError:
-        return None, "must be a number (or blank)"
-    if not math.isfinite(number) or number < 0:
-        return None, "must be 0 or more"
-    if name in FRACTIONS and number > 1:
-        return None, "must be between 0 and 1"
-    return number, None
+        return (
+            None,
+            "must be a whole number (or blank)" if kind is int else "must be a number (or blank)",
+        )
+    return value, problem(name, value)
 
 
 def parse(form: Any, catalog: list[str], with_name: bool) -> TeamForm:
@@ -98,16 +89,10 @@ def parse(form: Any, catalog: list[str], with_name: bool) -> TeamForm:
             continue
         raw = text(form, name).strip()
         result.values[name] = raw
-        if name == "default_tier":
-            if raw in TIERS:
-                result.limits[name] = raw
-            else:
-                result.errors[name] = f"must be one of {', '.join(TIERS)}"
-            continue
-        if not raw:
+        if not raw and name != "default_tier":
             result.limits[name] = None
             continue
-        value, error = _number(raw, kind, name)
+        value, error = _value(raw, kind, name)
         if error:
             result.errors[name] = error
         else:

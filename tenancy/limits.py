@@ -1,4 +1,8 @@
-"""Names and types of a team's settable limits, and the tiers; import-light for the CLI parser."""
+"""Names and types of a team's settable limits, the tiers, and what a limit's value may be; import-
+light for the CLI parser."""
+
+import math
+from typing import Any
 
 TIERS = ("interactive", "batch")
 
@@ -22,6 +26,30 @@ LIMIT_FIELDS: dict[str, type] = {
 
 # the fields that are shares, in [0, 1]
 FRACTIONS = ("auto_threshold", "strong_share", "auto_quality")
+
+# a larger count is a typo, would overflow SQL's 64-bit integers (2**63 and up was a 500), and would
+# not survive the quota script's float arithmetic (Lua numbers are doubles)
+MAX_COUNT = 2**53
+
+
+def problem(name: str, value: Any) -> str | None:
+    """What is wrong with `value` for the limit `name`, said for a person (None: nothing; None
+    itself means unlimited). The one rule for the CLI, the admin API and the admin UI."""
+    kind = LIMIT_FIELDS[name]
+    if value is None or name == "models":
+        return None
+    if name == "default_tier":
+        return None if value in TIERS else f"must be one of {', '.join(TIERS)}"
+    if isinstance(value, bool) or not isinstance(value, int if kind is int else (int, float)):
+        return "must be a whole number" if kind is int else "must be a number"
+    if not math.isfinite(value) or value < 0:
+        return "must be 0 or more"
+    if name in FRACTIONS and value > 1:
+        return "must be between 0 and 1"
+    if value > MAX_COUNT:
+        return f"must be at most {MAX_COUNT}"
+    return None
+
 
 # the CLI's help for each: what it limits, its unit, what unset means
 LIMIT_HELP: dict[str, str] = {

@@ -13,7 +13,7 @@ from sqlmodel import Session, select
 
 from tenancy.errors import AlreadyExists, ManagementError
 from tenancy.keys import active_key_hashes
-from tenancy.limits import FRACTIONS, LIMIT_FIELDS, TIERS
+from tenancy.limits import LIMIT_FIELDS, problem
 from tenancy.models import ApiKey, Team
 
 # team names appear in Redis keys and metrics labels: keep them plain
@@ -26,10 +26,8 @@ def _apply(team: Team, limits: dict[str, Any]) -> None:
     for name, value in limits.items():
         if name not in LIMIT_FIELDS:
             raise ValueError(f"unknown team field {name!r}")
-        if name == "default_tier" and value not in TIERS:
-            raise ValueError(f"default_tier must be one of {TIERS}")
-        if name in FRACTIONS and value is not None and not 0 <= value <= 1:
-            raise ValueError(f"{name} must be between 0 and 1")
+        if (error := problem(name, value)) is not None:
+            raise ValueError(f"{name} {error}")
         if name == "models" and not isinstance(value, str):
             value = ",".join(value)
         setattr(team, name, value)

@@ -58,7 +58,7 @@ def test_each_bad_value_gets_its_own_message() -> None:
     )  # fmt: skip
     assert parsed.errors == {
         "name": "1 to 64 letters, digits, '_', '.' or '-', starting with a letter or digit",
-        "rpm": "must be 0 or more (blank: unlimited)",
+        "rpm": "must be 0 or more",
         "tpm": "must be a whole number (or blank)",
         "usd_per_day": "must be 0 or more",
         "concurrency": "must be a whole number (or blank)",

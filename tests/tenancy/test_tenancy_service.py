@@ -92,13 +92,19 @@ async def test_refusals_change_nothing(tenancy: Tenancy) -> None:
         await tenancy.update_team("kept", auto_threshold=2.0)
     with pytest.raises(ValueError, match="unknown team field"):
         await tenancy.update_team("kept", webhook_secret="whsec_x")
+    with pytest.raises(ValueError, match="at most"):
+        await tenancy.update_team("kept", rpm=2**63)  # what the CLI's --rpm lets through
+    with pytest.raises(ValueError, match="0 or more"):
+        await tenancy.update_team("kept", usd_per_day=float("inf"))
+    with pytest.raises(ValueError, match="whole number"):
+        await tenancy.update_team("kept", concurrency=True)
     with pytest.raises(ManagementError):
         await tenancy.update_team("missing", rpm=1)
     with pytest.raises(ManagementError):
         await tenancy.revoke_key("ty-missing00")
     assert await _cached(tenancy, secrets) == [True]
     team = await tenancy.team("kept")
-    assert team is not None and team.auto_threshold is None
+    assert team is not None and team.auto_threshold is None and team.rpm is None
 
 
 async def test_a_change_stands_when_redis_is_unreachable(sql: Any) -> None:
