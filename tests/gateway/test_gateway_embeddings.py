@@ -17,6 +17,7 @@ import sqlmodel
 
 from billing.models import UsageRecord
 from core.db import get_engine
+from tests.fuzzing import fuzz
 from tests.gateway.conftest import (
     HERE,
     MODEL,
@@ -232,3 +233,8 @@ def test_batch_lines_of_embeddings(embed_gateway: Any, team: Any, sql: Any) -> N
 
     wait_until(lambda: len(records()) == 2, 10, "the batch's usage records")
     assert {(r.tier, r.model) for r in records()} == {("batch", EMBED)}
+
+
+def test_fuzz_the_embeddings_server(embeddings_server: str) -> None:
+    """The embeddings server's own routes, drawn from its document: no 5xx, OpenAI's error shape."""
+    assert {"POST /v1/embeddings"} <= set(fuzz(embeddings_server, 15))
