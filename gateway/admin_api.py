@@ -7,6 +7,7 @@ concerned, so it applies at once. Errors are OpenAI's shape."""
 
 import contextlib
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Annotated, Any, TypeVar
 
 import msgspec
@@ -23,6 +24,7 @@ from gateway.proxy import Proxy
 from gateway.quotas import day_number
 from gateway.validation import decode_json
 from tenancy.errors import AlreadyExists, ManagementError
+from tenancy.keys import NewKey
 from tenancy.models import Team
 from tenancy.service import Tenancy
 from tenancy.teams import team_record
@@ -64,8 +66,10 @@ class Budget(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     usd_per_day: Dollars | UnsetType | None = UNSET
 
 
-class NewKey(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+class CreateKey(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     team: str
+    name: str | None = None  # a label shown in listings
+    expires_at: int | None = None  # unix seconds: refused from then on; None: until revoked
 
 
 def _set(struct: msgspec.Struct) -> dict[str, Any]:
@@ -107,6 +111,27 @@ def _refusals() -> Iterator[None]:
         raise GatewayError(404, str(exc), code="not_found") from None
     except ValueError as exc:
         raise GatewayError(400, str(exc)) from None
+
+
+def _expiry(unix: int | None) -> datetime | None:
+    if unix is None:
+        return None
+    try:
+        return datetime.fromtimestamp(unix, UTC)
+    except (OverflowError, OSError, ValueError):
+        raise GatewayError(400, "expires_at is not a time", param="expires_at") from None
+
+
+def _created(new: NewKey) -> dict[str, Any]:
+    """A new key as the API answers it: its secret, shown this once."""
+    expires = int(new.expires_at.timestamp()) if new.expires_at else None
+    return {
+        "key": new.key,
+        "prefix": new.prefix,
+        "team": new.team,
+        "name": new.name,
+        "expires_at": expires,
+    }
 
 
 async def _existing(request: Request, name: str) -> Team:
@@ -177,12 +202,13 @@ class AdminController(Controller):
         found = await _tenancy(request).keys(request.query_params.get("team") or None)
         return _json({"object": "list", "data": [k.record() for k in found]})
 
-    @post("/keys", operation_class=json_body(NewKey))
+    @post("/keys", operation_class=json_body(CreateKey))
     async def create_key(self, request: Request) -> Response[bytes]:
-        team = _body(await request.body(), NewKey).team
+        new_key = _body(await request.body(), CreateKey)
+        expires = _expiry(new_key.expires_at)
         with _refusals():
-            new = await _tenancy(request).create_key(team)
-        return _json({"key": new.key, "prefix": new.prefix, "team": new.team}, 201)
+            new = await _tenancy(request).create_key(new_key.team, new_key.name, expires)
+        return _json(_created(new), 201)
 
     @post("/keys/{prefix:str}/revoke")
     async def revoke_key(self, request: Request, prefix: FromPath[str]) -> Response[bytes]:
@@ -194,8 +220,7 @@ class AdminController(Controller):
     async def rotate_key(self, request: Request, prefix: FromPath[str]) -> Response[bytes]:
         with _refusals():
             new = await _tenancy(request).rotate_key(prefix)
-        body = {"key": new.key, "prefix": new.prefix, "team": new.team, "revoked": prefix}
-        return _json(body, 201)
+        return _json({**_created(new), "revoked": prefix}, 201)
 
 
 async def _budget(request: Request, team: Team) -> dict[str, Any]:

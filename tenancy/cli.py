@@ -6,6 +6,7 @@ import asyncio
 import json
 import sys
 from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from core.settings import Settings, get_settings
@@ -94,8 +95,12 @@ def _keys(args: argparse.Namespace) -> int:
     settings = get_settings()
     try:
         if args.action == "create":
-            new = keys.create_key(_sql(settings), args.team)
-            print(f"key for team {new.team} (prefix {new.prefix}); shown once:")
+            expires = None
+            if args.expires_in_days is not None:
+                expires = datetime.now(UTC) + timedelta(days=args.expires_in_days)
+            new = keys.create_key(_sql(settings), args.team, args.name, expires)
+            until = f", expires {expires.isoformat(timespec='seconds')}" if expires else ""
+            print(f"key for team {new.team} (prefix {new.prefix}{until}); shown once:")
             print(new.key)
         elif args.action == "list":
             _print_keys(keys.list_keys(_sql(settings), args.team), args.json)
@@ -107,7 +112,7 @@ def _keys(args: argparse.Namespace) -> int:
         else:
             _change(settings, lambda t: t.revoke_key(args.prefix))
             print(f"revoked {args.prefix}")
-    except ManagementError as exc:
+    except (ManagementError, ValueError, OverflowError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0
@@ -120,8 +125,9 @@ def _print_keys(found: list[Any], as_json: bool) -> None:
         print(json.dumps(records, indent=2))
         return
     for r in records:
-        state = "revoked" if r["revoked"] else "active"
-        print(f"{r['prefix']}  {r['team']}  {state}  created {r['created_at']}")
+        expires = f"  expires {r['expires_at']}" if r["expires_at"] else ""
+        name = f"  {r['name']!r}" if r["name"] else ""
+        print(f"{r['prefix']}  {r['team']}{name}  {r['state']}  created {r['created_at']}{expires}")
 
 
 def _json_flag(p: argparse.ArgumentParser) -> None:
@@ -160,6 +166,13 @@ def add_parser(sub: Any) -> None:
     ksub = keys_p.add_subparsers(dest="action", required=True, metavar="ACTION")
     create = ksub.add_parser("create", help="a new key for a team, printed once")
     create.add_argument("--team", required=True, help="the team the key belongs to")
+    create.add_argument("--name", default=None, help="a label shown in listings, e.g. ci")
+    create.add_argument(
+        "--expires-in-days",
+        type=float,
+        default=None,
+        help="refuse the key this many days from now (default: never, until revoked)",
+    )
     listing = ksub.add_parser("list", help="keys by prefix, team and state (never the secret)")
     listing.add_argument("--team", default=None, help="only this team's keys (default: all)")
     _json_flag(listing)

@@ -1,23 +1,26 @@
 """API keys: their form, how a request's key is found and checked, and their management in SQL.
 
 A key is `ty-` + 32 random url-safe bytes. Only its sha256 is stored, with a short visible prefix so
-people can tell keys apart and revoke one without holding it.
+people can tell keys apart and revoke one without holding it. A key may carry a name (a label in
+listings) and an expiry, from which on it is refused like a revoked one (gateways notice within
+their key-cache time, gateway_key_cache_s, twice over).
 """
 
 import hashlib
 import secrets
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from sqlalchemy import Engine
-from sqlmodel import Session, col, select
+from sqlmodel import Session, col, or_, select
 
 from tenancy.errors import ManagementError
 from tenancy.models import ApiKey, Team
 from tenancy.policy import TeamPolicy, policy_of
 
 KEY_PREFIX_LEN = 12
+KEY_NAME_MAX = 64
 
 
 @dataclass
@@ -25,6 +28,8 @@ class NewKey:
     key: str  # shown once, never stored
     prefix: str
     team: str
+    name: str | None = None
+    expires_at: datetime | None = None
 
 
 @dataclass
@@ -36,16 +41,42 @@ class KeyInfo:
     revoked: bool
     created_at: datetime
     last_used_at: datetime | None
+    name: str | None = None
+    expires_at: datetime | None = None
+
+    @property
+    def state(self) -> str:
+        if self.revoked:
+            return "revoked"
+        return "expired" if _expired(self.expires_at) else "active"
 
     def record(self) -> dict[str, Any]:
         """As the CLI and the admin API show it: never a hash or a secret."""
         return {
             "prefix": self.prefix,
             "team": self.team,
+            "name": self.name,
             "revoked": self.revoked,
+            "state": self.state,
             "created_at": self.created_at.isoformat(),
+            "expires_at": self.expires_at.isoformat() if self.expires_at else None,
             "last_used_at": self.last_used_at.isoformat() if self.last_used_at else None,
         }
+
+
+def _expired(expires_at: datetime | None) -> bool:
+    return expires_at is not None and expires_at <= datetime.now(UTC)
+
+
+def _checked(name: str | None, expires_at: datetime | None) -> str | None:
+    """The key's name, stripped (None when blank); refuses a long or unprintable one, and an
+    expiry that is not in the future (ValueError)."""
+    name = (name or "").strip() or None
+    if name is not None and (len(name) > KEY_NAME_MAX or not name.isprintable()):
+        raise ValueError(f"a key's name is 1 to {KEY_NAME_MAX} printable characters")
+    if expires_at is not None and (expires_at.utcoffset() is None or _expired(expires_at)):
+        raise ValueError("a key's expiry must be a time in the future, with its time zone")
+    return name
 
 
 def hash_key(key: str) -> str:
@@ -64,20 +95,33 @@ def key_prefix(authorization: str | None) -> str:
     return (bearer_key(authorization) or "")[:KEY_PREFIX_LEN]
 
 
-def _new_key(team_id: int) -> tuple[str, ApiKey]:
+def _new_key(
+    team_id: int, name: str | None = None, expires_at: datetime | None = None
+) -> tuple[str, ApiKey]:
     key = "ty-" + secrets.token_urlsafe(32)
-    return key, ApiKey(prefix=key[:KEY_PREFIX_LEN], key_hash=hash_key(key), team_id=team_id)
+    row = ApiKey(
+        prefix=key[:KEY_PREFIX_LEN],
+        key_hash=hash_key(key),
+        team_id=team_id,
+        name=name,
+        expires_at=expires_at,
+    )
+    return key, row
 
 
-def create_key(sql: Engine, team_name: str) -> NewKey:
+def create_key(
+    sql: Engine, team_name: str, name: str | None = None, expires_at: datetime | None = None
+) -> NewKey:
+    """A new key for the team, named and expiring as asked."""
+    name = _checked(name, expires_at)
     with Session(sql) as session:
         team = session.exec(select(Team).where(Team.name == team_name)).first()
         if team is None or team.id is None:
             raise ManagementError(f"no team {team_name!r}")
-        key, row = _new_key(team.id)
+        key, row = _new_key(team.id, name, expires_at)
         session.add(row)
         session.commit()
-        return NewKey(key=key, prefix=row.prefix, team=team.name)
+        return NewKey(key, row.prefix, team.name, name, expires_at)
 
 
 def revoke_key(sql: Engine, prefix: str) -> str:
@@ -94,20 +138,20 @@ def revoke_key(sql: Engine, prefix: str) -> str:
 
 def rotate_key(sql: Engine, prefix: str) -> tuple[NewKey, str]:
     """A new key for the team of the key with this prefix, which is revoked in the same
-    transaction. Returns the new key (its secret shown once) and the old key's hash, for the
-    caller to drop its cached lookup."""
+    transaction; the new key keeps the old one's name and expiry. Returns the new key (its secret
+    shown once) and the old key's hash, for the caller to drop its cached lookup."""
     with Session(sql) as session:
         old = session.exec(select(ApiKey).where(ApiKey.prefix == prefix)).first()
         if old is None or old.revoked:
             raise ManagementError(f"no active key with prefix {prefix!r}")
         team = session.get(Team, old.team_id)
         assert team is not None  # a key's team_id is a foreign key
-        key, new = _new_key(old.team_id)
+        key, new = _new_key(old.team_id, old.name, old.expires_at)
         old.revoked = True
         session.add(old)
         session.add(new)
         session.commit()
-        return NewKey(key=key, prefix=new.prefix, team=team.name), old.key_hash
+        return NewKey(key, new.prefix, team.name, new.name, new.expires_at), old.key_hash
 
 
 def list_keys(sql: Engine, team: str | None = None) -> list[KeyInfo]:
@@ -117,7 +161,10 @@ def list_keys(sql: Engine, team: str | None = None) -> list[KeyInfo]:
         query = query.where(Team.name == team)
     with Session(sql) as session:
         rows = session.exec(query.order_by(col(ApiKey.created_at).desc()))
-        return [KeyInfo(k.prefix, t.name, k.revoked, k.created_at, k.last_used_at) for k, t in rows]
+        return [
+            KeyInfo(k.prefix, t.name, k.revoked, k.created_at, k.last_used_at, k.name, k.expires_at)
+            for k, t in rows
+        ]
 
 
 def active_key_hashes(sql: Engine, team: str) -> list[str]:
@@ -133,8 +180,9 @@ def active_key_hashes(sql: Engine, team: str) -> list[str]:
 
 
 def lookup_key(sql: Engine, key_hash: str) -> TeamPolicy | None:
-    """The team of an active key, or None. The hash is looked up by index: equality on a sha256
-    of the secret, so timing reveals nothing usable about the key itself."""
+    """The team of an active key (not revoked, not expired, its team enabled), or None. The hash
+    is looked up by index: equality on a sha256 of the secret, so timing reveals nothing usable
+    about the key itself."""
     with Session(sql) as session:
         row = session.exec(
             select(ApiKey, Team)
@@ -143,6 +191,7 @@ def lookup_key(sql: Engine, key_hash: str) -> TeamPolicy | None:
                 ApiKey.key_hash == key_hash,
                 ApiKey.revoked == False,  # noqa: E712
                 Team.disabled == False,  # noqa: E712
+                or_(col(ApiKey.expires_at).is_(None), col(ApiKey.expires_at) > datetime.now(UTC)),
             )
         ).first()
         if row is None:

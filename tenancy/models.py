@@ -53,3 +53,5 @@ class ApiKey(SQLModel, table=True):
     revoked: bool = False
     created_at: datetime = Field(default_factory=_now)
     last_used_at: datetime | None = None
+    name: str | None = None  # what people call the key ("ci", "search-prod"), shown in listings
+    expires_at: datetime | None = None  # refused from then on; None: until revoked

@@ -10,6 +10,7 @@ forgot to.
 import asyncio
 import logging
 from collections.abc import Callable, Iterable
+from datetime import datetime
 from typing import Any, TypeVar
 
 import redis.asyncio as aioredis
@@ -80,8 +81,10 @@ class Tenancy:
     async def delete_team(self, name: str) -> None:
         await self.forget(await self._run(teams.delete_team, name))
 
-    async def create_key(self, team: str) -> NewKey:
-        return await self._run(keys.create_key, team)
+    async def create_key(
+        self, team: str, name: str | None = None, expires_at: datetime | None = None
+    ) -> NewKey:
+        return await self._run(keys.create_key, team, name, expires_at)
 
     async def revoke_key(self, prefix: str) -> None:
         await self.forget([await self._run(keys.revoke_key, prefix)])

@@ -1,6 +1,7 @@
-"""API keys: every team's, with their last use; create (the secret shown once) and revoke."""
+"""API keys: every team's, with their names, expiries and last use; create (the secret shown once,
+optionally named and expiring) and revoke."""
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from urllib.parse import quote
 
 from litestar import Controller, Request, Response, get, post
@@ -29,26 +30,40 @@ async def last_used(request: Request, listed: list[KeyInfo]) -> dict[str, dateti
 class Keys(Controller):
     guards = [admin_only]  # noqa: RUF012 - Litestar reads it as a class attribute
 
-    @get("/keys")
-    async def keys_page(self, request: Request) -> Response:
+    async def _page(self, request: Request, status: int = 200, error: str = "") -> Response:
         listed = await tenancy_of(request).keys()
         teams = await tenancy_of(request).teams()
         return await render.page(
             request,
             "keys.html",
+            status,
             keys=listed,
             teams=[t.name for t in teams],
             last_used=await last_used(request, listed),
             revoked=request.query_params.get("revoked", ""),
+            error=error,
         )
+
+    @get("/keys")
+    async def keys_page(self, request: Request) -> Response:
+        return await self._page(request)
 
     @post("/keys")
     async def create_key(self, request: Request) -> Response:
-        team = forms.text(await request.form(), "team")
+        form = await request.form()
+        days = forms.text(form, "expires_in_days").strip()
         try:
-            new = await tenancy_of(request).create_key(team)
+            expires = datetime.now(UTC) + timedelta(days=float(days)) if days else None
+        except (ValueError, OverflowError):
+            return await self._page(request, 400, "Expires in: a number of days, or blank")
+        try:
+            new = await tenancy_of(request).create_key(
+                forms.text(form, "team"), forms.text(form, "name"), expires
+            )
         except ManagementError as exc:
             raise NotFoundException(str(exc)) from None
+        except ValueError as exc:  # the name, or an expiry not in the future
+            return await self._page(request, 400, str(exc))
         return await render.page(request, "key_created.html", 201, new=new)
 
     @post("/keys/{prefix:str}/revoke")

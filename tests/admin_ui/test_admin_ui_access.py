@@ -6,7 +6,7 @@ import asyncio
 import random
 import time
 import uuid
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import httpx
@@ -282,6 +282,25 @@ def test_revoking_the_key_closes_the_team_page(admin: httpx.Client, team: Any) -
         revoked = admin.post(f"/admin/keys/{key[:12]}/revoke", data={"csrf": csrf_of(page)})
         assert revoked.status_code == 303
         assert member.get("/admin/team-usage").status_code == 303
+
+
+def test_keys_are_created_with_a_name_and_an_expiry(admin: httpx.Client, team: Any) -> None:
+    name, _ = team()
+    page = admin.get("/admin/keys")
+    made = admin.post(
+        "/admin/keys",
+        data={"team": name, "name": "nightly", "expires_in_days": "2", "csrf": csrf_of(page)},
+    )
+    assert made.status_code == 201 and "nightly" in made.text and "stops working on" in made.text
+    listing = admin.get(f"/admin/teams/{name}").text
+    in_two_days = (datetime.now(UTC) + timedelta(days=2)).strftime("%Y-%m-%d")
+    assert "<td>nightly</td>" in listing and f"<td>{in_two_days} " in listing
+    for bad, message in (("soon", "a number of days"), ("-1", "in the future")):
+        refused = admin.post(
+            "/admin/keys",
+            data={"team": name, "expires_in_days": bad, "csrf": csrf_of(admin.get("/admin/keys"))},
+        )
+        assert refused.status_code == 400 and message in refused.text, bad
 
 
 def test_a_quota_change_reaches_another_gateway_within_a_second(

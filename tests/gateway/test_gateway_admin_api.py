@@ -3,6 +3,7 @@ each change applied to the next request (cached key lookups dropped), errors in 
 
 import json
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -160,6 +161,19 @@ def test_the_cli_disables_teams_and_rotates_keys(admin: Any, base_env: dict[str,
     assert new_key.startswith("ty-") and new_key != key
     wait_until(lambda: not _works(admin, key), 3, "the rotated key to be refused")
     assert _works(admin, new_key)
+    # a named key that expires in a day
+    made = run("keys", "create", "--team", name, "--name", "ci", "--expires-in-days", "1")
+    assert "expires " in made.stdout.splitlines()[0]
+    listed = json.loads(run("keys", "list", "--team", name, "--json").stdout)
+    (named,) = [k for k in listed if k["name"] == "ci"]
+    assert named["state"] == "active" and named["expires_at"] is not None
+    past = subprocess.run(
+        [*TOKENYARD, "keys", "create", "--team", name, "--expires-in-days", "-1"],
+        env=base_env,
+        capture_output=True,
+        text=True,
+    )
+    assert past.returncode == 1 and "in the future" in past.stderr
 
 
 def test_fuzz_the_admin_api_with_the_admin_key(admin: Any) -> None:
@@ -174,3 +188,32 @@ def test_fuzz_the_admin_api_with_the_admin_key(admin: Any) -> None:
     assert {"POST /v1/admin/teams", "PATCH /v1/admin/teams/{name}", "POST /v1/admin/keys"} <= set(
         ran
     )
+
+
+def test_named_keys_expire(admin: Any) -> None:
+    api = admin.api
+    name = "exp" + uuid.uuid4().hex[:8]
+    api.post("/teams", json={"name": name})
+    soon = int(time.time()) + 3
+    made = api.post("/keys", json={"team": name, "name": "ci", "expires_at": soon}).json()
+    assert (made["name"], made["expires_at"]) == ("ci", soon)
+    assert _works(admin, made["key"])
+    (listed,) = api.get("/keys", params={"team": name}).json()["data"]
+    assert (listed["name"], listed["state"]) == ("ci", "active")
+    # rotating keeps the name and the expiry
+    rotated = api.post(f"/keys/{made['prefix']}/rotate").json()
+    assert (rotated["name"], rotated["expires_at"]) == ("ci", soon)
+    wait_until(lambda: not _works(admin, rotated["key"]), 8, "the key to expire")
+    states = {
+        k["prefix"]: k["state"] for k in api.get("/keys", params={"team": name}).json()["data"]
+    }
+    assert states == {made["prefix"]: "revoked", rotated["prefix"]: "expired"}
+    for bad in (
+        {"team": name, "expires_at": int(time.time()) - 1},  # already past
+        {"team": name, "expires_at": 10**12},  # no time a clock reaches
+        {"team": name, "name": "x" * 65},
+        {"team": name, "name": "tab\there"},
+    ):
+        refused = api.post("/keys", json=bad)
+        assert refused.status_code == 400, bad
+        assert refused.json()["error"]["type"] == "invalid_request_error"

@@ -3,6 +3,7 @@ real Redis, and a change still stands when Redis is unreachable."""
 
 import asyncio
 from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -128,3 +129,31 @@ async def test_concurrent_creates_of_one_team_make_one_team(tenancy: Tenancy) ->
     assert len(created) == 1
     assert all(isinstance(r, AlreadyExists) for r in results if isinstance(r, BaseException))
     assert [t.name for t in await tenancy.teams()] == ["racing"]
+
+
+async def test_an_expired_key_is_refused_and_rotation_keeps_name_and_expiry(
+    tenancy: Tenancy,
+) -> None:
+    await tenancy.create_team("timed")
+    soon = datetime.now(UTC) + timedelta(seconds=1)
+    made = await tenancy.create_key("timed", "  ci  ", soon)
+    assert (made.name, made.expires_at) == ("ci", soon)  # the name stripped
+    assert keys.lookup_key(tenancy.sql, keys.hash_key(made.key)) is not None
+    rotated = await tenancy.rotate_key(made.prefix)
+    assert (rotated.name, rotated.expires_at) == ("ci", soon)
+    await asyncio.sleep((soon - datetime.now(UTC)).total_seconds() + 0.1)
+    assert keys.lookup_key(tenancy.sql, keys.hash_key(rotated.key)) is None
+    assert {k.prefix: k.state for k in await tenancy.keys("timed")} == {
+        made.prefix: "revoked",
+        rotated.prefix: "expired",
+    }
+    unnamed = await tenancy.create_key("timed", "   ")
+    assert unnamed.name is None and unnamed.expires_at is None
+    for name, expires in (
+        ("x" * 65, None),
+        ("bell\a", None),
+        (None, datetime.now(UTC) - timedelta(seconds=1)),
+        (None, datetime.now() + timedelta(days=1)),  # no time zone: which day is it?
+    ):
+        with pytest.raises(ValueError):
+            await tenancy.create_key("timed", name, expires)
