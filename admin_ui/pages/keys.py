@@ -1,5 +1,5 @@
 """API keys: every team's, with their names, expiries and last use; create (the secret shown once,
-optionally named and expiring) and revoke."""
+optionally named and expiring), rotate and revoke."""
 
 from datetime import UTC, datetime, timedelta
 from urllib.parse import quote
@@ -64,7 +64,7 @@ class Keys(Controller):
             raise NotFoundException(str(exc)) from None
         except ValueError as exc:  # the name, or an expiry not in the future
             return await self._page(request, 400, str(exc))
-        return await render.page(request, "key_created.html", 201, new=new)
+        return await render.page(request, "key_created.html", 201, new=new, replaced="")
 
     @post("/keys/{prefix:str}/revoke")
     async def revoke_key(self, request: Request, prefix: FromPath[str]) -> Response:
@@ -73,3 +73,12 @@ class Keys(Controller):
         except ManagementError as exc:
             raise NotFoundException(str(exc)) from None
         return Redirect(f"/admin/keys?revoked={quote(prefix)}", status_code=303)
+
+    @post("/keys/{prefix:str}/rotate")
+    async def rotate_key(self, request: Request, prefix: FromPath[str]) -> Response:
+        """A new key for the team, with the old one's name and expiry; the old one revoked."""
+        try:
+            new = await tenancy_of(request).rotate_key(prefix)
+        except ManagementError as exc:
+            raise NotFoundException(str(exc)) from None
+        return await render.page(request, "key_created.html", 201, new=new, replaced=prefix)

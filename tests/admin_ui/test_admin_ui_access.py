@@ -295,6 +295,13 @@ def test_keys_are_created_with_a_name_and_an_expiry(admin: httpx.Client, team: A
     listing = admin.get(f"/admin/teams/{name}").text
     in_two_days = (datetime.now(UTC) + timedelta(days=2)).strftime("%Y-%m-%d")
     assert "<td>nightly</td>" in listing and f"<td>{in_two_days} " in listing
+    prefix = made.text.split('id="new-key" class="secret">')[1][:12]
+    rotated = admin.post(f"/admin/keys/{prefix}/rotate", data={"csrf": csrf_of(made)})
+    assert rotated.status_code == 201 and f"Key {prefix}… revoked" in rotated.text
+    assert "nightly" in rotated.text and "stops working on" in rotated.text  # kept by the new key
+    assert (
+        admin.post(f"/admin/keys/{prefix}/rotate", data={"csrf": csrf_of(made)}).status_code == 404
+    )
     for bad, message in (("soon", "a number of days"), ("-1", "in the future")):
         refused = admin.post(
             "/admin/keys",
