@@ -28,7 +28,7 @@ def tenancy_of(connection: ASGIConnection) -> Tenancy:
 
 
 def sql_of(connection: ASGIConnection) -> Engine:
-    return proxy_of(connection).auth.sql
+    return tenancy_of(connection).sql
 
 
 def settings_of(connection: ASGIConnection) -> Settings:
