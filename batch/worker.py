@@ -30,8 +30,8 @@ from core.tasks import cancel_and_wait
 from gateway.proxy import Proxy
 from gateway.quotas import PLATFORM_BATCH_LEASES, PLATFORM_LEASES
 from gateway.request_ids import new_request_id
-from tenancy.policy import TeamPolicy, policy_of
-from tenancy.teams import get_team
+from tenancy.keys import policy_by_prefix
+from tenancy.policy import TeamPolicy
 
 log = logging.getLogger("tokenyard.batch")
 
@@ -64,7 +64,7 @@ class BatchWorker:
         self.running: dict[str, _Running] = {}  # by request id
         self.stopping: dict[str, tuple[str, str]] = {}  # batch id → error its requests end with
         self._interactive_seen = -float("inf")  # monotonic time interactive was last in flight
-        self._policies: dict[str, tuple[float, TeamPolicy | None]] = {}
+        self._policies: dict[tuple[str, str], tuple[float, TeamPolicy | None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
         self._client = callback_client()
@@ -176,12 +176,13 @@ class BatchWorker:
                     running.task.cancel()
             await self._sql(lifecycle.abandon, self.sql, batch_id, error)
 
-    async def _policy(self, team: str) -> TeamPolicy | None:
+    async def _policy(self, team: str, key_prefix: str) -> TeamPolicy | None:
+        """The job's team's policy, narrowed to the models of the key that created the job."""
         now = time.monotonic()
-        hit = self._policies.get(team)
+        hit = self._policies.get((team, key_prefix))
         if hit is None or hit[0] < now:
-            row = await self._sql(get_team, self.sql, team)
-            hit = self._policies[team] = (now + _POLICY_TTL_S, policy_of(row) if row else None)
+            policy = await self._sql(policy_by_prefix, self.sql, team, key_prefix)
+            hit = self._policies[team, key_prefix] = (now + _POLICY_TTL_S, policy)
         return hit[1]
 
     async def _execute(self, request: lifecycle.Claimed, hung_up: asyncio.Event) -> None:
@@ -189,7 +190,7 @@ class BatchWorker:
         upstream_id = new_request_id()  # per attempt: billing keeps one per id
         retry_in = 1  # a refusal for load or quota: run it again after this (seconds)
         try:
-            policy = await self._policy(request.team)
+            policy = await self._policy(request.team, request.key_prefix)
             if policy is None:
                 raise GatewayError(401, f"team {request.team!r} no longer exists", "invalid_team")
             status, body = await self.proxy.run_batch_request(

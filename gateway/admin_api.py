@@ -70,6 +70,7 @@ class CreateKey(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     team: str
     name: str | None = None  # a label shown in listings
     expires_at: int | None = None  # unix seconds: refused from then on; None: until revoked
+    models: list[str] = []  # the models it may use, within its team's; empty: the team's
 
 
 def _set(struct: msgspec.Struct) -> dict[str, Any]:
@@ -130,6 +131,7 @@ def _created(new: NewKey) -> dict[str, Any]:
         "prefix": new.prefix,
         "team": new.team,
         "name": new.name,
+        "models": list(new.models),
         "expires_at": expires,
     }
 
@@ -207,7 +209,9 @@ class AdminController(Controller):
         new_key = _body(await request.body(), CreateKey)
         expires = _expiry(new_key.expires_at)
         with _refusals():
-            new = await _tenancy(request).create_key(new_key.team, new_key.name, expires)
+            new = await _tenancy(request).create_key(
+                new_key.team, new_key.name, expires, new_key.models
+            )
         return _json(_created(new), 201)
 
     @post("/keys/{prefix:str}/revoke")

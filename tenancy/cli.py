@@ -98,7 +98,8 @@ def _keys(args: argparse.Namespace) -> int:
             expires = None
             if args.expires_in_days is not None:
                 expires = datetime.now(UTC) + timedelta(days=args.expires_in_days)
-            new = keys.create_key(_sql(settings), args.team, args.name, expires)
+            models = (args.models or "").split(",")
+            new = keys.create_key(_sql(settings), args.team, args.name, expires, models)
             until = f", expires {expires.isoformat(timespec='seconds')}" if expires else ""
             print(f"key for team {new.team} (prefix {new.prefix}{until}); shown once:")
             print(new.key)
@@ -127,6 +128,7 @@ def _print_keys(found: list[Any], as_json: bool) -> None:
     for r in records:
         expires = f"  expires {r['expires_at']}" if r["expires_at"] else ""
         name = f"  {r['name']!r}" if r["name"] else ""
+        name += f"  models {','.join(r['models'])}" if r["models"] else ""
         print(f"{r['prefix']}  {r['team']}{name}  {r['state']}  created {r['created_at']}{expires}")
 
 
@@ -167,6 +169,11 @@ def add_parser(sub: Any) -> None:
     create = ksub.add_parser("create", help="a new key for a team, printed once")
     create.add_argument("--team", required=True, help="the team the key belongs to")
     create.add_argument("--name", default=None, help="a label shown in listings, e.g. ci")
+    create.add_argument(
+        "--models",
+        default=None,
+        help="comma-separated models the key may use, within its team's (default: the team's)",
+    )
     create.add_argument(
         "--expires-in-days",
         type=float,

@@ -8,6 +8,7 @@ their key-cache time, gateway_key_cache_s, twice over).
 
 import hashlib
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -17,7 +18,7 @@ from sqlmodel import Session, col, or_, select
 
 from tenancy.errors import ManagementError
 from tenancy.models import ApiKey, Team
-from tenancy.policy import TeamPolicy, policy_of
+from tenancy.policy import TeamPolicy, model_list, policy_of
 
 KEY_PREFIX_LEN = 12
 KEY_NAME_MAX = 64
@@ -30,6 +31,7 @@ class NewKey:
     team: str
     name: str | None = None
     expires_at: datetime | None = None
+    models: tuple[str, ...] = ()
 
 
 @dataclass
@@ -43,6 +45,7 @@ class KeyInfo:
     last_used_at: datetime | None
     name: str | None = None
     expires_at: datetime | None = None
+    models: tuple[str, ...] = ()
 
     @property
     def state(self) -> str:
@@ -56,6 +59,7 @@ class KeyInfo:
             "prefix": self.prefix,
             "team": self.team,
             "name": self.name,
+            "models": list(self.models),
             "revoked": self.revoked,
             "state": self.state,
             "created_at": self.created_at.isoformat(),
@@ -96,7 +100,7 @@ def key_prefix(authorization: str | None) -> str:
 
 
 def _new_key(
-    team_id: int, name: str | None = None, expires_at: datetime | None = None
+    team_id: int, name: str | None = None, expires_at: datetime | None = None, models: str = ""
 ) -> tuple[str, ApiKey]:
     key = "ty-" + secrets.token_urlsafe(32)
     row = ApiKey(
@@ -105,23 +109,35 @@ def _new_key(
         team_id=team_id,
         name=name,
         expires_at=expires_at,
+        models=models,
     )
     return key, row
 
 
 def create_key(
-    sql: Engine, team_name: str, name: str | None = None, expires_at: datetime | None = None
+    sql: Engine,
+    team_name: str,
+    name: str | None = None,
+    expires_at: datetime | None = None,
+    models: Sequence[str] = (),
 ) -> NewKey:
-    """A new key for the team, named and expiring as asked."""
+    """A new key for the team, named, expiring and narrowed to some of the team's models as
+    asked (none named: the team's models, as they are when each request comes)."""
     name = _checked(name, expires_at)
+    wanted = tuple(dict.fromkeys(m.strip() for m in models if m.strip()))
+    if any("," in m for m in wanted):
+        raise ValueError("a model id has no commas")
     with Session(sql) as session:
         team = session.exec(select(Team).where(Team.name == team_name)).first()
         if team is None or team.id is None:
             raise ManagementError(f"no team {team_name!r}")
-        key, row = _new_key(team.id, name, expires_at)
+        allowed = model_list(team.models)
+        if outside := [m for m in wanted if allowed and m not in allowed]:
+            raise ValueError(f"team {team_name!r} may not use {', '.join(outside)}")
+        key, row = _new_key(team.id, name, expires_at, ",".join(wanted))
         session.add(row)
         session.commit()
-        return NewKey(key, row.prefix, team.name, name, expires_at)
+        return NewKey(key, row.prefix, team.name, name, expires_at, wanted)
 
 
 def revoke_key(sql: Engine, prefix: str) -> str:
@@ -146,12 +162,13 @@ def rotate_key(sql: Engine, prefix: str) -> tuple[NewKey, str]:
             raise ManagementError(f"no active key with prefix {prefix!r}")
         team = session.get(Team, old.team_id)
         assert team is not None  # a key's team_id is a foreign key
-        key, new = _new_key(old.team_id, old.name, old.expires_at)
+        key, new = _new_key(old.team_id, old.name, old.expires_at, old.models)
         old.revoked = True
         session.add(old)
         session.add(new)
         session.commit()
-        return NewKey(key, new.prefix, team.name, new.name, new.expires_at), old.key_hash
+        made = NewKey(key, new.prefix, team.name, new.name, new.expires_at, model_list(new.models))
+        return made, old.key_hash
 
 
 def list_keys(sql: Engine, team: str | None = None) -> list[KeyInfo]:
@@ -162,7 +179,16 @@ def list_keys(sql: Engine, team: str | None = None) -> list[KeyInfo]:
     with Session(sql) as session:
         rows = session.exec(query.order_by(col(ApiKey.created_at).desc()))
         return [
-            KeyInfo(k.prefix, t.name, k.revoked, k.created_at, k.last_used_at, k.name, k.expires_at)
+            KeyInfo(
+                k.prefix,
+                t.name,
+                k.revoked,
+                k.created_at,
+                k.last_used_at,
+                k.name,
+                k.expires_at,
+                model_list(k.models),
+            )
             for k, t in rows
         ]
 
@@ -200,4 +226,18 @@ def lookup_key(sql: Engine, key_hash: str) -> TeamPolicy | None:
         # the index lookup already matched; compare again in constant time as the rule for secrets
         if not secrets.compare_digest(api_key.key_hash, key_hash):
             return None
-        return policy_of(team)
+        return policy_of(team, api_key.models)
+
+
+def policy_by_prefix(sql: Engine, team_name: str, prefix: str) -> TeamPolicy | None:
+    """The policy a batch job's requests run under: its team's (None once the team is gone),
+    narrowed by the models of the key that created the job, found by its prefix. That key may since
+    have been revoked or have expired: a job accepted runs to its end."""
+    with Session(sql) as session:
+        team = session.exec(select(Team).where(Team.name == team_name)).first()
+        if team is None:
+            return None
+        key = session.exec(
+            select(ApiKey).where(ApiKey.prefix == prefix, ApiKey.team_id == team.id)
+        ).first()
+        return policy_of(team, key.models if key else "")

@@ -55,3 +55,5 @@ class ApiKey(SQLModel, table=True):
     last_used_at: datetime | None = None
     name: str | None = None  # what people call the key ("ci", "search-prod"), shown in listings
     expires_at: datetime | None = None  # refused from then on; None: until revoked
+    # comma-separated models this key may use, within its team's; empty: the team's
+    models: str = ""

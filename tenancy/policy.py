@@ -4,6 +4,9 @@ import msgspec
 
 from tenancy.models import Team
 
+# an allowed-models list that matches no model: empty would mean every model
+NO_MODEL = ""
+
 
 class TeamPolicy(msgspec.Struct, frozen=True):
     """What the request path needs to know about a key's team; cached, so small and immutable."""
@@ -25,7 +28,12 @@ class TeamPolicy(msgspec.Struct, frozen=True):
     auto_quality: float | None = None
 
 
-def policy_of(team: Team) -> TeamPolicy:
+def policy_of(team: Team, key_models: str = "") -> TeamPolicy:
+    """The team's policy as a key of it sees it: a key that names models narrows the team's list
+    to those (to none, where the two share none)."""
+    models = model_list(team.models)
+    if own := model_list(key_models):
+        models = tuple(m for m in own if not models or m in models) or (NO_MODEL,)
     return TeamPolicy(
         team=team.name,
         rpm=team.rpm or 0,
@@ -37,9 +45,14 @@ def policy_of(team: Team) -> TeamPolicy:
         kv_pages=team.kv_pages or 0,
         max_tokens=team.max_tokens or 0,
         max_context=team.max_context or 0,
-        models=tuple(m for m in team.models.split(",") if m),
+        models=models,
         default_tier=team.default_tier,
         auto_threshold=team.auto_threshold,
         strong_share=team.strong_share,
         auto_quality=team.auto_quality,
     )
+
+
+def model_list(models: str) -> tuple[str, ...]:
+    """A stored comma-separated list of model ids (a team's or a key's) as a tuple."""
+    return tuple(m for m in models.split(",") if m)

@@ -9,7 +9,7 @@ forgot to.
 
 import asyncio
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -82,9 +82,13 @@ class Tenancy:
         await self.forget(await self._run(teams.delete_team, name))
 
     async def create_key(
-        self, team: str, name: str | None = None, expires_at: datetime | None = None
+        self,
+        team: str,
+        name: str | None = None,
+        expires_at: datetime | None = None,
+        models: Sequence[str] = (),
     ) -> NewKey:
-        return await self._run(keys.create_key, team, name, expires_at)
+        return await self._run(keys.create_key, team, name, expires_at, models)
 
     async def revoke_key(self, prefix: str) -> None:
         await self.forget([await self._run(keys.revoke_key, prefix)])

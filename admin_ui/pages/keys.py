@@ -39,6 +39,7 @@ class Keys(Controller):
             status,
             keys=listed,
             teams=[t.name for t in teams],
+            catalog=list(proxy_of(request).router.catalog.models),
             last_used=await last_used(request, listed),
             revoked=request.query_params.get("revoked", ""),
             error=error,
@@ -56,13 +57,16 @@ class Keys(Controller):
             expires = datetime.now(UTC) + timedelta(days=float(days)) if days else None
         except (ValueError, OverflowError):
             return await self._page(request, 400, "Expires in: a number of days, or blank")
+        models = [m for m in form.getall("models", []) if isinstance(m, str) and m]
+        if unknown := sorted(set(models) - set(proxy_of(request).router.catalog.models)):
+            return await self._page(request, 400, f"not in the catalog: {', '.join(unknown)}")
         try:
             new = await tenancy_of(request).create_key(
-                forms.text(form, "team"), forms.text(form, "name"), expires
+                forms.text(form, "team"), forms.text(form, "name"), expires, models
             )
         except ManagementError as exc:
             raise NotFoundException(str(exc)) from None
-        except ValueError as exc:  # the name, or an expiry not in the future
+        except ValueError as exc:  # the name, an expiry not in the future, a model not the team's
             return await self._page(request, 400, str(exc))
         return await render.page(request, "key_created.html", 201, new=new, replaced="")
 

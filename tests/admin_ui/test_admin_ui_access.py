@@ -289,12 +289,19 @@ def test_keys_are_created_with_a_name_and_an_expiry(admin: httpx.Client, team: A
     page = admin.get("/admin/keys")
     made = admin.post(
         "/admin/keys",
-        data={"team": name, "name": "nightly", "expires_in_days": "2", "csrf": csrf_of(page)},
+        data={
+            "team": name,
+            "name": "nightly",
+            "expires_in_days": "2",
+            "models": MODEL,
+            "csrf": csrf_of(page),
+        },
     )
     assert made.status_code == 201 and "nightly" in made.text and "stops working on" in made.text
     listing = admin.get(f"/admin/teams/{name}").text
     in_two_days = (datetime.now(UTC) + timedelta(days=2)).strftime("%Y-%m-%d")
     assert "<td>nightly</td>" in listing and f"<td>{in_two_days} " in listing
+    assert f"<td>{MODEL}</td>" in listing and "<td>the team&#39;s</td>" in listing
     prefix = made.text.split('id="new-key" class="secret">')[1][:12]
     rotated = admin.post(f"/admin/keys/{prefix}/rotate", data={"csrf": csrf_of(made)})
     assert rotated.status_code == 201 and f"Key {prefix}… revoked" in rotated.text
@@ -302,10 +309,14 @@ def test_keys_are_created_with_a_name_and_an_expiry(admin: httpx.Client, team: A
     assert (
         admin.post(f"/admin/keys/{prefix}/rotate", data={"csrf": csrf_of(made)}).status_code == 404
     )
-    for bad, message in (("soon", "a number of days"), ("-1", "in the future")):
+    for field, bad, message in (
+        ("expires_in_days", "soon", "a number of days"),
+        ("expires_in_days", "-1", "in the future"),
+        ("models", "gpt-nope", "not in the catalog: gpt-nope"),
+    ):
         refused = admin.post(
             "/admin/keys",
-            data={"team": name, "expires_in_days": bad, "csrf": csrf_of(admin.get("/admin/keys"))},
+            data={"team": name, field: bad, "csrf": csrf_of(admin.get("/admin/keys"))},
         )
         assert refused.status_code == 400 and message in refused.text, bad
 

@@ -162,7 +162,7 @@ async def _run_and_yield(monkeypatch: pytest.MonkeyPatch, after_reply: bool) -> 
         lambda sql, owner, rid, **kw: calls.append(("finish", kw["status_code"])),
     )
 
-    async def policy(self: BatchWorker, team: str) -> object:
+    async def policy(self: BatchWorker, team: str, key_prefix: str) -> object:
         return object()
 
     monkeypatch.setattr(BatchWorker, "_policy", policy)

@@ -217,3 +217,35 @@ def test_named_keys_expire(admin: Any) -> None:
         refused = api.post("/keys", json=bad)
         assert refused.status_code == 400, bad
         assert refused.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_a_key_narrows_its_teams_models(admin: Any) -> None:
+    api = admin.api
+    name = "nar" + uuid.uuid4().hex[:8]
+    api.post("/teams", json={"name": name})
+    elsewhere = api.post("/keys", json={"team": name, "models": ["another-model"]}).json()
+    assert elsewhere["models"] == ["another-model"]
+    with pytest.raises(openai.NotFoundError):  # as a model the team may not use
+        admin.client(elsewhere["key"]).chat.completions.create(
+            model=MODEL, messages=CHAT, max_tokens=2
+        )
+    assert admin.client(elsewhere["key"]).models.list().data == []
+    fake_only = api.post("/keys", json={"team": name, "models": [MODEL]}).json()
+    assert _works(admin, fake_only["key"])
+    (listed,) = [
+        k for k in api.get("/keys", params={"team": name}).json()["data"] if k["models"] == [MODEL]
+    ]
+    assert listed["prefix"] == fake_only["prefix"]
+    # the team's own list bounds its keys': narrowed to another model, this key may use none
+    api.patch(f"/teams/{name}", json={"models": ["another-model"]})
+
+    def not_allowed() -> bool:
+        try:
+            _works(admin, fake_only["key"])
+        except openai.NotFoundError:
+            return True
+        return False
+
+    wait_until(not_allowed, 3, "the team's narrower list to apply")
+    refused = api.post("/keys", json={"team": name, "models": [MODEL]})
+    assert refused.status_code == 400 and "may not use" in refused.json()["error"]["message"]

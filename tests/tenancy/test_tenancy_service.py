@@ -157,3 +157,28 @@ async def test_an_expired_key_is_refused_and_rotation_keeps_name_and_expiry(
     ):
         with pytest.raises(ValueError):
             await tenancy.create_key("timed", name, expires)
+
+
+async def test_a_key_narrows_its_teams_models_for_requests_and_batch_jobs(
+    tenancy: Tenancy,
+) -> None:
+    await tenancy.create_team("models", models=["a", "b", "c"])
+    narrow = await tenancy.create_key("models", models=[" b", "a", "b"])
+    assert narrow.models == ("b", "a")  # stripped, once each, in the order given
+    wide = await tenancy.create_key("models")
+    policy = keys.lookup_key(tenancy.sql, keys.hash_key(narrow.key))
+    assert policy is not None and policy.models == ("b", "a")
+    by_prefix = keys.policy_by_prefix(tenancy.sql, "models", narrow.prefix)
+    assert by_prefix is not None and by_prefix.models == ("b", "a")
+    assert keys.policy_by_prefix(tenancy.sql, "models", wide.prefix).models == ("a", "b", "c")  # type: ignore[union-attr]
+    assert keys.policy_by_prefix(tenancy.sql, "missing", wide.prefix) is None
+    with pytest.raises(ValueError, match="may not use d"):
+        await tenancy.create_key("models", models=["a", "d"])
+    with pytest.raises(ValueError, match="no commas"):
+        await tenancy.create_key("models", models=["a,b"])
+    # the team's list narrowed past the key's: the key may use none of its models
+    await tenancy.update_team("models", models=["c"])
+    policy = keys.lookup_key(tenancy.sql, keys.hash_key(narrow.key))
+    assert policy is not None and policy.models and not set(policy.models) & {"a", "b", "c"}
+    rotated = await tenancy.rotate_key(narrow.prefix)
+    assert rotated.models == ("b", "a")
