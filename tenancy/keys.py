@@ -2,8 +2,8 @@
 
 A key is `ty-` + 32 random url-safe bytes. Only its sha256 is stored, with a short visible prefix so
 people can tell keys apart and revoke one without holding it. A key may carry a name (a label in
-listings) and an expiry, from which on it is refused like a revoked one (gateways notice within
-their key-cache time, gateway_key_cache_s, twice over).
+listings), an expiry, from which on it is refused like a revoked one (gateways notice within their
+key-cache time, gateway_key_cache_s, twice over), and a list of models that narrows its team's.
 """
 
 import hashlib
