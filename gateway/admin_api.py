@@ -1,9 +1,9 @@
 """The admin REST API under `/v1/admin/`, for scripts holding the admin key (TOKENYARD_ADMIN_KEY as
 `Authorization: Bearer`): teams (create, read, update limits, disable and enable, delete), their
-daily budgets with today's spend, and keys (create — the secret shown once —, list, revoke,
-rotate). The operations are tenancy/service.py's, as for the CLI and the admin UI: whatever
-changes a team's limits or a key's standing drops the gateways' cached lookups of the keys
-concerned, so it applies at once. Errors are OpenAI's shape."""
+daily budgets with today's spend, and keys (create — the secret shown once —, list, change a
+key's name, expiry or models, revoke, rotate). The operations are tenancy/service.py's, as for the
+CLI and the admin UI: whatever changes a team's limits or a key's standing drops the gateways'
+cached lookups of the keys concerned, so it applies at once. Errors are OpenAI's shape."""
 
 import contextlib
 from collections.abc import Iterator
@@ -64,6 +64,14 @@ class Budget(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tokens_per_day: Count | UnsetType | None = UNSET
     batch_tokens_per_day: Count | UnsetType | None = UNSET
     usd_per_day: Dollars | UnsetType | None = UNSET
+
+
+class KeyChanges(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A key's settings: a field left out is kept; null clears a name or an expiry."""
+
+    name: str | UnsetType | None = UNSET
+    expires_at: int | UnsetType | None = UNSET  # unix seconds
+    models: list[str] | UnsetType = UNSET  # empty: the team's
 
 
 class CreateKey(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -213,6 +221,15 @@ class AdminController(Controller):
                 new_key.team, new_key.name, expires, new_key.models
             )
         return _json(_created(new), 201)
+
+    @patch("/keys/{prefix:str}", operation_class=json_body(KeyChanges))
+    async def update_key(self, request: Request, prefix: FromPath[str]) -> Response[bytes]:
+        changes = _set(_body(await request.body(), KeyChanges))
+        if "expires_at" in changes:
+            changes["expires_at"] = _expiry(changes["expires_at"])
+        with _refusals():
+            info = await _tenancy(request).update_key(prefix, **changes)
+        return _json(info.record())
 
     @post("/keys/{prefix:str}/revoke")
     async def revoke_key(self, request: Request, prefix: FromPath[str]) -> Response[bytes]:

@@ -95,9 +95,7 @@ def _keys(args: argparse.Namespace) -> int:
     settings = get_settings()
     try:
         if args.action == "create":
-            expires = None
-            if args.expires_in_days is not None:
-                expires = datetime.now(UTC) + timedelta(days=args.expires_in_days)
+            expires = _expiry(args.expires_in_days)
             models = (args.models or "").split(",")
             new = keys.create_key(_sql(settings), args.team, args.name, expires, models)
             until = f", expires {expires.isoformat(timespec='seconds')}" if expires else ""
@@ -105,6 +103,10 @@ def _keys(args: argparse.Namespace) -> int:
             print(new.key)
         elif args.action == "list":
             _print_keys(keys.list_keys(_sql(settings), args.team), args.json)
+        elif args.action == "update":
+            changes = _key_changes(args)
+            info = _change(settings, lambda t: t.update_key(args.prefix, **changes))
+            _print_keys([info], args.json)
         elif args.action == "rotate":
             new = _change(settings, lambda t: t.rotate_key(args.prefix))
             print(f"revoked {args.prefix}; new key for team {new.team} (prefix {new.prefix}),")
@@ -117,6 +119,24 @@ def _keys(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     return 0
+
+
+def _expiry(days: float | None) -> datetime | None:
+    return None if days is None else datetime.now(UTC) + timedelta(days=days)
+
+
+def _key_changes(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings `keys update` was given: those left out are kept."""
+    changes: dict[str, Any] = {}
+    if args.name is not None:
+        changes["name"] = args.name or None  # "": no name
+    if args.no_expiry:
+        changes["expires_at"] = None
+    elif args.expires_in_days is not None:
+        changes["expires_at"] = _expiry(args.expires_in_days)
+    if args.models is not None:
+        changes["models"] = args.models.split(",")  # "": the team's
+    return changes
 
 
 def _print_keys(found: list[Any], as_json: bool) -> None:
@@ -168,18 +188,24 @@ def add_parser(sub: Any) -> None:
     ksub = keys_p.add_subparsers(dest="action", required=True, metavar="ACTION")
     create = ksub.add_parser("create", help="a new key for a team, printed once")
     create.add_argument("--team", required=True, help="the team the key belongs to")
-    create.add_argument("--name", default=None, help="a label shown in listings, e.g. ci")
-    create.add_argument(
-        "--models",
-        default=None,
-        help="comma-separated models the key may use, within its team's (default: the team's)",
-    )
-    create.add_argument(
-        "--expires-in-days",
-        type=float,
-        default=None,
-        help="refuse the key this many days from now (default: never, until revoked)",
-    )
+    update = ksub.add_parser("update", help="change a key's name, expiry or models")
+    update.add_argument("prefix", help="the key's visible prefix, as keys list shows it")
+    update.add_argument("--no-expiry", action="store_true", help="the key no longer expires")
+    _json_flag(update)
+    for p in (create, update):
+        p.add_argument("--name", default=None, help="a label shown in listings, e.g. ci")
+        p.add_argument(
+            "--models",
+            default=None,
+            help="comma-separated models the key may use, within its team's (create's default, "
+            "or '' on update: the team's)",
+        )
+        p.add_argument(
+            "--expires-in-days",
+            type=float,
+            default=None,
+            help="refuse the key this many days from now (create's default: never)",
+        )
     listing = ksub.add_parser("list", help="keys by prefix, team and state (never the secret)")
     listing.add_argument("--team", default=None, help="only this team's keys (default: all)")
     _json_flag(listing)

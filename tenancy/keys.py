@@ -72,6 +72,30 @@ def _expired(expires_at: datetime | None) -> bool:
     return expires_at is not None and expires_at <= datetime.now(UTC)
 
 
+def _models_within(team: Team, models: Sequence[str]) -> tuple[str, ...]:
+    """The models a key names, stripped and each once; refuses one its team may not use."""
+    wanted = tuple(dict.fromkeys(m.strip() for m in models if m.strip()))
+    if any("," in m for m in wanted):
+        raise ValueError("a model id has no commas")
+    allowed = model_list(team.models)
+    if outside := [m for m in wanted if allowed and m not in allowed]:
+        raise ValueError(f"team {team.name!r} may not use {', '.join(outside)}")
+    return wanted
+
+
+def _info(key: ApiKey, team: Team) -> KeyInfo:
+    return KeyInfo(
+        key.prefix,
+        team.name,
+        key.revoked,
+        key.created_at,
+        key.last_used_at,
+        key.name,
+        key.expires_at,
+        model_list(key.models),
+    )
+
+
 def _checked(name: str | None, expires_at: datetime | None) -> str | None:
     """The key's name, stripped (None when blank); refuses a long or unprintable one, and an
     expiry that is not in the future (ValueError)."""
@@ -124,16 +148,11 @@ def create_key(
     """A new key for the team, named, expiring and narrowed to some of the team's models as
     asked (none named: the team's models, as they are when each request comes)."""
     name = _checked(name, expires_at)
-    wanted = tuple(dict.fromkeys(m.strip() for m in models if m.strip()))
-    if any("," in m for m in wanted):
-        raise ValueError("a model id has no commas")
     with Session(sql) as session:
         team = session.exec(select(Team).where(Team.name == team_name)).first()
         if team is None or team.id is None:
             raise ManagementError(f"no team {team_name!r}")
-        allowed = model_list(team.models)
-        if outside := [m for m in wanted if allowed and m not in allowed]:
-            raise ValueError(f"team {team_name!r} may not use {', '.join(outside)}")
+        wanted = _models_within(team, models)
         key, row = _new_key(team.id, name, expires_at, ",".join(wanted))
         session.add(row)
         session.commit()
@@ -150,6 +169,34 @@ def revoke_key(sql: Engine, prefix: str) -> str:
         session.add(api_key)
         session.commit()
         return api_key.key_hash
+
+
+def update_key(sql: Engine, prefix: str, **changes: Any) -> tuple[KeyInfo, str]:
+    """Change an unrevoked key's name, expiry or models (a field left out is kept; None clears a
+    name or an expiry, an empty list the models). A new expiry may revive an expired key. Returns
+    the key as listings show it, and its hash for the caller to drop its cached lookup."""
+    if unknown := sorted(set(changes) - {"name", "expires_at", "models"}):
+        raise ValueError(f"a key has no field {unknown[0]!r}")
+    with Session(sql) as session:
+        row = session.exec(
+            select(ApiKey, Team)
+            .join(Team, ApiKey.team_id == Team.id)  # type: ignore[arg-type]
+            .where(ApiKey.prefix == prefix)
+        ).first()
+        if row is None or row[0].revoked:
+            raise ManagementError(f"no active key with prefix {prefix!r}")
+        key, team = row
+        if "name" in changes:
+            key.name = _checked(changes["name"], None)
+        if "expires_at" in changes:
+            _checked(None, changes["expires_at"])
+            key.expires_at = changes["expires_at"]
+        if "models" in changes:
+            key.models = ",".join(_models_within(team, changes["models"] or ()))
+        session.add(key)
+        session.commit()
+        session.refresh(key)
+        return _info(key, team), key.key_hash
 
 
 def rotate_key(sql: Engine, prefix: str) -> tuple[NewKey, str]:
@@ -178,19 +225,7 @@ def list_keys(sql: Engine, team: str | None = None) -> list[KeyInfo]:
         query = query.where(Team.name == team)
     with Session(sql) as session:
         rows = session.exec(query.order_by(col(ApiKey.created_at).desc()))
-        return [
-            KeyInfo(
-                k.prefix,
-                t.name,
-                k.revoked,
-                k.created_at,
-                k.last_used_at,
-                k.name,
-                k.expires_at,
-                model_list(k.models),
-            )
-            for k, t in rows
-        ]
+        return [_info(k, t) for k, t in rows]
 
 
 def active_key_hashes(sql: Engine, team: str) -> list[str]:

@@ -93,6 +93,11 @@ class Tenancy:
     async def revoke_key(self, prefix: str) -> None:
         await self.forget([await self._run(keys.revoke_key, prefix)])
 
+    async def update_key(self, prefix: str, **changes: Any) -> KeyInfo:
+        info, key_hash = await self._run(keys.update_key, prefix, **changes)
+        await self.forget([key_hash])
+        return info
+
     async def rotate_key(self, prefix: str) -> NewKey:
         new, old_hash = await self._run(keys.rotate_key, prefix)
         await self.forget([old_hash])

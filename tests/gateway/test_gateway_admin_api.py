@@ -249,3 +249,39 @@ def test_a_key_narrows_its_teams_models(admin: Any) -> None:
     wait_until(not_allowed, 3, "the team's narrower list to apply")
     refused = api.post("/keys", json={"team": name, "models": [MODEL]})
     assert refused.status_code == 400 and "may not use" in refused.json()["error"]["message"]
+
+
+def test_a_key_is_changed_in_place(admin: Any, base_env: dict[str, str]) -> None:
+    api = admin.api
+    name = "chg" + uuid.uuid4().hex[:8]
+    api.post("/teams", json={"name": name})
+    made = api.post("/keys", json={"team": name, "name": "old", "models": ["another-model"]}).json()
+
+    def refused() -> bool:
+        try:
+            _works(admin, made["key"])
+        except openai.NotFoundError:
+            return True
+        return False
+
+    assert refused()
+    later = int(time.time()) + 86400
+    changed = api.patch(f"/keys/{made['prefix']}", json={"models": [], "expires_at": later})
+    assert changed.status_code == 200, changed.text
+    record = changed.json()
+    assert (record["name"], record["models"], record["state"]) == ("old", [], "active")
+    assert record["expires_at"].startswith(time.strftime("%Y-%m-%d", time.gmtime(later)))
+    wait_until(lambda: _works(admin, made["key"]), 3, "the key's wider models to apply")
+    for bad in ({"expires_at": 1}, {"models": "all"}, {"team": name}):
+        assert api.patch(f"/keys/{made['prefix']}", json=bad).status_code == 400, bad
+    assert api.patch("/keys/ty-nosuchkey0", json={"name": "x"}).status_code == 404
+    # and from the CLI
+    done = subprocess.run(
+        [*TOKENYARD, "keys", "update", made["prefix"], "--name", "", "--no-expiry", "--json"],
+        env=base_env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    (shown,) = json.loads(done.stdout)
+    assert (shown["name"], shown["expires_at"], shown["prefix"]) == (None, None, made["prefix"])

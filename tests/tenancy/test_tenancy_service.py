@@ -182,3 +182,29 @@ async def test_a_key_narrows_its_teams_models_for_requests_and_batch_jobs(
     assert policy is not None and policy.models and not set(policy.models) & {"a", "b", "c"}
     rotated = await tenancy.rotate_key(narrow.prefix)
     assert rotated.models == ("b", "a")
+
+
+async def test_a_key_is_renamed_extended_and_narrowed_in_place(tenancy: Tenancy) -> None:
+    await tenancy.create_team("changing", models=["a", "b"])
+    soon = datetime.now(UTC) + timedelta(seconds=1)
+    made = await tenancy.create_key("changing", "old", soon)
+    cached = cache_key(keys.hash_key(made.key))
+    await tenancy.redis.set(cached, b"cached")
+    await asyncio.sleep((soon - datetime.now(UTC)).total_seconds() + 0.1)
+    assert keys.lookup_key(tenancy.sql, keys.hash_key(made.key)) is None  # expired
+    later = datetime.now(UTC) + timedelta(days=1)
+    info = await tenancy.update_key(made.prefix, name="new", expires_at=later, models=["b"])
+    assert (info.name, info.expires_at, info.models, info.state) == ("new", later, ("b",), "active")
+    assert not await tenancy.redis.exists(cached)  # the change applies at once
+    policy = keys.lookup_key(tenancy.sql, keys.hash_key(made.key))  # revived by the new expiry
+    assert policy is not None and policy.models == ("b",)
+    kept = await tenancy.update_key(made.prefix, expires_at=None)  # the rest left as it was
+    assert (kept.name, kept.expires_at, kept.models) == ("new", None, ("b",))
+    cleared = await tenancy.update_key(made.prefix, name=None, models=[])
+    assert (cleared.name, cleared.models) == (None, ())
+    for bad in ({"models": ["c"]}, {"expires_at": soon}, {"name": "x" * 65}, {"team": "other"}):
+        with pytest.raises(ValueError):
+            await tenancy.update_key(made.prefix, **bad)
+    await tenancy.revoke_key(made.prefix)
+    with pytest.raises(ManagementError):
+        await tenancy.update_key(made.prefix, name="revived?")
