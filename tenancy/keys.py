@@ -96,15 +96,17 @@ def _info(key: ApiKey, team: Team) -> KeyInfo:
     )
 
 
-def _checked(name: str | None, expires_at: datetime | None) -> str | None:
-    """The key's name, stripped (None when blank); refuses a long or unprintable one, and an
-    expiry that is not in the future (ValueError)."""
+def _named(name: str | None) -> str | None:
+    """The key's name, stripped (None when blank); refuses a long or unprintable one."""
     name = (name or "").strip() or None
     if name is not None and (len(name) > KEY_NAME_MAX or not name.isprintable()):
         raise ValueError(f"a key's name is 1 to {KEY_NAME_MAX} printable characters")
+    return name
+
+
+def _check_expiry(expires_at: datetime | None) -> None:
     if expires_at is not None and (expires_at.utcoffset() is None or _expired(expires_at)):
         raise ValueError("a key's expiry must be a time in the future, with its time zone")
-    return name
 
 
 def hash_key(key: str) -> str:
@@ -147,7 +149,8 @@ def create_key(
 ) -> NewKey:
     """A new key for the team, named, expiring and narrowed to some of the team's models as
     asked (none named: the team's models, as they are when each request comes)."""
-    name = _checked(name, expires_at)
+    name = _named(name)
+    _check_expiry(expires_at)
     with Session(sql) as session:
         team = session.exec(select(Team).where(Team.name == team_name)).first()
         if team is None or team.id is None:
@@ -187,9 +190,9 @@ def update_key(sql: Engine, prefix: str, **changes: Any) -> tuple[KeyInfo, str]:
             raise ManagementError(f"no active key with prefix {prefix!r}")
         key, team = row
         if "name" in changes:
-            key.name = _checked(changes["name"], None)
+            key.name = _named(changes["name"])
         if "expires_at" in changes:
-            _checked(None, changes["expires_at"])
+            _check_expiry(changes["expires_at"])
             key.expires_at = changes["expires_at"]
         if "models" in changes:
             key.models = ",".join(_models_within(team, changes["models"] or ()))

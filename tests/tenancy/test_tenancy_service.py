@@ -2,7 +2,7 @@
 real Redis, and a change still stands when Redis is unreachable."""
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -17,14 +17,6 @@ from tenancy.service import Tenancy, cache_key
 from tests.gateway.conftest import RedisServer, free_port
 
 
-@pytest.fixture(scope="module")
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer()
-    server.start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture
 def sql(tmp_path: Path) -> Any:
     return get_engine(f"sqlite:///{tmp_path / 'tenancy.db'}")
@@ -33,7 +25,6 @@ def sql(tmp_path: Path) -> Any:
 @pytest.fixture
 async def tenancy(sql: Any, redis_server: RedisServer) -> AsyncIterator[Tenancy]:
     redis = aioredis.Redis.from_url(redis_server.url)
-    await redis.flushdb()
     yield Tenancy(sql, redis)
     await redis.aclose()
 
