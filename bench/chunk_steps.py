@@ -14,9 +14,9 @@ import time
 import torch
 from engine_vs_llamacpp import cpu_flags
 
-from engine.attention import SeqSlice
-from engine.config import EngineConfig
-from engine.engine import LLMEngine
+from tokenyard.engine.attention import SeqSlice
+from tokenyard.engine.config import EngineConfig
+from tokenyard.engine.engine import LLMEngine
 
 
 def step_ms(engine: LLMEngine, context: int, rows: int, steps: int = 20) -> float:

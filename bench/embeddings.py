@@ -85,21 +85,20 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     from sentence_transformers import SentenceTransformer
 
-    from core.minilm import minilm_dir
-    from embeddings.model import MiniLM
+    from tokenyard.core.minilm import minilm_dir
+    from tokenyard.embeddings.model import MiniLM
 
     items = texts(args.texts)
     batches = [int(b) for b in args.batches.split(",")]
     reference = SentenceTransformer(str(minilm_dir()), device="cpu", local_files_only=True)
     ours = MiniLM()
-    rows: dict[str, list[float]] = {"sentence-transformers encode": [], "embeddings/model.py": []}
+    ours_name = "tokenyard/embeddings/model.py"
+    rows: dict[str, list[float]] = {"sentence-transformers encode": [], ours_name: []}
     for batch in batches:
         rows["sentence-transformers encode"].append(
             rate(lambda b, n=batch: reference.encode(b, batch_size=n), items, batch)
         )
-        rows["embeddings/model.py"].append(
-            rate(lambda b: ours.encode(ours.tokenize(b)), items, batch)
-        )
+        rows[ours_name].append(rate(lambda b: ours.encode(ours.tokenize(b)), items, batch))
     if not args.no_server:
         port = free_port()
         command = [sys.executable, "-c", "from tokenyard.cli import main; main()", "embeddings"]

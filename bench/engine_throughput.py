@@ -30,11 +30,11 @@ import time
 import httpx
 import torch
 
-from engine.async_engine import AsyncEngine
-from engine.config import EngineConfig
-from engine.engine import LLMEngine
-from engine.loader import resolve_model_path
-from engine.sequence import GenerationRequest, SamplingParams
+from tokenyard.engine.async_engine import AsyncEngine
+from tokenyard.engine.config import EngineConfig
+from tokenyard.engine.engine import LLMEngine
+from tokenyard.engine.loader import resolve_model_path
+from tokenyard.engine.sequence import GenerationRequest, SamplingParams
 
 WORDS = (
     "the model serves many teams at once while a scheduler shares the cache fairly between "

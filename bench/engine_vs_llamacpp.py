@@ -32,8 +32,8 @@ from pathlib import Path
 import httpx
 from engine_throughput import make_workload, pct
 
-from engine.loader import resolve_model_path
-from engine.tokenizer import Tokenizer
+from tokenyard.engine.loader import resolve_model_path
+from tokenyard.engine.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / "var" / "llamacpp"

@@ -202,7 +202,7 @@ def _clients(url: str) -> dict[str, tuple[Callable[[bytes], Awaitable[None]], An
     import aiohttp
     import httpx2
 
-    from backends.http import HttpPool
+    from tokenyard.backends.http import HttpPool
 
     path, headers = "/v1/chat/completions", {"content-type": "application/json"}
     own = HttpPool(url, timeout=30)

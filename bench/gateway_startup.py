@@ -18,8 +18,8 @@ PROBE = """
 import json, resource, sys, time
 started = time.perf_counter()
 import tokenyard.app
-from guard.classifier import SafetyClassifier
-from router.classifier import ComplexityClassifier
+from tokenyard.guard.classifier import SafetyClassifier
+from tokenyard.router.classifier import ComplexityClassifier
 ComplexityClassifier.load()
 SafetyClassifier.load()
 print(json.dumps({

@@ -14,9 +14,9 @@ import random
 import statistics
 import time
 
-from guard.classifier import SafetyClassifier
-from guard.dataset import load
-from router.embedding import WordPieces, tokenizer_json
+from tokenyard.guard.classifier import SafetyClassifier
+from tokenyard.guard.dataset import load
+from tokenyard.router.embedding import WordPieces, tokenizer_json
 
 SIZES = (16, 128, 1024, 4096, 8192)
 

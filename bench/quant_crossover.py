@@ -13,10 +13,10 @@ import torch
 from engine_vs_llamacpp import cpu_flags
 from torch.nn import functional as F
 
-from engine.cpu_kernels import quant_isa, quant_matmul
-from engine.packed_linear import PackedLinear
-from engine.quant import pack_q4
-from engine.quantized_linear import QuantizedLinear
+from tokenyard.engine.cpu_kernels import quant_isa, quant_matmul
+from tokenyard.engine.packed_linear import PackedLinear
+from tokenyard.engine.quant import pack_q4
+from tokenyard.engine.quantized_linear import QuantizedLinear
 
 N, K, MATRICES = 3072, 576, 30
 

@@ -26,15 +26,15 @@ from collections.abc import Callable
 import numpy as np
 from redis.asyncio import Redis
 
-from billing.settle import Pricer
-from core.settings import Settings
-from gateway.proxy import Proxy
-from router.catalog import DEFAULT_CATALOG, Catalog
-from router.classifier import DEFAULT_ARTIFACT, ComplexityClassifier
-from router.dataset import load_domains, random_split
-from router.policy import AUTO, Router, Scorer
-from router.upstreams import build_backends
-from tenancy.policy import TeamPolicy
+from tokenyard.billing.settle import Pricer
+from tokenyard.core.settings import Settings
+from tokenyard.gateway.proxy import Proxy
+from tokenyard.router.catalog import DEFAULT_CATALOG, Catalog
+from tokenyard.router.classifier import DEFAULT_ARTIFACT, ComplexityClassifier
+from tokenyard.router.dataset import load_domains, random_split
+from tokenyard.router.policy import AUTO, Router, Scorer
+from tokenyard.router.upstreams import build_backends
+from tokenyard.tenancy.policy import TeamPolicy
 
 
 def _percentiles(seconds: list[float]) -> str:

@@ -29,9 +29,9 @@ import argparse
 import statistics
 import time
 
-from engine.config import EngineConfig
-from engine.engine import LLMEngine
-from engine.sequence import GenerationRequest, SamplingParams
+from tokenyard.engine.config import EngineConfig
+from tokenyard.engine.engine import LLMEngine
+from tokenyard.engine.sequence import GenerationRequest, SamplingParams
 
 REPORT = """\
 Harbour Logistics quarterly report, third quarter.

@@ -31,12 +31,12 @@ import torch
 from engine_throughput import pct
 from engine_vs_llamacpp import Server, build_llama_server, cpu_flags
 
-from engine.config import EngineConfig
-from engine.constraints import Constraint, Constraints
-from engine.engine import LLMEngine
-from engine.loader import resolve_model_path
-from engine.sequence import GenerationRequest, SamplingParams, Sequence
-from engine.tokenizer import Tokenizer
+from tokenyard.engine.config import EngineConfig
+from tokenyard.engine.constraints import Constraint, Constraints
+from tokenyard.engine.engine import LLMEngine
+from tokenyard.engine.loader import resolve_model_path
+from tokenyard.engine.sequence import GenerationRequest, SamplingParams, Sequence
+from tokenyard.engine.tokenizer import Tokenizer
 
 MAX_TOKENS = 64
 RECORDS = {

@@ -13,42 +13,42 @@ from pathlib import Path
 from litestar import Litestar
 from litestar.exceptions import HTTPException
 
-from admin_ui.app import admin_router
-from batch.api import BatchesController, FilesController
-from batch.worker import BatchWorker
-from billing.api import UsageController
-from billing.consumer import UsageConsumer
-from billing.feedback import FeedbackController
-from billing.settle import Pricer
-from core.db import database_url, get_engine
-from core.errors import (
+from tokenyard.admin_ui.app import admin_router
+from tokenyard.batch.api import BatchesController, FilesController
+from tokenyard.batch.worker import BatchWorker
+from tokenyard.billing.api import UsageController
+from tokenyard.billing.consumer import UsageConsumer
+from tokenyard.billing.feedback import FeedbackController
+from tokenyard.billing.settle import Pricer
+from tokenyard.core.db import database_url, get_engine
+from tokenyard.core.errors import (
     GatewayError,
     gateway_error_handler,
     http_error_handler,
     internal_error_handler,
 )
-from core.openapi import openapi_config
-from core.redis_client import connect, embedded_redis, redis_url
-from core.settings import Settings, get_settings
-from core.usage import USAGE_STREAM
-from gateway.admin_api import AdminController
-from gateway.auth import Authenticator
-from gateway.controllers import CompletionsController, OpsController
-from gateway.messages import MessagesController
-from gateway.proxy import Proxy
-from gateway.quotas import Quotas
-from gateway.request_ids import add_request_id
-from gateway.responses.controller import ResponsesController
-from gateway.responses.store import ResponseStore
-from gateway.spool import UsageSpool
-from gateway.tracing import Tracing
-from guard import service as guard_service
-from guard.api import ModerationsController
-from router.catalog import load_catalog
-from router.classifier import ComplexityClassifier
-from router.policy import Router, Scorer
-from router.upstreams import build_backends
-from tenancy.service import Tenancy
+from tokenyard.core.openapi import openapi_config
+from tokenyard.core.redis_client import connect, embedded_redis, redis_url
+from tokenyard.core.settings import Settings, get_settings
+from tokenyard.core.usage import USAGE_STREAM
+from tokenyard.gateway.admin_api import AdminController
+from tokenyard.gateway.auth import Authenticator
+from tokenyard.gateway.controllers import CompletionsController, OpsController
+from tokenyard.gateway.messages import MessagesController
+from tokenyard.gateway.proxy import Proxy
+from tokenyard.gateway.quotas import Quotas
+from tokenyard.gateway.request_ids import add_request_id
+from tokenyard.gateway.responses.controller import ResponsesController
+from tokenyard.gateway.responses.store import ResponseStore
+from tokenyard.gateway.spool import UsageSpool
+from tokenyard.gateway.tracing import Tracing
+from tokenyard.guard import service as guard_service
+from tokenyard.guard.api import ModerationsController
+from tokenyard.router.catalog import load_catalog
+from tokenyard.router.classifier import ComplexityClassifier
+from tokenyard.router.policy import Router, Scorer
+from tokenyard.router.upstreams import build_backends
+from tokenyard.tenancy.service import Tenancy
 
 log = logging.getLogger("tokenyard.gateway")
 

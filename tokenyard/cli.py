@@ -5,18 +5,18 @@ import importlib
 import importlib.metadata
 import sys
 
-from core.settings import configure_logging, get_settings
+from tokenyard.core.settings import configure_logging, get_settings
 
 # (module, function) pairs that add a subcommand to the parser; a package joins the CLI here.
 SUBCOMMANDS = [
-    ("engine.cli", "add_parser"),
-    ("embeddings.cli", "add_parser"),
-    ("router.cli", "add_parser"),
-    ("guard.cli", "add_parser"),
-    ("tenancy.cli", "add_parser"),
+    ("tokenyard.engine.cli", "add_parser"),
+    ("tokenyard.embeddings.cli", "add_parser"),
+    ("tokenyard.router.cli", "add_parser"),
+    ("tokenyard.guard.cli", "add_parser"),
+    ("tokenyard.tenancy.cli", "add_parser"),
     ("tokenyard.serve", "add_parser"),
     ("tokenyard.up", "add_parser"),
-    ("billing.cli", "add_parser"),
+    ("tokenyard.billing.cli", "add_parser"),
 ]
 
 

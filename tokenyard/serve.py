@@ -4,14 +4,14 @@ uvicorn, with the gateway's own access log."""
 import argparse
 from typing import Any
 
-from core.settings import Settings, get_settings
+from tokenyard.core.settings import Settings, get_settings
 
 
 def serve(settings: Settings, host: str, port: int) -> None:
     import uvicorn
 
-    from gateway.access_log import AccessLog
     from tokenyard.app import create_app
+    from tokenyard.gateway.access_log import AccessLog
 
     app = create_app(settings)
     # the gateway's own access log (gateway/access_log.py) in place of uvicorn's, which knows no

@@ -15,8 +15,8 @@ from typing import Any
 import httpx
 from pydantic import SecretStr
 
-from core.db import database_url, get_engine
-from core.settings import Settings, get_settings
+from tokenyard.core.db import database_url, get_engine
+from tokenyard.core.settings import Settings, get_settings
 from tokenyard.serve import listen_flags, serve
 
 DEMO_TEAM = "demo"
@@ -24,7 +24,7 @@ DEMO_TEAM = "demo"
 
 def _up(args: argparse.Namespace) -> int:
     """Embedded Redis + SQLite + one engine + the embeddings server + one gateway here."""
-    from core.redis_client import embedded_redis
+    from tokenyard.core.redis_client import embedded_redis
 
     settings = get_settings()
     servers: list[subprocess.Popen[bytes]] = []
@@ -103,7 +103,7 @@ def _demo_key(sql: Any, data_dir: Path) -> str:
     """The demo team's key: the one this data dir's last `up` made while it still works (kept in
     a file only the owner reads), else a new one. Keys are stored hashed, so the file is the only
     way to show it again."""
-    from tenancy import keys, teams
+    from tokenyard.tenancy import keys, teams
 
     if teams.get_team(sql, DEMO_TEAM) is None:
         teams.create_team(sql, DEMO_TEAM, rpm=600, tpm=200_000, concurrency=16)
@@ -173,7 +173,7 @@ def _stop_embedded(embedded: Any) -> None:
 
 def _demo_model(settings: Settings) -> str:
     """The model the banner's examples name: the catalog's first self-hosted one with replicas."""
-    from router.catalog import load_catalog
+    from tokenyard.router.catalog import load_catalog
 
     models = load_catalog(settings).models.values()
     return next(

@@ -14,11 +14,11 @@ import openai
 import pytest
 from sqlmodel import Session
 
-from admin_ui import throttle
-from billing.models import UsageDaily
 from tests.admin_ui.conftest import ADMIN_PASSWORD, ADMIN_USER, csrf_of, sign_in
 from tests.gateway.conftest import MODEL, Gateway
+from tokenyard.admin_ui import throttle
 from tokenyard.app import create_app
+from tokenyard.billing.models import UsageDaily
 
 PUBLIC = {"/admin/login", "/admin/team-usage/login", "/admin/static/admin.css"}
 CHAT = [{"role": "user", "content": "one two three #chunks=3"}]

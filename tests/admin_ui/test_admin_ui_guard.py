@@ -5,10 +5,10 @@ from typing import Any
 
 import openai
 
-from guard import store
 from tests.admin_ui.conftest import csrf_of, sign_in
 from tests.gateway.conftest import MODEL, Gateway, wait_until
 from tests.guard.conftest import classifier, texts  # noqa: F401 - fixtures, by name
+from tokenyard.guard import store
 
 
 def test_audit_log_and_policy_form(

@@ -7,11 +7,11 @@ from datetime import UTC, date, datetime, timedelta
 import pytest
 from multidict import MultiDict
 
-from admin_ui import charts, forms, status, usage
-from admin_ui.pages.sign_in import _local_next
-from billing.models import UsageDaily
-from tenancy.limits import LIMIT_FIELDS
-from tenancy.teams import create_team
+from tokenyard.admin_ui import charts, forms, status, usage
+from tokenyard.admin_ui.pages.sign_in import _local_next
+from tokenyard.billing.models import UsageDaily
+from tokenyard.tenancy.limits import LIMIT_FIELDS
+from tokenyard.tenancy.teams import create_team
 
 CATALOG = ["small", "big"]
 

@@ -11,11 +11,11 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from backends.base import Upstream
-from core.settings import Settings
-from router.catalog import ModelEntry
-from router.upstreams import build_upstream
 from tests.gateway.conftest import Process, RedisServer, free_port, wait_until
+from tokenyard.backends.base import Upstream
+from tokenyard.core.settings import Settings
+from tokenyard.router.catalog import ModelEntry
+from tokenyard.router.upstreams import build_upstream
 
 HERE = Path(__file__).parent
 FAKE_ENGINE = HERE.parent / "gateway" / "fake_upstream.py"

@@ -5,11 +5,11 @@ import json
 
 import pytest
 
-from backends.anthropic_wire import ChunkWriter, StreamError, chat_reply, error_reply
-from backends.anthropic_wire import messages_request as translate
-from backends.base import BackendUnavailable, UpstreamBroken, UpstreamCall
-from core.errors import GatewayError
 from tests.backends.conftest import control, stats
+from tokenyard.backends.anthropic_wire import ChunkWriter, StreamError, chat_reply, error_reply
+from tokenyard.backends.anthropic_wire import messages_request as translate
+from tokenyard.backends.base import BackendUnavailable, UpstreamBroken, UpstreamCall
+from tokenyard.core.errors import GatewayError
 
 CHAT = "/v1/chat/completions"
 TOOLS = [

@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from backends.base import BackendUnavailable, UpstreamBroken, UpstreamCall
-from backends.breaker import Breaker, BreakerConfig
-from backends.metrics import BREAKER_STATE, BREAKER_TRANSITIONS
 from tests.backends.conftest import control, stats
+from tokenyard.backends.base import BackendUnavailable, UpstreamBroken, UpstreamCall
+from tokenyard.backends.breaker import Breaker, BreakerConfig
+from tokenyard.backends.metrics import BREAKER_STATE, BREAKER_TRANSITIONS
 
 CONFIG = BreakerConfig(failures=3, error_rate=0.5, min_requests=1000, open_s=0.3, probe_s=5)
 

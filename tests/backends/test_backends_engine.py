@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from backends.base import BackendUnavailable, UpstreamBroken, UpstreamCall
-from backends.engine import EngineUpstream
 from tests.backends.conftest import control, free_port, stats
+from tokenyard.backends.base import BackendUnavailable, UpstreamBroken, UpstreamCall
+from tokenyard.backends.engine import EngineUpstream
 
 
 def chat(system: str, user: str = "hello", **extra: object) -> UpstreamCall:

@@ -7,9 +7,9 @@ import time
 import msgspec
 import pytest
 
-from backends.base import BackendUnavailable, UpstreamBroken, UpstreamCall
-from backends.openai import request_body
 from tests.backends.conftest import control, free_port, stats
+from tokenyard.backends.base import BackendUnavailable, UpstreamBroken, UpstreamCall
+from tokenyard.backends.openai import request_body
 
 CHAT = "/v1/chat/completions"
 

@@ -6,9 +6,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from backends.base import BufferedStream
-from backends.sse import events
-from gateway.streaming import StreamResult, relay
+from tokenyard.backends.base import BufferedStream
+from tokenyard.backends.sse import events
+from tokenyard.gateway.streaming import StreamResult, relay
 
 # a stream as an OpenAI-compatible server sends it: two chunks, a comment, a usage chunk, the end
 RECORDED = [

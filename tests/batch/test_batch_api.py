@@ -6,10 +6,10 @@ import openai
 import pytest
 from sqlmodel import Session, select
 
-from billing.models import UsageRecord
-from gateway.quotas import day_number
 from tests.batch.conftest import FAST, MODEL, jsonl, line, read_lines, submit, wait_final
 from tests.gateway.conftest import upstream_stats, wait_until
+from tokenyard.billing.models import UsageRecord
+from tokenyard.gateway.quotas import day_number
 
 
 def test_sdk_round_trip(start_gateway: Any, team: Any, upstream: str, sql: Any) -> None:

@@ -15,8 +15,8 @@ import httpx
 import pytest
 from standardwebhooks import Webhook
 
-from batch.callbacks import callback_client, deliver
-from batch.destinations import Destination, RefusedDestination, allow_list, check
+from tokenyard.batch.callbacks import callback_client, deliver
+from tokenyard.batch.destinations import Destination, RefusedDestination, allow_list, check
 
 LOOPBACK = allow_list("127.0.0.1")
 SECRET = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"  # any 24 bytes, base64

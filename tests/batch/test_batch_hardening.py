@@ -12,9 +12,9 @@ import httpx
 import msgspec
 import pytest
 
-from tenancy import keys, teams
 from tests.batch.conftest import FAST, line
 from tests.gateway.conftest import Gateway
+from tokenyard.tenancy import keys, teams
 
 CAP = 30_000
 NESTED = b"[" * 10_000 + b"]" * 10_000

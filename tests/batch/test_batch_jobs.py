@@ -7,10 +7,10 @@ import pytest
 from sqlalchemy import Engine, update
 from sqlmodel import col
 
-from batch import jobs, lifecycle
-from batch.files import Line
-from batch.models import BatchJob
-from core.db import get_engine
+from tokenyard.batch import jobs, lifecycle
+from tokenyard.batch.files import Line
+from tokenyard.batch.models import BatchJob
+from tokenyard.core.db import get_engine
 
 CHAT = "/v1/chat/completions"
 

@@ -10,9 +10,9 @@ import pytest
 from sqlmodel import Session, select
 from standardwebhooks import Webhook, WebhookVerificationError
 
-from batch.models import BatchRequest
 from tests.batch.conftest import FAST, MODEL, line, read_lines, submit, wait_final
 from tests.gateway.conftest import upstream_stats, wait_until
+from tokenyard.batch.models import BatchRequest
 
 
 def _rows(sql: Any, batch_id: str) -> list[BatchRequest]:

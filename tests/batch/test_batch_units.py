@@ -7,13 +7,13 @@ import msgspec
 import pytest
 from sqlmodel import Session, select
 
-from batch import jobs, lifecycle
-from batch.files import Line, check_items, output_line, parse_lines
-from batch.models import BatchRequest
-from batch.worker import BatchWorker, _Running
-from core.db import get_engine
-from core.settings import Settings
-from gateway.proxy import Proxy
+from tokenyard.batch import jobs, lifecycle
+from tokenyard.batch.files import Line, check_items, output_line, parse_lines
+from tokenyard.batch.models import BatchRequest
+from tokenyard.batch.worker import BatchWorker, _Running
+from tokenyard.core.db import get_engine
+from tokenyard.core.settings import Settings
+from tokenyard.gateway.proxy import Proxy
 
 CHAT = "/v1/chat/completions"
 

@@ -21,8 +21,6 @@ from sqlalchemy import Engine, create_engine, func, select, text
 from sqlmodel import Session
 from sqlmodel import select as sm_select
 
-from billing.models import ROLLUP_SUMS, UsageRecord
-from core.db import get_engine
 from tests.gateway.conftest import (  # noqa: F401 - fixtures, by name
     Process,
     base_env,
@@ -34,6 +32,8 @@ from tests.gateway.conftest import (  # noqa: F401 - fixtures, by name
     upstream,
     wait_until,
 )
+from tokenyard.billing.models import ROLLUP_SUMS, UsageRecord
+from tokenyard.core.db import get_engine
 
 HERE = Path(__file__).parent
 MODEL = "fake"

@@ -5,8 +5,8 @@ from typing import Any
 
 import pytest
 
-from engine.sequence import GenerationRequest, SamplingParams
 from tests.engine.conftest import engine_factory, run_to_completion  # noqa: F401 - a fixture
+from tokenyard.engine.sequence import GenerationRequest, SamplingParams
 
 
 def test_attribution_sums_to_the_measured_step_time(engine_factory: Any) -> None:  # noqa: F811

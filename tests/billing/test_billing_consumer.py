@@ -14,10 +14,10 @@ import pytest
 import redis.asyncio as aioredis
 from sqlalchemy import Engine
 
-from billing.consumer import DEAD_STREAM, UsageConsumer
-from core.db import get_engine
-from core.settings import Settings
 from tests.billing.conftest import event, records
+from tokenyard.billing.consumer import DEAD_STREAM, UsageConsumer
+from tokenyard.core.db import get_engine
+from tokenyard.core.settings import Settings
 
 
 @pytest.fixture

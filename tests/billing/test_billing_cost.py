@@ -5,13 +5,13 @@ from datetime import UTC, date, datetime
 import msgspec
 import pytest
 
-from billing.events import decoder, to_row
-from billing.pricing import costs
-from billing.settle import Pricer
-from core.usage import Usage, UsageEvent
-from router.catalog import Catalog, CatalogFile, ModelEntry, Price
-from tenancy.keys import key_prefix
 from tests.billing.conftest import event
+from tokenyard.billing.events import decoder, to_row
+from tokenyard.billing.pricing import costs
+from tokenyard.billing.settle import Pricer
+from tokenyard.core.usage import Usage, UsageEvent
+from tokenyard.router.catalog import Catalog, CatalogFile, ModelEntry, Price
+from tokenyard.tenancy.keys import key_prefix
 
 CATALOG = Catalog.load()
 

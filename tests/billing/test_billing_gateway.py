@@ -15,9 +15,6 @@ import openai
 import pytest
 from sqlalchemy import Engine
 
-from billing.models import UsageRecord
-from core.usage import USAGE_STREAM
-from gateway.quotas import day_number
 from tests.billing.conftest import (
     ADMIN_KEY,
     CHARGED,
@@ -29,6 +26,9 @@ from tests.billing.conftest import (
     records,
 )
 from tests.gateway.conftest import TOKENYARD, Gateway, wait_until
+from tokenyard.billing.models import UsageRecord
+from tokenyard.core.usage import USAGE_STREAM
+from tokenyard.gateway.quotas import day_number
 
 
 @pytest.fixture(scope="module")

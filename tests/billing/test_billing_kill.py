@@ -16,13 +16,13 @@ import httpx
 import pytest
 from sqlalchemy import Engine, func, select
 
-from billing import reports
-from billing.models import UsageRecord
-from core.db import get_engine
-from core.usage import USAGE_STREAM
-from tenancy import keys, teams
 from tests.billing.conftest import MODEL, record_sums, records
 from tests.gateway.conftest import Gateway, wait_until
+from tokenyard.billing import reports
+from tokenyard.billing.models import UsageRecord
+from tokenyard.core.db import get_engine
+from tokenyard.core.usage import USAGE_STREAM
+from tokenyard.tenancy import keys, teams
 
 ROUNDS = 30  # per worker
 WORKERS = 4

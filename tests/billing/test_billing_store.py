@@ -15,12 +15,12 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, inspect, text
 from sqlmodel import Session, SQLModel, select
 
-from billing import reports, store
-from billing.events import decoder, to_row
-from billing.models import ROLLUP_SUMS, UsageDaily
-from core.migrate import MIGRATIONS, upgrade
-from tenancy.models import Team
 from tests.billing.conftest import event, record_sums, records
+from tokenyard.billing import reports, store
+from tokenyard.billing.events import decoder, to_row
+from tokenyard.billing.models import ROLLUP_SUMS, UsageDaily
+from tokenyard.core.migrate import MIGRATIONS, upgrade
+from tokenyard.tenancy.models import Team
 
 
 def rows(*events: dict) -> list[dict]:
@@ -105,7 +105,8 @@ def test_reports_by_range_team_and_csv(billing_db: Engine) -> None:
 
 def test_migrations_match_the_models(billing_db: Engine) -> None:
     """Every table, gateway's included, is made by the migrations: a model changed without a
-    migration fails here (add one: alembic -c core/alembic.ini revision --autogenerate)."""
+    migration fails here (add one: `alembic -c tokenyard/core/alembic.ini revision
+    --autogenerate`)."""
 
     def ours(obj: object, name: str, kind: str, reflected: bool, model: object) -> bool:
         # a table only in the database belongs to models this process did not import
@@ -144,7 +145,7 @@ def test_a_database_from_before_migrations_is_adopted(tmp_path: Path) -> None:
 def test_processes_migrating_one_fresh_sqlite_file_at_once_all_succeed(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/fresh.db"
     code = (
-        "from core.migrate import upgrade; from sqlalchemy import create_engine; "
+        "from tokenyard.core.migrate import upgrade; from sqlalchemy import create_engine; "
         f"upgrade(create_engine({url!r}))"
     )
     command = [sys.executable, "-c", code]

@@ -1,6 +1,6 @@
 """A message content's text, as the router and the safety screen read it."""
 
-from core.messages import content_text
+from tokenyard.core.messages import content_text
 
 
 def test_a_string_is_its_own_text() -> None:

@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from core.tasks import RECANCEL_S, cancel_and_wait
+from tokenyard.core.tasks import RECANCEL_S, cancel_and_wait
 
 
 async def test_a_loop_that_absorbs_a_cancellation_is_stopped_anyway() -> None:

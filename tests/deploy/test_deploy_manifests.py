@@ -18,9 +18,9 @@ from cloudcoil.models.keda import v1alpha1 as keda
 from cloudcoil.models.prometheus_operator import v1 as monitoring
 from prometheus_client import CollectorRegistry
 
-from core.settings import Settings
-from engine.metrics import EngineMetrics
-from gateway import metrics as gateway_metrics
+from tokenyard.core.settings import Settings
+from tokenyard.engine.metrics import EngineMetrics
+from tokenyard.gateway import metrics as gateway_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -379,7 +379,7 @@ def test_gateway_mounts_the_catalog_configmap_at_tokenyard_catalog() -> None:
         if d["kind"] == "ConfigMap" and d["metadata"]["name"] == volume["configMap"]["name"]
     ]
     assert tomllib.loads(cm["data"][path.name]) == tomllib.loads(
-        (ROOT / "router" / "catalog.toml").read_text()
+        (ROOT / "tokenyard" / "router" / "catalog.toml").read_text()
     )
     assert {m["secretRef"]["name"].rsplit("-", 1)[0] for m in c["envFrom"]} == {
         "database",
@@ -390,8 +390,8 @@ def test_gateway_mounts_the_catalog_configmap_at_tokenyard_catalog() -> None:
 def test_the_deployed_catalog_is_router_catalog() -> None:
     """kustomize reads no file outside the kustomization, so the base carries a copy."""
     copy_ = (K8S / "base" / "catalog.toml").read_text()
-    assert copy_ == (ROOT / "router" / "catalog.toml").read_text(), (
-        "cp router/catalog.toml deploy/k8s/base/catalog.toml"
+    assert copy_ == (ROOT / "tokenyard" / "router" / "catalog.toml").read_text(), (
+        "cp tokenyard/router/catalog.toml deploy/k8s/base/catalog.toml"
     )
 
 
@@ -572,8 +572,8 @@ def test_gateway_serve_believes_forwarded_headers_only_from_its_trusted_proxies(
 def test_engine_drain_flag_defaults_to_the_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     import argparse
 
-    from core import settings
-    from engine import cli
+    from tokenyard.core import settings
+    from tokenyard.engine import cli
 
     monkeypatch.setenv("TOKENYARD_ENGINE_DRAIN_S", "17")
     settings.get_settings.cache_clear()

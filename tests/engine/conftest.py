@@ -5,10 +5,10 @@ import os
 import pytest
 import torch
 
-from engine.config import EngineConfig
-from engine.engine import LLMEngine
-from engine.loader import resolve_model_path
-from engine.sequence import GenerationRequest, SamplingParams
+from tokenyard.engine.config import EngineConfig
+from tokenyard.engine.engine import LLMEngine
+from tokenyard.engine.loader import resolve_model_path
+from tokenyard.engine.sequence import GenerationRequest, SamplingParams
 
 
 @pytest.fixture(scope="session")

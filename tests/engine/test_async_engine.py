@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from engine.async_engine import AsyncEngine
-from engine.sequence import GenerationRequest
+from tokenyard.engine.async_engine import AsyncEngine
+from tokenyard.engine.sequence import GenerationRequest
 
 from .conftest import assert_all_blocks_free, greedy, run_to_completion
 

@@ -13,11 +13,11 @@ import xgrammar as xgr
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.constraints import Constraint, Constraints, Masks, unenforceable
-from engine.outputs import RequestError
-from engine.sequence import GenerationRequest, Priority, SamplingParams, Sequence
 from tests.engine.conftest import assert_all_blocks_free, greedy, run_to_completion
 from tests.engine.test_speculative import PLAIN, SPECULATIVE, counters
+from tokenyard.engine.constraints import Constraint, Constraints, Masks, unenforceable
+from tokenyard.engine.outputs import RequestError
+from tokenyard.engine.sequence import GenerationRequest, Priority, SamplingParams, Sequence
 
 PERSON = {
     "type": "object",

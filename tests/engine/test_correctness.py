@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from engine.sequence import GenerationRequest
+from tokenyard.engine.sequence import GenerationRequest
 
 from .conftest import assert_all_blocks_free, greedy, run_to_completion
 from .prompts import SYSTEM, chat_prompts
@@ -88,8 +88,8 @@ def test_mixed_batch_matches_transformers(engine_factory, prompt_ids, expected, 
 
 def test_last_position_logits_close(engine_factory, reference, prompt_ids):
     """fp32 both sides: max abs difference of the last position's logits below 2e-3."""
-    from engine.attention import SeqSlice
-    from engine.kv_cache import BlockTable
+    from tokenyard.engine.attention import SeqSlice
+    from tokenyard.engine.kv_cache import BlockTable
 
     engine = engine_factory(num_blocks=2048)
     for ids in (prompt_ids[0], prompt_ids[-1]):
@@ -109,8 +109,8 @@ def test_last_position_logits_close(engine_factory, reference, prompt_ids):
 def test_bf16_tracks_fp32(engine_factory, prompt_ids, expected):
     """bf16 weights and cache (the CPU default where bf16 is native): fed the fp32 reference's
     own continuation, the engine predicts the same next token at nearly every position."""
-    from engine.attention import SeqSlice
-    from engine.kv_cache import BlockTable
+    from tokenyard.engine.attention import SeqSlice
+    from tokenyard.engine.kv_cache import BlockTable
 
     engine = engine_factory(num_blocks=2048, dtype="bfloat16")
     assert engine.runner.kv_caches[0].dtype == torch.bfloat16

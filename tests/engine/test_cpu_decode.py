@@ -6,11 +6,11 @@ only the steps it was made for."""
 import pytest
 import torch
 
-from engine.attention import SHORT_CHUNK, SeqSlice
-from engine.config import EngineConfig
-from engine.cpu_kernels import layer_ops, quant_matmul
-from engine.engine import LLMEngine
-from engine.quantized_linear import COPY_ROWS, DENSE_ROWS
+from tokenyard.engine.attention import SHORT_CHUNK, SeqSlice
+from tokenyard.engine.config import EngineConfig
+from tokenyard.engine.cpu_kernels import layer_ops, quant_matmul
+from tokenyard.engine.engine import LLMEngine
+from tokenyard.engine.quantized_linear import COPY_ROWS, DENSE_ROWS
 
 pytestmark = pytest.mark.skipif(
     layer_ops() is None or quant_matmul() is None, reason="CPU kernels not built here"

@@ -6,9 +6,9 @@ import random
 import pytest
 import torch
 
-from engine import attention as attention_module
-from engine.attention import KernelAttention, SeqSlice, TorchAttention, make_attention
-from engine.cpu_kernels import paged_attention
+from tokenyard.engine import attention as attention_module
+from tokenyard.engine.attention import KernelAttention, SeqSlice, TorchAttention, make_attention
+from tokenyard.engine.cpu_kernels import paged_attention
 
 BS = 16
 CPU = torch.device("cpu")

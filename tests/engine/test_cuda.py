@@ -5,7 +5,7 @@ import importlib.util
 import pytest
 import torch
 
-from engine.attention import FlashAttention, SeqSlice, TorchAttention
+from tokenyard.engine.attention import FlashAttention, SeqSlice, TorchAttention
 
 pytestmark = [
     pytest.mark.cuda,
@@ -51,9 +51,9 @@ def test_flash_attention_matches_torch_reference_on_paged_mixed_batch():
 
 
 def test_engine_generates_on_cuda_and_matches_cpu_greedy():
-    from engine.config import EngineConfig
-    from engine.engine import LLMEngine
-    from engine.sequence import GenerationRequest, SamplingParams
+    from tokenyard.engine.config import EngineConfig
+    from tokenyard.engine.engine import LLMEngine
+    from tokenyard.engine.sequence import GenerationRequest, SamplingParams
 
     def run(device: str, dtype: str) -> list[int]:
         blocks = 64 if device == "cuda" else 1024  # same capacity in 256- and 16-token blocks

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import torch
 
-from engine import huge_pages
-from engine.quant import quantize
+from tokenyard.engine import huge_pages
+from tokenyard.engine.quant import quantize
 
 
 def test_gather_moves_every_array_into_one_buffer():

@@ -1,6 +1,6 @@
 """Block pool, prefix sharing, ref counts and LRU reuse of cached blocks."""
 
-from engine.kv_cache import BlockManager, BlockTable
+from tokenyard.engine.kv_cache import BlockManager, BlockTable
 
 BS = 4
 

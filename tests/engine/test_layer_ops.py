@@ -4,8 +4,8 @@ reference path) in fp32 and bf16, on views of the fused projections as the model
 import pytest
 import torch
 
-from engine.cpu_kernels import layer_ops, layer_ops_for
-from engine.model import RMSNorm, apply_rotary
+from tokenyard.engine.cpu_kernels import layer_ops, layer_ops_for
+from tokenyard.engine.model import RMSNorm, apply_rotary
 
 OPS = layer_ops()
 pytestmark = pytest.mark.skipif(OPS is None, reason="CPU layer ops not built here (no compiler)")

@@ -5,10 +5,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from engine.config import EngineConfig, ModelConfig
-from engine.engine import LLMEngine
-from engine.model import rope_inv_freq
-from engine.sequence import GenerationRequest
+from tokenyard.engine.config import EngineConfig, ModelConfig
+from tokenyard.engine.engine import LLMEngine
+from tokenyard.engine.model import rope_inv_freq
+from tokenyard.engine.sequence import GenerationRequest
 
 from .conftest import greedy, run_to_completion
 

@@ -6,8 +6,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from engine.packed_linear import PackedLinear, pack_linears
-from engine.sequence import GenerationRequest
+from tokenyard.engine.packed_linear import PackedLinear, pack_linears
+from tokenyard.engine.sequence import GenerationRequest
 
 from .conftest import greedy, run_to_completion
 from .prompts import chat_prompts

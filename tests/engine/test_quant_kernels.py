@@ -8,9 +8,9 @@ from gguf import GGMLQuantizationType
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize as gguf_dequantize
 
-from engine.cpu_kernels import QUANT_ISAS, quant_isa, quant_matmul
-from engine.packed_linear import PackedLinear
-from engine.quant import (
+from tokenyard.engine.cpu_kernels import QUANT_ISAS, quant_isa, quant_matmul
+from tokenyard.engine.packed_linear import PackedLinear
+from tokenyard.engine.quant import (
     BLOCK,
     GGUF_TYPES,
     PANEL,
@@ -20,7 +20,12 @@ from engine.quant import (
     quantize,
     to_panels,
 )
-from engine.quantized_linear import COPY_ROWS, DENSE_ROWS, QuantizedEmbedding, QuantizedLinear
+from tokenyard.engine.quantized_linear import (
+    COPY_ROWS,
+    DENSE_ROWS,
+    QuantizedEmbedding,
+    QuantizedLinear,
+)
 
 KERNELS = quant_matmul()
 needs_kernels = pytest.mark.skipif(KERNELS is None, reason="quantized kernels not built here")

@@ -14,13 +14,18 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from engine.attention import SeqSlice
-from engine.config import EngineConfig
-from engine.engine import LLMEngine
-from engine.loader import load_weights
-from engine.quant import QuantizedTensor
-from engine.quantized_linear import COPY_ROWS, DENSE_ROWS, QuantizedEmbedding, QuantizedLinear
-from engine.tokenizer import Tokenizer
+from tokenyard.engine.attention import SeqSlice
+from tokenyard.engine.config import EngineConfig
+from tokenyard.engine.engine import LLMEngine
+from tokenyard.engine.loader import load_weights
+from tokenyard.engine.quant import QuantizedTensor
+from tokenyard.engine.quantized_linear import (
+    COPY_ROWS,
+    DENSE_ROWS,
+    QuantizedEmbedding,
+    QuantizedLinear,
+)
+from tokenyard.engine.tokenizer import Tokenizer
 
 TEXT = Path(__file__).parent / "data" / "alice_ch4.txt"
 # tokens per forward pass: under DENSE_ROWS every matmul runs in the int8 kernels (decode's path:

@@ -2,9 +2,9 @@
 
 import torch
 
-from engine.detokenizer import IncrementalText
-from engine.sampler import Sampler
-from engine.sequence import GenerationRequest, SamplingParams, Sequence
+from tokenyard.engine.detokenizer import IncrementalText
+from tokenyard.engine.sampler import Sampler
+from tokenyard.engine.sequence import GenerationRequest, SamplingParams, Sequence
 
 EOS = 2
 V = 50

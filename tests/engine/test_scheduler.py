@@ -2,9 +2,15 @@
 
 import itertools
 
-from engine.kv_cache import BlockManager
-from engine.scheduler import Scheduler
-from engine.sequence import GenerationRequest, Priority, SamplingParams, SeqStatus, Sequence
+from tokenyard.engine.kv_cache import BlockManager
+from tokenyard.engine.scheduler import Scheduler
+from tokenyard.engine.sequence import (
+    GenerationRequest,
+    Priority,
+    SamplingParams,
+    SeqStatus,
+    Sequence,
+)
 
 BS = 4
 _ids = itertools.count()

@@ -10,8 +10,8 @@ import openai
 import pytest
 import uvicorn
 
-from engine.async_engine import AsyncEngine
-from engine.server import create_app
+from tokenyard.engine.async_engine import AsyncEngine
+from tokenyard.engine.server import create_app
 
 POOL = 256
 

@@ -9,11 +9,11 @@ import torch
 from prometheus_client import generate_latest
 from scipy.stats import chi2_contingency, chisquare
 
-from engine.kv_cache import BlockManager, BlockTable
-from engine.sampler import Sampler
-from engine.scheduler import Scheduler
-from engine.sequence import GenerationRequest, SamplingParams, Sequence
-from engine.speculative import Acceptance, NgramProposer, Speculation, draft_length
+from tokenyard.engine.kv_cache import BlockManager, BlockTable
+from tokenyard.engine.sampler import Sampler
+from tokenyard.engine.scheduler import Scheduler
+from tokenyard.engine.sequence import GenerationRequest, SamplingParams, Sequence
+from tokenyard.engine.speculative import Acceptance, NgramProposer, Speculation, draft_length
 
 from .conftest import assert_all_blocks_free, greedy, run_to_completion
 from .prompts import SYSTEM, chat_prompts

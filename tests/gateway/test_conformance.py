@@ -11,10 +11,10 @@ from typing import Any
 import httpx
 import pytest
 
-from tenancy import keys, teams
 from tests.batch.conftest import jsonl, line
 from tests.gateway.conftest import Gateway
 from tests.openai_spec import problems
+from tokenyard.tenancy import keys, teams
 
 CHAT = [{"role": "user", "content": "Say hello"}]
 

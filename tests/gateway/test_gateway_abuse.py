@@ -10,8 +10,8 @@ import pytest
 import sqlmodel
 from sqlmodel import Session
 
-from billing.models import UsageRecord
 from tests.gateway.conftest import MODEL, reservations, upstream_stats, wait_until
+from tokenyard.billing.models import UsageRecord
 
 
 def _post(gateway: Any, key: str, path: str, body: Any, **headers: str) -> httpx.Response:

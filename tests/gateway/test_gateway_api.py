@@ -12,9 +12,6 @@ import httpx
 import openai
 import pytest
 
-from core.settings import Settings
-from tenancy.keys import hash_key
-from tenancy.service import cache_key
 from tests.gateway.conftest import (
     MODEL,
     TOKENYARD,
@@ -23,6 +20,9 @@ from tests.gateway.conftest import (
     upstream_stats,
     wait_until,
 )
+from tokenyard.core.settings import Settings
+from tokenyard.tenancy.keys import hash_key
+from tokenyard.tenancy.service import cache_key
 
 CHAT = [{"role": "user", "content": "one two three #chunks=4"}]
 
@@ -342,7 +342,7 @@ def _refused(client: openai.OpenAI) -> bool:
 
 def test_settings_warn_of_unknown_variables_and_refuse_them_when_strict(base_env: dict) -> None:
     env = {**base_env, "TOKENYARD_GATEWAY_PROT": "9000"}  # a typo
-    code = "from core.settings import get_settings; get_settings()"
+    code = "from tokenyard.core.settings import get_settings; get_settings()"
     warned = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert warned.returncode == 0
     assert "TOKENYARD_GATEWAY_PROT (did you mean TOKENYARD_GATEWAY_PORT?)" in warned.stderr

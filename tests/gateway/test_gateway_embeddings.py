@@ -15,8 +15,6 @@ import pytest
 import redis as redis_sync
 import sqlmodel
 
-from billing.models import UsageRecord
-from core.db import get_engine
 from tests.fuzzing import fuzz
 from tests.gateway.conftest import (
     HERE,
@@ -30,6 +28,8 @@ from tests.gateway.conftest import (
     wait_until,
 )
 from tests.openai_spec import problems
+from tokenyard.billing.models import UsageRecord
+from tokenyard.core.db import get_engine
 
 EMBED = "all-minilm-l6-v2"
 TEXTS = ["The cat sat on the mat.", "Quarterly revenue grew by four percent."]
@@ -91,7 +91,7 @@ def reference() -> Any:
     """sentence-transformers' own encode of the same model: what the vectors must match."""
     from sentence_transformers import SentenceTransformer
 
-    from core.minilm import minilm_dir
+    from tokenyard.core.minilm import minilm_dir
 
     return SentenceTransformer(str(minilm_dir()), device="cpu", local_files_only=True)
 

@@ -10,9 +10,9 @@ import httpx
 import openai
 import pytest
 
-from gateway.quotas import TeamKeys, day_number
-from gateway.ratelimit_headers import duration
 from tests.gateway.conftest import MODEL, day_tokens, reservations, upstream_stats, wait_until
+from tokenyard.gateway.quotas import TeamKeys, day_number
+from tokenyard.gateway.ratelimit_headers import duration
 
 
 def chat(n_words: int = 3, chunks: int = 4, delay: float = 0.0) -> list[dict[str, str]]:

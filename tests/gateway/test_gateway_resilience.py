@@ -16,7 +16,6 @@ import openai
 import psutil
 import sqlmodel
 
-from billing.models import UsageRecord
 from tests.gateway.conftest import (
     MODEL,
     TOKENYARD,
@@ -26,6 +25,7 @@ from tests.gateway.conftest import (
     upstream_stats,
     wait_until,
 )
+from tokenyard.billing.models import UsageRecord
 
 
 async def hammer(urls: list[str], key: str, content: str, max_tokens: int, seconds: float) -> int:

@@ -11,8 +11,8 @@ import httpx
 import openai
 import pytest
 
-from router.classifier import ComplexityClassifier
 from tests.gateway.conftest import HERE, Process, free_port, upstream_stats, wait_until
+from tokenyard.router.classifier import ComplexityClassifier
 
 EASY = "hi! how are you today?"
 HARD = (

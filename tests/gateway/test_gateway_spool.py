@@ -11,7 +11,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from gateway.spool import UsageSpool
+from tokenyard.gateway.spool import UsageSpool
 
 
 async def test_spooled_events_reach_the_stream_once(redis_server: Any, tmp_path: Path) -> None:

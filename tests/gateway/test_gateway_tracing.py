@@ -11,11 +11,11 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from billing.models import UsageRecord
-from core.settings import Settings
-from gateway.tracing import Tracing
 from tests.gateway.conftest import MODEL, wait_until
 from tokenyard.app import create_app
+from tokenyard.billing.models import UsageRecord
+from tokenyard.core.settings import Settings
+from tokenyard.gateway.tracing import Tracing
 
 CHAT = [{"role": "user", "content": "hello there"}]
 WALK = ["auth", "route", "quota.reserve", "upstream", "settle"]

@@ -6,15 +6,15 @@ from typing import Any
 
 import pytest
 
-from backends.base import ModelInfo
-from backends.http import HttpPool, _dechunk, header_line
-from backends.registry import Backends
-from core.errors import GatewayError
-from gateway import metrics
-from gateway.dispatch import Dispatch, Saturation
-from gateway.sizing import MAX_PROMPT_OVERHEAD, PromptOverhead, kv_pages
-from gateway.validation import estimate_prompt_sizes, parse
-from router.policy import Route
+from tokenyard.backends.base import ModelInfo
+from tokenyard.backends.http import HttpPool, _dechunk, header_line
+from tokenyard.backends.registry import Backends
+from tokenyard.core.errors import GatewayError
+from tokenyard.gateway import metrics
+from tokenyard.gateway.dispatch import Dispatch, Saturation
+from tokenyard.gateway.sizing import MAX_PROMPT_OVERHEAD, PromptOverhead, kv_pages
+from tokenyard.gateway.validation import estimate_prompt_sizes, parse
+from tokenyard.router.policy import Route
 
 
 def test_estimates_and_pages() -> None:

@@ -25,9 +25,10 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from core.errors import GatewayError
-from core.usage import UsageEvent
-from gateway.quotas import (
+from tests.gateway.conftest import RedisServer
+from tokenyard.core.errors import GatewayError
+from tokenyard.core.usage import UsageEvent
+from tokenyard.gateway.quotas import (
     PLATFORM_BATCH_LEASES,
     PLATFORM_LEASES,
     Quotas,
@@ -35,8 +36,7 @@ from gateway.quotas import (
     Usage,
     day_number,
 )
-from tenancy.policy import TeamPolicy
-from tests.gateway.conftest import RedisServer
+from tokenyard.tenancy.policy import TeamPolicy
 
 DB = 13  # a database of its own: the platform lease sets are shared by every test in db 0
 LEASE_S = 600.0  # nothing expires by itself during a run: a rule says when a lease's time is up

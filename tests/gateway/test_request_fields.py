@@ -8,9 +8,9 @@ from typing import Any
 import openai
 import pytest
 
-from backends.fields import FIELDS
-from tenancy import keys, teams
 from tests.gateway.conftest import Gateway, reservations, upstream_stats
+from tokenyard.backends.fields import FIELDS
+from tokenyard.tenancy import keys, teams
 
 CHAT = [{"role": "user", "content": "hi #chunks=1"}]
 TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]

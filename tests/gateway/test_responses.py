@@ -11,9 +11,9 @@ import httpx
 import openai
 import pytest
 
-from tenancy import keys, teams
 from tests.gateway.conftest import Gateway, reservations, upstream_stats
 from tests.openai_spec import problems
+from tokenyard.tenancy import keys, teams
 
 TOOL = {
     "type": "function",

@@ -11,11 +11,11 @@ from typing import Any
 import openai
 import pytest
 
-from tenancy import keys, teams
 from tests.backends.conftest import HERE as BACKENDS
 from tests.backends.conftest import control, start_server, stats
 from tests.gateway.conftest import Gateway, day_tokens, reservations, wait_until
 from tests.openai_spec import problems
+from tokenyard.tenancy import keys, teams
 
 KEY_ENV = "TEST_RESPONSES_OPENAI_KEY"
 TOOL = {"type": "function", "name": "get_weather", "parameters": {"type": "object"}}

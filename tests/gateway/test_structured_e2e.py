@@ -12,8 +12,8 @@ import pytest
 from langchain_openai import ChatOpenAI
 from pydantic import BaseModel
 
-from tenancy import keys, teams
 from tests.gateway.conftest import Gateway
+from tokenyard.tenancy import keys, teams
 
 WEATHER = {
     "type": "function",

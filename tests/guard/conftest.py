@@ -6,10 +6,6 @@ from dataclasses import dataclass
 
 import pytest
 
-from guard.classifier import DEFAULT_ARTIFACT, SafetyClassifier
-from guard.dataset import load
-from guard.taxonomy import CATEGORIES, HARMFUL
-
 # real gateways for the end-to-end tests, as tests/gateway starts them
 from tests.gateway.conftest import (  # noqa: F401
     base_env,
@@ -21,6 +17,9 @@ from tests.gateway.conftest import (  # noqa: F401
     team,
     upstream,
 )
+from tokenyard.guard.classifier import DEFAULT_ARTIFACT, SafetyClassifier
+from tokenyard.guard.dataset import load
+from tokenyard.guard.taxonomy import CATEGORIES, HARMFUL
 
 BENIGN = "What is the capital of France, and how many people live there?"
 

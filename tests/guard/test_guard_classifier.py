@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 from sklearn.metrics import average_precision_score
 
-from guard.classifier import SafetyClassifier
-from guard.dataset import load
-from guard.policy import DEFAULT
-from guard.service import decide
-from guard.taxonomy import HARMFUL, HEADS, JAILBREAK
-from guard.train import UNSEEN_BENIGN, TrainConfig, split_of
-from router.dataset import load_routerbench
+from tokenyard.guard.classifier import SafetyClassifier
+from tokenyard.guard.dataset import load
+from tokenyard.guard.policy import DEFAULT
+from tokenyard.guard.service import decide
+from tokenyard.guard.taxonomy import HARMFUL, HEADS, JAILBREAK
+from tokenyard.guard.train import UNSEEN_BENIGN, TrainConfig, split_of
+from tokenyard.router.dataset import load_routerbench
 
 
 def test_heads_and_thresholds(classifier: SafetyClassifier) -> None:

@@ -9,10 +9,10 @@ from typing import Any
 import httpx
 import pytest
 
-from guard.classifier import SafetyClassifier
-from guard.moderators import Combined, LocalModerator, ModeratorError, OpenAIModerator
-from guard.taxonomy import CATEGORIES, HARMFUL
 from tests.guard.conftest import Texts
+from tokenyard.guard.classifier import SafetyClassifier
+from tokenyard.guard.moderators import Combined, LocalModerator, ModeratorError, OpenAIModerator
+from tokenyard.guard.taxonomy import CATEGORIES, HARMFUL
 
 
 def _scores(moderator: Any, texts: list[str]) -> list[dict[str, float]]:

@@ -14,10 +14,6 @@ import pytest
 import sqlmodel
 from sqlmodel import Session
 
-from billing.models import UsageRecord
-from guard import store
-from guard.models import GuardAudit
-from guard.policy import DEFAULT, apply, parse_change
 from tests.gateway.conftest import (
     MODEL,
     TOKENYARD,
@@ -28,6 +24,10 @@ from tests.gateway.conftest import (
 )
 from tests.guard.conftest import Texts
 from tests.openai_spec import problems
+from tokenyard.billing.models import UsageRecord
+from tokenyard.guard import store
+from tokenyard.guard.models import GuardAudit
+from tokenyard.guard.policy import DEFAULT, apply, parse_change
 
 METRICS_KEY = "metrics-guard-test"
 

@@ -5,9 +5,9 @@ from typing import Any
 
 import pytest
 
-from core.safety import Verdict
-from guard.policy import DEFAULT, Policy, Rule, apply, decode, encode, parse_change
-from guard.service import Guard, Screen, Watch, decide
+from tokenyard.core.safety import Verdict
+from tokenyard.guard.policy import DEFAULT, Policy, Rule, apply, decode, encode, parse_change
+from tokenyard.guard.service import Guard, Screen, Watch, decide
 
 
 def test_default_policy_is_what_a_platform_accepts() -> None:

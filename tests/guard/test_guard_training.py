@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from guard.classifier import SafetyClassifier
-from guard.dataset import (
+from tokenyard.guard.classifier import SafetyClassifier
+from tokenyard.guard.dataset import (
     BENIGN_CAP,
     EVAL_DIR,
     UNSAFE,
@@ -18,8 +18,8 @@ from guard.dataset import (
     _rows_benchmark_questions,
     load,
 )
-from guard.taxonomy import HEADS
-from guard.train import (
+from tokenyard.guard.taxonomy import HEADS
+from tokenyard.guard.train import (
     TrainConfig,
     evaluate,
     featurize,
@@ -30,7 +30,7 @@ from guard.train import (
     split_of,
     train,
 )
-from router.embedding import WordPieces, tokenizer_json
+from tokenyard.router.embedding import WordPieces, tokenizer_json
 
 
 def test_train_writes_a_loadable_artifact_and_its_report(tmp_path: Path) -> None:

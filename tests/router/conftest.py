@@ -5,9 +5,6 @@ from dataclasses import dataclass
 
 import pytest
 
-from router.classifier import DEFAULT_ARTIFACT, ComplexityClassifier
-from router.dataset import Routed, load_domains
-
 # a real gateway for the feedback endpoint's tests, as tests/gateway starts them
 from tests.gateway.conftest import (  # noqa: F401
     base_env,
@@ -18,6 +15,8 @@ from tests.gateway.conftest import (  # noqa: F401
     team,
     upstream,
 )
+from tokenyard.router.classifier import DEFAULT_ARTIFACT, ComplexityClassifier
+from tokenyard.router.dataset import Routed, load_domains
 
 
 @dataclass

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from backends.fields import FIELDS, Supports, ask_of, markdown_table, refusal
-from router.catalog import DEFAULT_CATALOG, Catalog
-from router.policy import AUTO, Router, Unsupported, prefix_text
+from tokenyard.backends.fields import FIELDS, Supports, ask_of, markdown_table, refusal
+from tokenyard.router.catalog import DEFAULT_CATALOG, Catalog
+from tokenyard.router.policy import AUTO, Router, Unsupported, prefix_text
 
 CATALOG = """
 [auto]
@@ -166,7 +166,7 @@ def test_shipped_catalog_declares_the_engine_model_able_to_call_tools() -> None:
 
 
 def test_anthropic_honours_the_end_user_ids_the_table_says_it_does() -> None:
-    from backends.anthropic_wire import messages_request
+    from tokenyard.backends.anthropic_wire import messages_request
 
     body = {"messages": [{"role": "user", "content": "hi"}], "safety_identifier": "s-1"}
     assert messages_request(body, "claude")["metadata"] == {"user_id": "s-1"}

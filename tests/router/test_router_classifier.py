@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from router.catalog import DEFAULT_CATALOG, Catalog
-from router.dataset import random_split
-from router.metrics import router_metrics
-from router.train import prompts_hash
+from tokenyard.router.catalog import DEFAULT_CATALOG, Catalog
+from tokenyard.router.dataset import random_split
+from tokenyard.router.metrics import router_metrics
+from tokenyard.router.train import prompts_hash
 
 from .conftest import Shipped
 

@@ -7,11 +7,11 @@ from typing import Any
 import httpx
 import sqlmodel
 
-from billing.feedback import feedback_rows
-from billing.models import RouteFeedback, UsageRecord
-from router.classifier import ComplexityClassifier
-from router.features import decode_features, ratings
 from tests.gateway.conftest import MODEL, wait_until
+from tokenyard.billing.feedback import feedback_rows
+from tokenyard.billing.models import RouteFeedback, UsageRecord
+from tokenyard.router.classifier import ComplexityClassifier
+from tokenyard.router.features import decode_features, ratings
 
 
 def _chat(gateway: Any, key: str, model: str, text: str) -> httpx.Response:

@@ -8,10 +8,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.settings import Settings
-from router.catalog import DEFAULT_CATALOG, Catalog, CatalogError, Price, load_catalog
-from router.classifier import ComplexityClassifier
-from router.policy import (
+from tokenyard.core.settings import Settings
+from tokenyard.router.catalog import DEFAULT_CATALOG, Catalog, CatalogError, Price, load_catalog
+from tokenyard.router.classifier import ComplexityClassifier
+from tokenyard.router.policy import (
     AUTO,
     NoRoute,
     Router,
@@ -19,8 +19,8 @@ from router.policy import (
     prefix_text,
     prompt_text,
 )
-from router.quality import QualityCurve
-from router.scorer import RouteScore
+from tokenyard.router.quality import QualityCurve
+from tokenyard.router.scorer import RouteScore
 
 CATALOG = """
 [auto]
@@ -268,7 +268,7 @@ def test_quality_bar_precedence_team_then_catalog(
     path.write_text(text.replace('"ref-mini"', '"no-such-model"'))
     router = Router(Catalog.load(path), Scorer(FixedScores))
     # no team setting: the catalog's bar (mini has an unknown reference, so big clears 0.9)
-    with caplog.at_level(logging.WARNING, logger="router.policy"):
+    with caplog.at_level(logging.WARNING, logger="tokenyard.router.policy"):
         default = router.route(AUTO, chat("0.5"), Team(), "interactive")
     assert default.candidates[0] == "big" and default.predicted_quality is not None
     assert "no-such-model" in caplog.text

@@ -19,8 +19,8 @@ import httpx
 import pytest
 from sqlmodel import Session, select
 
-from billing.models import UsageRecord
 from tests.gateway.conftest import TOKENYARD, Gateway, Process, free_port, wait_until
+from tokenyard.billing.models import UsageRecord
 
 MODEL = "smollm2"
 

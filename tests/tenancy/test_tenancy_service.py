@@ -1,5 +1,5 @@
-"""tenancy/service.py: every change drops the cached lookups of exactly the keys it concerns, in a
-real Redis, and a change still stands when Redis is unreachable."""
+"""tokenyard/tenancy/service.py: every change drops the cached lookups of exactly the keys it
+concerns, in a real Redis, and a change still stands when Redis is unreachable."""
 
 import asyncio
 from collections.abc import AsyncIterator
@@ -10,11 +10,11 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 
-from core.db import get_engine
-from tenancy import keys
-from tenancy.errors import AlreadyExists, ManagementError
-from tenancy.service import Tenancy, cache_key
 from tests.gateway.conftest import RedisServer, free_port
+from tokenyard.core.db import get_engine
+from tokenyard.tenancy import keys
+from tokenyard.tenancy.errors import AlreadyExists, ManagementError
+from tokenyard.tenancy.service import Tenancy, cache_key
 
 
 @pytest.fixture

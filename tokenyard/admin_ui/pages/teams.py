@@ -1,0 +1,90 @@
+"""Teams: the list with the form that creates one, and a team's page (its limits and its keys)."""
+
+from typing import Any
+
+from litestar import Controller, Request, Response, get, post
+from litestar.exceptions import NotFoundException
+from litestar.params import FromPath
+from litestar.response import Redirect
+
+from tokenyard.admin_ui import forms, render
+from tokenyard.admin_ui.access import admin_only, proxy_of, settings_of, tenancy_of
+from tokenyard.admin_ui.pages.keys import last_used
+from tokenyard.tenancy.errors import ManagementError
+from tokenyard.tenancy.limits import LIMIT_FIELDS, TIERS
+
+
+def _catalog(request: Request) -> list[str]:
+    return list(proxy_of(request).router.catalog.models)
+
+
+class Teams(Controller):
+    guards = [admin_only]  # noqa: RUF012 - Litestar reads it as a class attribute
+
+    async def _teams_page(self, request: Request, form: forms.TeamForm, status: int) -> Response:
+        teams = await tenancy_of(request).teams()
+        return await render.page(
+            request, "teams.html", status, teams=teams, form=form, **_form_context(request)
+        )
+
+    @get("/teams")
+    async def teams(self, request: Request) -> Response:
+        return await self._teams_page(request, forms.from_team(None), 200)
+
+    @post("/teams")
+    async def create_team(self, request: Request) -> Response:
+        form = forms.parse(await request.form(), _catalog(request), with_name=True)
+        if not form.errors:
+            try:
+                await tenancy_of(request).create_team(form.values["name"], **form.limits)
+            except (ManagementError, ValueError) as exc:
+                form.errors["name"] = str(exc)
+        if form.errors:
+            return await self._teams_page(request, form, 400)
+        return Redirect(f"/admin/teams/{form.values['name']}?done=created", status_code=303)
+
+    async def _team_page(
+        self, request: Request, name: str, form: forms.TeamForm | None, status: int
+    ) -> Response:
+        team = await tenancy_of(request).team(name)
+        if team is None:
+            raise NotFoundException(f"no team {name!r}")
+        listed = await tenancy_of(request).keys(name)
+        return await render.page(
+            request,
+            "team.html",
+            status,
+            team=team,
+            form=form or forms.from_team(team),
+            keys=listed,
+            last_used=await last_used(request, listed),
+            done=request.query_params.get("done", ""),
+            cache_s=settings_of(request).gateway_key_cache_s,
+            **_form_context(request),
+        )
+
+    @get("/teams/{name:str}")
+    async def team(self, request: Request, name: FromPath[str]) -> Response:
+        return await self._team_page(request, name, None, 200)
+
+    @post("/teams/{name:str}")
+    async def update_team(self, request: Request, name: FromPath[str]) -> Response:
+        form = forms.parse(await request.form(), _catalog(request), with_name=False)
+        form.values["name"] = name
+        if form.errors:
+            return await self._team_page(request, name, form, 400)
+        try:
+            # it reaches every gateway once its process cache expires (gateway_key_cache_s)
+            await tenancy_of(request).update_team(name, **form.limits)
+        except ManagementError as exc:
+            raise NotFoundException(str(exc)) from None
+        return Redirect(f"/admin/teams/{name}?done=saved", status_code=303)
+
+
+def _form_context(request: Request) -> dict[str, Any]:
+    return {
+        "fields": list(LIMIT_FIELDS),
+        "labels": forms.LABELS,
+        "catalog": _catalog(request),
+        "tiers": TIERS,
+    }

@@ -1,0 +1,112 @@
+"""Anthropic's Messages API as a backend: OpenAI chat requests in, OpenAI replies and chunks out
+(translation in anthropic_wire.py). Anthropic has no text completions: /v1/completions is a 400."""
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from tokenyard.backends import sse
+from tokenyard.backends.anthropic_wire import (
+    ChunkWriter,
+    StreamError,
+    chat_chunks,
+    chat_reply,
+    error_reply,
+)
+from tokenyard.backends.anthropic_wire import messages_request as translate
+from tokenyard.backends.api import ApiClient, Opened, Reply
+from tokenyard.backends.base import (
+    BufferedStream,
+    LiveStream,
+    ModelInfo,
+    UpstreamBroken,
+    UpstreamCall,
+    UpstreamReply,
+    UpstreamStream,
+)
+from tokenyard.backends.retry import Guard, Retryable
+from tokenyard.core.errors import GatewayError
+
+PATH = "/v1/messages"
+VERSION = "2023-06-01"
+
+
+def headers(api_key: str) -> dict[str, str]:
+    return {"x-api-key": api_key, "anthropic-version": VERSION}
+
+
+async def _translated(first: bytes, rest: AsyncIterator[bytes], name: str) -> AsyncIterator[bytes]:
+    yield first
+    try:
+        async for chunk in rest:
+            yield chunk
+    except (StreamError, json.JSONDecodeError) as exc:
+        raise UpstreamBroken(f"{name}: {exc}") from exc
+
+
+class AnthropicUpstream:
+    def __init__(self, info: ModelInfo, upstream_model: str, api: ApiClient, guard: Guard) -> None:
+        self.info = info
+        self._model = upstream_model
+        self._api = api
+        self._guard = guard
+
+    def _prepare(self, call: UpstreamCall) -> tuple[bytes, bool]:
+        if call.path != "/v1/chat/completions":
+            raise GatewayError(
+                400,
+                f"model {self.info.name!r} serves only /v1/chat/completions",
+                code="unsupported_endpoint",
+                param="model",
+            )
+        body: dict[str, Any] = json.loads(call.body)
+        include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        return json.dumps(translate(body, self._model)).encode(), include_usage
+
+    async def complete(self, call: UpstreamCall) -> UpstreamReply:
+        body, _ = self._prepare(call)
+        response = await self._guard.run(
+            lambda: self._api.post(PATH, body), call.headers.get("x-tenant", "")
+        )
+        if response.status == 200:
+            reply = chat_reply(response.json(), self.info.name)
+            return UpstreamReply(200, json.dumps(reply).encode(), "application/json")
+        status, content = error_reply(response.status, response.body)
+        return UpstreamReply(status, content, "application/json")
+
+    async def open_stream(self, call: UpstreamCall) -> UpstreamStream:
+        body, include_usage = self._prepare(call)
+
+        async def attempt() -> tuple[Opened, bytes, AsyncIterator[bytes]] | BufferedStream:
+            opened = await self._api.open(PATH, body)
+            if isinstance(opened, Reply):
+                return BufferedStream(*error_reply(opened.status, opened.body))
+            writer = ChunkWriter(self.info.name, include_usage)
+            chunks = chat_chunks(sse.events(opened.chunks()), writer)
+            try:  # an `error` event in place of message_start is a refusal, retried if 429/5xx
+                async with asyncio.timeout(self._api.policy.first_token_timeout_s):
+                    first = await anext(chunks)
+            except StreamError as exc:
+                await opened.aclose()
+                if exc.status == 429 or exc.status >= 500:
+                    raise Retryable(f"stream {exc.kind}", exc.status) from exc
+                return BufferedStream(exc.status, exc.body)
+            except (TimeoutError, UpstreamBroken, StopAsyncIteration) as exc:
+                await opened.aclose()
+                raise Retryable(f"no first event: {exc!r}") from exc
+            return opened, first, chunks
+
+        result = await self._guard.run(attempt, call.headers.get("x-tenant", ""))
+        if isinstance(result, BufferedStream):
+            return result
+        opened, first, chunks = result
+        return LiveStream(
+            _translated(first, chunks, self.info.name), opened.aclose, self._guard.failed
+        )
+
+    async def refresh(self) -> None:
+        await self._guard.refresh()
+
+    async def aclose(self) -> None:
+        await self._api.aclose()

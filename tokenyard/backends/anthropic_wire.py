@@ -1,0 +1,352 @@
+"""OpenAI chat ⇄ Anthropic Messages translation: requests, replies, stream events and errors.
+
+Pure functions, no I/O: backends/anthropic.py sends what these build.
+"""
+
+import json
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenyard.backends import sse
+from tokenyard.backends.base import error_body
+from tokenyard.core.errors import GatewayError
+
+# Anthropic requires max_tokens; the gateway always sets it, this is for direct callers
+DEFAULT_MAX_TOKENS = 4096
+
+FINISH = {
+    "end_turn": "stop",
+    "stop_sequence": "stop",
+    "pause_turn": "stop",
+    "max_tokens": "length",
+    "model_context_window_exceeded": "length",
+    "tool_use": "tool_calls",
+    "refusal": "content_filter",
+}
+
+# Anthropic error type → (HTTP status, OpenAI error type)
+ERRORS = {
+    "invalid_request_error": (400, "invalid_request_error"),
+    "authentication_error": (401, "authentication_error"),
+    "billing_error": (402, "invalid_request_error"),
+    "permission_error": (403, "permission_error"),
+    "not_found_error": (404, "invalid_request_error"),
+    "request_too_large": (413, "invalid_request_error"),
+    "rate_limit_error": (429, "rate_limit_error"),
+    "api_error": (500, "server_error"),
+    "timeout_error": (504, "server_error"),
+    "overloaded_error": (529, "server_error"),
+}
+
+
+def _bad(message: str, param: str) -> GatewayError:
+    return GatewayError(400, message, code="unsupported_parameter", param=param)
+
+
+def _image(url: str) -> dict[str, Any]:
+    if url.startswith("data:"):
+        head, _, payload = url.partition(",")
+        media_type = head[5:].split(";")[0]
+        source = {"type": "base64", "media_type": media_type, "data": payload}
+        return {"type": "image", "source": source}
+    return {"type": "image", "source": {"type": "url", "url": url}}
+
+
+def _blocks(content: Any) -> list[dict[str, Any]]:
+    """OpenAI message content (a string or parts) → Anthropic content blocks."""
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}] if content else []
+    blocks = []
+    for part in content:
+        if part.get("type") == "text":
+            blocks.append({"type": "text", "text": part.get("text", "")})
+        elif part.get("type") == "image_url":
+            image = part.get("image_url") or {}
+            blocks.append(_image(image if isinstance(image, str) else image.get("url", "")))
+        else:
+            raise _bad(f"content part type {part.get('type')!r} is not supported", "messages")
+    return blocks
+
+
+def _text(content: Any) -> str:
+    return "".join(b["text"] for b in _blocks(content) if b["type"] == "text")
+
+
+def tool_use_block(call: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI tool call → an Anthropic tool_use block."""
+    function = call.get("function") or {}
+    try:
+        arguments = json.loads(function.get("arguments") or "{}")
+    except json.JSONDecodeError:
+        raise _bad("tool call arguments must be JSON", "messages") from None
+    name = function.get("name", "")
+    return {"type": "tool_use", "id": call.get("id", ""), "name": name, "input": arguments}
+
+
+def _messages(messages: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]]:
+    """(system prompt, turns): consecutive turns of one role merged, as Anthropic requires."""
+    system: list[str] = []
+    turns: list[dict[str, Any]] = []
+    for m in messages:
+        role = m.get("role")
+        if role in ("system", "developer"):
+            system.append(_text(m.get("content")))
+            continue
+        if role == "tool":
+            role, blocks = (
+                "user",
+                [
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": m.get("tool_call_id", ""),
+                        "content": _text(m.get("content")),
+                    }
+                ],
+            )
+        elif role == "assistant":
+            calls = m.get("tool_calls") or []
+            blocks = _blocks(m.get("content")) + [tool_use_block(c) for c in calls]
+        elif role == "user":
+            blocks = _blocks(m.get("content"))
+        else:
+            raise _bad(f"message role {role!r} is not supported", "messages")
+        if turns and turns[-1]["role"] == role:
+            turns[-1]["content"].extend(blocks)
+        else:
+            turns.append({"role": role, "content": blocks})
+    return "\n\n".join(s for s in system if s), turns
+
+
+# OpenAI's tool_choice strings → Anthropic's tool_choice types
+TOOL_CHOICE = {"auto": "auto", "required": "any", "none": "none"}
+
+
+def _tool_choice(choice: Any, parallel: bool | None) -> dict[str, Any] | None:
+    if choice is None:
+        out = None
+    elif isinstance(choice, str) and choice in TOOL_CHOICE:
+        out = {"type": TOOL_CHOICE[choice]}
+    elif isinstance(choice, dict) and choice.get("type") == "function":
+        out = {"type": "tool", "name": (choice.get("function") or {}).get("name", "")}
+    else:
+        raise _bad("tool_choice is not one Anthropic supports", "tool_choice")
+    if parallel is False:
+        out = {**(out or {"type": "auto"}), "disable_parallel_tool_use": True}
+    return out
+
+
+def messages_request(body: dict[str, Any], model: str) -> dict[str, Any]:
+    """An OpenAI chat.completions body → an Anthropic Messages body."""
+    if (body.get("n") or 1) > 1:
+        raise _bad("n > 1 is not supported by this model", "n")
+    if body.get("logprobs"):
+        raise _bad("logprobs are not supported by this model", "logprobs")
+    if (body.get("response_format") or {}).get("type", "text") != "text":
+        raise _bad("response_format is not supported by this model", "response_format")
+    system, turns = _messages(body.get("messages") or [])
+    max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
+    out: dict[str, Any] = {
+        "model": model,
+        "messages": turns,
+        "max_tokens": max_tokens or DEFAULT_MAX_TOKENS,
+    }
+    if system:
+        out["system"] = system
+    stop = body.get("stop")
+    if stop:
+        out["stop_sequences"] = [stop] if isinstance(stop, str) else list(stop)
+    if body.get("temperature") is not None:
+        out["temperature"] = min(float(body["temperature"]), 1.0)  # Anthropic's range is 0..1
+    for name in ("top_p", "top_k"):
+        if body.get(name) is not None:
+            out[name] = body[name]
+    user = body.get("user") or body.get("safety_identifier")  # OpenAI's newer name for it
+    if user:
+        out["metadata"] = {"user_id": str(user)}
+    tools = [t["function"] for t in body.get("tools") or [] if t.get("type") == "function"]
+    if tools:
+        out["tools"] = [
+            {
+                "name": f["name"],
+                **({"description": f["description"]} if f.get("description") else {}),
+                "input_schema": f.get("parameters") or {"type": "object", "properties": {}},
+            }
+            for f in tools
+        ]
+    choice = _tool_choice(body.get("tool_choice"), body.get("parallel_tool_calls"))
+    if choice is not None:
+        out["tool_choice"] = choice
+    if body.get("stream"):
+        out["stream"] = True
+    return out
+
+
+def usage(raw: dict[str, Any]) -> dict[str, Any]:
+    """Anthropic usage → OpenAI's: its input_tokens leave out the cached ones."""
+    cached = raw.get("cache_read_input_tokens") or 0
+    prompt = (raw.get("input_tokens") or 0) + cached + (raw.get("cache_creation_input_tokens") or 0)
+    completion = raw.get("output_tokens") or 0
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": cached},
+    }
+
+
+def tool_call(index: int, block: dict[str, Any]) -> dict[str, Any]:
+    """An Anthropic tool_use block → an OpenAI tool call (`index`: its place in a stream)."""
+    return {
+        "index": index,
+        "id": block["id"],
+        "type": "function",
+        "function": {"name": block["name"], "arguments": json.dumps(block.get("input") or {})},
+    }
+
+
+def chat_reply(message: dict[str, Any], model: str) -> dict[str, Any]:
+    """An Anthropic Message → an OpenAI chat.completion."""
+    blocks = message.get("content") or []
+    text = "".join(b["text"] for b in blocks if b.get("type") == "text")
+    uses = [b for b in blocks if b.get("type") == "tool_use"]
+    reply: dict[str, Any] = {
+        "role": "assistant",
+        "content": text or (None if uses else ""),
+        "refusal": None,  # OpenAI's schema requires it
+    }
+    if uses:
+        reply["tool_calls"] = [tool_call(i, b) for i, b in enumerate(uses)]
+        for call in reply["tool_calls"]:
+            del call["index"]  # only stream deltas carry an index
+    return {
+        "id": "chatcmpl-" + message.get("id", ""),
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": reply,
+                "logprobs": None,
+                "finish_reason": FINISH.get(message.get("stop_reason") or "", "stop"),
+            }
+        ],
+        "usage": usage(message.get("usage") or {}),
+    }
+
+
+def error_reply(status: int, raw: bytes) -> tuple[int, bytes]:
+    """An Anthropic error response → (HTTP status, OpenAI error body)."""
+    try:
+        error = json.loads(raw).get("error") or {}
+    except (json.JSONDecodeError, AttributeError):
+        error = {}
+    return _error(error, status)
+
+
+def _error(error: dict[str, Any], status: int) -> tuple[int, bytes]:
+    kind = error.get("type", "")
+    fallback = "server_error" if status >= 500 else "invalid_request_error"
+    status, openai_type = ERRORS.get(kind, (status, fallback))
+    if status == 529:  # Anthropic's "overloaded" has no standard status; OpenAI clients know 503
+        status = 503
+    message = error.get("message") or "the provider refused the request"
+    return status, error_body(message, openai_type, code=kind or None)
+
+
+class StreamError(Exception):
+    """An `error` event in an Anthropic stream."""
+
+    def __init__(self, error: dict[str, Any]) -> None:
+        super().__init__(error.get("message", "stream error"))
+        self.kind = error.get("type", "api_error")
+        self.status, self.body = _error(error, 500)
+
+
+@dataclass
+class ChunkWriter:
+    """Anthropic stream events → OpenAI chat.completion.chunk SSE events."""
+
+    model: str
+    include_usage: bool
+    id: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+    tools: dict[int, int] = field(default_factory=dict)  # content block index → tool call index
+    usage: dict[str, Any] = field(default_factory=dict)
+    finish: str = "stop"
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        return sse.data(
+            {
+                "id": self.id,
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.model,
+                "choices": [choice],
+            }
+        )
+
+    def write(self, kind: str, data: dict[str, Any]) -> bytes:
+        """The OpenAI events for one Anthropic event (b"" for none)."""
+        if kind == "message_start":
+            message = data.get("message") or {}
+            self.id = "chatcmpl-" + message.get("id", "")
+            self.usage.update(message.get("usage") or {})
+            return self._chunk({"role": "assistant", "content": ""})
+        if kind == "content_block_start":
+            block = data.get("content_block") or {}
+            if block.get("type") == "tool_use":
+                index = self.tools[data["index"]] = len(self.tools)
+                call = tool_call(index, {**block, "input": None})
+                call["function"]["arguments"] = ""
+                return self._chunk({"tool_calls": [call]})
+            if block.get("type") == "text" and block.get("text"):
+                return self._chunk({"content": block["text"]})
+            return b""
+        if kind == "content_block_delta":
+            delta = data.get("delta") or {}
+            if delta.get("type") == "text_delta":
+                return self._chunk({"content": delta.get("text", "")})
+            if delta.get("type") == "input_json_delta" and data.get("index") in self.tools:
+                arguments = {"arguments": delta.get("partial_json", "")}
+                call = {"index": self.tools[data["index"]], "function": arguments}
+                return self._chunk({"tool_calls": [call]})
+            return b""  # thinking and signature deltas have no OpenAI counterpart
+        if kind == "message_delta":
+            stop = (data.get("delta") or {}).get("stop_reason")
+            if stop:
+                self.finish = FINISH.get(stop, "stop")
+            self.usage.update({k: v for k, v in (data.get("usage") or {}).items() if v is not None})
+            return b""
+        if kind == "message_stop":
+            out = self._chunk({}, self.finish)
+            if self.include_usage:
+                out += sse.data(
+                    {
+                        "id": self.id,
+                        "object": "chat.completion.chunk",
+                        "created": self.created,
+                        "model": self.model,
+                        "choices": [],
+                        "usage": usage(self.usage),
+                    }
+                )
+            return out + sse.DONE
+        if kind == "error":
+            raise StreamError(data.get("error") or {})
+        return b""  # ping, and event types added later
+
+
+async def chat_chunks(
+    events: AsyncIterator[sse.Event], writer: ChunkWriter
+) -> AsyncIterator[bytes]:
+    async for event in events:
+        data = json.loads(event.data) if event.data else {}
+        out = writer.write(data.get("type") or event.name, data)
+        if out:
+            yield out

@@ -1,0 +1,143 @@
+"""The one interface between the gateway and whatever serves a model.
+
+`Upstream` is all the gateway knows about a backend: send an OpenAI-protocol request (whole or
+streamed) and say what the model is (readiness, KV block size, context window, load). Whatever the
+provider speaks, a backend answers in OpenAI's shapes: a `chat.completion` body, or SSE events of
+`chat.completion.chunk`s ending with a usage chunk (and `timings` where the engine measured them).
+"""
+
+import json
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from tokenyard.core.errors import GatewayError
+
+log = logging.getLogger("tokenyard.backends")
+
+
+class UpstreamBroken(Exception):
+    """The upstream failed after the response started (connection lost mid-stream)."""
+
+
+@dataclass
+class ModelInfo:
+    name: str
+    ready: bool = False
+    block_size: int = 0  # 0: not a paged self-hosted engine, no KV-page quota
+    max_model_len: int = 0  # 0: unknown
+    waiting: int = 0  # requests queued upstream at the last poll (the least-loaded replica's)
+    kv_usage: float = 0.0  # share of KV blocks in use at the last poll (the least-loaded replica's)
+    provider: str = "self-hosted"
+    circuit: str = "closed"  # the breaker's state: closed, open, half_open (never routed to: open)
+    max_tokens_param: str = "max_tokens"  # the field its requests cap their output with
+
+
+@dataclass
+class UpstreamCall:
+    path: str  # /v1/chat/completions or /v1/completions
+    body: bytes
+    headers: dict[str, str] = field(default_factory=dict)  # x-tenant, x-priority, x-request-id
+    # the prompt's start (router.policy.prefix_text), from the body the gateway already parsed:
+    # engine replicas are picked by it, so requests sharing a cached prefix meet on one replica
+    prefix: str = ""
+
+
+@dataclass
+class UpstreamReply:
+    status: int
+    body: bytes
+    content_type: str
+
+
+class UpstreamStream(Protocol):
+    status: int
+
+    async def read_all(self) -> bytes:
+        """The whole body: for refusals (status >= 400), which are JSON, not SSE."""
+        ...
+
+    def chunks(self) -> AsyncIterator[bytes]:
+        """Raw SSE bytes as they arrive (no framing guaranteed)."""
+        ...
+
+    async def aclose(self) -> None:
+        """Drop the connection: the engine cancels the sequence and frees its KV blocks."""
+        ...
+
+
+class Upstream(Protocol):
+    info: ModelInfo
+
+    async def complete(self, call: UpstreamCall) -> UpstreamReply: ...
+
+    async def open_stream(self, call: UpstreamCall) -> UpstreamStream: ...
+
+    async def refresh(self) -> None:
+        """Re-read readiness and load; called periodically."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class BackendUnavailable(GatewayError):
+    """The backend failed before the first byte of its reply (after its own retries): nothing
+    reached the client, so the gateway may try the next model of the route."""
+
+
+class BufferedStream:
+    """A streamed request the upstream refused: status >= 400 and a JSON error body, no SSE."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        self.status = status
+        self._body = body
+
+    async def read_all(self) -> bytes:
+        return self._body
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        yield self._body
+
+    async def aclose(self) -> None:
+        pass
+
+
+class LiveStream:
+    """A 200 stream whose first bytes already arrived (the point of no retry). `source` raises
+    UpstreamBroken if the upstream fails later; `broken` is told (the circuit breaker counts it)."""
+
+    status = 200
+
+    def __init__(
+        self,
+        source: AsyncIterator[bytes],
+        close: Callable[[], Awaitable[None]],
+        broken: Callable[[], Awaitable[None]],
+    ) -> None:
+        self._source = source
+        self._close: Callable[[], Awaitable[None]] | None = close
+        self._broken = broken
+
+    async def read_all(self) -> bytes:
+        return b"".join([chunk async for chunk in self.chunks()])
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._source:
+                yield chunk
+        except UpstreamBroken:
+            await self._broken()
+            raise
+
+    async def aclose(self) -> None:
+        """Once: closing is what ends the request's share of the replica's load."""
+        close, self._close = self._close, None
+        if close is not None:
+            await close()
+
+
+def error_body(message: str, kind: str, code: str | None = None, param: str | None = None) -> bytes:
+    """OpenAI's error shape, for refusals a backend translates from another provider's."""
+    detail = {"message": message, "type": kind, "param": param, "code": code}
+    return json.dumps({"error": detail}).encode()

@@ -1,0 +1,110 @@
+"""OpenAI's API as a backend: the request passes through (minus the platform's own extension
+fields and vLLM-only extras), `model` becomes the provider's name, the reply's `model` the catalog
+id."""
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+
+from tokenyard.backends import sse
+from tokenyard.backends.api import ApiClient, Opened
+from tokenyard.backends.base import (
+    BufferedStream,
+    LiveStream,
+    ModelInfo,
+    UpstreamCall,
+    UpstreamReply,
+    UpstreamStream,
+)
+from tokenyard.backends.retry import Guard
+
+# the platform's extensions and vLLM's sampling extras: OpenAI rejects unknown fields
+DROPPED = frozenset(
+    {
+        "tier",
+        "priority",
+        "request_id",
+        "tenant",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "min_tokens",
+        "ignore_eos",
+    }
+)
+
+
+def request_body(body: dict[str, Any], model: str) -> bytes:
+    return msgspec.json.encode(
+        {**{k: v for k, v in body.items() if k not in DROPPED}, "model": model}
+    )
+
+
+def renamed(payload: bytes, model: str) -> bytes:
+    """A reply or chunk with `model` set to the catalog id (the provider names a dated snapshot);
+    in a Responses API event, the response's."""
+    try:
+        data = msgspec.json.decode(payload)
+    except msgspec.DecodeError:
+        return payload
+    if isinstance(data, dict) and isinstance(data.get("response"), dict):
+        data = data["response"]
+        if "model" in data:
+            data["model"] = model
+            return msgspec.json.encode({**msgspec.json.decode(payload), "response": data})
+    elif isinstance(data, dict) and "model" in data:
+        data["model"] = model
+        return msgspec.json.encode(data)
+    return payload
+
+
+async def renamed_events(chunks: AsyncIterator[bytes], model: str) -> AsyncIterator[bytes]:
+    async for event in sse.events(chunks):
+        if event.data == b"[DONE]":
+            yield sse.DONE
+        else:
+            yield b"data: " + renamed(event.data, model) + b"\n\n"
+
+
+class OpenAIUpstream:
+    def __init__(self, info: ModelInfo, upstream_model: str, api: ApiClient, guard: Guard) -> None:
+        self.info = info
+        self._model = upstream_model
+        self._api = api
+        self._guard = guard
+
+    def _prepare(self, call: UpstreamCall) -> tuple[str, bytes]:
+        body = request_body(msgspec.json.decode(call.body), self._model)
+        return call.path.removeprefix("/v1"), body  # the base URL ends in /v1
+
+    async def complete(self, call: UpstreamCall) -> UpstreamReply:
+        path, body = self._prepare(call)
+        response = await self._guard.run(
+            lambda: self._api.post(path, body), call.headers.get("x-tenant", "")
+        )
+        content = response.body
+        if response.status == 200:
+            content = renamed(content, self.info.name)
+        return UpstreamReply(
+            response.status,
+            content,
+            response.headers.get("content-type", "application/json"),
+        )
+
+    async def open_stream(self, call: UpstreamCall) -> UpstreamStream:
+        path, body = self._prepare(call)
+        opened = await self._guard.run(
+            lambda: self._api.open(path, body), call.headers.get("x-tenant", "")
+        )
+        if not isinstance(opened, Opened):
+            return BufferedStream(opened.status, opened.body)
+        return LiveStream(
+            renamed_events(opened.chunks(), self.info.name), opened.aclose, self._guard.failed
+        )
+
+    async def refresh(self) -> None:
+        await self._guard.refresh()
+
+    async def aclose(self) -> None:
+        await self._api.aclose()

@@ -1,0 +1,83 @@
+"""`GET /v1/usage`: the calling team's usage from the daily rollups (a team sees only its own);
+`GET /v1/admin/usage`: every team's, for the admin key. `?date=YYYY-MM-DD[&end=YYYY-MM-DD]` (UTC,
+inclusive; default today), `&format=csv` for a CSV export."""
+
+import asyncio
+from datetime import UTC, date, datetime
+from typing import Any
+
+import msgspec
+from litestar import Controller, Request, Response, get
+from sqlalchemy.exc import SQLAlchemyError
+
+from tokenyard.billing import reports
+from tokenyard.billing.models import UsageDaily
+from tokenyard.core.db import database_url, get_engine
+from tokenyard.core.errors import GatewayError
+from tokenyard.core.operator_keys import require_admin
+from tokenyard.core.settings import Settings
+
+MAX_DAYS = 366
+
+
+def _date(raw: str | None, param: str, default: date) -> date:
+    if not raw:
+        return default
+    try:
+        return date.fromisoformat(raw)
+    except ValueError:
+        raise GatewayError(400, f"{param} must be YYYY-MM-DD", param=param) from None
+
+
+def _range(request: Request) -> tuple[date, date]:
+    start = _date(request.query_params.get("date"), "date", datetime.now(UTC).date())
+    end = _date(request.query_params.get("end"), "end", start)
+    if end < start:
+        raise GatewayError(400, "end is before date", param="end")
+    if (end - start).days >= MAX_DAYS:
+        raise GatewayError(400, f"a range spans at most {MAX_DAYS} days", param="end")
+    return start, end
+
+
+async def _rows(settings: Settings, start: date, end: date, team: str | None) -> list[UsageDaily]:
+    engine = get_engine(database_url(settings))
+    try:  # a thread: SQL must never block the event loop that serves completions
+        return await asyncio.to_thread(reports.daily, engine, start, end, team)
+    except SQLAlchemyError:
+        raise GatewayError(
+            503, "usage store unavailable", code="usage_store_unavailable", retry_after=1
+        ) from None
+
+
+def _answer(request: Request, rows: list[UsageDaily], body: dict[str, Any]) -> Response[bytes]:
+    fmt = request.query_params.get("format", "json")
+    if fmt == "csv":
+        return Response(reports.to_csv(rows).encode(), media_type="text/csv; charset=utf-8")
+    if fmt != "json":
+        raise GatewayError(400, "format must be json or csv", param="format")
+    body |= reports.summary(rows)
+    return Response(msgspec.json.encode(body), media_type="application/json")
+
+
+class UsageController(Controller):
+    path = "/v1"
+
+    @get("/usage")
+    async def usage(self, request: Request) -> Response[bytes]:
+        proxy = request.app.state.proxy
+        policy = await proxy.auth.authenticate(request.headers.get("authorization"))
+        start, end = _range(request)
+        rows = await _rows(proxy.settings, start, end, policy.team)
+        head = {"object": "usage", "team": policy.team, "date": start.isoformat()}
+        head |= {"end": end.isoformat(), "limits": msgspec.to_builtins(policy)}
+        return _answer(request, rows, head)
+
+    @get("/admin/usage")
+    async def admin_usage(self, request: Request) -> Response[bytes]:
+        settings: Settings = request.app.state.proxy.settings
+        require_admin(request.headers.get("authorization"), settings.admin_key)
+        start, end = _range(request)
+        team = request.query_params.get("team") or None
+        rows = await _rows(settings, start, end, team)
+        head = {"object": "usage", "team": team, "date": start.isoformat(), "end": end.isoformat()}
+        return _answer(request, rows, head)

@@ -1,0 +1,55 @@
+"""The UsageRecord row a usage event (core.usage.UsageEvent) becomes."""
+
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+
+from tokenyard.core.usage import UsageEvent
+
+decoder = msgspec.json.Decoder(UsageEvent)
+
+
+def _finish_reason(event: UsageEvent) -> str | None:
+    if event.finish_reason or event.status == 200:
+        return event.finish_reason
+    return "cancelled" if event.status == 499 else "error"
+
+
+def _seconds(timings: dict[str, Any], name: str) -> float | None:
+    value = timings.get(name)
+    return float(value) if isinstance(value, int | float) else None
+
+
+def to_row(event: UsageEvent) -> dict[str, Any]:
+    """The UsageRecord columns of one event."""
+    started = datetime.fromtimestamp(event.ts, UTC)
+    timings = event.timings or {}
+    return {
+        "request_id": event.request_id,
+        "client_request_id": event.client_request_id,
+        "day": started.date(),
+        "team": event.team,
+        "key_prefix": event.key_prefix,
+        "model": event.model,
+        "model_served": event.model_served,
+        "provider": event.provider,
+        "tier": event.tier,
+        "stream": event.stream,
+        "status": event.status,
+        "finish_reason": _finish_reason(event),
+        "error": event.error,
+        "prompt_tokens": event.prompt_tokens,
+        "cached_tokens": event.cached_tokens,
+        "completion_tokens": event.completion_tokens,
+        "usage_reported": event.usage_reported,
+        "cost_usd": event.cost_usd,
+        "list_cost_usd": event.list_cost_usd,
+        "ttft_s": event.ttft if event.ttft is not None else _seconds(timings, "ttft"),
+        "latency_s": event.e2e,
+        "queue_s": _seconds(timings, "queue"),
+        "compute_s": _seconds(timings, "compute"),
+        "started_at": started,
+        "finished_at": datetime.fromtimestamp(event.ts + event.e2e, UTC),
+        "route_features": event.route_features,
+    }

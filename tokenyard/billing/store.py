@@ -1,0 +1,93 @@
+"""Writing usage records to SQL: a batch of rows in one transaction, idempotent by request id, the
+daily rollups updated in the same transaction for exactly the rows that were new."""
+
+from collections.abc import Callable, Iterable
+from datetime import date
+from typing import Any
+
+from sqlalchemy import Engine, Insert, Table, text
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import SQLAlchemyError
+
+from tokenyard.billing.models import ROLLUP_SUMS, UsageDaily, UsageRecord
+
+_RECORDS: Table = UsageRecord.__table__  # type: ignore[attr-defined]
+_DAILY: Table = UsageDaily.__table__  # type: ignore[attr-defined]
+# what writing a row may raise: SQLAlchemy's errors, and sqlite3's own for an integer beyond 64 bits
+_REFUSALS = (SQLAlchemyError, OverflowError)
+_INSERTS: dict[str, Callable[[Table], Insert]] = {
+    "sqlite": sqlite.insert,
+    "postgresql": postgresql.insert,
+}
+
+
+def _rollup_deltas(rows: Iterable[dict[str, Any]]) -> dict[tuple[date, str, str], dict[str, Any]]:
+    deltas: dict[tuple[date, str, str], dict[str, Any]] = {}
+    for row in rows:
+        key = (row["day"], row["team"], row["model_served"])
+        delta = deltas.setdefault(key, dict.fromkeys(ROLLUP_SUMS, 0))
+        delta["requests"] += 1
+        delta["errors"] += row["status"] != 200
+        for name in ROLLUP_SUMS[2:]:
+            delta[name] += row[name]
+    return deltas
+
+
+def reachable(engine: Engine) -> bool:
+    """Whether SQL answers at all: tells a database that is down from one that refuses a row."""
+    try:
+        with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except SQLAlchemyError:
+        return False
+    return True
+
+
+def write_or_isolate(engine: Engine, rows: list[dict[str, Any]]) -> list[tuple[int, str]]:
+    """Write the rows; if SQL answers but refuses the batch, write them one by one and return
+    (index, reason) of each row it refuses on its own: such a row can never be written, and
+    retrying its batch would stall every event behind it. Raises while SQL is unreachable."""
+    try:
+        write(engine, rows)
+        return []
+    except _REFUSALS:
+        pass  # SQL is down, or refuses a row: row by row tells which
+    refused = []
+    for i, row in enumerate(rows):
+        try:
+            write(engine, [row])
+        except _REFUSALS as exc:
+            if not reachable(engine):
+                raise
+            refused.append((i, exc.__class__.__name__))
+    return refused
+
+
+def write(engine: Engine, rows: list[dict[str, Any]]) -> int:
+    """Insert the rows whose request id is not stored yet and add them to the rollups; returns how
+    many were new. All or nothing: on any error nothing is written."""
+    unique = list({row["request_id"]: row for row in reversed(rows)}.values())[::-1]
+    if not unique:
+        return 0
+    insert = _INSERTS[engine.dialect.name]
+    with engine.begin() as conn:
+        stmt = (
+            insert(_RECORDS)
+            .on_conflict_do_nothing(index_elements=["request_id"])
+            .returning(_RECORDS.c.request_id)
+        )
+        # executemany: SQLAlchemy batches it into multi-row INSERTs from one cached compilation
+        inserted = set(conn.execute(stmt, unique).scalars())
+        new = [row for row in unique if row["request_id"] in inserted]
+        # sorted: concurrent writers lock rollup rows in one order (no deadlocks on PostgreSQL)
+        deltas = [
+            {"day": day, "team": team, "model": model, **delta}
+            for (day, team, model), delta in sorted(_rollup_deltas(new).items())
+        ]
+        if deltas:
+            up = insert(_DAILY)
+            add = {name: _DAILY.c[name] + up.excluded[name] for name in ROLLUP_SUMS}
+            conn.execute(
+                up.on_conflict_do_update(index_elements=["day", "team", "model"], set_=add), deltas
+            )
+    return len(new)

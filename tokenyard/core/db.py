@@ -1,0 +1,30 @@
+"""The SQL engine every package shares (sqlmodel over SQLAlchemy): SQLite by default, PostgreSQL
+via TOKENYARD_DATABASE_URL. Opening it runs the platform's migrations (core/migrations)."""
+
+import os
+from functools import lru_cache
+
+from sqlalchemy import Engine
+from sqlmodel import create_engine
+
+from tokenyard.core.migrate import upgrade
+from tokenyard.core.settings import Settings
+
+
+def database_url(settings: Settings) -> str:
+    url = settings.database_url.get_secret_value()
+    if url:
+        # the driver installed is psycopg 3: a plain postgres URL would ask for psycopg2
+        scheme, _, rest = url.partition("://")
+        return f"postgresql+psycopg://{rest}" if scheme in ("postgres", "postgresql") else url
+    os.makedirs(settings.data_dir, exist_ok=True)
+    return f"sqlite:///{os.path.abspath(settings.data_dir)}/tokenyard.db"
+
+
+@lru_cache
+def get_engine(url: str) -> Engine:
+    # check_same_thread: the gateway reads SQLite from a worker thread on cache misses
+    connect_args = {"check_same_thread": False} if url.startswith("sqlite") else {}
+    engine = create_engine(url, connect_args=connect_args, pool_pre_ping=True)
+    upgrade(engine)  # the schema, these tables included, is Alembic's (core/migrations)
+    return engine

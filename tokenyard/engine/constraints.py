@@ -1,0 +1,235 @@
+"""Constrained decoding: grammars compiled with xgrammar, one matcher per constrained sequence.
+
+A request's `Constraint` (a JSON schema, or a structural tag for forced tool calls) is compiled
+once and cached; each of its sequences gets a matcher that follows the tokens it emits. Before a
+step's forward pass the token masks of the rows that produce a token are filled: by a worker thread
+during the pass (its kernels release the GIL) where a CPU is left over beside the pass's threads,
+else on the step's own thread first. On a CPU the pass keeps busy with all its threads, a third
+thread only preempts one of them, and every parallel region then waits for it: at 16 constrained
+sequences on 2 cores the worker's 0.5 ms of masks cost 3-5 ms a step (bench/RESULTS.md, issue 21).
+The sampler then sets the masked logits of those rows to -inf. Rows of unconstrained sequences are
+never touched, and a step without a constrained sequence does no grammar work at all.
+
+Speculative drafts are checked against the mask: the matcher walks the draft token by token,
+filling the mask of each row, then rolls back. A draft token the grammar forbids has probability 0
+in its row, so the verifier rejects it there, and the rows after it are never sampled.
+"""
+
+import json
+import os
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+import numpy as np
+import torch
+import xgrammar as xgr
+
+if TYPE_CHECKING:  # sequence.py holds a Constraint in its sampling parameters
+    from tokenyard.engine.sequence import Sequence
+
+# JSON schema keywords xgrammar 0.2 accepts but does not enforce (checked one by one against it):
+# a schema using one is refused rather than served unchecked
+_UNENFORCED = ("not", "if", "then", "else", "contains", "minContains", "maxContains")
+# string formats it enforces; any other `format` would pass unchecked
+_FORMATS = frozenset(
+    "email date time date-time duration uuid ipv4 ipv6 hostname uri uri-reference uri-template "
+    "json-pointer relative-json-pointer".split()
+)
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_ONE = ("additionalProperties", "items", "propertyNames", "additionalItems")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+_CACHE_SIZE = 256  # compiled grammars kept (least recently used dropped)
+
+
+class SchemaError(ValueError):
+    """A schema (or structural tag) the grammar library cannot enforce."""
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """What the output must match: a JSON schema, or an xgrammar structural tag (tool calls);
+    `spec` is its JSON text (the cache key), `param` the request field it came from."""
+
+    kind: Literal["json_schema", "structural_tag"]
+    spec: str
+    param: str = field(default="response_format", compare=False)
+
+    @classmethod
+    def json_schema(cls, schema: dict, param: str = "response_format") -> "Constraint":
+        return cls("json_schema", json.dumps(schema), param)
+
+    @classmethod
+    def structural_tag(cls, tag: dict, param: str = "tools") -> "Constraint":
+        return cls("structural_tag", json.dumps(tag), param)
+
+
+def unenforceable(schema: object, where: str = "schema") -> str | None:
+    """The first keyword of a JSON schema the library would not enforce, named with its path."""
+    if not isinstance(schema, dict):
+        return None
+    for keyword in _UNENFORCED:
+        if keyword in schema:
+            return f"'{keyword}' (at {where})"
+    fmt = schema.get("format")
+    if fmt is not None and fmt not in _FORMATS:
+        return f"'format': {fmt!r} (at {where})"
+    if len(schema.get("allOf", [])) > 1:
+        return f"'allOf' with more than one schema (at {where})"
+    if "oneOf" in schema and "discriminator" not in schema:
+        # enforced as anyOf: that the output matches only one branch is not checked
+        return f"'oneOf' without a discriminator (at {where})"
+    children: list[tuple[str, object]] = []
+    for key in _SCHEMA_MAPS:
+        if isinstance(schema.get(key), dict):
+            children += [(f"{where}.{key}.{k}", v) for k, v in schema[key].items()]
+    children += [(f"{where}.{key}", schema[key]) for key in _SCHEMA_ONE if key in schema]
+    for key in _SCHEMA_LISTS:
+        if isinstance(schema.get(key), list):
+            children += [(f"{where}.{key}[{i}]", v) for i, v in enumerate(schema[key])]
+    for path, child in children:
+        found = unenforceable(child, path)
+        if found:
+            return found
+    return None
+
+
+def _schemas(tag: object) -> list[dict]:
+    """The JSON schemas inside a structural tag."""
+    if isinstance(tag, list):
+        return [s for item in tag for s in _schemas(item)]
+    if not isinstance(tag, dict):
+        return []
+    if tag.get("type") == "json_schema":
+        return [tag["json_schema"]]
+    return [s for value in tag.values() for s in _schemas(value)]
+
+
+class Masks:
+    """One step's token masks: a bitmask row for every logits row, applied to the constrained
+    (the other rows' bits all allow)."""
+
+    def __init__(self, bitmask: torch.Tensor, rows: list[int], unpack: bool):
+        self.bitmask, self.rows = bitmask, rows
+        # On CPU, xgrammar's kernel tests the bits one by one: 3.2 ms for 16 rows of SmolLM2's
+        # 49k vocabulary, 8% of a 16-sequence decode step. Unpacked here, in the worker thread
+        # (36 us), the step only does one masked fill (0.23 ms).
+        self.forbidden = (
+            torch.from_numpy(
+                np.unpackbits(~bitmask.numpy().view(np.uint8), axis=-1, bitorder="little")
+            ).view(torch.bool)
+            if unpack
+            else None
+        )
+
+    def apply(self, logits: torch.Tensor) -> None:
+        if self.forbidden is not None:
+            logits.masked_fill_(self.forbidden[:, : logits.shape[-1]], -float("inf"))
+        else:
+            bitmask = self.bitmask.to(logits.device, non_blocking=True)
+            xgr.apply_token_bitmask_inplace(logits, bitmask, indices=self.rows)
+
+
+class Constraints:
+    """Compiled grammars (cached) and the matchers of the constrained sequences."""
+
+    def __init__(
+        self,
+        hf_tokenizer,
+        vocab_size: int,
+        stop_token_ids: tuple[int, ...],
+        device: torch.device,
+    ):
+        self.vocab_size = vocab_size
+        self._on_cpu = device.type == "cpu"
+        info = xgr.TokenizerInfo.from_huggingface(
+            hf_tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids)
+        )
+        self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+        self._compiled: OrderedDict[Constraint, xgr.CompiledGrammar] = OrderedDict()
+        self._lock = threading.Lock()  # the server's loop and the engine's both compile
+        self._matchers: dict[int, xgr.GrammarMatcher] = {}
+        spare_cpu = device.type != "cpu" or len(os.sched_getaffinity(0)) > torch.get_num_threads()
+        self._worker = ThreadPoolExecutor(1, "grammar-masks") if spare_cpu else None
+
+    def compile(self, constraint: Constraint) -> xgr.CompiledGrammar:
+        """The compiled grammar, from the cache when seen before; SchemaError if unenforceable."""
+        with self._lock:
+            return self._compile(constraint)
+
+    def _compile(self, constraint: Constraint) -> xgr.CompiledGrammar:
+        compiled = self._compiled.get(constraint)
+        if compiled is not None:
+            self._compiled.move_to_end(constraint)
+            return compiled
+        try:
+            spec = json.loads(constraint.spec)
+            for schema in _schemas(spec) if constraint.kind == "structural_tag" else [spec]:
+                found = unenforceable(schema)
+                if found:
+                    raise SchemaError(f"the schema uses {found}, which cannot be enforced")
+            if constraint.kind == "json_schema":
+                # compact JSON: a small model offered free whitespace may emit it until max_tokens
+                compiled = self._compiler.compile_json_schema(constraint.spec, any_whitespace=False)
+            else:
+                compiled = self._compiler.compile_structural_tag(constraint.spec)
+        except (RuntimeError, ValueError) as exc:  # xgrammar's own refusals
+            raise SchemaError(str(exc).strip().splitlines()[-1]) from None
+        self._compiled[constraint] = compiled
+        if len(self._compiled) > _CACHE_SIZE:
+            self._compiled.popitem(last=False)
+        return compiled
+
+    # ------------------------------------------------------------ per sequence
+
+    def start(self, seq: "Sequence") -> None:
+        constraint = seq.request.params.constraint
+        if constraint is not None:
+            self._matchers[seq.seq_id] = xgr.GrammarMatcher(self.compile(constraint))
+
+    def forget(self, seq: "Sequence") -> None:
+        self._matchers.pop(seq.seq_id, None)
+
+    def accept(self, seq: "Sequence", token: int) -> bool:
+        """Advance past an emitted token; True once the grammar is complete (and the output
+        must end)."""
+        matcher = self._matchers.get(seq.seq_id)
+        if matcher is None:
+            return False
+        matcher.accept_token(token)
+        return matcher.is_terminated()
+
+    def masks(self, seqs: list["Sequence"], drafts: list[list[int]]) -> Future | None:
+        """Start filling the masks of the step's rows (the last token and each draft token of
+        each producing sequence, in order); None when no sequence is constrained."""
+        if not any(seq.seq_id in self._matchers for seq in seqs):
+            return None
+        if self._worker is not None:
+            return self._worker.submit(self._fill, seqs, drafts)
+        done: Future = Future()
+        done.set_result(self._fill(seqs, drafts))
+        return done
+
+    def _fill(self, seqs: list["Sequence"], drafts: list[list[int]]) -> Masks:
+        num_rows = sum(1 + len(d) for d in drafts)
+        bitmask = xgr.allocate_token_bitmask(num_rows, self.vocab_size)
+        rows: list[int] = []
+        row = 0
+        for seq, draft in zip(seqs, drafts, strict=True):
+            matcher = self._matchers.get(seq.seq_id)
+            if matcher is not None:
+                walked = 0
+                for i in range(len(draft) + 1):
+                    matcher.fill_next_token_bitmask(bitmask, row + i)
+                    rows.append(row + i)
+                    if i == len(draft) or not matcher.accept_token(draft[i]):
+                        break
+                    walked += 1
+                    if matcher.is_terminated():  # a stop token: the rows after it are dropped
+                        break
+                if walked:
+                    matcher.rollback(walked)
+            row += 1 + len(draft)
+        return Masks(bitmask, rows, unpack=self._on_cpu)

@@ -1,0 +1,140 @@
+"""The model side of a step (nano-vllm's ModelRunner): the weights as this device and dtype run
+them, the attention backend and the paged KV pool, and one flattened forward pass from a scheduled
+batch to the logits of the rows that produce tokens. The engine (engine/engine.py) keeps the
+requests: scheduling, sampling, detokenizing, accounting."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from tokenyard.engine import huge_pages
+from tokenyard.engine.attention import AttentionMetadata, SeqSlice, make_attention
+from tokenyard.engine.config import EngineConfig
+from tokenyard.engine.cpu_decode import CpuDecoder
+from tokenyard.engine.cpu_kernels import layer_ops_for
+from tokenyard.engine.kv_cache import blocks_for_budget, kv_pool
+from tokenyard.engine.loader import load_weights
+from tokenyard.engine.model import LlamaModel
+from tokenyard.engine.packed_linear import pack_linears
+from tokenyard.engine.quantized_linear import (
+    QuantizedEmbedding,
+    QuantizedLinear,
+    dense_copy_pays,
+    effective_quantization,
+)
+from tokenyard.engine.scheduler import ScheduledBatch
+from tokenyard.engine.sequence import Sequence
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def _dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        native_bf16 = device.type == "cuda" or (
+            torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+        )
+        return torch.bfloat16 if native_bf16 else torch.float32
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+@dataclass
+class StepInputs:
+    """A scheduled batch flattened into one forward pass."""
+
+    input_ids: torch.Tensor
+    positions: torch.Tensor
+    meta: AttentionMetadata
+    producing: list[Sequence]  # the sequences whose last token is computed in this pass
+    drafts: list[list[int]]  # theirs, to verify
+    rows: list[int]  # the rows of their last token and drafts
+
+
+class ModelRunner:
+    def __init__(self, config: EngineConfig, path: Path):
+        self.device = _device(config.device)
+        self.dtype = _dtype(config.dtype, self.device)
+        quantization = effective_quantization(config.quantization, self.device)
+        self.model_config, weights = load_weights(path, quantization)
+        self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings
+        ops = None
+        if self.device.type == "cpu" and config.cpu_kernel:
+            ops = layer_ops_for(self.model_config.hidden_size, self.model_config.head_dim)
+        self.model = LlamaModel(self.model_config, self.max_model_len, ops)
+        self.model.load(weights)
+        del weights
+        self.model.to(self.device, self.dtype).eval()
+        if config.packed_weights:
+            pack_linears(self.model)
+        quantized = [
+            m for m in self.model.modules() if isinstance(m, QuantizedLinear | QuantizedEmbedding)
+        ]
+        dense_copy = dense_copy_pays() if config.dense_copy is None else config.dense_copy
+        if dense_copy and self.dtype == torch.bfloat16:
+            for layer in quantized:
+                if isinstance(layer, QuantizedLinear):
+                    layer.keep_dense_copy()
+        huge_pages.gather([layer.weight for layer in quantized])
+        self.attention = make_attention(
+            self.device,
+            config.block_size,
+            self.model_config.head_dim,
+            self.dtype,
+            config.cpu_kernel,
+        )
+        self.block_size = self.attention.block_size
+        self.num_blocks = config.num_blocks or blocks_for_budget(
+            self.model_config, self.block_size, self.dtype, config.kv_cache_gib
+        )
+        self.kv_caches = kv_pool(
+            self.model_config, self.num_blocks, self.block_size, self.dtype, self.device
+        )
+        self.cpu_decoder = (
+            CpuDecoder(self.model, self.attention, self.kv_caches)
+            if CpuDecoder.fits(self.model, self.attention)
+            else None
+        )
+
+    def prepare(self, batch: ScheduledBatch) -> StepInputs:
+        """Each sequence's new tokens (its draft last) side by side, their positions and the
+        attention metadata."""
+        input_ids: list[int] = []
+        positions: list[int] = []
+        slices: list[SeqSlice] = []
+        producing: list[Sequence] = []
+        drafts: list[list[int]] = []
+        rows: list[int] = []
+        for seq, num_new in batch.items:
+            first = seq.num_computed
+            draft = batch.drafts.get(seq, [])
+            input_ids += seq.token_ids[first : first + num_new - len(draft)] + draft
+            positions += range(first, first + num_new)
+            slices.append(SeqSlice(seq.table.blocks, first, num_new))
+            if first + num_new - len(draft) == seq.num_tokens:
+                producing.append(seq)
+                drafts.append(draft)
+                rows += range(len(input_ids) - 1 - len(draft), len(input_ids))
+        return StepInputs(
+            torch.tensor(input_ids, device=self.device),
+            torch.tensor(positions, device=self.device),
+            self.attention.build_metadata(slices, batch.num_decodes),
+            producing,
+            drafts,
+            rows,
+        )
+
+    def run(self, step: StepInputs) -> torch.Tensor | None:
+        """The logits of `step.rows` (None: no row produces a token, a prefill chunk's step)."""
+        hidden = self.forward(step.input_ids, step.positions, step.meta)
+        return self.model.logits(hidden[step.rows]) if step.rows else None
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        if self.cpu_decoder is not None and self.cpu_decoder.serves(input_ids.shape[0]):
+            return self.cpu_decoder(input_ids, positions, meta)
+        return self.model(input_ids, positions, self.kv_caches, self.attention, meta)

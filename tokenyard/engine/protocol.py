@@ -1,0 +1,401 @@
+"""OpenAI request bodies (with vLLM's sampling extras), validation, and response shapes."""
+
+import re
+import time
+import uuid
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import msgspec
+
+from tokenyard.engine.constraints import Constraint
+from tokenyard.engine.outputs import RequestError, RequestOutput, Sampled, SeqStats
+from tokenyard.engine.sequence import Priority, SamplingParams
+from tokenyard.engine.tool_formats.base import ToolFormat
+
+
+class StreamOptions(msgspec.Struct, kw_only=True):
+    include_usage: bool = False
+
+
+class FunctionCall(msgspec.Struct, kw_only=True):
+    name: str
+    arguments: str = "{}"  # JSON text, as OpenAI sends it back
+
+
+class ToolCall(msgspec.Struct, kw_only=True):
+    """A tool call of an earlier assistant turn, sent back in the conversation."""
+
+    function: FunctionCall
+    id: str | None = None
+    type: Literal["function"] = "function"
+
+
+class ChatMessage(msgspec.Struct, kw_only=True):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[dict] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class _Common(msgspec.Struct, kw_only=True):
+    model: str
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    user: str | None = None
+    logit_bias: dict[str, float] | None = None
+    # vLLM's extra sampling parameters, with vLLM's names and meaning
+    top_k: int = -1
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool = True
+    # tokenyard: what the gateway also sends as headers (x-tenant, x-priority, x-request-id)
+    tenant: str | None = None
+    priority: str | None = None
+    request_id: str | None = None
+    # tokenyard: false opts out of speculative decoding (where the engine speculates); the output
+    # is the same either way, only its speed differs
+    speculative: bool = True
+
+
+class ChatRequest(_Common, kw_only=True):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    tools: list[dict] | None = None
+    tool_choice: str | dict | None = None
+    parallel_tool_calls: bool = True
+    response_format: dict | None = None
+
+
+class CompletionRequest(_Common, kw_only=True):
+    # a string, token ids, or a list of either (msgspec allows one array-like type in a union)
+    prompt: str | list[str | int | list[int]]
+    logprobs: int | None = None
+    echo: bool = False
+    # OpenAI's legacy fields that would change the answer are refused rather than ignored (as
+    # the gateway refuses them for this engine, backends/fields.py): `best_of` above 1 (n drawn
+    # from more), `suffix` (insertion)
+    best_of: int | None = None
+    suffix: str | None = None
+    max_tokens: int | None = 16  # OpenAI's default for completions
+
+
+MAX_N = 16
+MAX_STOPS = 16
+MAX_TOP_LOGPROBS = 20
+
+
+def decode_body(body: bytes, kind: type[msgspec.Struct]):
+    """JSON → request struct, with errors that name the parameter."""
+    try:
+        return msgspec.json.decode(body, type=kind)
+    except msgspec.ValidationError as exc:
+        message = str(exc)
+        # "Expected `int`, got `str` - at `$.max_tokens`" / "Object missing required field `model`"
+        where = re.search(r"at `\$\.?([^`]*)`", message)
+        missing = re.search(r"missing required field `([^`]+)`", message)
+        parts = [where.group(1) if where else "", missing.group(1) if missing else ""]
+        param = ".".join(p for p in parts if p) or None
+        raise RequestError(message, param) from None
+    except msgspec.DecodeError as exc:
+        raise RequestError(f"the body is not valid JSON: {exc}") from None
+
+
+def _check(ok: bool, param: str, message: str) -> None:
+    if not ok:
+        raise RequestError(f"{param}: {message}", param)
+
+
+def sampling_params(req: _Common, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    _check(req.n >= 1 and req.n <= MAX_N, "n", f"must be between 1 and {MAX_N}")
+    _check(max_tokens is None or max_tokens >= 1, "max_tokens", "must be at least 1")
+    _check(0.0 <= req.temperature <= 2.0, "temperature", "must be between 0 and 2")
+    _check(0.0 < req.top_p <= 1.0, "top_p", "must be in (0, 1]")
+    _check(req.top_k == -1 or req.top_k >= 0, "top_k", "must be -1 (off), 0 (off) or positive")
+    _check(0.0 <= req.min_p <= 1.0, "min_p", "must be between 0 and 1")
+    _check(-2.0 <= req.presence_penalty <= 2.0, "presence_penalty", "must be between -2 and 2")
+    _check(-2.0 <= req.frequency_penalty <= 2.0, "frequency_penalty", "must be between -2 and 2")
+    _check(0.0 < req.repetition_penalty <= 2.0, "repetition_penalty", "must be in (0, 2]")
+    _check(req.min_tokens >= 0, "min_tokens", "must not be negative")
+    _check(
+        req.seed is None or -(2**63) <= req.seed < 2**64,
+        "seed",
+        "must be a 64-bit integer (between -2**63 and 2**64 - 1)",
+    )
+    _check(
+        max_tokens is None or req.min_tokens <= max_tokens,
+        "min_tokens",
+        "must not exceed max_tokens",
+    )
+    stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    _check(len(stops) <= MAX_STOPS, "stop", f"at most {MAX_STOPS} stop sequences")
+    _check(all(stops), "stop", "stop sequences must not be empty")
+    bias = req.logit_bias or {}
+    _check(all(k.isdigit() for k in bias), "logit_bias", "keys must be token ids")
+    _check(
+        all(-100 <= v <= 100 for v in bias.values()), "logit_bias", "values must be in [-100, 100]"
+    )
+    _check(
+        logprobs is None or 0 <= logprobs <= MAX_TOP_LOGPROBS,
+        "top_logprobs" if isinstance(req, ChatRequest) else "logprobs",
+        f"must be between 0 and {MAX_TOP_LOGPROBS}",
+    )
+    return SamplingParams(
+        max_tokens=max_tokens or 0,  # 0: filled in from the context left, once the prompt is known
+        temperature=req.temperature,
+        top_p=req.top_p,
+        top_k=req.top_k if req.top_k > 0 else -1,
+        min_p=req.min_p,
+        presence_penalty=req.presence_penalty,
+        frequency_penalty=req.frequency_penalty,
+        repetition_penalty=req.repetition_penalty,
+        seed=req.seed,
+        stop=stops,
+        stop_token_ids=list(req.stop_token_ids or []),
+        ignore_eos=req.ignore_eos,
+        min_tokens=req.min_tokens,
+        logprobs=logprobs,
+        skip_special_tokens=req.skip_special_tokens,
+        logit_bias={int(k): v for k, v in bias.items()},
+    )
+
+
+def chat_params(req: ChatRequest, tool_use: "ToolUse", fmt: ToolFormat) -> SamplingParams:
+    _check(bool(req.messages), "messages", "must not be empty")
+    _check(req.top_logprobs is None or req.logprobs, "top_logprobs", "needs logprobs set to true")
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    params = sampling_params(req, req.max_completion_tokens or req.max_tokens, logprobs)
+    return replace(params, constraint=_constraint(req, tool_use, fmt))
+
+
+_FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+@dataclass
+class ToolUse:
+    tools: list[dict]  # offered to the model (none with tool_choice "none")
+    forced: list[dict]  # one or more of these must be called (required: all; named: that one)
+
+
+def tool_use(req: ChatRequest) -> ToolUse:
+    """The request's tools, checked, and which of them must be called."""
+    tools = req.tools or []
+    for i, tool in enumerate(tools):
+        function = tool.get("function")
+        _check(
+            tool.get("type") == "function" and isinstance(function, dict),
+            f"tools[{i}]",
+            "must be {'type': 'function', 'function': {...}}",
+        )
+        name = function.get("name")
+        _check(
+            isinstance(name, str) and _FUNCTION_NAME.fullmatch(name) is not None,
+            f"tools[{i}].function.name",
+            "must be 1 to 64 letters, digits, underscores or dashes",
+        )
+        _check(
+            isinstance(function.get("parameters", {}), dict),
+            f"tools[{i}].function.parameters",
+            "must be a JSON schema object",
+        )
+    choice = req.tool_choice if req.tool_choice is not None else ("auto" if tools else "none")
+    if choice == "none":
+        return ToolUse([], [])
+    _check(bool(tools), "tool_choice", "is only allowed when tools are given")
+    if choice == "auto":
+        return ToolUse(tools, [])
+    if choice == "required":
+        return ToolUse(tools, tools)
+    function = choice.get("function") if isinstance(choice, dict) else None
+    name = function.get("name") if isinstance(function, dict) else None
+    named = [t for t in tools if t["function"]["name"] == name]
+    _check(
+        isinstance(choice, dict) and choice.get("type") == "function" and bool(named),
+        "tool_choice",
+        "must be 'none', 'auto', 'required' or {'type': 'function', 'function': {'name': N}} "
+        "naming one of the tools",
+    )
+    return ToolUse(tools, named)
+
+
+def response_schema(response_format: dict | None) -> dict | None:
+    """The JSON schema response_format asks the output to match; None for text."""
+    kind = (response_format or {}).get("type", "text")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    _check(
+        kind == "json_schema", "response_format.type", "must be text, json_object or json_schema"
+    )
+    spec = response_format.get("json_schema")  # type: ignore[union-attr]
+    _check(
+        isinstance(spec, dict) and isinstance(spec.get("name"), str),
+        "response_format.json_schema",
+        "must be an object with a name and a schema",
+    )
+    schema = spec.get("schema", {"type": "object"})
+    _check(isinstance(schema, dict), "response_format.json_schema.schema", "must be an object")
+    return schema
+
+
+def _constraint(req: ChatRequest, use: ToolUse, fmt: ToolFormat) -> Constraint | None:
+    """The grammar of a forced tool call, or of response_format (which, with tools offered,
+    the model may answer with tool calls instead)."""
+    schema = response_schema(req.response_format)
+    if use.forced:
+        return Constraint.structural_tag(fmt.grammar(use.forced, req.parallel_tool_calls))
+    if schema is None:
+        return None
+    if not use.tools:
+        return Constraint.json_schema(schema)
+    calls = fmt.grammar(use.tools, req.parallel_tool_calls)
+    answer = {"type": "json_schema", "json_schema": schema, "max_whitespace_cnt": 1}
+    either = {
+        "type": "structural_tag",
+        "format": {"type": "or", "elements": [answer, calls["format"]]},
+    }
+    return Constraint.structural_tag(either, "response_format")
+
+
+def completion_params(req: CompletionRequest) -> SamplingParams:
+    _check(not req.echo, "echo", "is not supported")
+    _check(req.best_of in (None, 1), "best_of", "is not supported (only 1)")
+    _check(not req.suffix, "suffix", "is not supported")
+    return sampling_params(req, req.max_tokens, req.logprobs)
+
+
+def completion_prompts(req: CompletionRequest) -> list[str | list[int]]:
+    """The prompt field's forms → a list of prompts (text or token ids)."""
+    prompt = req.prompt
+    if isinstance(prompt, str):
+        return [prompt]
+    _check(bool(prompt), "prompt", "must not be empty")
+    if all(isinstance(p, int) for p in prompt):
+        return [list(prompt)]  # type: ignore[list-item]
+    if all(isinstance(p, str) for p in prompt) or all(isinstance(p, list) for p in prompt):
+        return list(prompt)  # type: ignore[arg-type]
+    raise RequestError("prompt: must be a string, token ids, or a list of either", "prompt")
+
+
+def message_text(content: str | list[dict] | None) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    parts = []
+    for part in content:
+        if part.get("type") != "text":
+            raise RequestError(
+                f"content part type {part.get('type')!r} is not supported", "messages"
+            )
+        text = part.get("text", "")
+        if not isinstance(text, str):
+            raise RequestError("a text content part's text must be a string", "messages")
+        parts.append(text)
+    return "".join(parts)
+
+
+def parse_priority(value: str | None) -> Priority:
+    if value is None:
+        return Priority.INTERACTIVE
+    try:
+        return Priority[value.upper()]
+    except KeyError:
+        raise RequestError("priority must be 'interactive' or 'batch'", "priority") from None
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+# ---------------------------------------------------------------- responses
+
+
+def usage(stats: list[SeqStats], n: int) -> dict:
+    """Usage of one or several prompts (n choices each): each prompt counts once, every choice's
+    completion counts."""
+    prompts = stats[::n]
+    prompt = sum(s.prompt_tokens for s in prompts)
+    completion = sum(s.completion_tokens for s in stats)
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": sum(s.cached_tokens for s in prompts)},
+    }
+
+
+def timings(stats: list[SeqStats]) -> dict:
+    gaps = [g for s in stats for g in s.token_gaps]
+    return {
+        "queue": min(s.queue for s in stats),
+        "prefill": max(s.prefill for s in stats),
+        "ttft": min(s.ttft for s in stats),
+        "e2e": max(s.e2e for s in stats),
+        "compute": sum(s.compute for s in stats),
+        "itl_mean": sum(gaps) / len(gaps) if gaps else 0.0,
+    }
+
+
+def chat_logprobs(sampled: list[Sampled], token_text) -> dict:
+    def entry(token_id: int, logprob: float) -> dict:
+        text = token_text(token_id)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+    return {
+        "content": [
+            {
+                **entry(s.token_id, s.logprob),
+                "top_logprobs": [entry(t, lp) for t, lp in (s.top_logprobs or [])],
+            }
+            for s in sampled
+        ],
+        "refusal": None,  # OpenAI's schema requires it (null: the model refused nothing)
+    }
+
+
+def completion_logprobs(sampled: list[Sampled], token_text, offset: int) -> dict:
+    tokens = [token_text(s.token_id) for s in sampled]
+    offsets = []
+    for token in tokens:
+        offsets.append(offset)
+        offset += len(token)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [s.logprob for s in sampled],
+        "top_logprobs": [{token_text(t): lp for t, lp in (s.top_logprobs or [])} for s in sampled],
+        "text_offset": offsets,
+    }
+
+
+class Choice:
+    """Accumulates one choice's outputs for a non-streamed response."""
+
+    def __init__(self) -> None:
+        self.text: list[str] = []
+        self.sampled: list[Sampled] = []
+        self.finish_reason: str | None = None
+        self.stats: SeqStats | None = None
+
+    def add(self, out: RequestOutput) -> None:
+        self.text.append(out.text)
+        self.sampled += out.logprobs
+        if out.finish_reason is not None:
+            self.finish_reason, self.stats = out.finish_reason, out.stats
+
+
+def created() -> int:
+    return int(time.time())

@@ -1,0 +1,113 @@
+"""Requests, their sampling parameters, and the sequences the scheduler moves around."""
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+from tokenyard.engine.constraints import Constraint
+from tokenyard.engine.kv_cache import BlockTable
+from tokenyard.engine.speculative import Acceptance
+
+
+class Priority(enum.IntEnum):
+    """Lower runs first. Batch is preemptible and never runs ahead of interactive."""
+
+    INTERACTIVE = 0
+    BATCH = 1
+
+
+@dataclass
+class SamplingParams:
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # vLLM: -1 (or 0) disables
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    min_tokens: int = 0
+    logprobs: int | None = None  # None: no logprobs; k: the chosen token's and the top k
+    skip_special_tokens: bool = True
+    logit_bias: dict[int, float] = field(default_factory=dict)  # added to the token's logit
+    constraint: Constraint | None = None  # the grammar the output must match (constraints.py)
+
+    @property
+    def greedy(self) -> bool:
+        # as vLLM: a temperature this small is greedy (dividing logits by it overflows to NaN)
+        return self.temperature < 1e-5
+
+
+@dataclass
+class GenerationRequest:
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    n: int = 1
+    priority: Priority = Priority.INTERACTIVE
+    tenant: str = "default"
+    arrival: float = field(default_factory=time.perf_counter)
+    speculative: bool = True  # may its decodes verify drafts (when the engine speculates)
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Timings:
+    """Seconds, from the request's arrival."""
+
+    first_scheduled: float | None = None
+    prefill_done: float | None = None
+    first_token: float | None = None
+    last_token: float | None = None
+    token_gaps: list[float] = field(default_factory=list)
+    compute: float = 0.0  # the sequence's share of the steps it took part in
+
+
+@dataclass(eq=False)
+class Sequence:
+    seq_id: int
+    request: GenerationRequest
+    choice: int
+    token_ids: list[int]  # prompt, then generated tokens
+    status: SeqStatus = SeqStatus.WAITING
+    num_computed: int = 0  # tokens whose K/V are in the cache
+    num_cached: int = -1  # prompt tokens found in the prefix cache at first admission
+    preemptions: int = 0
+    table: BlockTable = field(default_factory=BlockTable)
+    timings: Timings = field(default_factory=Timings)
+    finish_reason: str | None = None
+    acceptance: Acceptance = field(default_factory=Acceptance)  # of its speculative drafts
+
+    @property
+    def num_prompt(self) -> int:
+        return len(self.request.prompt_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt :]
+
+    @property
+    def priority(self) -> Priority:
+        return self.request.priority
+
+    @property
+    def tenant(self) -> str:
+        return self.request.tenant
+
+    @property
+    def order(self) -> tuple[int, float, int]:
+        """Scheduling order: priority class, then arrival."""
+        return (self.request.priority, self.request.arrival, self.seq_id)

@@ -1,0 +1,359 @@
+"""OpenAI's completion protocols over the engine: a request's prompts become sequences, their
+outputs a streamed or a whole response (the routes that call this are engine/server.py's)."""
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import replace
+from typing import Protocol
+
+import msgspec
+from litestar import Request, Response
+from litestar.exceptions import HTTPException
+from litestar.response import Stream
+
+from tokenyard.core.errors import ErrorBody, ErrorDetail
+from tokenyard.engine.async_engine import AsyncEngine
+from tokenyard.engine.outputs import RequestOutput, Sampled, SeqStats
+from tokenyard.engine.protocol import (
+    ChatRequest,
+    Choice,
+    CompletionRequest,
+    chat_logprobs,
+    chat_params,
+    completion_logprobs,
+    completion_params,
+    completion_prompts,
+    created,
+    message_text,
+    new_request_id,
+    parse_priority,
+    timings,
+    tool_use,
+    usage,
+)
+from tokenyard.engine.sequence import GenerationRequest, SamplingParams
+from tokenyard.engine.tokenizer import Tokenizer
+from tokenyard.engine.tool_formats import ToolCalls, ToolFormat, for_template, prompt_messages
+
+SSE_HEADERS = {"cache-control": "no-cache", "x-accel-buffering": "no"}
+
+
+def error_body(message: str, kind: str, param: str | None = None, code: str | None = None) -> bytes:
+    """OpenAI's error object (`kind` is its `type`)."""
+    return msgspec.json.encode(ErrorBody(ErrorDetail(message, kind, param, code)))
+
+
+class Disconnected(Exception):
+    """The client went away before its (non-streamed) response was ready."""
+
+
+def _sse(payload: dict) -> bytes:
+    return b"data: " + msgspec.json.encode(payload) + b"\n\n"
+
+
+class Choices(Protocol):
+    """How one response's choices are shaped, streamed and whole (chat or text completion)."""
+
+    object: str  # the response's `object`
+    chunk_object: str  # a streamed chunk's
+    id_prefix: str
+
+    def opening(self, n: int) -> list[dict] | None:
+        """The choices of a stream's first chunk, before any token (None: no such chunk)."""
+        ...
+
+    def chunk(self, index: int, out: RequestOutput) -> dict: ...
+
+    def final(self, index: int, choice: Choice) -> dict: ...
+
+
+class ChatChoices:
+    """Chat: deltas of the assistant's message; with tools offered, the calls parsed out of the
+    text (per streamed choice, as its text arrives)."""
+
+    object, chunk_object, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl"
+
+    def __init__(self, tokenizer: Tokenizer, tool_format: ToolFormat, tools: bool, logprobs: bool):
+        self.tokenizer, self.tool_format = tokenizer, tool_format
+        self.tools, self.logprobs = tools, logprobs
+        self.calls: dict[int, ToolCalls] = {}
+
+    def _logprobs(self, sampled: list[Sampled]) -> dict | None:
+        return chat_logprobs(sampled, self.tokenizer.token_text) if self.logprobs else None
+
+    def opening(self, n: int) -> list[dict] | None:
+        delta = {"role": "assistant", "content": ""}
+        return [
+            {"index": i, "delta": delta, "logprobs": None, "finish_reason": None} for i in range(n)
+        ]
+
+    def chunk(self, index: int, out: RequestOutput) -> dict:
+        delta, reason = {"content": out.text} if out.text else {}, out.finish_reason
+        if self.tools:
+            parsed = self.calls.setdefault(index, ToolCalls(self.tool_format))
+            delta = parsed.delta(out.text, reason is not None)
+            reason = parsed.finish_reason(reason)
+        return {
+            "index": index,
+            "delta": delta,
+            "logprobs": self._logprobs(out.logprobs),
+            "finish_reason": reason,
+        }
+
+    def final(self, index: int, choice: Choice) -> dict:
+        text = "".join(choice.text)
+        message = {"role": "assistant", "content": text, "refusal": None}
+        reason = choice.finish_reason
+        if self.tools:
+            parsed = ToolCalls(self.tool_format)
+            parsed.delta(text, True)
+            message, reason = parsed.message(), parsed.finish_reason(reason)
+        return {
+            "index": index,
+            "message": message,
+            "logprobs": self._logprobs(choice.sampled),
+            "finish_reason": reason,
+        }
+
+
+class TextChoices:
+    """Text completion: text and, when asked, logprobs whose offsets run on across chunks."""
+
+    object = chunk_object = "text_completion"
+    id_prefix = "cmpl"
+
+    def __init__(self, tokenizer: Tokenizer, logprobs: bool, total: int):
+        self.tokenizer, self.logprobs = tokenizer, logprobs
+        self.offsets = [0] * total
+
+    def _logprobs(self, index: int, sampled: list[Sampled]) -> dict | None:
+        if not self.logprobs:
+            return None
+        out = completion_logprobs(sampled, self.tokenizer.token_text, self.offsets[index])
+        if out["tokens"]:
+            self.offsets[index] = out["text_offset"][-1] + len(out["tokens"][-1])
+        return out
+
+    def opening(self, n: int) -> list[dict] | None:
+        return None
+
+    def chunk(self, index: int, out: RequestOutput) -> dict:
+        return {
+            "index": index,
+            "text": out.text,
+            "logprobs": self._logprobs(index, out.logprobs),
+            "finish_reason": out.finish_reason,
+        }
+
+    def final(self, index: int, choice: Choice) -> dict:
+        return {
+            "index": index,
+            "text": "".join(choice.text),
+            "logprobs": self._logprobs(index, choice.sampled),
+            "finish_reason": choice.finish_reason,
+        }
+
+
+class OpenAIServing:
+    """The engine's side of /v1/chat/completions and /v1/completions."""
+
+    def __init__(self, engine: AsyncEngine):
+        self.engine = engine
+        self.core = engine.engine
+        self.tokenizer = self.core.tokenizer
+        self.model_name = self.core.model_name
+        self.tool_format, self.native_tools = for_template(self.tokenizer.hf.chat_template)
+
+    def check_model(self, name: str) -> None:
+        if name not in (self.model_name, self.core.config.model):
+            raise HTTPException(
+                status_code=404,
+                detail=f"The model {name!r} does not exist (this engine serves "
+                f"{self.model_name!r})",
+                extra={"code": "model_not_found", "param": "model"},
+            )
+
+    async def chat(self, request: Request, body: ChatRequest) -> Response | Stream:
+        self.check_model(body.model)
+        tools = tool_use(body)
+        params = chat_params(body, tools, self.tool_format)
+        messages = []
+        for m in body.messages:
+            message = {"role": m.role, "content": message_text(m.content)}
+            for key in ("name", "tool_calls", "tool_call_id"):
+                if getattr(m, key) is not None:
+                    message[key] = msgspec.to_builtins(getattr(m, key))
+            messages.append(message)
+        messages = prompt_messages(self.tool_format, self.native_tools, messages, tools.tools)
+        prompt = self.tokenizer.apply_chat_template(
+            messages, tools.tools if self.native_tools and tools.tools else None
+        )
+        choices = ChatChoices(
+            self.tokenizer, self.tool_format, bool(tools.tools), params.logprobs is not None
+        )
+        return await self._respond(request, body, [prompt], params, choices)
+
+    async def completion(self, request: Request, body: CompletionRequest) -> Response | Stream:
+        self.check_model(body.model)
+        params = completion_params(body)
+        prompts = [
+            p if isinstance(p, list) else self.tokenizer.encode(p) for p in completion_prompts(body)
+        ]
+        choices = TextChoices(self.tokenizer, params.logprobs is not None, body.n * len(prompts))
+        return await self._respond(request, body, prompts, params, choices)
+
+    def _generation_request(
+        self,
+        request: Request,
+        body: ChatRequest | CompletionRequest,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        suffix: str,
+    ) -> GenerationRequest:
+        if params.max_tokens == 0:  # not given: whatever context is left
+            params = replace(params, max_tokens=max(1, self.core.max_model_len - len(prompt_ids)))
+        headers = request.headers
+        gen = GenerationRequest(
+            request_id=(headers.get("x-request-id") or body.request_id or new_request_id())
+            + suffix,
+            prompt_ids=prompt_ids,
+            params=params,
+            n=body.n,
+            priority=parse_priority(headers.get("x-priority") or body.priority),
+            tenant=headers.get("x-tenant") or body.tenant or body.user or "default",
+            speculative=body.speculative,
+        )
+        self.core.validate(gen)
+        return gen
+
+    async def _respond(
+        self,
+        request: Request,
+        body: ChatRequest | CompletionRequest,
+        prompts: list[list[int]],
+        params: SamplingParams,
+        choices: Choices,
+    ) -> Response | Stream:
+        """Run the prompts (n choices each) and answer streamed or not, as the body asks."""
+        many = len(prompts) > 1
+        gens = [
+            self._generation_request(request, body, ids, params, f"-{i}" if many else "")
+            for i, ids in enumerate(prompts)
+        ]
+        request_id = gens[0].request_id.removesuffix("-0")
+        n, total = body.n, body.n * len(gens)
+        base = {
+            "id": f"{choices.id_prefix}-{request_id}",
+            "created": created(),
+            "model": self.model_name,
+        }
+        headers = {"x-request-id": request_id}
+        outputs = _merged([self.engine.generate(g) for g in gens])
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            chunk = {**base, "object": choices.chunk_object}
+            events = _events(outputs, chunk, n, total, choices, include_usage)
+            return Stream(
+                events, media_type="text/event-stream", headers={**SSE_HEADERS, **headers}
+            )
+
+        done = await _collect(outputs, n, total, request)
+        stats = [c.stats for c in done]
+        return Response(
+            {
+                **base,
+                "object": choices.object,
+                "choices": [choices.final(i, c) for i, c in enumerate(done)],
+                "usage": usage(stats, n),
+                "timings": timings(stats),
+            },
+            headers=headers,
+        )
+
+
+async def _merged(
+    streams: list[AsyncIterator[RequestOutput]],
+) -> AsyncIterator[tuple[int, RequestOutput]]:
+    """Outputs of several requests (one per prompt) as they come, tagged with the prompt's index."""
+    if len(streams) == 1:
+        async for out in streams[0]:
+            yield 0, out
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(index: int, stream: AsyncIterator[RequestOutput]) -> None:
+        try:
+            async for out in stream:
+                await queue.put((index, out))
+        finally:
+            await queue.put((index, None))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            index, out = await queue.get()
+            if out is None:
+                remaining -= 1
+            else:
+                yield index, out
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _events(
+    outputs: AsyncIterator[tuple[int, RequestOutput]],
+    base: dict,
+    n: int,
+    total: int,
+    choices: Choices,
+    include_usage: bool,
+) -> AsyncIterator[bytes]:
+    """SSE chunks of one response."""
+    opening = choices.opening(n)
+    if opening:
+        yield _sse({**base, "choices": opening})
+    stats: dict[int, SeqStats] = {}
+    async for prompt, out in outputs:
+        index = prompt * n + out.choice
+        if out.finish_reason == "error":
+            failed = error_body("the engine failed while generating", "server_error")
+            yield b"data: " + failed + b"\n\n"
+            break
+        if out.stats:
+            stats[index] = out.stats
+        if out.text or out.finish_reason is not None or out.logprobs[0].logprob is not None:
+            yield _sse({**base, "choices": [choices.chunk(index, out)]})
+    if include_usage and len(stats) == total:
+        ordered = [stats[i] for i in range(total)]
+        yield _sse({**base, "choices": [], "usage": usage(ordered, n), "timings": timings(ordered)})
+    yield b"data: [DONE]\n\n"
+
+
+async def _collect(
+    outputs: AsyncIterator[tuple[int, RequestOutput]], n: int, total: int, request: Request
+) -> list[Choice]:
+    """A non-streamed response's choices; if the client goes away first, the work is cancelled
+    (which cancels its sequences) and Disconnected raised."""
+    choices = [Choice() for _ in range(total)]
+
+    async def run() -> None:
+        async for prompt, out in outputs:
+            choices[prompt * n + out.choice].add(out)
+
+    async def disconnected() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    task, watcher = asyncio.ensure_future(run()), asyncio.ensure_future(disconnected())
+    done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    if task not in done:
+        task.cancel()
+        raise Disconnected
+    watcher.cancel()
+    task.result()
+    if any(c.finish_reason == "error" for c in choices):
+        raise RuntimeError("the engine failed while generating")
+    return choices

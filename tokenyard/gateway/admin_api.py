@@ -1,0 +1,265 @@
+"""The admin REST API under `/v1/admin/`, for scripts holding the admin key (TOKENYARD_ADMIN_KEY as
+`Authorization: Bearer`): teams (create, read, update limits, disable and enable, delete), their
+daily budgets with today's spend, and keys (create — the secret shown once —, list, change a
+key's name, expiry or models, revoke, rotate). The operations are tenancy/service.py's, as for the
+CLI and the admin UI: whatever changes a team's limits or a key's standing drops the gateways'
+cached lookups of the keys concerned, so it applies at once. Errors are OpenAI's shape."""
+
+import contextlib
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Annotated, Any, TypeVar
+
+import msgspec
+from litestar import Controller, Request, Response, delete, get, patch, post, put
+from litestar.connection import ASGIConnection
+from litestar.handlers import BaseRouteHandler
+from litestar.params import FromPath
+from msgspec import UNSET, UnsetType
+
+from tokenyard.core.errors import GatewayError
+from tokenyard.core.openapi import json_body
+from tokenyard.core.operator_keys import require_admin
+from tokenyard.gateway.proxy import Proxy
+from tokenyard.gateway.quotas import day_number
+from tokenyard.gateway.validation import decode_json
+from tokenyard.tenancy.errors import AlreadyExists, ManagementError
+from tokenyard.tenancy.keys import NewKey
+from tokenyard.tenancy.models import Team
+from tokenyard.tenancy.service import Tenancy
+from tokenyard.tenancy.teams import team_record
+
+_S = TypeVar("_S", bound=msgspec.Struct)
+Count = Annotated[int, msgspec.Meta(ge=0)]
+Share = Annotated[float, msgspec.Meta(ge=0, le=1)]
+Dollars = Annotated[float, msgspec.Meta(ge=0)]
+
+
+class TeamLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A team's limits: a field left out is kept, null makes it unlimited (the CLI's flags)."""
+
+    rpm: Count | UnsetType | None = UNSET
+    tpm: Count | UnsetType | None = UNSET
+    tokens_per_day: Count | UnsetType | None = UNSET
+    batch_tokens_per_day: Count | UnsetType | None = UNSET
+    usd_per_day: Dollars | UnsetType | None = UNSET
+    concurrency: Count | UnsetType | None = UNSET
+    kv_pages: Count | UnsetType | None = UNSET
+    max_tokens: Count | UnsetType | None = UNSET
+    max_context: Count | UnsetType | None = UNSET
+    models: list[str] | UnsetType = UNSET  # model ids the team may use; empty: all
+    default_tier: str | UnsetType = UNSET
+    auto_threshold: Share | UnsetType | None = UNSET
+    strong_share: Share | UnsetType | None = UNSET
+    auto_quality: Share | UnsetType | None = UNSET
+
+
+class NewTeam(TeamLimits, kw_only=True, forbid_unknown_fields=True):
+    name: str
+
+
+class Budget(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A team's daily budgets (UTC days): left out, kept; null, unlimited."""
+
+    tokens_per_day: Count | UnsetType | None = UNSET
+    batch_tokens_per_day: Count | UnsetType | None = UNSET
+    usd_per_day: Dollars | UnsetType | None = UNSET
+
+
+class KeyChanges(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A key's settings: a field left out is kept; null clears a name or an expiry."""
+
+    name: str | UnsetType | None = UNSET
+    expires_at: int | UnsetType | None = UNSET  # unix seconds
+    models: list[str] | UnsetType = UNSET  # empty: the team's
+
+
+class CreateKey(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    team: str
+    name: str | None = None  # a label shown in listings
+    expires_at: int | None = None  # unix seconds: refused from then on; None: until revoked
+    models: list[str] = []  # the models it may use, within its team's; empty: the team's
+
+
+def _set(struct: msgspec.Struct) -> dict[str, Any]:
+    return {
+        name: value
+        for name in struct.__struct_fields__
+        if name != "name" and (value := getattr(struct, name)) is not UNSET
+    }
+
+
+def _body(raw: bytes, struct: type[_S]) -> _S:
+    try:
+        return msgspec.convert(decode_json(raw), struct)
+    except msgspec.ValidationError as exc:
+        raise GatewayError(400, str(exc)) from None
+
+
+def _json(data: Any, status: int = 200) -> Response[bytes]:
+    return Response(msgspec.json.encode(data), status_code=status, media_type="application/json")
+
+
+def _admin_only(connection: ASGIConnection, _: BaseRouteHandler) -> None:
+    proxy: Proxy = connection.app.state.proxy
+    require_admin(connection.headers.get("authorization"), proxy.settings.admin_key)
+
+
+def _tenancy(request: Request) -> Tenancy:
+    return request.app.state.tenancy
+
+
+@contextlib.contextmanager
+def _refusals() -> Iterator[None]:
+    """A tenancy operation's refusals as HTTP errors."""
+    try:
+        yield
+    except AlreadyExists as exc:
+        raise GatewayError(409, str(exc), code="already_exists") from None
+    except ManagementError as exc:
+        raise GatewayError(404, str(exc), code="not_found") from None
+    except ValueError as exc:
+        raise GatewayError(400, str(exc)) from None
+
+
+def _expiry(unix: int | None) -> datetime | None:
+    if unix is None:
+        return None
+    try:
+        return datetime.fromtimestamp(unix, UTC)
+    except (OverflowError, OSError, ValueError):
+        raise GatewayError(400, "expires_at is not a time", param="expires_at") from None
+
+
+def _created(new: NewKey) -> dict[str, Any]:
+    """A new key as the API answers it: its secret, shown this once."""
+    expires = int(new.expires_at.timestamp()) if new.expires_at else None
+    return {
+        "key": new.key,
+        "prefix": new.prefix,
+        "team": new.team,
+        "name": new.name,
+        "models": list(new.models),
+        "expires_at": expires,
+    }
+
+
+async def _existing(request: Request, name: str) -> Team:
+    team = await _tenancy(request).team(name)
+    if team is None:
+        raise GatewayError(404, f"no team {name!r}", code="not_found")
+    return team
+
+
+class AdminController(Controller):
+    path = "/v1/admin"
+    guards = (_admin_only,)
+
+    @get("/teams")
+    async def list_teams(self, request: Request) -> Response[bytes]:
+        teams = await _tenancy(request).teams()
+        return _json({"object": "list", "data": [team_record(t) for t in teams]})
+
+    @post("/teams", operation_class=json_body(NewTeam))
+    async def create_team(self, request: Request) -> Response[bytes]:
+        new = _body(await request.body(), NewTeam)
+        with _refusals():
+            team = await _tenancy(request).create_team(new.name, **_set(new))
+        return _json(team_record(team), 201)
+
+    @get("/teams/{name:str}")
+    async def read_team(self, request: Request, name: FromPath[str]) -> Response[bytes]:
+        return _json(team_record(await _existing(request, name)))
+
+    @patch("/teams/{name:str}", operation_class=json_body(TeamLimits))
+    async def update_team(self, request: Request, name: FromPath[str]) -> Response[bytes]:
+        limits = _set(_body(await request.body(), TeamLimits))
+        with _refusals():
+            team = await _tenancy(request).update_team(name, **limits)
+        return _json(team_record(team))
+
+    @post("/teams/{name:str}/disable")
+    async def disable_team(self, request: Request, name: FromPath[str]) -> Response[bytes]:
+        with _refusals():
+            team = await _tenancy(request).set_disabled(name, True)
+        return _json(team_record(team))
+
+    @post("/teams/{name:str}/enable")
+    async def enable_team(self, request: Request, name: FromPath[str]) -> Response[bytes]:
+        with _refusals():
+            team = await _tenancy(request).set_disabled(name, False)
+        return _json(team_record(team))
+
+    @delete("/teams/{name:str}", status_code=200)
+    async def delete_team(self, request: Request, name: FromPath[str]) -> Response[bytes]:
+        with _refusals():
+            await _tenancy(request).delete_team(name)
+        return _json({"name": name, "deleted": True})
+
+    @get("/teams/{name:str}/budget")
+    async def read_budget(self, request: Request, name: FromPath[str]) -> Response[bytes]:
+        return _json(await _budget(request, await _existing(request, name)))
+
+    @put("/teams/{name:str}/budget", operation_class=json_body(Budget))
+    async def set_budget(self, request: Request, name: FromPath[str]) -> Response[bytes]:
+        limits = _set(_body(await request.body(), Budget))
+        with _refusals():
+            team = await _tenancy(request).update_team(name, **limits)
+        return _json(await _budget(request, team))
+
+    @get("/keys")
+    async def list_keys(self, request: Request) -> Response[bytes]:
+        found = await _tenancy(request).keys(request.query_params.get("team") or None)
+        return _json({"object": "list", "data": [k.record() for k in found]})
+
+    @post("/keys", operation_class=json_body(CreateKey))
+    async def create_key(self, request: Request) -> Response[bytes]:
+        new_key = _body(await request.body(), CreateKey)
+        expires = _expiry(new_key.expires_at)
+        with _refusals():
+            new = await _tenancy(request).create_key(
+                new_key.team, new_key.name, expires, new_key.models
+            )
+        return _json(_created(new), 201)
+
+    @patch("/keys/{prefix:str}", operation_class=json_body(KeyChanges))
+    async def update_key(self, request: Request, prefix: FromPath[str]) -> Response[bytes]:
+        changes = _set(_body(await request.body(), KeyChanges))
+        if "expires_at" in changes:
+            changes["expires_at"] = _expiry(changes["expires_at"])
+        with _refusals():
+            info = await _tenancy(request).update_key(prefix, **changes)
+        return _json(info.record())
+
+    @post("/keys/{prefix:str}/revoke")
+    async def revoke_key(self, request: Request, prefix: FromPath[str]) -> Response[bytes]:
+        with _refusals():
+            await _tenancy(request).revoke_key(prefix)
+        return _json({"prefix": prefix, "revoked": True})
+
+    @post("/keys/{prefix:str}/rotate")
+    async def rotate_key(self, request: Request, prefix: FromPath[str]) -> Response[bytes]:
+        with _refusals():
+            new = await _tenancy(request).rotate_key(prefix)
+        return _json({**_created(new), "revoked": prefix}, 201)
+
+
+async def _budget(request: Request, team: Team) -> dict[str, Any]:
+    """The daily budgets and what today (UTC) has used of them, from the quota counters."""
+    names = request.app.state.proxy.quotas.team_keys(team.name)
+    day = day_number()
+    redis = request.app.state.proxy.quotas.redis
+    tokens, batch, micro_usd = await redis.mget(
+        names.day_tokens(day), names.day_batch_tokens(day), names.day_usd(day)
+    )
+    return {
+        "team": team.name,
+        "tokens_per_day": team.tokens_per_day,
+        "batch_tokens_per_day": team.batch_tokens_per_day,
+        "usd_per_day": team.usd_per_day,
+        "today": {
+            "tokens": int(tokens or 0),
+            "batch_tokens": int(batch or 0),
+            "usd": int(float(micro_usd or 0)) / 1e6,
+        },
+    }

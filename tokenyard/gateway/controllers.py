@@ -1,0 +1,117 @@
+"""The gateway's own routes: completions, models, health, readiness and metrics (the app that
+serves them with every other package's is assembled in tokenyard/app.py)."""
+
+from typing import Any
+
+import msgspec
+from litestar import Controller, Request, Response, get, post
+from litestar.params import FromPath
+from prometheus_client import CONTENT_TYPE_LATEST
+from redis.exceptions import RedisError
+
+from tokenyard.backends.base import Upstream
+from tokenyard.core.errors import GatewayError
+from tokenyard.core.metrics import exposition
+from tokenyard.core.openapi import json_body
+from tokenyard.gateway.proxy import Proxy
+from tokenyard.gateway.validation import ChatRequest, CompletionRequest, EmbeddingRequest
+from tokenyard.router.catalog import ModelEntry
+from tokenyard.router.policy import AUTO
+
+
+def _json(data: Any, status: int = 200) -> Response[bytes]:
+    return Response(msgspec.json.encode(data), status_code=status, media_type="application/json")
+
+
+def _proxy(request: Request) -> Proxy:
+    return request.app.state.proxy
+
+
+class CompletionsController(Controller):
+    path = "/v1"
+
+    @post("/chat/completions", status_code=200, operation_class=json_body(ChatRequest))
+    async def chat(self, request: Request) -> Response:
+        return await _proxy(request).handle(request, "chat")
+
+    @post("/completions", status_code=200, operation_class=json_body(CompletionRequest))
+    async def completions(self, request: Request) -> Response:
+        return await _proxy(request).handle(request, "completion")
+
+    @post("/embeddings", status_code=200, operation_class=json_body(EmbeddingRequest))
+    async def embeddings(self, request: Request) -> Response:
+        return await _proxy(request).handle(request, "embedding")
+
+    @get("/models")
+    async def models(self, request: Request) -> Response[bytes]:
+        return _json({"object": "list", "data": await _team_models(request)})
+
+    @get("/models/{model_id:path}")
+    async def model(self, request: Request, model_id: FromPath[str]) -> Response[bytes]:
+        model_id = model_id.lstrip("/")
+        for card in await _team_models(request):
+            if card["id"] == model_id:
+                return _json(card)
+        raise GatewayError(
+            404, f"the model {model_id!r} does not exist", code="model_not_found", param="model"
+        )
+
+
+async def _team_models(request: Request) -> list[dict[str, Any]]:
+    """The models the calling team may use, cheapest first, then "auto"."""
+    proxy = _proxy(request)
+    policy = await proxy.auth.authenticate(request.headers.get("authorization"))
+    data = [
+        _model_card(m, proxy.backends.get(m.id))
+        for m in proxy.router.catalog.by_price()
+        if not policy.models or m.id in policy.models
+    ]
+    if data:  # "auto" routes among the models the team may use
+        data.append({"id": AUTO, "object": "model", "created": 0, "owned_by": "tokenyard"})
+    return data
+
+
+def _model_card(entry: ModelEntry, upstream: Upstream | None) -> dict[str, Any]:
+    """OpenAI's model object, with what the catalog and the backend's live state say of it."""
+    info = upstream.info if upstream else None
+    return {
+        "id": entry.id,
+        "object": "model",
+        "created": 0,
+        "owned_by": entry.provider,
+        "available": upstream is not None,  # configured: replicas known or its API key set
+        "ready": bool(info and info.ready),
+        "circuit": info.circuit if info else None,
+        "max_model_len": (info.max_model_len if info else 0) or entry.max_context,
+        "kind": entry.kind,  # chat, or embedding (/v1/embeddings)
+        "capability": entry.capability,
+        "supports": msgspec.to_builtins(entry.supports),  # what requests it can honour
+        "tiers": list(entry.tiers),
+        "pricing": msgspec.to_builtins(entry.price),
+        "fallbacks": list(entry.fallbacks),
+    }
+
+
+class OpsController(Controller):
+    @get("/health")
+    async def health(self) -> Response[bytes]:
+        return _json({"status": "ok"})
+
+    @get("/ready")
+    async def ready(self, request: Request) -> Response[bytes]:
+        """Ready when Redis answers and at least one model is ready."""
+        proxy = _proxy(request)
+        try:
+            redis_ok = bool(await proxy.quotas.redis.ping())
+        except RedisError:
+            redis_ok = False
+        models = {name: u.info.ready for name, u in proxy.backends.upstreams.items()}
+        ok = (redis_ok or proxy.settings.gateway_fail_open) and any(models.values())
+        return _json({"ready": ok, "redis": redis_ok, "models": models}, 200 if ok else 503)
+
+    @get("/metrics")
+    async def metrics(self, request: Request) -> Response[bytes]:
+        """Prometheus' scrape; team-labelled series only with the metrics key (core/metrics.py)."""
+        key = _proxy(request).settings.metrics_key.get_secret_value()
+        body = exposition(request.headers.get("authorization"), key)
+        return Response(body, media_type=CONTENT_TYPE_LATEST)

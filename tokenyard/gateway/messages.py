@@ -1,0 +1,103 @@
+"""`POST /v1/messages`: Anthropic's Messages API over any catalog model. The request is translated
+onto a chat completion (backends/anthropic_messages.py) and walked like any other (keys, quotas,
+routing with `auto`, fallbacks, billing: gateway/proxy.py); the reply, whole or streamed, is
+translated back, and every refusal leaves in Anthropic's error shape. The team key comes as
+`x-api-key` (Anthropic's SDK) or `Authorization: Bearer`."""
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from litestar import Controller, Request, Response, post
+from litestar.response import Stream
+
+from tokenyard.backends.anthropic_messages import (
+    EventWriter,
+    chat_request,
+    error_body,
+    error_from_openai,
+    message_reply,
+)
+from tokenyard.backends.sse import Splitter
+from tokenyard.core.errors import GatewayError
+from tokenyard.core.openapi import json_body
+from tokenyard.gateway.proxy import Proxy
+from tokenyard.gateway.validation import decode_json
+
+
+class MessagesRequest(msgspec.Struct, kw_only=True):
+    """Anthropic's Messages request, as documented for the schema (the translation checks it)."""
+
+    model: str
+    max_tokens: int
+    messages: list[dict[str, Any]]
+    system: str | list[dict[str, Any]] | None = None
+    stream: bool = False
+    stop_sequences: list[str] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    metadata: dict[str, Any] | None = None
+
+
+def _headers(reply: Response) -> dict[str, str]:
+    dropped = ("content-type", "content-length")
+    headers = {k: v for k, v in reply.headers.items() if k not in dropped}
+    if "x-request-id" in headers:  # where Anthropic's SDK reads a response's id
+        headers["request-id"] = headers["x-request-id"]
+    return headers
+
+
+def _error(status: int, body: dict[str, Any], headers: dict[str, str]) -> Response[bytes]:
+    encoded = msgspec.json.encode(body)
+    return Response(encoded, status_code=status, media_type="application/json", headers=headers)
+
+
+async def _events(reply: Stream, model: str) -> AsyncIterator[bytes]:
+    """The chat stream as Anthropic's events. The walk settles before its closing `[DONE]`, so the
+    request is billed before the client sees message_stop."""
+    writer = EventWriter(model)
+    splitter = Splitter()
+    chunks = reply.iterator.__aiter__()  # type: ignore[union-attr]
+    try:
+        async for piece in chunks:
+            for block in splitter.feed(piece):
+                payload = block.removeprefix(b"data:").strip()
+                if payload == b"[DONE]":
+                    yield writer.finish()
+                    return
+                data = msgspec.json.decode(payload)
+                if "error" in data:  # the walk's own event for an upstream lost mid-stream
+                    yield writer.failed(502, str(data["error"].get("message", "")))
+                    return
+                if out := writer.chunk(data):
+                    yield out
+        yield writer.failed(502, "the model's stream ended early")
+    finally:
+        await chunks.aclose()
+
+
+class MessagesController(Controller):
+    path = "/v1"
+
+    @post("/messages", status_code=200, operation_class=json_body(MessagesRequest))
+    async def create(self, request: Request) -> Response:
+        proxy: Proxy = request.app.state.proxy
+        try:
+            chat = chat_request(decode_json(await request.body()))
+            reply = await proxy.handle(request, "chat", msgspec.json.encode(chat))
+        except GatewayError as exc:
+            return _error(exc.status, error_body(exc.status, exc.message), exc.headers())
+        headers = _headers(reply)
+        model = headers.get("x-tokenyard-model") or chat["model"]
+        if isinstance(reply, Stream):
+            stream = _events(reply, model)
+            return Stream(stream, media_type="text/event-stream", headers=headers)
+        if reply.status_code != 200:  # the upstream's refusal, in OpenAI's shape
+            body = error_from_openai(reply.status_code, reply.content)
+            return _error(reply.status_code, body, headers)
+        message = message_reply(msgspec.json.decode(reply.content), model)
+        encoded = msgspec.json.encode(message)
+        return Response(encoded, media_type="application/json", headers=headers)

@@ -1,0 +1,600 @@
+"""One completion request's walk: auth → checks → reserve → upstream → relay → settle.
+
+Every path that reserved settles exactly once, including refusals by the upstream, upstream
+failures, and clients that hang up mid-stream (settling then runs in a task of its own, outside the
+cancelled response).
+"""
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from litestar import Request, Response
+from litestar.response import Stream
+
+from tokenyard.backends.base import (
+    BackendUnavailable,
+    Upstream,
+    UpstreamCall,
+    UpstreamReply,
+    UpstreamStream,
+)
+from tokenyard.backends.registry import Backends
+from tokenyard.core.errors import GatewayError
+from tokenyard.core.safety import OutputWatch, Safety
+from tokenyard.core.settings import Settings
+from tokenyard.core.usage import Pricer, Usage, UsageEvent
+from tokenyard.gateway import access_log, metrics, refusals, request_ids
+from tokenyard.gateway.auth import Authenticator, authorization_of
+from tokenyard.gateway.dispatch import Dispatch, Saturation
+from tokenyard.gateway.quotas import LeaseKeeper, Quotas, Reservation
+from tokenyard.gateway.screening import (
+    CONTENT_FILTER,
+    InputCheck,
+    blocked_error,
+    filter_reply,
+    input_text,
+)
+from tokenyard.gateway.settlement import Settlement, usage_of
+from tokenyard.gateway.sizing import PromptOverhead, kv_pages, max_tokens_for
+from tokenyard.gateway.streaming import DONE, SSE_HEADERS, StreamResult, relay, reply_decoder
+from tokenyard.gateway.tracing import NO_TRACE, RequestTrace, Tracing
+from tokenyard.gateway.validation import Kind, Parsed, client_request_id, parse
+from tokenyard.router.policy import NoRoute, Route, Router, Unsupported, prefix_text
+from tokenyard.tenancy.keys import key_prefix
+from tokenyard.tenancy.limits import TIERS
+from tokenyard.tenancy.policy import TeamPolicy
+
+RESPONSES_PATH = "/v1/responses"
+PATHS = {
+    "chat": "/v1/chat/completions",
+    "completion": "/v1/completions",
+    "embedding": "/v1/embeddings",
+}
+
+
+# Returns when whoever waits for a non-streamed reply hangs up: an HTTP client disconnecting, or
+# the batch worker yielding a request to interactive traffic
+HangUp = Callable[[], Awaitable[None]]
+
+
+def disconnect_of(request: Request) -> HangUp:
+    async def gone() -> None:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    return gone
+
+
+def _tier(request: Request, parsed: Parsed, policy: TeamPolicy) -> str:
+    tier = request.headers.get("x-tier") or request.headers.get("x-priority") or parsed.tier
+    if tier is None:
+        return policy.default_tier
+    if tier not in TIERS:
+        raise GatewayError(400, f"tier must be one of {', '.join(TIERS)}", param="tier")
+    return tier
+
+
+@dataclass
+class _Call:
+    """A request before it is addressed to a model: the body is encoded per attempt, with the
+    model that attempt goes to."""
+
+    kind: Kind
+    body: dict[str, Any]  # without the output cap, which each model names its own way
+    headers: dict[str, str]
+    max_tokens: int
+    # a Responses API request as OpenAI takes it: OpenAI's models get it as is (their own
+    # /v1/responses), every other model `body`, its translation onto chat
+    responses: dict[str, Any] | None = None
+
+    def to(self, upstream: Upstream) -> UpstreamCall:
+        info = upstream.info
+        if self.responses is not None and info.provider == "openai":
+            native = {**self.responses, "model": info.name, "max_output_tokens": self.max_tokens}
+            encoded = msgspec.json.encode(native)
+            return UpstreamCall(RESPONSES_PATH, encoded, self.headers, prefix_text(self.body))
+        body = {**self.body, "model": info.name}
+        if self.kind != "embedding":  # an embedding generates nothing: no output cap
+            body[info.max_tokens_param] = self.max_tokens
+        encoded = msgspec.json.encode(body)
+        return UpstreamCall(PATHS[self.kind], encoded, self.headers, prefix_text(body))
+
+
+def _decision(route: Route) -> str:
+    """How the route was chosen: direct (a named model), or auto's weak / strong class."""
+    if route.score is None:
+        return "direct"
+    return "strong" if route.escalated else "weak"
+
+
+class Proxy:
+    def __init__(
+        self,
+        settings: Settings,
+        auth: Authenticator,
+        quotas: Quotas,
+        backends: Backends,
+        router: Router,
+        price: Pricer,
+        safety: Safety | None = None,
+        tracing: Tracing | None = None,
+    ) -> None:
+        self.tracing = tracing or Tracing()  # off unless tokenyard/app.py hands one in
+        self.settings = settings
+        self.safety = safety  # the safety layer (guard/), handed in by tokenyard/app.py
+        self.auth = auth
+        self.quotas = quotas
+        self.backends = backends
+        self.router = router
+        self.dispatch = Dispatch(
+            backends,
+            Saturation(settings.gateway_max_upstream_waiting, settings.router_max_kv_usage),
+        )
+        self.keeper = LeaseKeeper(quotas, settings.gateway_lease_s)
+        self.overhead = PromptOverhead()
+        self.settlement = Settlement(quotas, self.keeper, price, self.overhead)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def handle(
+        self,
+        request: Request,
+        kind: Kind,
+        body: bytes | None = None,
+        responses: dict[str, Any] | None = None,
+    ) -> Response:
+        """An HTTP request's walk. `body`: one the gateway built in place of the request's own
+        (the Responses API's translation onto chat), walked the same way; `responses`: the
+        Responses API request itself, for OpenAI's models (`_Call.responses`)."""
+        trace = self.tracing.begin(request_ids.request_id(request.scope), kind)
+        try:
+            return await self._handle(request, kind, body, responses, trace)
+        except BaseException as exc:
+            trace.refused(exc.status if isinstance(exc, GatewayError) else 500)
+            if not isinstance(exc, GatewayError):
+                raise
+            reason = exc.limit or exc.code  # the limit's own name, also where OpenAI's code differs
+            if exc.status in (429, 503) and reason:
+                metrics.REFUSALS.labels(reason).inc()
+            if exc.status == 429 and reason:  # the admin UI's "429s in the last hour"
+                self._spawn(refusals.record(self.quotas.redis, reason))
+            raise
+
+    async def _handle(
+        self,
+        request: Request,
+        kind: Kind,
+        body: bytes | None,
+        responses: dict[str, Any] | None,
+        trace: RequestTrace,
+    ) -> Response:
+        started = time.perf_counter()
+        authorization = authorization_of(request.headers)
+        with trace.span("auth"):
+            policy = await self.auth.authenticate(authorization)
+        trace.root.set_attribute("tokenyard.team", policy.team)
+        parsed = parse(await request.body() if body is None else body, kind)
+        tier = _tier(request, parsed, policy)
+        # the id is always the gateway's own: unique, so billing (idempotent by it), the engine
+        # and the logs can trust it; the client's id for the request is kept beside it
+        for header in ("x-client-request-id", "x-request-id"):
+            if (value := request.headers.get(header)) is not None:
+                parsed.client_request_id = client_request_id(value, header)
+                break
+        return await self._serve(
+            request,
+            disconnect_of(request),
+            kind,
+            policy,
+            parsed,
+            tier,
+            request_ids.request_id(request.scope),
+            key_prefix(authorization),
+            started,
+            responses,
+            trace,
+        )
+
+    async def run_batch_request(
+        self,
+        policy: TeamPolicy,
+        kind: Kind,
+        body: bytes,
+        request_id: str,
+        key: str,
+        hang_up: HangUp,
+    ) -> tuple[int, bytes]:
+        """The batch worker's call: an already-authenticated, non-streamed request of the batch
+        tier, through the same routing, quotas and settling as an HTTP one. Refusals raise
+        GatewayError as they do for HTTP callers; a worker that hangs up (`hang_up` returns) while
+        the upstream has not replied yet gets a 499 (client_closed), as an HTTP client would."""
+        started = time.perf_counter()
+        parsed = parse(body, kind)
+        if parsed.stream:
+            raise GatewayError(400, "batch requests cannot stream", param="stream")
+        trace = self.tracing.begin(request_id, kind)
+        trace.root.set_attribute("tokenyard.team", policy.team)
+        try:
+            response = await self._serve(
+                None, hang_up, kind, policy, parsed, "batch", request_id, key, started, trace=trace
+            )
+        except BaseException as exc:
+            trace.refused(exc.status if isinstance(exc, GatewayError) else 500)
+            raise
+        return response.status_code, response.content
+
+    async def _serve(
+        self,
+        request: Request | None,
+        hang_up: HangUp,
+        kind: Kind,
+        policy: TeamPolicy,
+        parsed: Parsed,
+        tier: str,
+        request_id: str,
+        key: str,
+        started: float,
+        responses: dict[str, Any] | None = None,
+        trace: RequestTrace = NO_TRACE,
+    ) -> Response:
+        """Route, reserve, forward. `request`: the HTTP request (None for the batch worker);
+        `hang_up`: how the caller of a non-streamed request says it is gone."""
+        with trace.span("route", **{"tokenyard.model": parsed.model}) as span:
+            try:
+                endpoint = "embedding" if kind == "embedding" else "chat"
+                route = self.router.route(
+                    parsed.model,
+                    parsed.body,
+                    policy,
+                    tier,
+                    endpoint,
+                    prompt_tokens=max(parsed.prompt_sizes, default=0),
+                )
+            except NoRoute as exc:
+                raise GatewayError(404, str(exc), code="model_not_found", param="model") from None
+            except Unsupported as exc:  # before any quota is touched
+                found = exc.refusal
+                raise GatewayError(400, found.message, code=found.code, param=found.param) from None
+            upstream = self.dispatch.first_usable(route, tier)
+            span.set_attribute("tokenyard.route.decision", _decision(route))
+            span.set_attribute("tokenyard.route.candidates", list(route.candidates))
+            span.set_attribute("tokenyard.route.served", upstream.info.name)
+            if route.score is not None:
+                span.set_attribute("tokenyard.route.score", route.score)
+        extra = self.overhead.extra(upstream.info.name, policy.team)
+        prompts = [size + extra for size in parsed.prompt_sizes]
+        max_tokens = max_tokens_for(parsed, max(prompts), upstream.info, policy, self.settings)
+        body = parsed.body
+        body.pop("max_tokens", None)  # the cap goes in per model (_Call.to)
+        if parsed.stream:  # the gateway settles from the usage chunk, so always ask for it
+            body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
+        # sized for everything the upstream runs: each prompt, n times
+        tokens = sum(prompts) + parsed.choices * max_tokens
+        block_size = upstream.info.block_size
+        pages = sum(kv_pages(size, max_tokens, parsed.n, block_size) for size in prompts)
+        lease_id = os.urandom(9).hex()  # never the client's id: clients may reuse theirs
+        call = _Call(
+            kind,
+            body,
+            {
+                "content-type": "application/json",
+                "x-tenant": policy.team,
+                "x-priority": tier,
+                "x-request-id": request_id,
+            },
+            max_tokens,
+            responses,
+        )
+        with trace.span("quota.reserve", tokens=tokens, kv_pages=pages, tier=tier):
+            res = await self.quotas.reserve(policy, lease_id, tokens, pages, tier == "batch")
+        res.trace, trace.settling = trace, True
+        self.keeper.active[lease_id] = res
+        metrics.IN_FLIGHT.inc()
+        headers = {"x-request-id": request_id, "x-tokenyard-route": _decision(route), **res.headers}
+        if parsed.client_request_id is not None:
+            headers["x-client-request-id"] = parsed.client_request_id
+        if route.score is not None:
+            headers["x-tokenyard-score"] = f"{route.score:.4f}"
+        if route.confidence is not None:
+            headers["x-tokenyard-route-confidence"] = f"{route.confidence:.3f}"
+            metrics.ROUTE_CONFIDENCE.observe(route.confidence)
+        if route.predicted_quality is not None:
+            headers["x-tokenyard-predicted-quality"] = f"{route.predicted_quality:.3f}"
+        metrics.ROUTES.labels(route.asked, _decision(route)).inc()
+        event = UsageEvent(
+            request_id=request_id,
+            client_request_id=parsed.client_request_id,
+            team=policy.team,
+            model=parsed.model,
+            model_served=upstream.info.name,
+            tier=tier,
+            stream=parsed.stream,
+            # the overhead is learned from single prompts only
+            prompt_estimate=parsed.prompt_tokens if len(prompts) == 1 else None,
+            prompt_reserved=sum(prompts),
+            ts=time.time(),
+            key_prefix=key,
+            route_features=route.features,
+        )
+        if request is not None:
+            access_log.attach_usage(request.scope, event)
+        try:
+            check = None
+            if self.safety is not None and kind != "embedding":
+                screen = await self.safety.screen(policy.team, request_id, parsed.model)
+                check = None if screen is None else InputCheck(screen, input_text(parsed.body))
+            return await self._forward(
+                hang_up, route, upstream, call, parsed, res, event, headers, started, check
+            )
+        except BaseException as exc:
+            # a no-op if the response already settled (or its stream body owns settling); a task
+            # of its own because a cancelled request would cancel an await here as well
+            status = exc.status if isinstance(exc, GatewayError) else 500
+            served = self.backends.get(event.model_served) or upstream
+            self._spawn(self.settlement.settle(res, served, Usage(), event, started, status=status))
+            raise
+
+    async def _complete_unless_gone(
+        self, hang_up: HangUp, upstream: Upstream, call: UpstreamCall
+    ) -> UpstreamReply:
+        """The upstream's whole reply, unless the client hangs up first: then the upstream call is
+        dropped at once, so the engine frees the sequence instead of finishing it for nobody."""
+        task = asyncio.current_task()
+        assert task is not None
+
+        async def watch() -> None:
+            await hang_up()
+            task.cancel()
+
+        watcher = asyncio.get_running_loop().create_task(watch())
+        try:
+            return await upstream.complete(call)
+        except asyncio.CancelledError:
+            if not (watcher.done() and not watcher.cancelled()):
+                raise  # cancelled from elsewhere
+            task.uncancel()
+            raise GatewayError(499, "the client closed the request", code="client_closed") from None
+        finally:
+            watcher.cancel()
+
+    async def _forward(
+        self,
+        hang_up: HangUp,
+        route: Route,
+        upstream: Upstream,
+        call: "_Call",
+        parsed: Parsed,
+        res: Reservation,
+        event: UsageEvent,
+        headers: dict[str, str],
+        started: float,
+        check: "InputCheck | None" = None,
+    ) -> Response:
+        """Send the request to `upstream`; while a backend fails before its first byte, try the
+        route's next usable candidate (nothing has reached the client yet)."""
+        index = route.candidates.index(upstream.info.name)
+        while True:
+            event.model_served = headers["x-tokenyard-model"] = upstream.info.name
+            res.trace.begin_upstream(upstream.info.name, parsed.stream)
+            try:
+                return await self._send(
+                    hang_up,
+                    upstream,
+                    call.to(upstream),
+                    parsed,
+                    res,
+                    event,
+                    headers,
+                    started,
+                    check,
+                )
+            except BackendUnavailable:
+                found = self.dispatch.next_open(route, event.tier, index + 1)
+                if found is None:
+                    raise
+                metrics.FALLBACKS.labels(upstream.info.name, found[1].info.name).inc()
+                index, upstream = found
+
+    async def _send(
+        self,
+        hang_up: HangUp,
+        upstream: Upstream,
+        call: UpstreamCall,
+        parsed: Parsed,
+        res: Reservation,
+        event: UsageEvent,
+        headers: dict[str, str],
+        started: float,
+        check: "InputCheck | None" = None,
+    ) -> Response:
+        if not parsed.stream:
+            reply = await self._screened(
+                check,
+                self._complete_unless_gone(hang_up, upstream, call),
+                res,
+                upstream,
+                event,
+                started,
+            )
+            res.trace.end_upstream(reply.status)
+            body = reply.body
+            if check is not None and reply.status == 200:  # the output check, on the whole reply
+                filtered = filter_reply(body, check.screen.watch_output)
+                if filtered is not None:
+                    body = filtered
+                    headers["x-tokenyard-guard"] = "output-blocked"
+            got = None
+            if reply.status == 200:
+                with contextlib.suppress(msgspec.DecodeError):
+                    got = reply_decoder.decode(reply.body)
+            usage = usage_of(got.usage, event.prompt_reserved, 0) if got else Usage()
+            event.timings = got.timings if got else None
+            event.finish_reason = got.finish_reason if got else None
+            if body is not reply.body:
+                event.finish_reason = CONTENT_FILTER
+            await self.settlement.settle(res, upstream, usage, event, started, status=reply.status)
+            return Response(
+                body,
+                status_code=reply.status,
+                media_type=reply.content_type,
+                headers=headers,
+            )
+        stream = await self._screened(
+            check, upstream.open_stream(call), res, upstream, event, started
+        )
+        if stream.status != 200:
+            res.trace.end_upstream(stream.status)
+            refusal = await stream.read_all()
+            await self.settlement.settle(
+                res, upstream, Usage(), event, started, status=stream.status
+            )
+            return Response(
+                refusal, status_code=stream.status, media_type="application/json", headers=headers
+            )
+        # from here on the body settles, however the stream ends
+        watch = check.screen.watch_output() if check is not None else None
+        body_iter = _StreamBody(self, stream, parsed, res, upstream, event, started, watch)
+        return Stream(body_iter, media_type="text/event-stream", headers={**headers, **SSE_HEADERS})
+
+    async def _screened(
+        self,
+        check: "InputCheck | None",
+        call: Any,
+        res: Reservation,
+        upstream: Upstream,
+        event: UsageEvent,
+        started: float,
+    ) -> Any:
+        """Await the upstream `call` (a whole reply, or a stream opening), the input verdict in
+        parallel: the call starts first, the prompt is classified while the upstream works, and
+        nothing is returned (so nothing reaches the client) before the verdict. A blocked prompt
+        cancels the call and refuses with 400 content_policy_violation; the team is charged only
+        what the upstream reported (a reply that was already whole), else nothing."""
+        if check is None:
+            return await call
+        task = asyncio.ensure_future(call)
+        await asyncio.sleep(0)  # the upstream call starts: its request goes out first
+        try:
+            verdict = await check.verdict()
+        except BaseException:
+            task.cancel()
+            raise
+        if not verdict.blocked:
+            return await task
+        task.cancel()
+        usage = Usage()
+        await asyncio.wait({task})  # done already, or cancelled now
+        got = None if task.cancelled() or task.exception() else task.result()
+        if isinstance(got, UpstreamReply) and got.status == 200:
+            with contextlib.suppress(msgspec.DecodeError):
+                usage = usage_of(reply_decoder.decode(got.body).usage, event.prompt_reserved, 0)
+        elif got is not None:  # a stream that opened: nothing read from it, nothing to charge
+            await got.aclose()
+        event.finish_reason = CONTENT_FILTER
+        event.error = "content_policy_violation"
+        await self.settlement.settle(res, upstream, usage, event, started, status=400)
+        raise blocked_error(verdict)
+
+    def finish_stream(self, body: "_StreamBody") -> "asyncio.Task[None]":
+        """Close the upstream and settle; in a task of its own, because when the client hung up
+        the response's scope is being cancelled."""
+        result = body.result
+        usage = usage_of(result.usage, body.event.prompt_reserved, result.chunks)
+        body.event.timings = result.timings
+        body.event.error = result.error
+        body.event.finish_reason = result.finish_reason
+        if result.first_byte is not None:
+            ttft = body.event.ttft = result.first_byte - body.started
+            metrics.TTFT.labels(body.upstream.info.name).observe(ttft)
+        status = 200 if result.error is None else 502
+        body.res.trace.end_upstream(status, body.event.ttft)
+        return self._spawn(
+            self._close_and_settle(
+                body.stream, body.res, body.upstream, usage, body.event, body.started, status
+            )
+        )
+
+    async def _close_and_settle(
+        self,
+        stream: UpstreamStream,
+        res: Reservation,
+        upstream: Upstream,
+        usage: Usage,
+        event: UsageEvent,
+        started: float,
+        status: int,
+    ) -> None:
+        try:
+            await stream.aclose()
+        finally:
+            await self.settlement.settle(res, upstream, usage, event, started, status)
+
+    def _spawn(self, coro: Any) -> "asyncio.Task[Any]":
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)  # a strong reference until it is done
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def drain(self) -> None:
+        """On shutdown: let pending settles finish."""
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+class _StreamBody:
+    """The SSE body of one response. Settles when the relay ends, fails or is cancelled, and also
+    when the response is dropped before it was ever iterated (a client gone before the first
+    byte): a plain async generator that never started would never run its cleanup."""
+
+    def __init__(
+        self,
+        proxy: Proxy,
+        stream: UpstreamStream,
+        parsed: Parsed,
+        res: Reservation,
+        upstream: Upstream,
+        event: UsageEvent,
+        started: float,
+        watch: OutputWatch | None = None,
+    ) -> None:
+        self.proxy = proxy
+        self.watch = watch  # the team's output check (core/safety.py), or None
+        self.stream = stream
+        self.parsed = parsed
+        self.res = res
+        self.upstream = upstream
+        self.event = event
+        self.started = started
+        self.result = StreamResult()
+        self.settled: asyncio.Task[None] | None = None
+
+    def __aiter__(self) -> AsyncIterator[bytes]:
+        return self._relay()
+
+    async def _relay(self) -> AsyncIterator[bytes]:
+        try:
+            async for piece in relay(
+                self.stream, self.parsed.include_usage, self.result, time.perf_counter, self.watch
+            ):
+                yield piece
+            # the usage event is in Redis before the client sees the stream end
+            await asyncio.shield(self._finish())
+            if self.result.done:
+                yield DONE
+        finally:
+            self._finish()
+
+    def _finish(self) -> "asyncio.Task[None]":
+        if self.settled is None:
+            self.settled = self.proxy.finish_stream(self)
+        return self.settled
+
+    def __del__(self) -> None:
+        if self.settled is None:
+            with contextlib.suppress(RuntimeError):  # no running loop: shutting down
+                self._finish()

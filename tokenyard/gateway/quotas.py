@@ -1,0 +1,290 @@
+"""Per-team and platform quotas, enforced by one Lua script call per request (quotas.lua).
+
+reserve() takes everything a request may use (a request, prompt + max_tokens tokens, a concurrency
+lease, KV pages) or nothing; settle() swaps the reservation for the actual usage, releases the
+leases and appends the usage event; a LeaseKeeper renews the leases of running requests so that
+only a dead gateway's leases expire.
+"""
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import date
+from pathlib import Path
+
+import msgspec
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from tokenyard.core.errors import GatewayError
+from tokenyard.core.tasks import cancel_and_wait
+from tokenyard.core.usage import USAGE_STREAM, Usage, UsageEvent
+from tokenyard.gateway.ratelimit_headers import rate_limit_headers
+from tokenyard.gateway.scripts import BatchedScript
+from tokenyard.gateway.spool import UsageSpool
+from tokenyard.gateway.tracing import NO_TRACE, RequestTrace
+from tokenyard.tenancy.policy import TeamPolicy
+
+log = logging.getLogger("tokenyard.gateway")
+
+_SCRIPT = (Path(__file__).parent / "quotas.lua").read_text()
+_PLATFORM_CODES = {"platform_concurrency", "platform_batch_concurrency"}
+_MESSAGES = {
+    "requests_per_minute": "requests per minute",
+    "tokens_per_minute": "tokens per minute",
+    "tokens_per_day": "tokens per day",
+    "batch_tokens_per_day": "batch tokens per day",
+    "usd_per_day": "dollars per day",
+    "concurrency": "concurrent requests",
+    "kv_pages": "KV-cache pages in flight",
+    "platform_concurrency": "platform requests in flight",
+    "platform_batch_concurrency": "platform batch requests in flight",
+}
+
+
+def day_number(when: date | None = None) -> int:
+    """Days since the epoch (UTC): the suffix of daily keys."""
+    if when is None:
+        return int(time.time() // 86400)
+    return (when - date(1970, 1, 1)).days
+
+
+class TeamKeys:
+    """Redis key names of one team; the {team} hash tag keeps them in one Cluster slot."""
+
+    def __init__(self, team: str) -> None:
+        base = f"ty:{{{team}}}"
+        self.rpm = f"{base}:rpm"
+        self.tpm = f"{base}:tpm"
+        self.leases = f"{base}:leases"
+        self.pages = f"{base}:pages"
+        self.base = base
+
+    def day_tokens(self, day: int) -> str:
+        return f"{self.base}:tokens:{day}"
+
+    def day_batch_tokens(self, day: int) -> str:
+        return f"{self.base}:batch-tokens:{day}"
+
+    def day_usd(self, day: int) -> str:
+        return f"{self.base}:usd:{day}"
+
+
+PLATFORM_LEASES = "ty:platform:leases"
+PLATFORM_BATCH_LEASES = "ty:platform:batch-leases"
+
+
+@dataclass
+class Reservation:
+    lease_id: str
+    policy: TeamPolicy
+    keys: TeamKeys
+    day: int
+    tokens: int
+    pages: int
+    batch: bool
+    enforced: bool = True  # False: admitted without Redis (fail-open), nothing to settle
+    headers: dict[str, str] = field(default_factory=dict)  # x-ratelimit-*, as reserve left them
+    trace: RequestTrace = NO_TRACE  # the request's spans; its settling ends them
+
+    @property
+    def day_key(self) -> str:
+        """The daily token counter: the batch tier has its own budget, apart from interactive."""
+        keys = self.keys
+        return keys.day_batch_tokens(self.day) if self.batch else keys.day_tokens(self.day)
+
+
+class Quotas:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        *,
+        lease_s: float,
+        fail_open: bool,
+        max_concurrency: int = 0,
+        max_batch_concurrency: int = 0,
+        spool: UsageSpool | None = None,
+    ) -> None:
+        self.redis = redis
+        self.spool = spool  # where usage events go when Redis cannot take them
+        self.lease_ms = int(lease_s * 1000)
+        self.fail_open = fail_open
+        self.max_concurrency = max_concurrency
+        self.max_batch_concurrency = max_batch_concurrency
+        self._script = BatchedScript(redis, _SCRIPT)
+        self._keys_by_team: dict[str, TeamKeys] = {}
+
+    def team_keys(self, team: str) -> TeamKeys:
+        keys = self._keys_by_team.get(team)
+        if keys is None:
+            keys = self._keys_by_team[team] = TeamKeys(team)
+        return keys
+
+    async def reserve(
+        self, policy: TeamPolicy, lease_id: str, tokens: int, pages: int, batch: bool
+    ) -> Reservation:
+        keys = self.team_keys(policy.team)
+        day = day_number()
+        res = Reservation(lease_id, policy, keys, day, tokens, pages, batch)
+        try:
+            result = await self._script(
+                keys=[
+                    keys.rpm,
+                    keys.tpm,
+                    res.day_key,
+                    keys.day_usd(day),
+                    keys.leases,
+                    keys.pages,
+                    PLATFORM_LEASES,
+                    PLATFORM_BATCH_LEASES,
+                ],
+                args=[
+                    "reserve",
+                    lease_id,
+                    policy.rpm,
+                    policy.tpm,
+                    policy.batch_tokens_per_day if batch else policy.tokens_per_day,
+                    int(policy.usd_per_day * 1_000_000),
+                    policy.concurrency,
+                    policy.kv_pages,
+                    self.max_concurrency,
+                    self.max_batch_concurrency,
+                    tokens,
+                    pages,
+                    self.lease_ms,
+                    1 if batch else 0,
+                ],
+            )
+        except RedisError as exc:
+            if self.fail_open:
+                log.warning("quota store unreachable, admitting without quotas: %s", exc)
+                res.enforced = False
+                return res
+            raise GatewayError(
+                503,
+                "quota store unavailable; retry shortly",
+                code="quota_store_unavailable",
+                retry_after=1,
+            ) from None
+        if result[0] == 1:
+            res.headers = rate_limit_headers(policy.rpm, result[1], policy.tpm, result[2])
+            return res
+        code = result[1].decode() if isinstance(result[1], bytes) else result[1]
+        levels = rate_limit_headers(policy.rpm, result[3], policy.tpm, result[4])
+        if code == "tokens_per_day" and batch:
+            code = "batch_tokens_per_day"
+        retry_after = int(result[2])
+        what = _MESSAGES[code]
+        if code in _PLATFORM_CODES:
+            raise GatewayError(
+                503,
+                f"the platform is at its limit of {what}",
+                code=code,
+                retry_after=retry_after,
+                limit=code,
+                headers=levels,
+            )
+        message = (
+            f"team {policy.team!r} is over its limit of {what} "
+            f"(this request needs {tokens} tokens, {pages} KV pages)"
+        )
+        if code == "usd_per_day":  # a spent budget: OpenAI's code, on which clients stop retrying
+            raise GatewayError(
+                429,
+                f"{message}: {code}",
+                code="insufficient_quota",
+                retry_after=retry_after,
+                kind="insufficient_quota",
+                limit=code,
+                headers=levels,
+            )
+        raise GatewayError(
+            429, message, code=code, retry_after=retry_after, limit=code, headers=levels
+        )
+
+    async def settle(
+        self, res: Reservation, usage: Usage, event: UsageEvent, spend_usd: float = 0.0
+    ) -> None:
+        """Replace the reservation with actual usage and charge `spend_usd` to the team's dollars
+        for the day it reserved on (budgeted teams; the next reservation checks it); never raises
+        (leases expire regardless). The usage event is spooled locally when Redis cannot take it,
+        so billing still gets it."""
+        encoded = msgspec.json.encode(event)
+        if not res.enforced:  # served fail-open without Redis
+            self._spool(encoded)
+            return
+        keys = res.keys
+        used = usage.prompt_tokens + usage.completion_tokens
+        try:
+            await self._script(
+                keys=[
+                    keys.tpm,
+                    res.day_key,
+                    keys.leases,
+                    keys.pages,
+                    PLATFORM_LEASES,
+                    PLATFORM_BATCH_LEASES,
+                    USAGE_STREAM,
+                    keys.day_usd(res.day),
+                ],
+                args=[
+                    "settle",
+                    res.lease_id,
+                    res.tokens,
+                    used,
+                    res.policy.tpm,
+                    encoded,
+                    round(spend_usd * 1_000_000) if res.policy.usd_per_day > 0 else 0,
+                ],
+            )
+        except RedisError as exc:
+            log.warning("could not settle %s (its leases will expire): %s", res.lease_id, exc)
+            self._spool(encoded)
+
+    def _spool(self, event: bytes) -> None:
+        if self.spool is None:
+            log.error("usage event lost: Redis unavailable and no spool configured")
+            return
+        try:
+            self.spool.add(event)
+        except OSError as exc:
+            log.error("usage event lost: Redis unavailable and the spool failed: %s", exc)
+
+    async def renew(self, reservations: list[Reservation]) -> None:
+        keys: list[str] = []
+        ids: list[str] = []
+        for res in reservations:
+            if not res.enforced:
+                continue
+            keys += [res.keys.leases, PLATFORM_LEASES]
+            ids += [res.lease_id, res.lease_id]
+            if res.batch:
+                keys.append(PLATFORM_BATCH_LEASES)
+                ids.append(res.lease_id)
+        if keys:
+            await self._script(keys=keys, args=["renew", self.lease_ms, *ids])
+
+
+class LeaseKeeper:
+    """Renews every running request's leases in one script call per period (lease / 3)."""
+
+    def __init__(self, quotas: Quotas, lease_s: float) -> None:
+        self.quotas = quotas
+        self.period = lease_s / 3
+        self.active: dict[str, Reservation] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        await cancel_and_wait(self._task)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.period)
+            try:
+                await self.quotas.renew(list(self.active.values()))
+            except RedisError as exc:
+                log.warning("lease renewal failed: %s", exc)

@@ -1,0 +1,271 @@
+"""Parse and check a completion request before any quota is touched.
+
+The body is decoded once into a dict (forwarded, minus the gateway's own fields) and checked against
+small msgspec structs holding only what the gateway itself needs; every other field is the
+upstream's business and is validated there (its 400s are passed through unchanged).
+
+Prompt tokens are estimated, not tokenized: ceil(UTF-8 bytes / 4) plus a few tokens per chat
+message for the template. The gateway stays model-agnostic (commercial models too) and spends
+microseconds, not a tokenizer call; the estimate only sizes reservations and the early context
+check, and the engine's reported usage settles the real numbers (the engine also enforces the exact
+context window).
+"""
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal, TypeVar
+
+import msgspec
+
+from tokenyard.core.errors import GatewayError
+
+TOKENS_PER_MESSAGE = 5  # <|im_start|>role\n … <|im_end|>\n in ChatML-style templates
+TOKENS_PER_REPLY = 3  # the assistant turn the template opens
+MAX_N = 8
+# choices one request may run: prompts of a legacy-completions list × n; each is a sequence the
+# engine schedules, so the request's reservation covers them all, and this bounds its size
+MAX_CHOICES = 128
+MAX_CLIENT_ID = 128
+MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit per embeddings request
+# a client's own request id (OpenAI's X-Client-Request-Id): printable ASCII without spaces, so it
+# can never break a header, a log line or a SQL index
+_CLIENT_ID = re.compile(rf"[\x21-\x7e]{{1,{MAX_CLIENT_ID}}}")
+Tier = Literal["interactive", "batch"]
+_S = TypeVar("_S", bound=msgspec.Struct)
+
+
+class StreamOptions(msgspec.Struct):
+    include_usage: bool = False
+
+
+class Message(msgspec.Struct):
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[Any] | None = None
+    function_call: Any = None
+
+
+def _check_messages(messages: list[Message]) -> None:
+    """OpenAI's rule: only an assistant turn that calls a tool may go without content."""
+    for i, m in enumerate(messages):
+        if m.content is None and not (m.role == "assistant" and (m.tool_calls or m.function_call)):
+            raise _bad(f"messages[{i}] ({m.role}) must have 'content'", "messages")
+
+
+# bounds in the structs themselves, so the OpenAPI schema (generated from them) says what is checked
+Positive = Annotated[int, msgspec.Meta(ge=1)]
+
+
+class _Common(msgspec.Struct, kw_only=True):
+    model: str
+    max_tokens: Positive | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: Annotated[int, msgspec.Meta(ge=1, le=MAX_N)] = 1
+    # gateway extensions (headers x-tier / x-priority / x-request-id win over these)
+    tier: Tier | None = None
+    priority: Tier | None = None  # the engine protocol's name for the tier
+    request_id: str | None = None
+
+
+class ChatRequest(_Common, kw_only=True):
+    messages: Annotated[list[Message], msgspec.Meta(min_length=1)]
+    max_completion_tokens: Positive | None = None
+
+
+class CompletionRequest(_Common, kw_only=True):
+    # str, list[str], list[int] or list[list[int]]: msgspec unions hold one array type, so the
+    # items are checked in estimate_prompt_sizes
+    prompt: str | list[Any]
+
+
+class EmbeddingRequest(msgspec.Struct, kw_only=True):
+    """OpenAI's embeddings request, as far as the gateway checks it (the server checks the rest)."""
+
+    model: str
+    # str, list[str], list[int] or list[list[int]] (checked in estimate_prompt_sizes)
+    input: str | list[Any]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Positive | None = None
+    user: str | None = None
+    tier: Tier | None = None
+    priority: Tier | None = None
+    request_id: str | None = None
+
+
+Kind = Literal["chat", "completion", "embedding"]
+
+
+@dataclass
+class Parsed:
+    """A checked request: what the gateway needs, and the body to forward."""
+
+    model: str
+    body: dict[str, Any]  # forwarded upstream (extension fields removed)
+    stream: bool
+    include_usage: bool  # the client asked for the usage chunk
+    prompt_sizes: list[int]  # token estimate of each prompt the upstream runs (a list: legacy)
+    max_tokens: int | None  # as asked; None: fill in from the caps
+    n: int
+    tier: Tier | None
+    client_request_id: str | None  # the body's `request_id`; headers may name one too
+
+    @property
+    def prompt_tokens(self) -> int:
+        """All prompts' tokens: what the upstream reads."""
+        return sum(self.prompt_sizes)
+
+    @property
+    def choices(self) -> int:
+        """Sequences the upstream runs: every prompt, n times."""
+        return len(self.prompt_sizes) * self.n
+
+
+_PATH = re.compile(r"at `\$\.([A-Za-z_]+)")
+_MISSING = re.compile(r"missing required field `([A-Za-z_]+)`")
+
+
+def _bad(message: str, param: str | None, code: str | None = None) -> GatewayError:
+    return GatewayError(400, message, code=code, param=param)
+
+
+def _text_bytes(content: str | list[dict[str, Any]] | None) -> int:
+    """UTF-8 size of the text in a message content (string or list of parts). A part's `text` must
+    be a string: everything downstream (router, affinity, the upstream) reads it as one."""
+    if isinstance(content, str):
+        return len(content.encode())
+    size = 0
+    for part in content or ():
+        text = part.get("text", "")
+        if not isinstance(text, str):
+            raise _bad("a content part's 'text' must be a string", "messages")
+        size += len(text.encode())
+    return size
+
+
+def estimate_chat_tokens(messages: list[Message]) -> int:
+    size = sum(_text_bytes(m.content) for m in messages)
+    return math.ceil(size / 4) + TOKENS_PER_MESSAGE * len(messages) + TOKENS_PER_REPLY
+
+
+def _is_ids(prompt: list[Any]) -> bool:
+    return all(isinstance(p, int) and not isinstance(p, bool) for p in prompt)
+
+
+def estimate_prompt_sizes(prompt: str | list[Any], param: str = "prompt") -> list[int]:
+    """Each prompt's tokens: token ids counted exactly, text estimated. A list of prompts runs
+    every one of them, so each is sized (the reservation is their sum). `param`: the field's name
+    (`input` for embeddings)."""
+    if isinstance(prompt, str):
+        return [math.ceil(len(prompt.encode()) / 4)]
+    if not prompt:
+        raise _bad(f"{param} must not be an empty list", param)
+    if _is_ids(prompt):
+        return [len(prompt)]
+    sizes = []
+    for item in prompt:
+        if isinstance(item, str):
+            sizes.append(math.ceil(len(item.encode()) / 4))
+        elif isinstance(item, list) and _is_ids(item):
+            sizes.append(len(item))
+        else:
+            raise _bad(
+                f"{param} must be a string, a list of strings, a token-id list or a list of them",
+                param,
+            )
+    return sizes
+
+
+def client_request_id(value: str | None, param: str) -> str | None:
+    """A client's own id for its request, checked: kept beside the gateway's id (never instead of
+    it: ids the client chooses are neither unique nor trustworthy)."""
+    if value is None or value == "":
+        return None
+    if not _CLIENT_ID.fullmatch(value):
+        raise _bad(
+            f"a client request id is 1 to {MAX_CLIENT_ID} printable ASCII characters without "
+            "spaces",
+            param,
+            "invalid_request_id",
+        )
+    return value
+
+
+def decode_json(raw: bytes) -> Any:
+    """The body as JSON, or a 400: malformed, not UTF-8, or nested deeper than the decoder's
+    recursion limit."""
+    try:
+        return msgspec.json.decode(raw)
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise _bad(f"request body is not valid JSON: {exc}", None, "invalid_json") from None
+    except RecursionError:
+        raise _bad("request body is nested too deeply", None, "invalid_json") from None
+
+
+def parse(raw: bytes, kind: Kind) -> Parsed:
+    body = decode_json(raw)
+    if not isinstance(body, dict):
+        raise _bad("request body must be a JSON object", None)
+    if kind == "embedding":
+        return _parse_embedding(body)
+    struct = ChatRequest if kind == "chat" else CompletionRequest
+    req = _convert(body, struct)
+
+    if isinstance(req, ChatRequest):
+        if "prompt" in body:
+            raise _bad("chat completions take 'messages', not 'prompt'", "prompt")
+        # OpenAI's newer name wins; the engine takes max_tokens
+        max_tokens = req.max_completion_tokens or req.max_tokens
+        body.pop("max_completion_tokens", None)
+        _check_messages(req.messages)
+        prompt_sizes = [estimate_chat_tokens(req.messages)]
+    else:
+        # OpenAI's legacy completions default to 16 tokens; forward that explicitly
+        max_tokens = req.max_tokens if "max_tokens" in body else 16
+        prompt_sizes = estimate_prompt_sizes(req.prompt)
+    if len(prompt_sizes) * req.n > MAX_CHOICES:
+        raise _bad(f"prompts × n must be at most {MAX_CHOICES}", "prompt")
+    for field in ("tier", "priority", "request_id"):
+        body.pop(field, None)
+    return Parsed(
+        model=req.model,
+        body=body,
+        stream=req.stream,
+        include_usage=bool(req.stream_options and req.stream_options.include_usage),
+        prompt_sizes=prompt_sizes,
+        max_tokens=max_tokens,
+        n=req.n,
+        tier=req.tier or req.priority,
+        client_request_id=client_request_id(req.request_id, "request_id"),
+    )
+
+
+def _convert(body: dict[str, Any], struct: type[_S]) -> _S:
+    try:
+        return msgspec.convert(body, struct)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        found = _PATH.search(text) or _MISSING.search(text)
+        raise _bad(text, found.group(1) if found else None) from None
+
+
+def _parse_embedding(body: dict[str, Any]) -> Parsed:
+    """An embeddings request: its inputs are the prompts, and nothing is generated."""
+    req = _convert(body, EmbeddingRequest)
+    sizes = estimate_prompt_sizes(req.input, "input")
+    if len(sizes) > MAX_EMBEDDING_INPUTS:
+        raise _bad(f"input holds at most {MAX_EMBEDDING_INPUTS} items", "input")
+    for field in ("tier", "priority", "request_id"):
+        body.pop(field, None)
+    return Parsed(
+        model=req.model,
+        body=body,
+        stream=False,
+        include_usage=False,
+        prompt_sizes=sizes,
+        max_tokens=0,
+        n=1,
+        tier=req.tier or req.priority,
+        client_request_id=client_request_id(req.request_id, "request_id"),
+    )

@@ -1,0 +1,204 @@
+"""The model catalog: every model the platform can serve, from one TOML file (`TOKENYARD_CATALOG`).
+
+Each model names its provider and where it lives, its prices, context window, capability tier, the
+tiers it may serve and its fallback chain. A commercial model whose API key is not in the
+environment stays in the catalog as unavailable: listed by `/v1/models`, never routed to.
+"""
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+
+from tokenyard.backends.fields import Supports
+from tokenyard.core.settings import Settings
+
+DEFAULT_CATALOG = Path(__file__).parent / "catalog.toml"
+Provider = Literal["self-hosted", "openai", "anthropic"]
+Tier = Literal["interactive", "batch"]
+# what the tokenyard engine does for any model it serves (constrained decoding: tools, schemas)
+ENGINE_SUPPORTS = Supports(tools=True, structured_outputs=True, logprobs=True)
+# what a model serves: chat (and legacy) completions, or embeddings (/v1/embeddings)
+Kind = Literal["chat", "embedding"]
+Fraction = Annotated[float, msgspec.Meta(ge=0, le=1)]
+
+
+class Price(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """US dollars per 1M tokens."""
+
+    input: float = 0.0
+    cached_input: float = 0.0
+    output: float = 0.0
+
+    def cost(self, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> float:
+        """Cached tokens are part of the prompt tokens (OpenAI's usage convention)."""
+        uncached = max(0, prompt_tokens - cached_tokens)
+        return (
+            uncached * self.input
+            + cached_tokens * self.cached_input
+            + completion_tokens * self.output
+        ) / 1e6
+
+    @property
+    def blended(self) -> float:
+        """One number to order models by price: a 3:1 input:output mix."""
+        return (3 * self.input + self.output) / 4
+
+
+class ModelEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    id: str
+    provider: Provider
+    kind: Kind = "chat"
+    upstream_model: str = ""  # the provider's name for it; empty: the id
+    # self-hosted: one URL per engine replica; commercial: the API base (…/v1 for OpenAI)
+    base_urls: tuple[str, ...] = ()
+    api_key_env: str = ""  # commercial: the environment variable holding the key
+    price: Price = Price()  # list price
+    # self-hosted: what one replica costs per hour, spread over the requests by engine time
+    usd_per_hour: float = 0.0
+    max_context: int = 0  # 0: ask the backend (the engine's /load)
+    # what it can do (tools, structured outputs, logprobs, image input, reasoning): requests that
+    # need more are routed elsewhere or refused (backends/fields.py)
+    supports: Supports = Supports()
+    capability: int = 1  # higher answers harder prompts
+    # model="auto" with a quality bar: the model of the router's data whose quality curve stands
+    # for this one (router/quality.py) until ratings give it its own; with neither, never chosen
+    quality_reference: str = ""
+    tiers: tuple[Tier, ...] = ("interactive", "batch")
+    fallbacks: tuple[str, ...] = ()  # tried in order when this model is saturated or down
+    # the request field that caps its output: OpenAI's reasoning models (o-series, GPT-5) refuse
+    # max_tokens and take max_completion_tokens only
+    max_tokens_param: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
+
+    @property
+    def name_upstream(self) -> str:
+        return self.upstream_model or self.id
+
+    @property
+    def api_key(self) -> str:
+        return os.environ.get(self.api_key_env, "") if self.api_key_env else ""
+
+    @property
+    def configured(self) -> bool:
+        """Whether the platform can call it at all: replicas known, or the API key present."""
+        if self.provider == "self-hosted":
+            return bool(self.base_urls)
+        return bool(self.base_urls) and bool(self.api_key)
+
+
+class AutoRouting(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """How `model="auto"` chooses: score below the threshold → the cheapest model; at or above →
+    the cheapest model of at least `strong_capability`. With a quality bar: the cheapest model
+    whose predicted quality on the prompt clears it."""
+
+    strong_capability: int = 2
+    # the platform defaults when a team sets none of quality bar, threshold and strong share:
+    # the bar when set, else the share
+    strong_share: Fraction = 0.3
+    quality_bar: Fraction | None = None
+
+
+class CatalogFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    models: tuple[ModelEntry, ...]
+    auto: AutoRouting = AutoRouting()
+
+
+class CatalogError(ValueError):
+    pass
+
+
+class Catalog:
+    def __init__(self, spec: CatalogFile) -> None:
+        self.models = {m.id: m for m in spec.models}
+        self.auto = spec.auto
+        if len(self.models) != len(spec.models):
+            raise CatalogError("model ids must be unique")
+        if "auto" in self.models:
+            raise CatalogError('"auto" is the router, not a model id')
+        for m in spec.models:
+            unknown = [f for f in m.fallbacks if f not in self.models or f == m.id]
+            if unknown:
+                raise CatalogError(f"{m.id}: unknown fallbacks {unknown}")
+
+    @classmethod
+    def load(cls, path: Path | str = DEFAULT_CATALOG, engine_urls: str = "") -> "Catalog":
+        try:
+            raw = tomllib.loads(Path(path).read_text())
+            spec = msgspec.convert(raw, CatalogFile)
+        except (OSError, tomllib.TOMLDecodeError, msgspec.ValidationError) as exc:
+            raise CatalogError(f"catalog {path}: {exc}") from exc
+        return cls(_with_engine_urls(spec, engine_urls) if engine_urls else spec)
+
+    def get(self, model_id: str) -> ModelEntry | None:
+        return self.models.get(model_id)
+
+    def chain(self, model_id: str) -> list[str]:
+        """The model and its fallbacks, transitively, each once, in the order to try them."""
+        order: list[str] = []
+        todo = [model_id]
+        while todo:
+            current = todo.pop(0)
+            if current in order or current not in self.models:
+                continue
+            order.append(current)
+            todo.extend(self.models[current].fallbacks)
+        return order
+
+    def by_price(self) -> list[ModelEntry]:
+        return sorted(self.models.values(), key=lambda m: (m.price.blended, -m.capability))
+
+
+def parse_engine_urls(spec: str, default_model: str) -> dict[str, tuple[str, ...]]:
+    """ "URL" or "MODEL=URL", comma-separated, a model repeated once per replica; a bare URL serves
+    `default_model`."""
+    replicas: dict[str, list[str]] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, sep, url = item.partition("=")
+        replicas.setdefault(name if sep else default_model, []).append(url if sep else item)
+    return {name: tuple(urls) for name, urls in replicas.items()}
+
+
+def _with_engine_urls(spec: CatalogFile, engine_urls: str) -> CatalogFile:
+    """`TOKENYARD_ENGINE_URLS` names the replicas of self-hosted models; a model it names that the
+    catalog lacks is added as a self-hosted model with default settings."""
+    self_hosted = [m.id for m in spec.models if m.provider == "self-hosted" and m.kind == "chat"]
+    default = self_hosted[0] if self_hosted else "self-hosted"
+    replicas = parse_engine_urls(engine_urls, default)
+    models = [
+        msgspec.structs.replace(m, base_urls=replicas[m.id]) if m.id in replicas else m
+        for m in spec.models
+    ]
+    known = {m.id for m in spec.models}
+    models += [
+        ModelEntry(id=name, provider="self-hosted", base_urls=urls, supports=ENGINE_SUPPORTS)
+        for name, urls in replicas.items()
+        if name not in known
+    ]
+    return msgspec.structs.replace(spec, models=tuple(models))
+
+
+def load_catalog(settings: Settings) -> Catalog:
+    """The catalog the settings name; self-hosted replicas from `engine_urls`, else from the file,
+    else the local servers: the engine (`engine_host`/`engine_port`) for the first self-hosted chat
+    model, the embeddings server (`embeddings_host`/`embeddings_port`) for the first embedding
+    one."""
+    path = settings.catalog or DEFAULT_CATALOG
+    catalog = Catalog.load(path, settings.engine_urls)
+    if settings.engine_urls:
+        return catalog
+    local = {
+        "chat": f"http://{settings.engine_host}:{settings.engine_port}",
+        "embedding": f"http://{settings.embeddings_host}:{settings.embeddings_port}",
+    }
+    urls = []
+    for kind, url in local.items():
+        missing = [
+            m
+            for m in catalog.models.values()
+            if m.provider == "self-hosted" and m.kind == kind and not m.base_urls
+        ]
+        if missing:
+            urls.append(f"{missing[0].id}={url}")
+    return Catalog.load(path, ",".join(urls)) if urls else catalog

@@ -1,0 +1,78 @@
+"""One Upstream per catalog entry, by provider, with its retries and its breaker."""
+
+from redis.asyncio import Redis
+
+from tokenyard.backends.anthropic import AnthropicUpstream
+from tokenyard.backends.anthropic import headers as anthropic_headers
+from tokenyard.backends.api import ApiClient
+from tokenyard.backends.base import ModelInfo, Upstream
+from tokenyard.backends.breaker import Breaker, BreakerConfig
+from tokenyard.backends.engine import EngineUpstream
+from tokenyard.backends.openai import OpenAIUpstream
+from tokenyard.backends.registry import Backends
+from tokenyard.backends.retry import Guard, RetryPolicy
+from tokenyard.core.settings import Settings
+from tokenyard.router.catalog import Catalog, ModelEntry
+
+
+def retry_policy(settings: Settings) -> RetryPolicy:
+    return RetryPolicy(
+        attempts=settings.backend_retry_attempts,
+        backoff_s=settings.backend_retry_backoff_s,
+        backoff_max_s=settings.backend_retry_backoff_max_s,
+        retry_after_max_s=settings.backend_retry_after_max_s,
+        connect_timeout_s=settings.backend_connect_timeout_s,
+        first_token_timeout_s=settings.backend_first_token_timeout_s,
+        read_timeout_s=settings.backend_read_timeout_s,
+    )
+
+
+def breaker_config(settings: Settings) -> BreakerConfig:
+    return BreakerConfig(
+        failures=settings.backend_breaker_failures,
+        error_rate=settings.backend_breaker_error_rate,
+        min_requests=settings.backend_breaker_min_requests,
+        window_s=settings.backend_breaker_window_s,
+        open_s=settings.backend_breaker_open_s,
+        probe_s=settings.backend_breaker_probe_s,
+    )
+
+
+def build_upstream(entry: ModelEntry, redis: Redis, settings: Settings) -> Upstream:
+    """The backend for a configured catalog entry (`entry.configured`)."""
+    if not entry.base_urls:
+        raise ValueError(f"{entry.id}: no base_urls")
+    info = ModelInfo(
+        name=entry.id,
+        provider=entry.provider,
+        max_model_len=entry.max_context,
+        max_tokens_param=entry.max_tokens_param,
+    )
+    policy = retry_policy(settings)
+    guard = Guard(info, policy, Breaker(entry.id, redis, breaker_config(settings)))
+    if entry.provider == "self-hosted":
+        return EngineUpstream(
+            info,
+            entry.base_urls,
+            guard,
+            cooldown_s=settings.backend_replica_cooldown_s,
+            affinity_margin=settings.backend_affinity_margin,
+            affinity_chars=settings.backend_affinity_chars,
+        )
+    guard.set_reachable(bool(entry.api_key))
+    base = entry.base_urls[0]
+    connections = settings.backend_max_connections
+    if entry.provider == "openai":
+        auth = {"authorization": f"Bearer {entry.api_key}"}
+        api = ApiClient(base, auth, policy, connections)
+        return OpenAIUpstream(info, entry.name_upstream, api, guard)
+    api = ApiClient(base, anthropic_headers(entry.api_key), policy, connections)
+    return AnthropicUpstream(info, entry.name_upstream, api, guard)
+
+
+def build_backends(catalog: Catalog, redis: Redis, settings: Settings) -> Backends:
+    """One backend per model the platform can call (replicas known, or its API key set)."""
+    upstreams: dict[str, Upstream] = {
+        m.id: build_upstream(m, redis, settings) for m in catalog.models.values() if m.configured
+    }
+    return Backends(upstreams)

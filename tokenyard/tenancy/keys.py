@@ -1,0 +1,281 @@
+"""API keys: their form, how a request's key is found and checked, and their management in SQL.
+
+A key is `ty-` + 32 random url-safe bytes. Only its sha256 is stored, with a short visible prefix so
+people can tell keys apart and revoke one without holding it. A key may carry a name (a label in
+listings), an expiry, from which on it is refused like a revoked one (gateways notice within their
+key-cache time, gateway_key_cache_s, twice over), and a list of models that narrows its team's.
+"""
+
+import hashlib
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlmodel import Session, col, or_, select
+
+from tokenyard.tenancy.errors import ManagementError
+from tokenyard.tenancy.models import ApiKey, Team
+from tokenyard.tenancy.policy import TeamPolicy, model_list, policy_of
+
+KEY_PREFIX_LEN = 12
+KEY_NAME_MAX = 64
+
+
+@dataclass
+class NewKey:
+    key: str  # shown once, never stored
+    prefix: str
+    team: str
+    name: str | None = None
+    expires_at: datetime | None = None
+    models: tuple[str, ...] = ()
+
+
+@dataclass
+class KeyInfo:
+    """A key as listings show it: never its hash or secret."""
+
+    prefix: str
+    team: str
+    revoked: bool
+    created_at: datetime
+    last_used_at: datetime | None
+    name: str | None = None
+    expires_at: datetime | None = None
+    models: tuple[str, ...] = ()
+
+    @property
+    def state(self) -> str:
+        if self.revoked:
+            return "revoked"
+        return "expired" if _expired(self.expires_at) else "active"
+
+    def record(self) -> dict[str, Any]:
+        """As the CLI and the admin API show it: never a hash or a secret."""
+        return {
+            "prefix": self.prefix,
+            "team": self.team,
+            "name": self.name,
+            "models": list(self.models),
+            "revoked": self.revoked,
+            "state": self.state,
+            "created_at": self.created_at.isoformat(),
+            "expires_at": self.expires_at.isoformat() if self.expires_at else None,
+            "last_used_at": self.last_used_at.isoformat() if self.last_used_at else None,
+        }
+
+
+def _expired(expires_at: datetime | None) -> bool:
+    return expires_at is not None and expires_at <= datetime.now(UTC)
+
+
+def _models_within(team: Team, models: Sequence[str]) -> tuple[str, ...]:
+    """The models a key names, stripped and each once; refuses one its team may not use."""
+    wanted = tuple(dict.fromkeys(m.strip() for m in models if m.strip()))
+    if any("," in m for m in wanted):
+        raise ValueError("a model id has no commas")
+    allowed = model_list(team.models)
+    if outside := [m for m in wanted if allowed and m not in allowed]:
+        raise ValueError(f"team {team.name!r} may not use {', '.join(outside)}")
+    return wanted
+
+
+def _info(key: ApiKey, team: Team) -> KeyInfo:
+    return KeyInfo(
+        key.prefix,
+        team.name,
+        key.revoked,
+        key.created_at,
+        key.last_used_at,
+        key.name,
+        key.expires_at,
+        model_list(key.models),
+    )
+
+
+def _named(name: str | None) -> str | None:
+    """The key's name, stripped (None when blank); refuses a long or unprintable one."""
+    name = (name or "").strip() or None
+    if name is not None and (len(name) > KEY_NAME_MAX or not name.isprintable()):
+        raise ValueError(f"a key's name is 1 to {KEY_NAME_MAX} printable characters")
+    return name
+
+
+def _check_expiry(expires_at: datetime | None) -> None:
+    if expires_at is not None and (expires_at.utcoffset() is None or _expired(expires_at)):
+        raise ValueError("a key's expiry must be a time in the future, with its time zone")
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def bearer_key(authorization: str | None) -> str | None:
+    """The key of an `Authorization: Bearer <key>` header (the scheme in any case, as HTTP has
+    it), or None."""
+    scheme, _, key = (authorization or "").partition(" ")
+    return (key.strip() or None) if scheme.lower() == "bearer" else None
+
+
+def key_prefix(authorization: str | None) -> str:
+    """The visible prefix of the bearer key (as stored in ApiKey.prefix), never the secret."""
+    return (bearer_key(authorization) or "")[:KEY_PREFIX_LEN]
+
+
+def _new_key(
+    team_id: int, name: str | None = None, expires_at: datetime | None = None, models: str = ""
+) -> tuple[str, ApiKey]:
+    key = "ty-" + secrets.token_urlsafe(32)
+    row = ApiKey(
+        prefix=key[:KEY_PREFIX_LEN],
+        key_hash=hash_key(key),
+        team_id=team_id,
+        name=name,
+        expires_at=expires_at,
+        models=models,
+    )
+    return key, row
+
+
+def create_key(
+    sql: Engine,
+    team_name: str,
+    name: str | None = None,
+    expires_at: datetime | None = None,
+    models: Sequence[str] = (),
+) -> NewKey:
+    """A new key for the team, named, expiring and narrowed to some of the team's models as
+    asked (none named: the team's models, as they are when each request comes)."""
+    name = _named(name)
+    _check_expiry(expires_at)
+    with Session(sql) as session:
+        team = session.exec(select(Team).where(Team.name == team_name)).first()
+        if team is None or team.id is None:
+            raise ManagementError(f"no team {team_name!r}")
+        wanted = _models_within(team, models)
+        key, row = _new_key(team.id, name, expires_at, ",".join(wanted))
+        session.add(row)
+        session.commit()
+        return NewKey(key, row.prefix, team.name, name, expires_at, wanted)
+
+
+def revoke_key(sql: Engine, prefix: str) -> str:
+    """Revoke the key with this prefix; returns its hash so callers can drop cached lookups."""
+    with Session(sql) as session:
+        api_key = session.exec(select(ApiKey).where(ApiKey.prefix == prefix)).first()
+        if api_key is None:
+            raise ManagementError(f"no key with prefix {prefix!r}")
+        api_key.revoked = True
+        session.add(api_key)
+        session.commit()
+        return api_key.key_hash
+
+
+def update_key(sql: Engine, prefix: str, **changes: Any) -> tuple[KeyInfo, str]:
+    """Change an unrevoked key's name, expiry or models (a field left out is kept; None clears a
+    name or an expiry, an empty list the models). A new expiry may revive an expired key. Returns
+    the key as listings show it, and its hash for the caller to drop its cached lookup."""
+    if unknown := sorted(set(changes) - {"name", "expires_at", "models"}):
+        raise ValueError(f"a key has no field {unknown[0]!r}")
+    with Session(sql) as session:
+        row = session.exec(
+            select(ApiKey, Team)
+            .join(Team, ApiKey.team_id == Team.id)  # type: ignore[arg-type]
+            .where(ApiKey.prefix == prefix)
+        ).first()
+        if row is None or row[0].revoked:
+            raise ManagementError(f"no active key with prefix {prefix!r}")
+        key, team = row
+        if "name" in changes:
+            key.name = _named(changes["name"])
+        if "expires_at" in changes:
+            _check_expiry(changes["expires_at"])
+            key.expires_at = changes["expires_at"]
+        if "models" in changes:
+            key.models = ",".join(_models_within(team, changes["models"] or ()))
+        session.add(key)
+        session.commit()
+        session.refresh(key)
+        return _info(key, team), key.key_hash
+
+
+def rotate_key(sql: Engine, prefix: str) -> tuple[NewKey, str]:
+    """A new key for the team of the key with this prefix, which is revoked in the same
+    transaction; the new key keeps the old one's name and expiry. Returns the new key (its secret
+    shown once) and the old key's hash, for the caller to drop its cached lookup."""
+    with Session(sql) as session:
+        old = session.exec(select(ApiKey).where(ApiKey.prefix == prefix)).first()
+        if old is None or old.revoked:
+            raise ManagementError(f"no active key with prefix {prefix!r}")
+        team = session.get(Team, old.team_id)
+        assert team is not None  # a key's team_id is a foreign key
+        key, new = _new_key(old.team_id, old.name, old.expires_at, old.models)
+        old.revoked = True
+        session.add(old)
+        session.add(new)
+        session.commit()
+        made = NewKey(key, new.prefix, team.name, new.name, new.expires_at, model_list(new.models))
+        return made, old.key_hash
+
+
+def list_keys(sql: Engine, team: str | None = None) -> list[KeyInfo]:
+    """Keys (of one team, or all), newest first."""
+    query = select(ApiKey, Team).join(Team, ApiKey.team_id == Team.id)  # type: ignore[arg-type]
+    if team is not None:
+        query = query.where(Team.name == team)
+    with Session(sql) as session:
+        rows = session.exec(query.order_by(col(ApiKey.created_at).desc()))
+        return [_info(k, t) for k, t in rows]
+
+
+def active_key_hashes(sql: Engine, team: str) -> list[str]:
+    """Hashes of a team's unrevoked keys: what to drop from the auth cache when the team changes."""
+    with Session(sql) as session:
+        return list(
+            session.exec(
+                select(ApiKey.key_hash)
+                .join(Team, ApiKey.team_id == Team.id)  # type: ignore[arg-type]
+                .where(Team.name == team, ApiKey.revoked == False)  # noqa: E712
+            )
+        )
+
+
+def lookup_key(sql: Engine, key_hash: str) -> TeamPolicy | None:
+    """The team of an active key (not revoked, not expired, its team enabled), or None. The hash
+    is looked up by index: equality on a sha256 of the secret, so timing reveals nothing usable
+    about the key itself."""
+    with Session(sql) as session:
+        row = session.exec(
+            select(ApiKey, Team)
+            .join(Team, ApiKey.team_id == Team.id)  # type: ignore[arg-type]
+            .where(
+                ApiKey.key_hash == key_hash,
+                ApiKey.revoked == False,  # noqa: E712
+                Team.disabled == False,  # noqa: E712
+                or_(col(ApiKey.expires_at).is_(None), col(ApiKey.expires_at) > datetime.now(UTC)),
+            )
+        ).first()
+        if row is None:
+            return None
+        api_key, team = row
+        # the index lookup already matched; compare again in constant time as the rule for secrets
+        if not secrets.compare_digest(api_key.key_hash, key_hash):
+            return None
+        return policy_of(team, api_key.models)
+
+
+def policy_by_prefix(sql: Engine, team_name: str, prefix: str) -> TeamPolicy | None:
+    """The policy a batch job's requests run under: its team's (None once the team is gone),
+    narrowed by the models of the key that created the job, found by its prefix. That key may since
+    have been revoked or have expired: a job accepted runs to its end."""
+    with Session(sql) as session:
+        team = session.exec(select(Team).where(Team.name == team_name)).first()
+        if team is None:
+            return None
+        key = session.exec(
+            select(ApiKey).where(ApiKey.prefix == prefix, ApiKey.team_id == team.id)
+        ).first()
+        return policy_of(team, key.models if key else "")

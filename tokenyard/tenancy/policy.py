@@ -1,0 +1,58 @@
+"""What the request path knows of a key's team: its limits and routing settings, from its row."""
+
+import msgspec
+
+from tokenyard.tenancy.models import Team
+
+# an allowed-models list that matches no model: empty would mean every model
+NO_MODEL = ""
+
+
+class TeamPolicy(msgspec.Struct, frozen=True):
+    """What the request path needs to know about a key's team; cached, so small and immutable."""
+
+    team: str
+    rpm: int = 0  # 0: unlimited (the Lua script's convention)
+    tpm: int = 0
+    tokens_per_day: int = 0
+    batch_tokens_per_day: int = 0  # the batch tier's own daily budget, instead of tokens_per_day
+    usd_per_day: float = 0.0
+    concurrency: int = 0
+    kv_pages: int = 0
+    max_tokens: int = 0
+    max_context: int = 0
+    models: tuple[str, ...] = ()
+    default_tier: str = "interactive"
+    auto_threshold: float | None = None
+    strong_share: float | None = None
+    auto_quality: float | None = None
+
+
+def policy_of(team: Team, key_models: str = "") -> TeamPolicy:
+    """The team's policy as a key of it sees it: a key that names models narrows the team's list
+    to those (to none, where the two share none)."""
+    models = model_list(team.models)
+    if own := model_list(key_models):
+        models = tuple(m for m in own if not models or m in models) or (NO_MODEL,)
+    return TeamPolicy(
+        team=team.name,
+        rpm=team.rpm or 0,
+        tpm=team.tpm or 0,
+        tokens_per_day=team.tokens_per_day or 0,
+        batch_tokens_per_day=team.batch_tokens_per_day or 0,
+        usd_per_day=team.usd_per_day or 0.0,
+        concurrency=team.concurrency or 0,
+        kv_pages=team.kv_pages or 0,
+        max_tokens=team.max_tokens or 0,
+        max_context=team.max_context or 0,
+        models=models,
+        default_tier=team.default_tier,
+        auto_threshold=team.auto_threshold,
+        strong_share=team.strong_share,
+        auto_quality=team.auto_quality,
+    )
+
+
+def model_list(models: str) -> tuple[str, ...]:
+    """A stored comma-separated list of model ids (a team's or a key's) as a tuple."""
+    return tuple(m for m in models.split(",") if m)

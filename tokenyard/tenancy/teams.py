@@ -1,0 +1,116 @@
+"""Teams in SQL: create, read, change limits, disable and enable, delete.
+
+Operations that change what a team's keys may do return those keys' hashes: the gateways cache key
+lookups, and the caller (tenancy/service.py) drops them so the change applies at once.
+"""
+
+import re
+from typing import Any
+
+from sqlalchemy import Engine
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, select
+
+from tokenyard.tenancy.errors import AlreadyExists, ManagementError
+from tokenyard.tenancy.keys import active_key_hashes
+from tokenyard.tenancy.limits import LIMIT_FIELDS, problem
+from tokenyard.tenancy.models import ApiKey, Team
+
+# team names appear in Redis keys and metrics labels: keep them plain
+# a first letter or digit: "." and ".." would otherwise be names, and break /admin/teams/{name}
+TEAM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+TEAM_NAME_RULE = "1 to 64 letters, digits, '_', '.' or '-', starting with a letter or digit"
+
+
+def _apply(team: Team, limits: dict[str, Any]) -> None:
+    for name, value in limits.items():
+        if name not in LIMIT_FIELDS:
+            raise ValueError(f"unknown team field {name!r}")
+        if (error := problem(name, value)) is not None:
+            raise ValueError(f"{name} {error}")
+        if name == "models" and not isinstance(value, str):
+            value = ",".join(value)
+        setattr(team, name, value)
+
+
+def _existing(session: Session, name: str) -> Team:
+    team = session.exec(select(Team).where(Team.name == name)).first()
+    if team is None:
+        raise ManagementError(f"no team {name!r}")
+    return team
+
+
+def create_team(sql: Engine, name: str, **limits: Any) -> Team:
+    if not TEAM_NAME.fullmatch(name):
+        raise ValueError(f"team names are {TEAM_NAME_RULE}")
+    team = Team(name=name)
+    _apply(team, limits)
+    with Session(sql) as session:
+        session.add(team)
+        try:
+            session.commit()
+        except IntegrityError:
+            # the name's unique index decides, so two concurrent creates cannot both pass a check
+            # made before the insert
+            raise AlreadyExists(f"team {name!r} already exists") from None
+        session.refresh(team)
+        return team
+
+
+def update_team(sql: Engine, name: str, **limits: Any) -> tuple[Team, list[str]]:
+    """Change a team's limits. Returns the team and its active keys' hashes."""
+    with Session(sql) as session:
+        team = _existing(session, name)
+        _apply(team, limits)
+        session.add(team)
+        session.commit()
+        session.refresh(team)
+    return team, active_key_hashes(sql, name)
+
+
+def set_disabled(sql: Engine, name: str, disabled: bool) -> tuple[Team, list[str]]:
+    """Disable (or enable) a team: its keys are refused while it is disabled. Returns the team
+    and its active keys' hashes."""
+    with Session(sql) as session:
+        team = _existing(session, name)
+        team.disabled = disabled
+        session.add(team)
+        session.commit()
+        session.refresh(team)
+    return team, active_key_hashes(sql, name)
+
+
+def delete_team(sql: Engine, name: str) -> list[str]:
+    """Delete a team and its keys (so they stop working); its usage records stay, under its name.
+    Returns the deleted keys' hashes."""
+    with Session(sql) as session:
+        team = _existing(session, name)
+        keys = list(session.exec(select(ApiKey).where(ApiKey.team_id == team.id)))
+        hashes = [k.key_hash for k in keys if not k.revoked]
+        for key in keys:
+            session.delete(key)
+        session.delete(team)
+        session.commit()
+        return hashes
+
+
+def get_team(sql: Engine, name: str) -> Team | None:
+    with Session(sql) as session:
+        return session.exec(select(Team).where(Team.name == name)).first()
+
+
+def list_teams(sql: Engine) -> list[Team]:
+    with Session(sql) as session:
+        return list(session.exec(select(Team).order_by(Team.name)))
+
+
+def team_record(team: Team) -> dict[str, Any]:
+    """A team as the CLI and the admin API show it: its name, state and limits (None: unlimited);
+    never its webhook secret."""
+    limits = {name: getattr(team, name) for name in LIMIT_FIELDS}
+    return {
+        "name": team.name,
+        **limits,
+        "disabled": team.disabled,
+        "created_at": team.created_at.isoformat(),
+    }
