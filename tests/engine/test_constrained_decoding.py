@@ -17,7 +17,7 @@ from tests.engine.conftest import assert_all_blocks_free, greedy, run_to_complet
 from tests.engine.test_speculative import PLAIN, SPECULATIVE, counters
 from tokenyard.engine.constraints import Constraint, Constraints, Masks, unenforceable
 from tokenyard.engine.outputs import RequestError
-from tokenyard.engine.sequence import GenerationRequest, Priority, SamplingParams, Sequence
+from tokenyard.engine.sequence import GenerationRequest, Priority, SamplingParams
 
 PERSON = {
     "type": "object",
@@ -230,17 +230,16 @@ def test_masks_fill_beside_the_forward_pass_only_with_a_cpu_to_spare(engine_fact
         return fill(self, seqs, drafts)
 
     monkeypatch.setattr(Constraints, "_fill", spy)
-    params = SamplingParams(constraint=Constraint.json_schema(PERSON))
+    constraint = Constraint.json_schema(PERSON)
     for threads in (cpus, cpus - 1):
         monkeypatch.setattr(torch, "get_num_threads", lambda threads=threads: threads)
         constraints = Constraints(
             tokenizer.hf, len(tokenizer.hf), tokenizer.eos_token_ids, torch.device("cpu")
         )
-        seqs = [Sequence(i, GenerationRequest(str(i), [1], params), 0, [1]) for i in range(3)]
-        for seq in seqs:
-            constraints.start(seq)
-        constraints.accept(seqs[1], tokenizer.encode("{")[0])  # one sequence a token further
-        masks[threads] = constraints.masks(seqs, [[] for _ in seqs]).result()
+        for seq_id in range(3):
+            constraints.start(seq_id, constraint)
+        constraints.accept(1, tokenizer.encode("{")[0])  # one sequence a token further
+        masks[threads] = constraints.masks([0, 1, 2], [[], [], []]).result()
     assert fills == [True, False]  # the step's thread with no CPU to spare, then the worker
     assert torch.equal(masks[cpus].forbidden, masks[cpus - 1].forbidden)
     assert not torch.equal(masks[cpus].forbidden[0], masks[cpus].forbidden[1])

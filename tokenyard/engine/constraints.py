@@ -21,14 +21,11 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import numpy as np
 import torch
 import xgrammar as xgr
-
-if TYPE_CHECKING:  # sequence.py holds a Constraint in its sampling parameters
-    from tokenyard.engine.sequence import Sequence
 
 # JSON schema keywords xgrammar 0.2 accepts but does not enforce (checked one by one against it):
 # a schema using one is refused rather than served unchecked
@@ -184,41 +181,42 @@ class Constraints:
 
     # ------------------------------------------------------------ per sequence
 
-    def start(self, seq: "Sequence") -> None:
-        constraint = seq.request.params.constraint
+    # sequences by their ids: the grammar needs nothing else of them
+
+    def start(self, seq_id: int, constraint: Constraint | None) -> None:
         if constraint is not None:
-            self._matchers[seq.seq_id] = xgr.GrammarMatcher(self.compile(constraint))
+            self._matchers[seq_id] = xgr.GrammarMatcher(self.compile(constraint))
 
-    def forget(self, seq: "Sequence") -> None:
-        self._matchers.pop(seq.seq_id, None)
+    def forget(self, seq_id: int) -> None:
+        self._matchers.pop(seq_id, None)
 
-    def accept(self, seq: "Sequence", token: int) -> bool:
+    def accept(self, seq_id: int, token: int) -> bool:
         """Advance past an emitted token; True once the grammar is complete (and the output
         must end)."""
-        matcher = self._matchers.get(seq.seq_id)
+        matcher = self._matchers.get(seq_id)
         if matcher is None:
             return False
         matcher.accept_token(token)
         return matcher.is_terminated()
 
-    def masks(self, seqs: list["Sequence"], drafts: list[list[int]]) -> Future | None:
+    def masks(self, seq_ids: list[int], drafts: list[list[int]]) -> Future | None:
         """Start filling the masks of the step's rows (the last token and each draft token of
         each producing sequence, in order); None when no sequence is constrained."""
-        if not any(seq.seq_id in self._matchers for seq in seqs):
+        if not any(seq_id in self._matchers for seq_id in seq_ids):
             return None
         if self._worker is not None:
-            return self._worker.submit(self._fill, seqs, drafts)
+            return self._worker.submit(self._fill, seq_ids, drafts)
         done: Future = Future()
-        done.set_result(self._fill(seqs, drafts))
+        done.set_result(self._fill(seq_ids, drafts))
         return done
 
-    def _fill(self, seqs: list["Sequence"], drafts: list[list[int]]) -> Masks:
+    def _fill(self, seq_ids: list[int], drafts: list[list[int]]) -> Masks:
         num_rows = sum(1 + len(d) for d in drafts)
         bitmask = xgr.allocate_token_bitmask(num_rows, self.vocab_size)
         rows: list[int] = []
         row = 0
-        for seq, draft in zip(seqs, drafts, strict=True):
-            matcher = self._matchers.get(seq.seq_id)
+        for seq_id, draft in zip(seq_ids, drafts, strict=True):
+            matcher = self._matchers.get(seq_id)
             if matcher is not None:
                 walked = 0
                 for i in range(len(draft) + 1):

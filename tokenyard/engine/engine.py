@@ -126,7 +126,7 @@ class LLMEngine:
         self._requests[request.request_id] = seqs
         for seq in seqs:
             self._texts[seq.seq_id] = IncrementalText(list(request.params.stop))
-            self.constraints.start(seq)
+            self.constraints.start(seq.seq_id, request.params.constraint)
             self.scheduler.add(seq)
         self._publish_load()
 
@@ -177,7 +177,7 @@ class LLMEngine:
         step = self.runner.prepare(batch)
         producing = step.producing
         # the grammar masks may fill while the forward pass runs
-        masks = self.constraints.masks(producing, step.drafts)
+        masks = self.constraints.masks([seq.seq_id for seq in producing], step.drafts)
         logits = self.runner.run(step)
         masks = masks.result() if masks else None
         emitted = self.sampler.verify(logits, producing, step.drafts, masks) if step.rows else []
@@ -221,7 +221,7 @@ class LLMEngine:
                 timings.token_gaps.append(elapsed - timings.last_token)
             timings.last_token = elapsed
             is_eos = token in self.tokenizer.eos_token_ids and not params.ignore_eos
-            grammar_done = self.constraints.accept(seq, token)
+            grammar_done = self.constraints.accept(seq.seq_id, token)
             if is_eos or token in params.stop_token_ids or grammar_done:
                 finish = "stop"
             else:
@@ -278,7 +278,7 @@ class LLMEngine:
     def _forget(self, seq: Sequence) -> None:
         self._texts.pop(seq.seq_id, None)
         self.sampler.forget(seq)
-        self.constraints.forget(seq)
+        self.constraints.forget(seq.seq_id)
 
     def _update_gauges(self, preempted: int) -> None:
         m = self.metrics
