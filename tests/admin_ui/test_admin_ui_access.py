@@ -19,6 +19,7 @@ from tests.gateway.conftest import MODEL, Gateway
 from tokenyard.admin_ui import throttle
 from tokenyard.app import create_app
 from tokenyard.billing.models import UsageDaily
+from tokenyard.tenancy import keys
 
 PUBLIC = {"/admin/login", "/admin/team-usage/login", "/admin/static/admin.css"}
 CHAT = [{"role": "user", "content": "one two three #chunks=3"}]
@@ -319,6 +320,67 @@ def test_keys_are_created_with_a_name_and_an_expiry(admin: httpx.Client, team: A
             data={"team": name, field: bad, "csrf": csrf_of(admin.get("/admin/keys"))},
         )
         assert refused.status_code == 400 and message in refused.text, bad
+
+
+def test_a_key_is_changed_in_place(admin: httpx.Client, admin_gateway: Gateway, team: Any) -> None:
+    name, key = team()
+    prefix = key[:12]
+    assert f'href="/admin/keys/{prefix}"' in admin.get(f"/admin/teams/{name}").text
+    page = admin.get(f"/admin/keys/{prefix}")
+    assert page.status_code == 200 and 'name="expires_at"' in page.text
+    wanted = {"name": "renamed", "models": MODEL, "expires_at": "2099-01-02T03:04"}
+    saved = admin.post(f"/admin/keys/{prefix}", data={**wanted, "csrf": csrf_of(page)})
+    assert saved.status_code == 303 and saved.headers["location"] == f"/admin/keys?saved={prefix}"
+    listing = admin.get(f"/admin/teams/{name}").text
+    assert "<td>renamed</td>" in listing and "<td>2099-01-02 03:04</td>" in listing
+    assert f"<td>{MODEL}</td>" in listing
+    again = admin.get(f"/admin/keys/{prefix}").text  # the form shows what was saved
+    assert 'value="renamed"' in again and 'value="2099-01-02T03:04"' in again
+    assert f'value="{MODEL}" checked' in again
+    client = admin_gateway.client(key)
+    assert client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=4).choices
+    for field, bad, message in (
+        ("expires_at", "soon", "a date and time (UTC)"),
+        ("expires_at", "2001-01-01T00:00", "must be a time in the future"),
+        ("models", "gpt-nope", "not in the catalog: gpt-nope"),
+        ("name", "x" * 65, "printable characters"),
+    ):
+        form = {**wanted, field: bad, "csrf": csrf_of(page)}
+        refused = admin.post(f"/admin/keys/{prefix}", data=form)
+        assert refused.status_code == 400 and message in refused.text, bad
+        assert "Nothing was saved" in refused.text
+    assert "<td>renamed</td>" in admin.get(f"/admin/teams/{name}").text  # kept
+    # blank fields clear the name, the expiry and the models (the team's again)
+    page = admin.get(f"/admin/keys/{prefix}")
+    cleared = admin.post(f"/admin/keys/{prefix}", data={"name": "", "csrf": csrf_of(page)})
+    assert cleared.status_code == 303
+    listing = admin.get(f"/admin/teams/{name}").text
+    assert "renamed" not in listing and "2099-01-02" not in listing
+    assert "<td>the team&#39;s</td>" in listing
+    admin.post(f"/admin/keys/{prefix}/revoke", data={"csrf": csrf_of(page)})
+    assert admin.get(f"/admin/keys/{prefix}").status_code == 404  # a revoked key is not edited
+    gone = admin.post(f"/admin/keys/{prefix}", data={**wanted, "csrf": csrf_of(page)})
+    assert gone.status_code == 404
+
+
+def test_an_expired_key_is_renamed_and_revived(admin: httpx.Client, team: Any, sql: Any) -> None:
+    """The form shows an expiry to the minute; sent back unchanged it is kept, so renaming an
+    expired key is not refused as an expiry in the past. A later expiry revives it."""
+    name, _ = team()
+    soon = datetime.now(UTC) + timedelta(seconds=1)
+    prefix = keys.create_key(sql, name, "old", soon).prefix
+    time.sleep(max(0.0, (soon - datetime.now(UTC)).total_seconds()) + 0.1)
+    page = admin.get(f"/admin/keys/{prefix}")
+    assert "State: expired" in page.text
+    shown = soon.strftime("%Y-%m-%dT%H:%M")
+    form = {"name": "renamed", "expires_at": shown, "csrf": csrf_of(page)}
+    assert admin.post(f"/admin/keys/{prefix}", data=form).status_code == 303
+    renamed = keys.get_key(sql, prefix)
+    assert renamed is not None and renamed.name == "renamed" and renamed.expires_at == soon
+    form["expires_at"] = "2099-01-01T00:00"
+    assert admin.post(f"/admin/keys/{prefix}", data=form).status_code == 303
+    revived = keys.get_key(sql, prefix)
+    assert revived is not None and revived.state == "active"
 
 
 def test_a_quota_change_reaches_another_gateway_within_a_second(

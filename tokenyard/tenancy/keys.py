@@ -174,6 +174,12 @@ def revoke_key(sql: Engine, prefix: str) -> str:
         return api_key.key_hash
 
 
+def _with_team(session: Session, prefix: str) -> tuple[ApiKey, Team] | None:
+    """The key with this prefix and its team."""
+    query = select(ApiKey, Team).join(Team, ApiKey.team_id == Team.id)  # type: ignore[arg-type]
+    return session.exec(query.where(ApiKey.prefix == prefix)).first()
+
+
 def update_key(sql: Engine, prefix: str, **changes: Any) -> tuple[KeyInfo, str]:
     """Change an unrevoked key's name, expiry or models (a field left out is kept; None clears a
     name or an expiry, an empty list the models). A new expiry may revive an expired key. Returns
@@ -181,11 +187,7 @@ def update_key(sql: Engine, prefix: str, **changes: Any) -> tuple[KeyInfo, str]:
     if unknown := sorted(set(changes) - {"name", "expires_at", "models"}):
         raise ValueError(f"a key has no field {unknown[0]!r}")
     with Session(sql) as session:
-        row = session.exec(
-            select(ApiKey, Team)
-            .join(Team, ApiKey.team_id == Team.id)  # type: ignore[arg-type]
-            .where(ApiKey.prefix == prefix)
-        ).first()
+        row = _with_team(session, prefix)
         if row is None or row[0].revoked:
             raise ManagementError(f"no active key with prefix {prefix!r}")
         key, team = row
@@ -219,6 +221,13 @@ def rotate_key(sql: Engine, prefix: str) -> tuple[NewKey, str]:
         session.commit()
         made = NewKey(key, new.prefix, team.name, new.name, new.expires_at, model_list(new.models))
         return made, old.key_hash
+
+
+def get_key(sql: Engine, prefix: str) -> KeyInfo | None:
+    """The key with this prefix, as listings show it (revoked ones too)."""
+    with Session(sql) as session:
+        row = _with_team(session, prefix)
+        return None if row is None else _info(*row)
 
 
 def list_keys(sql: Engine, team: str | None = None) -> list[KeyInfo]:

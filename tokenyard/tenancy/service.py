@@ -63,6 +63,9 @@ class Tenancy:
     async def keys(self, team: str | None = None) -> list[KeyInfo]:
         return await self._run(keys.list_keys, team)
 
+    async def key(self, prefix: str) -> KeyInfo | None:
+        return await self._run(keys.get_key, prefix)
+
     # changes
 
     async def create_team(self, name: str, **limits: Any) -> Team:

@@ -1,7 +1,9 @@
 """API keys: every team's, with their names, expiries and last use; create (the secret shown once,
-optionally named and expiring), rotate and revoke."""
+optionally named and expiring), change a key's name, models and expiry in place, rotate and
+revoke."""
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 from urllib.parse import quote
 
 from litestar import Controller, Request, Response, get, post
@@ -10,10 +12,12 @@ from litestar.params import FromPath
 from litestar.response import Redirect
 
 from tokenyard.admin_ui import forms, render
-from tokenyard.admin_ui.access import admin_only, proxy_of, tenancy_of
+from tokenyard.admin_ui.access import admin_only, proxy_of, settings_of, tenancy_of
 from tokenyard.gateway import auth
 from tokenyard.tenancy.errors import ManagementError
 from tokenyard.tenancy.keys import KeyInfo
+
+EXPIRY_FORMAT = "%Y-%m-%dT%H:%M"  # an <input type="datetime-local">'s value, read as UTC
 
 
 async def last_used(request: Request, listed: list[KeyInfo]) -> dict[str, datetime | None]:
@@ -25,6 +29,16 @@ async def last_used(request: Request, listed: list[KeyInfo]) -> dict[str, dateti
         k.prefix: datetime.fromtimestamp(int(s), UTC) if s else k.last_used_at
         for k, s in zip(listed, stamps, strict=True)
     }
+
+
+def _models(form: Any) -> list[str]:
+    return [m for m in form.getall("models", []) if isinstance(m, str) and m]
+
+
+def _outside_catalog(request: Request, models: list[str]) -> str:
+    """The refusal for models the catalog does not have ("" when all are in it)."""
+    unknown = sorted(set(models) - set(proxy_of(request).router.catalog.models))
+    return f"not in the catalog: {', '.join(unknown)}" if unknown else ""
 
 
 class Keys(Controller):
@@ -42,6 +56,7 @@ class Keys(Controller):
             catalog=list(proxy_of(request).router.catalog.models),
             last_used=await last_used(request, listed),
             revoked=request.query_params.get("revoked", ""),
+            saved=request.query_params.get("saved", ""),
             error=error,
         )
 
@@ -57,9 +72,9 @@ class Keys(Controller):
             expires = datetime.now(UTC) + timedelta(days=float(days)) if days else None
         except (ValueError, OverflowError):
             return await self._page(request, 400, "Expires in: a number of days, or blank")
-        models = [m for m in form.getall("models", []) if isinstance(m, str) and m]
-        if unknown := sorted(set(models) - set(proxy_of(request).router.catalog.models)):
-            return await self._page(request, 400, f"not in the catalog: {', '.join(unknown)}")
+        models = _models(form)
+        if unknown := _outside_catalog(request, models):
+            return await self._page(request, 400, unknown)
         try:
             new = await tenancy_of(request).create_key(
                 forms.text(form, "team"), forms.text(form, "name"), expires, models
@@ -69,6 +84,69 @@ class Keys(Controller):
         except ValueError as exc:  # the name, an expiry not in the future, a model not the team's
             return await self._page(request, 400, str(exc))
         return await render.page(request, "key_created.html", 201, new=new, replaced="")
+
+    async def _key_page(
+        self,
+        request: Request,
+        key: KeyInfo,
+        values: dict[str, Any],
+        status: int = 200,
+        error: str = "",
+    ) -> Response:
+        team = await tenancy_of(request).team(key.team)
+        allowed = [m for m in (team.models or "").split(",") if m] if team else []
+        return await render.page(
+            request,
+            "key.html",
+            status,
+            key=key,
+            values=values,
+            models=allowed or list(proxy_of(request).router.catalog.models),
+            cache_s=settings_of(request).gateway_key_cache_s,
+            error=error,
+        )
+
+    async def _active(self, request: Request, prefix: str) -> KeyInfo:
+        key = await tenancy_of(request).key(prefix)
+        if key is None or key.revoked:
+            raise NotFoundException(f"no active key with prefix {prefix!r}")
+        return key
+
+    @get("/keys/{prefix:str}")
+    async def key_page(self, request: Request, prefix: FromPath[str]) -> Response:
+        key = await self._active(request, prefix)
+        expires = key.expires_at.strftime(EXPIRY_FORMAT) if key.expires_at else ""
+        values = {"name": key.name or "", "models": key.models, "expires_at": expires}
+        return await self._key_page(request, key, values)
+
+    @post("/keys/{prefix:str}")
+    async def update_key(self, request: Request, prefix: FromPath[str]) -> Response:
+        """The form's name, models and expiry; an expiry shown and sent back unchanged is kept
+        to the second (the form shows minutes), so renaming an expired key is not refused."""
+        key = await self._active(request, prefix)
+        form = await request.form()
+        expires = forms.text(form, "expires_at").strip()
+        models = _models(form)
+        values = {"name": forms.text(form, "name"), "models": models, "expires_at": expires}
+        if unknown := _outside_catalog(request, models):
+            return await self._key_page(request, key, values, 400, unknown)
+        changes: dict[str, Any] = {"name": values["name"].strip() or None, "models": models}
+        shown = key.expires_at.strftime(EXPIRY_FORMAT) if key.expires_at else ""
+        if expires != shown:
+            try:
+                changes["expires_at"] = (
+                    datetime.fromisoformat(expires).replace(tzinfo=UTC) if expires else None
+                )
+            except ValueError:
+                error = "Expires: a date and time (UTC), or blank"
+                return await self._key_page(request, key, values, 400, error)
+        try:
+            await tenancy_of(request).update_key(prefix, **changes)
+        except ManagementError as exc:  # revoked meanwhile
+            raise NotFoundException(str(exc)) from None
+        except ValueError as exc:  # the name, an expiry not in the future, a model not the team's
+            return await self._key_page(request, key, values, 400, str(exc))
+        return Redirect(f"/admin/keys?saved={quote(prefix)}", status_code=303)
 
     @post("/keys/{prefix:str}/revoke")
     async def revoke_key(self, request: Request, prefix: FromPath[str]) -> Response:
