@@ -7,9 +7,10 @@ import pytest
 from sqlmodel import Session, select
 
 from tests.batch.conftest import FAST, MODEL, jsonl, line, read_lines, submit, wait_final
-from tests.gateway.conftest import upstream_stats, wait_until
+from tests.gateway.conftest import HERE, upstream_stats, wait_until
 from tokenyard.billing.models import UsageRecord
 from tokenyard.gateway.quotas import day_number
+from tokenyard.tenancy import keys
 
 
 def test_sdk_round_trip(start_gateway: Any, team: Any, upstream: str, sql: Any) -> None:
@@ -85,6 +86,31 @@ def test_malformed_lines_go_to_the_error_file(start_gateway: Any, team: Any) -> 
     # a request the model refused has its response in the error file, as OpenAI's do
     [refused] = [e for e in errors if e["response"] is not None]
     assert refused["custom_id"] == "e" and refused["response"]["status_code"] == 400
+
+
+def test_a_job_runs_under_the_models_of_the_key_that_made_it(
+    start_gateway: Any, team: Any, upstream: str, sql: Any
+) -> None:
+    """A key narrowed to some of its team's models makes a batch job that runs under those models:
+    a line for another model the team may use fails alone, with the 404 the same request gets
+    through that key, and the others complete."""
+    gw = start_gateway(
+        **FAST,
+        catalog=str(HERE / "catalog_capabilities.toml"),
+        engine_urls=f"plain={upstream},{MODEL}={upstream}",
+    )
+    name, _ = team()
+    narrowed = keys.create_key(sql, name, "plain only", models=["plain"]).key
+    client = gw.client(narrowed)
+    with pytest.raises(openai.NotFoundError):  # interactively, as the baseline
+        client.chat.completions.create(**line("x", model=MODEL)["body"])
+    batch = submit(client, [line("mine", model="plain"), line("not-mine", model=MODEL)])
+    done = wait_final(client, batch.id)
+    assert (done.request_counts.completed, done.request_counts.failed) == (1, 1)
+    assert [o["custom_id"] for o in read_lines(client, done.output_file_id)] == ["mine"]
+    [refused] = read_lines(client, done.error_file_id)
+    assert refused["custom_id"] == "not-mine" and refused["response"]["status_code"] == 404
+    assert refused["response"]["body"]["error"]["code"] == "model_not_found"
 
 
 def test_bad_requests_are_refused_up_front(start_gateway: Any, team: Any) -> None:
