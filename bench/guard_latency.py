@@ -15,7 +15,7 @@ import statistics
 import time
 
 from tokenyard.guard.classifier import SafetyClassifier
-from tokenyard.guard.dataset import load
+from tokenyard.guard.training.dataset import load
 from tokenyard.router.embedding import WordPieces, tokenizer_json
 
 SIZES = (16, 128, 1024, 4096, 8192)

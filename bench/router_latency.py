@@ -31,8 +31,8 @@ from tokenyard.core.settings import Settings
 from tokenyard.gateway.proxy import Proxy
 from tokenyard.router.catalog import DEFAULT_CATALOG, Catalog
 from tokenyard.router.classifier import DEFAULT_ARTIFACT, ComplexityClassifier
-from tokenyard.router.dataset import load_domains, random_split
 from tokenyard.router.policy import AUTO, Router, Scorer
+from tokenyard.router.training.dataset import load_domains, random_split
 from tokenyard.router.upstreams import build_backends
 from tokenyard.tenancy.policy import TeamPolicy
 

@@ -45,10 +45,13 @@ def test_an_upward_import_or_training_code_in_serving_breaks_the_check(tmp_path:
     usage.write_text(usage.read_text() + "\nfrom tokenyard.gateway.proxy import Proxy  # noqa\n")
     # and serving reaching training code: the guard's runtime loading its data module
     service = tmp_path / "tokenyard" / "guard" / "service.py"
-    service.write_text(service.read_text() + "\nfrom tokenyard.guard import dataset  # noqa\n")
+    service.write_text(
+        service.read_text() + "\nfrom tokenyard.guard.training import dataset  # noqa\n"
+    )
     done = _lint(tmp_path)
     assert done.returncode == 1
     assert "tokenyard.core is not allowed to import tokenyard.gateway" in done.stdout
     assert "tokenyard.core.usage -> tokenyard.gateway.proxy" in done.stdout
-    assert "tokenyard.app is not allowed to import tokenyard.guard.dataset" in done.stdout
+    assert "tokenyard.app is not allowed to import tokenyard.guard.training" in done.stdout
+    assert "tokenyard.guard.service -> tokenyard.guard.training.dataset" in done.stdout
     assert "Contracts: 2 kept, 2 broken." in done.stdout

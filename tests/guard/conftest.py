@@ -18,8 +18,8 @@ from tests.gateway.conftest import (  # noqa: F401
     upstream,
 )
 from tokenyard.guard.classifier import DEFAULT_ARTIFACT, SafetyClassifier
-from tokenyard.guard.dataset import load
 from tokenyard.guard.taxonomy import CATEGORIES, HARMFUL
+from tokenyard.guard.training.dataset import load
 
 BENIGN = "What is the capital of France, and how many people live there?"
 

@@ -10,12 +10,12 @@ import pytest
 from sklearn.metrics import average_precision_score
 
 from tokenyard.guard.classifier import SafetyClassifier
-from tokenyard.guard.dataset import load
 from tokenyard.guard.policy import DEFAULT
 from tokenyard.guard.service import decide
 from tokenyard.guard.taxonomy import HARMFUL, HEADS, JAILBREAK
-from tokenyard.guard.train import UNSEEN_BENIGN, TrainConfig, split_of
-from tokenyard.router.dataset import load_routerbench
+from tokenyard.guard.training.dataset import load
+from tokenyard.guard.training.train import UNSEEN_BENIGN, TrainConfig, split_of
+from tokenyard.router.training.dataset import load_routerbench
 
 
 def test_heads_and_thresholds(classifier: SafetyClassifier) -> None:

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 
 from tokenyard.guard.classifier import SafetyClassifier
-from tokenyard.guard.dataset import (
+from tokenyard.guard.taxonomy import HEADS
+from tokenyard.guard.training.dataset import (
     BENIGN_CAP,
     EVAL_DIR,
     UNSAFE,
@@ -18,8 +19,7 @@ from tokenyard.guard.dataset import (
     _rows_benchmark_questions,
     load,
 )
-from tokenyard.guard.taxonomy import HEADS
-from tokenyard.guard.train import (
+from tokenyard.guard.training.train import (
     TrainConfig,
     evaluate,
     featurize,

@@ -16,7 +16,7 @@ from tests.gateway.conftest import (  # noqa: F401
     upstream,
 )
 from tokenyard.router.classifier import DEFAULT_ARTIFACT, ComplexityClassifier
-from tokenyard.router.dataset import Routed, load_domains
+from tokenyard.router.training.dataset import Routed, load_domains
 
 
 @dataclass

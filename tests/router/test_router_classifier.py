@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from tokenyard.router.catalog import DEFAULT_CATALOG, Catalog
-from tokenyard.router.dataset import random_split
-from tokenyard.router.metrics import router_metrics
-from tokenyard.router.train import prompts_hash
+from tokenyard.router.training.dataset import random_split
+from tokenyard.router.training.evaluation import router_metrics
+from tokenyard.router.training.train import prompts_hash
 
 from .conftest import Shipped
 

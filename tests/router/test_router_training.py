@@ -9,8 +9,12 @@ import pytest
 
 from tokenyard.router.classifier import ComplexityClassifier
 from tokenyard.router.cli import add_parser
-from tokenyard.router.costs import cost_quality, fit_curves, own_curves
-from tokenyard.router.dataset import (
+from tokenyard.router.embedding import WordPieces, edges, tokenizer_json
+from tokenyard.router.features import decode_features, encode_features, ratings
+from tokenyard.router.quality import QualityCurve
+from tokenyard.router.samples import Samples
+from tokenyard.router.training.costs import cost_quality, fit_curves, own_curves
+from tokenyard.router.training.dataset import (
     ROUTERBENCH_STRONG,
     ROUTERBENCH_WEAK,
     Routed,
@@ -21,12 +25,8 @@ from tokenyard.router.dataset import (
     normalise,
     random_split,
 )
-from tokenyard.router.embedding import WordPieces, edges, tokenizer_json
-from tokenyard.router.features import decode_features, encode_features, ratings
-from tokenyard.router.metrics import apgr, cpt, routing_curve
-from tokenyard.router.quality import QualityCurve
-from tokenyard.router.samples import Samples
-from tokenyard.router.train import (
+from tokenyard.router.training.evaluation import apgr, cpt, routing_curve
+from tokenyard.router.training.train import (
     Recipe,
     TrainConfig,
     choose,
@@ -115,7 +115,7 @@ def test_fit_learns_within_domains_not_which_domain_is_hardest(pieces: WordPiece
             prompts.append(" ".join(words + (["tricky"] if hard else ["plain"])))
             weak.append(0.0 if fails else 1.0)
             domain.append(d)
-    from tokenyard.router.dataset import Routed
+    from tokenyard.router.training.dataset import Routed
 
     rows = [Routed(p, d, d, w, 1.0) for p, d, w in zip(prompts, domain, weak, strict=True)]
     s = samples(rows, embed_raw(rows, table, pieces))
@@ -163,7 +163,7 @@ def test_cost_policy_buys_quality_with_money(domains: dict) -> None:
 
 def test_quality_curves_recover_a_known_curve() -> None:
     """Correctness drawn from a known curve of the score's logit: the fit finds it again."""
-    from tokenyard.router.dataset import Routed
+    from tokenyard.router.training.dataset import Routed
 
     rng = np.random.default_rng(1)
     scores = rng.uniform(0.02, 0.98, 20_000)

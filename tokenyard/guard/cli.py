@@ -37,7 +37,7 @@ def _forget(team: str) -> None:
 
 def _train(args: argparse.Namespace) -> int:
     from tokenyard.guard.classifier import ARTIFACT_DIR
-    from tokenyard.guard.train import TrainConfig, train
+    from tokenyard.guard.training.train import TrainConfig, train
 
     out = Path(args.out) if args.out else ARTIFACT_DIR
     config = TrainConfig(seed=args.seed, loso=not args.no_loso, jobs=args.jobs)
@@ -52,7 +52,7 @@ def _train(args: argparse.Namespace) -> int:
 
 
 def _data(args: argparse.Namespace) -> int:
-    from tokenyard.guard import dataset
+    from tokenyard.guard.training import dataset
 
     out = Path(args.out)
     counts = dataset.write(dataset.build(Path(args.source)), out)

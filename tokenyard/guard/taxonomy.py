@@ -1,6 +1,6 @@
 """The safety layer's taxonomy: the categories it scores, by OpenAI's moderation names, and the
 input-only jailbreak class. What serving needs of the training data's labels, without loading the
-data code (guard/dataset.py)."""
+data code (guard/training/dataset.py)."""
 
 # OpenAI's moderation categories the data supports, and the input-only jailbreak/injection class
 CATEGORIES = (

@@ -8,7 +8,7 @@ def _train(args: argparse.Namespace) -> int:
     # imported here so the rest of the CLI starts without loading scikit-learn
     import numpy as np
 
-    from tokenyard.router.train import ARTIFACT_DIR, TrainConfig, train
+    from tokenyard.router.training.train import ARTIFACT_DIR, TrainConfig, train
 
     rated = None
     if args.feedback:

@@ -1,7 +1,7 @@
 """The router's view of a prompt as stored with its usage record (`route_features`: the artifact
 version, the decision, the prompt's projected embedding and length; never its text), and what
 teams' ratings of such requests become: training rows (each served model's quality curve is fitted
-from them in router/costs.py, `own_curves`).
+from them in router/training/costs.py, `own_curves`).
 
 Ratings of requests the router sent to the weak class become rows whose weak quality is the score
 and strong quality 1 (a request the strong class served says nothing of what the weak one would

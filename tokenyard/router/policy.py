@@ -64,17 +64,31 @@ class Unsupported(Exception):
         self.refusal = found
 
 
+class Classifier(Protocol):
+    """What routing reads of a complexity classifier (router/classifier.py's as shipped)."""
+
+    @property
+    def version(self) -> str: ...
+
+    @property
+    def quality_curves(self) -> dict[str, QualityCurve]: ...
+
+    def route_score(self, prompt: str) -> RouteScore: ...
+
+    def threshold_for_strong_share(self, share: float) -> float: ...
+
+
 class Scorer:
     """The complexity classifier, loaded on first use so processes that never route "auto" (and
     the CLI) do not pay for loading it; thresholds from shares are cached."""
 
-    def __init__(self, load: Callable[[], Any]) -> None:
+    def __init__(self, load: Callable[[], Classifier]) -> None:
         self._load = load
-        self._classifier: Any = None
+        self._classifier: Classifier | None = None
         self._thresholds: dict[float, float] = {}
 
     @property
-    def classifier(self) -> Any:
+    def classifier(self) -> Classifier:
         if self._classifier is None:
             self._classifier = self._load()
         return self._classifier

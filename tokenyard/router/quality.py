@@ -5,8 +5,8 @@ A model's curve is a one-feature logistic regression of its correctness on the l
 router's score. The artifact carries one curve per model of RouterBench's data (11 models), fitted
 on leave-one-domain-out scores: the score of a prompt from a domain the classifier was not fitted
 on, which is what the served classifier gives on real traffic. A catalog entry names the model
-whose curve stands for it (`quality_reference`). Fitting is training's (router/costs.py): this
-module is what serving needs, numpy only.
+whose curve stands for it (`quality_reference`). Fitting is training's
+(router/training/costs.py): this module is what serving needs, numpy only.
 """
 
 from collections.abc import Sequence

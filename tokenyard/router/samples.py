@@ -1,5 +1,6 @@
-"""Training rows as the fit sees them (router/train.py): no prompt text, so the platform's rated
-requests (stored as embeddings, router/features.py) and benchmark prompts are alike."""
+"""Training rows as the fit sees them (router/training/train.py): no prompt text, so the
+platform's rated requests (stored as embeddings, router/features.py) and benchmark prompts are
+alike."""
 
 from collections.abc import Sequence
 from dataclasses import dataclass

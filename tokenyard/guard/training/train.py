@@ -1,6 +1,6 @@
 """Train the safety classifier (`tokenyard guard train`), evaluate it, write artifact and report.
 
-- Data: guard/data (guard/dataset.py), decontaminated against the hidden evaluation sets.
+- Data: guard/data (guard/training/dataset.py), decontaminated against the hidden evaluation sets.
 - Splits: within each source, by group (a template, a goal, a question: near-duplicates stay on
   one side), 70% train, 10% validation, 20% test, seeded.
 - Model: one logistic regression per head (guard/classifier.py's features), fitted on the train
@@ -41,10 +41,17 @@ from tokenyard.guard.classifier import (
     n_lexical,
     text_ids,
 )
-from tokenyard.guard.dataset import EVAL_DIR, SCARY_BENIGN_SOURCES, UNSAFE, Row, data_hash, load
 from tokenyard.guard.taxonomy import CATEGORIES, HARMFUL, HEADS, JAILBREAK
-from tokenyard.router.dataset import load_routerbench
+from tokenyard.guard.training.dataset import (
+    EVAL_DIR,
+    SCARY_BENIGN_SOURCES,
+    UNSAFE,
+    Row,
+    data_hash,
+    load,
+)
 from tokenyard.router.embedding import WordPieces, token_table, tokenizer_json
+from tokenyard.router.training.dataset import load_routerbench
 
 CACHE_DIR = Path("var") / "guard"
 ROUTER_CACHE = Path("var") / "router" / "minilm-token-table.npy"
@@ -532,7 +539,7 @@ def train(config: TrainConfig, out_dir: Path = ARTIFACT_DIR) -> dict[str, Any]:
     got = np.array([[clf.scores(r.text)[h] for h in HEADS] for r in sample])
     report["artifact_max_abs_diff"] = float(np.abs(got - test_scores[:200]).max())
     report["trained_s"] = metadata["trained_s"]
-    from tokenyard.guard.report import write_report
+    from tokenyard.guard.training.report import write_report
 
     write_report(report, out_dir / f"{NAME}-report")
     return report

@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 from sklearn.linear_model import LogisticRegression
 
-from tokenyard.router.dataset import Routed
 from tokenyard.router.features import Ratings
 from tokenyard.router.quality import QualityCurve, cheapest_clearing, logit
 from tokenyard.router.scorer import CompiledScorer
+from tokenyard.router.training.dataset import Routed
 
 BARS = (0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
 Curves = dict[str, QualityCurve]

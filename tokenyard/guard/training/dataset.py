@@ -22,9 +22,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from tokenyard.guard.taxonomy import CATEGORIES, JAILBREAK
-from tokenyard.router.dataset import load_mmlu, load_mt_bench
+from tokenyard.router.training.dataset import load_mmlu, load_mt_bench
 
-DATA_DIR = Path(__file__).parent / "data"
+DATA_DIR = Path(__file__).parents[1] / "data"
 SHARED = Path("/work/shared/data/safety")  # the default source of `tokenyard guard data`
 # sets that are not in the shared folder, kept in the project as their upstream files (gzip'd)
 UPSTREAM = DATA_DIR / "upstream"

@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tokenyard.router.dataset import DOMAINS
+from tokenyard.router.training.dataset import DOMAINS
 
 _TITLES = {
     "mmlu": "MMLU",

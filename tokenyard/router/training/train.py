@@ -1,7 +1,8 @@
 """Train the complexity classifier, choose its recipe by leave-one-domain-out, evaluate it.
 
 Five domains, each routed between the same two models (Mixtral-8x7B-Instruct weak,
-gpt-4-1106-preview strong; router/dataset.py): MMLU, GSM8K, MT-Bench, ARC-Challenge, Winogrande.
+gpt-4-1106-preview strong; router/training/dataset.py): MMLU, GSM8K, MT-Bench, ARC-Challenge,
+Winogrande.
 - Leave one domain out (LODO): for each domain, a model of the recipe is fitted on all the prompts
   of the other four and scores every prompt of the held-out one. The recipe is chosen on LODO,
   never on in-domain numbers, since that is what predicts prompts from no benchmark (`choose`):
@@ -12,7 +13,7 @@ gpt-4-1106-preview strong; router/dataset.py): MMLU, GSM8K, MT-Bench, ARC-Challe
   (share → threshold), and scored on the test parts (in-domain, secondary).
 - Each RouterBench model's quality curve (router/quality.py) is fitted on the LODO scores of
   ARC-Challenge and Winogrande, for the cost-aware choice; the report scores that choice with the
-  curves of one domain on the other (router/costs.py).
+  curves of one domain on the other (router/training/costs.py).
 - Feedback from the platform's own traffic (`POST /v1/feedback`) joins the training data with
   `--feedback`, and gives each model rated often enough its own quality curve
   (router/features.py).
@@ -34,8 +35,12 @@ from sklearn.cluster import KMeans
 from sklearn.decomposition import PCA
 from sklearn.linear_model import LogisticRegression
 
-from tokenyard.router.costs import cost_quality, fit_curves, own_curves
-from tokenyard.router.dataset import (
+from tokenyard.router.embedding import WordPieces, token_table, tokenizer_json
+from tokenyard.router.features import Ratings
+from tokenyard.router.samples import Samples
+from tokenyard.router.scorer import CompiledScorer
+from tokenyard.router.training.costs import cost_quality, fit_curves, own_curves
+from tokenyard.router.training.dataset import (
     DOMAINS,
     ROUTERBENCH_FILES,
     Routed,
@@ -43,14 +48,10 @@ from tokenyard.router.dataset import (
     load_domains,
     random_split,
 )
-from tokenyard.router.embedding import WordPieces, token_table, tokenizer_json
-from tokenyard.router.features import Ratings
-from tokenyard.router.metrics import Interval, bootstrap
-from tokenyard.router.report import write_report
-from tokenyard.router.samples import Samples
-from tokenyard.router.scorer import CompiledScorer
+from tokenyard.router.training.evaluation import Interval, bootstrap
+from tokenyard.router.training.report import write_report
 
-ARTIFACT_DIR = Path(__file__).parent / "artifacts"
+ARTIFACT_DIR = Path(__file__).parents[1] / "artifacts"
 CACHE_DIR = Path("var") / "router"
 VERSION = "v6"
 # the label's margin on [0, 1] quality: a graded domain (MT-Bench's judge) counts a gain of more

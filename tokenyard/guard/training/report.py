@@ -49,9 +49,9 @@ def write_report(report: dict[str, Any], stem: Path) -> None:
     lines = [
         f"# Safety classifier {report['version']}: training report",
         "",
-        "Written by `tokenyard guard train` (guard/train.py). Splits are by group within each "
-        "source (70/10/20); thresholds are set on the validation split; the test split and the "
-        "leave-one-source-out (LOSO) scores are never used to choose anything. Flagged: the "
+        "Written by `tokenyard guard train` (guard/training/train.py). Splits are by group within "
+        "each source (70/10/20); thresholds are set on the validation split; the test split and "
+        "the leave-one-source-out (LOSO) scores are never used to choose anything. Flagged: the "
         "jailbreak head, or a category, at or over its threshold; a category only where the "
         "harmful head (any category) is over its own too, and its score is at most that head's. "
         "Over-refusal: the share of benign-but-scary prompts flagged. Pooled LOSO: each family's "
@@ -70,8 +70,8 @@ def write_report(report: dict[str, Any], stem: Path) -> None:
     lines += [
         "## Ordinary prompts from sets no model trained on",
         "",
-        "The router's exam questions (guard/train.py `UNSEEN_BENIGN`), scored by the shipped "
-        "model: every one is benign, so every flag is a false positive.",
+        "The router's exam questions (guard/training/train.py `UNSEEN_BENIGN`), scored by the "
+        "shipped model: every one is benign, so every flag is a false positive.",
         "",
         "| set | prompts | flagged | flagged as jailbreak |",
         "|---|---|---|---|",

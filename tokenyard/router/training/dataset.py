@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-DATA_DIR = Path(__file__).parent / "data" / "routellm"
+DATA_DIR = Path(__file__).parents[1] / "data" / "routellm"
 WEAK_MODEL = "mistralai/Mixtral-8x7B-Instruct-v0.1"
 STRONG_MODEL = "gpt-4-1106-preview"
 
@@ -176,7 +176,7 @@ def data_hash(data_dir: Path = DATA_DIR.parent) -> str:
 
 # --- every routing domain, for leave-one-domain-out training and evaluation ---
 
-ROUTERBENCH_DIR = Path(__file__).parent / "data" / "routerbench"
+ROUTERBENCH_DIR = Path(__file__).parents[1] / "data" / "routerbench"
 # RouterBench's names for the model pair RouteLLM's files hold (Mixtral-8x7B-Instruct and
 # gpt-4-1106-preview): every domain is routed between the same two models, so "needs the strong
 # model" means the same thing in each
