@@ -18,7 +18,7 @@ from tests.admin_ui.conftest import ADMIN_PASSWORD, ADMIN_USER, csrf_of, sign_in
 from tests.gateway.conftest import MODEL, Gateway
 from tokenyard.admin_ui import throttle
 from tokenyard.app import create_app
-from tokenyard.billing.models import UsageDaily
+from tokenyard.billing.models import UsageDaily, UsageRecord
 from tokenyard.tenancy import keys
 
 PUBLIC = {"/admin/login", "/admin/team-usage/login", "/admin/static/admin.css"}
@@ -411,10 +411,12 @@ def test_a_quota_change_reaches_another_gateway_within_a_second(
     assert "<code>tokens_per_minute</code>" in status.text
 
 
-def test_keys_show_their_last_use(admin_gateway: Gateway, admin: httpx.Client, team: Any) -> None:
+def test_keys_show_their_last_use_and_charges(
+    admin_gateway: Gateway, admin: httpx.Client, team: Any, sql: Any
+) -> None:
     name, key = team()
     page = admin.get(f"/admin/teams/{name}")
-    assert "never" in page.text
+    assert "never" in page.text and "<td>$0.0000</td>" in page.text
     admin_gateway.client(key).chat.completions.create(model=MODEL, messages=CHAT, max_tokens=4)
     deadline = time.monotonic() + 5
     while "never" in admin.get(f"/admin/teams/{name}").text:
@@ -422,6 +424,28 @@ def test_keys_show_their_last_use(admin_gateway: Gateway, admin: httpx.Client, t
         time.sleep(0.1)
     keys_page = admin.get("/admin/keys")
     assert key[:12] in keys_page.text and key[12:] not in keys_page.text  # the secret never shows
+    # charges: the key's usage records of the last 30 UTC days (the fake engine charges nothing,
+    # so two records are written here: one inside the window, one just outside)
+    now = datetime.now(UTC)
+    with Session(sql) as session:
+        for days_ago, cost in ((29, 0.125), (30, 100.0)):
+            session.add(
+                UsageRecord(
+                    request_id=uuid.uuid4().hex,
+                    day=now.date() - timedelta(days=days_ago),
+                    team=name,
+                    key_prefix=key[:12],
+                    model=MODEL,
+                    model_served=MODEL,
+                    status=200,
+                    cost_usd=cost,
+                    started_at=now,
+                    finished_at=now,
+                )
+            )
+        session.commit()
+    assert "<td>$0.1250</td>" in admin.get(f"/admin/teams/{name}").text
+    assert "<td>$0.1250</td>" in admin.get("/admin/keys").text
 
 
 def test_status_shows_the_engine_replica(admin: httpx.Client, upstream: str) -> None:

@@ -29,6 +29,7 @@ from tests.gateway.conftest import TOKENYARD, Gateway, wait_until
 from tokenyard.billing.models import UsageRecord
 from tokenyard.core.usage import USAGE_STREAM
 from tokenyard.gateway.quotas import day_number
+from tokenyard.tenancy import keys
 
 
 @pytest.fixture(scope="module")
@@ -102,8 +103,10 @@ def test_usage_api_cli_and_metrics(gw: Gateway, team: Any, sql: Engine, billing_
         gw.client(key_b).chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "x #status=400"}]
         )
+    other_b = keys.create_key(sql, b, "second").key  # b's usage splits over two keys
+    gw.client(other_b).chat.completions.create(model=MODEL, messages=CHAT, max_tokens=10)
     wait_records(sql, a, 2)
-    wait_records(sql, b, 1)
+    wait_records(sql, b, 2)
     today = datetime.now(UTC).date().isoformat()
 
     mine = usage(gw, key_a).json()
@@ -119,8 +122,12 @@ def test_usage_api_cli_and_metrics(gw: Gateway, team: Any, sql: Engine, billing_
         "total_tokens": 20,
     }
     assert [row["team"] for row in mine["data"]] == [a]  # never another team's rows
+    assert mine["keys"] == {key_a[:12]: {"team": a, **mine["models"][MODEL]}}  # nor keys
     theirs = usage(gw, key_b, f"?date={today}&end={today}").json()
-    assert (theirs["requests"], theirs["errors"]) == (1, 1)
+    assert (theirs["requests"], theirs["errors"]) == (2, 1)
+    per_key = {prefix: (k["requests"], k["errors"]) for prefix, k in theirs["keys"].items()}
+    assert per_key == {key_b[:12]: (1, 1), other_b[:12]: (1, 0)}
+    assert theirs["keys"][other_b[:12]]["cost_usd"] == pytest.approx(CHARGED)
 
     exported = usage(gw, key_a, "?format=csv")
     assert exported.headers["content-type"].startswith("text/csv")
@@ -140,6 +147,7 @@ def test_usage_api_cli_and_metrics(gw: Gateway, team: Any, sql: Engine, billing_
     assert httpx.get(admin, headers={"authorization": f"Bearer {key_a}"}).status_code == 401
     everyone = httpx.get(admin, headers={"authorization": f"Bearer {ADMIN_KEY}"}).json()
     assert {a, b} <= {row["team"] for row in everyone["data"]}
+    assert {key_a[:12], key_b[:12], other_b[:12]} <= everyone["keys"].keys()
     only_b = httpx.get(admin + f"?team={b}", headers={"authorization": f"Bearer {ADMIN_KEY}"})
     assert {row["team"] for row in only_b.json()["data"]} == {b}
 
@@ -151,6 +159,17 @@ def test_usage_api_cli_and_metrics(gw: Gateway, team: Any, sql: Engine, billing_
         check=True,
     )
     assert report.stdout.splitlines()[1].startswith(f"{today},{a},{MODEL},2,0,10,0,10,")
+    for flags in (["--csv"], []):
+        by_key = subprocess.run(
+            [*TOKENYARD, "billing", "report", "--team", b, "--by", "key", *flags],
+            env=billing_env,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.splitlines()
+        assert by_key[0].startswith("key") and "requests" in by_key[0]  # the header
+        cells = sorted(line.replace(",", " ").split()[:4] for line in by_key[1:])
+        assert cells == sorted([[key_b[:12], b, "1", "1"], [other_b[:12], b, "1", "0"]])
     assert record_sums(sql, a, datetime.now(UTC).date())["requests"] == 2
 
     scraped = httpx.get(gw.url + "/metrics", headers={"authorization": f"Bearer {ADMIN_KEY}"}).text

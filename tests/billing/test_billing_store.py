@@ -89,18 +89,32 @@ def test_reports_by_range_team_and_csv(billing_db: Engine) -> None:
             event(team="a", ts=at[1], prompt_tokens=20, completion_tokens=2, cached_tokens=5),
             event(team="b", ts=at[1], prompt_tokens=40, completion_tokens=4, cached_tokens=0),
             event(team="a", ts=at[2], prompt_tokens=80, completion_tokens=8, cached_tokens=0),
+            event(team="a", ts=at[1], key_prefix="ty-a2", status=429, prompt_tokens=0),
         ),
     )
     two_days = reports.daily(billing_db, date(2026, 6, 1), date(2026, 6, 2), "a")
     assert [(r.day.day, r.team) for r in two_days] == [(1, "a"), (2, "a")]
     summary = reports.summary(two_days)
     assert summary["models"]["m"]["prompt_tokens"] == 30
-    assert (summary["requests"], summary["cached_tokens"], summary["total_tokens"]) == (2, 5, 33)
+    assert (summary["requests"], summary["cached_tokens"], summary["total_tokens"]) == (3, 7, 38)
+    # each key's totals over the range, of one team (prefixes as recorded, never the key)
+    per_key = reports.by_key(billing_db, date(2026, 6, 1), date(2026, 6, 2), "a")
+    assert per_key.keys() == {"ty-abcdefghi", "ty-a2"}
+    first = per_key["ty-abcdefghi"]
+    assert (first["team"], first["requests"], first["errors"], first["prompt_tokens"]) == (
+        "a",
+        2,
+        0,
+        30,
+    )
+    assert (first["total_tokens"], first["cost_usd"]) == (33, pytest.approx(0.002))
+    assert (per_key["ty-a2"]["requests"], per_key["ty-a2"]["errors"]) == (1, 1)
+    assert reports.by_key(billing_db, date(2026, 6, 3), date(2026, 6, 3), "b") == {}
     everyone = reports.daily(billing_db, date(2026, 6, 2), date(2026, 6, 2))
     assert {r.team for r in everyone} == {"a", "b"}
     lines = reports.to_csv(everyone).splitlines()
     assert lines[0] == "day,team,model," + ",".join(ROLLUP_SUMS)
-    assert lines[1].startswith("2026-06-02,a,m,1,0,20,5,2,")
+    assert lines[1].startswith("2026-06-02,a,m,2,1,20,7,7,")
 
 
 def test_migrations_match_the_models(billing_db: Engine) -> None:

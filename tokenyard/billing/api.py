@@ -1,23 +1,25 @@
 """`GET /v1/usage`: the calling team's usage from the daily rollups (a team sees only its own);
 `GET /v1/admin/usage`: every team's, for the admin key. `?date=YYYY-MM-DD[&end=YYYY-MM-DD]` (UTC,
-inclusive; default today), `&format=csv` for a CSV export."""
+inclusive; default today), `&format=csv` for a CSV export of the rollups. JSON also has each API
+key's totals over the range (`keys`, by prefix)."""
 
 import asyncio
+from collections.abc import Callable
 from datetime import UTC, date, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from litestar import Controller, Request, Response, get
 from sqlalchemy.exc import SQLAlchemyError
 
 from tokenyard.billing import reports
-from tokenyard.billing.models import UsageDaily
 from tokenyard.core.db import database_url, get_engine
 from tokenyard.core.errors import GatewayError
 from tokenyard.core.operator_keys import require_admin
 from tokenyard.core.settings import Settings
 
 MAX_DAYS = 366
+_T = TypeVar("_T")
 
 
 def _date(raw: str | None, param: str, default: date) -> date:
@@ -39,23 +41,29 @@ def _range(request: Request) -> tuple[date, date]:
     return start, end
 
 
-async def _rows(settings: Settings, start: date, end: date, team: str | None) -> list[UsageDaily]:
+async def _read(settings: Settings, read: Callable[..., _T], *args: Any) -> _T:
     engine = get_engine(database_url(settings))
     try:  # a thread: SQL must never block the event loop that serves completions
-        return await asyncio.to_thread(reports.daily, engine, start, end, team)
+        return await asyncio.to_thread(read, engine, *args)
     except SQLAlchemyError:
         raise GatewayError(
             503, "usage store unavailable", code="usage_store_unavailable", retry_after=1
         ) from None
 
 
-def _answer(request: Request, rows: list[UsageDaily], body: dict[str, Any]) -> Response[bytes]:
+async def _answer(
+    request: Request, settings: Settings, team: str | None, head: dict[str, Any]
+) -> Response[bytes]:
+    """The range's rollups as CSV, or as JSON under `head` with each key's totals."""
+    start, end = _range(request)
     fmt = request.query_params.get("format", "json")
+    if fmt not in ("json", "csv"):
+        raise GatewayError(400, "format must be json or csv", param="format")
+    rows = await _read(settings, reports.daily, start, end, team)
     if fmt == "csv":
         return Response(reports.to_csv(rows).encode(), media_type="text/csv; charset=utf-8")
-    if fmt != "json":
-        raise GatewayError(400, "format must be json or csv", param="format")
-    body |= reports.summary(rows)
+    body = head | {"date": start.isoformat(), "end": end.isoformat()} | reports.summary(rows)
+    body["keys"] = await _read(settings, reports.by_key, start, end, team)
     return Response(msgspec.json.encode(body), media_type="application/json")
 
 
@@ -66,18 +74,12 @@ class UsageController(Controller):
     async def usage(self, request: Request) -> Response[bytes]:
         proxy = request.app.state.proxy
         policy = await proxy.auth.authenticate(request.headers.get("authorization"))
-        start, end = _range(request)
-        rows = await _rows(proxy.settings, start, end, policy.team)
-        head = {"object": "usage", "team": policy.team, "date": start.isoformat()}
-        head |= {"end": end.isoformat(), "limits": msgspec.to_builtins(policy)}
-        return _answer(request, rows, head)
+        head = {"object": "usage", "team": policy.team, "limits": msgspec.to_builtins(policy)}
+        return await _answer(request, proxy.settings, policy.team, head)
 
     @get("/admin/usage")
     async def admin_usage(self, request: Request) -> Response[bytes]:
         settings: Settings = request.app.state.proxy.settings
         require_admin(request.headers.get("authorization"), settings.admin_key)
-        start, end = _range(request)
         team = request.query_params.get("team") or None
-        rows = await _rows(settings, start, end, team)
-        head = {"object": "usage", "team": team, "date": start.isoformat(), "end": end.isoformat()}
-        return _answer(request, rows, head)
+        return await _answer(request, settings, team, {"object": "usage", "team": team})

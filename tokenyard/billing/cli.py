@@ -1,4 +1,5 @@
-"""`tokenyard billing report --date D [--end E] [--team T] [--csv]`: the daily rollups from SQL."""
+"""`tokenyard billing report --date D [--end E] [--team T] [--by day|key] [--csv]`: the daily
+rollups from SQL, or each API key's totals over the range."""
 
 import argparse
 import sys
@@ -7,7 +8,22 @@ from typing import Any
 
 from tokenyard.core.settings import get_settings
 
-_HEADER = ("day", "team", "model", "requests", "errors", "in", "cached", "out", "cost $", "list $")
+_SUMS = ("requests", "errors", "in", "cached", "out", "cost $", "list $")
+_HEADER = ("day", "team", "model", *_SUMS)
+_KEY_HEADER = ("key prefix", "team", *_SUMS)
+
+
+def _print(table: list[tuple[str, ...]]) -> None:
+    widths = [max(len(line[i]) for line in table) for i in range(len(table[0]))]
+    for line in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
+
+
+def _sums(totals: dict[str, Any]) -> tuple[str, ...]:
+    """A rollup row's or a key's totals, as the table prints them."""
+    counts = ("requests", "errors", "prompt_tokens", "cached_tokens", "completion_tokens")
+    dollars = (f"{totals[name]:.6f}" for name in ("cost_usd", "list_cost_usd"))
+    return (*(str(totals[name]) for name in counts), *dollars)
 
 
 def _report(args: argparse.Namespace) -> int:
@@ -20,25 +36,20 @@ def _report(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"error: dates are YYYY-MM-DD: {exc}", file=sys.stderr)
         return 2
-    rows = reports.daily(get_engine(database_url(get_settings())), start, end, args.team)
+    engine = get_engine(database_url(get_settings()))
+    if args.by == "key":
+        per_key = reports.by_key(engine, start, end, args.team)
+        if args.csv:
+            sys.stdout.write(reports.keys_to_csv(per_key))
+        else:
+            _print([_KEY_HEADER, *((p, k["team"], *_sums(k)) for p, k in sorted(per_key.items()))])
+        return 0
+    rows = reports.daily(engine, start, end, args.team)
     if args.csv:
         sys.stdout.write(reports.to_csv(rows))
         return 0
-    table = [_HEADER] + [
-        (
-            row.day.isoformat(),
-            row.team,
-            row.model,
-            *map(str, (row.requests, row.errors, row.prompt_tokens)),
-            *map(str, (row.cached_tokens, row.completion_tokens)),
-            f"{row.cost_usd:.6f}",
-            f"{row.list_cost_usd:.6f}",
-        )
-        for row in rows
-    ]
-    widths = [max(len(line[i]) for line in table) for i in range(len(_HEADER))]
-    for line in table:
-        print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())
+    lines = [(r.day.isoformat(), r.team, r.model, *_sums(r.model_dump())) for r in rows]
+    _print([_HEADER, *lines])
     return 0
 
 
@@ -49,5 +60,8 @@ def add_parser(sub: Any) -> None:
     report.add_argument("--date", default=None, help="YYYY-MM-DD (default: today)")
     report.add_argument("--end", default=None, help="last day of a range (default: --date)")
     report.add_argument("--team", default=None, help="one team (default: all)")
+    report.add_argument(
+        "--by", choices=("day", "key"), default="day", help="rows per day and model, or per API key"
+    )
     report.add_argument("--csv", action="store_true", help="CSV instead of a table")
     report.set_defaults(run=_report)

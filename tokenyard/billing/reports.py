@@ -1,16 +1,18 @@
-"""Reading the daily rollups per team, model and day over a date range: JSON-ready rows, or CSV."""
+"""Reading usage over a date range: the daily rollups per team, model and day (JSON-ready rows,
+or CSV), and each key's totals from the usage records."""
 
 import csv
 import io
 from datetime import date
 from typing import Any
 
-from sqlalchemy import Engine
+from sqlalchemy import Engine, case, func
 from sqlmodel import Session, col, select
 
-from tokenyard.billing.models import ROLLUP_SUMS, UsageDaily
+from tokenyard.billing.models import ROLLUP_SUMS, UsageDaily, UsageRecord
 
 CSV_COLUMNS = ("day", "team", "model", *ROLLUP_SUMS)
+KEY_CSV_COLUMNS = ("key_prefix", "team", *ROLLUP_SUMS)
 
 
 def daily(engine: Engine, start: date, end: date, team: str | None = None) -> list[UsageDaily]:
@@ -21,6 +23,37 @@ def daily(engine: Engine, start: date, end: date, team: str | None = None) -> li
     query = query.order_by(col(UsageDaily.day), col(UsageDaily.team), col(UsageDaily.model))
     with Session(engine) as session:
         return list(session.exec(query))
+
+
+def by_key(
+    engine: Engine, start: date, end: date, team: str | None = None
+) -> dict[str, dict[str, Any]]:
+    """Each key's totals from `start` to `end` inclusive, by its prefix (with its team), of one
+    team or all: summed from the usage records, since the rollups keep no key."""
+    record = UsageRecord
+    sums = [
+        func.count().label("requests"),
+        func.sum(case((col(record.status) != 200, 1), else_=0)).label("errors"),
+        *(
+            func.sum(getattr(record, name)).label(name)
+            for name in ROLLUP_SUMS
+            if name not in ("requests", "errors")
+        ),
+    ]
+    query = select(record.team, record.key_prefix, *sums).where(
+        record.day >= start, record.day <= end, record.key_prefix != ""
+    )
+    if team is not None:
+        query = query.where(record.team == team)
+    query = query.group_by(col(record.team), col(record.key_prefix))
+    with Session(engine) as session:
+        rows = session.exec(query).all()  # type: ignore[call-overload]
+    return {
+        row.key_prefix: {"team": row.team}
+        | {name: getattr(row, name) for name in ROLLUP_SUMS}
+        | {"total_tokens": row.prompt_tokens + row.completion_tokens}
+        for row in rows
+    }
 
 
 def _totals(rows: list[UsageDaily]) -> dict[str, Any]:
@@ -48,12 +81,21 @@ def summary(rows: list[UsageDaily]) -> dict[str, Any]:
     }
 
 
-def to_csv(rows: list[UsageDaily]) -> str:
+def _csv(columns: tuple[str, ...], rows: list[list[Any]]) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
-    for row in rows:
-        cells = (getattr(row, name) for name in CSV_COLUMNS)
+    writer.writerow(columns)
+    for cells in rows:
         # dollars to the nano-dollar: summed floats would otherwise print their rounding noise
         writer.writerow([round(c, 9) if isinstance(c, float) else c for c in cells])
     return out.getvalue()
+
+
+def to_csv(rows: list[UsageDaily]) -> str:
+    return _csv(CSV_COLUMNS, [[getattr(row, name) for name in CSV_COLUMNS] for row in rows])
+
+
+def keys_to_csv(per_key: dict[str, dict[str, Any]]) -> str:
+    """`by_key`'s totals, one line per key prefix."""
+    lines = [[p, k["team"], *(k[n] for n in ROLLUP_SUMS)] for p, k in sorted(per_key.items())]
+    return _csv(KEY_CSV_COLUMNS, lines)

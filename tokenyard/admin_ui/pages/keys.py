@@ -1,6 +1,6 @@
-"""API keys: every team's, with their names, expiries and last use; create (the secret shown once,
-optionally named and expiring), change a key's name, models and expiry in place, rotate and
-revoke."""
+"""API keys: every team's, with their names, expiries, last use and charges; create (the secret
+shown once, optionally named and expiring), change a key's name, models and expiry in place, rotate
+and revoke."""
 
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -12,22 +12,45 @@ from litestar.params import FromPath
 from litestar.response import Redirect
 
 from tokenyard.admin_ui import forms, render
-from tokenyard.admin_ui.access import admin_only, proxy_of, settings_of, tenancy_of
+from tokenyard.admin_ui.access import (
+    admin_only,
+    in_thread,
+    proxy_of,
+    settings_of,
+    sql_of,
+    tenancy_of,
+)
+from tokenyard.billing import reports
 from tokenyard.gateway import auth
 from tokenyard.tenancy.errors import ManagementError
 from tokenyard.tenancy.keys import KeyInfo
 
+SPEND_DAYS = 30
 EXPIRY_FORMAT = "%Y-%m-%dT%H:%M"  # an <input type="datetime-local">'s value, read as UTC
 
 
-async def last_used(request: Request, listed: list[KeyInfo]) -> dict[str, datetime | None]:
-    """Each key's last use: the gateways' Redis record, else the SQL column."""
+async def key_columns(request: Request, listed: list[KeyInfo]) -> dict[str, Any]:
+    """What the keys table shows beside the keys themselves: each one's last use (the gateways'
+    Redis record, else the SQL column) and its charges over the last SPEND_DAYS UTC days."""
     if not listed:
-        return {}
+        return {"last_used": {}, "spend": {}, "spend_days": SPEND_DAYS}
     stamps = await proxy_of(request).quotas.redis.hmget(auth.LAST_USED, [k.prefix for k in listed])
+    today = datetime.now(UTC).date()
+    teams = {k.team for k in listed}
+    totals = await in_thread(
+        reports.by_key,
+        sql_of(request),
+        today - timedelta(days=SPEND_DAYS - 1),
+        today,
+        next(iter(teams)) if len(teams) == 1 else None,
+    )
     return {
-        k.prefix: datetime.fromtimestamp(int(s), UTC) if s else k.last_used_at
-        for k, s in zip(listed, stamps, strict=True)
+        "last_used": {
+            k.prefix: datetime.fromtimestamp(int(s), UTC) if s else k.last_used_at
+            for k, s in zip(listed, stamps, strict=True)
+        },
+        "spend": {prefix: t["cost_usd"] for prefix, t in totals.items()},
+        "spend_days": SPEND_DAYS,
     }
 
 
@@ -54,7 +77,7 @@ class Keys(Controller):
             keys=listed,
             teams=[t.name for t in teams],
             catalog=list(proxy_of(request).router.catalog.models),
-            last_used=await last_used(request, listed),
+            **await key_columns(request, listed),
             revoked=request.query_params.get("revoked", ""),
             saved=request.query_params.get("saved", ""),
             error=error,

@@ -9,7 +9,7 @@ from litestar.response import Redirect
 
 from tokenyard.admin_ui import forms, render
 from tokenyard.admin_ui.access import admin_only, proxy_of, settings_of, tenancy_of
-from tokenyard.admin_ui.pages.keys import last_used
+from tokenyard.admin_ui.pages.keys import key_columns
 from tokenyard.tenancy.errors import ManagementError
 from tokenyard.tenancy.limits import LIMIT_FIELDS, TIERS
 
@@ -57,7 +57,7 @@ class Teams(Controller):
             team=team,
             form=form or forms.from_team(team),
             keys=listed,
-            last_used=await last_used(request, listed),
+            **await key_columns(request, listed),
             done=request.query_params.get("done", ""),
             cache_s=settings_of(request).gateway_key_cache_s,
             **_form_context(request),
