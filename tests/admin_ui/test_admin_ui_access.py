@@ -295,6 +295,7 @@ def test_keys_are_created_with_a_name_and_an_expiry(admin: httpx.Client, team: A
             "name": "nightly",
             "expires_in_days": "2",
             "models": MODEL,
+            "rpm": "7",
             "csrf": csrf_of(page),
         },
     )
@@ -303,6 +304,7 @@ def test_keys_are_created_with_a_name_and_an_expiry(admin: httpx.Client, team: A
     in_two_days = (datetime.now(UTC) + timedelta(days=2)).strftime("%Y-%m-%d")
     assert "<td>nightly</td>" in listing and f"<td>{in_two_days} " in listing
     assert f"<td>{MODEL}</td>" in listing and "<td>the team&#39;s</td>" in listing
+    assert "<td>7 rpm</td>" in listing
     prefix = made.text.split('id="new-key" class="secret">')[1][:12]
     rotated = admin.post(f"/admin/keys/{prefix}/rotate", data={"csrf": csrf_of(made)})
     assert rotated.status_code == 201 and f"Key {prefix}… revoked" in rotated.text
@@ -314,6 +316,7 @@ def test_keys_are_created_with_a_name_and_an_expiry(admin: httpx.Client, team: A
         ("expires_in_days", "soon", "a number of days"),
         ("expires_in_days", "-1", "in the future"),
         ("models", "gpt-nope", "not in the catalog: gpt-nope"),
+        ("tpm", "lots", "Tokens per minute must be a whole number"),
     ):
         refused = admin.post(
             "/admin/keys",
@@ -328,15 +331,22 @@ def test_a_key_is_changed_in_place(admin: httpx.Client, admin_gateway: Gateway, 
     assert f'href="/admin/keys/{prefix}"' in admin.get(f"/admin/teams/{name}").text
     page = admin.get(f"/admin/keys/{prefix}")
     assert page.status_code == 200 and 'name="expires_at"' in page.text
-    wanted = {"name": "renamed", "models": MODEL, "expires_at": "2099-01-02T03:04"}
+    wanted = {
+        "name": "renamed",
+        "models": MODEL,
+        "expires_at": "2099-01-02T03:04",
+        "rpm": "5",
+        "usd_per_day": "2.5",
+    }
     saved = admin.post(f"/admin/keys/{prefix}", data={**wanted, "csrf": csrf_of(page)})
     assert saved.status_code == 303 and saved.headers["location"] == f"/admin/keys?saved={prefix}"
     listing = admin.get(f"/admin/teams/{name}").text
     assert "<td>renamed</td>" in listing and "<td>2099-01-02 03:04</td>" in listing
-    assert f"<td>{MODEL}</td>" in listing
+    assert f"<td>{MODEL}</td>" in listing and "<td>5 rpm, $2.50/day</td>" in listing
     again = admin.get(f"/admin/keys/{prefix}").text  # the form shows what was saved
     assert 'value="renamed"' in again and 'value="2099-01-02T03:04"' in again
     assert f'value="{MODEL}" checked' in again
+    assert 'name="rpm" inputmode="numeric" value="5"' in again
     client = admin_gateway.client(key)
     assert client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=4).choices
     for field, bad, message in (
@@ -344,6 +354,8 @@ def test_a_key_is_changed_in_place(admin: httpx.Client, admin_gateway: Gateway, 
         ("expires_at", "2001-01-01T00:00", "must be a time in the future"),
         ("models", "gpt-nope", "not in the catalog: gpt-nope"),
         ("name", "x" * 65, "printable characters"),
+        ("rpm", "-1", "Requests per minute must be 0 or more"),
+        ("usd_per_day", "a lot", "Dollars per day must be a number"),
     ):
         form = {**wanted, field: bad, "csrf": csrf_of(page)}
         refused = admin.post(f"/admin/keys/{prefix}", data=form)
@@ -355,7 +367,7 @@ def test_a_key_is_changed_in_place(admin: httpx.Client, admin_gateway: Gateway, 
     cleared = admin.post(f"/admin/keys/{prefix}", data={"name": "", "csrf": csrf_of(page)})
     assert cleared.status_code == 303
     listing = admin.get(f"/admin/teams/{name}").text
-    assert "renamed" not in listing and "2099-01-02" not in listing
+    assert "renamed" not in listing and "2099-01-02" not in listing and "5 rpm" not in listing
     assert "<td>the team&#39;s</td>" in listing
     admin.post(f"/admin/keys/{prefix}/revoke", data={"csrf": csrf_of(page)})
     assert admin.get(f"/admin/keys/{prefix}").status_code == 404  # a revoked key is not edited

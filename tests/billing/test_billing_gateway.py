@@ -28,7 +28,7 @@ from tests.billing.conftest import (
 from tests.gateway.conftest import TOKENYARD, Gateway, wait_until
 from tokenyard.billing.models import UsageRecord
 from tokenyard.core.usage import USAGE_STREAM
-from tokenyard.gateway.quotas import day_number
+from tokenyard.gateway.quotas import TeamKeys, day_number
 from tokenyard.tenancy import keys
 
 
@@ -92,6 +92,25 @@ def test_daily_dollar_budget_is_enforced_from_costs(
         client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=10)
     assert err.value.code == "insufficient_quota"
     assert err.value.response.headers["x-tokenyard-limit"] == "usd_per_day"
+
+
+def test_a_keys_own_dollar_budget_is_charged_and_enforced(
+    gw: Gateway, team: Any, redis_server: Any, sql: Engine
+) -> None:
+    """Settle charges a budgeted key's spend to the key's own counter as well as to its team's;
+    over the key's budget the key is refused, its team's other keys are not."""
+    name, team_key = team()  # no team budget
+    budgeted = keys.create_key(sql, name, limits={"usd_per_day": 1.5 * CHARGED}).key
+    client = gw.client(budgeted)
+    for _ in range(2):  # $0, then $0.005 spent before each: under $0.0075
+        client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=10)
+    spent = redis_server.client().get(TeamKeys(name).key_day_usd(budgeted[:12], day_number()))
+    assert int(spent) == round(2 * CHARGED * 1_000_000)
+    with pytest.raises(openai.RateLimitError) as err:
+        client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=10)
+    assert err.value.code == "insufficient_quota" and budgeted[:12] in err.value.message
+    assert err.value.response.headers["x-tokenyard-limit"] == "key_usd_per_day"
+    gw.client(team_key).chat.completions.create(model=MODEL, messages=CHAT, max_tokens=10)
 
 
 def test_usage_api_cli_and_metrics(gw: Gateway, team: Any, sql: Engine, billing_env: dict) -> None:

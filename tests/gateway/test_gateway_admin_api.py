@@ -270,14 +270,31 @@ def test_a_key_is_changed_in_place(admin: Any, base_env: dict[str, str]) -> None
     assert changed.status_code == 200, changed.text
     record = changed.json()
     assert (record["name"], record["models"], record["state"]) == ("old", [], "active")
+    # a name, and limits of the key's own (null: the team's alone again)
+    renamed = api.patch(f"/keys/{made['prefix']}", json={"name": "new", "rpm": 5, "tpm": None})
+    assert renamed.json()["name"] == "new"
+    assert renamed.json()["limits"] == {"rpm": 5, "tpm": None, "usd_per_day": None}
     assert record["expires_at"].startswith(time.strftime("%Y-%m-%d", time.gmtime(later)))
     wait_until(lambda: _works(admin, made["key"]), 3, "the key's wider models to apply")
-    for bad in ({"expires_at": 1}, {"models": "all"}, {"team": name}):
+    for bad in ({"expires_at": 1}, {"models": "all"}, {"team": name}, {"rpm": -1}, {"tpm": 2**60}):
         assert api.patch(f"/keys/{made['prefix']}", json=bad).status_code == 400, bad
     assert api.patch("/keys/ty-nosuchkey0", json={"name": "x"}).status_code == 404
     # and from the CLI
     done = subprocess.run(
-        [*TOKENYARD, "keys", "update", made["prefix"], "--name", "", "--no-expiry", "--json"],
+        [
+            *TOKENYARD,
+            "keys",
+            "update",
+            made["prefix"],
+            "--name",
+            "",
+            "--no-expiry",
+            "--rpm",
+            "0",
+            "--usd-per-day",
+            "1.5",
+            "--json",
+        ],
         env=base_env,
         capture_output=True,
         text=True,
@@ -285,3 +302,4 @@ def test_a_key_is_changed_in_place(admin: Any, base_env: dict[str, str]) -> None
     assert done.returncode == 0, done.stderr
     (shown,) = json.loads(done.stdout)
     assert (shown["name"], shown["expires_at"], shown["prefix"]) == (None, None, made["prefix"])
+    assert shown["limits"] == {"rpm": None, "tpm": None, "usd_per_day": 1.5}  # rpm 0: cleared

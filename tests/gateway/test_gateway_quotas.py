@@ -13,6 +13,7 @@ import pytest
 from tests.gateway.conftest import MODEL, day_tokens, reservations, upstream_stats, wait_until
 from tokenyard.gateway.quotas import TeamKeys, day_number
 from tokenyard.gateway.ratelimit_headers import duration
+from tokenyard.tenancy import keys
 
 
 def chat(n_words: int = 3, chunks: int = 4, delay: float = 0.0) -> list[dict[str, str]]:
@@ -337,6 +338,40 @@ def test_rate_limit_headers_as_openai_sends_them(gateway: Any, team: Any) -> Non
         model=MODEL, messages=chat(), max_tokens=5
     )
     assert not any(h.startswith("x-ratelimit") for h in unlimited.headers)
+
+
+def test_a_keys_own_rate_limits_apply_beside_its_teams(gateway: Any, team: Any, sql: Any) -> None:
+    """A key with limits of its own is refused at them with their own code, naming the key; the
+    team's other keys go on; x-ratelimit-* show the bucket that runs out first."""
+    name, team_key = team(rpm=100)
+    limited = keys.create_key(sql, name, "tight", limits={"rpm": 2, "tpm": 100_000}).key
+    client = gateway.client(limited)
+    seen = [
+        client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=chat(), max_tokens=5
+        ).headers
+        for _ in range(2)
+    ]
+    assert [h["x-ratelimit-limit-requests"] for h in seen] == ["2", "2"]  # the key's, not 100
+    assert [h["x-ratelimit-remaining-requests"] for h in seen] == ["1", "0"]
+    assert seen[0]["x-ratelimit-limit-tokens"] == "100000"  # the team has none: the key's
+    err = refused(lambda: client.chat.completions.create(model=MODEL, messages=chat()))
+    assert err.status_code == 429 and err.code == "key_requests_per_minute"
+    assert f"key {limited[:12]}" in err.message
+    assert 28 <= int(err.response.headers["retry-after"]) <= 30
+    other = gateway.client(team_key).chat.completions.with_raw_response.create(
+        model=MODEL, messages=chat(), max_tokens=5
+    )
+    # the team's: the limited key's two and this one taken from it, the refusal took nothing
+    assert other.headers["x-ratelimit-limit-requests"] == "100"
+    assert other.headers["x-ratelimit-remaining-requests"] == "97"
+    tight = keys.create_key(sql, name, limits={"tpm": 50}).key
+    err = refused(  # 50 tokens a minute can never hold prompt + 120
+        lambda: gateway.client(tight).chat.completions.create(
+            model=MODEL, messages=chat(), max_tokens=120
+        )
+    )
+    assert err.code == "key_tokens_per_minute" and err.response.headers["retry-after"] == "60"
 
 
 def test_durations_are_written_as_openai_writes_them() -> None:

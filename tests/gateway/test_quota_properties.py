@@ -93,6 +93,8 @@ class QuotaMachine(RuleBasedStateMachine):
         kv_pages=st.sampled_from([0, 5, 20]),
         platform=limits,
         platform_batch=limits,
+        key_rpm=st.sampled_from([0, 2, 8]),
+        key_tpm=st.sampled_from([0, 250, 1000]),
     )
     def limits(
         self,
@@ -104,6 +106,8 @@ class QuotaMachine(RuleBasedStateMachine):
         kv_pages: int,
         platform: int,
         platform_batch: int,
+        key_rpm: int,
+        key_tpm: int,
     ) -> None:
         self.policy = TeamPolicy(
             team="props",  # alone in its flushed database
@@ -113,6 +117,10 @@ class QuotaMachine(RuleBasedStateMachine):
             batch_tokens_per_day=batch_tpd,
             concurrency=concurrency,
             kv_pages=kv_pages,
+            # the one key every request comes with: its own buckets beside the team's
+            key_prefix="ty-props0000",
+            key_rpm=key_rpm,
+            key_tpm=key_tpm,
         )
         self.quotas = Quotas(
             self.redis,
@@ -231,6 +239,10 @@ class QuotaMachine(RuleBasedStateMachine):
             assert self.admitted <= policy.rpm * (1 + minutes)
         if policy.tpm:
             assert self.charged_minute <= policy.tpm * (1 + minutes)
+        if policy.key_rpm:
+            assert self.admitted <= policy.key_rpm * (1 + minutes)
+        if policy.key_tpm:
+            assert self.charged_minute <= policy.key_tpm * (1 + minutes)
 
     def check_refusal(self, refusal: GatewayError, ask: Ask) -> None:
         """A refusal names a limit that this request really would have passed."""
@@ -250,6 +262,8 @@ class QuotaMachine(RuleBasedStateMachine):
             # the buckets refill with Redis's clock: any refusal of theirs is plausible
             "requests_per_minute": policy.rpm > 0,
             "tokens_per_minute": policy.tpm > 0,
+            "key_requests_per_minute": policy.key_rpm > 0,
+            "key_tokens_per_minute": policy.key_tpm > 0,
         }
         assert reached[code or ""], f"refused for {code} below the limit"
 

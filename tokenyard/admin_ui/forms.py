@@ -1,4 +1,5 @@
-"""The team form: every quota the gateway enforces, validated with a message per field.
+"""The team form: every quota the gateway enforces, validated with a message per field; and a
+key's own limits.
 
 Blank means unlimited (None) for limits, "all models" for the allowed models, and the catalog
 default for the auto-routing fields.
@@ -7,7 +8,7 @@ default for the auto-routing fields.
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokenyard.tenancy.limits import LIMIT_FIELDS, TIERS, problem
+from tokenyard.tenancy.limits import KEY_LIMIT_FIELDS, LIMIT_FIELDS, TIERS, problem
 from tokenyard.tenancy.models import Team
 from tokenyard.tenancy.teams import TEAM_NAME, TEAM_NAME_RULE
 
@@ -70,6 +71,19 @@ def _value(raw: str, kind: type, name: str) -> tuple[Any, str | None]:
             "must be a whole number (or blank)" if kind is int else "must be a number (or blank)",
         )
     return value, problem(name, value)
+
+
+def key_limits(form: Any) -> tuple[dict[str, Any], str]:
+    """A key's own limits from its form (blank: the team's alone), and what is wrong with the
+    first that is wrong ("": nothing)."""
+    limits: dict[str, Any] = {}
+    for name in KEY_LIMIT_FIELDS:
+        raw = text(form, name).strip()
+        value, error = _value(raw, LIMIT_FIELDS[name], name) if raw else (None, None)
+        if error:
+            return limits, f"{LABELS[name][0]} {error}"
+        limits[name] = value
+    return limits, ""
 
 
 def parse(form: Any, catalog: list[str], with_name: bool) -> TeamForm:

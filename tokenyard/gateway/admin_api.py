@@ -25,6 +25,7 @@ from tokenyard.gateway.quotas import day_number
 from tokenyard.gateway.validation import decode_json
 from tokenyard.tenancy.errors import AlreadyExists, ManagementError
 from tokenyard.tenancy.keys import NewKey
+from tokenyard.tenancy.limits import KEY_LIMIT_FIELDS
 from tokenyard.tenancy.models import Team
 from tokenyard.tenancy.service import Tenancy
 from tokenyard.tenancy.teams import team_record
@@ -67,11 +68,15 @@ class Budget(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class KeyChanges(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """A key's settings: a field left out is kept; null clears a name or an expiry."""
+    """A key's settings: a field left out is kept; null clears a name, an expiry or a limit of
+    the key's own."""
 
     name: str | UnsetType | None = UNSET
     expires_at: int | UnsetType | None = UNSET  # unix seconds
     models: list[str] | UnsetType = UNSET  # empty: the team's
+    rpm: Count | UnsetType | None = UNSET
+    tpm: Count | UnsetType | None = UNSET
+    usd_per_day: Dollars | UnsetType | None = UNSET
 
 
 class CreateKey(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -79,13 +84,18 @@ class CreateKey(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     name: str | None = None  # a label shown in listings
     expires_at: int | None = None  # unix seconds: refused from then on; None: until revoked
     models: list[str] = []  # the models it may use, within its team's; empty: the team's
+    # its own limits, beside its team's (None: the team's alone)
+    rpm: Count | None = None
+    tpm: Count | None = None
+    usd_per_day: Dollars | None = None
 
 
-def _set(struct: msgspec.Struct) -> dict[str, Any]:
+def _set(struct: msgspec.Struct, *, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The fields a body gave (left out: UNSET), but those in `skip`."""
     return {
         name: value
         for name in struct.__struct_fields__
-        if name != "name" and (value := getattr(struct, name)) is not UNSET
+        if name not in skip and (value := getattr(struct, name)) is not UNSET
     }
 
 
@@ -140,6 +150,7 @@ def _created(new: NewKey) -> dict[str, Any]:
         "team": new.team,
         "name": new.name,
         "models": list(new.models),
+        "limits": new.limits,
         "expires_at": expires,
     }
 
@@ -164,7 +175,7 @@ class AdminController(Controller):
     async def create_team(self, request: Request) -> Response[bytes]:
         new = _body(await request.body(), NewTeam)
         with _refusals():
-            team = await _tenancy(request).create_team(new.name, **_set(new))
+            team = await _tenancy(request).create_team(new.name, **_set(new, skip=("name",)))
         return _json(team_record(team), 201)
 
     @get("/teams/{name:str}")
@@ -217,8 +228,9 @@ class AdminController(Controller):
         new_key = _body(await request.body(), CreateKey)
         expires = _expiry(new_key.expires_at)
         with _refusals():
+            limits = {name: getattr(new_key, name) for name in KEY_LIMIT_FIELDS}
             new = await _tenancy(request).create_key(
-                new_key.team, new_key.name, expires, new_key.models
+                new_key.team, new_key.name, expires, new_key.models, limits
             )
         return _json(_created(new), 201)
 

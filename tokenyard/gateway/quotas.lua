@@ -38,14 +38,17 @@ local op = ARGV[1]
 
 if op == 'reserve' then
   -- KEYS: rpm bucket, tpm bucket, day tokens (the batch tier's own counter for batch), day usd
-  --       (micro-dollars), team leases, team pages, platform leases, platform batch leases
+  --       (micro-dollars), team leases, team pages, platform leases, platform batch leases,
+  --       the key's own rpm bucket, tpm bucket and day usd
   -- ARGV: op, lease id, rpm, tpm, tokens/day (of that counter), usd/day (micro), concurrency, kv pages,
-  --       platform concurrency, platform batch concurrency, tokens, pages, lease ms, batch (0/1)
+  --       platform concurrency, platform batch concurrency, tokens, pages, lease ms, batch (0/1),
+  --       the key's rpm, tpm and usd/day (micro)
   local id = ARGV[2]
   local rpm, tpm, tpd, upd = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
   local conc, kvp = tonumber(ARGV[7]), tonumber(ARGV[8])
   local pconc, pbatch = tonumber(ARGV[9]), tonumber(ARGV[10])
   local tokens, pages, lease_ms, batch = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13]), ARGV[14] == '1'
+  local krpm, ktpm, kupd = tonumber(ARGV[15]), tonumber(ARGV[16]), tonumber(ARGV[17])
   local now = now_ms()
   local to_midnight = 86400 - math.floor(now / 1000) % 86400
   local worst, wait = nil, -1
@@ -77,6 +80,11 @@ if op == 'reserve' then
   if upd > 0 and (tonumber(redis.call('GET', KEYS[4])) or 0) >= upd then
     refuse('usd_per_day', to_midnight)
   end
+  local krpm_level = bucket(KEYS[9], krpm, 1, 'key_requests_per_minute')
+  local ktpm_level = bucket(KEYS[10], ktpm, tokens, 'key_tokens_per_minute')
+  if kupd > 0 and (tonumber(redis.call('GET', KEYS[11])) or 0) >= kupd then
+    refuse('key_usd_per_day', to_midnight)
+  end
   purge(KEYS[5], KEYS[6], now)
   if conc > 0 and redis.call('ZCARD', KEYS[5]) >= conc then refuse('concurrency', 1) end
   if kvp > 0 and (tonumber(redis.call('HGET', KEYS[6], '#sum')) or 0) + pages > kvp then
@@ -89,17 +97,20 @@ if op == 'reserve' then
     refuse('platform_batch_concurrency', 1)
   end
   -- the per-minute buckets' levels go back with the verdict: the x-ratelimit-* headers
-  if worst then return {0, worst, math.max(1, wait), rpm_level or -1, tpm_level or -1} end
+  if worst then
+    return {0, worst, math.max(1, wait), rpm_level or -1, tpm_level or -1, krpm_level or -1,
+            ktpm_level or -1}
+  end
 
   -- everything fits: take it all
-  if rpm_level then
-    redis.call('HSET', KEYS[1], 'level', rpm_level - 1, 'ts', now)
-    redis.call('PEXPIRE', KEYS[1], 120000)
+  local function take(key, level, amount)
+    if not level then return -1 end
+    redis.call('HSET', key, 'level', level - amount, 'ts', now)
+    redis.call('PEXPIRE', key, 120000)
+    return level - amount
   end
-  if tpm_level then
-    redis.call('HSET', KEYS[2], 'level', tpm_level - tokens, 'ts', now)
-    redis.call('PEXPIRE', KEYS[2], 120000)
-  end
+  local left = {take(KEYS[1], rpm_level, 1), take(KEYS[2], tpm_level, tokens),
+                take(KEYS[9], krpm_level, 1), take(KEYS[10], ktpm_level, tokens)}
   redis.call('INCRBY', KEYS[3], tokens)
   redis.call('EXPIRE', KEYS[3], 172800)
   redis.call('ZADD', KEYS[5], now + lease_ms, id)
@@ -107,32 +118,38 @@ if op == 'reserve' then
   redis.call('HINCRBY', KEYS[6], '#sum', pages)
   redis.call('ZADD', KEYS[7], now + lease_ms, id)
   if batch then redis.call('ZADD', KEYS[8], now + lease_ms, id) end
-  return {1, rpm_level and rpm_level - 1 or -1, tpm_level and tpm_level - tokens or -1}
+  return {1, left[1], left[2], left[3], left[4]}
 
 elseif op == 'settle' then
   -- KEYS: tpm bucket, day tokens, team leases, team pages, platform leases, platform batch leases,
-  --       usage stream, day usd (micro-dollars)
+  --       usage stream, day usd (micro-dollars), the key's own tpm bucket and day usd
   -- ARGV: op, lease id, tokens reserved, tokens used, tpm limit, event (JSON), spend (micro-dollars;
-  --       0 for teams without a dollar budget)
+  --       0 for teams without a dollar budget), the key's tpm limit, the key's spend (0: no budget)
   local id = ARGV[2]
   local delta = tonumber(ARGV[4]) - tonumber(ARGV[3])  -- < 0: refund the unused reservation
-  local tpm = tonumber(ARGV[5])
   -- refunds do not depend on the lease: a lease that expired early still reserved tokens
-  if tpm > 0 and delta ~= 0 then
-    local level = tonumber(redis.call('HGET', KEYS[1], 'level'))
-    if level then redis.call('HSET', KEYS[1], 'level', math.min(tpm, level - delta)) end
+  local function refund(key, limit)
+    if limit > 0 and delta ~= 0 then
+      local level = tonumber(redis.call('HGET', key, 'level'))
+      if level then redis.call('HSET', key, 'level', math.min(limit, level - delta)) end
+    end
   end
+  refund(KEYS[1], tonumber(ARGV[5]))
+  refund(KEYS[9], tonumber(ARGV[8]))
   if delta ~= 0 and redis.call('EXISTS', KEYS[2]) == 1 then redis.call('INCRBY', KEYS[2], delta) end
   release(KEYS[3], KEYS[4], id)
   release(KEYS[5], nil, id)
   release(KEYS[6], nil, id)
   -- no MAXLEN: billing trims the stream below what every consumer group has acknowledged
   redis.call('XADD', KEYS[7], '*', 'event', ARGV[6])
-  local spend = tonumber(ARGV[7])
-  if spend > 0 then
-    redis.call('INCRBY', KEYS[8], spend)
-    redis.call('EXPIRE', KEYS[8], 172800)
+  local function charge(key, spend)
+    if spend > 0 then
+      redis.call('INCRBY', key, spend)
+      redis.call('EXPIRE', key, 172800)
+    end
   end
+  charge(KEYS[8], tonumber(ARGV[7]))
+  charge(KEYS[10], tonumber(ARGV[9]))
   return 1
 
 elseif op == 'renew' then

@@ -1,4 +1,4 @@
-"""Per-team and platform quotas, enforced by one Lua script call per request (quotas.lua).
+"""Per-team, per-key and platform quotas, enforced by one Lua script call per request (quotas.lua).
 
 reserve() takes everything a request may use (a request, prompt + max_tokens tokens, a concurrency
 lease, KV pages) or nothing; settle() swaps the reservation for the actual usage, releases the
@@ -40,6 +40,10 @@ _MESSAGES = {
     "kv_pages": "KV-cache pages in flight",
     "platform_concurrency": "platform requests in flight",
     "platform_batch_concurrency": "platform batch requests in flight",
+    # a key's own limits, beside its team's
+    "key_requests_per_minute": "requests per minute",
+    "key_tokens_per_minute": "tokens per minute",
+    "key_usd_per_day": "dollars per day",
 }
 
 
@@ -70,6 +74,16 @@ class TeamKeys:
     def day_usd(self, day: int) -> str:
         return f"{self.base}:usd:{day}"
 
+    def key_rpm(self, prefix: str) -> str:
+        """A key's own counters carry its team's tag: one script still touches one slot."""
+        return f"{self.base}:key:{prefix}:rpm"
+
+    def key_tpm(self, prefix: str) -> str:
+        return f"{self.base}:key:{prefix}:tpm"
+
+    def key_day_usd(self, prefix: str, day: int) -> str:
+        return f"{self.base}:key:{prefix}:usd:{day}"
+
 
 PLATFORM_LEASES = "ty:platform:leases"
 PLATFORM_BATCH_LEASES = "ty:platform:batch-leases"
@@ -93,6 +107,17 @@ class Reservation:
         """The daily token counter: the batch tier has its own budget, apart from interactive."""
         keys = self.keys
         return keys.day_batch_tokens(self.day) if self.batch else keys.day_tokens(self.day)
+
+
+def _headers(policy: TeamPolicy, levels: list[int]) -> dict[str, str]:
+    """x-ratelimit-* for the bucket of each kind that runs out first: the key's own, where it has
+    one with less left, else the team's. `levels`: team rpm, team tpm, key rpm, key tpm."""
+    rpm, tpm = (policy.rpm, levels[0]), (policy.tpm, levels[1])
+    if policy.key_rpm > 0 and levels[2] >= 0 and (rpm[0] <= 0 or levels[2] < rpm[1]):
+        rpm = (policy.key_rpm, levels[2])
+    if policy.key_tpm > 0 and levels[3] >= 0 and (tpm[0] <= 0 or levels[3] < tpm[1]):
+        tpm = (policy.key_tpm, levels[3])
+    return rate_limit_headers(rpm[0], rpm[1], tpm[0], tpm[1])
 
 
 class Quotas:
@@ -138,6 +163,9 @@ class Quotas:
                     keys.pages,
                     PLATFORM_LEASES,
                     PLATFORM_BATCH_LEASES,
+                    keys.key_rpm(policy.key_prefix),
+                    keys.key_tpm(policy.key_prefix),
+                    keys.key_day_usd(policy.key_prefix, day),
                 ],
                 args=[
                     "reserve",
@@ -154,6 +182,9 @@ class Quotas:
                     pages,
                     self.lease_ms,
                     1 if batch else 0,
+                    policy.key_rpm,
+                    policy.key_tpm,
+                    int(policy.key_usd_per_day * 1_000_000),
                 ],
             )
         except RedisError as exc:
@@ -168,10 +199,10 @@ class Quotas:
                 retry_after=1,
             ) from None
         if result[0] == 1:
-            res.headers = rate_limit_headers(policy.rpm, result[1], policy.tpm, result[2])
+            res.headers = _headers(policy, result[1:5])
             return res
         code = result[1].decode() if isinstance(result[1], bytes) else result[1]
-        levels = rate_limit_headers(policy.rpm, result[3], policy.tpm, result[4])
+        levels = _headers(policy, result[3:7])
         if code == "tokens_per_day" and batch:
             code = "batch_tokens_per_day"
         retry_after = int(result[2])
@@ -185,11 +216,13 @@ class Quotas:
                 limit=code,
                 headers=levels,
             )
+        who = f"key {policy.key_prefix}…" if code.startswith("key_") else f"team {policy.team!r}"
         message = (
-            f"team {policy.team!r} is over its limit of {what} "
+            f"{who} is over its limit of {what} "
             f"(this request needs {tokens} tokens, {pages} KV pages)"
         )
-        if code == "usd_per_day":  # a spent budget: OpenAI's code, on which clients stop retrying
+        # a spent budget: OpenAI's code, on which clients stop retrying
+        if code in ("usd_per_day", "key_usd_per_day"):
             raise GatewayError(
                 429,
                 f"{message}: {code}",
@@ -206,16 +239,18 @@ class Quotas:
     async def settle(
         self, res: Reservation, usage: Usage, event: UsageEvent, spend_usd: float = 0.0
     ) -> None:
-        """Replace the reservation with actual usage and charge `spend_usd` to the team's dollars
-        for the day it reserved on (budgeted teams; the next reservation checks it); never raises
+        """Replace the reservation with actual usage and charge `spend_usd` to the team's and the
+        key's dollars for the day it reserved on (where they have a budget; the next reservation
+        checks it); never raises
         (leases expire regardless). The usage event is spooled locally when Redis cannot take it,
         so billing still gets it."""
         encoded = msgspec.json.encode(event)
         if not res.enforced:  # served fail-open without Redis
             self._spool(encoded)
             return
-        keys = res.keys
+        keys, policy = res.keys, res.policy
         used = usage.prompt_tokens + usage.completion_tokens
+        spend = round(spend_usd * 1_000_000)  # micro-dollars, for budgeted teams and keys
         try:
             await self._script(
                 keys=[
@@ -227,15 +262,19 @@ class Quotas:
                     PLATFORM_BATCH_LEASES,
                     USAGE_STREAM,
                     keys.day_usd(res.day),
+                    keys.key_tpm(policy.key_prefix),
+                    keys.key_day_usd(policy.key_prefix, res.day),
                 ],
                 args=[
                     "settle",
                     res.lease_id,
                     res.tokens,
                     used,
-                    res.policy.tpm,
+                    policy.tpm,
                     encoded,
-                    round(spend_usd * 1_000_000) if res.policy.usd_per_day > 0 else 0,
+                    spend if policy.usd_per_day > 0 else 0,
+                    policy.key_tpm,
+                    spend if policy.key_usd_per_day > 0 else 0,
                 ],
             )
         except RedisError as exc:

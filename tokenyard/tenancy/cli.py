@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from tokenyard.core.settings import Settings, get_settings
-from tokenyard.tenancy.limits import LIMIT_FIELDS, LIMIT_HELP
+from tokenyard.tenancy.limits import KEY_LIMIT_FIELDS, LIMIT_FIELDS, LIMIT_HELP
 
 _T = TypeVar("_T")
 
@@ -97,7 +97,8 @@ def _keys(args: argparse.Namespace) -> int:
         if args.action == "create":
             expires = _expiry(args.expires_in_days)
             models = (args.models or "").split(",")
-            new = keys.create_key(_sql(settings), args.team, args.name, expires, models)
+            limits = _key_limits(args)
+            new = keys.create_key(_sql(settings), args.team, args.name, expires, models, limits)
             until = f", expires {expires.isoformat(timespec='seconds')}" if expires else ""
             print(f"key for team {new.team} (prefix {new.prefix}{until}); shown once:")
             print(new.key)
@@ -136,7 +137,13 @@ def _key_changes(args: argparse.Namespace) -> dict[str, Any]:
         changes["expires_at"] = _expiry(args.expires_in_days)
     if args.models is not None:
         changes["models"] = args.models.split(",")  # "": the team's
-    return changes
+    return changes | _key_limits(args)
+
+
+def _key_limits(args: argparse.Namespace) -> dict[str, Any]:
+    """The key's own limits given (0: none, only the team's)."""
+    given = {name: getattr(args, name) for name in KEY_LIMIT_FIELDS}
+    return {name: value or None for name, value in given.items() if value is not None}
 
 
 def _print_keys(found: list[Any], as_json: bool) -> None:
@@ -149,6 +156,7 @@ def _print_keys(found: list[Any], as_json: bool) -> None:
         expires = f"  expires {r['expires_at']}" if r["expires_at"] else ""
         name = f"  {r['name']!r}" if r["name"] else ""
         name += f"  models {','.join(r['models'])}" if r["models"] else ""
+        name += "".join(f"  {n} {v}" for n, v in r["limits"].items() if v is not None)
         print(f"{r['prefix']}  {r['team']}{name}  {r['state']}  created {r['created_at']}{expires}")
 
 
@@ -188,7 +196,7 @@ def add_parser(sub: Any) -> None:
     ksub = keys_p.add_subparsers(dest="action", required=True, metavar="ACTION")
     create = ksub.add_parser("create", help="a new key for a team, printed once")
     create.add_argument("--team", required=True, help="the team the key belongs to")
-    update = ksub.add_parser("update", help="change a key's name, expiry or models")
+    update = ksub.add_parser("update", help="change a key's name, expiry, models or limits")
     update.add_argument("prefix", help="the key's visible prefix, as keys list shows it")
     update.add_argument("--no-expiry", action="store_true", help="the key no longer expires")
     _json_flag(update)
@@ -206,6 +214,15 @@ def add_parser(sub: Any) -> None:
             default=None,
             help="refuse the key this many days from now (create's default: never)",
         )
+        for field in KEY_LIMIT_FIELDS:  # the key's own, beside its team's
+            p.add_argument(
+                "--" + field.replace("_", "-"),
+                dest=field,
+                type=LIMIT_FIELDS[field],
+                default=None,
+                help=f"the key's own limit, beside its team's: {LIMIT_HELP[field].split(' (')[0]} "
+                "(default, or 0: the team's alone)",
+            )
     listing = ksub.add_parser("list", help="keys by prefix, team and state (never the secret)")
     listing.add_argument("--team", default=None, help="only this team's keys (default: all)")
     _json_flag(listing)

@@ -3,13 +3,14 @@
 A key is `ty-` + 32 random url-safe bytes. Only its sha256 is stored, with a short visible prefix so
 people can tell keys apart and revoke one without holding it. A key may carry a name (a label in
 listings), an expiry, from which on it is refused like a revoked one (gateways notice within their
-key-cache time, gateway_key_cache_s, twice over), and a list of models that narrows its team's.
+key-cache time, gateway_key_cache_s, twice over), a list of models that narrows its team's, and
+limits of its own (requests and tokens per minute, dollars per day) enforced beside its team's.
 """
 
 import hashlib
 import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,6 +18,7 @@ from sqlalchemy import Engine
 from sqlmodel import Session, col, or_, select
 
 from tokenyard.tenancy.errors import ManagementError
+from tokenyard.tenancy.limits import KEY_LIMIT_FIELDS, problem
 from tokenyard.tenancy.models import ApiKey, Team
 from tokenyard.tenancy.policy import TeamPolicy, model_list, policy_of
 
@@ -32,6 +34,7 @@ class NewKey:
     name: str | None = None
     expires_at: datetime | None = None
     models: tuple[str, ...] = ()
+    limits: dict[str, Any] = field(default_factory=dict)  # the key's own: KEY_LIMIT_FIELDS
 
 
 @dataclass
@@ -46,6 +49,7 @@ class KeyInfo:
     name: str | None = None
     expires_at: datetime | None = None
     models: tuple[str, ...] = ()
+    limits: dict[str, Any] = field(default_factory=dict)  # the key's own: KEY_LIMIT_FIELDS
 
     @property
     def state(self) -> str:
@@ -60,6 +64,7 @@ class KeyInfo:
             "team": self.team,
             "name": self.name,
             "models": list(self.models),
+            "limits": self.limits,
             "revoked": self.revoked,
             "state": self.state,
             "created_at": self.created_at.isoformat(),
@@ -83,6 +88,21 @@ def _models_within(team: Team, models: Sequence[str]) -> tuple[str, ...]:
     return wanted
 
 
+def _limits(key: ApiKey) -> dict[str, Any]:
+    return {name: getattr(key, name) for name in KEY_LIMIT_FIELDS}
+
+
+def _set_limits(key: ApiKey, limits: dict[str, Any]) -> None:
+    """Set some of the key's own limits (None: only the team's), each checked by the limits' one
+    rule."""
+    for name, value in limits.items():
+        if name not in KEY_LIMIT_FIELDS:
+            raise ValueError(f"a key has no limit {name!r}")
+        if found := problem(name, value):
+            raise ValueError(f"{name} {found}")
+        setattr(key, name, value)
+
+
 def _info(key: ApiKey, team: Team) -> KeyInfo:
     return KeyInfo(
         key.prefix,
@@ -93,6 +113,7 @@ def _info(key: ApiKey, team: Team) -> KeyInfo:
         key.name,
         key.expires_at,
         model_list(key.models),
+        _limits(key),
     )
 
 
@@ -126,7 +147,11 @@ def key_prefix(authorization: str | None) -> str:
 
 
 def _new_key(
-    team_id: int, name: str | None = None, expires_at: datetime | None = None, models: str = ""
+    team_id: int,
+    name: str | None = None,
+    expires_at: datetime | None = None,
+    models: str = "",
+    limits: dict[str, Any] | None = None,
 ) -> tuple[str, ApiKey]:
     key = "ty-" + secrets.token_urlsafe(32)
     row = ApiKey(
@@ -137,6 +162,7 @@ def _new_key(
         expires_at=expires_at,
         models=models,
     )
+    _set_limits(row, limits or {})
     return key, row
 
 
@@ -146,9 +172,11 @@ def create_key(
     name: str | None = None,
     expires_at: datetime | None = None,
     models: Sequence[str] = (),
+    limits: dict[str, Any] | None = None,
 ) -> NewKey:
-    """A new key for the team, named, expiring and narrowed to some of the team's models as
-    asked (none named: the team's models, as they are when each request comes)."""
+    """A new key for the team, named, expiring, narrowed to some of the team's models and with
+    limits of its own as asked (none named: the team's models, as they are when each request
+    comes; no limits: only the team's)."""
     name = _named(name)
     _check_expiry(expires_at)
     with Session(sql) as session:
@@ -156,10 +184,10 @@ def create_key(
         if team is None or team.id is None:
             raise ManagementError(f"no team {team_name!r}")
         wanted = _models_within(team, models)
-        key, row = _new_key(team.id, name, expires_at, ",".join(wanted))
+        key, row = _new_key(team.id, name, expires_at, ",".join(wanted), limits)
         session.add(row)
         session.commit()
-        return NewKey(key, row.prefix, team.name, name, expires_at, wanted)
+        return NewKey(key, row.prefix, team.name, name, expires_at, wanted, _limits(row))
 
 
 def revoke_key(sql: Engine, prefix: str) -> str:
@@ -184,7 +212,7 @@ def update_key(sql: Engine, prefix: str, **changes: Any) -> tuple[KeyInfo, str]:
     """Change an unrevoked key's name, expiry or models (a field left out is kept; None clears a
     name or an expiry, an empty list the models). A new expiry may revive an expired key. Returns
     the key as listings show it, and its hash for the caller to drop its cached lookup."""
-    if unknown := sorted(set(changes) - {"name", "expires_at", "models"}):
+    if unknown := sorted(set(changes) - {"name", "expires_at", "models", *KEY_LIMIT_FIELDS}):
         raise ValueError(f"a key has no field {unknown[0]!r}")
     with Session(sql) as session:
         row = _with_team(session, prefix)
@@ -198,6 +226,7 @@ def update_key(sql: Engine, prefix: str, **changes: Any) -> tuple[KeyInfo, str]:
             key.expires_at = changes["expires_at"]
         if "models" in changes:
             key.models = ",".join(_models_within(team, changes["models"] or ()))
+        _set_limits(key, {n: v for n, v in changes.items() if n in KEY_LIMIT_FIELDS})
         session.add(key)
         session.commit()
         session.refresh(key)
@@ -206,20 +235,22 @@ def update_key(sql: Engine, prefix: str, **changes: Any) -> tuple[KeyInfo, str]:
 
 def rotate_key(sql: Engine, prefix: str) -> tuple[NewKey, str]:
     """A new key for the team of the key with this prefix, which is revoked in the same
-    transaction; the new key keeps the old one's name and expiry. Returns the new key (its secret
-    shown once) and the old key's hash, for the caller to drop its cached lookup."""
+    transaction; the new key keeps the old one's name, expiry, models and limits. Returns the new
+    key (its secret shown once) and the old key's hash, for the caller to drop its cached lookup."""
     with Session(sql) as session:
         old = session.exec(select(ApiKey).where(ApiKey.prefix == prefix)).first()
         if old is None or old.revoked:
             raise ManagementError(f"no active key with prefix {prefix!r}")
         team = session.get(Team, old.team_id)
         assert team is not None  # a key's team_id is a foreign key
-        key, new = _new_key(old.team_id, old.name, old.expires_at, old.models)
+        key, new = _new_key(old.team_id, old.name, old.expires_at, old.models, _limits(old))
         old.revoked = True
         session.add(old)
         session.add(new)
         session.commit()
-        made = NewKey(key, new.prefix, team.name, new.name, new.expires_at, model_list(new.models))
+        listed = _info(new, team)
+        made = NewKey(key, new.prefix, team.name, new.name, new.expires_at)
+        made.models, made.limits = listed.models, listed.limits
         return made, old.key_hash
 
 
@@ -273,7 +304,7 @@ def lookup_key(sql: Engine, key_hash: str) -> TeamPolicy | None:
         # the index lookup already matched; compare again in constant time as the rule for secrets
         if not secrets.compare_digest(api_key.key_hash, key_hash):
             return None
-        return policy_of(team, api_key.models)
+        return policy_of(team, api_key)
 
 
 def policy_by_prefix(sql: Engine, team_name: str, prefix: str) -> TeamPolicy | None:
@@ -287,4 +318,4 @@ def policy_by_prefix(sql: Engine, team_name: str, prefix: str) -> TeamPolicy | N
         key = session.exec(
             select(ApiKey).where(ApiKey.prefix == prefix, ApiKey.team_id == team.id)
         ).first()
-        return policy_of(team, key.models if key else "")
+        return policy_of(team, key)

@@ -24,6 +24,9 @@ LIMIT_FIELDS: dict[str, type] = {
     "auto_quality": float,
 }
 
+# the limits a key may have of its own, beside its team's (a subset of the team's fields)
+KEY_LIMIT_FIELDS = ("rpm", "tpm", "usd_per_day")
+
 # the fields that are shares, in [0, 1]
 FRACTIONS = ("auto_threshold", "strong_share", "auto_quality")
 

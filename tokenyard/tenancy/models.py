@@ -6,7 +6,9 @@ concerns, so revocations and limit changes take effect promptly.
 """
 
 from datetime import UTC, datetime
+from typing import Any
 
+from sqlalchemy import BigInteger
 from sqlmodel import Field, SQLModel
 
 
@@ -14,18 +16,24 @@ def _now() -> datetime:
     return datetime.now(UTC)
 
 
+def _count() -> Any:
+    """An optional count, 64-bit in SQL: PostgreSQL's INTEGER is 32-bit, and the limits allow
+    counts up to 2**53 (tenancy/limits.py)."""
+    return Field(default=None, sa_type=BigInteger)
+
+
 class Team(SQLModel, table=True):
     id: int | None = Field(default=None, primary_key=True)
     name: str = Field(index=True, unique=True)
     # every limit is optional: None means unlimited
-    rpm: int | None = None  # requests per minute
-    tpm: int | None = None  # tokens (prompt + completion) per minute
-    tokens_per_day: int | None = None
+    rpm: int | None = _count()  # requests per minute
+    tpm: int | None = _count()  # tokens (prompt + completion) per minute
+    tokens_per_day: int | None = _count()
     usd_per_day: float | None = None  # spend is charged at settle from billing's prices
-    concurrency: int | None = None  # requests in flight
-    kv_pages: int | None = None  # KV-cache pages in flight on self-hosted models
-    max_tokens: int | None = None  # cap on a request's max_tokens
-    max_context: int | None = None  # cap on prompt + max_tokens
+    concurrency: int | None = _count()  # requests in flight
+    kv_pages: int | None = _count()  # KV-cache pages in flight on self-hosted models
+    max_tokens: int | None = _count()  # cap on a request's max_tokens
+    max_context: int | None = _count()  # cap on prompt + max_tokens
     models: str = ""  # comma-separated allowed models; empty: all
     default_tier: str = "interactive"
     # model="auto": escalate prompts scoring at or above this (0-1), or, when unset, the share of
@@ -35,7 +43,7 @@ class Team(SQLModel, table=True):
     # model="auto": the cheapest model predicted to answer with at least this quality (0-1); set,
     # it wins over the two above
     auto_quality: float | None = None
-    batch_tokens_per_day: int | None = None  # the batch tier's own daily budget
+    batch_tokens_per_day: int | None = _count()  # the batch tier's own daily budget
     # signs the team's batch callbacks (Standard Webhooks, whsec_…; batch/webhooks.py); kept as
     # is, not hashed: signing needs the key itself, a hash could only check one
     webhook_secret: str | None = None
@@ -57,3 +65,7 @@ class ApiKey(SQLModel, table=True):
     expires_at: datetime | None = None  # refused from then on; None: until revoked
     # comma-separated models this key may use, within its team's; empty: the team's
     models: str = ""
+    # the key's own limits, enforced beside its team's (None: only the team's)
+    rpm: int | None = _count()
+    tpm: int | None = _count()
+    usd_per_day: float | None = None

@@ -1,8 +1,9 @@
-"""What the request path knows of a key's team: its limits and routing settings, from its row."""
+"""What the request path knows of a key and its team: their limits and the team's routing
+settings, from their rows."""
 
 import msgspec
 
-from tokenyard.tenancy.models import Team
+from tokenyard.tenancy.models import ApiKey, Team
 
 # an allowed-models list that matches no model: empty would mean every model
 NO_MODEL = ""
@@ -26,13 +27,18 @@ class TeamPolicy(msgspec.Struct, frozen=True):
     auto_threshold: float | None = None
     strong_share: float | None = None
     auto_quality: float | None = None
+    # the key's own limits, enforced beside the team's (0: none); its prefix names its counters
+    key_prefix: str = ""
+    key_rpm: int = 0
+    key_tpm: int = 0
+    key_usd_per_day: float = 0.0
 
 
-def policy_of(team: Team, key_models: str = "") -> TeamPolicy:
+def policy_of(team: Team, key: ApiKey | None = None) -> TeamPolicy:
     """The team's policy as a key of it sees it: a key that names models narrows the team's list
-    to those (to none, where the two share none)."""
+    to those (to none, where the two share none); its own limits come along."""
     models = model_list(team.models)
-    if own := model_list(key_models):
+    if key is not None and (own := model_list(key.models)):
         models = tuple(m for m in own if not models or m in models) or (NO_MODEL,)
     return TeamPolicy(
         team=team.name,
@@ -50,6 +56,10 @@ def policy_of(team: Team, key_models: str = "") -> TeamPolicy:
         auto_threshold=team.auto_threshold,
         strong_share=team.strong_share,
         auto_quality=team.auto_quality,
+        key_prefix=key.prefix if key else "",
+        key_rpm=(key.rpm or 0) if key else 0,
+        key_tpm=(key.tpm or 0) if key else 0,
+        key_usd_per_day=(key.usd_per_day or 0.0) if key else 0.0,
     )
 
 

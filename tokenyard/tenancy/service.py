@@ -90,8 +90,9 @@ class Tenancy:
         name: str | None = None,
         expires_at: datetime | None = None,
         models: Sequence[str] = (),
+        limits: dict[str, Any] | None = None,
     ) -> NewKey:
-        return await self._run(keys.create_key, team, name, expires_at, models)
+        return await self._run(keys.create_key, team, name, expires_at, models, limits)
 
     async def revoke_key(self, prefix: str) -> None:
         await self.forget([await self._run(keys.revoke_key, prefix)])

@@ -1,6 +1,6 @@
 """API keys: every team's, with their names, expiries, last use and charges; create (the secret
-shown once, optionally named and expiring), change a key's name, models and expiry in place, rotate
-and revoke."""
+shown once, optionally named, narrowed and limited), change a key's name, models, limits and
+expiry in place, rotate and revoke."""
 
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -24,6 +24,7 @@ from tokenyard.billing import reports
 from tokenyard.gateway import auth
 from tokenyard.tenancy.errors import ManagementError
 from tokenyard.tenancy.keys import KeyInfo
+from tokenyard.tenancy.limits import KEY_LIMIT_FIELDS
 
 SPEND_DAYS = 30
 EXPIRY_FORMAT = "%Y-%m-%dT%H:%M"  # an <input type="datetime-local">'s value, read as UTC
@@ -98,9 +99,12 @@ class Keys(Controller):
         models = _models(form)
         if unknown := _outside_catalog(request, models):
             return await self._page(request, 400, unknown)
+        limits, wrong = forms.key_limits(form)
+        if wrong:
+            return await self._page(request, 400, wrong)
         try:
             new = await tenancy_of(request).create_key(
-                forms.text(form, "team"), forms.text(form, "name"), expires, models
+                forms.text(form, "team"), forms.text(form, "name"), expires, models, limits
             )
         except ManagementError as exc:
             raise NotFoundException(str(exc)) from None
@@ -140,6 +144,7 @@ class Keys(Controller):
         key = await self._active(request, prefix)
         expires = key.expires_at.strftime(EXPIRY_FORMAT) if key.expires_at else ""
         values = {"name": key.name or "", "models": key.models, "expires_at": expires}
+        values |= {n: "" if v is None else v for n, v in key.limits.items()}
         return await self._key_page(request, key, values)
 
     @post("/keys/{prefix:str}")
@@ -151,9 +156,14 @@ class Keys(Controller):
         expires = forms.text(form, "expires_at").strip()
         models = _models(form)
         values = {"name": forms.text(form, "name"), "models": models, "expires_at": expires}
+        values |= {n: forms.text(form, n) for n in KEY_LIMIT_FIELDS}
         if unknown := _outside_catalog(request, models):
             return await self._key_page(request, key, values, 400, unknown)
+        limits, wrong = forms.key_limits(form)
+        if wrong:
+            return await self._key_page(request, key, values, 400, wrong)
         changes: dict[str, Any] = {"name": values["name"].strip() or None, "models": models}
+        changes |= limits
         shown = key.expires_at.strftime(EXPIRY_FORMAT) if key.expires_at else ""
         if expires != shown:
             try:
