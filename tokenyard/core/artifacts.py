@@ -1,5 +1,8 @@
 """Trained artifacts as shipped: a joblib file (the scorer's own classes over plain arrays, no
-scikit-learn object) beside its JSON metadata."""
+scikit-learn object) beside its JSON metadata. Pickle names those classes by module path: moving
+one (tokenyard.guard.classifier.Model, tokenyard.router.scorer.CompiledScorer,
+tokenyard.router.embedding.WordPieces) means loading the artifact under the old path and dumping
+it again, or retraining."""
 
 import json
 import warnings
