@@ -63,6 +63,7 @@ def test_feedback_is_team_scoped_and_stored_with_the_route(
         {"request_id": request_id},
         {"request_id": "", "score": 0.5},
         {"request_id": request_id, "score": 0.5, "extra": 1},
+        {"request_id": request_id, "score": 0.5, "comment": "nul\u0000byte"},  # 503 on PostgreSQL
     ):
         assert _rate(gateway, key, bad).status_code == 400, bad
     assert _rate(gateway, "sk-wrong", {"request_id": request_id, "score": 0.5}).status_code == 401

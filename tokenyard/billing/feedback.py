@@ -47,6 +47,8 @@ def _parse(raw: bytes) -> _Body:
         raise GatewayError(400, "score must be a number in [0, 1]", param="score")
     if body.comment is not None and len(body.comment) > MAX_COMMENT:
         raise GatewayError(400, f"comment is longer than {MAX_COMMENT} characters", param="comment")
+    if body.comment is not None and "\x00" in body.comment:  # PostgreSQL's text refuses it (a 503)
+        raise GatewayError(400, "comment must not contain NUL characters", param="comment")
     return body
 
 

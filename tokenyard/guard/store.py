@@ -162,7 +162,8 @@ class AuditLog:
             categories=",".join(categories),
             scores=json.dumps({k: round(v, 4) for k, v in scores.items()}),
             model=model,
-            text=text,
+            # PostgreSQL's text holds no NUL, and one such row would fail its whole batch's commit
+            text=text.replace("\x00", "\ufffd") if text else text,
         )
         try:
             self.queue.put_nowait(row)
