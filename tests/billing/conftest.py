@@ -1,13 +1,7 @@
-"""Billing fixtures: a store on SQLite and (where its binaries are installed) on a throwaway
-PostgreSQL cluster, usage events, and the gateway fixtures (Redis, fake upstream, gateways)."""
+"""Billing fixtures: usage events, a fake engine that reports engine time, and the gateway fixtures
+(Redis, fake upstream, gateways); the databases (SQLite, PostgreSQL) are tests/conftest.py's."""
 
-import contextlib
-import glob
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,7 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import Engine, create_engine, func, select, text
+from sqlalchemy import Engine, func, select
 from sqlmodel import Session
 from sqlmodel import select as sm_select
 
@@ -33,7 +27,6 @@ from tests.gateway.conftest import (  # noqa: F401 - fixtures, by name
     wait_until,
 )
 from tokenyard.billing.models import ROLLUP_SUMS, UsageRecord
-from tokenyard.core.db import get_engine
 
 HERE = Path(__file__).parent
 MODEL = "fake"
@@ -51,78 +44,6 @@ def list_price(prompt: int, cached: int, completion: int) -> float:
         + cached * PRICE["cached_input"]
         + completion * PRICE["output"]
     ) / 1e6
-
-
-def _pg_bin() -> Path | None:
-    found = shutil.which("pg_ctl")
-    if found:
-        return Path(os.path.realpath(found)).parent
-    dirs = sorted(glob.glob("/usr/lib/postgresql/*/bin"))
-    return Path(dirs[-1]) if dirs else None
-
-
-class Postgres:
-    """A throwaway cluster in a temp dir; as the postgres user when run as root (it refuses
-    root)."""
-
-    def __init__(self, bin_dir: Path) -> None:
-        self.bin = bin_dir
-        self.dir = Path(tempfile.mkdtemp(prefix="ty-pg-"))
-        self.port = free_port()
-        self.as_user: list[str] = []
-        if os.geteuid() == 0:
-            shutil.chown(self.dir, "postgres")
-            self.as_user = ["runuser", "-u", "postgres", "--"]
-        self.data = self.dir / "data"
-        self.admin_url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
-
-    def _run(self, *command: str) -> None:
-        subprocess.run([*self.as_user, *command], check=True, capture_output=True, timeout=60)
-
-    def init(self) -> None:
-        self._run(str(self.bin / "initdb"), "-D", str(self.data), "-A", "trust", "-U", "postgres")
-
-    def start(self) -> None:
-        options = f"-p {self.port} -k {self.dir} -h 127.0.0.1 -F"  # -F: no fsync, a test cluster
-        log = str(self.dir / "log")
-        self._run(
-            str(self.bin / "pg_ctl"), "-D", str(self.data), "-o", options, "-l", log, "-w", "start"
-        )
-
-    def stop(self) -> None:
-        self._run(str(self.bin / "pg_ctl"), "-D", str(self.data), "-m", "immediate", "stop")
-
-    def new_database(self) -> str:
-        name = "ty_" + uuid.uuid4().hex[:12]
-        admin = create_engine(self.admin_url, isolation_level="AUTOCOMMIT")
-        with admin.connect() as conn:
-            conn.execute(text(f'CREATE DATABASE "{name}"'))
-        admin.dispose()
-        return f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/{name}"
-
-
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[Postgres]:
-    bin_dir = _pg_bin()
-    if bin_dir is None or not (bin_dir / "initdb").exists():
-        pytest.skip("PostgreSQL is not installed (no pg_ctl/initdb): apt-get install postgresql")
-    if os.geteuid() == 0 and shutil.which("runuser") is None:
-        pytest.skip("running as root without runuser: PostgreSQL refuses to run as root")
-    server = Postgres(bin_dir)
-    server.init()
-    server.start()
-    yield server
-    with contextlib.suppress(subprocess.CalledProcessError):
-        server.stop()
-    shutil.rmtree(server.dir, ignore_errors=True)
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def billing_db(request: pytest.FixtureRequest, tmp_path: Path) -> Engine:
-    """A migrated, empty billing store on each database."""
-    if request.param == "sqlite":
-        return get_engine(f"sqlite:///{tmp_path}/billing.db")
-    return get_engine(request.getfixturevalue("postgres").new_database())
 
 
 def event(**fields: Any) -> dict[str, Any]:

@@ -133,7 +133,7 @@ async def test_trim_keeps_everything_not_yet_acknowledged(
 
 
 async def test_an_event_sql_refuses_never_stalls_the_others(
-    redis: aioredis.Redis, billing_db: Engine
+    redis: aioredis.Redis, database: Engine
 ) -> None:
     """A row the database refuses for what it holds (NUL bytes and a 6,000-character key, which
     PostgreSQL refuses; an integer beyond 64 bits, which SQLite refuses) is set aside in the
@@ -146,10 +146,10 @@ async def test_an_event_sql_refuses_never_stalls_the_others(
     await redis.xadd(stream, {"event": b"{not json"})
     await publish(redis, stream, good[3])
     dead_before = await redis.xlen(DEAD_STREAM)
-    c = consumer(redis, billing_db, stream)
+    c = consumer(redis, database, stream)
     await c.ensure_group()
     assert await asyncio.wait_for(c.step(), 30) == 6
-    assert sorted(r.request_id for r in records(billing_db, team)) == sorted(
+    assert sorted(r.request_id for r in records(database, team)) == sorted(
         e["request_id"] for e in good
     )
     assert (await redis.xpending(stream, c.group))["pending"] == 0

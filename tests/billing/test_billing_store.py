@@ -35,21 +35,21 @@ def rollup(engine: Engine, team: str, day: date) -> dict:
     return {name: sum(getattr(r, name) for r in got) for name in ROLLUP_SUMS}
 
 
-def test_redelivered_events_are_recorded_once(billing_db: Engine) -> None:
+def test_redelivered_events_are_recorded_once(database: Engine) -> None:
     batch = rows(event(team="a"), event(team="a", status=502), event(team="a"))
-    assert store.write(billing_db, batch) == 3
+    assert store.write(database, batch) == 3
     # re-delivered events, one of them twice in one batch, beside one new event
     again = [batch[1], *rows(event(team="a")), batch[1], batch[0]]
-    assert store.write(billing_db, again) == 1
-    assert store.write(billing_db, batch) == 0
-    assert len(records(billing_db, "a")) == 4
+    assert store.write(database, again) == 1
+    assert store.write(database, batch) == 0
+    assert len(records(database, "a")) == 4
     today = datetime.now(UTC).date()
-    sums = record_sums(billing_db, "a", today)
+    sums = record_sums(database, "a", today)
     assert sums["requests"] == 4 and sums["errors"] == 1
-    assert rollup(billing_db, "a", today) == pytest.approx(sums)
+    assert rollup(database, "a", today) == pytest.approx(sums)
 
 
-def test_rollups_equal_the_sum_of_records(billing_db: Engine) -> None:
+def test_rollups_equal_the_sum_of_records(database: Engine) -> None:
     rng = random.Random(7)
     days = [datetime(2026, 5, d, 12, tzinfo=UTC).timestamp() for d in (1, 2)]
     events = [
@@ -67,23 +67,22 @@ def test_rollups_equal_the_sum_of_records(billing_db: Engine) -> None:
         for _ in range(300)
     ]
     for start in range(0, 300, 37):  # batches of several teams, models and days each
-        store.write(billing_db, rows(*events[start : start + 37]))
-    store.write(billing_db, rows(*events[:50]))  # re-delivery changes nothing
+        store.write(database, rows(*events[start : start + 37]))
+    store.write(database, rows(*events[:50]))  # re-delivery changes nothing
     for team in ("a", "b"):
         for day in (date(2026, 5, 1), date(2026, 5, 2)):
-            sums = record_sums(billing_db, team, day)
+            sums = record_sums(database, team, day)
             assert sums["requests"] > 0
-            assert rollup(billing_db, team, day) == pytest.approx(sums, rel=1e-9)
+            assert rollup(database, team, day) == pytest.approx(sums, rel=1e-9)
     assert (
-        sum(r.requests for r in reports.daily(billing_db, date(2026, 5, 1), date(2026, 5, 2)))
-        == 300
+        sum(r.requests for r in reports.daily(database, date(2026, 5, 1), date(2026, 5, 2))) == 300
     )
 
 
-def test_reports_by_range_team_and_csv(billing_db: Engine) -> None:
+def test_reports_by_range_team_and_csv(database: Engine) -> None:
     at = [datetime(2026, 6, d, tzinfo=UTC).timestamp() for d in (1, 2, 3)]
     store.write(
-        billing_db,
+        database,
         rows(
             event(team="a", ts=at[0], prompt_tokens=10, completion_tokens=1, cached_tokens=0),
             event(team="a", ts=at[1], prompt_tokens=20, completion_tokens=2, cached_tokens=5),
@@ -92,13 +91,13 @@ def test_reports_by_range_team_and_csv(billing_db: Engine) -> None:
             event(team="a", ts=at[1], key_prefix="ty-a2", status=429, prompt_tokens=0),
         ),
     )
-    two_days = reports.daily(billing_db, date(2026, 6, 1), date(2026, 6, 2), "a")
+    two_days = reports.daily(database, date(2026, 6, 1), date(2026, 6, 2), "a")
     assert [(r.day.day, r.team) for r in two_days] == [(1, "a"), (2, "a")]
     summary = reports.summary(two_days)
     assert summary["models"]["m"]["prompt_tokens"] == 30
     assert (summary["requests"], summary["cached_tokens"], summary["total_tokens"]) == (3, 7, 38)
     # each key's totals over the range, of one team (prefixes as recorded, never the key)
-    per_key = reports.by_key(billing_db, date(2026, 6, 1), date(2026, 6, 2), "a")
+    per_key = reports.by_key(database, date(2026, 6, 1), date(2026, 6, 2), "a")
     assert per_key.keys() == {"ty-abcdefghi", "ty-a2"}
     first = per_key["ty-abcdefghi"]
     assert (first["team"], first["requests"], first["errors"], first["prompt_tokens"]) == (
@@ -109,15 +108,15 @@ def test_reports_by_range_team_and_csv(billing_db: Engine) -> None:
     )
     assert (first["total_tokens"], first["cost_usd"]) == (33, pytest.approx(0.002))
     assert (per_key["ty-a2"]["requests"], per_key["ty-a2"]["errors"]) == (1, 1)
-    assert reports.by_key(billing_db, date(2026, 6, 3), date(2026, 6, 3), "b") == {}
-    everyone = reports.daily(billing_db, date(2026, 6, 2), date(2026, 6, 2))
+    assert reports.by_key(database, date(2026, 6, 3), date(2026, 6, 3), "b") == {}
+    everyone = reports.daily(database, date(2026, 6, 2), date(2026, 6, 2))
     assert {r.team for r in everyone} == {"a", "b"}
     lines = reports.to_csv(everyone).splitlines()
     assert lines[0] == "day,team,model," + ",".join(ROLLUP_SUMS)
     assert lines[1].startswith("2026-06-02,a,m,2,1,20,7,7,")
 
 
-def test_migrations_match_the_models(billing_db: Engine) -> None:
+def test_migrations_match_the_models(database: Engine) -> None:
     """Every table, gateway's included, is made by the migrations: a model changed without a
     migration fails here (add one: `alembic -c tokenyard/core/alembic.ini revision
     --autogenerate`)."""
@@ -127,10 +126,10 @@ def test_migrations_match_the_models(billing_db: Engine) -> None:
         table = obj if kind == "table" else getattr(obj, "table", None)
         return table is None or table.name in SQLModel.metadata.tables
 
-    with billing_db.connect() as conn:
+    with database.connect() as conn:
         context = MigrationContext.configure(conn, opts={"include_object": ours})
         assert compare_metadata(context, SQLModel.metadata) == []
-    upgrade(billing_db)  # again: a no-op
+    upgrade(database)  # again: a no-op
 
 
 def test_a_database_from_before_migrations_is_adopted(tmp_path: Path) -> None:

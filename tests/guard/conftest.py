@@ -6,9 +6,6 @@ from dataclasses import dataclass
 
 import pytest
 
-# the migrated databases (SQLite and PostgreSQL), as tests/billing makes them
-from tests.billing.conftest import billing_db, postgres  # noqa: F401
-
 # real gateways for the end-to-end tests, as tests/gateway starts them
 from tests.gateway.conftest import (  # noqa: F401
     base_env,

@@ -6,8 +6,8 @@ from sqlalchemy import Engine
 from tokenyard.guard.store import AuditLog, audit_rows
 
 
-async def test_rows_with_nul_characters_are_stored_with_their_batch(billing_db: Engine) -> None:
-    log = AuditLog(billing_db)
+async def test_rows_with_nul_characters_are_stored_with_their_batch(database: Engine) -> None:
+    log = AuditLog(database)
     for request_id, text in (("r1", "before\x00after"), ("r2", "plain"), ("r3", None)):
         log.record(
             request_id=request_id,
@@ -20,5 +20,5 @@ async def test_rows_with_nul_characters_are_stored_with_their_batch(billing_db: 
             text=text,
         )
     await log.flush()  # one batch, one commit
-    rows = {r.request_id: r.text for r in audit_rows(billing_db, team="audited")}
+    rows = {r.request_id: r.text for r in audit_rows(database, team="audited")}
     assert rows == {"r1": "before\ufffdafter", "r2": "plain", "r3": None}

@@ -9,11 +9,11 @@ from tokenyard.tenancy import keys, teams
 from tokenyard.tenancy.limits import LIMIT_FIELDS, MAX_COUNT
 
 
-def test_the_largest_accepted_counts_are_stored(billing_db: Engine) -> None:
+def test_the_largest_accepted_counts_are_stored(database: Engine) -> None:
     counts: dict[str, Any] = {n: MAX_COUNT for n, kind in LIMIT_FIELDS.items() if kind is int}
-    teams.create_team(billing_db, "big", **counts)
-    team = teams.get_team(billing_db, "big")
+    teams.create_team(database, "big", **counts)
+    team = teams.get_team(database, "big")
     assert team is not None and {n: getattr(team, n) for n in counts} == counts
-    new = keys.create_key(billing_db, "big", limits={"rpm": MAX_COUNT, "tpm": MAX_COUNT})
-    listed = keys.get_key(billing_db, new.prefix)
+    new = keys.create_key(database, "big", limits={"rpm": MAX_COUNT, "tpm": MAX_COUNT})
+    listed = keys.get_key(database, new.prefix)
     assert listed is not None and listed.limits["rpm"] == listed.limits["tpm"] == MAX_COUNT

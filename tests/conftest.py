@@ -1,0 +1,39 @@
+"""Fixtures every test folder may use: the databases the platform runs on (one PostgreSQL cluster
+for the whole session, where its binaries are installed)."""
+
+import contextlib
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine
+
+from tests.databases import Postgres, pg_bin
+from tokenyard.core.db import get_engine
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Postgres]:
+    bin_dir = pg_bin()
+    if bin_dir is None or not (bin_dir / "initdb").exists():
+        pytest.skip("PostgreSQL is not installed (no pg_ctl/initdb): apt-get install postgresql")
+    if os.geteuid() == 0 and shutil.which("runuser") is None:
+        pytest.skip("running as root without runuser: PostgreSQL refuses to run as root")
+    server = Postgres(bin_dir)
+    server.init()
+    server.start()
+    yield server
+    with contextlib.suppress(subprocess.CalledProcessError):
+        server.stop()
+    shutil.rmtree(server.dir, ignore_errors=True)
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database(request: pytest.FixtureRequest, tmp_path: Path) -> Engine:
+    """A migrated, empty platform database (every table), on SQLite and on PostgreSQL."""
+    if request.param == "sqlite":
+        return get_engine(f"sqlite:///{tmp_path}/platform.db")
+    return get_engine(request.getfixturevalue("postgres").new_database())
