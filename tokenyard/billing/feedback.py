@@ -23,7 +23,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, select
 
 from tokenyard.billing.models import RouteFeedback, UsageRecord
-from tokenyard.core.db import database_url, get_engine
+from tokenyard.core.db import database_url, get_engine, matchable
 from tokenyard.core.errors import GatewayError
 
 MAX_REQUEST_ID = 200
@@ -41,7 +41,7 @@ def _parse(raw: bytes) -> _Body:
         body = msgspec.json.decode(raw, type=_Body)
     except msgspec.DecodeError as e:
         raise GatewayError(400, f"invalid feedback: {e}") from None
-    if not 0 < len(body.request_id) <= MAX_REQUEST_ID:
+    if not (0 < len(body.request_id) <= MAX_REQUEST_ID and matchable(body.request_id)):
         raise GatewayError(400, "request_id must be a request's x-request-id", param="request_id")
     if not (math.isfinite(body.score) and 0.0 <= body.score <= 1.0):
         raise GatewayError(400, "score must be a number in [0, 1]", param="score")

@@ -10,6 +10,7 @@ from sqlalchemy import Engine, case, func
 from sqlmodel import Session, col, select
 
 from tokenyard.billing.models import ROLLUP_SUMS, UsageDaily, UsageRecord
+from tokenyard.core.db import matchable
 
 CSV_COLUMNS = ("day", "team", "model", *ROLLUP_SUMS)
 KEY_CSV_COLUMNS = ("key_prefix", "team", *ROLLUP_SUMS)
@@ -17,6 +18,8 @@ KEY_CSV_COLUMNS = ("key_prefix", "team", *ROLLUP_SUMS)
 
 def daily(engine: Engine, start: date, end: date, team: str | None = None) -> list[UsageDaily]:
     """Rollup rows from `start` to `end` inclusive, of one team or (None) all teams."""
+    if not matchable(team):
+        return []
     query = select(UsageDaily).where(UsageDaily.day >= start, UsageDaily.day <= end)
     if team is not None:
         query = query.where(UsageDaily.team == team)
@@ -30,6 +33,8 @@ def by_key(
 ) -> dict[str, dict[str, Any]]:
     """Each key's totals from `start` to `end` inclusive, by its prefix (with its team), of one
     team or all: summed from the usage records, since the rollups keep no key."""
+    if not matchable(team):
+        return {}
     record = UsageRecord
     sums = [
         func.count().label("requests"),

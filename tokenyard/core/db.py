@@ -21,6 +21,12 @@ def database_url(settings: Settings) -> str:
     return f"sqlite:///{os.path.abspath(settings.data_dir)}/tokenyard.db"
 
 
+def matchable(*values: str | None) -> bool:
+    """False when a value holds NUL: PostgreSQL's text can neither store nor compare it (the query
+    fails), and no stored row holds one, so a lookup by such a value finds nothing."""
+    return not any(value and "\x00" in value for value in values)
+
+
 @lru_cache
 def get_engine(url: str) -> Engine:
     # check_same_thread: the gateway reads SQLite from a worker thread on cache misses

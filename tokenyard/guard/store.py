@@ -21,6 +21,7 @@ from redis.exceptions import RedisError
 from sqlalchemy import Engine
 from sqlmodel import Session, col, select
 
+from tokenyard.core.db import matchable
 from tokenyard.core.tasks import cancel_and_wait
 from tokenyard.guard import metrics
 from tokenyard.guard.models import GuardAudit, GuardPolicy
@@ -119,6 +120,8 @@ def audit_rows(
     limit: int = 100,
     before_id: int | None = None,
 ) -> list[GuardAudit]:
+    if not matchable(team, action, direction, request_id):
+        return []
     with Session(sql) as session:
         query = select(GuardAudit)
         if team:

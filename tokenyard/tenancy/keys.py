@@ -17,8 +17,10 @@ from typing import Any
 from sqlalchemy import Engine
 from sqlmodel import Session, col, or_, select
 
+from tokenyard.core.db import matchable
 from tokenyard.tenancy.errors import ManagementError
 from tokenyard.tenancy.limits import KEY_LIMIT_FIELDS, problem
+from tokenyard.tenancy.lookups import find_key, find_team
 from tokenyard.tenancy.models import ApiKey, Team
 from tokenyard.tenancy.policy import TeamPolicy, model_list, policy_of
 
@@ -180,7 +182,7 @@ def create_key(
     name = _named(name)
     _check_expiry(expires_at)
     with Session(sql) as session:
-        team = session.exec(select(Team).where(Team.name == team_name)).first()
+        team = find_team(session, team_name)
         if team is None or team.id is None:
             raise ManagementError(f"no team {team_name!r}")
         wanted = _models_within(team, models)
@@ -193,7 +195,7 @@ def create_key(
 def revoke_key(sql: Engine, prefix: str) -> str:
     """Revoke the key with this prefix; returns its hash so callers can drop cached lookups."""
     with Session(sql) as session:
-        api_key = session.exec(select(ApiKey).where(ApiKey.prefix == prefix)).first()
+        api_key = find_key(session, prefix)
         if api_key is None:
             raise ManagementError(f"no key with prefix {prefix!r}")
         api_key.revoked = True
@@ -204,8 +206,9 @@ def revoke_key(sql: Engine, prefix: str) -> str:
 
 def _with_team(session: Session, prefix: str) -> tuple[ApiKey, Team] | None:
     """The key with this prefix and its team."""
-    query = select(ApiKey, Team).join(Team, ApiKey.team_id == Team.id)  # type: ignore[arg-type]
-    return session.exec(query.where(ApiKey.prefix == prefix)).first()
+    key = find_key(session, prefix)
+    team = session.get(Team, key.team_id) if key is not None else None
+    return (key, team) if key is not None and team is not None else None
 
 
 def update_key(sql: Engine, prefix: str, **changes: Any) -> tuple[KeyInfo, str]:
@@ -238,7 +241,7 @@ def rotate_key(sql: Engine, prefix: str) -> tuple[NewKey, str]:
     transaction; the new key keeps the old one's name, expiry, models and limits. Returns the new
     key (its secret shown once) and the old key's hash, for the caller to drop its cached lookup."""
     with Session(sql) as session:
-        old = session.exec(select(ApiKey).where(ApiKey.prefix == prefix)).first()
+        old = find_key(session, prefix)
         if old is None or old.revoked:
             raise ManagementError(f"no active key with prefix {prefix!r}")
         team = session.get(Team, old.team_id)
@@ -264,6 +267,8 @@ def get_key(sql: Engine, prefix: str) -> KeyInfo | None:
 def list_keys(sql: Engine, team: str | None = None) -> list[KeyInfo]:
     """Keys (of one team, or all), newest first."""
     query = select(ApiKey, Team).join(Team, ApiKey.team_id == Team.id)  # type: ignore[arg-type]
+    if not matchable(team):
+        return []
     if team is not None:
         query = query.where(Team.name == team)
     with Session(sql) as session:
@@ -312,10 +317,9 @@ def policy_by_prefix(sql: Engine, team_name: str, prefix: str) -> TeamPolicy | N
     narrowed by the models of the key that created the job, found by its prefix. That key may since
     have been revoked or have expired: a job accepted runs to its end."""
     with Session(sql) as session:
-        team = session.exec(select(Team).where(Team.name == team_name)).first()
+        team = find_team(session, team_name)
         if team is None:
             return None
-        key = session.exec(
-            select(ApiKey).where(ApiKey.prefix == prefix, ApiKey.team_id == team.id)
-        ).first()
+        key = find_key(session, prefix)
+        key = key if key is not None and key.team_id == team.id else None
         return policy_of(team, key)

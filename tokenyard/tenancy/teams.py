@@ -14,6 +14,7 @@ from sqlmodel import Session, select
 from tokenyard.tenancy.errors import AlreadyExists, ManagementError
 from tokenyard.tenancy.keys import active_key_hashes
 from tokenyard.tenancy.limits import LIMIT_FIELDS, problem
+from tokenyard.tenancy.lookups import find_team
 from tokenyard.tenancy.models import ApiKey, Team
 
 # team names appear in Redis keys and metrics labels: keep them plain
@@ -34,7 +35,7 @@ def _apply(team: Team, limits: dict[str, Any]) -> None:
 
 
 def _existing(session: Session, name: str) -> Team:
-    team = session.exec(select(Team).where(Team.name == name)).first()
+    team = find_team(session, name)
     if team is None:
         raise ManagementError(f"no team {name!r}")
     return team
@@ -96,7 +97,7 @@ def delete_team(sql: Engine, name: str) -> list[str]:
 
 def get_team(sql: Engine, name: str) -> Team | None:
     with Session(sql) as session:
-        return session.exec(select(Team).where(Team.name == name)).first()
+        return find_team(session, name)
 
 
 def list_teams(sql: Engine) -> list[Team]:

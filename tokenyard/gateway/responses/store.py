@@ -9,6 +9,7 @@ import msgspec
 from sqlalchemy import Engine, delete
 from sqlmodel import Session, select
 
+from tokenyard.core.db import matchable
 from tokenyard.gateway.responses.models import StoredResponse
 
 
@@ -51,6 +52,8 @@ class ResponseStore:
             session.commit()
 
     def _row(self, session: Session, team: str, response_id: str) -> StoredResponse | None:
+        if not matchable(response_id):
+            return None
         query = select(StoredResponse).where(
             StoredResponse.id == response_id,
             StoredResponse.team == team,
