@@ -111,6 +111,15 @@ def test_a_keys_own_dollar_budget_is_charged_and_enforced(
     assert err.value.code == "insufficient_quota" and budgeted[:12] in err.value.message
     assert err.value.response.headers["x-tokenyard-limit"] == "key_usd_per_day"
     gw.client(team_key).chat.completions.create(model=MODEL, messages=CHAT, max_tokens=10)
+    # the admin API shows the key with today's use of its budget; a key without one, none
+    admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+    shown = httpx.get(f"{gw.url}/v1/admin/keys/{budgeted[:12]}", headers=admin).json()
+    assert shown["limits"]["usd_per_day"] == pytest.approx(1.5 * CHARGED)
+    assert shown["today"]["usd"] == pytest.approx(2 * CHARGED)
+    plain = httpx.get(f"{gw.url}/v1/admin/keys/{team_key[:12]}", headers=admin).json()
+    assert plain["today"] is None and plain["team"] == name
+    missing = httpx.get(f"{gw.url}/v1/admin/keys/ty-nosuchkey", headers=admin)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
 
 
 def test_usage_api_cli_and_metrics(gw: Gateway, team: Any, sql: Engine, billing_env: dict) -> None:

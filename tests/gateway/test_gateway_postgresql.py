@@ -32,6 +32,7 @@ def test_identifiers_holding_nul_are_not_found_or_refused(
         expected = [
             ("GET", "/v1/admin/teams/a%00b", admin, None, 404),
             ("PATCH", "/v1/admin/teams/a%00b", admin, {"rpm": 1}, 404),
+            ("GET", "/v1/admin/keys/ty-%00", admin, None, 404),
             ("PATCH", "/v1/admin/keys/ty-%00", admin, {"name": "x"}, 404),
             ("POST", "/v1/admin/keys/ty-%00/revoke", admin, None, 404),
             ("POST", "/v1/admin/keys/ty-%00/rotate", admin, None, 404),

@@ -1,7 +1,8 @@
 """The admin REST API under `/v1/admin/`, for scripts holding the admin key (TOKENYARD_ADMIN_KEY as
 `Authorization: Bearer`): teams (create, read, update limits, disable and enable, delete), their
-daily budgets with today's spend, and keys (create — the secret shown once —, list, change a
-key's name, expiry or models, revoke, rotate). The operations are tenancy/service.py's, as for the
+daily budgets with today's spend, and keys (create — the secret shown once —, list, read one
+with today's use of its own budget, change a key's name, expiry, models or limits, revoke,
+rotate). The operations are tenancy/service.py's, as for the
 CLI and the admin UI: whatever changes a team's limits or a key's standing drops the gateways'
 cached lookups of the keys concerned, so it applies at once. Errors are OpenAI's shape."""
 
@@ -233,6 +234,22 @@ class AdminController(Controller):
                 new_key.team, new_key.name, expires, new_key.models, limits
             )
         return _json(_created(new), 201)
+
+    @get("/keys/{prefix:str}")
+    async def read_key(self, request: Request, prefix: FromPath[str]) -> Response[bytes]:
+        """One key as listings show it, with what today (UTC) has used of its own dollar budget
+        (null: the key has none, and its spend is not counted apart; /v1/admin/usage has it)."""
+        info = await _tenancy(request).key(prefix)
+        if info is None:
+            raise GatewayError(404, f"no key with prefix {prefix!r}", code="not_found")
+        today = None
+        if info.limits.get("usd_per_day"):
+            names = request.app.state.proxy.quotas.team_keys(info.team)
+            micro_usd = await request.app.state.proxy.quotas.redis.get(
+                names.key_day_usd(prefix, day_number())
+            )
+            today = {"usd": int(float(micro_usd or 0)) / 1e6}
+        return _json(info.record() | {"today": today})
 
     @patch("/keys/{prefix:str}", operation_class=json_body(KeyChanges))
     async def update_key(self, request: Request, prefix: FromPath[str]) -> Response[bytes]:
