@@ -241,9 +241,8 @@ class Quotas:
     ) -> None:
         """Replace the reservation with actual usage and charge `spend_usd` to the team's and the
         key's dollars for the day it reserved on (where they have a budget; the next reservation
-        checks it); never raises
-        (leases expire regardless). The usage event is spooled locally when Redis cannot take it,
-        so billing still gets it."""
+        checks it); never raises (leases expire regardless). The usage event is spooled locally
+        when Redis cannot take it, so billing still gets it."""
         encoded = msgspec.json.encode(event)
         if not res.enforced:  # served fail-open without Redis
             self._spool(encoded)
