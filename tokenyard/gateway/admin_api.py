@@ -22,7 +22,7 @@ from tokenyard.core.errors import GatewayError
 from tokenyard.core.openapi import json_body
 from tokenyard.core.operator_keys import require_admin
 from tokenyard.gateway.proxy import Proxy
-from tokenyard.gateway.quotas import day_number
+from tokenyard.gateway.quotas import Quotas, day_number
 from tokenyard.gateway.validation import decode_json
 from tokenyard.tenancy.errors import AlreadyExists, ManagementError
 from tokenyard.tenancy.keys import NewKey
@@ -118,6 +118,11 @@ def _admin_only(connection: ASGIConnection, _: BaseRouteHandler) -> None:
 
 def _tenancy(request: Request) -> Tenancy:
     return request.app.state.tenancy
+
+
+def _quotas(request: Request) -> Quotas:
+    proxy: Proxy = request.app.state.proxy
+    return proxy.quotas
 
 
 @contextlib.contextmanager
@@ -244,10 +249,9 @@ class AdminController(Controller):
             raise GatewayError(404, f"no key with prefix {prefix!r}", code="not_found")
         today = None
         if info.limits.get("usd_per_day"):
-            names = request.app.state.proxy.quotas.team_keys(info.team)
-            micro_usd = await request.app.state.proxy.quotas.redis.get(
-                names.key_day_usd(prefix, day_number())
-            )
+            quotas = _quotas(request)
+            names = quotas.team_keys(info.team)
+            micro_usd = await quotas.redis.get(names.key_day_usd(prefix, day_number()))
             today = {"usd": int(float(micro_usd or 0)) / 1e6}
         return _json(info.record() | {"today": today})
 
@@ -275,10 +279,10 @@ class AdminController(Controller):
 
 async def _budget(request: Request, team: Team) -> dict[str, Any]:
     """The daily budgets and what today (UTC) has used of them, from the quota counters."""
-    names = request.app.state.proxy.quotas.team_keys(team.name)
+    quotas = _quotas(request)
+    names = quotas.team_keys(team.name)
     day = day_number()
-    redis = request.app.state.proxy.quotas.redis
-    tokens, batch, micro_usd = await redis.mget(
+    tokens, batch, micro_usd = await quotas.redis.mget(
         names.day_tokens(day), names.day_batch_tokens(day), names.day_usd(day)
     )
     return {
