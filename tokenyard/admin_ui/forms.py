@@ -73,6 +73,11 @@ def _value(raw: str, kind: type, name: str) -> tuple[Any, str | None]:
     return value, problem(name, value)
 
 
+def picked_models(form: Any) -> list[str]:
+    """The models ticked in a form (a team's or a key's)."""
+    return [m for m in form.getall("models", []) if m and isinstance(m, str)]
+
+
 def key_limits(form: Any) -> tuple[dict[str, Any], str]:
     """A key's own limits from its form (blank: the team's alone), and what is wrong with the
     first that is wrong ("": nothing)."""
@@ -93,7 +98,7 @@ def parse(form: Any, catalog: list[str], with_name: bool) -> TeamForm:
         result.errors["name"] = TEAM_NAME_RULE
     for name, kind in LIMIT_FIELDS.items():
         if name == "models":
-            picked = [m for m in form.getall("models", []) if m and isinstance(m, str)]
+            picked = picked_models(form)
             result.values[name] = picked
             unknown = sorted(set(picked) - set(catalog))
             if unknown:

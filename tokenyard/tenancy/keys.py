@@ -207,14 +207,18 @@ def revoke_key(sql: Engine, prefix: str) -> str:
 def _with_team(session: Session, prefix: str) -> tuple[ApiKey, Team] | None:
     """The key with this prefix and its team."""
     key = find_key(session, prefix)
-    team = session.get(Team, key.team_id) if key is not None else None
-    return (key, team) if key is not None and team is not None else None
+    if key is None:
+        return None
+    team = session.get(Team, key.team_id)
+    assert team is not None  # a key's team_id is a foreign key
+    return key, team
 
 
 def update_key(sql: Engine, prefix: str, **changes: Any) -> tuple[KeyInfo, str]:
-    """Change an unrevoked key's name, expiry or models (a field left out is kept; None clears a
-    name or an expiry, an empty list the models). A new expiry may revive an expired key. Returns
-    the key as listings show it, and its hash for the caller to drop its cached lookup."""
+    """Change an unrevoked key's name, expiry, models or own limits (a field left out is kept;
+    None clears a name, an expiry or a limit, an empty list the models). A new expiry may revive an
+    expired key. Returns the key as listings show it, and its hash for the caller to drop its
+    cached lookup."""
     if unknown := sorted(set(changes) - {"name", "expires_at", "models", *KEY_LIMIT_FIELDS}):
         raise ValueError(f"a key has no field {unknown[0]!r}")
     with Session(sql) as session:
@@ -241,19 +245,17 @@ def rotate_key(sql: Engine, prefix: str) -> tuple[NewKey, str]:
     transaction; the new key keeps the old one's name, expiry, models and limits. Returns the new
     key (its secret shown once) and the old key's hash, for the caller to drop its cached lookup."""
     with Session(sql) as session:
-        old = find_key(session, prefix)
-        if old is None or old.revoked:
+        row = _with_team(session, prefix)
+        if row is None or row[0].revoked:
             raise ManagementError(f"no active key with prefix {prefix!r}")
-        team = session.get(Team, old.team_id)
-        assert team is not None  # a key's team_id is a foreign key
+        old, team = row
         key, new = _new_key(old.team_id, old.name, old.expires_at, old.models, _limits(old))
         old.revoked = True
         session.add(old)
         session.add(new)
         session.commit()
-        listed = _info(new, team)
-        made = NewKey(key, new.prefix, team.name, new.name, new.expires_at)
-        made.models, made.limits = listed.models, listed.limits
+        models = model_list(new.models)
+        made = NewKey(key, new.prefix, team.name, new.name, new.expires_at, models, _limits(new))
         return made, old.key_hash
 
 
@@ -266,9 +268,9 @@ def get_key(sql: Engine, prefix: str) -> KeyInfo | None:
 
 def list_keys(sql: Engine, team: str | None = None) -> list[KeyInfo]:
     """Keys (of one team, or all), newest first."""
-    query = select(ApiKey, Team).join(Team, ApiKey.team_id == Team.id)  # type: ignore[arg-type]
     if not matchable(team):
         return []
+    query = select(ApiKey, Team).join(Team, ApiKey.team_id == Team.id)  # type: ignore[arg-type]
     if team is not None:
         query = query.where(Team.name == team)
     with Session(sql) as session:

@@ -25,26 +25,24 @@ from tokenyard.gateway import auth
 from tokenyard.tenancy.errors import ManagementError
 from tokenyard.tenancy.keys import KeyInfo
 from tokenyard.tenancy.limits import KEY_LIMIT_FIELDS
+from tokenyard.tenancy.policy import model_list
 
 SPEND_DAYS = 30
 EXPIRY_FORMAT = "%Y-%m-%dT%H:%M"  # an <input type="datetime-local">'s value, read as UTC
 
 
-async def key_columns(request: Request, listed: list[KeyInfo]) -> dict[str, Any]:
-    """What the keys table shows beside the keys themselves: each one's last use (the gateways'
-    Redis record, else the SQL column) and its charges over the last SPEND_DAYS UTC days."""
+async def key_columns(
+    request: Request, listed: list[KeyInfo], team: str | None = None
+) -> dict[str, Any]:
+    """What the keys table shows beside the keys themselves (all of one team's, or every team's):
+    each one's last use (the gateways' Redis record, else the SQL column) and its charges over the
+    last SPEND_DAYS UTC days."""
     if not listed:
         return {"last_used": {}, "spend": {}, "spend_days": SPEND_DAYS}
     stamps = await proxy_of(request).quotas.redis.hmget(auth.LAST_USED, [k.prefix for k in listed])
     today = datetime.now(UTC).date()
-    teams = {k.team for k in listed}
-    totals = await in_thread(
-        reports.by_key,
-        sql_of(request),
-        today - timedelta(days=SPEND_DAYS - 1),
-        today,
-        next(iter(teams)) if len(teams) == 1 else None,
-    )
+    start = today - timedelta(days=SPEND_DAYS - 1)
+    totals = await in_thread(reports.by_key, sql_of(request), start, today, team)
     return {
         "last_used": {
             k.prefix: datetime.fromtimestamp(int(s), UTC) if s else k.last_used_at
@@ -55,8 +53,9 @@ async def key_columns(request: Request, listed: list[KeyInfo]) -> dict[str, Any]
     }
 
 
-def _models(form: Any) -> list[str]:
-    return [m for m in form.getall("models", []) if isinstance(m, str) and m]
+def _shown(expires_at: datetime | None) -> str:
+    """An expiry as the key's form shows it (to the minute, UTC; "": never)."""
+    return expires_at.strftime(EXPIRY_FORMAT) if expires_at else ""
 
 
 def _outside_catalog(request: Request, models: list[str]) -> str:
@@ -96,7 +95,7 @@ class Keys(Controller):
             expires = datetime.now(UTC) + timedelta(days=float(days)) if days else None
         except (ValueError, OverflowError):
             return await self._page(request, 400, "Expires in: a number of days, or blank")
-        models = _models(form)
+        models = forms.picked_models(form)
         if unknown := _outside_catalog(request, models):
             return await self._page(request, 400, unknown)
         limits, wrong = forms.key_limits(form)
@@ -121,7 +120,7 @@ class Keys(Controller):
         error: str = "",
     ) -> Response:
         team = await tenancy_of(request).team(key.team)
-        allowed = [m for m in (team.models or "").split(",") if m] if team else []
+        allowed = model_list(team.models) if team else ()
         return await render.page(
             request,
             "key.html",
@@ -142,19 +141,20 @@ class Keys(Controller):
     @get("/keys/{prefix:str}")
     async def key_page(self, request: Request, prefix: FromPath[str]) -> Response:
         key = await self._active(request, prefix)
-        expires = key.expires_at.strftime(EXPIRY_FORMAT) if key.expires_at else ""
+        expires = _shown(key.expires_at)
         values = {"name": key.name or "", "models": key.models, "expires_at": expires}
         values |= {n: "" if v is None else v for n, v in key.limits.items()}
         return await self._key_page(request, key, values)
 
     @post("/keys/{prefix:str}")
     async def update_key(self, request: Request, prefix: FromPath[str]) -> Response:
-        """The form's name, models and expiry; an expiry shown and sent back unchanged is kept
-        to the second (the form shows minutes), so renaming an expired key is not refused."""
+        """The form's name, models, own limits and expiry; an expiry shown and sent back unchanged
+        is kept to the second (the form shows minutes), so renaming an expired key is not
+        refused."""
         key = await self._active(request, prefix)
         form = await request.form()
         expires = forms.text(form, "expires_at").strip()
-        models = _models(form)
+        models = forms.picked_models(form)
         values = {"name": forms.text(form, "name"), "models": models, "expires_at": expires}
         values |= {n: forms.text(form, n) for n in KEY_LIMIT_FIELDS}
         if unknown := _outside_catalog(request, models):
@@ -164,8 +164,7 @@ class Keys(Controller):
             return await self._key_page(request, key, values, 400, wrong)
         changes: dict[str, Any] = {"name": values["name"].strip() or None, "models": models}
         changes |= limits
-        shown = key.expires_at.strftime(EXPIRY_FORMAT) if key.expires_at else ""
-        if expires != shown:
+        if expires != _shown(key.expires_at):
             try:
                 changes["expires_at"] = (
                     datetime.fromisoformat(expires).replace(tzinfo=UTC) if expires else None
@@ -191,7 +190,8 @@ class Keys(Controller):
 
     @post("/keys/{prefix:str}/rotate")
     async def rotate_key(self, request: Request, prefix: FromPath[str]) -> Response:
-        """A new key for the team, with the old one's name and expiry; the old one revoked."""
+        """A new key for the team, with the old one's name, expiry, models and limits; the old one
+        revoked."""
         try:
             new = await tenancy_of(request).rotate_key(prefix)
         except ManagementError as exc:

@@ -57,7 +57,7 @@ class Teams(Controller):
             team=team,
             form=form or forms.from_team(team),
             keys=listed,
-            **await key_columns(request, listed),
+            **await key_columns(request, listed, name),
             done=request.query_params.get("done", ""),
             cache_s=settings_of(request).gateway_key_cache_s,
             **_form_context(request),
