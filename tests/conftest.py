@@ -32,8 +32,14 @@ def postgres() -> Iterator[Postgres]:
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-def database(request: pytest.FixtureRequest, tmp_path: Path) -> Engine:
-    """A migrated, empty platform database (every table), on SQLite and on PostgreSQL."""
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A new, empty database on SQLite and on PostgreSQL: its URL."""
     if request.param == "sqlite":
-        return get_engine(f"sqlite:///{tmp_path}/platform.db")
-    return get_engine(request.getfixturevalue("postgres").new_database())
+        return f"sqlite:///{tmp_path}/platform.db"
+    return request.getfixturevalue("postgres").new_database()
+
+
+@pytest.fixture
+def database(database_url: str) -> Engine:
+    """A migrated, empty platform database (every table), on SQLite and on PostgreSQL."""
+    return get_engine(database_url)

@@ -73,13 +73,21 @@ def event(**fields: Any) -> dict[str, Any]:
     }
 
 
-def record_sums(engine: Engine, team_name: str, day: date) -> dict[str, Any]:
-    """The rollup columns summed straight from the records: what the rollups must equal."""
+def record_sums(
+    engine: Engine, team_name: str, day: date | None = None, key_prefix: str | None = None
+) -> dict[str, Any]:
+    """The rollup columns summed straight from the records (of one day, of one key, or all): what
+    the rollups must equal."""
     t = UsageRecord.__table__  # type: ignore[attr-defined]
     columns = [func.count(), func.coalesce(func.sum((t.c.status != 200).cast(t.c.status.type)), 0)]
     columns += [func.coalesce(func.sum(t.c[name]), 0) for name in ROLLUP_SUMS[2:]]
+    query = select(*columns).where(t.c.team == team_name)
+    if day is not None:
+        query = query.where(t.c.day == day)
+    if key_prefix is not None:
+        query = query.where(t.c.key_prefix == key_prefix)
     with engine.connect() as conn:
-        row = conn.execute(select(*columns).where(t.c.team == team_name, t.c.day == day)).one()
+        row = conn.execute(query).one()
     return dict(zip(ROLLUP_SUMS, row, strict=True))
 
 

@@ -18,7 +18,7 @@ from sqlmodel import Session, SQLModel, select
 from tests.billing.conftest import event, record_sums, records
 from tokenyard.billing import reports, store
 from tokenyard.billing.events import decoder, to_row
-from tokenyard.billing.models import ROLLUP_SUMS, UsageDaily
+from tokenyard.billing.models import ROLLUP_SUMS, UsageDaily, UsageRecord
 from tokenyard.core.migrate import MIGRATIONS, upgrade
 from tokenyard.tenancy.models import Team
 
@@ -55,6 +55,7 @@ def test_rollups_equal_the_sum_of_records(database: Engine) -> None:
     events = [
         event(
             team=rng.choice(["a", "b"]),
+            key_prefix=rng.choice(["ty-k1", "ty-k2", ""]),  # "": a record that names no key
             model_served=rng.choice(["m1", "m2"]),
             ts=rng.choice(days),
             status=rng.choice([200, 200, 200, 429, 502]),
@@ -77,6 +78,40 @@ def test_rollups_equal_the_sum_of_records(database: Engine) -> None:
     assert (
         sum(r.requests for r in reports.daily(database, date(2026, 5, 1), date(2026, 5, 2))) == 300
     )
+    for team in ("a", "b"):
+        per_key = reports.by_key(database, date(2026, 5, 1), date(2026, 5, 2), team)
+        assert per_key.keys() == {"ty-k1", "ty-k2"}
+        for prefix, got in per_key.items():
+            sums = record_sums(database, team, key_prefix=prefix)
+            assert {n: got[n] for n in ROLLUP_SUMS} == pytest.approx(sums, rel=1e-9)
+    assert reports.by_key(database, date(2026, 5, 2), date(2026, 5, 2), "a").keys() == {
+        "ty-k1",
+        "ty-k2",
+    }
+
+
+def test_the_key_rollup_starts_from_the_records_already_stored(database_url: str) -> None:
+    """Migration 0014 builds each key's daily rollup from the records written before it."""
+    engine = create_engine(database_url)
+    upgrade(engine, "0013")
+    at = datetime(2026, 4, 1, 9, tzinfo=UTC).timestamp()
+    before = rows(
+        event(team="a", key_prefix="ty-k1", ts=at, prompt_tokens=1_500_000_000, cost_usd=0.5),
+        event(team="a", key_prefix="ty-k1", ts=at, status=502, prompt_tokens=1_500_000_007),
+        event(team="a", key_prefix="ty-k2", ts=at + 86400, completion_tokens=11),
+        event(team="a", key_prefix="", ts=at),  # no key: in no key's rollup
+    )
+    with engine.begin() as conn:
+        conn.execute(UsageRecord.__table__.insert(), before)  # type: ignore[attr-defined]
+    upgrade(engine)
+    store.write(engine, rows(event(team="a", key_prefix="ty-k1", ts=at, prompt_tokens=5)))
+    per_key = reports.by_key(engine, date(2026, 4, 1), date(2026, 4, 2), "a")
+    assert per_key.keys() == {"ty-k1", "ty-k2"}
+    first = per_key["ty-k1"]
+    # 64-bit sums on PostgreSQL too, where INTEGER stops at 2**31
+    assert (first["requests"], first["errors"], first["prompt_tokens"]) == (3, 1, 3_000_000_012)
+    assert first["cost_usd"] == pytest.approx(0.5 + 0.001 + 0.001)  # the events' default cost
+    assert (per_key["ty-k2"]["requests"], per_key["ty-k2"]["completion_tokens"]) == (1, 11)
 
 
 def test_reports_by_range_team_and_csv(database: Engine) -> None:

@@ -2,8 +2,16 @@
 them. Costs are US dollars; times are seconds."""
 
 from datetime import date, datetime
+from typing import Any
 
+from sqlalchemy import BigInteger
 from sqlmodel import Field, SQLModel
+
+
+def _sum() -> Any:
+    """A rollup's count, 64-bit in SQL: PostgreSQL's INTEGER is 32-bit, and a busy team's tokens of
+    one day pass 2**31."""
+    return Field(default=0, sa_type=BigInteger)
 
 
 class UsageRecord(SQLModel, table=True):
@@ -57,7 +65,19 @@ class RouteFeedback(SQLModel, table=True):
     created_at: datetime
 
 
-class UsageDaily(SQLModel, table=True):
+class RollupSums(SQLModel):
+    """What each rollup sums over its records."""
+
+    requests: int = _sum()
+    errors: int = _sum()  # requests answered with a status other than 200
+    prompt_tokens: int = _sum()
+    cached_tokens: int = _sum()
+    completion_tokens: int = _sum()
+    cost_usd: float = 0.0
+    list_cost_usd: float = 0.0
+
+
+class UsageDaily(RollupSums, table=True):
     """Per team, served model and UTC day; updated in the transaction that inserts records."""
 
     __tablename__ = "usage_daily"
@@ -65,22 +85,18 @@ class UsageDaily(SQLModel, table=True):
     day: date = Field(primary_key=True)
     team: str = Field(primary_key=True)
     model: str = Field(primary_key=True)
-    requests: int = 0
-    errors: int = 0  # requests answered with a status other than 200
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    completion_tokens: int = 0
-    cost_usd: float = 0.0
-    list_cost_usd: float = 0.0
 
 
-# the rollup's summed columns, in the order reports show them
-ROLLUP_SUMS = (
-    "requests",
-    "errors",
-    "prompt_tokens",
-    "cached_tokens",
-    "completion_tokens",
-    "cost_usd",
-    "list_cost_usd",
-)
+class UsageKeyDaily(RollupSums, table=True):
+    """Per team, API key (its prefix) and UTC day, kept like UsageDaily: what a key's pages and
+    reports read, instead of scanning a month of records."""
+
+    __tablename__ = "usage_key_daily"
+
+    day: date = Field(primary_key=True)
+    team: str = Field(primary_key=True)
+    key_prefix: str = Field(primary_key=True)
+
+
+# the rollups' summed columns, in the order reports show them
+ROLLUP_SUMS = tuple(RollupSums.model_fields)

@@ -1,15 +1,15 @@
 """Reading usage over a date range: the daily rollups per team, model and day (JSON-ready rows,
-or CSV), and each key's totals from the usage records."""
+or CSV), and each key's totals from the keys' rollups."""
 
 import csv
 import io
 from datetime import date
 from typing import Any
 
-from sqlalchemy import Engine, case, func
+from sqlalchemy import Engine, func
 from sqlmodel import Session, col, select
 
-from tokenyard.billing.models import ROLLUP_SUMS, UsageDaily, UsageRecord
+from tokenyard.billing.models import ROLLUP_SUMS, UsageDaily, UsageKeyDaily
 from tokenyard.core.db import matchable
 
 CSV_COLUMNS = ("day", "team", "model", *ROLLUP_SUMS)
@@ -32,25 +32,17 @@ def by_key(
     engine: Engine, start: date, end: date, team: str | None = None
 ) -> dict[str, dict[str, Any]]:
     """Each key's totals from `start` to `end` inclusive, by its prefix (with its team), of one
-    team or all: summed from the usage records, since the rollups keep no key."""
+    team or all, from the keys' daily rollups."""
     if not matchable(team):
         return {}
-    record = UsageRecord
-    sums = [
-        func.count().label("requests"),
-        func.sum(case((col(record.status) != 200, 1), else_=0)).label("errors"),
-        *(
-            func.sum(getattr(record, name)).label(name)
-            for name in ROLLUP_SUMS
-            if name not in ("requests", "errors")
-        ),
-    ]
-    query = select(record.team, record.key_prefix, *sums).where(
-        record.day >= start, record.day <= end, record.key_prefix != ""
+    rollup = UsageKeyDaily
+    sums = [func.sum(getattr(rollup, name)).label(name) for name in ROLLUP_SUMS]
+    query = select(rollup.team, rollup.key_prefix, *sums).where(
+        rollup.day >= start, rollup.day <= end
     )
     if team is not None:
-        query = query.where(record.team == team)
-    query = query.group_by(col(record.team), col(record.key_prefix))
+        query = query.where(rollup.team == team)
+    query = query.group_by(col(rollup.team), col(rollup.key_prefix))
     with Session(engine) as session:
         rows = session.exec(query).all()  # type: ignore[call-overload]
     return {

@@ -1,18 +1,17 @@
 """Writing usage records to SQL: a batch of rows in one transaction, idempotent by request id, the
 daily rollups updated in the same transaction for exactly the rows that were new."""
 
-from collections.abc import Callable, Iterable
-from datetime import date
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, Insert, Table, text
+from sqlalchemy import Connection, Engine, Insert, Table, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import SQLAlchemyError
 
-from tokenyard.billing.models import ROLLUP_SUMS, UsageDaily, UsageRecord
+from tokenyard.billing.models import ROLLUP_SUMS, UsageDaily, UsageKeyDaily, UsageRecord
 
 _RECORDS: Table = UsageRecord.__table__  # type: ignore[attr-defined]
-_DAILY: Table = UsageDaily.__table__  # type: ignore[attr-defined]
 # what writing a row may raise: SQLAlchemy's errors, and sqlite3's own for an integer beyond 64 bits
 _REFUSALS = (SQLAlchemyError, OverflowError)
 _INSERTS: dict[str, Callable[[Table], Insert]] = {
@@ -21,16 +20,37 @@ _INSERTS: dict[str, Callable[[Table], Insert]] = {
 }
 
 
-def _rollup_deltas(rows: Iterable[dict[str, Any]]) -> dict[tuple[date, str, str], dict[str, Any]]:
-    deltas: dict[tuple[date, str, str], dict[str, Any]] = {}
-    for row in rows:
-        key = (row["day"], row["team"], row["model_served"])
-        delta = deltas.setdefault(key, dict.fromkeys(ROLLUP_SUMS, 0))
-        delta["requests"] += 1
-        delta["errors"] += row["status"] != 200
-        for name in ROLLUP_SUMS[2:]:
-            delta[name] += row[name]
-    return deltas
+@dataclass(frozen=True)
+class _Rollup:
+    table: Table
+    by: dict[str, str]  # the rollup's key columns, each from a record's column
+
+    def add(self, conn: Connection, insert: Callable[[Table], Insert], rows: list[dict]) -> None:
+        deltas: dict[tuple, dict[str, Any]] = {}
+        for row in rows:
+            key = tuple(row[column] for column in self.by.values())
+            delta = deltas.setdefault(key, dict.fromkeys(ROLLUP_SUMS, 0))
+            delta["requests"] += 1
+            delta["errors"] += row["status"] != 200
+            for name in ROLLUP_SUMS[2:]:
+                delta[name] += row[name]
+        if not deltas:
+            return
+        # sorted: concurrent writers lock rollup rows in one order (no deadlocks on PostgreSQL)
+        lines = [dict(zip(self.by, key, strict=True)) | d for key, d in sorted(deltas.items())]
+        up = insert(self.table)
+        add = {name: self.table.c[name] + up.excluded[name] for name in ROLLUP_SUMS}
+        conn.execute(up.on_conflict_do_update(index_elements=list(self.by), set_=add), lines)
+
+
+_DAILY = _Rollup(
+    UsageDaily.__table__,  # type: ignore[attr-defined]
+    {"day": "day", "team": "team", "model": "model_served"},
+)
+_KEY_DAILY = _Rollup(
+    UsageKeyDaily.__table__,  # type: ignore[attr-defined]
+    {"day": "day", "team": "team", "key_prefix": "key_prefix"},
+)
 
 
 def reachable(engine: Engine) -> bool:
@@ -79,15 +99,6 @@ def write(engine: Engine, rows: list[dict[str, Any]]) -> int:
         # executemany: SQLAlchemy batches it into multi-row INSERTs from one cached compilation
         inserted = set(conn.execute(stmt, unique).scalars())
         new = [row for row in unique if row["request_id"] in inserted]
-        # sorted: concurrent writers lock rollup rows in one order (no deadlocks on PostgreSQL)
-        deltas = [
-            {"day": day, "team": team, "model": model, **delta}
-            for (day, team, model), delta in sorted(_rollup_deltas(new).items())
-        ]
-        if deltas:
-            up = insert(_DAILY)
-            add = {name: _DAILY.c[name] + up.excluded[name] for name in ROLLUP_SUMS}
-            conn.execute(
-                up.on_conflict_do_update(index_elements=["day", "team", "model"], set_=add), deltas
-            )
+        _DAILY.add(conn, insert, new)
+        _KEY_DAILY.add(conn, insert, [row for row in new if row["key_prefix"]])
     return len(new)

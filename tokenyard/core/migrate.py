@@ -37,7 +37,8 @@ def _sqlite_file_lock(engine: Engine) -> Iterator[None]:
         yield
 
 
-def upgrade(engine: Engine) -> None:
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Migrate to `revision` (an older one: tests of a migration's data steps)."""
     config = _config()
     with _sqlite_file_lock(engine), engine.begin() as conn:
         if conn.dialect.name == "postgresql":
@@ -47,4 +48,4 @@ def upgrade(engine: Engine) -> None:
         tables = inspect(conn).get_table_names()
         if "team" in tables and "alembic_version" not in tables:
             command.stamp(config, _BASELINE)
-        command.upgrade(config, "head")
+        command.upgrade(config, revision)
