@@ -10,15 +10,19 @@ from datetime import UTC, date, datetime, timedelta
 from typing import Any
 
 import httpx
+import msgspec
 import openai
 import pytest
 from sqlmodel import Session
 
 from tests.admin_ui.conftest import ADMIN_PASSWORD, ADMIN_USER, csrf_of, sign_in
+from tests.billing.conftest import event
 from tests.gateway.conftest import MODEL, Gateway
 from tokenyard.admin_ui import throttle
 from tokenyard.app import create_app
-from tokenyard.billing.models import UsageDaily, UsageRecord
+from tokenyard.billing import store
+from tokenyard.billing.events import decoder, to_row
+from tokenyard.billing.models import UsageDaily
 from tokenyard.tenancy import keys
 
 PUBLIC = {"/admin/login", "/admin/team-usage/login", "/admin/static/admin.css"}
@@ -436,26 +440,13 @@ def test_keys_show_their_last_use_and_charges(
         time.sleep(0.1)
     keys_page = admin.get("/admin/keys")
     assert key[:12] in keys_page.text and key[12:] not in keys_page.text  # the secret never shows
-    # charges: the key's usage records of the last 30 UTC days (the fake engine charges nothing,
-    # so two records are written here: one inside the window, one just outside)
+    # charges: the key's rollup over the last 30 UTC days (the fake engine charges nothing, so two
+    # records are written here: one inside the window, one just outside)
     now = datetime.now(UTC)
-    with Session(sql) as session:
-        for days_ago, cost in ((29, 0.125), (30, 100.0)):
-            session.add(
-                UsageRecord(
-                    request_id=uuid.uuid4().hex,
-                    day=now.date() - timedelta(days=days_ago),
-                    team=name,
-                    key_prefix=key[:12],
-                    model=MODEL,
-                    model_served=MODEL,
-                    status=200,
-                    cost_usd=cost,
-                    started_at=now,
-                    finished_at=now,
-                )
-            )
-        session.commit()
+    for days_ago, cost in ((29, 0.125), (30, 100.0)):
+        at = (now - timedelta(days=days_ago)).timestamp()
+        usage = event(team=name, key_prefix=key[:12], ts=at, cost_usd=cost)
+        store.write(sql, [to_row(decoder.decode(msgspec.json.encode(usage)))])
     assert "<td>$0.1250</td>" in admin.get(f"/admin/teams/{name}").text
     assert "<td>$0.1250</td>" in admin.get("/admin/keys").text
 
