@@ -10,7 +10,9 @@ import logging
 from collections.abc import Awaitable
 from pathlib import Path
 
-from litestar import Litestar
+from litestar import Litestar, Request
+from litestar.datastructures import State
+from litestar.di import Provide
 from litestar.exceptions import HTTPException
 
 from tokenyard.admin_ui.app import admin_router
@@ -44,10 +46,12 @@ from tokenyard.gateway.spool import UsageSpool
 from tokenyard.gateway.tracing import Tracing
 from tokenyard.guard import service as guard_service
 from tokenyard.guard.api import ModerationsController
+from tokenyard.guard.service import Guard
 from tokenyard.router.catalog import load_catalog
 from tokenyard.router.classifier import ComplexityClassifier
 from tokenyard.router.policy import Router, Scorer
 from tokenyard.router.upstreams import build_backends
+from tokenyard.tenancy.policy import TeamPolicy
 from tokenyard.tenancy.service import Tenancy
 
 log = logging.getLogger("tokenyard.gateway")
@@ -59,6 +63,59 @@ async def _bounded(step: str, work: Awaitable[None], seconds: float) -> None:
             await work
     except TimeoutError:
         log.error("shutdown: %s did not finish within %.0f s; going on", step, seconds)
+
+
+# What a route handler gets by naming a parameter (Litestar's DI): the components startup put on the
+# app's state, typed, so that no handler reaches into the state by itself.
+def _proxy(state: State) -> Proxy:
+    return state.proxy
+
+
+def _auth(state: State) -> Authenticator:
+    return state.proxy.auth
+
+
+def _quotas(state: State) -> Quotas:
+    return state.proxy.quotas
+
+
+def _tenancy(state: State) -> Tenancy:
+    return state.tenancy
+
+
+def _responses(state: State) -> ResponseStore:
+    return state.responses
+
+
+def _guard(state: State) -> Guard | None:
+    return state.guard
+
+
+def _batch_worker(state: State) -> BatchWorker:
+    return state.batch_worker
+
+
+async def _caller(request: Request, auth: Authenticator) -> TeamPolicy:
+    """The calling team's policy, from the request's key (a 401 without one that is valid)."""
+    return await auth.authenticate(request.headers.get("authorization"))
+
+
+def _dependencies(settings: Settings) -> dict[str, Provide]:
+    def the_settings() -> Settings:
+        return settings
+
+    providers = {
+        "settings": the_settings,
+        "proxy": _proxy,
+        "auth": _auth,
+        "quotas": _quotas,
+        "tenancy": _tenancy,
+        "responses": _responses,
+        "guard": _guard,
+        "batch_worker": _batch_worker,
+    }
+    provided = {name: Provide(get, sync_to_thread=False) for name, get in providers.items()}
+    return provided | {"caller": Provide(_caller)}
 
 
 def create_app(settings: Settings | None = None) -> Litestar:
@@ -140,6 +197,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
         ],
         on_startup=[startup],
         on_shutdown=[shutdown],
+        dependencies=_dependencies(settings),
+        state=State({"settings": settings}),  # for guards, which run before dependencies
         exception_handlers={
             GatewayError: gateway_error_handler,
             HTTPException: http_error_handler,

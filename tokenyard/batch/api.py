@@ -79,14 +79,6 @@ def _json(data: Any, status: int = 200) -> Response[bytes]:
     return Response(msgspec.json.encode(data), status_code=status, media_type="application/json")
 
 
-def _worker(request: Request) -> BatchWorker:
-    return request.app.state.batch_worker
-
-
-async def _caller(request: Request) -> TeamPolicy:
-    return await request.app.state.proxy.auth.authenticate(request.headers.get("authorization"))
-
-
 def _decode(raw: bytes, struct: type[T]) -> T:
     try:
         return msgspec.json.decode(raw, type=struct)
@@ -151,47 +143,45 @@ def _not_found(what: str, ident: str) -> GatewayError:
 
 
 async def _callers_job(
-    request: Request, action: Callable[[Engine, str, str], BatchJob | None], batch_id: str
+    engine: Engine,
+    team: str,
+    action: Callable[[Engine, str, str], BatchJob | None],
+    batch_id: str,
 ) -> Response[bytes]:
     """`action` on the calling team's job (read it, cancel it) → the batch object; another
     team's job answers 404 like one that never existed."""
-    policy = await _caller(request)
-    job = await anyio.to_thread.run_sync(action, _worker(request).sql, policy.team, batch_id)
+    job = await anyio.to_thread.run_sync(action, engine, team, batch_id)
     if job is None:
         raise _not_found("batch", batch_id)
-    return _json(await _batch_object(request, job))
+    return _json(await _batch_object(engine, job))
 
 
-async def _callers_file(request: Request, file_id: str) -> BatchFile:
+async def _callers_file(engine: Engine, team: str, file_id: str) -> BatchFile:
     """The calling team's file; another team's answers 404 like one that never existed."""
-    policy = await _caller(request)
-    row = await anyio.to_thread.run_sync(jobs.get_file, _worker(request).sql, policy.team, file_id)
+    row = await anyio.to_thread.run_sync(jobs.get_file, engine, team, file_id)
     if row is None:
         raise _not_found("file", file_id)
     return row
 
 
 async def _webhook_secret(
-    request: Request, action: Callable[[Engine, str], str | None]
+    engine: Engine, team: str, action: Callable[[Engine, str], str | None]
 ) -> Response[bytes]:
-    policy = await _caller(request)
-    secret = await anyio.to_thread.run_sync(action, _worker(request).sql, policy.team)
+    secret = await anyio.to_thread.run_sync(action, engine, team)
     if secret is None:  # the team is gone; its key was still cached
-        raise _not_found("team", policy.team)
+        raise _not_found("team", team)
     return _json({"object": "batch.webhook_secret", "secret": secret})
 
 
-async def _batch_object(request: Request, job: jobs.BatchJob) -> dict[str, Any]:
+async def _batch_object(engine: Engine, job: jobs.BatchJob) -> dict[str, Any]:
     """The batch object; a running job's request counts are read live."""
-    engine = _worker(request).sql
     counts = await anyio.to_thread.run_sync(jobs.progress, engine, job.id)
     return jobs.batch_object(job, counts if job.status in jobs.ACTIVE else None)
 
 
 async def _create(
-    request: Request, policy: TeamPolicy, lines: list[Line], **job: Any
+    request: Request, worker: BatchWorker, policy: TeamPolicy, lines: list[Line], **job: Any
 ) -> jobs.BatchJob:
-    worker = _worker(request)
     window_s = worker.settings.batch_window_s or 86400.0
     return await anyio.to_thread.run_sync(
         lambda: jobs.create_job(
@@ -209,8 +199,9 @@ class FilesController(Controller):
     path = "/v1/files"
 
     @post("/", status_code=200, operation_class=body_operation("multipart/form-data", _UPLOAD))
-    async def upload(self, request: Request) -> Response[bytes]:
-        policy = await _caller(request)
+    async def upload(
+        self, request: Request, batch_worker: BatchWorker, caller: TeamPolicy
+    ) -> Response[bytes]:
         try:
             form = await request.form()
         except UnicodeDecodeError:  # a text field that is not UTF-8 (Litestar decodes them)
@@ -227,44 +218,49 @@ class FilesController(Controller):
         content = await upload.read()
         if not content.strip():
             raise GatewayError(400, "the file is empty", param="file")
-        worker = _worker(request)
-        await anyio.to_thread.run_sync(_check_upload, content, worker.settings.batch_max_requests)
+        limit = batch_worker.settings.batch_max_requests
+        await anyio.to_thread.run_sync(_check_upload, content, limit)
         row = await anyio.to_thread.run_sync(
-            jobs.create_file, worker.sql, policy.team, filename, purpose, content
+            jobs.create_file, batch_worker.sql, caller.team, filename, purpose, content
         )
         return _json(jobs.file_object(row))
 
     @get("/")
     async def list_files(
         self,
-        request: Request,
+        batch_worker: BatchWorker,
+        caller: TeamPolicy,
         purpose: FromQuery[str | None] = None,
         after: FromQuery[str | None] = None,
         limit: FromQuery[int] = 100,
     ) -> Response[bytes]:
-        policy = await _caller(request)
         limit = max(1, min(limit, 10_000))
         found = await anyio.to_thread.run_sync(
-            jobs.list_files, _worker(request).sql, policy.team, purpose, after, limit + 1
+            jobs.list_files, batch_worker.sql, caller.team, purpose, after, limit + 1
         )
         data = [jobs.file_object(row) for row in found[:limit]]
         return _list_page(data, has_more=len(found) > limit)
 
     @get("/{file_id:str}")
-    async def retrieve(self, request: Request, file_id: FromPath[str]) -> Response[bytes]:
-        return _json(jobs.file_object(await _callers_file(request, file_id)))
+    async def retrieve(
+        self, batch_worker: BatchWorker, caller: TeamPolicy, file_id: FromPath[str]
+    ) -> Response[bytes]:
+        return _json(jobs.file_object(await _callers_file(batch_worker.sql, caller.team, file_id)))
 
     @delete("/{file_id:str}", status_code=200)
-    async def delete_file(self, request: Request, file_id: FromPath[str]) -> Response[bytes]:
-        policy = await _caller(request)
-        engine = _worker(request).sql
-        if not await anyio.to_thread.run_sync(jobs.delete_file, engine, policy.team, file_id):
+    async def delete_file(
+        self, batch_worker: BatchWorker, caller: TeamPolicy, file_id: FromPath[str]
+    ) -> Response[bytes]:
+        engine = batch_worker.sql
+        if not await anyio.to_thread.run_sync(jobs.delete_file, engine, caller.team, file_id):
             raise _not_found("file", file_id)
         return _json({"id": file_id, "object": "file", "deleted": True})
 
     @get("/{file_id:str}/content")
-    async def content(self, request: Request, file_id: FromPath[str]) -> Response[bytes]:
-        row = await _callers_file(request, file_id)
+    async def content(
+        self, batch_worker: BatchWorker, caller: TeamPolicy, file_id: FromPath[str]
+    ) -> Response[bytes]:
+        row = await _callers_file(batch_worker.sql, caller.team, file_id)
         return Response(row.content, media_type="application/jsonl")
 
 
@@ -272,13 +268,13 @@ class BatchesController(Controller):
     path = "/v1"
 
     @post("/batches", status_code=200, operation_class=json_body(CreateBatch))
-    async def create(self, request: Request) -> Response[bytes]:
-        policy = await _caller(request)
+    async def create(
+        self, request: Request, batch_worker: BatchWorker, caller: TeamPolicy
+    ) -> Response[bytes]:
         ask = _decode(await request.body(), CreateBatch)
         _check_job(ask.endpoint, ask.completion_window)
-        worker = _worker(request)
         source = await anyio.to_thread.run_sync(
-            jobs.get_file, worker.sql, policy.team, ask.input_file_id
+            jobs.get_file, batch_worker.sql, caller.team, ask.input_file_id
         )
         if source is None or source.purpose != "batch":
             raise GatewayError(
@@ -289,69 +285,83 @@ class BatchesController(Controller):
             )
         # in a thread, as the inline form's requests are (thousands of lines)
         lines = await anyio.to_thread.run_sync(parse_lines, source.content, ask.endpoint)
-        _check_count(len(lines), worker.settings.batch_max_requests, "input_file_id")
+        _check_count(len(lines), batch_worker.settings.batch_max_requests, "input_file_id")
         job = await _create(
             request,
-            policy,
+            batch_worker,
+            caller,
             lines,
             endpoint=ask.endpoint,
             input_file_id=ask.input_file_id,
             metadata=ask.metadata,
         )
-        return _json(await _batch_object(request, job))
+        return _json(await _batch_object(batch_worker.sql, job))
 
     @get("/batches")
     async def list_batches(
-        self, request: Request, after: FromQuery[str | None] = None, limit: FromQuery[int] = 20
+        self,
+        batch_worker: BatchWorker,
+        caller: TeamPolicy,
+        after: FromQuery[str | None] = None,
+        limit: FromQuery[int] = 20,
     ) -> Response[bytes]:
-        policy = await _caller(request)
         limit = max(1, min(limit, 100))
+        engine = batch_worker.sql
         found = await anyio.to_thread.run_sync(
-            jobs.list_jobs, _worker(request).sql, policy.team, after, limit + 1
+            jobs.list_jobs, engine, caller.team, after, limit + 1
         )
-        data = [await _batch_object(request, job) for job in found[:limit]]
+        data = [await _batch_object(engine, job) for job in found[:limit]]
         return _list_page(data, has_more=len(found) > limit)
 
     @get("/batches/{batch_id:str}")
-    async def retrieve(self, request: Request, batch_id: FromPath[str]) -> Response[bytes]:
-        return await _callers_job(request, jobs.get_job, batch_id)
+    async def retrieve(
+        self, batch_worker: BatchWorker, caller: TeamPolicy, batch_id: FromPath[str]
+    ) -> Response[bytes]:
+        return await _callers_job(batch_worker.sql, caller.team, jobs.get_job, batch_id)
 
     @post("/batches/{batch_id:str}/cancel", status_code=200)
-    async def cancel(self, request: Request, batch_id: FromPath[str]) -> Response[bytes]:
-        return await _callers_job(request, jobs.cancel_job, batch_id)
+    async def cancel(
+        self, batch_worker: BatchWorker, caller: TeamPolicy, batch_id: FromPath[str]
+    ) -> Response[bytes]:
+        return await _callers_job(batch_worker.sql, caller.team, jobs.cancel_job, batch_id)
 
     @get("/batch/webhook_secret")
-    async def webhook_secret(self, request: Request) -> Response[bytes]:
+    async def webhook_secret(
+        self, batch_worker: BatchWorker, caller: TeamPolicy
+    ) -> Response[bytes]:
         """The team's key for checking its callbacks' signatures, made on first use."""
-        return await _webhook_secret(request, webhooks.team_secret)
+        return await _webhook_secret(batch_worker.sql, caller.team, webhooks.team_secret)
 
     @post("/batch/webhook_secret", status_code=200)
-    async def rotate_webhook_secret(self, request: Request) -> Response[bytes]:
+    async def rotate_webhook_secret(
+        self, batch_worker: BatchWorker, caller: TeamPolicy
+    ) -> Response[bytes]:
         """A new key for the team: callbacks are signed with it from now on."""
-        return await _webhook_secret(request, webhooks.rotate_secret)
+        return await _webhook_secret(batch_worker.sql, caller.team, webhooks.rotate_secret)
 
     @post("/batch", status_code=200, operation_class=json_body(InlineBatch))
-    async def inline(self, request: Request) -> Response[bytes]:
+    async def inline(
+        self, request: Request, batch_worker: BatchWorker, caller: TeamPolicy
+    ) -> Response[bytes]:
         """The inline form: the requests in the body, an optional callback when the job ends."""
-        policy = await _caller(request)
-        worker = _worker(request)
         raw = await request.body()
         ask, lines = await anyio.to_thread.run_sync(
-            _inline_job, raw, worker.settings.batch_max_requests
+            _inline_job, raw, batch_worker.settings.batch_max_requests
         )
         if ask.callback_url is not None:
-            await _check_callback(ask.callback_url, worker.callback_allow)
+            await _check_callback(ask.callback_url, batch_worker.callback_allow)
         job = await _create(
             request,
-            policy,
+            batch_worker,
+            caller,
             lines,
             endpoint=ask.endpoint,
             metadata=ask.metadata,
             callback_url=ask.callback_url,
             priority=ask.priority,
         )
-        waves = math.ceil(job.total / worker.settings.batch_max_concurrency)
-        estimate = time.time() + waves * worker.seconds_per_request
+        waves = math.ceil(job.total / batch_worker.settings.batch_max_concurrency)
+        estimate = time.time() + waves * batch_worker.seconds_per_request
         return _json(
             {
                 "batch_id": job.id,

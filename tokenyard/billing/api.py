@@ -17,6 +17,7 @@ from tokenyard.core.db import database_url, get_engine
 from tokenyard.core.errors import GatewayError
 from tokenyard.core.operator_keys import require_admin
 from tokenyard.core.settings import Settings
+from tokenyard.tenancy.policy import TeamPolicy
 
 MAX_DAYS = 366
 _T = TypeVar("_T")
@@ -71,15 +72,14 @@ class UsageController(Controller):
     path = "/v1"
 
     @get("/usage")
-    async def usage(self, request: Request) -> Response[bytes]:
-        proxy = request.app.state.proxy
-        policy = await proxy.auth.authenticate(request.headers.get("authorization"))
-        head = {"object": "usage", "team": policy.team, "limits": msgspec.to_builtins(policy)}
-        return await _answer(request, proxy.settings, policy.team, head)
+    async def usage(
+        self, request: Request, settings: Settings, caller: TeamPolicy
+    ) -> Response[bytes]:
+        head = {"object": "usage", "team": caller.team, "limits": msgspec.to_builtins(caller)}
+        return await _answer(request, settings, caller.team, head)
 
     @get("/admin/usage")
-    async def admin_usage(self, request: Request) -> Response[bytes]:
-        settings: Settings = request.app.state.proxy.settings
+    async def admin_usage(self, request: Request, settings: Settings) -> Response[bytes]:
         require_admin(request.headers.get("authorization"), settings.admin_key)
         team = request.query_params.get("team") or None
         return await _answer(request, settings, team, {"object": "usage", "team": team})

@@ -25,6 +25,8 @@ from sqlmodel import Session, select
 from tokenyard.billing.models import RouteFeedback, UsageRecord
 from tokenyard.core.db import database_url, get_engine, matchable
 from tokenyard.core.errors import GatewayError
+from tokenyard.core.settings import Settings
+from tokenyard.tenancy.policy import TeamPolicy
 
 MAX_REQUEST_ID = 200
 MAX_COMMENT = 2000
@@ -77,13 +79,13 @@ class FeedbackController(Controller):
     path = "/v1"
 
     @post("/feedback", status_code=200)
-    async def feedback(self, request: Request) -> Response[bytes]:
-        proxy = request.app.state.proxy
-        policy = await proxy.auth.authenticate(request.headers.get("authorization"))
+    async def feedback(
+        self, request: Request, settings: Settings, caller: TeamPolicy
+    ) -> Response[bytes]:
         body = _parse(await request.body())
-        engine = get_engine(database_url(proxy.settings))
+        engine = get_engine(database_url(settings))
         try:  # a thread: SQL must never block the event loop that serves completions
-            stored = await asyncio.to_thread(_store, engine, policy.team, body)
+            stored = await asyncio.to_thread(_store, engine, caller.team, body)
         except SQLAlchemyError:
             raise GatewayError(
                 503, "feedback store unavailable", code="feedback_store_unavailable", retry_after=1

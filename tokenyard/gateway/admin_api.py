@@ -21,7 +21,7 @@ from msgspec import UNSET, UnsetType
 from tokenyard.core.errors import GatewayError
 from tokenyard.core.openapi import json_body
 from tokenyard.core.operator_keys import require_admin
-from tokenyard.gateway.proxy import Proxy
+from tokenyard.core.settings import Settings
 from tokenyard.gateway.quotas import Quotas, day_number
 from tokenyard.gateway.validation import decode_json
 from tokenyard.tenancy.errors import AlreadyExists, ManagementError
@@ -112,17 +112,9 @@ def _json(data: Any, status: int = 200) -> Response[bytes]:
 
 
 def _admin_only(connection: ASGIConnection, _: BaseRouteHandler) -> None:
-    proxy: Proxy = connection.app.state.proxy
-    require_admin(connection.headers.get("authorization"), proxy.settings.admin_key)
-
-
-def _tenancy(request: Request) -> Tenancy:
-    return request.app.state.tenancy
-
-
-def _quotas(request: Request) -> Quotas:
-    proxy: Proxy = request.app.state.proxy
-    return proxy.quotas
+    # a guard runs before dependencies are resolved: it reads the settings from the app's state
+    settings: Settings = connection.app.state.settings
+    require_admin(connection.headers.get("authorization"), settings.admin_key)
 
 
 @contextlib.contextmanager
@@ -161,8 +153,8 @@ def _created(new: NewKey) -> dict[str, Any]:
     }
 
 
-async def _existing(request: Request, name: str) -> Team:
-    team = await _tenancy(request).team(name)
+async def _existing(tenancy: Tenancy, name: str) -> Team:
+    team = await tenancy.team(name)
     if team is None:
         raise GatewayError(404, f"no team {name!r}", code="not_found")
     return team
@@ -173,113 +165,121 @@ class AdminController(Controller):
     guards = (_admin_only,)
 
     @get("/teams")
-    async def list_teams(self, request: Request) -> Response[bytes]:
-        teams = await _tenancy(request).teams()
+    async def list_teams(self, tenancy: Tenancy) -> Response[bytes]:
+        teams = await tenancy.teams()
         return _json({"object": "list", "data": [team_record(t) for t in teams]})
 
     @post("/teams", operation_class=json_body(NewTeam))
-    async def create_team(self, request: Request) -> Response[bytes]:
+    async def create_team(self, request: Request, tenancy: Tenancy) -> Response[bytes]:
         new = _body(await request.body(), NewTeam)
         with _refusals():
-            team = await _tenancy(request).create_team(new.name, **_set(new, skip=("name",)))
+            team = await tenancy.create_team(new.name, **_set(new, skip=("name",)))
         return _json(team_record(team), 201)
 
     @get("/teams/{name:str}")
-    async def read_team(self, request: Request, name: FromPath[str]) -> Response[bytes]:
-        return _json(team_record(await _existing(request, name)))
+    async def read_team(self, tenancy: Tenancy, name: FromPath[str]) -> Response[bytes]:
+        return _json(team_record(await _existing(tenancy, name)))
 
     @patch("/teams/{name:str}", operation_class=json_body(TeamLimits))
-    async def update_team(self, request: Request, name: FromPath[str]) -> Response[bytes]:
+    async def update_team(
+        self, request: Request, tenancy: Tenancy, name: FromPath[str]
+    ) -> Response[bytes]:
         limits = _set(_body(await request.body(), TeamLimits))
         with _refusals():
-            team = await _tenancy(request).update_team(name, **limits)
+            team = await tenancy.update_team(name, **limits)
         return _json(team_record(team))
 
     @post("/teams/{name:str}/disable")
-    async def disable_team(self, request: Request, name: FromPath[str]) -> Response[bytes]:
+    async def disable_team(self, tenancy: Tenancy, name: FromPath[str]) -> Response[bytes]:
         with _refusals():
-            team = await _tenancy(request).set_disabled(name, True)
+            team = await tenancy.set_disabled(name, True)
         return _json(team_record(team))
 
     @post("/teams/{name:str}/enable")
-    async def enable_team(self, request: Request, name: FromPath[str]) -> Response[bytes]:
+    async def enable_team(self, tenancy: Tenancy, name: FromPath[str]) -> Response[bytes]:
         with _refusals():
-            team = await _tenancy(request).set_disabled(name, False)
+            team = await tenancy.set_disabled(name, False)
         return _json(team_record(team))
 
     @delete("/teams/{name:str}", status_code=200)
-    async def delete_team(self, request: Request, name: FromPath[str]) -> Response[bytes]:
+    async def delete_team(self, tenancy: Tenancy, name: FromPath[str]) -> Response[bytes]:
         with _refusals():
-            await _tenancy(request).delete_team(name)
+            await tenancy.delete_team(name)
         return _json({"name": name, "deleted": True})
 
     @get("/teams/{name:str}/budget")
-    async def read_budget(self, request: Request, name: FromPath[str]) -> Response[bytes]:
-        return _json(await _budget(request, await _existing(request, name)))
+    async def read_budget(
+        self, tenancy: Tenancy, quotas: Quotas, name: FromPath[str]
+    ) -> Response[bytes]:
+        return _json(await _budget(quotas, await _existing(tenancy, name)))
 
     @put("/teams/{name:str}/budget", operation_class=json_body(Budget))
-    async def set_budget(self, request: Request, name: FromPath[str]) -> Response[bytes]:
+    async def set_budget(
+        self, request: Request, tenancy: Tenancy, quotas: Quotas, name: FromPath[str]
+    ) -> Response[bytes]:
         limits = _set(_body(await request.body(), Budget))
         with _refusals():
-            team = await _tenancy(request).update_team(name, **limits)
-        return _json(await _budget(request, team))
+            team = await tenancy.update_team(name, **limits)
+        return _json(await _budget(quotas, team))
 
     @get("/keys")
-    async def list_keys(self, request: Request) -> Response[bytes]:
-        found = await _tenancy(request).keys(request.query_params.get("team") or None)
+    async def list_keys(self, request: Request, tenancy: Tenancy) -> Response[bytes]:
+        found = await tenancy.keys(request.query_params.get("team") or None)
         return _json({"object": "list", "data": [k.record() for k in found]})
 
     @post("/keys", operation_class=json_body(CreateKey))
-    async def create_key(self, request: Request) -> Response[bytes]:
+    async def create_key(self, request: Request, tenancy: Tenancy) -> Response[bytes]:
         new_key = _body(await request.body(), CreateKey)
         expires = _expiry(new_key.expires_at)
         with _refusals():
             limits = {name: getattr(new_key, name) for name in KEY_LIMIT_FIELDS}
-            new = await _tenancy(request).create_key(
+            new = await tenancy.create_key(
                 new_key.team, new_key.name, expires, new_key.models, limits
             )
         return _json(_created(new), 201)
 
     @get("/keys/{prefix:str}")
-    async def read_key(self, request: Request, prefix: FromPath[str]) -> Response[bytes]:
+    async def read_key(
+        self, tenancy: Tenancy, quotas: Quotas, prefix: FromPath[str]
+    ) -> Response[bytes]:
         """One key as listings show it, with what today (UTC) has used of its own dollar budget
         (null: the key has none, and its spend is not counted apart; /v1/admin/usage has it)."""
-        info = await _tenancy(request).key(prefix)
+        info = await tenancy.key(prefix)
         if info is None:
             raise GatewayError(404, f"no key with prefix {prefix!r}", code="not_found")
         today = None
         if info.limits.get("usd_per_day"):
-            quotas = _quotas(request)
             names = quotas.team_keys(info.team)
             micro_usd = await quotas.redis.get(names.key_day_usd(prefix, day_number()))
             today = {"usd": int(float(micro_usd or 0)) / 1e6}
         return _json(info.record() | {"today": today})
 
     @patch("/keys/{prefix:str}", operation_class=json_body(KeyChanges))
-    async def update_key(self, request: Request, prefix: FromPath[str]) -> Response[bytes]:
+    async def update_key(
+        self, request: Request, tenancy: Tenancy, prefix: FromPath[str]
+    ) -> Response[bytes]:
         changes = _set(_body(await request.body(), KeyChanges))
         if "expires_at" in changes:
             changes["expires_at"] = _expiry(changes["expires_at"])
         with _refusals():
-            info = await _tenancy(request).update_key(prefix, **changes)
+            info = await tenancy.update_key(prefix, **changes)
         return _json(info.record())
 
     @post("/keys/{prefix:str}/revoke")
-    async def revoke_key(self, request: Request, prefix: FromPath[str]) -> Response[bytes]:
+    async def revoke_key(self, tenancy: Tenancy, prefix: FromPath[str]) -> Response[bytes]:
         with _refusals():
-            await _tenancy(request).revoke_key(prefix)
+            await tenancy.revoke_key(prefix)
         return _json({"prefix": prefix, "revoked": True})
 
     @post("/keys/{prefix:str}/rotate")
-    async def rotate_key(self, request: Request, prefix: FromPath[str]) -> Response[bytes]:
+    async def rotate_key(self, tenancy: Tenancy, prefix: FromPath[str]) -> Response[bytes]:
         with _refusals():
-            new = await _tenancy(request).rotate_key(prefix)
+            new = await tenancy.rotate_key(prefix)
         return _json({**_created(new), "revoked": prefix}, 201)
 
 
-async def _budget(request: Request, team: Team) -> dict[str, Any]:
+async def _budget(quotas: Quotas, team: Team) -> dict[str, Any]:
     """The daily budgets and what today (UTC) has used of them, from the quota counters."""
-    quotas = _quotas(request)
     names = quotas.team_keys(team.name)
     day = day_number()
     tokens, batch, micro_usd = await quotas.redis.mget(

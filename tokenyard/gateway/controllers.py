@@ -13,43 +13,43 @@ from tokenyard.backends.base import Upstream
 from tokenyard.core.errors import GatewayError
 from tokenyard.core.metrics import exposition
 from tokenyard.core.openapi import json_body
+from tokenyard.core.settings import Settings
 from tokenyard.gateway.proxy import Proxy
 from tokenyard.gateway.validation import ChatRequest, CompletionRequest, EmbeddingRequest
 from tokenyard.router.catalog import ModelEntry
 from tokenyard.router.policy import AUTO
+from tokenyard.tenancy.policy import TeamPolicy
 
 
 def _json(data: Any, status: int = 200) -> Response[bytes]:
     return Response(msgspec.json.encode(data), status_code=status, media_type="application/json")
 
 
-def _proxy(request: Request) -> Proxy:
-    return request.app.state.proxy
-
-
 class CompletionsController(Controller):
     path = "/v1"
 
     @post("/chat/completions", status_code=200, operation_class=json_body(ChatRequest))
-    async def chat(self, request: Request) -> Response:
-        return await _proxy(request).handle(request, "chat")
+    async def chat(self, request: Request, proxy: Proxy) -> Response:
+        return await proxy.handle(request, "chat")
 
     @post("/completions", status_code=200, operation_class=json_body(CompletionRequest))
-    async def completions(self, request: Request) -> Response:
-        return await _proxy(request).handle(request, "completion")
+    async def completions(self, request: Request, proxy: Proxy) -> Response:
+        return await proxy.handle(request, "completion")
 
     @post("/embeddings", status_code=200, operation_class=json_body(EmbeddingRequest))
-    async def embeddings(self, request: Request) -> Response:
-        return await _proxy(request).handle(request, "embedding")
+    async def embeddings(self, request: Request, proxy: Proxy) -> Response:
+        return await proxy.handle(request, "embedding")
 
     @get("/models")
-    async def models(self, request: Request) -> Response[bytes]:
-        return _json({"object": "list", "data": await _team_models(request)})
+    async def models(self, proxy: Proxy, caller: TeamPolicy) -> Response[bytes]:
+        return _json({"object": "list", "data": _team_models(proxy, caller)})
 
     @get("/models/{model_id:path}")
-    async def model(self, request: Request, model_id: FromPath[str]) -> Response[bytes]:
+    async def model(
+        self, proxy: Proxy, caller: TeamPolicy, model_id: FromPath[str]
+    ) -> Response[bytes]:
         model_id = model_id.lstrip("/")
-        for card in await _team_models(request):
+        for card in _team_models(proxy, caller):
             if card["id"] == model_id:
                 return _json(card)
         raise GatewayError(
@@ -57,10 +57,8 @@ class CompletionsController(Controller):
         )
 
 
-async def _team_models(request: Request) -> list[dict[str, Any]]:
+def _team_models(proxy: Proxy, policy: TeamPolicy) -> list[dict[str, Any]]:
     """The models the calling team may use, cheapest first, then "auto"."""
-    proxy = _proxy(request)
-    policy = await proxy.auth.authenticate(request.headers.get("authorization"))
     data = [
         _model_card(m, proxy.backends.get(m.id))
         for m in proxy.router.catalog.by_price()
@@ -98,9 +96,8 @@ class OpsController(Controller):
         return _json({"status": "ok"})
 
     @get("/ready")
-    async def ready(self, request: Request) -> Response[bytes]:
+    async def ready(self, proxy: Proxy) -> Response[bytes]:
         """Ready when Redis answers and at least one model is ready."""
-        proxy = _proxy(request)
         try:
             redis_ok = bool(await proxy.quotas.redis.ping())
         except RedisError:
@@ -110,8 +107,8 @@ class OpsController(Controller):
         return _json({"ready": ok, "redis": redis_ok, "models": models}, 200 if ok else 503)
 
     @get("/metrics")
-    async def metrics(self, request: Request) -> Response[bytes]:
+    async def metrics(self, request: Request, settings: Settings) -> Response[bytes]:
         """Prometheus' scrape; team-labelled series only with the metrics key (core/metrics.py)."""
-        key = _proxy(request).settings.metrics_key.get_secret_value()
+        key = settings.metrics_key.get_secret_value()
         body = exposition(request.headers.get("authorization"), key)
         return Response(body, media_type=CONTENT_TYPE_LATEST)

@@ -83,8 +83,7 @@ class MessagesController(Controller):
     path = "/v1"
 
     @post("/messages", status_code=200, operation_class=json_body(MessagesRequest))
-    async def create(self, request: Request) -> Response:
-        proxy: Proxy = request.app.state.proxy
+    async def create(self, request: Request, proxy: Proxy) -> Response:
         try:
             chat = chat_request(decode_json(await request.body()))
             reply = await proxy.handle(request, "chat", msgspec.json.encode(chat))

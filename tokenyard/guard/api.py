@@ -79,21 +79,16 @@ def result_of(scores: dict[str, float], thresholds: dict[str, float]) -> dict[st
     }
 
 
-def _guard(request: Request) -> Guard:
-    guard = getattr(request.app.state, "guard", None)
-    if guard is None:
-        raise GatewayError(404, "the safety layer is off on this gateway", code="not_found")
-    return guard
-
-
 class ModerationsController(Controller):
     path = "/v1"
 
     @post("/moderations", status_code=200)
-    async def moderations(self, request: Request) -> Response[bytes]:
+    async def moderations(
+        self, request: Request, proxy: Proxy, guard: Guard | None
+    ) -> Response[bytes]:
         started = time.perf_counter()
-        guard = _guard(request)
-        proxy: Proxy = request.app.state.proxy
+        if guard is None:
+            raise GatewayError(404, "the safety layer is off on this gateway", code="not_found")
         authorization = request.headers.get("authorization")
         policy = await proxy.auth.authenticate(authorization)
         try:

@@ -30,6 +30,7 @@ from tokenyard.gateway.responses.translate import (
     from_chat,
 )
 from tokenyard.gateway.validation import decode_json
+from tokenyard.tenancy.policy import TeamPolicy
 
 log = logging.getLogger("tokenyard.responses")
 
@@ -38,17 +39,10 @@ def _json(data: Any) -> Response[bytes]:
     return Response(msgspec.json.encode(data), media_type="application/json")
 
 
-def _parts(request: Request) -> tuple[Proxy, ResponseStore]:
-    return request.app.state.proxy, request.app.state.responses
-
-
-async def _team(request: Request) -> str:
-    policy = await request.app.state.proxy.auth.authenticate(request.headers.get("authorization"))
-    return policy.team
-
-
-async def _stored(request: Request, response_id: str, param: str = "response_id") -> Stored:
-    found = await request.app.state.responses.get(await _team(request), response_id)
+async def _stored(
+    store: ResponseStore, team: str, response_id: str, param: str = "response_id"
+) -> Stored:
+    found = await store.get(team, response_id)
     if found is None:
         raise GatewayError(
             404, f"no response with id {response_id!r}", code="not_found", param=param
@@ -71,14 +65,17 @@ class ResponsesController(Controller):
     path = "/v1/responses"
 
     @post("", status_code=200, operation_class=json_body(CreateResponse))
-    async def create(self, request: Request) -> Response:
-        proxy, store = _parts(request)
-        team = await _team(request)
+    async def create(
+        self, request: Request, proxy: Proxy, responses: ResponseStore, caller: TeamPolicy
+    ) -> Response:
+        team = caller.team
         raw = decode_json(await request.body())
         req = _request(raw)
         earlier: list[dict[str, Any]] = []
         if req.previous_response_id is not None:
-            previous = await _stored(request, req.previous_response_id, "previous_response_id")
+            previous = await _stored(
+                responses, team, req.previous_response_id, "previous_response_id"
+            )
             earlier = previous.context + previous.response["output"]
         turn = begin(req, raw, earlier)
         try:
@@ -94,39 +91,44 @@ class ResponsesController(Controller):
         if isinstance(reply, Stream):
             headers.pop("content-type", None)
             relay = _native_events if native else _events
-            events = relay(turn, reply, store, team)
+            events = relay(turn, reply, responses, team)
             return Stream(events, media_type="text/event-stream", headers=headers)
         if reply.status_code != 200:  # the upstream's refusal, already OpenAI's error shape
             return reply
         data = msgspec.json.decode(reply.content)
         response = adopt(turn, data) if native else from_chat(turn, data)
         if turn.store:
-            await store.save(team, response, turn.context)
+            await responses.save(team, response, turn.context)
         headers.pop("content-length", None)
         return Response(
             msgspec.json.encode(response), media_type="application/json", headers=headers
         )
 
     @get("/{response_id:str}")
-    async def retrieve(self, request: Request, response_id: FromPath[str]) -> Response[bytes]:
-        return _json((await _stored(request, response_id)).response)
+    async def retrieve(
+        self, responses: ResponseStore, caller: TeamPolicy, response_id: FromPath[str]
+    ) -> Response[bytes]:
+        return _json((await _stored(responses, caller.team, response_id)).response)
 
     @delete("/{response_id:str}", status_code=200)
-    async def remove(self, request: Request, response_id: FromPath[str]) -> Response[bytes]:
-        if not await request.app.state.responses.delete(await _team(request), response_id):
-            await _stored(request, response_id)  # the same 404 as a retrieve
+    async def remove(
+        self, responses: ResponseStore, caller: TeamPolicy, response_id: FromPath[str]
+    ) -> Response[bytes]:
+        if not await responses.delete(caller.team, response_id):
+            await _stored(responses, caller.team, response_id)  # the same 404 as a retrieve
         return _json({"id": response_id, "object": "response", "deleted": True})
 
     @get("/{response_id:str}/input_items")
     async def input_items(
         self,
-        request: Request,
+        responses: ResponseStore,
+        caller: TeamPolicy,
         response_id: FromPath[str],
         limit: Annotated[int, QueryParameter(ge=1, le=100)] = 20,
         order: FromQuery[Literal["asc", "desc"]] = "desc",
         after: FromQuery[str | None] = None,
     ) -> Response[bytes]:
-        items = (await _stored(request, response_id)).context
+        items = (await _stored(responses, caller.team, response_id)).context
         if order == "desc":
             items = items[::-1]
         if after is not None:
