@@ -12,7 +12,7 @@ from pathlib import Path
 
 from litestar import Litestar, Request
 from litestar.datastructures import State
-from litestar.di import Provide
+from litestar.di import NamedDependency, Provide
 from litestar.exceptions import HTTPException
 
 from tokenyard.admin_ui.app import admin_router
@@ -95,7 +95,7 @@ def _batch_worker(state: State) -> BatchWorker:
     return state.batch_worker
 
 
-async def _caller(request: Request, auth: Authenticator) -> TeamPolicy:
+async def _caller(request: Request, auth: NamedDependency[Authenticator]) -> TeamPolicy:
     """The calling team's policy, from the request's key (a 401 without one that is valid)."""
     return await auth.authenticate(request.headers.get("authorization"))
 

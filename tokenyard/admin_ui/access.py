@@ -15,11 +15,14 @@ from sqlalchemy import Engine
 
 from tokenyard.admin_ui import render, sessions
 from tokenyard.core.settings import Settings
+from tokenyard.gateway.proxy import Proxy
 from tokenyard.tenancy import keys
 from tokenyard.tenancy.service import Tenancy
 
 
-def proxy_of(connection: ASGIConnection) -> Any:
+# The pages read the gateway's components here rather than as Litestar dependencies: the guards
+# below run before dependencies are resolved, and the pages' helpers all take the request.
+def proxy_of(connection: ASGIConnection) -> Proxy:
     return connection.app.state.proxy
 
 
@@ -32,7 +35,7 @@ def sql_of(connection: ASGIConnection) -> Engine:
 
 
 def settings_of(connection: ASGIConnection) -> Settings:
-    return proxy_of(connection).settings
+    return connection.app.state.settings
 
 
 async def in_thread(fn: Any, *args: Any, **kwargs: Any) -> Any:

@@ -13,6 +13,7 @@ import anyio
 import msgspec
 from litestar import Controller, Request, Response, delete, get, post
 from litestar.datastructures import UploadFile
+from litestar.di import NamedDependency
 from litestar.params import FromPath, FromQuery
 from sqlalchemy import Engine
 
@@ -200,7 +201,10 @@ class FilesController(Controller):
 
     @post("/", status_code=200, operation_class=body_operation("multipart/form-data", _UPLOAD))
     async def upload(
-        self, request: Request, batch_worker: BatchWorker, caller: TeamPolicy
+        self,
+        request: Request,
+        batch_worker: NamedDependency[BatchWorker],
+        caller: NamedDependency[TeamPolicy],
     ) -> Response[bytes]:
         try:
             form = await request.form()
@@ -228,8 +232,8 @@ class FilesController(Controller):
     @get("/")
     async def list_files(
         self,
-        batch_worker: BatchWorker,
-        caller: TeamPolicy,
+        batch_worker: NamedDependency[BatchWorker],
+        caller: NamedDependency[TeamPolicy],
         purpose: FromQuery[str | None] = None,
         after: FromQuery[str | None] = None,
         limit: FromQuery[int] = 100,
@@ -243,13 +247,19 @@ class FilesController(Controller):
 
     @get("/{file_id:str}")
     async def retrieve(
-        self, batch_worker: BatchWorker, caller: TeamPolicy, file_id: FromPath[str]
+        self,
+        batch_worker: NamedDependency[BatchWorker],
+        caller: NamedDependency[TeamPolicy],
+        file_id: FromPath[str],
     ) -> Response[bytes]:
         return _json(jobs.file_object(await _callers_file(batch_worker.sql, caller.team, file_id)))
 
     @delete("/{file_id:str}", status_code=200)
     async def delete_file(
-        self, batch_worker: BatchWorker, caller: TeamPolicy, file_id: FromPath[str]
+        self,
+        batch_worker: NamedDependency[BatchWorker],
+        caller: NamedDependency[TeamPolicy],
+        file_id: FromPath[str],
     ) -> Response[bytes]:
         engine = batch_worker.sql
         if not await anyio.to_thread.run_sync(jobs.delete_file, engine, caller.team, file_id):
@@ -258,7 +268,10 @@ class FilesController(Controller):
 
     @get("/{file_id:str}/content")
     async def content(
-        self, batch_worker: BatchWorker, caller: TeamPolicy, file_id: FromPath[str]
+        self,
+        batch_worker: NamedDependency[BatchWorker],
+        caller: NamedDependency[TeamPolicy],
+        file_id: FromPath[str],
     ) -> Response[bytes]:
         row = await _callers_file(batch_worker.sql, caller.team, file_id)
         return Response(row.content, media_type="application/jsonl")
@@ -269,7 +282,10 @@ class BatchesController(Controller):
 
     @post("/batches", status_code=200, operation_class=json_body(CreateBatch))
     async def create(
-        self, request: Request, batch_worker: BatchWorker, caller: TeamPolicy
+        self,
+        request: Request,
+        batch_worker: NamedDependency[BatchWorker],
+        caller: NamedDependency[TeamPolicy],
     ) -> Response[bytes]:
         ask = _decode(await request.body(), CreateBatch)
         _check_job(ask.endpoint, ask.completion_window)
@@ -300,8 +316,8 @@ class BatchesController(Controller):
     @get("/batches")
     async def list_batches(
         self,
-        batch_worker: BatchWorker,
-        caller: TeamPolicy,
+        batch_worker: NamedDependency[BatchWorker],
+        caller: NamedDependency[TeamPolicy],
         after: FromQuery[str | None] = None,
         limit: FromQuery[int] = 20,
     ) -> Response[bytes]:
@@ -315,33 +331,42 @@ class BatchesController(Controller):
 
     @get("/batches/{batch_id:str}")
     async def retrieve(
-        self, batch_worker: BatchWorker, caller: TeamPolicy, batch_id: FromPath[str]
+        self,
+        batch_worker: NamedDependency[BatchWorker],
+        caller: NamedDependency[TeamPolicy],
+        batch_id: FromPath[str],
     ) -> Response[bytes]:
         return await _callers_job(batch_worker.sql, caller.team, jobs.get_job, batch_id)
 
     @post("/batches/{batch_id:str}/cancel", status_code=200)
     async def cancel(
-        self, batch_worker: BatchWorker, caller: TeamPolicy, batch_id: FromPath[str]
+        self,
+        batch_worker: NamedDependency[BatchWorker],
+        caller: NamedDependency[TeamPolicy],
+        batch_id: FromPath[str],
     ) -> Response[bytes]:
         return await _callers_job(batch_worker.sql, caller.team, jobs.cancel_job, batch_id)
 
     @get("/batch/webhook_secret")
     async def webhook_secret(
-        self, batch_worker: BatchWorker, caller: TeamPolicy
+        self, batch_worker: NamedDependency[BatchWorker], caller: NamedDependency[TeamPolicy]
     ) -> Response[bytes]:
         """The team's key for checking its callbacks' signatures, made on first use."""
         return await _webhook_secret(batch_worker.sql, caller.team, webhooks.team_secret)
 
     @post("/batch/webhook_secret", status_code=200)
     async def rotate_webhook_secret(
-        self, batch_worker: BatchWorker, caller: TeamPolicy
+        self, batch_worker: NamedDependency[BatchWorker], caller: NamedDependency[TeamPolicy]
     ) -> Response[bytes]:
         """A new key for the team: callbacks are signed with it from now on."""
         return await _webhook_secret(batch_worker.sql, caller.team, webhooks.rotate_secret)
 
     @post("/batch", status_code=200, operation_class=json_body(InlineBatch))
     async def inline(
-        self, request: Request, batch_worker: BatchWorker, caller: TeamPolicy
+        self,
+        request: Request,
+        batch_worker: NamedDependency[BatchWorker],
+        caller: NamedDependency[TeamPolicy],
     ) -> Response[bytes]:
         """The inline form: the requests in the body, an optional callback when the job ends."""
         raw = await request.body()

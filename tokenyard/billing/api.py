@@ -10,6 +10,7 @@ from typing import Any, TypeVar
 
 import msgspec
 from litestar import Controller, Request, Response, get
+from litestar.di import NamedDependency
 from sqlalchemy.exc import SQLAlchemyError
 
 from tokenyard.billing import reports
@@ -73,13 +74,18 @@ class UsageController(Controller):
 
     @get("/usage")
     async def usage(
-        self, request: Request, settings: Settings, caller: TeamPolicy
+        self,
+        request: Request,
+        settings: NamedDependency[Settings],
+        caller: NamedDependency[TeamPolicy],
     ) -> Response[bytes]:
         head = {"object": "usage", "team": caller.team, "limits": msgspec.to_builtins(caller)}
         return await _answer(request, settings, caller.team, head)
 
     @get("/admin/usage")
-    async def admin_usage(self, request: Request, settings: Settings) -> Response[bytes]:
+    async def admin_usage(
+        self, request: Request, settings: NamedDependency[Settings]
+    ) -> Response[bytes]:
         require_admin(request.headers.get("authorization"), settings.admin_key)
         team = request.query_params.get("team") or None
         return await _answer(request, settings, team, {"object": "usage", "team": team})

@@ -18,6 +18,7 @@ from typing import Any, NamedTuple
 
 import msgspec
 from litestar import Controller, Request, Response, post
+from litestar.di import NamedDependency
 from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, select
@@ -80,7 +81,10 @@ class FeedbackController(Controller):
 
     @post("/feedback", status_code=200)
     async def feedback(
-        self, request: Request, settings: Settings, caller: TeamPolicy
+        self,
+        request: Request,
+        settings: NamedDependency[Settings],
+        caller: NamedDependency[TeamPolicy],
     ) -> Response[bytes]:
         body = _parse(await request.body())
         engine = get_engine(database_url(settings))

@@ -14,6 +14,7 @@ from typing import Annotated, Any, TypeVar
 import msgspec
 from litestar import Controller, Request, Response, delete, get, patch, post, put
 from litestar.connection import ASGIConnection
+from litestar.di import NamedDependency
 from litestar.handlers import BaseRouteHandler
 from litestar.params import FromPath
 from msgspec import UNSET, UnsetType
@@ -165,24 +166,28 @@ class AdminController(Controller):
     guards = (_admin_only,)
 
     @get("/teams")
-    async def list_teams(self, tenancy: Tenancy) -> Response[bytes]:
+    async def list_teams(self, tenancy: NamedDependency[Tenancy]) -> Response[bytes]:
         teams = await tenancy.teams()
         return _json({"object": "list", "data": [team_record(t) for t in teams]})
 
     @post("/teams", operation_class=json_body(NewTeam))
-    async def create_team(self, request: Request, tenancy: Tenancy) -> Response[bytes]:
+    async def create_team(
+        self, request: Request, tenancy: NamedDependency[Tenancy]
+    ) -> Response[bytes]:
         new = _body(await request.body(), NewTeam)
         with _refusals():
             team = await tenancy.create_team(new.name, **_set(new, skip=("name",)))
         return _json(team_record(team), 201)
 
     @get("/teams/{name:str}")
-    async def read_team(self, tenancy: Tenancy, name: FromPath[str]) -> Response[bytes]:
+    async def read_team(
+        self, tenancy: NamedDependency[Tenancy], name: FromPath[str]
+    ) -> Response[bytes]:
         return _json(team_record(await _existing(tenancy, name)))
 
     @patch("/teams/{name:str}", operation_class=json_body(TeamLimits))
     async def update_team(
-        self, request: Request, tenancy: Tenancy, name: FromPath[str]
+        self, request: Request, tenancy: NamedDependency[Tenancy], name: FromPath[str]
     ) -> Response[bytes]:
         limits = _set(_body(await request.body(), TeamLimits))
         with _refusals():
@@ -190,32 +195,45 @@ class AdminController(Controller):
         return _json(team_record(team))
 
     @post("/teams/{name:str}/disable")
-    async def disable_team(self, tenancy: Tenancy, name: FromPath[str]) -> Response[bytes]:
+    async def disable_team(
+        self, tenancy: NamedDependency[Tenancy], name: FromPath[str]
+    ) -> Response[bytes]:
         with _refusals():
             team = await tenancy.set_disabled(name, True)
         return _json(team_record(team))
 
     @post("/teams/{name:str}/enable")
-    async def enable_team(self, tenancy: Tenancy, name: FromPath[str]) -> Response[bytes]:
+    async def enable_team(
+        self, tenancy: NamedDependency[Tenancy], name: FromPath[str]
+    ) -> Response[bytes]:
         with _refusals():
             team = await tenancy.set_disabled(name, False)
         return _json(team_record(team))
 
     @delete("/teams/{name:str}", status_code=200)
-    async def delete_team(self, tenancy: Tenancy, name: FromPath[str]) -> Response[bytes]:
+    async def delete_team(
+        self, tenancy: NamedDependency[Tenancy], name: FromPath[str]
+    ) -> Response[bytes]:
         with _refusals():
             await tenancy.delete_team(name)
         return _json({"name": name, "deleted": True})
 
     @get("/teams/{name:str}/budget")
     async def read_budget(
-        self, tenancy: Tenancy, quotas: Quotas, name: FromPath[str]
+        self,
+        tenancy: NamedDependency[Tenancy],
+        quotas: NamedDependency[Quotas],
+        name: FromPath[str],
     ) -> Response[bytes]:
         return _json(await _budget(quotas, await _existing(tenancy, name)))
 
     @put("/teams/{name:str}/budget", operation_class=json_body(Budget))
     async def set_budget(
-        self, request: Request, tenancy: Tenancy, quotas: Quotas, name: FromPath[str]
+        self,
+        request: Request,
+        tenancy: NamedDependency[Tenancy],
+        quotas: NamedDependency[Quotas],
+        name: FromPath[str],
     ) -> Response[bytes]:
         limits = _set(_body(await request.body(), Budget))
         with _refusals():
@@ -223,12 +241,16 @@ class AdminController(Controller):
         return _json(await _budget(quotas, team))
 
     @get("/keys")
-    async def list_keys(self, request: Request, tenancy: Tenancy) -> Response[bytes]:
+    async def list_keys(
+        self, request: Request, tenancy: NamedDependency[Tenancy]
+    ) -> Response[bytes]:
         found = await tenancy.keys(request.query_params.get("team") or None)
         return _json({"object": "list", "data": [k.record() for k in found]})
 
     @post("/keys", operation_class=json_body(CreateKey))
-    async def create_key(self, request: Request, tenancy: Tenancy) -> Response[bytes]:
+    async def create_key(
+        self, request: Request, tenancy: NamedDependency[Tenancy]
+    ) -> Response[bytes]:
         new_key = _body(await request.body(), CreateKey)
         expires = _expiry(new_key.expires_at)
         with _refusals():
@@ -240,7 +262,10 @@ class AdminController(Controller):
 
     @get("/keys/{prefix:str}")
     async def read_key(
-        self, tenancy: Tenancy, quotas: Quotas, prefix: FromPath[str]
+        self,
+        tenancy: NamedDependency[Tenancy],
+        quotas: NamedDependency[Quotas],
+        prefix: FromPath[str],
     ) -> Response[bytes]:
         """One key as listings show it, with what today (UTC) has used of its own dollar budget
         (null: the key has none, and its spend is not counted apart; /v1/admin/usage has it)."""
@@ -256,7 +281,7 @@ class AdminController(Controller):
 
     @patch("/keys/{prefix:str}", operation_class=json_body(KeyChanges))
     async def update_key(
-        self, request: Request, tenancy: Tenancy, prefix: FromPath[str]
+        self, request: Request, tenancy: NamedDependency[Tenancy], prefix: FromPath[str]
     ) -> Response[bytes]:
         changes = _set(_body(await request.body(), KeyChanges))
         if "expires_at" in changes:
@@ -266,13 +291,17 @@ class AdminController(Controller):
         return _json(info.record())
 
     @post("/keys/{prefix:str}/revoke")
-    async def revoke_key(self, tenancy: Tenancy, prefix: FromPath[str]) -> Response[bytes]:
+    async def revoke_key(
+        self, tenancy: NamedDependency[Tenancy], prefix: FromPath[str]
+    ) -> Response[bytes]:
         with _refusals():
             await tenancy.revoke_key(prefix)
         return _json({"prefix": prefix, "revoked": True})
 
     @post("/keys/{prefix:str}/rotate")
-    async def rotate_key(self, tenancy: Tenancy, prefix: FromPath[str]) -> Response[bytes]:
+    async def rotate_key(
+        self, tenancy: NamedDependency[Tenancy], prefix: FromPath[str]
+    ) -> Response[bytes]:
         with _refusals():
             new = await tenancy.rotate_key(prefix)
         return _json({**_created(new), "revoked": prefix}, 201)

@@ -5,6 +5,7 @@ from typing import Any
 
 import msgspec
 from litestar import Controller, Request, Response, get, post
+from litestar.di import NamedDependency
 from litestar.params import FromPath
 from prometheus_client import CONTENT_TYPE_LATEST
 from redis.exceptions import RedisError
@@ -29,24 +30,29 @@ class CompletionsController(Controller):
     path = "/v1"
 
     @post("/chat/completions", status_code=200, operation_class=json_body(ChatRequest))
-    async def chat(self, request: Request, proxy: Proxy) -> Response:
+    async def chat(self, request: Request, proxy: NamedDependency[Proxy]) -> Response:
         return await proxy.handle(request, "chat")
 
     @post("/completions", status_code=200, operation_class=json_body(CompletionRequest))
-    async def completions(self, request: Request, proxy: Proxy) -> Response:
+    async def completions(self, request: Request, proxy: NamedDependency[Proxy]) -> Response:
         return await proxy.handle(request, "completion")
 
     @post("/embeddings", status_code=200, operation_class=json_body(EmbeddingRequest))
-    async def embeddings(self, request: Request, proxy: Proxy) -> Response:
+    async def embeddings(self, request: Request, proxy: NamedDependency[Proxy]) -> Response:
         return await proxy.handle(request, "embedding")
 
     @get("/models")
-    async def models(self, proxy: Proxy, caller: TeamPolicy) -> Response[bytes]:
+    async def models(
+        self, proxy: NamedDependency[Proxy], caller: NamedDependency[TeamPolicy]
+    ) -> Response[bytes]:
         return _json({"object": "list", "data": _team_models(proxy, caller)})
 
     @get("/models/{model_id:path}")
     async def model(
-        self, proxy: Proxy, caller: TeamPolicy, model_id: FromPath[str]
+        self,
+        proxy: NamedDependency[Proxy],
+        caller: NamedDependency[TeamPolicy],
+        model_id: FromPath[str],
     ) -> Response[bytes]:
         model_id = model_id.lstrip("/")
         for card in _team_models(proxy, caller):
@@ -96,7 +102,7 @@ class OpsController(Controller):
         return _json({"status": "ok"})
 
     @get("/ready")
-    async def ready(self, proxy: Proxy) -> Response[bytes]:
+    async def ready(self, proxy: NamedDependency[Proxy]) -> Response[bytes]:
         """Ready when Redis answers and at least one model is ready."""
         try:
             redis_ok = bool(await proxy.quotas.redis.ping())
@@ -107,7 +113,9 @@ class OpsController(Controller):
         return _json({"ready": ok, "redis": redis_ok, "models": models}, 200 if ok else 503)
 
     @get("/metrics")
-    async def metrics(self, request: Request, settings: Settings) -> Response[bytes]:
+    async def metrics(
+        self, request: Request, settings: NamedDependency[Settings]
+    ) -> Response[bytes]:
         """Prometheus' scrape; team-labelled series only with the metrics key (core/metrics.py)."""
         key = settings.metrics_key.get_secret_value()
         body = exposition(request.headers.get("authorization"), key)

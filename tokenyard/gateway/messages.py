@@ -9,6 +9,7 @@ from typing import Any
 
 import msgspec
 from litestar import Controller, Request, Response, post
+from litestar.di import NamedDependency
 from litestar.response import Stream
 
 from tokenyard.backends.anthropic_messages import (
@@ -83,7 +84,7 @@ class MessagesController(Controller):
     path = "/v1"
 
     @post("/messages", status_code=200, operation_class=json_body(MessagesRequest))
-    async def create(self, request: Request, proxy: Proxy) -> Response:
+    async def create(self, request: Request, proxy: NamedDependency[Proxy]) -> Response:
         try:
             chat = chat_request(decode_json(await request.body()))
             reply = await proxy.handle(request, "chat", msgspec.json.encode(chat))

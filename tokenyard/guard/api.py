@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 from litestar import Controller, Request, Response, post
+from litestar.di import NamedDependency
 
 from tokenyard.core.errors import GatewayError
 from tokenyard.core.usage import Usage, UsageEvent
@@ -84,7 +85,7 @@ class ModerationsController(Controller):
 
     @post("/moderations", status_code=200)
     async def moderations(
-        self, request: Request, proxy: Proxy, guard: Guard | None
+        self, request: Request, proxy: NamedDependency[Proxy], guard: NamedDependency[Guard | None]
     ) -> Response[bytes]:
         started = time.perf_counter()
         if guard is None:

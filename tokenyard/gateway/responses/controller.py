@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 from litestar import Controller, Request, Response, delete, get, post
+from litestar.di import NamedDependency
 from litestar.params import FromPath, FromQuery, QueryParameter
 from litestar.response import Stream
 
@@ -66,7 +67,11 @@ class ResponsesController(Controller):
 
     @post("", status_code=200, operation_class=json_body(CreateResponse))
     async def create(
-        self, request: Request, proxy: Proxy, responses: ResponseStore, caller: TeamPolicy
+        self,
+        request: Request,
+        proxy: NamedDependency[Proxy],
+        responses: NamedDependency[ResponseStore],
+        caller: NamedDependency[TeamPolicy],
     ) -> Response:
         team = caller.team
         raw = decode_json(await request.body())
@@ -106,13 +111,19 @@ class ResponsesController(Controller):
 
     @get("/{response_id:str}")
     async def retrieve(
-        self, responses: ResponseStore, caller: TeamPolicy, response_id: FromPath[str]
+        self,
+        responses: NamedDependency[ResponseStore],
+        caller: NamedDependency[TeamPolicy],
+        response_id: FromPath[str],
     ) -> Response[bytes]:
         return _json((await _stored(responses, caller.team, response_id)).response)
 
     @delete("/{response_id:str}", status_code=200)
     async def remove(
-        self, responses: ResponseStore, caller: TeamPolicy, response_id: FromPath[str]
+        self,
+        responses: NamedDependency[ResponseStore],
+        caller: NamedDependency[TeamPolicy],
+        response_id: FromPath[str],
     ) -> Response[bytes]:
         if not await responses.delete(caller.team, response_id):
             await _stored(responses, caller.team, response_id)  # the same 404 as a retrieve
@@ -121,8 +132,8 @@ class ResponsesController(Controller):
     @get("/{response_id:str}/input_items")
     async def input_items(
         self,
-        responses: ResponseStore,
-        caller: TeamPolicy,
+        responses: NamedDependency[ResponseStore],
+        caller: NamedDependency[TeamPolicy],
         response_id: FromPath[str],
         limit: Annotated[int, QueryParameter(ge=1, le=100)] = 20,
         order: FromQuery[Literal["asc", "desc"]] = "desc",
