@@ -278,6 +278,10 @@ class QuotaMachine(RuleBasedStateMachine):
         for batch in (False, True):
             key = self.keys.day_batch_tokens if batch else self.keys.day_tokens
             assert int(self.sync.get(key(day_number())) or 0) == self.charged_day[batch]
+        # what the batch tier asks before it takes spare capacity: a lease neither batch nor
+        # past its time
+        interactive = any(not h.res.batch and not h.expired for h in live)
+        assert self.loop.run_until_complete(self.quotas.interactive_in_flight()) == interactive
 
     def teardown(self) -> None:
         """Everything settled or expired: every lease and KV page comes back."""

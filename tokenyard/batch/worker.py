@@ -28,7 +28,6 @@ from tokenyard.core.errors import GatewayError
 from tokenyard.core.settings import Settings
 from tokenyard.core.tasks import cancel_and_wait
 from tokenyard.gateway.proxy import Proxy
-from tokenyard.gateway.quotas import PLATFORM_BATCH_LEASES, PLATFORM_LEASES
 from tokenyard.gateway.request_ids import new_request_id
 from tokenyard.tenancy.keys import policy_by_prefix
 from tokenyard.tenancy.policy import TeamPolicy
@@ -141,17 +140,11 @@ class BatchWorker:
     async def _interactive_active(self) -> bool:
         """Interactive requests in flight anywhere on the platform (the quota leases say so), now
         or within the last batch_interactive_hold_s."""
-        now_ms = time.time() * 1000
         try:
-            # one transaction: a lease settled between two separate counts would look like an
-            # interactive request
-            async with self.proxy.quotas.redis.pipeline(transaction=True) as pipe:
-                pipe.zcount(PLATFORM_LEASES, now_ms, "+inf")
-                pipe.zcount(PLATFORM_BATCH_LEASES, now_ms, "+inf")
-                every, batch = await pipe.execute()
+            interactive = await self.proxy.quotas.interactive_in_flight()
         except RedisError:
             return True  # unknown: the side that keeps interactive traffic fast
-        if every > batch:
+        if interactive:
             self._interactive_seen = time.monotonic()
         return time.monotonic() - self._interactive_seen < self.settings.batch_interactive_hold_s
 

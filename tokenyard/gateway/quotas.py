@@ -289,6 +289,18 @@ class Quotas:
         except OSError as exc:
             log.error("usage event lost: Redis unavailable and the spool failed: %s", exc)
 
+    async def interactive_in_flight(self) -> bool:
+        """Whether any gateway of the platform holds a live lease of an interactive request now
+        (raises RedisError while Redis does not answer)."""
+        now_ms = time.time() * 1000
+        # one transaction: a lease settled between two separate counts would look like an
+        # interactive request
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.zcount(PLATFORM_LEASES, now_ms, "+inf")
+            pipe.zcount(PLATFORM_BATCH_LEASES, now_ms, "+inf")
+            every, batch = await pipe.execute()
+        return every > batch
+
     async def renew(self, reservations: list[Reservation]) -> None:
         keys: list[str] = []
         ids: list[str] = []
