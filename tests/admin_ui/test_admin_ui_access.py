@@ -13,6 +13,7 @@ import httpx
 import msgspec
 import openai
 import pytest
+import redis as redis_sync
 from sqlmodel import Session
 
 from tests.admin_ui.conftest import ADMIN_PASSWORD, ADMIN_USER, csrf_of, sign_in
@@ -23,6 +24,7 @@ from tokenyard.app import create_app
 from tokenyard.billing import store
 from tokenyard.billing.events import decoder, to_row
 from tokenyard.billing.models import UsageDaily
+from tokenyard.gateway.quotas import TeamKeys, day_number
 from tokenyard.tenancy import keys
 
 PUBLIC = {"/admin/login", "/admin/team-usage/login", "/admin/static/admin.css"}
@@ -397,6 +399,26 @@ def test_an_expired_key_is_renamed_and_revived(admin: httpx.Client, team: Any, s
     assert admin.post(f"/admin/keys/{prefix}", data=form).status_code == 303
     revived = keys.get_key(sql, prefix)
     assert revived is not None and revived.state == "active"
+
+
+def test_pages_show_what_today_used_of_the_daily_budgets(
+    admin: httpx.Client, team: Any, sql: Any, redis_server: Any
+) -> None:
+    """The team's page shows today's counters beside its daily limits, and a key with a dollar
+    budget of its own its spend today (read from the quota counters the gateways charge)."""
+    name, key = team(tokens_per_day=1000, usd_per_day=5.0)
+    prefix, day, names = key[:12], day_number(), TeamKeys(name)
+    counters = redis_sync.Redis.from_url(redis_server.url)
+    counters.set(names.day_tokens(day), 321)
+    counters.incrbyfloat(names.day_usd(day), 1_234_567)  # micro-dollars
+    counters.incrbyfloat(names.key_day_usd(prefix, day), 250_000)
+    page = admin.get(f"/admin/teams/{name}").text
+    assert "<td>Tokens</td><td>321</td><td>1000</td>" in page
+    assert "<td>Batch tokens</td><td>0</td><td>none</td>" in page
+    assert "<td>Dollars</td><td>$1.2346</td><td>$5.00</td>" in page
+    assert "Today (UTC):" not in admin.get(f"/admin/keys/{prefix}").text  # no budget of its own
+    keys.update_key(sql, prefix, usd_per_day=2.5)
+    assert "Today (UTC): $0.2500 of its $2.50 a day." in admin.get(f"/admin/keys/{prefix}").text
 
 
 def test_a_quota_change_reaches_another_gateway_within_a_second(

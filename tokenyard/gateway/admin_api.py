@@ -8,6 +8,7 @@ cached lookups of the keys concerned, so it applies at once. Errors are OpenAI's
 
 import contextlib
 from collections.abc import Iterator
+from dataclasses import asdict
 from datetime import UTC, datetime
 from typing import Annotated, Any, TypeVar
 
@@ -23,7 +24,7 @@ from tokenyard.core.errors import GatewayError
 from tokenyard.core.openapi import json_body
 from tokenyard.core.operator_keys import require_admin
 from tokenyard.core.settings import Settings
-from tokenyard.gateway.quotas import Quotas, day_number
+from tokenyard.gateway.quotas import Quotas
 from tokenyard.gateway.validation import decode_json
 from tokenyard.tenancy.errors import AlreadyExists, ManagementError
 from tokenyard.tenancy.keys import NewKey
@@ -274,9 +275,7 @@ class AdminController(Controller):
             raise GatewayError(404, f"no key with prefix {prefix!r}", code="not_found")
         today = None
         if info.limits.get("usd_per_day"):
-            names = quotas.team_keys(info.team)
-            micro_usd = await quotas.redis.get(names.key_day_usd(prefix, day_number()))
-            today = {"usd": int(float(micro_usd or 0)) / 1e6}
+            today = {"usd": await quotas.key_usd_today(info.team, prefix)}
         return _json(info.record() | {"today": today})
 
     @patch("/keys/{prefix:str}", operation_class=json_body(KeyChanges))
@@ -309,19 +308,10 @@ class AdminController(Controller):
 
 async def _budget(quotas: Quotas, team: Team) -> dict[str, Any]:
     """The daily budgets and what today (UTC) has used of them, from the quota counters."""
-    names = quotas.team_keys(team.name)
-    day = day_number()
-    tokens, batch, micro_usd = await quotas.redis.mget(
-        names.day_tokens(day), names.day_batch_tokens(day), names.day_usd(day)
-    )
     return {
         "team": team.name,
         "tokens_per_day": team.tokens_per_day,
         "batch_tokens_per_day": team.batch_tokens_per_day,
         "usd_per_day": team.usd_per_day,
-        "today": {
-            "tokens": int(tokens or 0),
-            "batch_tokens": int(batch or 0),
-            "usd": int(float(micro_usd or 0)) / 1e6,
-        },
+        "today": asdict(await quotas.used_today(team.name)),
     }

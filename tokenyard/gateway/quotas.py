@@ -85,6 +85,20 @@ class TeamKeys:
         return f"{self.base}:key:{prefix}:usd:{day}"
 
 
+@dataclass(frozen=True)
+class DayUse:
+    """What this UTC day has used of a team's daily budgets, as the quota counters hold it."""
+
+    tokens: int
+    batch_tokens: int
+    usd: float
+
+
+def _usd(micro_usd: bytes | str | None) -> float:
+    """Spend is counted in whole micro-dollars (INCRBYFLOAT keeps it a float string)."""
+    return int(float(micro_usd or 0)) / 1e6
+
+
 PLATFORM_LEASES = "ty:platform:leases"
 PLATFORM_BATCH_LEASES = "ty:platform:batch-leases"
 
@@ -288,6 +302,18 @@ class Quotas:
             self.spool.add(event)
         except OSError as exc:
             log.error("usage event lost: Redis unavailable and the spool failed: %s", exc)
+
+    async def used_today(self, team: str) -> DayUse:
+        names, day = self.team_keys(team), day_number()
+        tokens, batch, micro_usd = await self.redis.mget(
+            names.day_tokens(day), names.day_batch_tokens(day), names.day_usd(day)
+        )
+        return DayUse(int(tokens or 0), int(batch or 0), _usd(micro_usd))
+
+    async def key_usd_today(self, team: str, prefix: str) -> float:
+        """What a key has spent this UTC day (counted only while it has a budget of its own)."""
+        names = self.team_keys(team)
+        return _usd(await self.redis.get(names.key_day_usd(prefix, day_number())))
 
     async def interactive_in_flight(self) -> bool:
         """Whether any gateway of the platform holds a live lease of an interactive request now

@@ -121,11 +121,16 @@ class Keys(Controller):
     ) -> Response:
         team = await tenancy_of(request).team(key.team)
         allowed = model_list(team.models) if team else ()
+        budget = key.limits.get("usd_per_day")
+        quotas = proxy_of(request).quotas
+        spent = await quotas.key_usd_today(key.team, key.prefix) if budget else None
         return await render.page(
             request,
             "key.html",
             status,
             key=key,
+            budget=budget,
+            spent=spent,
             values=values,
             models=allowed or list(proxy_of(request).router.catalog.models),
             cache_s=settings_of(request).gateway_key_cache_s,

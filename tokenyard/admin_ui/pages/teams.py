@@ -58,6 +58,7 @@ class Teams(Controller):
             form=form or forms.from_team(team),
             keys=listed,
             **await key_columns(request, listed, name),
+            today=await proxy_of(request).quotas.used_today(name),
             done=request.query_params.get("done", ""),
             cache_s=settings_of(request).gateway_key_cache_s,
             **_form_context(request),
