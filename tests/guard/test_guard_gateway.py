@@ -42,6 +42,12 @@ def _audit(sql: Any, request_id: str) -> list[GuardAudit]:
         return list(session.exec(query))
 
 
+def _records(sql: Any, request_id: str) -> list[UsageRecord]:
+    with Session(sql) as session:
+        query = sqlmodel.select(UsageRecord).where(UsageRecord.request_id == request_id)
+        return list(session.exec(query))
+
+
 def _chat(text: str, directives: str = "", **extra: Any) -> dict[str, Any]:
     """The fake upstream's directives go in a system turn: the screened text is the user's."""
     messages = [{"role": "user", "content": text}]
@@ -277,3 +283,37 @@ def test_odd_prompts_are_screened_never_a_500(gw: Any, team: Any, sql: Any) -> N
     )
     reply = httpx.post(gw.url + "/v1/chat/completions", content=raw, headers=headers, timeout=30)
     assert reply.status_code in (200, 400), reply.text
+
+
+def test_a_cached_answer_is_screened_under_the_teams_policy_now(
+    start_gateway: Any, team: Any, sql: Any, texts: Texts
+) -> None:
+    """An answer the response cache kept is checked again when it is served: a prompt the team's
+    policy blocks since is refused, and charged nothing."""
+    gateway = start_gateway(gateway_cache_ttl_s="60")
+    name, key = team()
+    _policy(sql, name, "input.*=off", "output.*=off")
+    client = gateway.client(key)
+    ask = _chat(texts.harmful, max_tokens=4, temperature=0)
+    assert client.chat.completions.with_raw_response.create(**ask).headers["x-tokenyard-cache"] == (
+        "miss"
+    )
+    _policy(sql, name, "input.*=block")
+
+    refusals: list[str] = []
+
+    def refused() -> bool:
+        try:
+            client.chat.completions.create(**ask)
+        except openai.BadRequestError as exc:
+            assert exc.code == "content_policy_violation"
+            refusals.append(exc.response.headers["x-request-id"])
+            return True
+        return False
+
+    wait_until(refused, 10, "the new policy applied to the cached answer")
+    request_id = refusals[-1]
+    wait_until(lambda: _records(sql, request_id), 10, "the usage record")
+    (record,) = _records(sql, request_id)
+    assert record.cache_hit and record.status == 400
+    assert (record.cost_usd, record.prompt_tokens, record.completion_tokens) == (0.0, 0, 0)

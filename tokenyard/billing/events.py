@@ -52,4 +52,5 @@ def to_row(event: UsageEvent) -> dict[str, Any]:
         "started_at": started,
         "finished_at": datetime.fromtimestamp(event.ts + event.e2e, UTC),
         "route_features": event.route_features,
+        "cache_hit": event.cache_hit,
     }

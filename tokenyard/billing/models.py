@@ -49,6 +49,7 @@ class UsageRecord(SQLModel, table=True):
     finished_at: datetime
     # model="auto" only: the router's view of the prompt (router/feedback.py), never its text
     route_features: str | None = None
+    cache_hit: bool = False  # answered from the gateway's response cache: nothing upstream, no cost
 
 
 class RouteFeedback(SQLModel, table=True):

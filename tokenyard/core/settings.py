@@ -76,6 +76,9 @@ class Settings(BaseSettings):
     # concurrency/KV-page lease lifetime, renewed while a request runs
     gateway_lease_s: float = 30.0
     gateway_max_body_bytes: int = 4 * 1024 * 1024
+    # deterministic requests' answers kept in Redis this long (gateway/response_cache.py); 0: off
+    gateway_cache_ttl_s: float = 0.0
+    gateway_cache_max_bytes: int = 1024 * 1024  # larger answers are not kept
     gateway_max_tokens: int = 4096  # platform cap on max_tokens (also the default when unset)
     gateway_max_context: int = 0  # platform cap on prompt + max_tokens; 0: the model's window
     gateway_max_concurrency: int = 0  # platform-wide requests in flight; 0: unlimited

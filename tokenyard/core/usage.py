@@ -52,6 +52,7 @@ class UsageEvent(msgspec.Struct):
     finish_reason: str | None = None
     error: str | None = None
     route_features: str | None = None  # model="auto": the router's view of the prompt
+    cache_hit: bool = False  # answered from the gateway's response cache: nothing upstream
     # the gateway's sizing: the prompt's tokens estimated from its bytes (single prompts only, None
     # otherwise), and those reserved with the learned overhead (the usage charged when the upstream
     # reports none)

@@ -73,3 +73,9 @@ FALLBACKS = Counter(
     ["from_model", "to_model"],
     registry=REGISTRY,
 )
+CACHE = Counter(
+    "tokenyard_gateway_cache_lookups_total",
+    "Response-cache lookups of deterministic requests, by result (hit, miss)",
+    ["result"],
+    registry=REGISTRY,
+)

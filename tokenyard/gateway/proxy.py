@@ -33,6 +33,7 @@ from tokenyard.gateway import access_log, metrics, refusals, request_ids
 from tokenyard.gateway.auth import Authenticator, authorization_of
 from tokenyard.gateway.dispatch import Dispatch, Saturation
 from tokenyard.gateway.quotas import LeaseKeeper, Quotas, Reservation
+from tokenyard.gateway.response_cache import Lookup, Mode, ResponseCache, mode_of
 from tokenyard.gateway.screening import (
     CONTENT_FILTER,
     InputCheck,
@@ -61,6 +62,11 @@ PATHS = {
 # Returns when whoever waits for a non-streamed reply hangs up: an HTTP client disconnecting, or
 # the batch worker yielding a request to interactive traffic
 HangUp = Callable[[], Awaitable[None]]
+
+
+async def _ready(reply: UpstreamReply) -> UpstreamReply:
+    """A reply already in hand, awaited where an upstream call would be."""
+    return reply
 
 
 def disconnect_of(request: Request) -> HangUp:
@@ -139,6 +145,9 @@ class Proxy:
         self.keeper = LeaseKeeper(quotas, settings.gateway_lease_s)
         self.overhead = PromptOverhead()
         self.settlement = Settlement(quotas, self.keeper, price, self.overhead)
+        self.cache = ResponseCache(
+            quotas.redis, settings.gateway_cache_ttl_s, settings.gateway_cache_max_bytes
+        )
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def handle(
@@ -198,6 +207,7 @@ class Proxy:
             started,
             responses,
             trace,
+            mode_of(request.headers.get("cache-control")),
         )
 
     async def run_batch_request(
@@ -241,9 +251,14 @@ class Proxy:
         started: float,
         responses: dict[str, Any] | None = None,
         trace: RequestTrace = NO_TRACE,
+        cache_mode: Mode = "use",
     ) -> Response:
         """Route, reserve, forward. `request`: the HTTP request (None for the batch worker);
         `hang_up`: how the caller of a non-streamed request says it is gone."""
+        # a Responses API request answered natively by OpenAI is not a chat reply: never cached
+        lookup = None
+        if responses is None:
+            lookup = self.cache.lookup(kind, policy.team, parsed, cache_mode)
         with trace.span("route", **{"tokenyard.model": parsed.model}) as span:
             try:
                 endpoint = "embedding" if kind == "embedding" else "chat"
@@ -328,8 +343,10 @@ class Proxy:
             if self.safety is not None and kind != "embedding":
                 screen = await self.safety.screen(policy.team, request_id, parsed.model)
                 check = None if screen is None else InputCheck(screen, input_text(parsed.body))
+            if lookup is not None:
+                await self.cache.find(lookup)
             return await self._forward(
-                hang_up, route, upstream, call, parsed, res, event, headers, started, check
+                hang_up, route, upstream, call, parsed, res, event, headers, started, check, lookup
             )
         except BaseException as exc:
             # a no-op if the response already settled (or its stream body owns settling); a task
@@ -374,6 +391,7 @@ class Proxy:
         headers: dict[str, str],
         started: float,
         check: "InputCheck | None" = None,
+        lookup: Lookup | None = None,
     ) -> Response:
         """Send the request to `upstream`; while a backend fails before its first byte, try the
         route's next usable candidate (nothing has reached the client yet)."""
@@ -392,6 +410,7 @@ class Proxy:
                     headers,
                     started,
                     check,
+                    lookup,
                 )
             except BackendUnavailable:
                 found = self.dispatch.next_open(route, event.tier, index + 1)
@@ -411,15 +430,20 @@ class Proxy:
         headers: dict[str, str],
         started: float,
         check: "InputCheck | None" = None,
+        lookup: Lookup | None = None,
     ) -> Response:
         if not parsed.stream:
+            hit = lookup.entry if lookup is not None else None
+            if lookup is not None:
+                headers["x-tokenyard-cache"] = lookup.header
+            if hit is not None:  # the same request's answer again: no upstream call, no charge
+                event.model_served = headers["x-tokenyard-model"] = hit.model
+                event.cache_hit = True
+                source = _ready(UpstreamReply(200, hit.body, hit.content_type))
+            else:
+                source = self._complete_unless_gone(hang_up, upstream, call)
             reply = await self._screened(
-                check,
-                self._complete_unless_gone(hang_up, upstream, call),
-                res,
-                upstream,
-                event,
-                started,
+                check, source, res, upstream, event, started, charge=hit is None
             )
             res.trace.end_upstream(reply.status)
             body = reply.body
@@ -437,6 +461,10 @@ class Proxy:
             event.finish_reason = got.finish_reason if got else None
             if body is not reply.body:
                 event.finish_reason = CONTENT_FILTER
+            if hit is not None:
+                usage, event.timings = Usage(), None
+            elif lookup is not None and reply.status == 200 and body is reply.body:
+                await self.cache.keep(lookup, upstream.info.name, reply)
             await self.settlement.settle(res, upstream, usage, event, started, status=reply.status)
             return Response(
                 body,
@@ -469,12 +497,14 @@ class Proxy:
         upstream: Upstream,
         event: UsageEvent,
         started: float,
+        charge: bool = True,
     ) -> Any:
         """Await the upstream `call` (a whole reply, or a stream opening), the input verdict in
         parallel: the call starts first, the prompt is classified while the upstream works, and
         nothing is returned (so nothing reaches the client) before the verdict. A blocked prompt
         cancels the call and refuses with 400 content_policy_violation; the team is charged only
-        what the upstream reported (a reply that was already whole), else nothing."""
+        what the upstream reported (a reply that was already whole; `charge` False: a cached
+        one, nothing), else nothing."""
         if check is None:
             return await call
         task = asyncio.ensure_future(call)
@@ -490,9 +520,11 @@ class Proxy:
         usage = Usage()
         await asyncio.wait({task})  # done already, or cancelled now
         got = None if task.cancelled() or task.exception() else task.result()
-        if isinstance(got, UpstreamReply) and got.status == 200:
-            with contextlib.suppress(msgspec.DecodeError):
-                usage = usage_of(reply_decoder.decode(got.body).usage, event.prompt_reserved, 0)
+        if isinstance(got, UpstreamReply):
+            if got.status == 200 and charge:
+                with contextlib.suppress(msgspec.DecodeError):
+                    reported = reply_decoder.decode(got.body).usage
+                    usage = usage_of(reported, event.prompt_reserved, 0)
         elif got is not None:  # a stream that opened: nothing read from it, nothing to charge
             await got.aclose()
         event.finish_reason = CONTENT_FILTER

@@ -1,0 +1,113 @@
+"""Answers kept in Redis for requests that would get the same answer again.
+
+A team that sends the same deterministic request twice (greedy decoding or a fixed seed; any
+embedding) gets the first answer back without an upstream call: no tokens, no cost, in a Redis
+round trip. Entries are the team's own (the key holds its name, under its hash tag), live
+`TOKENYARD_GATEWAY_CACHE_TTL_S`, and only whole 200 replies the output check left untouched are
+kept. A client steers it per request with `Cache-Control`: `no-cache` asks the upstream again (and
+keeps the new answer), `no-store` neither reads nor keeps one. Streamed requests are not cached.
+"""
+
+import hashlib
+import logging
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import msgspec
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from tokenyard.backends.base import UpstreamReply
+from tokenyard.gateway import metrics
+from tokenyard.gateway.validation import Kind, Parsed
+
+log = logging.getLogger("tokenyard.gateway")
+
+Mode = Literal["use", "refresh", "skip"]  # read and keep; keep only; neither
+# fields that label a request without changing its answer: two requests differing only in them
+# share an entry
+_LABELS = ("user", "metadata", "stream", "stream_options", "service_tier")
+
+
+class Entry(msgspec.Struct, array_like=True):
+    model: str  # the model that answered (model="auto" may have routed anywhere)
+    content_type: str
+    body: bytes
+
+
+@dataclass
+class Lookup:
+    """One request's place in the cache."""
+
+    key: str
+    read: bool  # False: Cache-Control no-cache (ask the upstream again, keep its answer)
+    entry: Entry | None = None  # what was found
+
+    @property
+    def header(self) -> str:
+        """x-tokenyard-cache: hit, miss or refresh."""
+        if not self.read:
+            return "refresh"
+        return "hit" if self.entry is not None else "miss"
+
+
+def mode_of(cache_control: str | None) -> Mode:
+    directives = {d.strip().lower() for d in (cache_control or "").split(",")}
+    if "no-store" in directives:
+        return "skip"
+    return "refresh" if "no-cache" in directives else "use"
+
+
+def _deterministic(kind: Kind, body: dict[str, Any]) -> bool:
+    """Whether asking again would give the same answer: an embedding; a completion decoded
+    greedily or with a seed of the client's."""
+    if kind == "embedding":
+        return True
+    return body.get("temperature") == 0 or body.get("seed") is not None
+
+
+class ResponseCache:
+    def __init__(self, redis: aioredis.Redis, ttl_s: float, max_bytes: int) -> None:
+        self.redis = redis
+        self.ttl_ms = int(ttl_s * 1000)
+        self.max_bytes = max_bytes
+
+    def lookup(self, kind: Kind, team: str, parsed: Parsed, mode: Mode) -> Lookup | None:
+        """The request's place, or None when it is not cached (off, streamed, sampled, no-store).
+        Call it before the body is changed for the upstream."""
+        if self.ttl_ms <= 0 or mode == "skip" or parsed.stream:
+            return None
+        if not _deterministic(kind, parsed.body):
+            return None
+        # the length cap by value: parse keeps it as parsed.max_tokens under either of its names
+        asked = {k: v for k, v in parsed.body.items() if k not in (*_LABELS, "max_tokens")}
+        canonical = msgspec.json.encode([kind, parsed.max_tokens, asked], order="sorted")
+        key = f"ty:{{{team}}}:cache:{hashlib.sha256(canonical).hexdigest()}"
+        return Lookup(key, read=mode == "use")
+
+    async def find(self, lookup: Lookup) -> None:
+        """Fill `lookup.entry` from Redis (a request that may read)."""
+        if not lookup.read:
+            return
+        try:
+            raw = await self.redis.get(lookup.key)
+        except RedisError as exc:  # the cache is an optimisation: without Redis, ask upstream
+            log.warning("response cache unreadable: %s", exc)
+            raw = None
+        entry = None
+        if raw is not None:
+            try:
+                entry = msgspec.msgpack.decode(raw, type=Entry)
+            except msgspec.DecodeError:
+                entry = None
+        metrics.CACHE.labels("hit" if entry else "miss").inc()
+        lookup.entry = entry
+
+    async def keep(self, lookup: Lookup, model: str, reply: UpstreamReply) -> None:
+        if len(reply.body) > self.max_bytes:
+            return
+        value = msgspec.msgpack.encode(Entry(model, reply.content_type, reply.body))
+        try:
+            await self.redis.set(lookup.key, value, px=self.ttl_ms)
+        except RedisError as exc:
+            log.warning("response cache unwritable: %s", exc)
