@@ -68,20 +68,28 @@ def sql(base_env: dict[str, str], data_dir: Path) -> Any:
     return get_engine(_own_stores(base_env, data_dir)["TOKENYARD_DATABASE_URL"])
 
 
-@pytest.fixture(scope="module")
-def embed_gateway(
-    embeddings_server: str, upstream: str, base_env: dict[str, str], data_dir: Path
-) -> Iterator[Any]:
+def _embedding_gateway(
+    embeddings_server: str, upstream: str, base_env: dict[str, str], data_dir: Path, **more: str
+) -> Gateway:
     env = {
         **base_env,
         **_own_stores(base_env, data_dir),
         "TOKENYARD_CATALOG": str(HERE / "embeddings_catalog.toml"),
         "TOKENYARD_ENGINE_URLS": f"{MODEL}={upstream},{EMBED}={embeddings_server}",
+        **more,
     }
-    gw = Gateway(env, data_dir / "gateway-embeddings.log")
+    gw = Gateway(env, data_dir / f"gateway-embeddings{len(more)}.log")
     wait_until(
         lambda: httpx.get(gw.url + "/ready").json()["models"].get(EMBED), 30, "embeddings ready"
     )
+    return gw
+
+
+@pytest.fixture(scope="module")
+def embed_gateway(
+    embeddings_server: str, upstream: str, base_env: dict[str, str], data_dir: Path
+) -> Iterator[Any]:
+    gw = _embedding_gateway(embeddings_server, upstream, base_env, data_dir)
     yield gw
     gw.stop()
 
@@ -238,3 +246,25 @@ def test_batch_lines_of_embeddings(embed_gateway: Any, team: Any, sql: Any) -> N
 def test_fuzz_the_embeddings_server(embeddings_server: str) -> None:
     """The embeddings server's own routes, drawn from its document: no 5xx, OpenAI's error shape."""
     assert {"POST /v1/embeddings"} <= set(fuzz(embeddings_server, 15))
+
+
+def test_an_embedding_asked_again_comes_from_the_response_cache(
+    embeddings_server: str, upstream: str, base_env: dict[str, str], data_dir: Path, team: Any
+) -> None:
+    """Embeddings are deterministic: with the response cache on, the same input again is answered
+    from Redis, the same vectors."""
+    more = {"TOKENYARD_GATEWAY_CACHE_TTL_S": "60"}
+    gw = _embedding_gateway(embeddings_server, upstream, base_env, data_dir, **more)
+    try:
+        client = gw.client(team()[1])
+        asked = {"model": EMBED, "input": TEXTS, "encoding_format": "float"}
+        first = client.embeddings.with_raw_response.create(**asked)
+        again = client.embeddings.with_raw_response.create(**asked)
+        assert (first.headers["x-tokenyard-cache"], again.headers["x-tokenyard-cache"]) == (
+            "miss",
+            "hit",
+        )
+        vectors = [[d.embedding for d in reply.parse().data] for reply in (first, again)]
+        assert vectors[0] == vectors[1]
+    finally:
+        gw.stop()
