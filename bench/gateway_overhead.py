@@ -11,6 +11,7 @@ dependencies; --no-litellm skips it.
     .venv/bin/python bench/gateway_overhead.py --clients [--seconds 5]
     .venv/bin/python bench/gateway_overhead.py --tracing --no-litellm [--seconds 5]
     .venv/bin/python bench/gateway_overhead.py --guard --no-litellm [--seconds 5]
+    .venv/bin/python bench/gateway_overhead.py --cache [--no-litellm] [--seconds 5]
 
 Prints a markdown table; added latency = this target's percentile minus the direct one's.
 `--clients` instead measures the upstream HTTP clients alone against that upstream, in one process
@@ -20,7 +21,10 @@ and streams at 16 and 64 concurrent requests), which is what decides whether the
 (OTEL_EXPORTER_OTLP_ENDPOINT) to a local sink that accepts and drops them: tracing on beside the
 first gateway's tracing off, in the same run. `--guard` likewise adds a gateway with the safety
 layer on (guard/: the default policy classifies every prompt and every reply) beside the first
-one's off; TTFT (first body byte) is printed for both.
+one's off; TTFT (first body byte) is printed for both. `--cache` adds a gateway with the response
+cache on (gateway/response_cache.py) and, unless --no-litellm, LiteLLM's proxy with its Redis cache
+on the same Redis: every request is the same greedy one, so after the first each non-streamed one
+is a hit (streamed requests are not cached by either: they measure the lookup's cost).
 """
 
 import argparse
@@ -192,7 +196,7 @@ async def load(
 
 
 CHAT_BODY = (
-    b'{"model":"%s","max_tokens":32,"stream":%s,'
+    b'{"model":"%s","max_tokens":32,"stream":%s,"temperature":0,'
     b'"messages":[{"role":"user","content":"benchmark prompt of a few words"}]}'
 )
 
@@ -311,6 +315,9 @@ def main() -> None:
         help="also a gateway with the safety layer on (its default policy: every category "
         "checked, input and output); the plain one runs with it off",
     )
+    parser.add_argument(
+        "--cache", action="store_true", help="also gateways answering from their response cache"
+    )
     args = parser.parse_args()
     if args.clients:
         clients_main(args.seconds)
@@ -319,7 +326,17 @@ def main() -> None:
     import uvloop
 
     tmp = Path(tempfile.mkdtemp(prefix="ty-bench-"))
-    names = ("redis", "upstream", "gateway", "litellm", "traced", "otlp", "guarded")
+    names = (
+        "redis",
+        "upstream",
+        "gateway",
+        "litellm",
+        "traced",
+        "otlp",
+        "guarded",
+        "cached",
+        "litellm_cached",
+    )
     ports = {name: free_port() for name in names}
     env = {
         **{k: v for k, v in os.environ.items() if k != "OTEL_EXPORTER_OTLP_ENDPOINT"},
@@ -370,10 +387,16 @@ def main() -> None:
             )
             wait_http(f"http://127.0.0.1:{ports['guarded']}/ready")
             targets["tokenyard+guard"] = (ports["guarded"], "/v1/chat/completions", key)
+        if args.cache:
+            cached = {**env, "TOKENYARD_GATEWAY_CACHE_TTL_S": "3600"}
+            stack.enter_context(
+                process([*tokenyard, "gateway", "--port", str(ports["cached"])], cached)
+            )
+            wait_http(f"http://127.0.0.1:{ports['cached']}/ready")
+            targets["tokenyard+cache"] = (ports["cached"], "/v1/chat/completions", key)
         if not args.no_litellm:
             litellm = ensure_litellm()
-            config = tmp / "litellm.yaml"
-            config.write_text(
+            models = (
                 "model_list:\n"
                 f"  - model_name: {MODEL}\n"
                 "    litellm_params:\n"
@@ -381,11 +404,22 @@ def main() -> None:
                 f"      api_base: http://127.0.0.1:{ports['upstream']}/v1\n"
                 "      api_key: none\n"
             )
+            # LiteLLM's own Redis cache, on the benchmark's Redis
+            caching = (
+                "litellm_settings:\n  cache: true\n  cache_params:\n    type: redis\n"
+                f"    host: 127.0.0.1\n    port: {ports['redis']}\n    ttl: 3600\n"
+            )
             lenv = {k: v for k, v in os.environ.items() if not k.startswith("DATABASE")}
-            command = [str(litellm), "--config", str(config), "--port", str(ports["litellm"])]
-            stack.enter_context(process([*command, "--num_workers", "1"], lenv))
-            wait_http(f"http://127.0.0.1:{ports['litellm']}/health/liveliness", timeout=300)
-            targets["litellm"] = (ports["litellm"], "/v1/chat/completions", None)
+            setups = [("litellm", "litellm", models)]
+            if args.cache:
+                setups.append(("litellm+cache", "litellm_cached", models + caching))
+            for name, port_name, text in setups:
+                config = tmp / f"{port_name}.yaml"
+                config.write_text(text)
+                command = [str(litellm), "--config", str(config), "--port", str(ports[port_name])]
+                stack.enter_context(process([*command, "--num_workers", "1"], lenv))
+                wait_http(f"http://127.0.0.1:{ports[port_name]}/health/liveliness", timeout=300)
+                targets[name] = (ports[port_name], "/v1/chat/completions", None)
 
         results: dict[tuple[str, bool, int], Result] = {}
         for stream in (False, True):
@@ -430,6 +464,19 @@ def main() -> None:
                     f"{(on.ttft(50) - off.ttft(50)) * 1000:+.2f} ms, p50 "
                     f"{(on.pct(50) - off.pct(50)) * 1000:+.2f} ms, req/s {on.rps / off.rps:.2f}x"
                 )
+    if args.cache:
+        for stream in (False, True):
+            for concurrency in CONCURRENCY:
+                on = results["tokenyard+cache", stream, concurrency]
+                off = results["tokenyard", stream, concurrency]
+                line = (
+                    f"\ncache on - off, stream={stream}, c={concurrency}: p50 "
+                    f"{(on.pct(50) - off.pct(50)) * 1000:+.2f} ms, req/s {on.rps / off.rps:.2f}x"
+                )
+                if ("litellm+cache", stream, concurrency) in results:
+                    theirs = results["litellm+cache", stream, concurrency]
+                    line += f"; tokenyard+cache/litellm+cache req/s {on.rps / theirs.rps:.1f}x"
+                print(line)
     for stream in (False, True):
         for concurrency in (16, 64):
             if ("litellm", stream, concurrency) in results:
