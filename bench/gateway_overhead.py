@@ -372,28 +372,22 @@ def main() -> None:
         wait_http(f"http://127.0.0.1:{ports['gateway']}/ready")
         targets["direct"] = (ports["upstream"], "/v1/chat/completions", None)
         targets["tokenyard"] = (ports["gateway"], "/v1/chat/completions", key)
+
+        def beside(name: str, port_name: str, more: dict[str, str]) -> None:
+            """Another gateway, the plain one's settings and `more`, measured beside it."""
+            command = [*tokenyard, "gateway", "--port", str(ports[port_name])]
+            stack.enter_context(process(command, {**env, **more}))
+            wait_http(f"http://127.0.0.1:{ports[port_name]}/ready")
+            targets[name] = (ports[port_name], "/v1/chat/completions", key)
+
         if args.tracing:
             stack.enter_context(process([sys.executable, "-c", OTLP_SINK, str(ports["otlp"])]))
-            traced = {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{ports['otlp']}"}
-            stack.enter_context(
-                process([*tokenyard, "gateway", "--port", str(ports["traced"])], traced)
-            )
-            wait_http(f"http://127.0.0.1:{ports['traced']}/ready")
-            targets["tokenyard+tracing"] = (ports["traced"], "/v1/chat/completions", key)
+            sink = f"http://127.0.0.1:{ports['otlp']}"
+            beside("tokenyard+tracing", "traced", {"OTEL_EXPORTER_OTLP_ENDPOINT": sink})
         if args.guard:
-            guarded = {**env, "TOKENYARD_GUARD_ENABLED": "true"}
-            stack.enter_context(
-                process([*tokenyard, "gateway", "--port", str(ports["guarded"])], guarded)
-            )
-            wait_http(f"http://127.0.0.1:{ports['guarded']}/ready")
-            targets["tokenyard+guard"] = (ports["guarded"], "/v1/chat/completions", key)
+            beside("tokenyard+guard", "guarded", {"TOKENYARD_GUARD_ENABLED": "true"})
         if args.cache:
-            cached = {**env, "TOKENYARD_GATEWAY_CACHE_TTL_S": "3600"}
-            stack.enter_context(
-                process([*tokenyard, "gateway", "--port", str(ports["cached"])], cached)
-            )
-            wait_http(f"http://127.0.0.1:{ports['cached']}/ready")
-            targets["tokenyard+cache"] = (ports["cached"], "/v1/chat/completions", key)
+            beside("tokenyard+cache", "cached", {"TOKENYARD_GATEWAY_CACHE_TTL_S": "3600"})
         if not args.no_litellm:
             litellm = ensure_litellm()
             models = (
