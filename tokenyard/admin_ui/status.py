@@ -7,12 +7,12 @@ engines' state now, including `running`, which the gateway's own polling does no
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from tokenyard.gateway import refusals
+from tokenyard.gateway.proxy import Proxy
 
 _TIMEOUT_S = 1.0
 _HITS = "tokenyard_engine_prefix_cache_hits_tokens_total"
@@ -70,7 +70,7 @@ async def _replica(client: httpx.AsyncClient, url: str) -> ReplicaStatus:
     return status
 
 
-async def collect(proxy: Any) -> tuple[list[ModelStatus], dict[str, int]]:
+async def collect(proxy: Proxy) -> tuple[list[ModelStatus], dict[str, int]]:
     """Every configured model's status, and the 429s per limit code in the last hour."""
     models: list[ModelStatus] = []
     lookups = []
