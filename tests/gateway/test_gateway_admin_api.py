@@ -70,6 +70,7 @@ def test_teams_lifecycle(admin: Any) -> None:
         "auto_threshold": None,
         "strong_share": None,
         "auto_quality": None,
+        "cache_ttl_s": None,
         "disabled": False,
         "created_at": None,
     }

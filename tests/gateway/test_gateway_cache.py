@@ -105,3 +105,11 @@ def test_entries_live_as_long_as_the_setting_says(
     time.sleep(0.6)
     assert _ask(client, **ask).headers["x-tokenyard-cache"] == "miss"
     assert _calls(upstream, name) == 3
+
+    # a team's own time wins over the platform's: 0 keeps nothing; set, it caches where the
+    # platform does not
+    _, never = team(cache_ttl_s=0.0)
+    assert "x-tokenyard-cache" not in _ask(gateway.client(never), **ask).headers
+    _, own = team(cache_ttl_s=60.0)
+    answers = [_ask(other.client(own), **ask).headers["x-tokenyard-cache"] for _ in range(2)]
+    assert answers == ["miss", "hit"]

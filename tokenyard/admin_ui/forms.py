@@ -29,6 +29,7 @@ LABELS: dict[str, tuple[str, str]] = {
     "auto_threshold": ("Auto-routing threshold", "0 to 1: escalate prompts scoring this or more"),
     "strong_share": ("Strong-model share", "0 to 1: used when no threshold is set"),
     "auto_quality": ("Auto-routing quality bar", "0 to 1: cheapest model predicted to reach it"),
+    "cache_ttl_s": ("Response cache, seconds", "0: off; blank: the platform's time"),
 }
 
 

@@ -56,6 +56,7 @@ class TeamLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     auto_threshold: Share | UnsetType | None = UNSET
     strong_share: Share | UnsetType | None = UNSET
     auto_quality: Share | UnsetType | None = UNSET
+    cache_ttl_s: Annotated[float, msgspec.Meta(ge=0)] | UnsetType | None = UNSET
 
 
 class NewTeam(TeamLimits, kw_only=True, forbid_unknown_fields=True):

@@ -258,7 +258,7 @@ class Proxy:
         # a Responses API request answered natively by OpenAI is not a chat reply: never cached
         lookup = None
         if responses is None:
-            lookup = self.cache.lookup(kind, policy.team, parsed, cache_mode)
+            lookup = self.cache.lookup(kind, policy, parsed, cache_mode)
         with trace.span("route", **{"tokenyard.model": parsed.model}) as span:
             try:
                 endpoint = "embedding" if kind == "embedding" else "chat"

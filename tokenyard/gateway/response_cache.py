@@ -2,10 +2,11 @@
 
 A team that sends the same deterministic request twice (greedy decoding or a fixed seed; any
 embedding) gets the first answer back without an upstream call: no tokens, no cost, in a Redis
-round trip. Entries are the team's own (the key holds its name, under its hash tag), live
-`TOKENYARD_GATEWAY_CACHE_TTL_S`, and only whole 200 replies the output check left untouched are
-kept. A client steers it per request with `Cache-Control`: `no-cache` asks the upstream again (and
-keeps the new answer), `no-store` neither reads nor keeps one. Streamed requests are not cached.
+round trip. Entries are the team's own (the key holds its name, under its hash tag) and live the
+team's `cache_ttl_s`, else `TOKENYARD_GATEWAY_CACHE_TTL_S` (0: not cached); only whole 200 replies
+the output check left untouched are kept. A client steers it per request with `Cache-Control`:
+`no-cache` asks the upstream again (and keeps the new answer), `no-store` neither reads nor keeps
+one. Streamed requests are not cached.
 """
 
 import hashlib
@@ -20,6 +21,7 @@ from redis.exceptions import RedisError
 from tokenyard.backends.base import UpstreamReply
 from tokenyard.gateway import metrics
 from tokenyard.gateway.validation import Kind, Parsed
+from tokenyard.tenancy.policy import TeamPolicy
 
 log = logging.getLogger("tokenyard.gateway")
 
@@ -41,6 +43,7 @@ class Lookup:
 
     key: str
     read: bool  # False: Cache-Control no-cache (ask the upstream again, keep its answer)
+    ttl_ms: int  # how long an answer is kept: the team's time, else the platform's
     entry: Entry | None = None  # what was found
 
     @property
@@ -69,21 +72,22 @@ def _deterministic(kind: Kind, body: dict[str, Any]) -> bool:
 class ResponseCache:
     def __init__(self, redis: aioredis.Redis, ttl_s: float, max_bytes: int) -> None:
         self.redis = redis
-        self.ttl_ms = int(ttl_s * 1000)
+        self.ttl_s = ttl_s  # the platform's; a team may have its own (TeamPolicy.cache_ttl_s)
         self.max_bytes = max_bytes
 
-    def lookup(self, kind: Kind, team: str, parsed: Parsed, mode: Mode) -> Lookup | None:
-        """The request's place, or None when it is not cached (off, streamed, sampled, no-store).
-        Call it before the body is changed for the upstream."""
-        if self.ttl_ms <= 0 or mode == "skip" or parsed.stream:
+    def lookup(self, kind: Kind, policy: TeamPolicy, parsed: Parsed, mode: Mode) -> Lookup | None:
+        """The request's place, or None when it is not cached (off for the team, streamed,
+        sampled, no-store). Call it before the body is changed for the upstream."""
+        ttl_s = self.ttl_s if policy.cache_ttl_s is None else policy.cache_ttl_s
+        if ttl_s <= 0 or mode == "skip" or parsed.stream:
             return None
         if not _deterministic(kind, parsed.body):
             return None
         # the length cap by value: parse keeps it as parsed.max_tokens under either of its names
         asked = {k: v for k, v in parsed.body.items() if k not in (*_LABELS, "max_tokens")}
         canonical = msgspec.json.encode([kind, parsed.max_tokens, asked], order="sorted")
-        key = f"ty:{{{team}}}:cache:{hashlib.sha256(canonical).hexdigest()}"
-        return Lookup(key, read=mode == "use")
+        key = f"ty:{{{policy.team}}}:cache:{hashlib.sha256(canonical).hexdigest()}"
+        return Lookup(key, read=mode == "use", ttl_ms=max(1, round(ttl_s * 1000)))
 
     async def find(self, lookup: Lookup) -> None:
         """Fill `lookup.entry` from Redis (a request that may read)."""
@@ -108,6 +112,6 @@ class ResponseCache:
             return
         value = msgspec.msgpack.encode(Entry(model, reply.content_type, reply.body))
         try:
-            await self.redis.set(lookup.key, value, px=self.ttl_ms)
+            await self.redis.set(lookup.key, value, px=lookup.ttl_ms)
         except RedisError as exc:
             log.warning("response cache unwritable: %s", exc)

@@ -22,6 +22,7 @@ LIMIT_FIELDS: dict[str, type] = {
     "auto_threshold": float,
     "strong_share": float,
     "auto_quality": float,
+    "cache_ttl_s": float,
 }
 
 # the limits a key may have of its own, beside its team's (a subset of the team's fields)
@@ -74,4 +75,6 @@ LIMIT_HELP: dict[str, str] = {
     "auto_quality": "model=auto sends each prompt to the cheapest model whose predicted quality "
     "on it reaches this, 0 to 1; set, it wins over the threshold and share (default: the "
     "catalog's quality_bar)",
+    "cache_ttl_s": "seconds the response cache keeps the team's deterministic answers; 0: never "
+    "cached (default: the platform's TOKENYARD_GATEWAY_CACHE_TTL_S)",
 }

@@ -43,6 +43,8 @@ class Team(SQLModel, table=True):
     # model="auto": the cheapest model predicted to answer with at least this quality (0-1); set,
     # it wins over the two above
     auto_quality: float | None = None
+    # seconds the gateway's response cache keeps the team's answers; 0: never; None: the platform's
+    cache_ttl_s: float | None = None
     batch_tokens_per_day: int | None = _count()  # the batch tier's own daily budget
     # signs the team's batch callbacks (Standard Webhooks, whsec_…; batch/webhooks.py); kept as
     # is, not hashed: signing needs the key itself, a hash could only check one

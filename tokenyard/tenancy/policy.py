@@ -27,6 +27,7 @@ class TeamPolicy(msgspec.Struct, frozen=True):
     auto_threshold: float | None = None
     strong_share: float | None = None
     auto_quality: float | None = None
+    cache_ttl_s: float | None = None  # None: the platform's response-cache time
     # the key's own limits, enforced beside the team's (0: none); its prefix names its counters
     key_prefix: str = ""
     key_rpm: int = 0
@@ -56,6 +57,7 @@ def policy_of(team: Team, key: ApiKey | None = None) -> TeamPolicy:
         auto_threshold=team.auto_threshold,
         strong_share=team.strong_share,
         auto_quality=team.auto_quality,
+        cache_ttl_s=team.cache_ttl_s,
         key_prefix=key.prefix if key else "",
         key_rpm=(key.rpm or 0) if key else 0,
         key_tpm=(key.tpm or 0) if key else 0,

@@ -1,4 +1,5 @@
-"""billing: a usage record says whether the gateway's response cache answered it
+"""the response cache: a usage record says whether it answered the request; a team may have a time
+of its own for it
 
 Revision ID: 0015
 Revises: 0014
@@ -21,8 +22,12 @@ def upgrade() -> None:
         batch.add_column(
             sa.Column("cache_hit", sa.Boolean(), nullable=False, server_default=sa.false())
         )
+    with op.batch_alter_table("team") as batch:
+        batch.add_column(sa.Column("cache_ttl_s", sa.Float(), nullable=True))
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("team") as batch:
+        batch.drop_column("cache_ttl_s")
     with op.batch_alter_table("usage_record") as batch:
         batch.drop_column("cache_hit")
