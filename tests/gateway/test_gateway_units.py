@@ -4,6 +4,7 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
+import msgspec
 import pytest
 
 from tokenyard.backends.base import ModelInfo
@@ -12,9 +13,11 @@ from tokenyard.backends.registry import Backends
 from tokenyard.core.errors import GatewayError
 from tokenyard.gateway import metrics
 from tokenyard.gateway.dispatch import Dispatch, Saturation
+from tokenyard.gateway.response_cache import ResponseCache, mode_of
 from tokenyard.gateway.sizing import MAX_PROMPT_OVERHEAD, PromptOverhead, kv_pages
-from tokenyard.gateway.validation import estimate_prompt_sizes, parse
+from tokenyard.gateway.validation import Kind, estimate_prompt_sizes, parse
 from tokenyard.router.policy import Route
+from tokenyard.tenancy.policy import TeamPolicy
 
 
 def test_estimates_and_pages() -> None:
@@ -184,3 +187,33 @@ def test_dispatch_takes_the_first_usable_candidate_and_counts_what_it_skips() ->
     with pytest.raises(GatewayError) as down:
         dispatch.first_usable(route, "interactive")
     assert down.value.code == "model_not_ready"
+
+
+def test_which_requests_share_a_response_cache_entry() -> None:
+    cache = ResponseCache(None, ttl_s=60, max_bytes=1)  # type: ignore[arg-type]
+    team = TeamPolicy(team="a")
+
+    def place(kind: Kind = "chat", policy: TeamPolicy = team, **fields: Any) -> str | None:
+        asked: dict[str, Any] = {"model": "m", **fields}
+        if kind == "chat":
+            asked = {"messages": [{"role": "user", "content": "hi"}], **asked}
+        found = cache.lookup(kind, policy, parse(msgspec.json.encode(asked), kind), "use")
+        return found.key if found else None
+
+    greedy = place(temperature=0, max_tokens=5)
+    assert greedy is not None and greedy.startswith("ty:{a}:cache:")
+    # the same ask with the length cap under its newer name, and a label
+    assert place(max_completion_tokens=5, temperature=0, user="u") == greedy
+    assert place(temperature=0, max_tokens=6) != greedy
+    assert place("chat", TeamPolicy(team="b"), temperature=0, max_tokens=5) != greedy
+    # sampling (the default too), streaming, or a team whose time is 0: not cached
+    assert place(temperature=0.5) is None and place() is None
+    assert place(seed=1) is not None
+    assert place(temperature=0, stream=True) is None
+    assert place("chat", TeamPolicy(team="a", cache_ttl_s=0), temperature=0) is None
+    assert place("embedding", input="text") is not None
+    assert (mode_of(None), mode_of("No-Cache, max-age=0"), mode_of("no-store")) == (
+        "use",
+        "refresh",
+        "skip",
+    )
