@@ -37,6 +37,7 @@ _S = TypeVar("_S", bound=msgspec.Struct)
 Count = Annotated[int, msgspec.Meta(ge=0)]
 Share = Annotated[float, msgspec.Meta(ge=0, le=1)]
 Dollars = Annotated[float, msgspec.Meta(ge=0)]
+Seconds = Annotated[float, msgspec.Meta(ge=0)]
 
 
 class TeamLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -56,7 +57,7 @@ class TeamLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     auto_threshold: Share | UnsetType | None = UNSET
     strong_share: Share | UnsetType | None = UNSET
     auto_quality: Share | UnsetType | None = UNSET
-    cache_ttl_s: Annotated[float, msgspec.Meta(ge=0)] | UnsetType | None = UNSET
+    cache_ttl_s: Seconds | UnsetType | None = UNSET
 
 
 class NewTeam(TeamLimits, kw_only=True, forbid_unknown_fields=True):

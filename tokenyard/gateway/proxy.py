@@ -456,14 +456,14 @@ class Proxy:
             if reply.status == 200:
                 with contextlib.suppress(msgspec.DecodeError):
                     got = reply_decoder.decode(reply.body)
-            usage = usage_of(got.usage, event.prompt_reserved, 0) if got else Usage()
-            event.timings = got.timings if got else None
+            usage = Usage()  # a cached answer: nothing was used upstream
+            if got is not None and hit is None:
+                usage = usage_of(got.usage, event.prompt_reserved, 0)
+                event.timings = got.timings
             event.finish_reason = got.finish_reason if got else None
             if body is not reply.body:
                 event.finish_reason = CONTENT_FILTER
-            if hit is not None:
-                usage, event.timings = Usage(), None
-            elif lookup is not None and reply.status == 200 and body is reply.body:
+            elif hit is None and lookup is not None and reply.status == 200:
                 await self.cache.keep(lookup, upstream.info.name, reply)
             await self.settlement.settle(res, upstream, usage, event, started, status=reply.status)
             return Response(
