@@ -1,6 +1,6 @@
 """The response cache: a deterministic request asked again is answered from Redis, without the
-upstream and without charge; entries are each team's own, sampled and streamed requests are never
-cached, and Cache-Control steers it per request."""
+upstream and without charge; entries are each team's own, sampled requests are never cached, a
+stream is replayed as events, and Cache-Control steers it per request."""
 
 import time
 import uuid
@@ -81,11 +81,6 @@ def test_a_deterministic_request_is_answered_again_from_the_cache(
     assert "x-tokenyard-cache" not in skipped.headers
     assert _calls(upstream, name) == before + 4
 
-    # a streamed request goes upstream (and its answer is not kept)
-    chunks = client.chat.completions.create(**ask, temperature=0, stream=True)
-    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    assert _calls(upstream, name) == before + 5
-
 
 def test_entries_live_as_long_as_the_setting_says(
     start_gateway: Any, team: Any, upstream: str
@@ -113,3 +108,69 @@ def test_entries_live_as_long_as_the_setting_says(
     _, own = team(cache_ttl_s=60.0)
     answers = [_ask(other.client(own), **ask).headers["x-tokenyard-cache"] for _ in range(2)]
     assert answers == ["miss", "hit"]
+
+
+def _stream(client: openai.OpenAI, **fields: Any) -> tuple[dict[str, str], list[Any]]:
+    """A streamed chat reply: its headers and its chunks."""
+    with client.chat.completions.with_streaming_response.create(stream=True, **fields) as raw:
+        return dict(raw.headers), list(raw.parse())
+
+
+def _text(chunks: list[Any]) -> str:
+    return "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+
+def test_a_stream_is_replayed_from_the_cache(
+    start_gateway: Any, team: Any, upstream: str, sql: Any
+) -> None:
+    gateway = start_gateway(gateway_cache_ttl_s="60")
+    name, key = team()
+    client = gateway.client(key)
+    words = f"stream me {uuid.uuid4().hex} #chunks=4"
+    ask = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": words}],
+        "max_tokens": 8,
+        "temperature": 0,
+    }
+    first_headers, first = _stream(client, **ask, stream_options={"include_usage": True})
+    headers, again = _stream(client, **ask, stream_options={"include_usage": True})
+    assert (first_headers["x-tokenyard-cache"], headers["x-tokenyard-cache"]) == ("miss", "hit")
+    assert _calls(upstream, name) == 1
+    assert len(again) == len(first) >= 4 and _text(again) == _text(first)
+    assert again[-1].usage == first[-1].usage and again[-1].usage is not None
+    assert [c.choices[0].finish_reason for c in again if c.choices][-1] == "length"
+    hit = _record(sql, headers["x-request-id"])
+    assert hit.cache_hit and hit.stream and hit.status == 200 and hit.finish_reason == "length"
+    assert (hit.cost_usd, hit.prompt_tokens, hit.completion_tokens) == (0.0, 0, 0)
+
+    # the client's own include_usage still decides whether the usage chunk is relayed
+    _, plain = _stream(client, **ask)
+    assert all(c.usage is None for c in plain) and _text(plain) == _text(first)
+    # the same ask unstreamed is another entry; the stream's entry serves streams only
+    reply = _ask(client, **ask)
+    assert reply.headers["x-tokenyard-cache"] == "miss"
+    assert reply.parse().choices[0].message.content == _text(first)
+    assert _calls(upstream, name) == 2
+
+    # a stream the client left before its end is not kept
+    cut = {**ask, "messages": [{"role": "user", "content": f"{words} #delay=0.05"}]}
+    with client.chat.completions.with_streaming_response.create(stream=True, **cut) as raw:
+        assert raw.headers["x-tokenyard-cache"] == "miss"
+        next(iter(raw.parse()))
+    wait_until(lambda: _calls(upstream, name) == 3, 10, "the cut stream upstream")
+    _, whole = _stream(client, **cut)
+    assert _calls(upstream, name) == 4 and len(_text(whole)) > 0
+
+
+def test_a_stream_over_the_size_limit_is_not_kept(
+    start_gateway: Any, team: Any, upstream: str
+) -> None:
+    gateway = start_gateway(gateway_cache_ttl_s="60", gateway_cache_max_bytes="2000")
+    name, key = team()
+    client = gateway.client(key)
+    for chunks, calls in ((2, 1), (2, 1), (30, 2), (30, 3)):
+        words = f"sized {name} #chunks={chunks}"
+        ask = {"messages": [{"role": "user", "content": words}], "max_tokens": 40}
+        _stream(client, model=MODEL, temperature=0, **ask)
+        assert _calls(upstream, name) == calls

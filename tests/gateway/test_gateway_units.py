@@ -206,10 +206,13 @@ def test_which_requests_share_a_response_cache_entry() -> None:
     assert place(max_completion_tokens=5, temperature=0, user="u") == greedy
     assert place(temperature=0, max_tokens=6) != greedy
     assert place("chat", TeamPolicy(team="b"), temperature=0, max_tokens=5) != greedy
-    # sampling (the default too), streaming, or a team whose time is 0: not cached
+    # sampling (the default too), or a team whose time is 0: not cached
     assert place(temperature=0.5) is None and place() is None
     assert place(seed=1) is not None
-    assert place(temperature=0, stream=True) is None
+    # a stream is kept apart from the same ask unstreamed (events, not a JSON reply)
+    streamed = place(temperature=0, max_tokens=5, stream=True)
+    assert streamed is not None and streamed != greedy
+    assert place(temperature=0, max_tokens=5, stream=True, stream_options={}) == streamed
     assert place("chat", TeamPolicy(team="a", cache_ttl_s=0), temperature=0) is None
     assert place("embedding", input="text") is not None
     assert (mode_of(None), mode_of("No-Cache, max-age=0"), mode_of("no-store")) == (

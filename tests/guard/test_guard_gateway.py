@@ -317,3 +317,45 @@ def test_a_cached_answer_is_screened_under_the_teams_policy_now(
     (record,) = _records(sql, request_id)
     assert record.cache_hit and record.status == 400
     assert (record.cost_usd, record.prompt_tokens, record.completion_tokens) == (0.0, 0, 0)
+
+
+def test_a_cached_stream_is_checked_as_it_is_replayed(
+    start_gateway: Any, team: Any, sql: Any, texts: Texts
+) -> None:
+    """A stream kept while the team's output check was off is cut with content_filter when it is
+    replayed under a policy that blocks it; a stream the check cut is never kept."""
+    gateway = start_gateway(gateway_cache_ttl_s="60")
+    name, key = team()
+    _policy(sql, name, "input.*=off", "output.*=off")
+    client = gateway.client(key)
+
+    def streamed(text: str, cap: int = 200) -> tuple[str, list[str | None], str]:
+        """The cache header, the finish reasons and the request id of one streamed ask."""
+        ask = _chat(text + " #echo #chunks=200", max_tokens=cap, temperature=0, stream=True)
+        with client.chat.completions.with_streaming_response.create(**ask) as raw:
+            finishes = [c.choices[0].finish_reason for c in raw.parse() if c.choices]
+            return raw.headers["x-tokenyard-cache"], finishes, raw.headers["x-request-id"]
+
+    cache, finishes, _ = streamed(texts.echoed)
+    assert (cache, finishes[-1]) == ("miss", "length")
+    _policy(sql, name, "output.*=block")
+    cut: list[str] = []
+
+    def replayed_and_cut() -> bool:
+        cache, finishes, request_id = streamed(texts.echoed)
+        assert cache == "hit"
+        cut.append(request_id)
+        return finishes[-1] == "content_filter" and "length" not in finishes
+
+    wait_until(replayed_and_cut, 10, "the new policy applied to the cached stream")
+    wait_until(lambda: _records(sql, cut[-1]), 10, "the usage record")
+    (record,) = _records(sql, cut[-1])
+    assert record.cache_hit and record.finish_reason == "content_filter"
+    assert (record.cost_usd, record.completion_tokens) == (0.0, 0)
+
+    # another ask (its own length cap), cut on its way from the upstream: not kept
+    again = [streamed(texts.echoed, 199) for _ in range(2)]
+    assert [(cache, finishes[-1]) for cache, finishes, _ in again] == [
+        ("miss", "content_filter"),
+        ("miss", "content_filter"),
+    ]

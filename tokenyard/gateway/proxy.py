@@ -11,7 +11,7 @@ import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from litestar import Request, Response
@@ -33,7 +33,14 @@ from tokenyard.gateway import access_log, metrics, refusals, request_ids
 from tokenyard.gateway.auth import Authenticator, authorization_of
 from tokenyard.gateway.dispatch import Dispatch, Saturation
 from tokenyard.gateway.quotas import LeaseKeeper, Quotas, Reservation
-from tokenyard.gateway.response_cache import Lookup, Mode, ResponseCache, mode_of
+from tokenyard.gateway.response_cache import (
+    Lookup,
+    Mode,
+    Recording,
+    Replay,
+    ResponseCache,
+    mode_of,
+)
 from tokenyard.gateway.screening import (
     CONTENT_FILTER,
     InputCheck,
@@ -64,8 +71,11 @@ PATHS = {
 HangUp = Callable[[], Awaitable[None]]
 
 
-async def _ready(reply: UpstreamReply) -> UpstreamReply:
-    """A reply already in hand, awaited where an upstream call would be."""
+T = TypeVar("T")
+
+
+async def _ready(reply: T) -> T:
+    """A reply (or stream) already in hand, awaited where an upstream call would be."""
     return reply
 
 
@@ -432,13 +442,14 @@ class Proxy:
         check: "InputCheck | None" = None,
         lookup: Lookup | None = None,
     ) -> Response:
+        hit = lookup.entry if lookup is not None else None
+        if lookup is not None:
+            headers["x-tokenyard-cache"] = lookup.header
+        if hit is not None:  # the same request's answer again: no upstream call, no charge
+            event.model_served = headers["x-tokenyard-model"] = hit.model
+            event.cache_hit = True
         if not parsed.stream:
-            hit = lookup.entry if lookup is not None else None
-            if lookup is not None:
-                headers["x-tokenyard-cache"] = lookup.header
-            if hit is not None:  # the same request's answer again: no upstream call, no charge
-                event.model_served = headers["x-tokenyard-model"] = hit.model
-                event.cache_hit = True
+            if hit is not None:
                 source = _ready(UpstreamReply(200, hit.body, hit.content_type))
             else:
                 source = self._complete_unless_gone(hang_up, upstream, call)
@@ -472,9 +483,8 @@ class Proxy:
                 media_type=reply.content_type,
                 headers=headers,
             )
-        stream = await self._screened(
-            check, upstream.open_stream(call), res, upstream, event, started
-        )
+        opening = upstream.open_stream(call) if hit is None else _ready(Replay(hit.body))
+        stream: UpstreamStream = await self._screened(check, opening, res, upstream, event, started)
         if stream.status != 200:
             res.trace.end_upstream(stream.status)
             refusal = await stream.read_all()
@@ -487,6 +497,9 @@ class Proxy:
         # from here on the body settles, however the stream ends
         watch = check.screen.watch_output() if check is not None else None
         body_iter = _StreamBody(self, stream, parsed, res, upstream, event, started, watch)
+        if lookup is not None and hit is None:  # its events are kept if it ends whole
+            body_iter.stream = body_iter.recording = Recording(stream, self.cache.max_bytes)
+            body_iter.lookup = lookup
         return Stream(body_iter, media_type="text/event-stream", headers={**headers, **SSE_HEADERS})
 
     async def _screened(
@@ -535,19 +548,27 @@ class Proxy:
     def finish_stream(self, body: "_StreamBody") -> "asyncio.Task[None]":
         """Close the upstream and settle; in a task of its own, because when the client hung up
         the response's scope is being cancelled."""
-        result = body.result
-        usage = usage_of(result.usage, body.event.prompt_reserved, result.chunks)
-        body.event.timings = result.timings
-        body.event.error = result.error
-        body.event.finish_reason = result.finish_reason
+        result, event = body.result, body.event
+        usage = Usage()  # a cached answer: nothing was used upstream
+        if not event.cache_hit:
+            usage = usage_of(result.usage, event.prompt_reserved, result.chunks)
+        event.timings = result.timings
+        event.error = result.error
+        event.finish_reason = result.finish_reason
         if result.first_byte is not None:
-            ttft = body.event.ttft = result.first_byte - body.started
-            metrics.TTFT.labels(body.upstream.info.name).observe(ttft)
+            event.ttft = result.first_byte - body.started
+            if not event.cache_hit:
+                metrics.TTFT.labels(body.upstream.info.name).observe(event.ttft)
         status = 200 if result.error is None else 502
-        body.res.trace.end_upstream(status, body.event.ttft)
+        body.res.trace.end_upstream(status, event.ttft)
+        kept = None  # a stream that ended whole and unfiltered, to answer the same ask again
+        if body.lookup is not None and body.recording is not None and status == 200:
+            whole = body.recording.reply()
+            if result.done and not result.filtered and whole is not None:
+                kept = (body.lookup, whole)
         return self._spawn(
             self._close_and_settle(
-                body.stream, body.res, body.upstream, usage, body.event, body.started, status
+                body.stream, body.res, body.upstream, usage, event, body.started, status, kept
             )
         )
 
@@ -560,9 +581,12 @@ class Proxy:
         event: UsageEvent,
         started: float,
         status: int,
+        kept: tuple[Lookup, UpstreamReply] | None = None,
     ) -> None:
         try:
             await stream.aclose()
+            if kept is not None:
+                await self.cache.keep(kept[0], upstream.info.name, kept[1])
         finally:
             await self.settlement.settle(res, upstream, usage, event, started, status)
 
@@ -604,6 +628,9 @@ class _StreamBody:
         self.started = started
         self.result = StreamResult()
         self.settled: asyncio.Task[None] | None = None
+        # set where the response cache keeps this stream's events
+        self.lookup: Lookup | None = None
+        self.recording: Recording | None = None
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self._relay()

@@ -6,11 +6,14 @@ round trip. Entries are the team's own (the key holds its name, under its hash t
 team's `cache_ttl_s`, else `TOKENYARD_GATEWAY_CACHE_TTL_S` (0: not cached); only whole 200 replies
 the output check left untouched are kept. A client steers it per request with `Cache-Control`:
 `no-cache` asks the upstream again (and keeps the new answer), `no-store` neither reads nor keeps
-one. Streamed requests are not cached.
+one. A streamed request is kept apart from the same request unstreamed: its upstream's events are
+recorded as they are relayed and, asked again, replayed through the same relay (so the output check
+and the client's `include_usage` apply as they would upstream).
 """
 
 import hashlib
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -18,7 +21,7 @@ import msgspec
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from tokenyard.backends.base import UpstreamReply
+from tokenyard.backends.base import UpstreamReply, UpstreamStream
 from tokenyard.gateway import metrics
 from tokenyard.gateway.validation import Kind, Parsed
 from tokenyard.tenancy.policy import TeamPolicy
@@ -76,16 +79,19 @@ class ResponseCache:
         self.max_bytes = max_bytes
 
     def lookup(self, kind: Kind, policy: TeamPolicy, parsed: Parsed, mode: Mode) -> Lookup | None:
-        """The request's place, or None when it is not cached (off for the team, streamed,
-        sampled, no-store). Call it before the body is changed for the upstream."""
+        """The request's place, or None when it is not cached (off for the team, sampled,
+        no-store). Call it before the body is changed for the upstream."""
         ttl_s = self.ttl_s if policy.cache_ttl_s is None else policy.cache_ttl_s
-        if ttl_s <= 0 or mode == "skip" or parsed.stream:
+        if ttl_s <= 0 or mode == "skip":
             return None
         if not _deterministic(kind, parsed.body):
             return None
         # the length cap by value: parse keeps it as parsed.max_tokens under either of its names
         asked = {k: v for k, v in parsed.body.items() if k not in (*_LABELS, "max_tokens")}
-        canonical = msgspec.json.encode([kind, parsed.max_tokens, asked], order="sorted")
+        # a stream's entry is its events, a reply's its JSON: the same ask in each form is two
+        canonical = msgspec.json.encode(
+            [kind, parsed.stream, parsed.max_tokens, asked], order="sorted"
+        )
         key = f"ty:{{{policy.team}}}:cache:{hashlib.sha256(canonical).hexdigest()}"
         return Lookup(key, read=mode == "use", ttl_ms=max(1, round(ttl_s * 1000)))
 
@@ -115,3 +121,54 @@ class ResponseCache:
             await self.redis.set(lookup.key, value, px=lookup.ttl_ms)
         except RedisError as exc:
             log.warning("response cache unwritable: %s", exc)
+
+
+class Recording:
+    """An upstream stream whose bytes are also kept, up to `limit`, to be cached when it ends
+    whole."""
+
+    def __init__(self, stream: UpstreamStream, limit: int) -> None:
+        self.stream = stream
+        self.status = stream.status
+        self.limit = limit
+        self.parts: list[bytes] = []
+        self.size = 0  # past the limit the parts are dropped: nothing will be kept
+
+    async def read_all(self) -> bytes:
+        return await self.stream.read_all()
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        async for data in self.stream.chunks():
+            self.size += len(data)
+            if self.size <= self.limit:
+                self.parts.append(data)
+            else:
+                self.parts.clear()
+            yield data
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()
+
+    def reply(self) -> UpstreamReply | None:
+        """What was read, as the entry to keep; None past the limit."""
+        if self.size > self.limit:
+            return None
+        return UpstreamReply(200, b"".join(self.parts), "text/event-stream")
+
+
+class Replay:
+    """A kept stream's events, served where the upstream's stream would be."""
+
+    status = 200
+
+    def __init__(self, events: bytes) -> None:
+        self.events = events
+
+    async def read_all(self) -> bytes:
+        return self.events
+
+    async def chunks(self) -> AsyncIterator[bytes]:
+        yield self.events
+
+    async def aclose(self) -> None:
+        return None
