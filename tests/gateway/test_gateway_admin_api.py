@@ -272,12 +272,26 @@ def test_a_key_is_changed_in_place(admin: Any, base_env: dict[str, str]) -> None
     record = changed.json()
     assert (record["name"], record["models"], record["state"]) == ("old", [], "active")
     # a name, and limits of the key's own (null: the team's alone again)
-    renamed = api.patch(f"/keys/{made['prefix']}", json={"name": "new", "rpm": 5, "tpm": None})
+    renamed = api.patch(
+        f"/keys/{made['prefix']}", json={"name": "new", "rpm": 5, "tpm": None, "concurrency": 2}
+    )
     assert renamed.json()["name"] == "new"
-    assert renamed.json()["limits"] == {"rpm": 5, "tpm": None, "usd_per_day": None}
+    assert renamed.json()["limits"] == {
+        "rpm": 5,
+        "tpm": None,
+        "usd_per_day": None,
+        "concurrency": 2,
+    }
     assert record["expires_at"].startswith(time.strftime("%Y-%m-%d", time.gmtime(later)))
     wait_until(lambda: _works(admin, made["key"]), 3, "the key's wider models to apply")
-    for bad in ({"expires_at": 1}, {"models": "all"}, {"team": name}, {"rpm": -1}, {"tpm": 2**60}):
+    for bad in (
+        {"expires_at": 1},
+        {"models": "all"},
+        {"team": name},
+        {"rpm": -1},
+        {"tpm": 2**60},
+        {"concurrency": 1.5},
+    ):
         assert api.patch(f"/keys/{made['prefix']}", json=bad).status_code == 400, bad
     assert api.patch("/keys/ty-nosuchkey0", json={"name": "x"}).status_code == 404
     # and from the CLI
@@ -294,6 +308,8 @@ def test_a_key_is_changed_in_place(admin: Any, base_env: dict[str, str]) -> None
             "0",
             "--usd-per-day",
             "1.5",
+            "--concurrency",
+            "0",
             "--json",
         ],
         env=base_env,
@@ -303,4 +319,5 @@ def test_a_key_is_changed_in_place(admin: Any, base_env: dict[str, str]) -> None
     assert done.returncode == 0, done.stderr
     (shown,) = json.loads(done.stdout)
     assert (shown["name"], shown["expires_at"], shown["prefix"]) == (None, None, made["prefix"])
-    assert shown["limits"] == {"rpm": None, "tpm": None, "usd_per_day": 1.5}  # rpm 0: cleared
+    # rpm and concurrency 0: cleared
+    assert shown["limits"] == {"rpm": None, "tpm": None, "usd_per_day": 1.5, "concurrency": None}

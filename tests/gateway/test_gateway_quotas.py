@@ -374,6 +374,31 @@ def test_a_keys_own_rate_limits_apply_beside_its_teams(gateway: Any, team: Any, 
     assert err.code == "key_tokens_per_minute" and err.response.headers["retry-after"] == "60"
 
 
+def test_a_keys_own_concurrency_applies_beside_its_teams(
+    gateway: Any, team: Any, sql: Any, redis_server: Any
+) -> None:
+    """A key that may hold one request in flight is refused a second with key_concurrency while
+    its team's other keys go on; settling frees it, and the key's lease set empties."""
+    name, team_key = team(concurrency=10)
+    created = keys.create_key(sql, name, "one-at-a-time", limits={"concurrency": 1})
+    client = gateway.client(created.key)
+    slow = chat(chunks=10, delay=0.1)
+    stream = client.chat.completions.create(model=MODEL, messages=slow, max_tokens=10, stream=True)
+    next(iter(stream))
+    err = refused(lambda: client.chat.completions.create(model=MODEL, messages=chat()))
+    assert err.status_code == 429 and err.code == "key_concurrency"
+    assert f"key {created.prefix}" in err.message
+    assert err.response.headers["retry-after"] == "1"
+    # the team's other key is not held back by it
+    gateway.client(team_key).chat.completions.create(model=MODEL, messages=chat(), max_tokens=5)
+    r = redis_server.client()
+    leases = TeamKeys(name).key_leases(created.prefix)
+    assert r.zcard(leases) == 1
+    list(stream)
+    wait_until(lambda: r.zcard(leases) == 0, 2, "the key's lease released")
+    client.chat.completions.create(model=MODEL, messages=chat(), max_tokens=5)
+
+
 def test_durations_are_written_as_openai_writes_them() -> None:
     assert [duration(s) for s in (0.02, 6, 59.6, 90, 3600)] == [
         "20ms",

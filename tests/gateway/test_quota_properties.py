@@ -95,6 +95,7 @@ class QuotaMachine(RuleBasedStateMachine):
         platform_batch=limits,
         key_rpm=st.sampled_from([0, 2, 8]),
         key_tpm=st.sampled_from([0, 250, 1000]),
+        key_concurrency=limits,
     )
     def limits(
         self,
@@ -108,6 +109,7 @@ class QuotaMachine(RuleBasedStateMachine):
         platform_batch: int,
         key_rpm: int,
         key_tpm: int,
+        key_concurrency: int,
     ) -> None:
         self.policy = TeamPolicy(
             team="props",  # alone in its flushed database
@@ -121,6 +123,7 @@ class QuotaMachine(RuleBasedStateMachine):
             key_prefix="ty-props0000",
             key_rpm=key_rpm,
             key_tpm=key_tpm,
+            key_concurrency=key_concurrency,
         )
         self.quotas = Quotas(
             self.redis,
@@ -130,6 +133,7 @@ class QuotaMachine(RuleBasedStateMachine):
             max_batch_concurrency=platform_batch,
         )
         self.keys = self.quotas.team_keys(self.policy.team)
+        self.key_leases = self.keys.key_leases(self.policy.key_prefix)
 
     # ------------------------------------------------------------ the model
 
@@ -217,7 +221,8 @@ class QuotaMachine(RuleBasedStateMachine):
         held.expired = True
 
     def lease_sets(self, res: Reservation) -> list[str]:
-        return [self.keys.leases, PLATFORM_LEASES] + ([PLATFORM_BATCH_LEASES] if res.batch else [])
+        batch = [PLATFORM_BATCH_LEASES] if res.batch else []
+        return [self.keys.leases, PLATFORM_LEASES, self.key_leases, *batch]
 
     # ------------------------------------------------------------ the properties
 
@@ -227,6 +232,8 @@ class QuotaMachine(RuleBasedStateMachine):
         minutes = (time.monotonic() - self.started) / 60 + 0.001
         if policy.concurrency:
             assert len(live) <= policy.concurrency
+        if policy.key_concurrency:
+            assert len(live) <= policy.key_concurrency
         if policy.kv_pages:
             assert sum(h.res.pages for h in live) <= policy.kv_pages
         if self.day_limit(batch):
@@ -251,6 +258,7 @@ class QuotaMachine(RuleBasedStateMachine):
         held_batch = sum(h.res.batch for h in live)
         reached = {
             "concurrency": _over(policy.concurrency, len(live) + 1),
+            "key_concurrency": _over(policy.key_concurrency, len(live) + 1),
             "kv_pages": _over(policy.kv_pages, sum(h.res.pages for h in live) + pages),
             "tokens_per_day": _over(policy.tokens_per_day, self.charged_day[False] + tokens),
             "batch_tokens_per_day": _over(
@@ -274,6 +282,8 @@ class QuotaMachine(RuleBasedStateMachine):
         assert self.sync.zcard(self.keys.leases) == len(live)
         assert pages == sum(h.res.pages for h in live)
         assert self.sync.zcard(PLATFORM_LEASES) == len(live)
+        # the key's own lease set is kept only while it has a concurrency of its own
+        assert self.sync.zcard(self.key_leases) == (len(live) if self.policy.key_concurrency else 0)
         assert self.sync.zcard(PLATFORM_BATCH_LEASES) == sum(h.res.batch for h in live)
         for batch in (False, True):
             key = self.keys.day_batch_tokens if batch else self.keys.day_tokens
@@ -302,7 +312,7 @@ class QuotaMachine(RuleBasedStateMachine):
         self.reserve([Ask(1, 0, False, 1)])  # the next reservation purges what expired
         for lease_id in self.running():
             self.settle_lease(lease_id)
-        for key in (self.keys.leases, PLATFORM_LEASES, PLATFORM_BATCH_LEASES):
+        for key in (self.keys.leases, PLATFORM_LEASES, PLATFORM_BATCH_LEASES, self.key_leases):
             assert self.sync.zcard(key) == 0, key
         assert int(self.sync.hget(self.keys.pages, "#sum") or 0) == 0
 

@@ -82,6 +82,7 @@ class KeyChanges(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     rpm: Count | UnsetType | None = UNSET
     tpm: Count | UnsetType | None = UNSET
     usd_per_day: Dollars | UnsetType | None = UNSET
+    concurrency: Count | UnsetType | None = UNSET
 
 
 class CreateKey(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -93,6 +94,7 @@ class CreateKey(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     rpm: Count | None = None
     tpm: Count | None = None
     usd_per_day: Dollars | None = None
+    concurrency: Count | None = None
 
 
 def _set(struct: msgspec.Struct, *, skip: tuple[str, ...] = ()) -> dict[str, Any]:

@@ -39,16 +39,16 @@ local op = ARGV[1]
 if op == 'reserve' then
   -- KEYS: rpm bucket, tpm bucket, day tokens (the batch tier's own counter for batch), day usd
   --       (micro-dollars), team leases, team pages, platform leases, platform batch leases,
-  --       the key's own rpm bucket, tpm bucket and day usd
+  --       the key's own rpm bucket, tpm bucket, day usd and leases
   -- ARGV: op, lease id, rpm, tpm, tokens/day (of that counter), usd/day (micro), concurrency, kv pages,
   --       platform concurrency, platform batch concurrency, tokens, pages, lease ms, batch (0/1),
-  --       the key's rpm, tpm and usd/day (micro)
+  --       the key's rpm, tpm, usd/day (micro) and concurrency
   local id = ARGV[2]
   local rpm, tpm, tpd, upd = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
   local conc, kvp = tonumber(ARGV[7]), tonumber(ARGV[8])
   local pconc, pbatch = tonumber(ARGV[9]), tonumber(ARGV[10])
   local tokens, pages, lease_ms, batch = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13]), ARGV[14] == '1'
-  local krpm, ktpm, kupd = tonumber(ARGV[15]), tonumber(ARGV[16]), tonumber(ARGV[17])
+  local krpm, ktpm, kupd, kconc = tonumber(ARGV[15]), tonumber(ARGV[16]), tonumber(ARGV[17]), tonumber(ARGV[18])
   local now = now_ms()
   local to_midnight = 86400 - math.floor(now / 1000) % 86400
   local worst, wait = nil, -1
@@ -87,6 +87,8 @@ if op == 'reserve' then
   end
   purge(KEYS[5], KEYS[6], now)
   if conc > 0 and redis.call('ZCARD', KEYS[5]) >= conc then refuse('concurrency', 1) end
+  purge(KEYS[12], nil, now)
+  if kconc > 0 and redis.call('ZCARD', KEYS[12]) >= kconc then refuse('key_concurrency', 1) end
   if kvp > 0 and (tonumber(redis.call('HGET', KEYS[6], '#sum')) or 0) + pages > kvp then
     refuse('kv_pages', pages > kvp and 60 or 1)
   end
@@ -114,6 +116,7 @@ if op == 'reserve' then
   redis.call('INCRBY', KEYS[3], tokens)
   redis.call('EXPIRE', KEYS[3], 172800)
   redis.call('ZADD', KEYS[5], now + lease_ms, id)
+  if kconc > 0 then redis.call('ZADD', KEYS[12], now + lease_ms, id) end
   redis.call('HSET', KEYS[6], id, pages)
   redis.call('HINCRBY', KEYS[6], '#sum', pages)
   redis.call('ZADD', KEYS[7], now + lease_ms, id)
@@ -122,7 +125,7 @@ if op == 'reserve' then
 
 elseif op == 'settle' then
   -- KEYS: tpm bucket, day tokens, team leases, team pages, platform leases, platform batch leases,
-  --       usage stream, day usd (micro-dollars), the key's own tpm bucket and day usd
+  --       usage stream, day usd (micro-dollars), the key's own tpm bucket, day usd and leases
   -- ARGV: op, lease id, tokens reserved, tokens used, tpm limit, event (JSON), spend (micro-dollars;
   --       0 for teams without a dollar budget), the key's tpm limit, the key's spend (0: no budget)
   local id = ARGV[2]
@@ -140,6 +143,7 @@ elseif op == 'settle' then
   release(KEYS[3], KEYS[4], id)
   release(KEYS[5], nil, id)
   release(KEYS[6], nil, id)
+  release(KEYS[11], nil, id)
   -- no MAXLEN: billing trims the stream below what every consumer group has acknowledged
   redis.call('XADD', KEYS[7], '*', 'event', ARGV[6])
   local function charge(key, spend)

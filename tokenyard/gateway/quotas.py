@@ -44,6 +44,7 @@ _MESSAGES = {
     "key_requests_per_minute": "requests per minute",
     "key_tokens_per_minute": "tokens per minute",
     "key_usd_per_day": "dollars per day",
+    "key_concurrency": "concurrent requests",
 }
 
 
@@ -83,6 +84,9 @@ class TeamKeys:
 
     def key_day_usd(self, prefix: str, day: int) -> str:
         return f"{self.base}:key:{prefix}:usd:{day}"
+
+    def key_leases(self, prefix: str) -> str:
+        return f"{self.base}:key:{prefix}:leases"
 
 
 @dataclass(frozen=True)
@@ -180,6 +184,7 @@ class Quotas:
                     keys.key_rpm(policy.key_prefix),
                     keys.key_tpm(policy.key_prefix),
                     keys.key_day_usd(policy.key_prefix, day),
+                    keys.key_leases(policy.key_prefix),
                 ],
                 args=[
                     "reserve",
@@ -199,6 +204,7 @@ class Quotas:
                     policy.key_rpm,
                     policy.key_tpm,
                     int(policy.key_usd_per_day * 1_000_000),
+                    policy.key_concurrency,
                 ],
             )
         except RedisError as exc:
@@ -277,6 +283,7 @@ class Quotas:
                     keys.day_usd(res.day),
                     keys.key_tpm(policy.key_prefix),
                     keys.key_day_usd(policy.key_prefix, res.day),
+                    keys.key_leases(policy.key_prefix),
                 ],
                 args=[
                     "settle",
@@ -335,6 +342,9 @@ class Quotas:
                 continue
             keys += [res.keys.leases, PLATFORM_LEASES]
             ids += [res.lease_id, res.lease_id]
+            if res.policy.key_concurrency > 0:
+                keys.append(res.keys.key_leases(res.policy.key_prefix))
+                ids.append(res.lease_id)
             if res.batch:
                 keys.append(PLATFORM_BATCH_LEASES)
                 ids.append(res.lease_id)

@@ -26,7 +26,7 @@ LIMIT_FIELDS: dict[str, type] = {
 }
 
 # the limits a key may have of its own, beside its team's (a subset of the team's fields)
-KEY_LIMIT_FIELDS = ("rpm", "tpm", "usd_per_day")
+KEY_LIMIT_FIELDS = ("rpm", "tpm", "usd_per_day", "concurrency")
 
 # the fields that are shares, in [0, 1]
 FRACTIONS = ("auto_threshold", "strong_share", "auto_quality")

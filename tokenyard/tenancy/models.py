@@ -71,3 +71,4 @@ class ApiKey(SQLModel, table=True):
     rpm: int | None = _count()
     tpm: int | None = _count()
     usd_per_day: float | None = None
+    concurrency: int | None = _count()  # requests of this key in flight at once

@@ -33,6 +33,7 @@ class TeamPolicy(msgspec.Struct, frozen=True):
     key_rpm: int = 0
     key_tpm: int = 0
     key_usd_per_day: float = 0.0
+    key_concurrency: int = 0
 
 
 def policy_of(team: Team, key: ApiKey | None = None) -> TeamPolicy:
@@ -62,6 +63,7 @@ def policy_of(team: Team, key: ApiKey | None = None) -> TeamPolicy:
         key_rpm=(key.rpm or 0) if key else 0,
         key_tpm=(key.tpm or 0) if key else 0,
         key_usd_per_day=(key.usd_per_day or 0.0) if key else 0.0,
+        key_concurrency=(key.concurrency or 0) if key else 0,
     )
 
 
