@@ -50,6 +50,17 @@ def usage(gw: Gateway, key: str, query: str = "") -> httpx.Response:
     return httpx.get(gw.url + "/v1/usage" + query, headers={"authorization": f"Bearer {key}"})
 
 
+def test_a_record_names_the_key_however_it_was_sent(gw: Gateway, team: Any, sql: Engine) -> None:
+    """The scheme in any case, or Anthropic's x-api-key: the record names the key's prefix (the
+    authenticated key's, never parsed again from a header), never the key."""
+    name, key = team()
+    body = {"model": MODEL, "messages": CHAT, "max_tokens": 2}
+    for headers in ({"authorization": f"BEARER {key}"}, {"x-api-key": key}):
+        sent = httpx.post(gw.url + "/v1/chat/completions", json=body, headers=headers, timeout=30)
+        assert sent.status_code == 200, sent.text
+    assert [r.key_prefix for r in wait_records(sql, name, 2)] == [key[:12]] * 2
+
+
 def test_streamed_requests_are_billed_like_whole_ones(gw: Gateway, team: Any, sql: Engine) -> None:
     name, key = team()
     client = gw.client(key)

@@ -32,7 +32,6 @@ from tokenyard.batch.models import BatchFile, BatchJob
 from tokenyard.batch.worker import BatchWorker
 from tokenyard.core.errors import GatewayError
 from tokenyard.core.openapi import body_operation, json_body
-from tokenyard.tenancy.keys import key_prefix
 from tokenyard.tenancy.policy import TeamPolicy
 
 T = TypeVar("T")
@@ -181,14 +180,14 @@ async def _batch_object(engine: Engine, job: jobs.BatchJob) -> dict[str, Any]:
 
 
 async def _create(
-    request: Request, worker: BatchWorker, policy: TeamPolicy, lines: list[Line], **job: Any
+    worker: BatchWorker, policy: TeamPolicy, lines: list[Line], **job: Any
 ) -> jobs.BatchJob:
     window_s = worker.settings.batch_window_s or 86400.0
     return await anyio.to_thread.run_sync(
         lambda: jobs.create_job(
             worker.sql,
             team=policy.team,
-            key_prefix=key_prefix(request.headers.get("authorization")),
+            key_prefix=policy.key_prefix,
             lines=lines,
             window_s=window_s,
             **job,
@@ -303,7 +302,6 @@ class BatchesController(Controller):
         lines = await anyio.to_thread.run_sync(parse_lines, source.content, ask.endpoint)
         _check_count(len(lines), batch_worker.settings.batch_max_requests, "input_file_id")
         job = await _create(
-            request,
             batch_worker,
             caller,
             lines,
@@ -376,7 +374,6 @@ class BatchesController(Controller):
         if ask.callback_url is not None:
             await _check_callback(ask.callback_url, batch_worker.callback_allow)
         job = await _create(
-            request,
             batch_worker,
             caller,
             lines,

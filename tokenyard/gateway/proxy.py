@@ -54,7 +54,6 @@ from tokenyard.gateway.streaming import DONE, SSE_HEADERS, StreamResult, relay, 
 from tokenyard.gateway.tracing import NO_TRACE, RequestTrace, Tracing
 from tokenyard.gateway.validation import Kind, Parsed, client_request_id, parse
 from tokenyard.router.policy import NoRoute, Route, Router, Unsupported, prefix_text
-from tokenyard.tenancy.keys import key_prefix
 from tokenyard.tenancy.limits import TIERS
 from tokenyard.tenancy.policy import TeamPolicy
 
@@ -213,7 +212,7 @@ class Proxy:
             parsed,
             tier,
             request_ids.request_id(request.scope),
-            key_prefix(authorization),
+            policy.key_prefix,
             started,
             responses,
             trace,

@@ -20,7 +20,6 @@ from tokenyard.gateway import request_ids
 from tokenyard.gateway.proxy import Proxy
 from tokenyard.guard.service import Guard
 from tokenyard.guard.taxonomy import HARMFUL, OPENAI_CATEGORIES, PARENT
-from tokenyard.tenancy.keys import key_prefix
 
 MAX_INPUTS = 256
 MODEL = "tokenyard-guard"  # the name usage records and answers carry
@@ -111,7 +110,7 @@ class ModerationsController(Controller):
             tier="interactive",
             prompt_reserved=tokens,
             ts=time.time(),
-            key_prefix=key_prefix(authorization),
+            key_prefix=policy.key_prefix,
         )
         served = SimpleNamespace(info=SimpleNamespace(name=MODEL))
         status = 500

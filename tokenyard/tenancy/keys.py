@@ -143,11 +143,6 @@ def bearer_key(authorization: str | None) -> str | None:
     return (key.strip() or None) if scheme.lower() == "bearer" else None
 
 
-def key_prefix(authorization: str | None) -> str:
-    """The visible prefix of the bearer key (as stored in ApiKey.prefix), never the secret."""
-    return (bearer_key(authorization) or "")[:KEY_PREFIX_LEN]
-
-
 def _new_key(
     team_id: int,
     name: str | None = None,
