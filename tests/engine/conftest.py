@@ -1,5 +1,6 @@
 """Shared engine fixtures: the SmolLM2 GGUF, the engine, and transformers as the reference."""
 
+import gc
 import os
 
 import pytest
@@ -27,7 +28,11 @@ def reference(gguf_path):
     return model.eval()
 
 
-_ENGINES: dict[tuple, LLMEngine] = {}
+_ENGINES: dict[tuple, LLMEngine] = {}  # the most recently used last
+# engines kept at once: each holds its weights and a KV pool (1 GiB unless the test sizes it), so
+# keeping every configuration the suite builds reached ~16 GB; tests of one configuration run
+# together (one file), so the few latest cover nearly every reuse
+KEEP_ENGINES = 3
 
 
 @pytest.fixture(scope="session")
@@ -39,9 +44,13 @@ def engine_factory():
         # compared one for one (quantized weights are tested against it in test_quant_*.py)
         overrides = {"dtype": "float32", "quantization": "none", **overrides}
         key = tuple(sorted(overrides.items()))
-        if key not in _ENGINES:
-            _ENGINES[key] = LLMEngine(EngineConfig(device="cpu", **overrides))
-        engine = _ENGINES[key]
+        engine = _ENGINES.pop(key, None)
+        if engine is None:
+            while len(_ENGINES) >= KEEP_ENGINES:
+                _ENGINES.pop(next(iter(_ENGINES)))
+            gc.collect()  # the dropped engine's tensors go before the new one's are allocated
+            engine = LLMEngine(EngineConfig(device="cpu", **overrides))
+        _ENGINES[key] = engine
         assert not engine.has_work()
         return engine
 
