@@ -61,6 +61,71 @@ def test_a_record_names_the_key_however_it_was_sent(gw: Gateway, team: Any, sql:
     assert [r.key_prefix for r in wait_records(sql, name, 2)] == [key[:12]] * 2
 
 
+def test_usage_by_end_user(gw: Gateway, team: Any, sql: Engine, billing_env: dict) -> None:
+    """Each record names the end user its request was for (`safety_identifier` over `user`,
+    bounded); a team reads its own end users' totals, dearest first, and never another team's."""
+    name, key = team()
+    client = gw.client(key)
+    for user, count in (("ann", 3), ("bob", 1)):
+        for _ in range(count):
+            client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=10, user=user)
+    client.chat.completions.create(
+        model=MODEL,
+        messages=CHAT,
+        max_tokens=10,
+        user="ignored",
+        extra_body={"safety_identifier": "cy"},
+    )
+    client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=10)  # names no one
+    # legacy completions name one too, kept to 128 characters
+    client.completions.create(model=MODEL, prompt="x", max_tokens=2, user="e" * 300)
+    other, other_key = team()
+    gw.client(other_key).chat.completions.create(
+        model=MODEL, messages=CHAT, max_tokens=10, user="ann"
+    )
+    got = wait_records(sql, name, 7)
+    assert sorted((r.end_user or "") for r in got) == sorted(
+        ["ann"] * 3 + ["bob", "cy", "", "e" * 128]
+    )
+
+    def users(path: str, auth: str, query: str = "") -> httpx.Response:
+        return httpx.get(
+            f"{gw.url}{path}{query}", headers={"authorization": f"Bearer {auth}"}, timeout=10
+        )
+
+    listed = users("/v1/usage/users", key).json()
+    assert (listed["object"], listed["team"], listed["has_more"]) == ("list", name, False)
+    rows = {row["user"]: row for row in listed["data"]}
+    assert set(rows) == {"ann", "bob", "cy", None, "e" * 128}
+    assert listed["data"][0]["user"] == "ann"  # three requests: the dearest
+    assert rows["ann"]["requests"] == 3 and rows["ann"]["errors"] == 0
+    assert rows["bob"]["cost_usd"] > 0
+    assert rows["ann"]["cost_usd"] == pytest.approx(3 * rows["bob"]["cost_usd"])
+    assert rows["ann"]["total_tokens"] == 3 * rows["bob"]["total_tokens"]
+    assert all(row["team"] == name for row in listed["data"])  # the other team's ann is not here
+    first = users("/v1/usage/users", key, "?limit=1").json()
+    assert [row["user"] for row in first["data"]] == ["ann"] and first["has_more"]
+    for bad in ("?limit=0", "?limit=x", "?limit=1001", "?date=yesterday"):
+        refused = users("/v1/usage/users", key, bad)
+        assert refused.status_code == 400, bad
+        assert refused.json()["error"]["param"] in ("limit", "date")
+    # the admin reads any team's, or every team's
+    assert users("/v1/admin/usage/users", key).status_code == 401
+    theirs = users("/v1/admin/usage/users", ADMIN_KEY, f"?team={other}").json()["data"]
+    assert [(row["team"], row["user"], row["requests"]) for row in theirs] == [(other, "ann", 1)]
+    everyone = users("/v1/admin/usage/users", ADMIN_KEY, "?limit=1000").json()["data"]
+    assert {(other, "ann"), (name, "ann")} <= {(row["team"], row["user"]) for row in everyone}
+    report = subprocess.run(
+        [*TOKENYARD, "billing", "report", "--team", name, "--by", "user", "--limit", "2", "--csv"],
+        env=billing_env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert report[0].startswith("user,team,requests,errors,")
+    assert [line.split(",")[:3] for line in report[1:]] == [["ann", name, "3"], ["bob", name, "1"]]
+
+
 def test_streamed_requests_are_billed_like_whole_ones(gw: Gateway, team: Any, sql: Engine) -> None:
     name, key = team()
     client = gw.client(key)

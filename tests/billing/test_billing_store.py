@@ -114,6 +114,47 @@ def test_the_key_rollup_starts_from_the_records_already_stored(database_url: str
     assert (first["requests"], first["errors"], first["prompt_tokens"]) == (3, 1, 3_000_000_012)
     assert first["cost_usd"] == pytest.approx(0.5 + 0.001 + 0.001)  # the events' default cost
     assert (per_key["ty-k2"]["requests"], per_key["ty-k2"]["completion_tokens"]) == (1, 11)
+    # as JSON numbers: PostgreSQL's sums of 64-bit counts come back as Decimals
+    assert type(first["prompt_tokens"]) is int and type(first["cost_usd"]) is float
+
+
+def test_usage_by_end_user_groups_the_records(database: Engine) -> None:
+    at = datetime(2026, 7, 1, 12, tzinfo=UTC).timestamp()
+    store.write(
+        database,
+        rows(
+            event(team="a", end_user="ann", ts=at, prompt_tokens=10, cost_usd=0.25),
+            event(team="a", end_user="ann", ts=at, status=500, prompt_tokens=1, cost_usd=0.0),
+            event(
+                team="a",
+                end_user="bob",
+                ts=at + 86400,
+                prompt_tokens=0,
+                completion_tokens=7,
+                cost_usd=0.1,
+            ),
+            event(team="a", ts=at, cost_usd=0.1),  # names no one
+            event(team="a", end_user="cy", ts=at, cost_usd=0.1),
+            event(team="b", end_user="ann", ts=at, cost_usd=9.0),
+            event(team="a", end_user="old", ts=at - 86400, cost_usd=5.0),  # before the range
+        ),
+    )
+    got = reports.by_end_user(database, date(2026, 7, 1), date(2026, 7, 2), "a", 10)
+    # dearest first; ties by name, the requests that named none last, in both databases
+    assert [(u["user"], u["requests"], u["errors"]) for u in got] == [
+        ("ann", 2, 1),
+        ("bob", 1, 0),
+        ("cy", 1, 0),
+        (None, 1, 0),
+    ]
+    assert (got[0]["prompt_tokens"], got[1]["total_tokens"]) == (11, 7)
+    assert type(got[0]["prompt_tokens"]) is int and got[0]["cost_usd"] == pytest.approx(0.25)
+    assert [
+        u["user"] for u in reports.by_end_user(database, date(2026, 7, 1), date(2026, 7, 1), "a", 2)
+    ] == ["ann", "cy"]
+    every = reports.by_end_user(database, date(2026, 7, 1), date(2026, 7, 2), None, 10)
+    assert (every[0]["team"], every[0]["user"]) == ("b", "ann")
+    assert reports.users_to_csv(got).splitlines()[4].startswith(",a,1,0,")
 
 
 def test_reports_by_range_team_and_csv(database: Engine) -> None:

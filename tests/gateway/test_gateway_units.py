@@ -215,6 +215,17 @@ def test_which_requests_share_a_response_cache_entry() -> None:
     assert place(temperature=0, max_tokens=5, stream=True, stream_options={}) == streamed
     assert place("chat", TeamPolicy(team="a", cache_ttl_s=0), temperature=0) is None
     assert place("embedding", input="text") is not None
+    # the end user a request names: safety_identifier over user, bounded; embeddings too
+    for kind, asked, named in (
+        ("chat", {"user": "u", "safety_identifier": "s"}, "s"),
+        ("chat", {"user": "u" * 200}, "u" * 128),
+        ("completion", {"prompt": "p", "user": "u"}, "u"),
+        ("embedding", {"input": "i", "user": "e"}, "e"),
+        ("chat", {}, None),
+    ):
+        if kind == "chat":
+            asked = {"messages": [{"role": "user", "content": "hi"}], **asked}
+        assert parse(msgspec.json.encode({"model": "m", **asked}), kind).end_user == named
     assert (mode_of(None), mode_of("No-Cache, max-age=0"), mode_of("no-store")) == (
         "use",
         "refresh",

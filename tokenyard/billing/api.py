@@ -1,7 +1,9 @@
 """`GET /v1/usage`: the calling team's usage from the daily rollups (a team sees only its own);
 `GET /v1/admin/usage`: every team's, for the admin key. `?date=YYYY-MM-DD[&end=YYYY-MM-DD]` (UTC,
 inclusive; default today), `&format=csv` for a CSV export of the rollups. JSON also has each API
-key's totals over the range (`keys`, by prefix)."""
+key's totals over the range (`keys`, by prefix). `GET /v1/usage/users` (and `/v1/admin/usage/users`,
+`&team=` optional): the end users' totals over the same range, dearest first (`&limit=`, default
+100, at most 1000)."""
 
 import asyncio
 from collections.abc import Callable
@@ -21,6 +23,7 @@ from tokenyard.core.settings import Settings
 from tokenyard.tenancy.policy import TeamPolicy
 
 MAX_DAYS = 366
+MAX_END_USERS = 1000
 _T = TypeVar("_T")
 
 
@@ -69,6 +72,25 @@ async def _answer(
     return Response(msgspec.json.encode(body), media_type="application/json")
 
 
+async def _end_users(request: Request, settings: Settings, team: str | None) -> Response[bytes]:
+    start, end = _range(request)
+    raw = request.query_params.get("limit", "100")
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_END_USERS:
+        raise GatewayError(400, f"limit must be 1 to {MAX_END_USERS}", param="limit")
+    limit = int(raw)
+    # one more than asked: whether the list goes on
+    rows = await _read(settings, reports.by_end_user, start, end, team, limit + 1)
+    body = {
+        "object": "list",
+        "team": team,
+        "date": start.isoformat(),
+        "end": end.isoformat(),
+        "data": rows[:limit],
+        "has_more": len(rows) > limit,
+    }
+    return Response(msgspec.json.encode(body), media_type="application/json")
+
+
 class UsageController(Controller):
     path = "/v1"
 
@@ -81,6 +103,23 @@ class UsageController(Controller):
     ) -> Response[bytes]:
         head = {"object": "usage", "team": caller.team, "limits": msgspec.to_builtins(caller)}
         return await _answer(request, settings, caller.team, head)
+
+    @get("/usage/users")
+    async def end_users(
+        self,
+        request: Request,
+        settings: NamedDependency[Settings],
+        caller: NamedDependency[TeamPolicy],
+    ) -> Response[bytes]:
+        """The calling team's end users (each request's `safety_identifier` or `user`)."""
+        return await _end_users(request, settings, caller.team)
+
+    @get("/admin/usage/users")
+    async def admin_end_users(
+        self, request: Request, settings: NamedDependency[Settings]
+    ) -> Response[bytes]:
+        require_admin(request.headers.get("authorization"), settings.admin_key)
+        return await _end_users(request, settings, request.query_params.get("team") or None)
 
     @get("/admin/usage")
     async def admin_usage(

@@ -1,5 +1,5 @@
-"""`tokenyard billing report --date D [--end E] [--team T] [--by day|key] [--csv]`: the daily
-rollups from SQL, or each API key's totals over the range."""
+"""`tokenyard billing report --date D [--end E] [--team T] [--by day|key|user] [--csv]`: the daily
+rollups from SQL, or each API key's or end user's totals over the range."""
 
 import argparse
 import sys
@@ -11,6 +11,7 @@ from tokenyard.core.settings import get_settings
 _SUMS = ("requests", "errors", "in", "cached", "out", "cost $", "list $")
 _HEADER = ("day", "team", "model", *_SUMS)
 _KEY_HEADER = ("key prefix", "team", *_SUMS)
+_USER_HEADER = ("end user", "team", *_SUMS)
 
 
 def _print(table: list[tuple[str, ...]]) -> None:
@@ -44,6 +45,13 @@ def _report(args: argparse.Namespace) -> int:
         else:
             _print([_KEY_HEADER, *((p, k["team"], *_sums(k)) for p, k in sorted(per_key.items()))])
         return 0
+    if args.by == "user":
+        per_user = reports.by_end_user(engine, start, end, args.team, args.limit)
+        if args.csv:
+            sys.stdout.write(reports.users_to_csv(per_user))
+        else:
+            _print([_USER_HEADER, *((u["user"] or "-", u["team"], *_sums(u)) for u in per_user)])
+        return 0
     rows = reports.daily(engine, start, end, args.team)
     if args.csv:
         sys.stdout.write(reports.to_csv(rows))
@@ -61,7 +69,13 @@ def add_parser(sub: Any) -> None:
     report.add_argument("--end", default=None, help="last day of a range (default: --date)")
     report.add_argument("--team", default=None, help="one team (default: all)")
     report.add_argument(
-        "--by", choices=("day", "key"), default="day", help="rows per day and model, or per API key"
+        "--by",
+        choices=("day", "key", "user"),
+        default="day",
+        help="rows per day and model, per API key, or per end user (dearest first)",
+    )
+    report.add_argument(
+        "--limit", type=int, default=100, help="--by user: at most this many end users"
     )
     report.add_argument("--csv", action="store_true", help="CSV instead of a table")
     report.set_defaults(run=_report)

@@ -31,6 +31,7 @@ def to_row(event: UsageEvent) -> dict[str, Any]:
         "day": started.date(),
         "team": event.team,
         "key_prefix": event.key_prefix,
+        "end_user": event.end_user,
         "model": event.model,
         "model_served": event.model_served,
         "provider": event.provider,

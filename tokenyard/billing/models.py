@@ -4,7 +4,7 @@ them. Costs are US dollars; times are seconds."""
 from datetime import date, datetime
 from typing import Any
 
-from sqlalchemy import BigInteger
+from sqlalchemy import BigInteger, Index
 from sqlmodel import Field, SQLModel
 
 
@@ -16,6 +16,8 @@ def _sum() -> Any:
 
 class UsageRecord(SQLModel, table=True):
     __tablename__ = "usage_record"
+    # a team's records of a range of days, grouped by end user (reports.by_end_user)
+    __table_args__ = (Index("ix_usage_record_team_day_end_user", "team", "day", "end_user"),)
 
     id: int | None = Field(default=None, primary_key=True)
     # the gateway's own id, never the client's: the idempotency key (a re-delivered event is
@@ -26,6 +28,8 @@ class UsageRecord(SQLModel, table=True):
     day: date = Field(index=True)  # UTC date the request started: its rollup row
     team: str = Field(index=True)
     key_prefix: str = ""  # which of the team's keys (never the key itself)
+    # the team's own end user (the request's `safety_identifier` or `user`), bounded
+    end_user: str | None = None
     model: str  # as asked ("auto" included)
     model_served: str  # what answered, after routing and fallbacks
     provider: str = ""

@@ -1,19 +1,27 @@
 """Reading usage over a date range: the daily rollups per team, model and day (JSON-ready rows,
-or CSV), and each key's totals from the keys' rollups."""
+or CSV), each key's totals from the keys' rollups, and each end user's from the records."""
 
 import csv
 import io
 from datetime import date
 from typing import Any
 
-from sqlalchemy import Engine, func
+from sqlalchemy import Engine, case, func
 from sqlmodel import Session, col, select
 
-from tokenyard.billing.models import ROLLUP_SUMS, UsageDaily, UsageKeyDaily
+from tokenyard.billing.models import (
+    ROLLUP_SUMS,
+    RollupSums,
+    UsageDaily,
+    UsageKeyDaily,
+    UsageRecord,
+)
 from tokenyard.core.db import matchable
 
 CSV_COLUMNS = ("day", "team", "model", *ROLLUP_SUMS)
 KEY_CSV_COLUMNS = ("key_prefix", "team", *ROLLUP_SUMS)
+USER_CSV_COLUMNS = ("user", "team", *ROLLUP_SUMS)
+_KINDS = {name: RollupSums.model_fields[name].annotation for name in ROLLUP_SUMS}
 
 
 def daily(engine: Engine, start: date, end: date, team: str | None = None) -> list[UsageDaily]:
@@ -26,6 +34,13 @@ def daily(engine: Engine, start: date, end: date, team: str | None = None) -> li
     query = query.order_by(col(UsageDaily.day), col(UsageDaily.team), col(UsageDaily.model))
     with Session(engine) as session:
         return list(session.exec(query))
+
+
+def _sums_of(row: Any) -> dict[str, Any]:
+    """A grouped row's sums as their columns' types, and its total tokens. PostgreSQL sums 64-bit
+    counts as NUMERIC, which arrives as a Decimal (and would reach JSON as a string)."""
+    sums = {name: _KINDS[name](getattr(row, name) or 0) for name in ROLLUP_SUMS}
+    return sums | {"total_tokens": sums["prompt_tokens"] + sums["completion_tokens"]}
 
 
 def by_key(
@@ -45,12 +60,42 @@ def by_key(
     query = query.group_by(col(rollup.team), col(rollup.key_prefix))
     with Session(engine) as session:
         rows = session.exec(query).all()  # type: ignore[call-overload]
-    return {
-        row.key_prefix: {"team": row.team}
-        | {name: getattr(row, name) for name in ROLLUP_SUMS}
-        | {"total_tokens": row.prompt_tokens + row.completion_tokens}
-        for row in rows
+    return {row.key_prefix: {"team": row.team} | _sums_of(row) for row in rows}
+
+
+def by_end_user(
+    engine: Engine, start: date, end: date, team: str | None, limit: int
+) -> list[dict[str, Any]]:
+    """The end users' totals from `start` to `end` inclusive, dearest first, at most `limit` of
+    them; each with its team (one team's, or all), `user` None for requests that named none. Read
+    from the records, not a rollup: end users are the teams' own and may be many."""
+    if not matchable(team):
+        return []
+    record = UsageRecord
+    sums = {
+        name: func.sum(getattr(record, name))
+        for name in ROLLUP_SUMS
+        if name not in ("requests", "errors")  # counted, not columns of a record
     }
+    sums |= {"requests": func.count(), "errors": func.sum(case((record.status != 200, 1), else_=0))}
+    query = select(
+        record.team, record.end_user, *(column.label(name) for name, column in sums.items())
+    ).where(record.day >= start, record.day <= end)
+    if team is not None:
+        query = query.where(record.team == team)
+    query = (
+        query.group_by(col(record.team), col(record.end_user))
+        # ties by name, the requests that named none last, in every database
+        .order_by(
+            sums["cost_usd"].desc(),
+            sums["requests"].desc(),
+            col(record.end_user).asc().nulls_last(),
+        )
+        .limit(limit)
+    )
+    with Session(engine) as session:
+        rows = session.exec(query).all()  # type: ignore[call-overload]
+    return [{"user": row.end_user, "team": row.team} | _sums_of(row) for row in rows]
 
 
 def _totals(rows: list[UsageDaily]) -> dict[str, Any]:
@@ -96,3 +141,9 @@ def keys_to_csv(per_key: dict[str, dict[str, Any]]) -> str:
     """`by_key`'s totals, one line per key prefix."""
     lines = [[p, k["team"], *(k[n] for n in ROLLUP_SUMS)] for p, k in sorted(per_key.items())]
     return _csv(KEY_CSV_COLUMNS, lines)
+
+
+def users_to_csv(per_user: list[dict[str, Any]]) -> str:
+    """`by_end_user`'s totals, one line per end user (empty: requests that named none)."""
+    lines = [[u["user"] or "", u["team"], *(u[n] for n in ROLLUP_SUMS)] for u in per_user]
+    return _csv(USER_CSV_COLUMNS, lines)

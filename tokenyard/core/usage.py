@@ -37,6 +37,7 @@ class UsageEvent(msgspec.Struct):
     client_request_id: str | None = None
     status: int = 0
     key_prefix: str = ""
+    end_user: str | None = None  # the team's own user the request was for, as the client named it
     provider: str = ""
     tier: str = ""
     stream: bool = False

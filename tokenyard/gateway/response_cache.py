@@ -31,7 +31,7 @@ log = logging.getLogger("tokenyard.gateway")
 Mode = Literal["use", "refresh", "skip"]  # read and keep; keep only; neither
 # fields that label a request without changing its answer: two requests differing only in them
 # share an entry
-_LABELS = ("user", "metadata", "stream", "stream_options", "service_tier")
+_LABELS = ("user", "safety_identifier", "metadata", "stream", "stream_options", "service_tier")
 
 
 class Entry(msgspec.Struct, array_like=True):

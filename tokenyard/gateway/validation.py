@@ -27,6 +27,7 @@ MAX_N = 8
 # engine schedules, so the request's reservation covers them all, and this bounds its size
 MAX_CHOICES = 128
 MAX_CLIENT_ID = 128
+MAX_END_USER = 128  # characters of an end-user id kept with the usage
 MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit per embeddings request
 # a client's own request id (OpenAI's X-Client-Request-Id): printable ASCII without spaces, so it
 # can never break a header, a log line or a SQL index
@@ -67,6 +68,9 @@ class _Common(msgspec.Struct, kw_only=True):
     tier: Tier | None = None
     priority: Tier | None = None  # the engine protocol's name for the tier
     request_id: str | None = None
+    # the client's own end user (OpenAI's newer name, then the older one): recorded with the usage
+    safety_identifier: str | None = None
+    user: str | None = None
 
 
 class ChatRequest(_Common, kw_only=True):
@@ -110,6 +114,7 @@ class Parsed:
     n: int
     tier: Tier | None
     client_request_id: str | None  # the body's `request_id`; headers may name one too
+    end_user: str | None = None  # who the team asked for (`safety_identifier`, else `user`)
 
     @property
     def prompt_tokens(self) -> int:
@@ -238,7 +243,13 @@ def parse(raw: bytes, kind: Kind) -> Parsed:
         n=req.n,
         tier=req.tier or req.priority,
         client_request_id=client_request_id(req.request_id, "request_id"),
+        end_user=end_user(req.safety_identifier or req.user),
     )
+
+
+def end_user(value: str | None) -> str | None:
+    """The end user a request names, as recorded: bounded, since the client chooses it."""
+    return value[:MAX_END_USER] if value else None
 
 
 def _convert(body: dict[str, Any], struct: type[_S]) -> _S:
@@ -268,4 +279,5 @@ def _parse_embedding(body: dict[str, Any]) -> Parsed:
         n=1,
         tier=req.tier or req.priority,
         client_request_id=client_request_id(req.request_id, "request_id"),
+        end_user=end_user(req.user),
     )
