@@ -23,8 +23,9 @@ first gateway's tracing off, in the same run. `--guard` likewise adds a gateway 
 layer on (guard/: the default policy classifies every prompt and every reply) beside the first
 one's off; TTFT (first body byte) is printed for both. `--cache` adds a gateway with the response
 cache on (gateway/response_cache.py) and, unless --no-litellm, LiteLLM's proxy with its Redis cache
-on the same Redis: every request is the same greedy one, so after the first each non-streamed one
-is a hit (streamed requests are not cached by either: they measure the lookup's cost).
+on the same Redis: every request is the same greedy one, so after the first of each form (whole,
+streamed) every one is a hit; the cached gateway's lookups (hits and misses, from its /metrics) are
+printed after the runs.
 """
 
 import argparse
@@ -430,6 +431,14 @@ def main() -> None:
                         file=sys.stderr,
                         flush=True,
                     )
+        if args.cache:  # that the cached gateway's requests were hits, not only that it ran
+            scraped = httpx.get(f"http://127.0.0.1:{ports['cached']}/metrics", timeout=10).text
+            lookups = [
+                line
+                for line in scraped.splitlines()
+                if line.startswith("tokenyard_gateway_cache_lookups_total{")
+            ]
+            print("# tokenyard+cache " + ", ".join(lookups), file=sys.stderr)
 
     print(
         "| target | stream | concurrency | req/s | p50 ms | p99 ms | added p50 ms | added p99 "
