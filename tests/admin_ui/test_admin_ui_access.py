@@ -421,6 +421,37 @@ def test_pages_show_what_today_used_of_the_daily_budgets(
     assert "Today (UTC): $0.2500 of its $2.50 a day." in admin.get(f"/admin/keys/{prefix}").text
 
 
+def test_a_teams_page_lists_its_dearest_end_users(admin: httpx.Client, team: Any, sql: Any) -> None:
+    """From the records of the last 30 UTC days, the team's own only, dearest first."""
+    name, _ = team()
+    other, _ = team()
+    now = datetime.now(UTC)
+    spent = (("ann", 1, 0.5), ("bob", 0, 0.25), ("bob", 0, 0.125), (None, 2, 0.01))
+    events = [
+        event(team=name, end_user=u, ts=(now - timedelta(days=d)).timestamp(), cost_usd=c)
+        for u, d, c in spent
+    ]
+    events.append(
+        event(team=name, end_user="old", ts=(now - timedelta(days=30)).timestamp(), cost_usd=9.0)
+    )
+    events.append(event(team=other, end_user="zed", ts=now.timestamp(), cost_usd=7.0))
+    store.write(sql, [to_row(decoder.decode(msgspec.json.encode(e))) for e in events])
+    page = admin.get(f"/admin/teams/{name}").text
+    rows = [
+        line.strip()
+        for line in page.splitlines()
+        if line.strip().startswith("<tr><td>") and "$" in line
+    ]
+    users = [r for r in rows if r.startswith(("<tr><td>ann", "<tr><td>bob", "<tr><td>(none"))]
+    assert users == [
+        "<tr><td>ann</td><td>1</td><td>0</td><td>15</td><td>$0.5000</td></tr>",
+        "<tr><td>bob</td><td>2</td><td>0</td><td>30</td><td>$0.3750</td></tr>",
+        "<tr><td>(none named)</td><td>1</td><td>0</td><td>15</td><td>$0.0100</td></tr>",
+    ]
+    assert "<td>old</td>" not in page and "<td>zed</td>" not in page
+    assert "No requests recorded." in admin.get(f"/admin/teams/{team()[0]}").text
+
+
 def test_a_quota_change_reaches_another_gateway_within_a_second(
     admin: httpx.Client, team: Any, start_gateway: Any, redis_server: Any
 ) -> None:

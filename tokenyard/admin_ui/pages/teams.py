@@ -1,5 +1,6 @@
 """Teams: the list with the form that creates one, and a team's page (its limits and its keys)."""
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from litestar import Controller, Request, Response, get, post
@@ -8,10 +9,20 @@ from litestar.params import FromPath
 from litestar.response import Redirect
 
 from tokenyard.admin_ui import forms, render
-from tokenyard.admin_ui.access import admin_only, proxy_of, settings_of, tenancy_of
-from tokenyard.admin_ui.pages.keys import key_columns
+from tokenyard.admin_ui.access import (
+    admin_only,
+    in_thread,
+    proxy_of,
+    settings_of,
+    sql_of,
+    tenancy_of,
+)
+from tokenyard.admin_ui.pages.keys import SPEND_DAYS, key_columns
+from tokenyard.billing import reports
 from tokenyard.tenancy.errors import ManagementError
 from tokenyard.tenancy.limits import LIMIT_FIELDS, TIERS
+
+TOP_USERS = 10  # the team page's end users: the dearest; the admin API lists more
 
 
 def _catalog(request: Request) -> list[str]:
@@ -50,6 +61,9 @@ class Teams(Controller):
         if team is None:
             raise NotFoundException(f"no team {name!r}")
         listed = await tenancy_of(request).keys(name)
+        today = datetime.now(UTC).date()
+        start = today - timedelta(days=SPEND_DAYS - 1)
+        users = await in_thread(reports.by_end_user, sql_of(request), start, today, name, TOP_USERS)
         return await render.page(
             request,
             "team.html",
@@ -59,6 +73,8 @@ class Teams(Controller):
             keys=listed,
             **await key_columns(request, listed, name),
             today=await proxy_of(request).quotas.used_today(name),
+            end_users=users,
+            end_user_days=SPEND_DAYS,
             done=request.query_params.get("done", ""),
             cache_s=settings_of(request).gateway_key_cache_s,
             **_form_context(request),
