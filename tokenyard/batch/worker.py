@@ -191,7 +191,6 @@ class BatchWorker:
                 ENDPOINTS[request.endpoint],
                 request.body,
                 upstream_id,
-                request.key_prefix,
                 hung_up.wait,
             )
         except GatewayError as exc:

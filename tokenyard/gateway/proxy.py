@@ -212,7 +212,6 @@ class Proxy:
             parsed,
             tier,
             request_ids.request_id(request.scope),
-            policy.key_prefix,
             started,
             responses,
             trace,
@@ -225,7 +224,6 @@ class Proxy:
         kind: Kind,
         body: bytes,
         request_id: str,
-        key: str,
         hang_up: HangUp,
     ) -> tuple[int, bytes]:
         """The batch worker's call: an already-authenticated, non-streamed request of the batch
@@ -240,7 +238,7 @@ class Proxy:
         trace.root.set_attribute("tokenyard.team", policy.team)
         try:
             response = await self._serve(
-                None, hang_up, kind, policy, parsed, "batch", request_id, key, started, trace=trace
+                None, hang_up, kind, policy, parsed, "batch", request_id, started, trace=trace
             )
         except BaseException as exc:
             trace.refused(exc.status if isinstance(exc, GatewayError) else 500)
@@ -256,7 +254,6 @@ class Proxy:
         parsed: Parsed,
         tier: str,
         request_id: str,
-        key: str,
         started: float,
         responses: dict[str, Any] | None = None,
         trace: RequestTrace = NO_TRACE,
@@ -343,7 +340,7 @@ class Proxy:
             prompt_estimate=parsed.prompt_tokens if len(prompts) == 1 else None,
             prompt_reserved=sum(prompts),
             ts=time.time(),
-            key_prefix=key,
+            key_prefix=policy.key_prefix,  # the authenticated key's (a batch job's creator's)
             route_features=route.features,
         )
         if request is not None:
@@ -498,8 +495,7 @@ class Proxy:
         watch = check.screen.watch_output() if check is not None else None
         body_iter = _StreamBody(self, stream, parsed, res, upstream, event, started, watch)
         if lookup is not None and hit is None:  # its events are kept if it ends whole
-            body_iter.stream = body_iter.recording = Recording(stream, self.cache.max_bytes)
-            body_iter.lookup = lookup
+            body_iter.stream = body_iter.recording = Recording(stream, self.cache.max_bytes, lookup)
         return Stream(body_iter, media_type="text/event-stream", headers={**headers, **SSE_HEADERS})
 
     async def _screened(
@@ -562,10 +558,10 @@ class Proxy:
         status = 200 if result.error is None else 502
         body.res.trace.end_upstream(status, event.ttft)
         kept = None  # a stream that ended whole and unfiltered, to answer the same ask again
-        if body.lookup is not None and body.recording is not None and status == 200:
+        if body.recording is not None and status == 200:
             whole = body.recording.reply()
             if result.done and not result.filtered and whole is not None:
-                kept = (body.lookup, whole)
+                kept = (body.recording.lookup, whole)
         return self._spawn(
             self._close_and_settle(
                 body.stream, body.res, body.upstream, usage, event, body.started, status, kept
@@ -628,9 +624,7 @@ class _StreamBody:
         self.started = started
         self.result = StreamResult()
         self.settled: asyncio.Task[None] | None = None
-        # set where the response cache keeps this stream's events
-        self.lookup: Lookup | None = None
-        self.recording: Recording | None = None
+        self.recording: Recording | None = None  # where the response cache keeps its events
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self._relay()

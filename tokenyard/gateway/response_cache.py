@@ -124,11 +124,12 @@ class ResponseCache:
 
 
 class Recording:
-    """An upstream stream whose bytes are also kept, up to `limit`, to be cached when it ends
-    whole."""
+    """An upstream stream whose bytes are also kept, up to `limit`, to be cached at `lookup`'s
+    place when it ends whole."""
 
-    def __init__(self, stream: UpstreamStream, limit: int) -> None:
+    def __init__(self, stream: UpstreamStream, limit: int, lookup: Lookup) -> None:
         self.stream = stream
+        self.lookup = lookup
         self.status = stream.status
         self.limit = limit
         self.parts: list[bytes] = []
