@@ -34,7 +34,7 @@ def test_every_team_field_has_a_label() -> None:
 def test_a_valid_form_gives_the_limits_blank_meaning_unlimited() -> None:
     parsed = forms.parse(
         _form(name="ml", rpm="60", tpm="", usd_per_day="12.5", auto_threshold="0.7",
-              default_tier="batch", models=["big", "small"]),
+              default_tier="batch", models=["big", "small"], user_usd_per_day="0.5"),
         CATALOG,
         with_name=True,
     )  # fmt: skip
@@ -44,6 +44,7 @@ def test_a_valid_form_gives_the_limits_blank_meaning_unlimited() -> None:
     assert parsed.limits["usd_per_day"] == 12.5
     assert parsed.limits["auto_threshold"] == 0.7
     assert parsed.limits["default_tier"] == "batch"
+    assert parsed.limits["user_usd_per_day"] == 0.5 and parsed.limits["user_rpm"] is None
     assert parsed.limits["models"] == "small,big"  # the catalog's order
     assert set(parsed.limits) == set(LIMIT_FIELDS)
 

@@ -170,6 +170,30 @@ def test_daily_dollar_budget_is_enforced_from_costs(
     assert err.value.response.headers["x-tokenyard-limit"] == "usd_per_day"
 
 
+def test_each_end_users_dollar_budget_is_charged_and_enforced(
+    gw: Gateway, team: Any, redis_server: Any
+) -> None:
+    """Settle charges a request's spend to its end user's own day counter where the team budgets
+    each end user; over it, that user is refused while another user and requests naming none go
+    on (and are never charged to a user's counter)."""
+    name, key = team(user_usd_per_day=1.5 * CHARGED)
+    client = gw.client(key)
+    for _ in range(2):  # $0, then $0.005 spent before each: under $0.0075
+        client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=10, user="erin")
+    client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=10)
+    counters, names = redis_server.client(), TeamKeys(name)
+    assert int(counters.get(names.user_day_usd("erin", day_number()))) == round(
+        2 * CHARGED * 1_000_000
+    )
+    assert counters.get(names.user_day_usd("", day_number())) is None
+    with pytest.raises(openai.RateLimitError) as err:
+        client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=10, user="erin")
+    assert err.value.code == "insufficient_quota" and "'erin'" in err.value.message
+    assert err.value.response.headers["x-tokenyard-limit"] == "user_usd_per_day"
+    client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=10, user="frank")
+    client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=10)
+
+
 def test_a_keys_own_dollar_budget_is_charged_and_enforced(
     gw: Gateway, team: Any, redis_server: Any, sql: Engine
 ) -> None:

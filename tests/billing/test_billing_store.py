@@ -217,8 +217,9 @@ def test_a_database_from_before_migrations_is_adopted(tmp_path: Path) -> None:
     with Session(engine) as session:
         session.add(Team(name="kept"))
         session.commit()
-    with engine.begin() as conn:  # the columns added since then (migrations 0004, 0009-0016)
-        for column in ("webhook_secret", "disabled", "auto_quality", "cache_ttl_s"):
+    with engine.begin() as conn:  # the columns added since then (migrations 0004, 0009-0018)
+        added = ("webhook_secret", "disabled", "auto_quality", "cache_ttl_s", "user_rpm")
+        for column in (*added, "user_tpm", "user_usd_per_day"):
             conn.execute(text(f"ALTER TABLE team DROP COLUMN {column}"))
         for column in ("name", "expires_at", "models", "rpm", "tpm", "usd_per_day", "concurrency"):
             conn.execute(text(f"ALTER TABLE apikey DROP COLUMN {column}"))

@@ -71,6 +71,9 @@ def test_teams_lifecycle(admin: Any) -> None:
         "strong_share": None,
         "auto_quality": None,
         "cache_ttl_s": None,
+        "user_rpm": None,
+        "user_tpm": None,
+        "user_usd_per_day": None,
         "disabled": False,
         "created_at": None,
     }
@@ -80,9 +83,12 @@ def test_teams_lifecycle(admin: Any) -> None:
     # a field left out is kept, null makes it unlimited
     patched = api.patch(f"/teams/{name}", json={"tpm": 1000, "rpm": None}).json()
     assert (patched["rpm"], patched["tpm"], patched["models"]) == (None, 1000, MODEL)
+    per_user = api.patch(f"/teams/{name}", json={"user_rpm": 3, "user_usd_per_day": 0.25}).json()
+    assert (per_user["user_rpm"], per_user["user_usd_per_day"], per_user["tpm"]) == (3, 0.25, 1000)
     # 2**63 overflowed SQL's integers (a 500); above 2**53 the quota script's numbers lose counts
     too_big = ({"batch_tokens_per_day": 2**63}, {"tpm": 2**53 + 1}, {"usd_per_day": 1e300})
-    for bad in ({"rpm": -1}, {"nope": 1}, {"default_tier": "gold"}, {"strong_share": 2}, *too_big):
+    negative = ({"rpm": -1}, {"user_tpm": -5})
+    for bad in (*negative, {"nope": 1}, {"default_tier": "gold"}, {"strong_share": 2}, *too_big):
         reply = api.patch(f"/teams/{name}", json=bad)
         assert reply.status_code == 400, bad
         assert reply.json()["error"]["type"] == "invalid_request_error"

@@ -241,6 +241,8 @@ def test_teams_cli(base_env: dict) -> None:
     assert run("teams", "create", "cli-team").returncode == 1  # exists
     updated = run("teams", "update", "cli-team", "--rpm", "7", "--usd-per-day", "2.5")
     assert "rpm=7" in updated.stdout and "usd_per_day=2.5" in updated.stdout
+    per_user = run("teams", "update", "cli-team", "--user-rpm", "3", "--user-usd-per-day", "0.5")
+    assert "user_rpm=3" in per_user.stdout and "user_usd_per_day=0.5" in per_user.stdout
     assert "cli-team: rpm=7" in run("teams", "list").stdout
     key = run("keys", "create", "--team", "cli-team").stdout.strip().splitlines()[-1]
     assert key.startswith("ty-") and len(key) > 40

@@ -399,6 +399,58 @@ def test_a_keys_own_concurrency_applies_beside_its_teams(
     client.chat.completions.create(model=MODEL, messages=chat(), max_tokens=5)
 
 
+def test_each_end_user_is_held_to_the_teams_limits_per_user(
+    gateway: Any, team: Any, redis_server: Any
+) -> None:
+    """A team's per-end-user limits (LiteLLM's customer budgets) hold each user its request names
+    (`safety_identifier`, else `user`) apart: one user at its limit is refused with its own code,
+    naming it, while another user and requests naming none go on; x-ratelimit-* show the user's
+    bucket where it has less left than the team's."""
+    name, key = team(rpm=100, user_rpm=2, user_tpm=100_000)
+    client = gateway.client(key)
+
+    def ask(max_tokens: int = 5, **who: str) -> Any:
+        return client.chat.completions.with_raw_response.create(
+            model=MODEL, messages=chat(chunks=5), max_tokens=max_tokens, **who
+        )
+
+    seen = [ask(user="alice").headers, ask(safety_identifier="alice").headers]
+    assert [h["x-ratelimit-limit-requests"] for h in seen] == ["2", "2"]
+    assert [h["x-ratelimit-remaining-requests"] for h in seen] == ["1", "0"]
+    assert seen[0]["x-ratelimit-limit-tokens"] == "100000"
+    err = refused(lambda: ask(user="alice"))
+    assert err.status_code == 429 and err.code == "user_requests_per_minute"
+    assert "end user 'alice'" in err.message
+    assert err.response.headers["x-tokenyard-limit"] == "user_requests_per_minute"
+    assert 28 <= int(err.response.headers["retry-after"]) <= 30
+    # safety_identifier names the user even beside another `user`
+    assert refused(lambda: ask(safety_identifier="alice", user="bob")).code == (
+        "user_requests_per_minute"
+    )
+    assert ask(user="bob").headers["x-ratelimit-remaining-requests"] == "1"
+    anonymous = ask().headers  # no end user: the team's limits alone
+    assert anonymous["x-ratelimit-limit-requests"] == "100"
+    assert anonymous["x-ratelimit-remaining-requests"] == "96"  # alice 2, bob 1, this one
+    # a user's tokens per minute: reserved at prompt + max_tokens, the unused part refunded
+    _, key = team(user_tpm=200)
+    client = gateway.client(key)
+    for _ in range(2):  # 132 each reserved, 8 used: the second fits only after the refund
+        ask(user="gus", max_tokens=120)
+    err = refused(lambda: ask(user="gus", max_tokens=300))
+    assert err.code == "user_tokens_per_minute" and err.response.headers["retry-after"] == "60"
+    ask(user="hal", max_tokens=120)
+    # a user's dollars per day: spent, refused as a spent budget, the others go on
+    name, key = team(user_usd_per_day=0.5)
+    client = gateway.client(key)
+    ask(user="carol")
+    redis_server.client().incrby(TeamKeys(name).user_day_usd("carol", day_number()), 600_000)
+    err = refused(lambda: ask(user="carol"))
+    assert err.status_code == 429 and err.code == "insufficient_quota"
+    assert "user_usd_per_day" in err.message and "end user 'carol'" in err.message
+    ask(user="dave")
+    ask()
+
+
 def test_durations_are_written_as_openai_writes_them() -> None:
     assert [duration(s) for s in (0.02, 6, 59.6, 90, 3600)] == [
         "20ms",

@@ -50,9 +50,13 @@ class Ask(NamedTuple):
     pages: int
     batch: bool
     used: int
+    user: str | None  # the end user it names, held to the team's limits per user
 
 
-ASK = st.builds(Ask, st.integers(1, 500), st.integers(0, 8), st.booleans(), st.integers(0, 600))
+USERS = st.sampled_from([None, "ann", "ann", "bo"])
+ASK = st.builds(
+    Ask, st.integers(1, 500), st.integers(0, 8), st.booleans(), st.integers(0, 600), USERS
+)
 
 
 def _over(limit: int, amount: int) -> bool:
@@ -82,6 +86,8 @@ class QuotaMachine(RuleBasedStateMachine):
         self.admitted = 0  # reservations admitted (requests per minute)
         self.charged_minute = 0  # tokens charged to the per-minute bucket, refunds included
         self.charged_day = {False: 0, True: 0}  # per tier (batch has its own daily budget)
+        self.admitted_by_user: dict[str, int] = {}  # the same two, per end user
+        self.charged_by_user: dict[str, int] = {}
         self.started = time.monotonic()
 
     @initialize(
@@ -96,6 +102,8 @@ class QuotaMachine(RuleBasedStateMachine):
         key_rpm=st.sampled_from([0, 2, 8]),
         key_tpm=st.sampled_from([0, 250, 1000]),
         key_concurrency=limits,
+        user_rpm=st.sampled_from([0, 2, 2, 5]),
+        user_tpm=st.sampled_from([0, 300, 800]),
     )
     def limits(
         self,
@@ -110,6 +118,8 @@ class QuotaMachine(RuleBasedStateMachine):
         key_rpm: int,
         key_tpm: int,
         key_concurrency: int,
+        user_rpm: int,
+        user_tpm: int,
     ) -> None:
         self.policy = TeamPolicy(
             team="props",  # alone in its flushed database
@@ -124,6 +134,8 @@ class QuotaMachine(RuleBasedStateMachine):
             key_rpm=key_rpm,
             key_tpm=key_tpm,
             key_concurrency=key_concurrency,
+            user_rpm=user_rpm,
+            user_tpm=user_tpm,
         )
         self.quotas = Quotas(
             self.redis,
@@ -158,7 +170,9 @@ class QuotaMachine(RuleBasedStateMachine):
 
         async def together() -> list[Reservation | BaseException]:
             calls = [
-                self.quotas.reserve(self.policy, lease_id, ask.tokens, ask.pages, ask.batch)
+                self.quotas.reserve(
+                    self.policy, lease_id, ask.tokens, ask.pages, ask.batch, ask.user
+                )
                 for lease_id, ask in zip(leases, asks, strict=True)
             ]
             return await asyncio.gather(*calls, return_exceptions=True)
@@ -174,7 +188,13 @@ class QuotaMachine(RuleBasedStateMachine):
             self.admitted += 1
             self.charged_minute += ask.tokens
             self.charged_day[ask.batch] += ask.tokens
-            self.check_admission(ask.batch)
+            if ask.user is not None:
+                self.admitted_by_user[ask.user] = self.admitted_by_user.get(ask.user, 0) + 1
+                self.charge_user(ask.user, ask.tokens)
+            self.check_admission(ask.batch, ask.user)
+
+    def charge_user(self, user: str, tokens: int) -> None:
+        self.charged_by_user[user] = self.charged_by_user.get(user, 0) + tokens
 
     def purge(self) -> None:
         for held in self.held.values():
@@ -193,6 +213,8 @@ class QuotaMachine(RuleBasedStateMachine):
         delta = held.used - held.res.tokens
         self.charged_minute += delta
         self.charged_day[held.res.batch] += delta
+        if held.res.end_user is not None:
+            self.charge_user(held.res.end_user, delta)
 
     @rule()
     def renew(self) -> None:
@@ -226,7 +248,7 @@ class QuotaMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ the properties
 
-    def check_admission(self, batch: bool) -> None:
+    def check_admission(self, batch: bool, user: str | None) -> None:
         """Right after an admission, nothing is over its limit (the buckets also refill)."""
         policy, quotas, live = self.policy, self.quotas, self.live()
         minutes = (time.monotonic() - self.started) / 60 + 0.001
@@ -250,6 +272,12 @@ class QuotaMachine(RuleBasedStateMachine):
             assert self.admitted <= policy.key_rpm * (1 + minutes)
         if policy.key_tpm:
             assert self.charged_minute <= policy.key_tpm * (1 + minutes)
+        # the admitted request's end user (settling more than was reserved may take another user
+        # over until its bucket refills; its next admission waits for that); none: not counted
+        if policy.user_rpm and user is not None:
+            assert self.admitted_by_user[user] <= policy.user_rpm * (1 + minutes)
+        if policy.user_tpm and user is not None:
+            assert self.charged_by_user[user] <= policy.user_tpm * (1 + minutes)
 
     def check_refusal(self, refusal: GatewayError, ask: Ask) -> None:
         """A refusal names a limit that this request really would have passed."""
@@ -272,6 +300,8 @@ class QuotaMachine(RuleBasedStateMachine):
             "tokens_per_minute": policy.tpm > 0,
             "key_requests_per_minute": policy.key_rpm > 0,
             "key_tokens_per_minute": policy.key_tpm > 0,
+            "user_requests_per_minute": ask.user is not None and policy.user_rpm > 0,
+            "user_tokens_per_minute": ask.user is not None and policy.user_tpm > 0,
         }
         assert reached[code or ""], f"refused for {code} below the limit"
 
@@ -309,7 +339,7 @@ class QuotaMachine(RuleBasedStateMachine):
         for held in self.held.values():
             if not held.expired:
                 self.expire(held)
-        self.reserve([Ask(1, 0, False, 1)])  # the next reservation purges what expired
+        self.reserve([Ask(1, 0, False, 1, None)])  # the next reservation purges what expired
         for lease_id in self.running():
             self.settle_lease(lease_id)
         for key in (self.keys.leases, PLATFORM_LEASES, PLATFORM_BATCH_LEASES, self.key_leases):
@@ -324,7 +354,7 @@ def test_quota_scripts_never_admit_past_a_limit_and_return_to_zero(
     run_state_machine_as_test(
         QuotaMachine,
         settings=settings(
-            max_examples=60,
+            max_examples=100,
             stateful_step_count=25,
             deadline=None,
             database=None,

@@ -30,6 +30,9 @@ LABELS: dict[str, tuple[str, str]] = {
     "strong_share": ("Strong-model share", "0 to 1: used when no threshold is set"),
     "auto_quality": ("Auto-routing quality bar", "0 to 1: cheapest model predicted to reach it"),
     "cache_ttl_s": ("Response cache, seconds", "0: off; blank: the platform's time"),
+    "user_rpm": ("Requests per minute, each end user", "by safety_identifier or user; blank: none"),
+    "user_tpm": ("Tokens per minute, each end user", "blank: none"),
+    "user_usd_per_day": ("Dollars per day, each end user", "UTC day; blank: none"),
 }
 
 

@@ -58,6 +58,10 @@ class TeamLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     strong_share: Share | UnsetType | None = UNSET
     auto_quality: Share | UnsetType | None = UNSET
     cache_ttl_s: Seconds | UnsetType | None = UNSET
+    # each end user's own, within the team
+    user_rpm: Count | UnsetType | None = UNSET
+    user_tpm: Count | UnsetType | None = UNSET
+    user_usd_per_day: Dollars | UnsetType | None = UNSET
 
 
 class NewTeam(TeamLimits, kw_only=True, forbid_unknown_fields=True):

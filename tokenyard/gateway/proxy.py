@@ -312,7 +312,9 @@ class Proxy:
             responses,
         )
         with trace.span("quota.reserve", tokens=tokens, kv_pages=pages, tier=tier):
-            res = await self.quotas.reserve(policy, lease_id, tokens, pages, tier == "batch")
+            res = await self.quotas.reserve(
+                policy, lease_id, tokens, pages, tier == "batch", parsed.end_user
+            )
         res.trace, trace.settling = trace, True
         self.keeper.active[lease_id] = res
         metrics.IN_FLIGHT.inc()

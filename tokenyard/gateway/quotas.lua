@@ -39,16 +39,19 @@ local op = ARGV[1]
 if op == 'reserve' then
   -- KEYS: rpm bucket, tpm bucket, day tokens (the batch tier's own counter for batch), day usd
   --       (micro-dollars), team leases, team pages, platform leases, platform batch leases,
-  --       the key's own rpm bucket, tpm bucket, day usd and leases
+  --       the key's own rpm bucket, tpm bucket, day usd and leases, the end user's own rpm bucket,
+  --       tpm bucket and day usd
   -- ARGV: op, lease id, rpm, tpm, tokens/day (of that counter), usd/day (micro), concurrency, kv pages,
   --       platform concurrency, platform batch concurrency, tokens, pages, lease ms, batch (0/1),
-  --       the key's rpm, tpm, usd/day (micro) and concurrency
+  --       the key's rpm, tpm, usd/day (micro) and concurrency, the end user's rpm, tpm and usd/day
+  --       (micro; all 0 for a request that names no end user)
   local id = ARGV[2]
   local rpm, tpm, tpd, upd = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
   local conc, kvp = tonumber(ARGV[7]), tonumber(ARGV[8])
   local pconc, pbatch = tonumber(ARGV[9]), tonumber(ARGV[10])
   local tokens, pages, lease_ms, batch = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13]), ARGV[14] == '1'
   local krpm, ktpm, kupd, kconc = tonumber(ARGV[15]), tonumber(ARGV[16]), tonumber(ARGV[17]), tonumber(ARGV[18])
+  local urpm, utpm, uupd = tonumber(ARGV[19]), tonumber(ARGV[20]), tonumber(ARGV[21])
   local now = now_ms()
   local to_midnight = 86400 - math.floor(now / 1000) % 86400
   local worst, wait = nil, -1
@@ -85,6 +88,11 @@ if op == 'reserve' then
   if kupd > 0 and (tonumber(redis.call('GET', KEYS[11])) or 0) >= kupd then
     refuse('key_usd_per_day', to_midnight)
   end
+  local urpm_level = bucket(KEYS[13], urpm, 1, 'user_requests_per_minute')
+  local utpm_level = bucket(KEYS[14], utpm, tokens, 'user_tokens_per_minute')
+  if uupd > 0 and (tonumber(redis.call('GET', KEYS[15])) or 0) >= uupd then
+    refuse('user_usd_per_day', to_midnight)
+  end
   purge(KEYS[5], KEYS[6], now)
   if conc > 0 and redis.call('ZCARD', KEYS[5]) >= conc then refuse('concurrency', 1) end
   purge(KEYS[12], nil, now)
@@ -101,7 +109,7 @@ if op == 'reserve' then
   -- the per-minute buckets' levels go back with the verdict: the x-ratelimit-* headers
   if worst then
     return {0, worst, math.max(1, wait), rpm_level or -1, tpm_level or -1, krpm_level or -1,
-            ktpm_level or -1}
+            ktpm_level or -1, urpm_level or -1, utpm_level or -1}
   end
 
   -- everything fits: take it all
@@ -112,7 +120,8 @@ if op == 'reserve' then
     return level - amount
   end
   local left = {take(KEYS[1], rpm_level, 1), take(KEYS[2], tpm_level, tokens),
-                take(KEYS[9], krpm_level, 1), take(KEYS[10], ktpm_level, tokens)}
+                take(KEYS[9], krpm_level, 1), take(KEYS[10], ktpm_level, tokens),
+                take(KEYS[13], urpm_level, 1), take(KEYS[14], utpm_level, tokens)}
   redis.call('INCRBY', KEYS[3], tokens)
   redis.call('EXPIRE', KEYS[3], 172800)
   redis.call('ZADD', KEYS[5], now + lease_ms, id)
@@ -121,13 +130,15 @@ if op == 'reserve' then
   redis.call('HINCRBY', KEYS[6], '#sum', pages)
   redis.call('ZADD', KEYS[7], now + lease_ms, id)
   if batch then redis.call('ZADD', KEYS[8], now + lease_ms, id) end
-  return {1, left[1], left[2], left[3], left[4]}
+  return {1, unpack(left)}
 
 elseif op == 'settle' then
   -- KEYS: tpm bucket, day tokens, team leases, team pages, platform leases, platform batch leases,
-  --       usage stream, day usd (micro-dollars), the key's own tpm bucket, day usd and leases
+  --       usage stream, day usd (micro-dollars), the key's own tpm bucket, day usd and leases, the end
+  --       user's own tpm bucket and day usd
   -- ARGV: op, lease id, tokens reserved, tokens used, tpm limit, event (JSON), spend (micro-dollars;
-  --       0 for teams without a dollar budget), the key's tpm limit, the key's spend (0: no budget)
+  --       0 for teams without a dollar budget), the key's tpm limit, the key's spend (0: no budget),
+  --       the end user's tpm limit and spend (0: none)
   local id = ARGV[2]
   local delta = tonumber(ARGV[4]) - tonumber(ARGV[3])  -- < 0: refund the unused reservation
   -- refunds do not depend on the lease: a lease that expired early still reserved tokens
@@ -139,6 +150,7 @@ elseif op == 'settle' then
   end
   refund(KEYS[1], tonumber(ARGV[5]))
   refund(KEYS[9], tonumber(ARGV[8]))
+  refund(KEYS[12], tonumber(ARGV[10]))
   if delta ~= 0 and redis.call('EXISTS', KEYS[2]) == 1 then redis.call('INCRBY', KEYS[2], delta) end
   release(KEYS[3], KEYS[4], id)
   release(KEYS[5], nil, id)
@@ -154,6 +166,7 @@ elseif op == 'settle' then
   end
   charge(KEYS[8], tonumber(ARGV[7]))
   charge(KEYS[10], tonumber(ARGV[9]))
+  charge(KEYS[13], tonumber(ARGV[11]))
   return 1
 
 elseif op == 'renew' then

@@ -1,4 +1,5 @@
-"""Per-team, per-key and platform quotas, enforced by one Lua script call per request (quotas.lua).
+"""Per-team, per-key, per-end-user and platform quotas, enforced by one Lua script call per request
+(quotas.lua).
 
 reserve() takes everything a request may use (a request, prompt + max_tokens tokens, a concurrency
 lease, KV pages) or nothing; settle() swaps the reservation for the actual usage, releases the
@@ -45,7 +46,12 @@ _MESSAGES = {
     "key_tokens_per_minute": "tokens per minute",
     "key_usd_per_day": "dollars per day",
     "key_concurrency": "concurrent requests",
+    # each end user's, within its team
+    "user_requests_per_minute": "requests per minute",
+    "user_tokens_per_minute": "tokens per minute",
+    "user_usd_per_day": "dollars per day",
 }
+_BUDGET_CODES = {"usd_per_day", "key_usd_per_day", "user_usd_per_day"}
 
 
 def day_number(when: date | None = None) -> int:
@@ -88,6 +94,17 @@ class TeamKeys:
     def key_leases(self, prefix: str) -> str:
         return f"{self.base}:key:{prefix}:leases"
 
+    def user_rpm(self, user: str) -> str:
+        """An end user's counters, under its team's tag too. Its name is the client's string (at
+        most 128 characters): the fixed suffixes keep two users' keys apart whatever they hold."""
+        return f"{self.base}:user:{user}:rpm"
+
+    def user_tpm(self, user: str) -> str:
+        return f"{self.base}:user:{user}:tpm"
+
+    def user_day_usd(self, user: str, day: int) -> str:
+        return f"{self.base}:user:{user}:usd:{day}"
+
 
 @dataclass(frozen=True)
 class DayUse:
@@ -116,6 +133,7 @@ class Reservation:
     tokens: int
     pages: int
     batch: bool
+    end_user: str | None = None  # held to the team's limits per end user, where it names one
     enforced: bool = True  # False: admitted without Redis (fail-open), nothing to settle
     headers: dict[str, str] = field(default_factory=dict)  # x-ratelimit-*, as reserve left them
     trace: RequestTrace = NO_TRACE  # the request's spans; its settling ends them
@@ -126,15 +144,28 @@ class Reservation:
         keys = self.keys
         return keys.day_batch_tokens(self.day) if self.batch else keys.day_tokens(self.day)
 
+    @property
+    def user(self) -> str:
+        return self.end_user or ""
+
+    def user_limit(self, limit: float) -> float:
+        """The team's limit per end user as it applies to this request: none without an end user."""
+        return limit if self.end_user is not None else 0
+
+
+def _tightest(*buckets: tuple[int, int]) -> tuple[int, int]:
+    """Of (limit, level) pairs, the bucket with least left among those the script checked (a
+    level of -1: not checked); (0, -1) where none was."""
+    checked = [(limit, level) for limit, level in buckets if limit > 0 and level >= 0]
+    return min(checked, key=lambda bucket: bucket[1], default=(0, -1))
+
 
 def _headers(policy: TeamPolicy, levels: list[int]) -> dict[str, str]:
-    """x-ratelimit-* for the bucket of each kind that runs out first: the key's own, where it has
-    one with less left, else the team's. `levels`: team rpm, team tpm, key rpm, key tpm."""
-    rpm, tpm = (policy.rpm, levels[0]), (policy.tpm, levels[1])
-    if policy.key_rpm > 0 and levels[2] >= 0 and (rpm[0] <= 0 or levels[2] < rpm[1]):
-        rpm = (policy.key_rpm, levels[2])
-    if policy.key_tpm > 0 and levels[3] >= 0 and (tpm[0] <= 0 or levels[3] < tpm[1]):
-        tpm = (policy.key_tpm, levels[3])
+    """x-ratelimit-* for the bucket of each kind that runs out first: the team's, the key's own or
+    the end user's. `levels`: team rpm, team tpm, key rpm, key tpm, user rpm, user tpm."""
+    team, key, user = levels[0:2], levels[2:4], levels[4:6]
+    rpm = _tightest((policy.rpm, team[0]), (policy.key_rpm, key[0]), (policy.user_rpm, user[0]))
+    tpm = _tightest((policy.tpm, team[1]), (policy.key_tpm, key[1]), (policy.user_tpm, user[1]))
     return rate_limit_headers(rpm[0], rpm[1], tpm[0], tpm[1])
 
 
@@ -165,11 +196,17 @@ class Quotas:
         return keys
 
     async def reserve(
-        self, policy: TeamPolicy, lease_id: str, tokens: int, pages: int, batch: bool
+        self,
+        policy: TeamPolicy,
+        lease_id: str,
+        tokens: int,
+        pages: int,
+        batch: bool,
+        end_user: str | None = None,
     ) -> Reservation:
         keys = self.team_keys(policy.team)
         day = day_number()
-        res = Reservation(lease_id, policy, keys, day, tokens, pages, batch)
+        res = Reservation(lease_id, policy, keys, day, tokens, pages, batch, end_user)
         try:
             result = await self._script(
                 keys=[
@@ -185,6 +222,9 @@ class Quotas:
                     keys.key_tpm(policy.key_prefix),
                     keys.key_day_usd(policy.key_prefix, day),
                     keys.key_leases(policy.key_prefix),
+                    keys.user_rpm(res.user),
+                    keys.user_tpm(res.user),
+                    keys.user_day_usd(res.user, day),
                 ],
                 args=[
                     "reserve",
@@ -205,6 +245,9 @@ class Quotas:
                     policy.key_tpm,
                     int(policy.key_usd_per_day * 1_000_000),
                     policy.key_concurrency,
+                    res.user_limit(policy.user_rpm),
+                    res.user_limit(policy.user_tpm),
+                    int(res.user_limit(policy.user_usd_per_day) * 1_000_000),
                 ],
             )
         except RedisError as exc:
@@ -219,10 +262,10 @@ class Quotas:
                 retry_after=1,
             ) from None
         if result[0] == 1:
-            res.headers = _headers(policy, result[1:5])
+            res.headers = _headers(policy, result[1:7])
             return res
         code = result[1].decode() if isinstance(result[1], bytes) else result[1]
-        levels = _headers(policy, result[3:7])
+        levels = _headers(policy, result[3:9])
         if code == "tokens_per_day" and batch:
             code = "batch_tokens_per_day"
         retry_after = int(result[2])
@@ -236,13 +279,18 @@ class Quotas:
                 limit=code,
                 headers=levels,
             )
-        who = f"key {policy.key_prefix}…" if code.startswith("key_") else f"team {policy.team!r}"
+        if code.startswith("key_"):
+            who = f"key {policy.key_prefix}…"
+        elif code.startswith("user_"):
+            who = f"end user {end_user!r} of team {policy.team!r}"
+        else:
+            who = f"team {policy.team!r}"
         message = (
             f"{who} is over its limit of {what} "
             f"(this request needs {tokens} tokens, {pages} KV pages)"
         )
         # a spent budget: OpenAI's code, on which clients stop retrying
-        if code in ("usd_per_day", "key_usd_per_day"):
+        if code in _BUDGET_CODES:
             raise GatewayError(
                 429,
                 f"{message}: {code}",
@@ -259,10 +307,10 @@ class Quotas:
     async def settle(
         self, res: Reservation, usage: Usage, event: UsageEvent, spend_usd: float = 0.0
     ) -> None:
-        """Replace the reservation with actual usage and charge `spend_usd` to the team's and the
-        key's dollars for the day it reserved on (where they have a budget; the next reservation
-        checks it); never raises (leases expire regardless). The usage event is spooled locally
-        when Redis cannot take it, so billing still gets it."""
+        """Replace the reservation with actual usage and charge `spend_usd` to the team's, the key's
+        and the end user's dollars for the day it reserved on (where each has a budget; the next
+        reservation checks it); never raises (leases expire regardless). The usage event is spooled
+        locally when Redis cannot take it, so billing still gets it."""
         encoded = msgspec.json.encode(event)
         if not res.enforced:  # served fail-open without Redis
             self._spool(encoded)
@@ -284,6 +332,8 @@ class Quotas:
                     keys.key_tpm(policy.key_prefix),
                     keys.key_day_usd(policy.key_prefix, res.day),
                     keys.key_leases(policy.key_prefix),
+                    keys.user_tpm(res.user),
+                    keys.user_day_usd(res.user, res.day),
                 ],
                 args=[
                     "settle",
@@ -295,6 +345,8 @@ class Quotas:
                     spend if policy.usd_per_day > 0 else 0,
                     policy.key_tpm,
                     spend if policy.key_usd_per_day > 0 else 0,
+                    res.user_limit(policy.user_tpm),
+                    spend if res.user_limit(policy.user_usd_per_day) > 0 else 0,
                 ],
             )
         except RedisError as exc:

@@ -23,6 +23,11 @@ LIMIT_FIELDS: dict[str, type] = {
     "strong_share": float,
     "auto_quality": float,
     "cache_ttl_s": float,
+    # each end user's own limits within the team (LiteLLM's customer budgets): the user a request
+    # names in `safety_identifier` or `user`; requests that name none are held to the team's alone
+    "user_rpm": int,
+    "user_tpm": int,
+    "user_usd_per_day": float,
 }
 
 # the limits a key may have of its own, beside its team's (a subset of the team's fields)
@@ -77,4 +82,8 @@ LIMIT_HELP: dict[str, str] = {
     "catalog's quality_bar)",
     "cache_ttl_s": "seconds the response cache keeps the team's deterministic answers; 0: never "
     "cached (default: the platform's TOKENYARD_GATEWAY_CACHE_TTL_S)",
+    "user_rpm": "requests per minute of each end user (the request's safety_identifier or user) "
+    "(default: unlimited)",
+    "user_tpm": "tokens per minute of each end user (default: unlimited)",
+    "user_usd_per_day": "US dollars of spend per UTC day of each end user (default: unlimited)",
 }

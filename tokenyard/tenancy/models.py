@@ -49,6 +49,11 @@ class Team(SQLModel, table=True):
     # signs the team's batch callbacks (Standard Webhooks, whsec_…; batch/webhooks.py); kept as
     # is, not hashed: signing needs the key itself, a hash could only check one
     webhook_secret: str | None = None
+    # each end user's own limits within the team (None: none); a request names its end user in
+    # `safety_identifier` or `user`
+    user_rpm: int | None = _count()
+    user_tpm: int | None = _count()
+    user_usd_per_day: float | None = None
     # a disabled team's keys are refused (its keys, limits and usage are kept, to enable it again)
     disabled: bool = False
     created_at: datetime = Field(default_factory=_now)

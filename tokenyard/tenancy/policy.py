@@ -34,6 +34,10 @@ class TeamPolicy(msgspec.Struct, frozen=True):
     key_tpm: int = 0
     key_usd_per_day: float = 0.0
     key_concurrency: int = 0
+    # each end user's own limits within the team (0: none)
+    user_rpm: int = 0
+    user_tpm: int = 0
+    user_usd_per_day: float = 0.0
 
 
 def policy_of(team: Team, key: ApiKey | None = None) -> TeamPolicy:
@@ -64,6 +68,9 @@ def policy_of(team: Team, key: ApiKey | None = None) -> TeamPolicy:
         key_tpm=(key.tpm or 0) if key else 0,
         key_usd_per_day=(key.usd_per_day or 0.0) if key else 0.0,
         key_concurrency=(key.concurrency or 0) if key else 0,
+        user_rpm=team.user_rpm or 0,
+        user_tpm=team.user_tpm or 0,
+        user_usd_per_day=team.user_usd_per_day or 0.0,
     )
 
 
