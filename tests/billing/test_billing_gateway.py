@@ -126,6 +126,85 @@ def test_usage_by_end_user(gw: Gateway, team: Any, sql: Engine, billing_env: dic
     assert [line.split(",")[:3] for line in report[1:]] == [["ann", name, "3"], ["bob", name, "1"]]
 
 
+def test_usage_by_metadata(gw: Gateway, team: Any, sql: Engine, billing_env: dict) -> None:
+    """A request's `metadata` (OpenAI's: up to 16 string pairs) is recorded with its usage, on
+    every provider, through Chat Completions and the Responses API alike; a team reads its spend
+    by the values of any one key, never another team's; out-of-bounds metadata is a 400."""
+    name, key = team()
+    client = gw.client(key)
+    for feature, count in (("search", 2), ("chat", 1)):
+        for _ in range(count):
+            client.chat.completions.create(
+                model=MODEL, messages=CHAT, max_tokens=10, metadata={"feature": feature}
+            )
+    client.responses.create(model=MODEL, input="hi", metadata={"feature": "chat", "env": "dev"})
+    client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=10)
+    other, other_key = team()
+    gw.client(other_key).chat.completions.create(
+        model=MODEL, messages=CHAT, max_tokens=10, metadata={"feature": "search"}
+    )
+    got = wait_records(sql, name, 5)
+    kept = [r.request_metadata for r in got]
+    assert sorted((m or {}).get("feature", "-") for m in kept) == [
+        "-",
+        "chat",
+        "chat",
+        "search",
+        "search",
+    ]
+    assert {"feature": "chat", "env": "dev"} in kept and None in kept
+
+    def by(path: str, auth: str, query: str) -> httpx.Response:
+        headers = {"authorization": f"Bearer {auth}"}
+        return httpx.get(f"{gw.url}{path}{query}", headers=headers, timeout=10)
+
+    listed = by("/v1/usage/metadata", key, "?key=feature").json()
+    assert (listed["object"], listed["team"], listed["key"]) == ("list", name, "feature")
+    assert {r["value"]: r["requests"] for r in listed["data"]} == {"search": 2, "chat": 2, None: 1}
+    costs = [r["cost_usd"] for r in listed["data"]]
+    assert costs == sorted(costs, reverse=True) and costs[-1] > 0  # dearest first
+    theirs = by("/v1/admin/usage/metadata", ADMIN_KEY, f"?key=feature&team={other}").json()
+    assert [(r["team"], r["value"]) for r in theirs["data"]] == [(other, "search")]
+    for bad, param in (("", "key"), ("?key=" + "k" * 65, "key"), ("?key=a&limit=0", "limit")):
+        refused = by("/v1/usage/metadata", key, bad)
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == param, bad
+    assert by("/v1/admin/usage/metadata", key, "?key=feature").status_code == 401
+    for metadata in (
+        {str(i): "v" for i in range(17)},
+        {"k": "v" * 513},
+        {"k" * 65: "v"},
+        {"k": 1},
+    ):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.chat.completions.create(
+                model=MODEL,
+                messages=CHAT,
+                max_tokens=10,
+                metadata=metadata,  # type: ignore[arg-type]
+            )
+        assert err.value.body["param"] == "metadata"  # type: ignore[index]
+    report = subprocess.run(
+        [*TOKENYARD, "billing", "report", "--team", name, "--by", "metadata", "--key", "feature"],
+        env=billing_env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
+    assert report[0].split()[:4] == ["feature", "team", "requests", "errors"]
+    assert sorted(line.split()[:3] for line in report[1:]) == [
+        ["-", name, "1"],
+        ["chat", name, "2"],
+        ["search", name, "2"],
+    ]
+    keyless = subprocess.run(
+        [*TOKENYARD, "billing", "report", "--by", "metadata"],
+        env=billing_env,
+        capture_output=True,
+        text=True,
+    )
+    assert keyless.returncode == 2 and "--key" in keyless.stderr
+
+
 def test_streamed_requests_are_billed_like_whole_ones(gw: Gateway, team: Any, sql: Engine) -> None:
     name, key = team()
     client = gw.client(key)

@@ -154,7 +154,42 @@ def test_usage_by_end_user_groups_the_records(database: Engine) -> None:
     ] == ["ann", "cy"]
     every = reports.by_end_user(database, date(2026, 7, 1), date(2026, 7, 2), None, 10)
     assert (every[0]["team"], every[0]["user"]) == ("b", "ann")
-    assert reports.users_to_csv(got).splitlines()[4].startswith(",a,1,0,")
+    csv = reports.labelled_to_csv(got, reports.USER_CSV_COLUMNS)
+    assert csv.splitlines()[4].startswith(",a,1,0,")
+
+
+def test_usage_by_metadata_groups_the_records_by_one_keys_values(database: Engine) -> None:
+    at = datetime(2026, 7, 1, 12, tzinfo=UTC).timestamp()
+    search, chat = {"feature": "search", "env": "prod"}, {"feature": "chat"}
+    store.write(
+        database,
+        rows(
+            event(team="a", metadata=search, ts=at, cost_usd=0.25),
+            event(team="a", metadata=search, ts=at + 86400, status=500, cost_usd=0.05),
+            event(team="a", metadata=chat, ts=at, prompt_tokens=3, cost_usd=0.2),
+            event(team="a", metadata={"env": "prod"}, ts=at, cost_usd=0.1),  # no feature
+            event(team="a", ts=at, cost_usd=0.01),  # no metadata at all
+            event(team="b", metadata=chat, ts=at, cost_usd=9.0),
+            event(team="a", metadata=chat, ts=at - 86400, cost_usd=5.0),  # before the range
+        ),
+    )
+    got = reports.by_metadata(database, date(2026, 7, 1), date(2026, 7, 2), "a", "feature", 10)
+    assert [(r["value"], r["requests"], r["errors"]) for r in got] == [
+        ("search", 2, 1),
+        ("chat", 1, 0),
+        (None, 2, 0),  # without the key, with or without other metadata
+    ]
+    assert got[0]["cost_usd"] == pytest.approx(0.30) and got[1]["prompt_tokens"] == 3
+    assert type(got[1]["prompt_tokens"]) is int
+    by_env = reports.by_metadata(database, date(2026, 7, 1), date(2026, 7, 2), "a", "env", 1)
+    assert [(r["value"], r["requests"]) for r in by_env] == [("prod", 3)]
+    every = reports.by_metadata(database, date(2026, 7, 1), date(2026, 7, 1), None, "feature", 10)
+    assert (every[0]["team"], every[0]["value"]) == ("b", "chat")
+    # a key that could break out of a JSON path in the SQL is only a key that nothing has
+    odd = reports.by_metadata(database, date(2026, 7, 1), date(2026, 7, 2), "a", "x') OR ('1", 10)
+    assert [(r["value"], r["requests"]) for r in odd] == [(None, 5)]
+    csv = reports.labelled_to_csv(got, reports.METADATA_CSV_COLUMNS).splitlines()
+    assert csv[0].startswith("value,team,requests,") and csv[3].startswith(",a,2,0,")
 
 
 def test_reports_by_range_team_and_csv(database: Engine) -> None:

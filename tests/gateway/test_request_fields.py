@@ -18,7 +18,6 @@ TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "
 REFUSED_BY_ENGINE = {
     "reasoning_effort": "low",
     "store": True,
-    "metadata": {"a": "b"},
     "service_tier": "flex",
     "modalities": ["text", "audio"],
     "audio": {"voice": "alloy", "format": "wav"},

@@ -91,7 +91,7 @@ FIELDS: dict[str, Rule] = {
     ),
     "reasoning_effort": Rule(CHAT, (R, P, R), needs="reasoning"),
     "store": Rule(CHAT, (R, P, R), note="stored chat completions: OpenAI only"),
-    "metadata": Rule(CHAT, (R, P, R), inert=({},), note="labels stored chat completions"),
+    "metadata": Rule(CHAT, (H, P, H), note="the team's labels, recorded with the usage (billing)"),
     "service_tier": Rule(BOTH, (R, P, R), inert=("auto", "default")),
     "modalities": Rule(CHAT, (R, P, R), inert=(["text"],)),
     "audio": Rule(CHAT, (R, P, R)),

@@ -32,17 +32,13 @@ from tokenyard.batch.models import BatchFile, BatchJob
 from tokenyard.batch.worker import BatchWorker
 from tokenyard.core.errors import GatewayError
 from tokenyard.core.openapi import body_operation, json_body
+from tokenyard.gateway.validation import Metadata
 from tokenyard.tenancy.policy import TeamPolicy
 
 T = TypeVar("T")
 WINDOW = "24h"  # the one completion window OpenAI offers
 MAX_PRIORITY = 100  # an inline job's priority is within ±this (SQL's column is 32-bit)
 _MAX_FILENAME = 255
-# OpenAI's bounds: up to 16 pairs, keys up to 64 characters, values up to 512
-Metadata = Annotated[
-    dict[Annotated[str, msgspec.Meta(max_length=64)], Annotated[str, msgspec.Meta(max_length=512)]],
-    msgspec.Meta(max_length=16),
-]
 # the field msgspec's validation message names: "… at `$.priority`", "… required field `endpoint`"
 _FIELD = re.compile(r"`\$\.(\w+)|required field `(\w+)`")
 

@@ -3,7 +3,8 @@
 inclusive; default today), `&format=csv` for a CSV export of the rollups. JSON also has each API
 key's totals over the range (`keys`, by prefix). `GET /v1/usage/users` (and `/v1/admin/usage/users`,
 `&team=` optional): the end users' totals over the same range, dearest first (`&limit=`, default
-100, at most 1000)."""
+100, at most 1000); `GET /v1/usage/metadata?key=K` (and the admin one): the same for each value the
+requests' `metadata` gave K."""
 
 import asyncio
 from collections.abc import Callable
@@ -23,7 +24,8 @@ from tokenyard.core.settings import Settings
 from tokenyard.tenancy.policy import TeamPolicy
 
 MAX_DAYS = 366
-MAX_END_USERS = 1000
+MAX_ROWS = 1000  # of a list by end user or by metadata value
+MAX_METADATA_KEY = 64  # OpenAI's bound on a metadata key
 _T = TypeVar("_T")
 
 
@@ -72,23 +74,40 @@ async def _answer(
     return Response(msgspec.json.encode(body), media_type="application/json")
 
 
-async def _end_users(request: Request, settings: Settings, team: str | None) -> Response[bytes]:
+async def _listed(
+    request: Request,
+    settings: Settings,
+    team: str | None,
+    read: Callable[..., list[dict[str, Any]]],
+    *args: Any,
+    head: dict[str, Any] | None = None,
+) -> Response[bytes]:
+    """A list of `read`'s rows over the request's range (`read(engine, start, end, team, *args,
+    limit)`), at most `limit` of them, and whether more follow."""
     start, end = _range(request)
     raw = request.query_params.get("limit", "100")
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_END_USERS:
-        raise GatewayError(400, f"limit must be 1 to {MAX_END_USERS}", param="limit")
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_ROWS:
+        raise GatewayError(400, f"limit must be 1 to {MAX_ROWS}", param="limit")
     limit = int(raw)
     # one more than asked: whether the list goes on
-    rows = await _read(settings, reports.by_end_user, start, end, team, limit + 1)
+    rows = await _read(settings, read, start, end, team, *args, limit + 1)
     body = {
         "object": "list",
         "team": team,
+        **(head or {}),
         "date": start.isoformat(),
         "end": end.isoformat(),
         "data": rows[:limit],
         "has_more": len(rows) > limit,
     }
     return Response(msgspec.json.encode(body), media_type="application/json")
+
+
+async def _by_metadata(request: Request, settings: Settings, team: str | None) -> Response[bytes]:
+    key = request.query_params.get("key") or ""
+    if not 1 <= len(key) <= MAX_METADATA_KEY:
+        raise GatewayError(400, f"key must be 1 to {MAX_METADATA_KEY} characters", param="key")
+    return await _listed(request, settings, team, reports.by_metadata, key, head={"key": key})
 
 
 class UsageController(Controller):
@@ -112,14 +131,32 @@ class UsageController(Controller):
         caller: NamedDependency[TeamPolicy],
     ) -> Response[bytes]:
         """The calling team's end users (each request's `safety_identifier` or `user`)."""
-        return await _end_users(request, settings, caller.team)
+        return await _listed(request, settings, caller.team, reports.by_end_user)
+
+    @get("/usage/metadata")
+    async def by_metadata(
+        self,
+        request: Request,
+        settings: NamedDependency[Settings],
+        caller: NamedDependency[TeamPolicy],
+    ) -> Response[bytes]:
+        """The calling team's spend by each value of one key of its requests' `metadata`."""
+        return await _by_metadata(request, settings, caller.team)
+
+    @get("/admin/usage/metadata")
+    async def admin_by_metadata(
+        self, request: Request, settings: NamedDependency[Settings]
+    ) -> Response[bytes]:
+        require_admin(request.headers.get("authorization"), settings.admin_key)
+        return await _by_metadata(request, settings, request.query_params.get("team") or None)
 
     @get("/admin/usage/users")
     async def admin_end_users(
         self, request: Request, settings: NamedDependency[Settings]
     ) -> Response[bytes]:
         require_admin(request.headers.get("authorization"), settings.admin_key)
-        return await _end_users(request, settings, request.query_params.get("team") or None)
+        team = request.query_params.get("team") or None
+        return await _listed(request, settings, team, reports.by_end_user)
 
     @get("/admin/usage")
     async def admin_usage(

@@ -1,5 +1,6 @@
-"""`tokenyard billing report --date D [--end E] [--team T] [--by day|key|user] [--csv]`: the daily
-rollups from SQL, or each API key's or end user's totals over the range."""
+"""`tokenyard billing report --date D [--end E] [--team T] [--by day|key|user|metadata] [--csv]`:
+the daily rollups from SQL, or each API key's, end user's or metadata value's totals over the
+range."""
 
 import argparse
 import sys
@@ -45,12 +46,21 @@ def _report(args: argparse.Namespace) -> int:
         else:
             _print([_KEY_HEADER, *((p, k["team"], *_sums(k)) for p, k in sorted(per_key.items()))])
         return 0
-    if args.by == "user":
-        per_user = reports.by_end_user(engine, start, end, args.team, args.limit)
-        if args.csv:
-            sys.stdout.write(reports.users_to_csv(per_user))
+    if args.by in ("user", "metadata"):
+        if args.by == "user":
+            found = reports.by_end_user(engine, start, end, args.team, args.limit)
+            columns, header = reports.USER_CSV_COLUMNS, _USER_HEADER
+        elif args.key:
+            found = reports.by_metadata(engine, start, end, args.team, args.key, args.limit)
+            columns, header = reports.METADATA_CSV_COLUMNS, (args.key, "team", *_SUMS)
         else:
-            _print([_USER_HEADER, *((u["user"] or "-", u["team"], *_sums(u)) for u in per_user)])
+            print("error: --by metadata needs --key, the metadata key to group by", file=sys.stderr)
+            return 2
+        if args.csv:
+            sys.stdout.write(reports.labelled_to_csv(found, columns))
+        else:
+            label = columns[0]
+            _print([header, *((r[label] or "-", r["team"], *_sums(r)) for r in found)])
         return 0
     rows = reports.daily(engine, start, end, args.team)
     if args.csv:
@@ -70,12 +80,14 @@ def add_parser(sub: Any) -> None:
     report.add_argument("--team", default=None, help="one team (default: all)")
     report.add_argument(
         "--by",
-        choices=("day", "key", "user"),
+        choices=("day", "key", "user", "metadata"),
         default="day",
-        help="rows per day and model, per API key, or per end user (dearest first)",
+        help="rows per day and model, per API key, per end user, or per value of a metadata key "
+        "(dearest first)",
     )
+    report.add_argument("--key", default=None, help="--by metadata: the key of requests' metadata")
     report.add_argument(
-        "--limit", type=int, default=100, help="--by user: at most this many end users"
+        "--limit", type=int, default=100, help="--by user or metadata: at most this many rows"
     )
     report.add_argument("--csv", action="store_true", help="CSV instead of a table")
     report.set_defaults(run=_report)

@@ -32,6 +32,7 @@ def to_row(event: UsageEvent) -> dict[str, Any]:
         "team": event.team,
         "key_prefix": event.key_prefix,
         "end_user": event.end_user,
+        "request_metadata": event.metadata,
         "model": event.model,
         "model_served": event.model_served,
         "provider": event.provider,

@@ -4,7 +4,7 @@ them. Costs are US dollars; times are seconds."""
 from datetime import date, datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, Index
+from sqlalchemy import JSON, BigInteger, Index
 from sqlmodel import Field, SQLModel
 
 
@@ -30,6 +30,9 @@ class UsageRecord(SQLModel, table=True):
     key_prefix: str = ""  # which of the team's keys (never the key itself)
     # the team's own end user (the request's `safety_identifier` or `user`), bounded
     end_user: str | None = None
+    # the request's `metadata` (up to 16 string pairs: the team's labels, e.g. feature or project),
+    # reported by any of its keys (reports.by_metadata); `metadata` itself is SQLModel's attribute
+    request_metadata: dict[str, str] | None = Field(default=None, sa_type=JSON)
     model: str  # as asked ("auto" included)
     model_served: str  # what answered, after routing and fallbacks
     provider: str = ""

@@ -1,12 +1,13 @@
 """Reading usage over a date range: the daily rollups per team, model and day (JSON-ready rows,
-or CSV), each key's totals from the keys' rollups, and each end user's from the records."""
+or CSV), each key's totals from the keys' rollups, and each end user's or each value of a
+metadata key's from the records."""
 
 import csv
 import io
 from datetime import date
 from typing import Any
 
-from sqlalchemy import Engine, case, func
+from sqlalchemy import ColumnElement, Engine, case, func
 from sqlmodel import Session, col, select
 
 from tokenyard.billing.models import (
@@ -21,6 +22,7 @@ from tokenyard.core.db import matchable
 CSV_COLUMNS = ("day", "team", "model", *ROLLUP_SUMS)
 KEY_CSV_COLUMNS = ("key_prefix", "team", *ROLLUP_SUMS)
 USER_CSV_COLUMNS = ("user", "team", *ROLLUP_SUMS)
+METADATA_CSV_COLUMNS = ("value", "team", *ROLLUP_SUMS)
 _KINDS = {name: RollupSums.model_fields[name].annotation for name in ROLLUP_SUMS}
 
 
@@ -63,39 +65,61 @@ def by_key(
     return {row.key_prefix: {"team": row.team} | _sums_of(row) for row in rows}
 
 
+def _by_label(
+    engine: Engine,
+    start: date,
+    end: date,
+    team: str | None,
+    limit: int,
+    label: ColumnElement[Any],
+) -> list[tuple[str | None, str, dict[str, Any]]]:
+    """(label, team, totals) of the records from `start` to `end` inclusive grouped by team and
+    `label` (a record's column or an expression over one), dearest first, at most `limit` rows."""
+    if not matchable(team):
+        return []
+    record = UsageRecord
+    columns = [name for name in ROLLUP_SUMS if name not in ("requests", "errors")]
+    # the label computed once in a subquery: grouping by an expression with a bound parameter
+    # (a JSON key) would repeat it as a second parameter, which PostgreSQL will not match
+    rows = select(
+        record.team, label.label("label"), record.status, *(getattr(record, n) for n in columns)
+    ).where(record.day >= start, record.day <= end)
+    if team is not None:
+        rows = rows.where(record.team == team)
+    each = rows.subquery()
+    sums = {name: func.sum(each.c[name]) for name in columns}
+    sums |= {"requests": func.count(), "errors": func.sum(case((each.c.status != 200, 1), else_=0))}
+    query = (
+        select(each.c.team, each.c.label, *(column.label(n) for n, column in sums.items()))
+        .group_by(each.c.team, each.c.label)
+        # ties by name, the requests without a label last, in every database
+        .order_by(sums["cost_usd"].desc(), sums["requests"].desc(), each.c.label.asc().nulls_last())
+        .limit(limit)
+    )
+    with Session(engine) as session:
+        found = session.exec(query).all()  # type: ignore[call-overload]
+    return [(row.label, row.team, _sums_of(row)) for row in found]
+
+
 def by_end_user(
     engine: Engine, start: date, end: date, team: str | None, limit: int
 ) -> list[dict[str, Any]]:
     """The end users' totals from `start` to `end` inclusive, dearest first, at most `limit` of
     them; each with its team (one team's, or all), `user` None for requests that named none. Read
     from the records, not a rollup: end users are the teams' own and may be many."""
-    if not matchable(team):
-        return []
-    record = UsageRecord
-    sums = {
-        name: func.sum(getattr(record, name))
-        for name in ROLLUP_SUMS
-        if name not in ("requests", "errors")  # counted, not columns of a record
-    }
-    sums |= {"requests": func.count(), "errors": func.sum(case((record.status != 200, 1), else_=0))}
-    query = select(
-        record.team, record.end_user, *(column.label(name) for name, column in sums.items())
-    ).where(record.day >= start, record.day <= end)
-    if team is not None:
-        query = query.where(record.team == team)
-    query = (
-        query.group_by(col(record.team), col(record.end_user))
-        # ties by name, the requests that named none last, in every database
-        .order_by(
-            sums["cost_usd"].desc(),
-            sums["requests"].desc(),
-            col(record.end_user).asc().nulls_last(),
-        )
-        .limit(limit)
-    )
-    with Session(engine) as session:
-        rows = session.exec(query).all()  # type: ignore[call-overload]
-    return [{"user": row.end_user, "team": row.team} | _sums_of(row) for row in rows]
+    grouped = _by_label(engine, start, end, team, limit, col(UsageRecord.end_user))
+    return [{"user": user, "team": name} | sums for user, name, sums in grouped]
+
+
+def by_metadata(
+    engine: Engine, start: date, end: date, team: str | None, key: str, limit: int
+) -> list[dict[str, Any]]:
+    """The totals of each value the requests' `metadata` gave `key` (a team's own labels: feature,
+    project, customer tier), dearest first, at most `limit`; `value` None for requests without
+    it. Read from the records, like end users."""
+    value = col(UsageRecord.request_metadata)[key].as_string()
+    grouped = _by_label(engine, start, end, team, limit, value)
+    return [{"value": label, "team": name} | sums for label, name, sums in grouped]
 
 
 def _totals(rows: list[UsageDaily]) -> dict[str, Any]:
@@ -143,7 +167,9 @@ def keys_to_csv(per_key: dict[str, dict[str, Any]]) -> str:
     return _csv(KEY_CSV_COLUMNS, lines)
 
 
-def users_to_csv(per_user: list[dict[str, Any]]) -> str:
-    """`by_end_user`'s totals, one line per end user (empty: requests that named none)."""
-    lines = [[u["user"] or "", u["team"], *(u[n] for n in ROLLUP_SUMS)] for u in per_user]
-    return _csv(USER_CSV_COLUMNS, lines)
+def labelled_to_csv(rows: list[dict[str, Any]], columns: tuple[str, ...]) -> str:
+    """`by_end_user`'s or `by_metadata`'s totals, one line per label (empty: requests without
+    one); the label is the first of `columns`."""
+    first = columns[0]
+    lines = [[row[first] or "", row["team"], *(row[n] for n in ROLLUP_SUMS)] for row in rows]
+    return _csv(columns, lines)

@@ -38,6 +38,7 @@ class UsageEvent(msgspec.Struct):
     status: int = 0
     key_prefix: str = ""
     end_user: str | None = None  # the team's own user the request was for, as the client named it
+    metadata: dict[str, str] | None = None  # the request's own labels (OpenAI's `metadata`)
     provider: str = ""
     tier: str = ""
     stream: bool = False

@@ -333,6 +333,7 @@ class Proxy:
             request_id=request_id,
             client_request_id=parsed.client_request_id,
             end_user=parsed.end_user,
+            metadata=parsed.metadata,
             team=policy.team,
             model=parsed.model,
             model_served=upstream.info.name,

@@ -33,6 +33,12 @@ MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit per embeddings request
 # can never break a header, a log line or a SQL index
 _CLIENT_ID = re.compile(rf"[\x21-\x7e]{{1,{MAX_CLIENT_ID}}}")
 Tier = Literal["interactive", "batch"]
+# OpenAI's bounds on a request's metadata: up to 16 pairs, keys up to 64 characters, values up to
+# 512; the gateway records it with the usage, so a team can report its spend by any of its keys
+Metadata = Annotated[
+    dict[Annotated[str, msgspec.Meta(max_length=64)], Annotated[str, msgspec.Meta(max_length=512)]],
+    msgspec.Meta(max_length=16),
+]
 _S = TypeVar("_S", bound=msgspec.Struct)
 
 
@@ -71,6 +77,7 @@ class _Common(msgspec.Struct, kw_only=True):
     # the client's own end user (OpenAI's newer name, then the older one): recorded with the usage
     safety_identifier: str | None = None
     user: str | None = None
+    metadata: Metadata | None = None  # chat only (the fields table refuses it on completions)
 
 
 class ChatRequest(_Common, kw_only=True):
@@ -115,6 +122,7 @@ class Parsed:
     tier: Tier | None
     client_request_id: str | None  # the body's `request_id`; headers may name one too
     end_user: str | None = None  # who the team asked for (`safety_identifier`, else `user`)
+    metadata: dict[str, str] | None = None  # the team's labels of the request, recorded with it
 
     @property
     def prompt_tokens(self) -> int:
@@ -127,7 +135,7 @@ class Parsed:
         return len(self.prompt_sizes) * self.n
 
 
-_PATH = re.compile(r"at `\$\.([A-Za-z_]+)")
+_PATH = re.compile(r"`\$\.([A-Za-z_]+)")  # "… at `$.n`", "… at `key` in `$.metadata`"
 _MISSING = re.compile(r"missing required field `([A-Za-z_]+)`")
 
 
@@ -244,6 +252,7 @@ def parse(raw: bytes, kind: Kind) -> Parsed:
         tier=req.tier or req.priority,
         client_request_id=client_request_id(req.request_id, "request_id"),
         end_user=end_user(req.safety_identifier or req.user),
+        metadata=req.metadata or None,
     )
 
 

@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from tokenyard.core.errors import GatewayError
+from tokenyard.gateway.validation import Metadata
 
 Positive = Annotated[int, msgspec.Meta(ge=1)]
 
@@ -39,17 +40,7 @@ class CreateResponse(msgspec.Struct, kw_only=True):
     stream: bool = False
     store: bool = True
     previous_response_id: str | None = None
-    # OpenAI's bounds: up to 16 pairs, keys up to 64 characters, values up to 512
-    metadata: (
-        Annotated[
-            dict[
-                Annotated[str, msgspec.Meta(max_length=64)],
-                Annotated[str, msgspec.Meta(max_length=512)],
-            ],
-            msgspec.Meta(max_length=16),
-        ]
-        | None
-    ) = None
+    metadata: Metadata | None = None
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
@@ -321,6 +312,7 @@ def begin(req: CreateResponse, raw: dict[str, Any], earlier: list[dict[str, Any]
         "top_p",
         "user",
         "safety_identifier",
+        "metadata",  # recorded with the usage (the reply echoes the turn's own)
         "prompt_cache_key",
         "service_tier",
         "tier",
