@@ -379,6 +379,13 @@ def test_a_key_is_changed_in_place(admin: httpx.Client, admin_gateway: Gateway, 
     assert admin.get(f"/admin/keys/{prefix}").status_code == 404  # a revoked key is not edited
     gone = admin.post(f"/admin/keys/{prefix}", data={**wanted, "csrf": csrf_of(page)})
     assert gone.status_code == 404
+    # the changes page shows each, made by the admin user, newest first, only this team's
+    trail = admin.get("/admin/changes", params={"team": name}).text
+    assert trail.count("<td>admin-ui:owner</td>") == 3  # updated twice, then revoked
+    assert trail.index("key.revoke") < trail.index("key.update")
+    assert "rpm: none → 5" in trail and "name: renamed → none" in trail
+    assert f"models: none → {MODEL}" in trail  # the team's models, shown as none
+    assert key not in trail and "<td>key.create</td>" in trail  # the fixture's, by the library
 
 
 def test_an_expired_key_is_renamed_and_revived(admin: httpx.Client, team: Any, sql: Any) -> None:

@@ -138,6 +138,22 @@ def test_keys_limits_disable_and_budget_apply_at_once(admin: Any) -> None:
     assert api.post(f"/keys/{new_prefix}/revoke").json() == {"prefix": new_prefix, "revoked": True}
     wait_until(lambda: not _works(admin, new_key), 3, "the revoked key to be refused")
 
+    # every change above is in the trail, newest first, each by the admin API
+    trail = api.get("/changes", params={"team": name}).json()
+    actions = [c["action"] for c in trail["data"]]
+    assert actions[:3] == ["key.revoke", "key.rotate", "team.update"]
+    assert actions[-2:] == ["key.create", "team.create"] and not trail["has_more"]
+    assert {c["actor"] for c in trail["data"]} == {"admin-api"}
+    budget_set = {"tokens_per_day": [None, 10000], "usd_per_day": [None, 2.5]}
+    assert trail["data"][2]["details"] == budget_set
+    assert key not in str(trail) and new_key not in str(trail)
+    page = api.get("/changes", params={"team": name, "limit": 2}).json()
+    assert [c["action"] for c in page["data"]] == actions[:2] and page["has_more"]
+    after = api.get("/changes", params={"limit": 1, "before": page["data"][-1]["id"]}).json()
+    assert after["data"][0]["id"] < page["data"][-1]["id"]
+    for bad in ({"limit": "0"}, {"limit": "x"}, {"before": "-1"}):
+        assert api.get("/changes", params=bad).status_code == 400, bad
+
 
 def test_openapi_documents_the_admin_api(admin: Any) -> None:
     paths = httpx.get(admin.url + "/schema/openapi.json").json()["paths"]
@@ -181,6 +197,19 @@ def test_the_cli_disables_teams_and_rotates_keys(admin: Any, base_env: dict[str,
         text=True,
     )
     assert past.returncode == 1 and "in the future" in past.stderr
+    # the trail names the operating-system user who ran each command
+    trail = json.loads(run("teams", "changes", name, "--json").stdout)
+    assert [c["action"] for c in trail] == [
+        "key.create",  # the one with a name; the expired one was refused, and is not here
+        "key.rotate",
+        "team.enable",
+        "team.disable",
+        "key.create",
+        "team.create",
+    ]
+    assert trail[0]["details"]["name"] == "ci" and trail[-1]["actor"].startswith("cli")
+    assert {c["actor"] for c in trail} == {trail[-1]["actor"]}
+    assert "team.disable" in run("teams", "changes", name).stdout
 
 
 def test_fuzz_the_admin_api_with_the_admin_key(admin: Any) -> None:

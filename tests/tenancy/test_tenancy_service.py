@@ -16,6 +16,8 @@ from tokenyard.tenancy import keys
 from tokenyard.tenancy.errors import AlreadyExists, ManagementError
 from tokenyard.tenancy.service import Tenancy, cache_key
 
+ME = "test:tenancy"  # who these tests' changes name
+
 
 @pytest.fixture
 def sql(tmp_path: Path) -> Any:
@@ -31,8 +33,8 @@ async def tenancy(sql: Any, redis_server: RedisServer) -> AsyncIterator[Tenancy]
 
 async def _team_with_keys(tenancy: Tenancy, name: str, count: int) -> list[str]:
     """A team with `count` keys, each key's lookup cached as a gateway leaves it; their secrets."""
-    await tenancy.create_team(name)
-    secrets = [(await tenancy.create_key(name)).key for _ in range(count)]
+    await tenancy.create_team(name, actor=ME)
+    secrets = [(await tenancy.create_key(name, actor=ME)).key for _ in range(count)]
     for secret in secrets:
         await tenancy.redis.set(cache_key(keys.hash_key(secret)), b"cached")
     return secrets
@@ -46,75 +48,118 @@ async def test_each_change_drops_the_cached_lookups_of_its_keys_only(tenancy: Te
     mine = await _team_with_keys(tenancy, "mine", 2)
     other = await _team_with_keys(tenancy, "other", 1)
 
-    team = await tenancy.update_team("mine", rpm=7)
+    team = await tenancy.update_team("mine", rpm=7, actor=ME)
     assert team.rpm == 7 and (await tenancy.team("mine")).rpm == 7  # type: ignore[union-attr]
     assert await _cached(tenancy, mine) == [False, False]
     assert await _cached(tenancy, other) == [True]
 
     for secret in mine:  # cached again by the next requests
         await tenancy.redis.set(cache_key(keys.hash_key(secret)), b"cached")
-    assert (await tenancy.set_disabled("mine", True)).disabled
+    assert (await tenancy.set_disabled("mine", True, actor=ME)).disabled
     assert await _cached(tenancy, mine) == [False, False]
     assert keys.lookup_key(tenancy.sql, keys.hash_key(mine[0])) is None  # refused while disabled
-    assert not (await tenancy.set_disabled("mine", False)).disabled
+    assert not (await tenancy.set_disabled("mine", False, actor=ME)).disabled
     assert keys.lookup_key(tenancy.sql, keys.hash_key(mine[0])) is not None
 
     for secret in mine:
         await tenancy.redis.set(cache_key(keys.hash_key(secret)), b"cached")
-    await tenancy.revoke_key(mine[0][: keys.KEY_PREFIX_LEN])
+    await tenancy.revoke_key(mine[0][: keys.KEY_PREFIX_LEN], actor=ME)
     assert await _cached(tenancy, mine) == [False, True]
 
-    rotated = await tenancy.rotate_key(mine[1][: keys.KEY_PREFIX_LEN])
+    rotated = await tenancy.rotate_key(mine[1][: keys.KEY_PREFIX_LEN], actor=ME)
     assert rotated.team == "mine" and rotated.key != mine[1]
     assert await _cached(tenancy, mine) == [False, False]
     assert keys.lookup_key(tenancy.sql, keys.hash_key(mine[1])) is None
     assert keys.lookup_key(tenancy.sql, keys.hash_key(rotated.key)) is not None
 
-    await tenancy.delete_team("other")
+    await tenancy.delete_team("other", actor=ME)
     assert await _cached(tenancy, other) == [False]
     assert await tenancy.team("other") is None
     assert [k.team for k in await tenancy.keys()] == ["mine"] * 3
 
 
+async def test_every_change_is_in_the_trail_with_who_made_it(tenancy: Tenancy) -> None:
+    """Each change is a row written with it (newest first): who, what, the team and key, and what
+    it set or changed; a change that changes nothing is no row, and no row holds a secret."""
+    await tenancy.create_team("trail", rpm=5, models=["a"], actor="admin-ui:ops")
+    made = await tenancy.create_key("trail", "ci", limits={"tpm": 100}, actor=ME)
+    await tenancy.update_team("trail", rpm=9, tpm=None, actor="admin-api")
+    await tenancy.update_team("trail", rpm=9, actor="admin-api")  # nothing changes: no row
+    await tenancy.update_key(made.prefix, name="ci-2", tpm=None, actor=ME)
+    await tenancy.set_disabled("trail", True, actor=ME)
+    await tenancy.set_disabled("trail", True, actor=ME)  # already: no row
+    rotated = await tenancy.rotate_key(made.prefix, actor=ME)
+    await tenancy.revoke_key(rotated.prefix, actor=ME)
+    await tenancy.delete_team("trail", actor="cli:root")
+    trail = await tenancy.changes("trail", 100)
+    assert [(c.actor, c.action, c.key_prefix) for c in trail] == [
+        ("cli:root", "team.delete", None),
+        (ME, "key.revoke", rotated.prefix),
+        (ME, "key.rotate", made.prefix),
+        (ME, "team.disable", None),
+        (ME, "key.update", made.prefix),
+        ("admin-api", "team.update", None),
+        (ME, "key.create", made.prefix),
+        ("admin-ui:ops", "team.create", None),
+    ]
+    details = [c.details for c in trail]
+    assert details[0] == {"keys": [made.prefix, rotated.prefix]}
+    assert details[2] == {"new_prefix": rotated.prefix}
+    assert details[4] == {"name": ["ci", "ci-2"], "tpm": [100, None]}
+    assert details[5] == {"rpm": [5, 9]}  # tpm was None already
+    assert details[6] == {"name": "ci", "tpm": 100}
+    assert details[7] == {"rpm": 5, "models": "a", "default_tier": "interactive"}
+    assert made.key not in str(details) and rotated.key not in str(details)
+    # newest first, a page at a time, one team's or every team's
+    assert [c.id for c in await tenancy.changes("trail", 2, before=trail[1].id)] == [
+        trail[2].id,
+        trail[3].id,
+    ]
+    await tenancy.create_team("another", actor=ME)
+    assert [c.team for c in await tenancy.changes(None, 2)] == ["another", "trail"]
+
+
 async def test_refusals_change_nothing(tenancy: Tenancy) -> None:
     secrets = await _team_with_keys(tenancy, "kept", 1)
     with pytest.raises(AlreadyExists):
-        await tenancy.create_team("kept")
+        await tenancy.create_team("kept", actor=ME)
     with pytest.raises(ValueError, match="between 0 and 1"):
-        await tenancy.update_team("kept", auto_threshold=2.0)
+        await tenancy.update_team("kept", auto_threshold=2.0, actor=ME)
     with pytest.raises(ValueError, match="unknown team field"):
-        await tenancy.update_team("kept", webhook_secret="whsec_x")
+        await tenancy.update_team("kept", webhook_secret="whsec_x", actor=ME)
     with pytest.raises(ValueError, match="at most"):
-        await tenancy.update_team("kept", rpm=2**63)  # what the CLI's --rpm lets through
+        await tenancy.update_team("kept", rpm=2**63, actor=ME)  # what the CLI's --rpm lets through
     with pytest.raises(ValueError, match="0 or more"):
-        await tenancy.update_team("kept", usd_per_day=float("inf"))
+        await tenancy.update_team("kept", usd_per_day=float("inf"), actor=ME)
     with pytest.raises(ValueError, match="whole number"):
-        await tenancy.update_team("kept", concurrency=True)
+        await tenancy.update_team("kept", concurrency=True, actor=ME)
     with pytest.raises(ManagementError):
-        await tenancy.update_team("missing", rpm=1)
+        await tenancy.update_team("missing", rpm=1, actor=ME)
     with pytest.raises(ManagementError):
-        await tenancy.revoke_key("ty-missing00")
+        await tenancy.revoke_key("ty-missing00", actor=ME)
     assert await _cached(tenancy, secrets) == [True]
     team = await tenancy.team("kept")
     assert team is not None and team.auto_threshold is None and team.rpm is None
+    # and none of them is in the trail
+    assert [c.action for c in await tenancy.changes("kept", 10)] == ["key.create", "team.create"]
 
 
 async def test_a_change_stands_when_redis_is_unreachable(sql: Any) -> None:
     # a loopback port with nothing listening: the delete fails at once
     gone = aioredis.Redis.from_url(f"redis://127.0.0.1:{free_port()}", socket_connect_timeout=0.5)
     tenancy = Tenancy(sql, gone)
-    await tenancy.create_team("offline")
-    secret = (await tenancy.create_key("offline")).key
-    team = await asyncio.wait_for(tenancy.update_team("offline", tpm=5), 5)
+    await tenancy.create_team("offline", actor=ME)
+    secret = (await tenancy.create_key("offline", actor=ME)).key
+    team = await asyncio.wait_for(tenancy.update_team("offline", tpm=5, actor=ME), 5)
     assert team.tpm == 5
-    await asyncio.wait_for(tenancy.revoke_key(secret[: keys.KEY_PREFIX_LEN]), 5)
+    await asyncio.wait_for(tenancy.revoke_key(secret[: keys.KEY_PREFIX_LEN], actor=ME), 5)
     assert keys.lookup_key(sql, keys.hash_key(secret)) is None
     await gone.aclose()
 
 
 async def test_concurrent_creates_of_one_team_make_one_team(tenancy: Tenancy) -> None:
     results = await asyncio.gather(
-        *(tenancy.create_team("racing") for _ in range(8)), return_exceptions=True
+        *(tenancy.create_team("racing", actor=ME) for _ in range(8)), return_exceptions=True
     )
     created = [r for r in results if not isinstance(r, BaseException)]
     assert len(created) == 1
@@ -125,12 +170,12 @@ async def test_concurrent_creates_of_one_team_make_one_team(tenancy: Tenancy) ->
 async def test_an_expired_key_is_refused_and_rotation_keeps_name_and_expiry(
     tenancy: Tenancy,
 ) -> None:
-    await tenancy.create_team("timed")
+    await tenancy.create_team("timed", actor=ME)
     soon = datetime.now(UTC) + timedelta(seconds=1)
-    made = await tenancy.create_key("timed", "  ci  ", soon)
+    made = await tenancy.create_key("timed", "  ci  ", soon, actor=ME)
     assert (made.name, made.expires_at) == ("ci", soon)  # the name stripped
     assert keys.lookup_key(tenancy.sql, keys.hash_key(made.key)) is not None
-    rotated = await tenancy.rotate_key(made.prefix)
+    rotated = await tenancy.rotate_key(made.prefix, actor=ME)
     assert (rotated.name, rotated.expires_at) == ("ci", soon)
     await asyncio.sleep((soon - datetime.now(UTC)).total_seconds() + 0.1)
     assert keys.lookup_key(tenancy.sql, keys.hash_key(rotated.key)) is None
@@ -138,7 +183,7 @@ async def test_an_expired_key_is_refused_and_rotation_keeps_name_and_expiry(
         made.prefix: "revoked",
         rotated.prefix: "expired",
     }
-    unnamed = await tenancy.create_key("timed", "   ")
+    unnamed = await tenancy.create_key("timed", "   ", actor=ME)
     assert unnamed.name is None and unnamed.expires_at is None
     for name, expires in (
         ("x" * 65, None),
@@ -147,16 +192,16 @@ async def test_an_expired_key_is_refused_and_rotation_keeps_name_and_expiry(
         (None, datetime.now() + timedelta(days=1)),  # no time zone: which day is it?
     ):
         with pytest.raises(ValueError):
-            await tenancy.create_key("timed", name, expires)
+            await tenancy.create_key("timed", name, expires, actor=ME)
 
 
 async def test_a_key_narrows_its_teams_models_for_requests_and_batch_jobs(
     tenancy: Tenancy,
 ) -> None:
-    await tenancy.create_team("models", models=["a", "b", "c"])
-    narrow = await tenancy.create_key("models", models=[" b", "a", "b"])
+    await tenancy.create_team("models", models=["a", "b", "c"], actor=ME)
+    narrow = await tenancy.create_key("models", models=[" b", "a", "b"], actor=ME)
     assert narrow.models == ("b", "a")  # stripped, once each, in the order given
-    wide = await tenancy.create_key("models")
+    wide = await tenancy.create_key("models", actor=ME)
     policy = keys.lookup_key(tenancy.sql, keys.hash_key(narrow.key))
     assert policy is not None and policy.models == ("b", "a")
     by_prefix = keys.policy_by_prefix(tenancy.sql, "models", narrow.prefix)
@@ -164,40 +209,43 @@ async def test_a_key_narrows_its_teams_models_for_requests_and_batch_jobs(
     assert keys.policy_by_prefix(tenancy.sql, "models", wide.prefix).models == ("a", "b", "c")  # type: ignore[union-attr]
     assert keys.policy_by_prefix(tenancy.sql, "missing", wide.prefix) is None
     with pytest.raises(ValueError, match="may not use d"):
-        await tenancy.create_key("models", models=["a", "d"])
+        await tenancy.create_key("models", models=["a", "d"], actor=ME)
     with pytest.raises(ValueError, match="no commas"):
-        await tenancy.create_key("models", models=["a,b"])
+        await tenancy.create_key("models", models=["a,b"], actor=ME)
     # the team's list narrowed past the key's: the key may use none of its models
-    await tenancy.update_team("models", models=["c"])
+    await tenancy.update_team("models", models=["c"], actor=ME)
     policy = keys.lookup_key(tenancy.sql, keys.hash_key(narrow.key))
     assert policy is not None and policy.models and not set(policy.models) & {"a", "b", "c"}
-    rotated = await tenancy.rotate_key(narrow.prefix)
+    rotated = await tenancy.rotate_key(narrow.prefix, actor=ME)
     assert rotated.models == ("b", "a")
 
 
 async def test_a_key_is_renamed_extended_and_narrowed_in_place(tenancy: Tenancy) -> None:
-    await tenancy.create_team("changing", models=["a", "b"])
+    await tenancy.create_team("changing", models=["a", "b"], actor=ME)
     soon = datetime.now(UTC) + timedelta(seconds=1)
-    made = await tenancy.create_key("changing", "old", soon)
+    made = await tenancy.create_key("changing", "old", soon, actor=ME)
     cached = cache_key(keys.hash_key(made.key))
     await tenancy.redis.set(cached, b"cached")
     await asyncio.sleep((soon - datetime.now(UTC)).total_seconds() + 0.1)
     assert keys.lookup_key(tenancy.sql, keys.hash_key(made.key)) is None  # expired
     later = datetime.now(UTC) + timedelta(days=1)
-    info = await tenancy.update_key(made.prefix, name="new", expires_at=later, models=["b"])
+    info = await tenancy.update_key(
+        made.prefix, name="new", expires_at=later, models=["b"], actor=ME
+    )
     assert (info.name, info.expires_at, info.models, info.state) == ("new", later, ("b",), "active")
     assert not await tenancy.redis.exists(cached)  # the change applies at once
     policy = keys.lookup_key(tenancy.sql, keys.hash_key(made.key))  # revived by the new expiry
     assert policy is not None and policy.models == ("b",)
-    kept = await tenancy.update_key(made.prefix, expires_at=None)  # the rest left as it was
+    # the rest left as it was
+    kept = await tenancy.update_key(made.prefix, expires_at=None, actor=ME)
     assert (kept.name, kept.expires_at, kept.models) == ("new", None, ("b",))
-    cleared = await tenancy.update_key(made.prefix, name=None, models=[])
+    cleared = await tenancy.update_key(made.prefix, name=None, models=[], actor=ME)
     assert (cleared.name, cleared.models) == (None, ())
     for bad in ({"models": ["c"]}, {"expires_at": soon}, {"name": "x" * 65}, {"team": "other"}):
         with pytest.raises(ValueError):
-            await tenancy.update_key(made.prefix, **bad)
+            await tenancy.update_key(made.prefix, **bad, actor=ME)
     await tenancy.redis.set(cached, b"cached")
-    limited = await tenancy.update_key(made.prefix, rpm=3, usd_per_day=0.5, concurrency=2)
+    limited = await tenancy.update_key(made.prefix, rpm=3, usd_per_day=0.5, concurrency=2, actor=ME)
     assert limited.limits == {"rpm": 3, "tpm": None, "usd_per_day": 0.5, "concurrency": 2}
     assert not await tenancy.redis.exists(cached)
     policy = keys.lookup_key(tenancy.sql, keys.hash_key(made.key))  # what reserve reads
@@ -206,9 +254,10 @@ async def test_a_key_is_renamed_extended_and_narrowed_in_place(tenancy: Tenancy)
     assert (policy.key_concurrency, policy.concurrency) == (2, 0)
     for bad in ({"rpm": -1}, {"tpm": 2**60}, {"usd_per_day": float("nan")}, {"rpm": 1.5}):
         with pytest.raises(ValueError):
-            await tenancy.update_key(made.prefix, **bad)
-    assert (await tenancy.rotate_key(made.prefix)).limits == limited.limits  # kept by rotation
+            await tenancy.update_key(made.prefix, **bad, actor=ME)
+    rotated = await tenancy.rotate_key(made.prefix, actor=ME)
+    assert rotated.limits == limited.limits  # kept by rotation
     with pytest.raises(ValueError, match="no limit"):
-        await tenancy.create_key("changing", limits={"kv_pages": 1})
+        await tenancy.create_key("changing", limits={"kv_pages": 1}, actor=ME)
     with pytest.raises(ManagementError):  # rotation revoked it
-        await tenancy.update_key(made.prefix, name="revived?")
+        await tenancy.update_key(made.prefix, name="revived?", actor=ME)

@@ -38,6 +38,12 @@ def settings_of(connection: ASGIConnection) -> Settings:
     return connection.app.state.settings
 
 
+def actor_of(connection: ASGIConnection) -> str:
+    """Who the trail of changes names for the admin's changes: pages that change anything are the
+    admin's, whose session was opened with the admin user this gateway has now (admin_only)."""
+    return f"admin-ui:{settings_of(connection).admin_user}"
+
+
 async def in_thread(fn: Any, *args: Any, **kwargs: Any) -> Any:
     """SQL off the event loop: it also serves completions."""
     return await asyncio.to_thread(fn, *args, **kwargs)

@@ -8,6 +8,7 @@ from litestar.exceptions import HTTPException
 
 from tokenyard.admin_ui import csrf
 from tokenyard.admin_ui.access import refuse
+from tokenyard.admin_ui.pages.changes import Changes
 from tokenyard.admin_ui.pages.guard import Guard
 from tokenyard.admin_ui.pages.keys import Keys
 from tokenyard.admin_ui.pages.sign_in import SignIn
@@ -17,7 +18,7 @@ from tokenyard.admin_ui.pages.usage import AdminUsage, TeamUsage
 
 admin_router = Router(
     path="/admin",
-    route_handlers=[SignIn, AdminUsage, Teams, Keys, Status, TeamUsage, Guard],
+    route_handlers=[SignIn, AdminUsage, Teams, Keys, Status, TeamUsage, Guard, Changes],
     before_request=csrf.verify,
     exception_handlers={HTTPException: refuse},
     include_in_schema=False,

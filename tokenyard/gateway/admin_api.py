@@ -2,7 +2,8 @@
 `Authorization: Bearer`): teams (create, read, update limits, disable and enable, delete), their
 daily budgets with today's spend, and keys (create — the secret shown once —, list, read one
 with today's use of its own budget, change a key's name, expiry, models or limits, revoke,
-rotate). The operations are tenancy/service.py's, as for the
+rotate), and the trail of those changes (each by "admin-api" here). The operations are
+tenancy/service.py's, as for the
 CLI and the admin UI: whatever changes a team's limits or a key's standing drops the gateways'
 cached lookups of the keys concerned, so it applies at once. Errors are OpenAI's shape."""
 
@@ -26,6 +27,7 @@ from tokenyard.core.operator_keys import require_admin
 from tokenyard.core.settings import Settings
 from tokenyard.gateway.quotas import Quotas
 from tokenyard.gateway.validation import decode_json
+from tokenyard.tenancy.changes import MAX_LISTED, change_record
 from tokenyard.tenancy.errors import AlreadyExists, ManagementError
 from tokenyard.tenancy.keys import NewKey
 from tokenyard.tenancy.limits import KEY_LIMIT_FIELDS
@@ -34,6 +36,7 @@ from tokenyard.tenancy.service import Tenancy
 from tokenyard.tenancy.teams import team_record
 
 _S = TypeVar("_S", bound=msgspec.Struct)
+ACTOR = "admin-api"  # who the trail of changes names for this API's (one admin key: no person)
 Count = Annotated[int, msgspec.Meta(ge=0)]
 Share = Annotated[float, msgspec.Meta(ge=0, le=1)]
 Dollars = Annotated[float, msgspec.Meta(ge=0)]
@@ -140,6 +143,12 @@ def _refusals() -> Iterator[None]:
         raise GatewayError(400, str(exc)) from None
 
 
+def _count(raw: str, param: str) -> int:
+    if not raw.isdigit():
+        raise GatewayError(400, f"{param} must be a whole number", param=param)
+    return int(raw)
+
+
 def _expiry(unix: int | None) -> datetime | None:
     if unix is None:
         return None
@@ -185,7 +194,7 @@ class AdminController(Controller):
     ) -> Response[bytes]:
         new = _body(await request.body(), NewTeam)
         with _refusals():
-            team = await tenancy.create_team(new.name, **_set(new, skip=("name",)))
+            team = await tenancy.create_team(new.name, actor=ACTOR, **_set(new, skip=("name",)))
         return _json(team_record(team), 201)
 
     @get("/teams/{name:str}")
@@ -200,7 +209,7 @@ class AdminController(Controller):
     ) -> Response[bytes]:
         limits = _set(_body(await request.body(), TeamLimits))
         with _refusals():
-            team = await tenancy.update_team(name, **limits)
+            team = await tenancy.update_team(name, actor=ACTOR, **limits)
         return _json(team_record(team))
 
     @post("/teams/{name:str}/disable")
@@ -208,7 +217,7 @@ class AdminController(Controller):
         self, tenancy: NamedDependency[Tenancy], name: FromPath[str]
     ) -> Response[bytes]:
         with _refusals():
-            team = await tenancy.set_disabled(name, True)
+            team = await tenancy.set_disabled(name, True, actor=ACTOR)
         return _json(team_record(team))
 
     @post("/teams/{name:str}/enable")
@@ -216,7 +225,7 @@ class AdminController(Controller):
         self, tenancy: NamedDependency[Tenancy], name: FromPath[str]
     ) -> Response[bytes]:
         with _refusals():
-            team = await tenancy.set_disabled(name, False)
+            team = await tenancy.set_disabled(name, False, actor=ACTOR)
         return _json(team_record(team))
 
     @delete("/teams/{name:str}", status_code=200)
@@ -224,7 +233,7 @@ class AdminController(Controller):
         self, tenancy: NamedDependency[Tenancy], name: FromPath[str]
     ) -> Response[bytes]:
         with _refusals():
-            await tenancy.delete_team(name)
+            await tenancy.delete_team(name, actor=ACTOR)
         return _json({"name": name, "deleted": True})
 
     @get("/teams/{name:str}/budget")
@@ -246,8 +255,26 @@ class AdminController(Controller):
     ) -> Response[bytes]:
         limits = _set(_body(await request.body(), Budget))
         with _refusals():
-            team = await tenancy.update_team(name, **limits)
+            team = await tenancy.update_team(name, actor=ACTOR, **limits)
         return _json(await _budget(quotas, team))
+
+    @get("/changes")
+    async def list_changes(
+        self, request: Request, tenancy: NamedDependency[Tenancy]
+    ) -> Response[bytes]:
+        """The newest changes to teams and keys first (`team=` one team's; `limit=` 1-1000,
+        default 100; `before=<id>` the page after the one ending there)."""
+        params = request.query_params
+        limit, before = _count(params.get("limit", "100"), "limit"), params.get("before")
+        if not 1 <= limit <= MAX_LISTED:
+            raise GatewayError(400, f"limit must be 1 to {MAX_LISTED}", param="limit")
+        found = await tenancy.changes(
+            params.get("team") or None,
+            limit + 1,  # one more than asked: whether the list goes on
+            None if before is None else _count(before, "before"),
+        )
+        data = [change_record(c) for c in found[:limit]]
+        return _json({"object": "list", "data": data, "has_more": len(found) > limit})
 
     @get("/keys")
     async def list_keys(
@@ -265,7 +292,7 @@ class AdminController(Controller):
         with _refusals():
             limits = {name: getattr(new_key, name) for name in KEY_LIMIT_FIELDS}
             new = await tenancy.create_key(
-                new_key.team, new_key.name, expires, new_key.models, limits
+                new_key.team, new_key.name, expires, new_key.models, limits, actor=ACTOR
             )
         return _json(_created(new), 201)
 
@@ -294,7 +321,7 @@ class AdminController(Controller):
         if "expires_at" in changes:
             changes["expires_at"] = _expiry(changes["expires_at"])
         with _refusals():
-            info = await tenancy.update_key(prefix, **changes)
+            info = await tenancy.update_key(prefix, actor=ACTOR, **changes)
         return _json(info.record())
 
     @post("/keys/{prefix:str}/revoke")
@@ -302,7 +329,7 @@ class AdminController(Controller):
         self, tenancy: NamedDependency[Tenancy], prefix: FromPath[str]
     ) -> Response[bytes]:
         with _refusals():
-            await tenancy.revoke_key(prefix)
+            await tenancy.revoke_key(prefix, actor=ACTOR)
         return _json({"prefix": prefix, "revoked": True})
 
     @post("/keys/{prefix:str}/rotate")
@@ -310,7 +337,7 @@ class AdminController(Controller):
         self, tenancy: NamedDependency[Tenancy], prefix: FromPath[str]
     ) -> Response[bytes]:
         with _refusals():
-            new = await tenancy.rotate_key(prefix)
+            new = await tenancy.rotate_key(prefix, actor=ACTOR)
         return _json({**_created(new), "revoked": prefix}, 201)
 
 

@@ -3,6 +3,7 @@ service the admin API and UI use (tenancy/service.py)."""
 
 import argparse
 import asyncio
+import getpass
 import json
 import sys
 from collections.abc import Awaitable, Callable
@@ -19,6 +20,14 @@ def _sql(settings: Settings) -> Any:
     from tokenyard.core.db import database_url, get_engine
 
     return get_engine(database_url(settings))
+
+
+def _actor() -> str:
+    """Who the trail of changes names for the CLI's: the operating-system user running it."""
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (OSError, KeyError):  # no USER variable nor passwd entry, as in some containers
+        return "cli"
 
 
 def _limits(args: argparse.Namespace) -> dict[str, Any]:
@@ -58,28 +67,33 @@ def _change(settings: Settings, work: Callable[[Any], Awaitable[_T]]) -> _T:
 
 def _teams(args: argparse.Namespace) -> int:
     from tokenyard.tenancy import teams
+    from tokenyard.tenancy.changes import list_changes
     from tokenyard.tenancy.errors import ManagementError
 
-    settings = get_settings()
+    settings, actor = get_settings(), _actor()
     name = getattr(args, "name", "")  # "list" has none
     try:
         if args.action == "create":
-            team = teams.create_team(_sql(settings), name, **_limits(args))
+            team = teams.create_team(_sql(settings), name, actor=actor, **_limits(args))
             _print_teams([team], args.json)
         elif args.action == "update":
             limits = _limits(args)
-            _print_teams([_change(settings, lambda t: t.update_team(name, **limits))], args.json)
+            updated = _change(settings, lambda t: t.update_team(name, actor=actor, **limits))
+            _print_teams([updated], args.json)
         elif args.action == "show":
             team = teams.get_team(_sql(settings), name)
             if team is None:
                 raise ManagementError(f"no team {name!r}")
             _print_teams([team], args.json)
         elif args.action == "delete":
-            _change(settings, lambda t: t.delete_team(name))
+            _change(settings, lambda t: t.delete_team(name, actor=actor))
             print(f"deleted team {name} and its keys (its usage records are kept)")
         elif args.action in ("disable", "enable"):
             disabled = args.action == "disable"
-            _print_teams([_change(settings, lambda t: t.set_disabled(name, disabled))], args.json)
+            toggled = _change(settings, lambda t: t.set_disabled(name, disabled, actor=actor))
+            _print_teams([toggled], args.json)
+        elif args.action == "changes":
+            _print_changes(list_changes(_sql(settings), name or None, args.limit), args.json)
         else:
             _print_teams(teams.list_teams(_sql(settings)), args.json)
     except (ManagementError, ValueError) as exc:
@@ -92,13 +106,15 @@ def _keys(args: argparse.Namespace) -> int:
     from tokenyard.tenancy import keys
     from tokenyard.tenancy.errors import ManagementError
 
-    settings = get_settings()
+    settings, actor = get_settings(), _actor()
     try:
         if args.action == "create":
             expires = _expiry(args.expires_in_days)
             models = (args.models or "").split(",")
             limits = _key_limits(args)
-            new = keys.create_key(_sql(settings), args.team, args.name, expires, models, limits)
+            new = keys.create_key(
+                _sql(settings), args.team, args.name, expires, models, limits, actor=actor
+            )
             until = f", expires {expires.isoformat(timespec='seconds')}" if expires else ""
             print(f"key for team {new.team} (prefix {new.prefix}{until}); shown once:")
             print(new.key)
@@ -106,15 +122,15 @@ def _keys(args: argparse.Namespace) -> int:
             _print_keys(keys.list_keys(_sql(settings), args.team), args.json)
         elif args.action == "update":
             changes = _key_changes(args)
-            info = _change(settings, lambda t: t.update_key(args.prefix, **changes))
+            info = _change(settings, lambda t: t.update_key(args.prefix, actor=actor, **changes))
             _print_keys([info], args.json)
         elif args.action == "rotate":
-            new = _change(settings, lambda t: t.rotate_key(args.prefix))
+            new = _change(settings, lambda t: t.rotate_key(args.prefix, actor=actor))
             print(f"revoked {args.prefix}; new key for team {new.team} (prefix {new.prefix}),")
             print("shown once:")
             print(new.key)
         else:
-            _change(settings, lambda t: t.revoke_key(args.prefix))
+            _change(settings, lambda t: t.revoke_key(args.prefix, actor=actor))
             print(f"revoked {args.prefix}")
     except (ManagementError, ValueError, OverflowError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -160,13 +176,26 @@ def _print_keys(found: list[Any], as_json: bool) -> None:
         print(f"{r['prefix']}  {r['team']}{name}  {r['state']}  created {r['created_at']}{expires}")
 
 
+def _print_changes(changes: list[Any], as_json: bool) -> None:
+    from tokenyard.tenancy.changes import change_record
+
+    records = [change_record(c) for c in changes]
+    if as_json:
+        print(json.dumps(records, indent=2))
+        return
+    for r in records:
+        key = f" {r['key_prefix']}" if r["key_prefix"] else ""
+        details = f"  {json.dumps(r['details'])}" if r["details"] else ""
+        print(f"{r['at']}  {r['actor']}  {r['action']}  {r['team']}{key}{details}")
+
+
 def _json_flag(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON, for scripts")
 
 
 def add_parser(sub: Any) -> None:
     teams = sub.add_parser(
-        "teams", help="create, update, show, list, disable, enable or delete teams"
+        "teams", help="create, update, show, list, disable, enable or delete teams; their changes"
     )
     tsub = teams.add_subparsers(dest="action", required=True, metavar="ACTION")
     for action, what in (("create", "a new team"), ("update", "a team's limits")):
@@ -190,6 +219,12 @@ def add_parser(sub: Any) -> None:
         toggle = tsub.add_parser(action, help=what)
         toggle.add_argument("name")
         _json_flag(toggle)
+    trail = tsub.add_parser(
+        "changes", help="who changed which team or key, and how, newest first (the audit trail)"
+    )
+    trail.add_argument("name", nargs="?", default=None, help="one team's (default: every team's)")
+    trail.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    _json_flag(trail)
     teams.set_defaults(run=_teams)
 
     keys_p = sub.add_parser("keys", help="create, list, revoke or rotate API keys")

@@ -18,6 +18,7 @@ from sqlalchemy import Engine
 from sqlmodel import Session, col, or_, select
 
 from tokenyard.core.db import matchable
+from tokenyard.tenancy.changes import KEY_FIELDS, SYSTEM, changed, given, record, snapshot
 from tokenyard.tenancy.errors import ManagementError
 from tokenyard.tenancy.limits import KEY_LIMIT_FIELDS, problem
 from tokenyard.tenancy.lookups import find_key, find_team
@@ -170,6 +171,8 @@ def create_key(
     expires_at: datetime | None = None,
     models: Sequence[str] = (),
     limits: dict[str, Any] | None = None,
+    *,
+    actor: str = SYSTEM,
 ) -> NewKey:
     """A new key for the team, named, expiring, narrowed to some of the team's models and with
     limits of its own as asked (none named: the team's models, as they are when each request
@@ -183,16 +186,20 @@ def create_key(
         wanted = _models_within(team, models)
         key, row = _new_key(team.id, name, expires_at, ",".join(wanted), limits)
         session.add(row)
+        record(session, actor, "key.create", team.name, row.prefix, given(row, KEY_FIELDS))
         session.commit()
         return NewKey(key, row.prefix, team.name, name, expires_at, wanted, _limits(row))
 
 
-def revoke_key(sql: Engine, prefix: str) -> str:
+def revoke_key(sql: Engine, prefix: str, *, actor: str = SYSTEM) -> str:
     """Revoke the key with this prefix; returns its hash so callers can drop cached lookups."""
     with Session(sql) as session:
-        api_key = find_key(session, prefix)
-        if api_key is None:
+        row = _with_team(session, prefix)
+        if row is None:
             raise ManagementError(f"no key with prefix {prefix!r}")
+        api_key, team = row
+        if not api_key.revoked:
+            record(session, actor, "key.revoke", team.name, api_key.prefix)
         api_key.revoked = True
         session.add(api_key)
         session.commit()
@@ -209,7 +216,9 @@ def _with_team(session: Session, prefix: str) -> tuple[ApiKey, Team] | None:
     return key, team
 
 
-def update_key(sql: Engine, prefix: str, **changes: Any) -> tuple[KeyInfo, str]:
+def update_key(
+    sql: Engine, prefix: str, *, actor: str = SYSTEM, **changes: Any
+) -> tuple[KeyInfo, str]:
     """Change an unrevoked key's name, expiry, models or own limits (a field left out is kept;
     None clears a name, an expiry or a limit, an empty list the models). A new expiry may revive an
     expired key. Returns the key as listings show it, and its hash for the caller to drop its
@@ -221,6 +230,7 @@ def update_key(sql: Engine, prefix: str, **changes: Any) -> tuple[KeyInfo, str]:
         if row is None or row[0].revoked:
             raise ManagementError(f"no active key with prefix {prefix!r}")
         key, team = row
+        before = snapshot(key, KEY_FIELDS)
         if "name" in changes:
             key.name = _named(changes["name"])
         if "expires_at" in changes:
@@ -230,12 +240,14 @@ def update_key(sql: Engine, prefix: str, **changes: Any) -> tuple[KeyInfo, str]:
             key.models = ",".join(_models_within(team, changes["models"] or ()))
         _set_limits(key, {n: v for n, v in changes.items() if n in KEY_LIMIT_FIELDS})
         session.add(key)
+        if difference := changed(before, snapshot(key, KEY_FIELDS)):
+            record(session, actor, "key.update", team.name, key.prefix, difference)
         session.commit()
         session.refresh(key)
         return _info(key, team), key.key_hash
 
 
-def rotate_key(sql: Engine, prefix: str) -> tuple[NewKey, str]:
+def rotate_key(sql: Engine, prefix: str, *, actor: str = SYSTEM) -> tuple[NewKey, str]:
     """A new key for the team of the key with this prefix, which is revoked in the same
     transaction; the new key keeps the old one's name, expiry, models and limits. Returns the new
     key (its secret shown once) and the old key's hash, for the caller to drop its cached lookup."""
@@ -248,6 +260,7 @@ def rotate_key(sql: Engine, prefix: str) -> tuple[NewKey, str]:
         old.revoked = True
         session.add(old)
         session.add(new)
+        record(session, actor, "key.rotate", team.name, old.prefix, {"new_prefix": new.prefix})
         session.commit()
         models = model_list(new.models)
         made = NewKey(key, new.prefix, team.name, new.name, new.expires_at, models, _limits(new))

@@ -8,7 +8,7 @@ concerns, so revocations and limit changes take effect promptly.
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import BigInteger
+from sqlalchemy import JSON, BigInteger
 from sqlmodel import Field, SQLModel
 
 
@@ -77,3 +77,23 @@ class ApiKey(SQLModel, table=True):
     tpm: int | None = _count()
     usd_per_day: float | None = None
     concurrency: int | None = _count()  # requests of this key in flight at once
+
+
+class TenancyChange(SQLModel, table=True):
+    """One change to a team or a key, who made it and what it changed: the operators' audit trail.
+    Written in the change's own transaction, so a change is never without its row (nor a row
+    without its change); never a key's secret or hash."""
+
+    __tablename__ = "tenancy_change"
+
+    id: int | None = Field(default=None, primary_key=True)
+    at: datetime = Field(default_factory=_now, index=True)
+    # who: "admin-api", "admin-ui:<user>", "cli:<os user>", "system" (library calls, `tokenyard up`)
+    actor: str
+    # team.create / team.update / team.disable / team.enable / team.delete, key.create / key.update
+    # / key.revoke / key.rotate
+    action: str
+    team: str = Field(index=True)  # by name: the row outlives a deleted team
+    key_prefix: str | None = None
+    # create: the settings given; update: {field: [before, after]} of those that changed
+    details: dict[str, Any] | None = Field(default=None, sa_type=JSON)

@@ -4,7 +4,7 @@ Gateways cache each key's lookup (its team's policy) in Redis and in process (ga
 change that alters what keys may do (limits, disabling, deletion, revocation, rotation) is followed
 by deleting the Redis entries of the keys concerned, so every gateway sees it once its own process
 cache expires. Before this service each caller did that itself, and the CLI's `teams update` once
-forgot to.
+forgot to. Each change names who made it, and is recorded with it (tenancy/changes.py).
 """
 
 import asyncio
@@ -18,8 +18,9 @@ from redis.exceptions import RedisError
 from sqlalchemy import Engine
 
 from tokenyard.tenancy import keys, teams
+from tokenyard.tenancy.changes import list_changes
 from tokenyard.tenancy.keys import KeyInfo, NewKey
-from tokenyard.tenancy.models import Team
+from tokenyard.tenancy.models import Team, TenancyChange
 
 log = logging.getLogger("tokenyard.tenancy")
 _T = TypeVar("_T")
@@ -66,23 +67,30 @@ class Tenancy:
     async def key(self, prefix: str) -> KeyInfo | None:
         return await self._run(keys.get_key, prefix)
 
+    async def changes(
+        self, team: str | None, limit: int, before: int | None = None
+    ) -> list[TenancyChange]:
+        return await self._run(list_changes, team, limit, before)
+
     # changes
 
-    async def create_team(self, name: str, **limits: Any) -> Team:
-        return await self._run(teams.create_team, name, **limits)
+    # each change names who makes it (tenancy/changes.py): "admin-api", "admin-ui:<user>", "cli:…"
 
-    async def update_team(self, name: str, **limits: Any) -> Team:
-        team, hashes = await self._run(teams.update_team, name, **limits)
+    async def create_team(self, name: str, *, actor: str, **limits: Any) -> Team:
+        return await self._run(teams.create_team, name, actor=actor, **limits)
+
+    async def update_team(self, name: str, *, actor: str, **limits: Any) -> Team:
+        team, hashes = await self._run(teams.update_team, name, actor=actor, **limits)
         await self.forget(hashes)
         return team
 
-    async def set_disabled(self, name: str, disabled: bool) -> Team:
-        team, hashes = await self._run(teams.set_disabled, name, disabled)
+    async def set_disabled(self, name: str, disabled: bool, *, actor: str) -> Team:
+        team, hashes = await self._run(teams.set_disabled, name, disabled, actor=actor)
         await self.forget(hashes)
         return team
 
-    async def delete_team(self, name: str) -> None:
-        await self.forget(await self._run(teams.delete_team, name))
+    async def delete_team(self, name: str, *, actor: str) -> None:
+        await self.forget(await self._run(teams.delete_team, name, actor=actor))
 
     async def create_key(
         self,
@@ -91,18 +99,20 @@ class Tenancy:
         expires_at: datetime | None = None,
         models: Sequence[str] = (),
         limits: dict[str, Any] | None = None,
+        *,
+        actor: str,
     ) -> NewKey:
-        return await self._run(keys.create_key, team, name, expires_at, models, limits)
+        return await self._run(keys.create_key, team, name, expires_at, models, limits, actor=actor)
 
-    async def revoke_key(self, prefix: str) -> None:
-        await self.forget([await self._run(keys.revoke_key, prefix)])
+    async def revoke_key(self, prefix: str, *, actor: str) -> None:
+        await self.forget([await self._run(keys.revoke_key, prefix, actor=actor)])
 
-    async def update_key(self, prefix: str, **changes: Any) -> KeyInfo:
-        info, key_hash = await self._run(keys.update_key, prefix, **changes)
+    async def update_key(self, prefix: str, *, actor: str, **changes: Any) -> KeyInfo:
+        info, key_hash = await self._run(keys.update_key, prefix, actor=actor, **changes)
         await self.forget([key_hash])
         return info
 
-    async def rotate_key(self, prefix: str) -> NewKey:
-        new, old_hash = await self._run(keys.rotate_key, prefix)
+    async def rotate_key(self, prefix: str, *, actor: str) -> NewKey:
+        new, old_hash = await self._run(keys.rotate_key, prefix, actor=actor)
         await self.forget([old_hash])
         return new

@@ -1,7 +1,8 @@
 """Teams in SQL: create, read, change limits, disable and enable, delete.
 
 Operations that change what a team's keys may do return those keys' hashes: the gateways cache key
-lookups, and the caller (tenancy/service.py) drops them so the change applies at once.
+lookups, and the caller (tenancy/service.py) drops them so the change applies at once. Each change
+is recorded, with who made it (`actor`), in the same transaction (tenancy/changes.py).
 """
 
 import re
@@ -11,6 +12,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
+from tokenyard.tenancy.changes import SYSTEM, TEAM_FIELDS, changed, given, record, snapshot
 from tokenyard.tenancy.errors import AlreadyExists, ManagementError
 from tokenyard.tenancy.keys import active_key_hashes
 from tokenyard.tenancy.limits import LIMIT_FIELDS, problem
@@ -41,13 +43,14 @@ def _existing(session: Session, name: str) -> Team:
     return team
 
 
-def create_team(sql: Engine, name: str, **limits: Any) -> Team:
+def create_team(sql: Engine, name: str, *, actor: str = SYSTEM, **limits: Any) -> Team:
     if not TEAM_NAME.fullmatch(name):
         raise ValueError(f"team names are {TEAM_NAME_RULE}")
     team = Team(name=name)
     _apply(team, limits)
     with Session(sql) as session:
         session.add(team)
+        record(session, actor, "team.create", name, details=given(team, TEAM_FIELDS))
         try:
             session.commit()
         except IntegrityError:
@@ -58,22 +61,31 @@ def create_team(sql: Engine, name: str, **limits: Any) -> Team:
         return team
 
 
-def update_team(sql: Engine, name: str, **limits: Any) -> tuple[Team, list[str]]:
+def update_team(
+    sql: Engine, name: str, *, actor: str = SYSTEM, **limits: Any
+) -> tuple[Team, list[str]]:
     """Change a team's limits. Returns the team and its active keys' hashes."""
     with Session(sql) as session:
         team = _existing(session, name)
+        before = snapshot(team, TEAM_FIELDS)
         _apply(team, limits)
         session.add(team)
+        if difference := changed(before, snapshot(team, TEAM_FIELDS)):
+            record(session, actor, "team.update", name, details=difference)
         session.commit()
         session.refresh(team)
     return team, active_key_hashes(sql, name)
 
 
-def set_disabled(sql: Engine, name: str, disabled: bool) -> tuple[Team, list[str]]:
+def set_disabled(
+    sql: Engine, name: str, disabled: bool, *, actor: str = SYSTEM
+) -> tuple[Team, list[str]]:
     """Disable (or enable) a team: its keys are refused while it is disabled. Returns the team
     and its active keys' hashes."""
     with Session(sql) as session:
         team = _existing(session, name)
+        if team.disabled != disabled:
+            record(session, actor, "team.disable" if disabled else "team.enable", name)
         team.disabled = disabled
         session.add(team)
         session.commit()
@@ -81,13 +93,14 @@ def set_disabled(sql: Engine, name: str, disabled: bool) -> tuple[Team, list[str
     return team, active_key_hashes(sql, name)
 
 
-def delete_team(sql: Engine, name: str) -> list[str]:
-    """Delete a team and its keys (so they stop working); its usage records stay, under its name.
-    Returns the deleted keys' hashes."""
+def delete_team(sql: Engine, name: str, *, actor: str = SYSTEM) -> list[str]:
+    """Delete a team and its keys (so they stop working); its usage records stay, under its name,
+    and so does its trail of changes. Returns the deleted keys' hashes."""
     with Session(sql) as session:
         team = _existing(session, name)
         keys = list(session.exec(select(ApiKey).where(ApiKey.team_id == team.id)))
         hashes = [k.key_hash for k in keys if not k.revoked]
+        record(session, actor, "team.delete", name, details={"keys": [k.prefix for k in keys]})
         for key in keys:
             session.delete(key)
         session.delete(team)

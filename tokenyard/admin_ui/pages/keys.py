@@ -13,6 +13,7 @@ from litestar.response import Redirect
 
 from tokenyard.admin_ui import forms, render
 from tokenyard.admin_ui.access import (
+    actor_of,
     admin_only,
     in_thread,
     proxy_of,
@@ -103,7 +104,12 @@ class Keys(Controller):
             return await self._page(request, 400, wrong)
         try:
             new = await tenancy_of(request).create_key(
-                forms.text(form, "team"), forms.text(form, "name"), expires, models, limits
+                forms.text(form, "team"),
+                forms.text(form, "name"),
+                expires,
+                models,
+                limits,
+                actor=actor_of(request),
             )
         except ManagementError as exc:
             raise NotFoundException(str(exc)) from None
@@ -178,7 +184,7 @@ class Keys(Controller):
                 error = "Expires: a date and time (UTC), or blank"
                 return await self._key_page(request, key, values, 400, error)
         try:
-            await tenancy_of(request).update_key(prefix, **changes)
+            await tenancy_of(request).update_key(prefix, actor=actor_of(request), **changes)
         except ManagementError as exc:  # revoked meanwhile
             raise NotFoundException(str(exc)) from None
         except ValueError as exc:  # the name, an expiry not in the future, a model not the team's
@@ -188,7 +194,7 @@ class Keys(Controller):
     @post("/keys/{prefix:str}/revoke")
     async def revoke_key(self, request: Request, prefix: FromPath[str]) -> Response:
         try:
-            await tenancy_of(request).revoke_key(prefix)
+            await tenancy_of(request).revoke_key(prefix, actor=actor_of(request))
         except ManagementError as exc:
             raise NotFoundException(str(exc)) from None
         return Redirect(f"/admin/keys?revoked={quote(prefix)}", status_code=303)
@@ -198,7 +204,7 @@ class Keys(Controller):
         """A new key for the team, with the old one's name, expiry, models and limits; the old one
         revoked."""
         try:
-            new = await tenancy_of(request).rotate_key(prefix)
+            new = await tenancy_of(request).rotate_key(prefix, actor=actor_of(request))
         except ManagementError as exc:
             raise NotFoundException(str(exc)) from None
         return await render.page(request, "key_created.html", 201, new=new, replaced=prefix)

@@ -10,6 +10,7 @@ from litestar.response import Redirect
 
 from tokenyard.admin_ui import forms, render
 from tokenyard.admin_ui.access import (
+    actor_of,
     admin_only,
     in_thread,
     proxy_of,
@@ -47,7 +48,9 @@ class Teams(Controller):
         form = forms.parse(await request.form(), _catalog(request), with_name=True)
         if not form.errors:
             try:
-                await tenancy_of(request).create_team(form.values["name"], **form.limits)
+                await tenancy_of(request).create_team(
+                    form.values["name"], actor=actor_of(request), **form.limits
+                )
             except (ManagementError, ValueError) as exc:
                 form.errors["name"] = str(exc)
         if form.errors:
@@ -92,7 +95,7 @@ class Teams(Controller):
             return await self._team_page(request, name, form, 400)
         try:
             # it reaches every gateway once its process cache expires (gateway_key_cache_s)
-            await tenancy_of(request).update_team(name, **form.limits)
+            await tenancy_of(request).update_team(name, actor=actor_of(request), **form.limits)
         except ManagementError as exc:
             raise NotFoundException(str(exc)) from None
         return Redirect(f"/admin/teams/{name}?done=saved", status_code=303)
