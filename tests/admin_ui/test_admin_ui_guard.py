@@ -20,7 +20,10 @@ def test_audit_log_and_policy_form(
     name, key = team()
     client = admin_gateway.client(key)
     reply = client.chat.completions.with_raw_response.create(
-        model=MODEL, messages=[{"role": "user", "content": texts.harmful}], max_tokens=3
+        model=MODEL,
+        messages=[{"role": "user", "content": texts.harmful}],
+        max_tokens=3,
+        user="user-77",
     )
     request_id = reply.headers["x-request-id"]
     wait_until(lambda: store.audit_rows(sql, request_id=request_id), 10, "flag row")
@@ -34,6 +37,12 @@ def test_audit_log_and_policy_form(
         assert "Safety" in page.text  # in the navigation
         empty = admin.get("/admin/guard", params={"team": name, "action": "block"})
         assert request_id not in empty.text
+        # by end user: the row names who the request was for
+        assert "<td>user-77</td>" in page.text
+        theirs = admin.get("/admin/guard", params={"team": name, "user": "user-77"})
+        assert request_id in theirs.text
+        others = admin.get("/admin/guard", params={"team": name, "user": "user-78"})
+        assert request_id not in others.text
 
         form_page = admin.get(f"/admin/guard/policy/{name}")
         assert form_page.status_code == 200 and "platform default" in form_page.text

@@ -57,6 +57,15 @@ def test_estimates_and_pages() -> None:
         ),
         (b'{"model": "m", "prompt": [[1], "x", [[2]]]}', "completion", "prompt"),
         (b'{"model": "m", "prompt": "x", "request_id": "a\\r\\nb"}', "completion", "request_id"),
+        # text the usage record keeps: PostgreSQL could never store a NUL (an unbilled request)
+        (b'{"model": "m", "prompt": "x", "user": "a\\u0000b"}', "completion", "user"),
+        (
+            b'{"model": "m", "messages": [{"role": "user", "content": "x"}], '
+            b'"metadata": {"k": "\\u0000"}}',
+            "chat",
+            "metadata",
+        ),
+        (b'{"model": "m", "input": "x", "user": "\\u0000"}', "embedding", "user"),
         (
             b'{"model": "m", "messages": [{"role": "user", "content": [{"text": 5}]}]}',
             "chat",
@@ -69,6 +78,12 @@ def test_bad_requests_name_the_param(raw: bytes, kind: str, param: str) -> None:
         parse(raw, kind)  # type: ignore[arg-type]
     assert err.value.status == 400
     assert err.value.param == param
+
+
+def test_a_nul_in_recorded_text_is_refused_in_words() -> None:
+    with pytest.raises(GatewayError) as err:
+        parse(b'{"model": "m", "prompt": "x", "safety_identifier": "\\u0000"}', "completion")
+    assert err.value.message == "safety_identifier must not contain NUL characters"
 
 
 def test_dechunk_across_reads() -> None:

@@ -77,7 +77,7 @@ def test_blocked_prompt_never_reaches_the_stream(
     before = upstream_stats(upstream)
     tokens_before = day_tokens(redis_server.client(), name)
     # the upstream is slow (#delay): the verdict comes while it works, and cancels it
-    body = _chat(texts.harmful, "#delay=0.2 #chunks=10", stream=True, max_tokens=10)
+    body = _chat(texts.harmful, "#delay=0.2 #chunks=10", stream=True, max_tokens=10, user="mallory")
     headers = {"authorization": f"Bearer {key}"}
     with httpx.stream("POST", gw.url + "/v1/chat/completions", json=body, headers=headers) as r:
         raw = r.read()
@@ -106,6 +106,10 @@ def test_blocked_prompt_never_reaches_the_stream(
     assert set(row.categories.split(",")) & set(texts.harmful_categories)
     assert row.text is None
     assert max(json.loads(row.scores).values()) > 0.5
+    # it names the end user the request was for: a team finds who sends what it blocks
+    assert row.end_user == "mallory"
+    assert [r.id for r in store.audit_rows(sql, team=name, end_user="mallory")] == [row.id]
+    assert store.audit_rows(sql, team=name, end_user="someone-else") == []
 
     # the SDK sees OpenAI's error, whole or streamed
     client = gw.client(key)

@@ -56,4 +56,6 @@ class RequestScreen(Protocol):
 
 
 class Safety(Protocol):
-    async def screen(self, team: str, request_id: str, model: str) -> RequestScreen | None: ...
+    async def screen(
+        self, team: str, request_id: str, model: str, end_user: str | None = None
+    ) -> RequestScreen | None: ...

@@ -351,7 +351,9 @@ class Proxy:
         try:
             check = None
             if self.safety is not None and kind != "embedding":
-                screen = await self.safety.screen(policy.team, request_id, parsed.model)
+                screen = await self.safety.screen(
+                    policy.team, request_id, parsed.model, parsed.end_user
+                )
                 check = None if screen is None else InputCheck(screen, input_text(parsed.body))
             if lookup is not None:
                 await self.cache.find(lookup)

@@ -35,8 +35,15 @@ _CLIENT_ID = re.compile(rf"[\x21-\x7e]{{1,{MAX_CLIENT_ID}}}")
 Tier = Literal["interactive", "batch"]
 # OpenAI's bounds on a request's metadata: up to 16 pairs, keys up to 64 characters, values up to
 # 512; the gateway records it with the usage, so a team can report its spend by any of its keys
+# Text a usage record keeps from the client holds no NUL: PostgreSQL's text refuses it, so such a
+# record could never be written and its request would go unbilled
+_NO_NUL = r"^[^\x00]*$"
+Label = Annotated[str, msgspec.Meta(pattern=_NO_NUL)]
 Metadata = Annotated[
-    dict[Annotated[str, msgspec.Meta(max_length=64)], Annotated[str, msgspec.Meta(max_length=512)]],
+    dict[
+        Annotated[str, msgspec.Meta(max_length=64, pattern=_NO_NUL)],
+        Annotated[str, msgspec.Meta(max_length=512, pattern=_NO_NUL)],
+    ],
     msgspec.Meta(max_length=16),
 ]
 _S = TypeVar("_S", bound=msgspec.Struct)
@@ -75,8 +82,8 @@ class _Common(msgspec.Struct, kw_only=True):
     priority: Tier | None = None  # the engine protocol's name for the tier
     request_id: str | None = None
     # the client's own end user (OpenAI's newer name, then the older one): recorded with the usage
-    safety_identifier: str | None = None
-    user: str | None = None
+    safety_identifier: Label | None = None
+    user: Label | None = None
     metadata: Metadata | None = None  # chat only (the fields table refuses it on completions)
 
 
@@ -99,7 +106,7 @@ class EmbeddingRequest(msgspec.Struct, kw_only=True):
     input: str | list[Any]
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Positive | None = None
-    user: str | None = None
+    user: Label | None = None
     tier: Tier | None = None
     priority: Tier | None = None
     request_id: str | None = None
@@ -267,7 +274,10 @@ def _convert(body: dict[str, Any], struct: type[_S]) -> _S:
     except msgspec.ValidationError as exc:
         text = str(exc)
         found = _PATH.search(text) or _MISSING.search(text)
-        raise _bad(text, found.group(1) if found else None) from None
+        param = found.group(1) if found else None
+        if "x00]" in text:  # _NO_NUL's regex says nothing to a person
+            text = f"{param} must not contain NUL characters"
+        raise _bad(text, param) from None
 
 
 def _parse_embedding(body: dict[str, Any]) -> Parsed:

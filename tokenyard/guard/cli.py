@@ -129,6 +129,7 @@ def _audit(args: argparse.Namespace) -> int:
         direction=args.direction,
         request_id=args.request_id,
         limit=args.limit,
+        end_user=args.user,
     )
     for row in rows:
         print(json.dumps(to_dict(row)))
@@ -196,6 +197,7 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
     audit.add_argument("--action", choices=["flag", "block"], default=None)
     audit.add_argument("--direction", choices=["input", "output"], default=None)
     audit.add_argument("--request-id", default=None)
+    audit.add_argument("--user", default=None, help="one end user's (safety_identifier or user)")
     audit.add_argument("--limit", type=int, default=50, help="rows (newest first)")
     audit.set_defaults(run=_audit)
 

@@ -29,4 +29,5 @@ class GuardAudit(SQLModel, table=True):
     categories: str  # comma-separated, the ones over the team's thresholds
     scores: str  # JSON: every category's score
     model: str = ""
+    end_user: str | None = None  # the request's `safety_identifier` or `user`: who to look at
     text: str | None = None  # only when the team's policy opts in (store_text)

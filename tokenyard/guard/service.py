@@ -64,11 +64,13 @@ class Guard:
         # the local classifier scores in line (sub-millisecond, no await); a service is awaited
         self._local = moderator if isinstance(moderator, LocalModerator) else None
 
-    async def screen(self, team: str, request_id: str, model: str) -> "Screen | None":
+    async def screen(
+        self, team: str, request_id: str, model: str, end_user: str | None = None
+    ) -> "Screen | None":
         policy = await self.policies.get(team)
         if not (policy.active("input") or policy.active("output")):
             return None  # the team checks nothing: nothing is scored
-        return Screen(self, policy, team, request_id, model)
+        return Screen(self, policy, team, request_id, model, end_user)
 
     async def score(self, text: str, direction: str) -> dict[str, float]:
         began = time.perf_counter()
@@ -111,6 +113,7 @@ class Guard:
             categories=verdict.categories,
             scores=dict(verdict.scores),
             model=screen.model,
+            end_user=screen.end_user,
             text=text if screen.policy.store_text else None,
         )
 
@@ -122,12 +125,21 @@ class Guard:
 class Screen:
     """One request's screening (core.safety.RequestScreen)."""
 
-    def __init__(self, guard: Guard, policy: Policy, team: str, request_id: str, model: str):
+    def __init__(
+        self,
+        guard: Guard,
+        policy: Policy,
+        team: str,
+        request_id: str,
+        model: str,
+        end_user: str | None = None,
+    ):
         self.guard = guard
         self.policy = policy
         self.team = team
         self.request_id = request_id
         self.model = model
+        self.end_user = end_user  # the request's `safety_identifier` or `user`, for the audit
 
     async def check_input(self, text: str) -> Verdict:
         if not self.policy.active("input"):

@@ -119,8 +119,9 @@ def audit_rows(
     request_id: str | None = None,
     limit: int = 100,
     before_id: int | None = None,
+    end_user: str | None = None,
 ) -> list[GuardAudit]:
-    if not matchable(team, action, direction, request_id):
+    if not matchable(team, action, direction, request_id, end_user):
         return []
     with Session(sql) as session:
         query = select(GuardAudit)
@@ -132,6 +133,8 @@ def audit_rows(
             query = query.where(GuardAudit.direction == direction)
         if request_id:
             query = query.where(GuardAudit.request_id == request_id)
+        if end_user:
+            query = query.where(GuardAudit.end_user == end_user)
         if before_id is not None:
             query = query.where(col(GuardAudit.id) < before_id)
         query = query.order_by(col(GuardAudit.id).desc()).limit(limit)
@@ -156,6 +159,7 @@ class AuditLog:
         scores: dict[str, float],
         model: str,
         text: str | None,
+        end_user: str | None = None,
     ) -> None:
         row = GuardAudit(
             request_id=request_id,
@@ -165,8 +169,8 @@ class AuditLog:
             categories=",".join(categories),
             scores=json.dumps({k: round(v, 4) for k, v in scores.items()}),
             model=model,
-            # PostgreSQL's text holds no NUL, and one such row would fail its whole batch's commit
-            text=text.replace("\x00", "\ufffd") if text else text,
+            end_user=_no_nul(end_user),
+            text=_no_nul(text),
         )
         try:
             self.queue.put_nowait(row)
@@ -205,6 +209,11 @@ class AuditLog:
                 await asyncio.sleep(0.5)
 
 
+def _no_nul(text: str | None) -> str | None:
+    """PostgreSQL's text holds no NUL, and one such row would fail its whole batch's commit."""
+    return text.replace("\x00", "\ufffd") if text else text
+
+
 def to_dict(row: GuardAudit) -> dict[str, Any]:
     return {
         "id": row.id,
@@ -216,5 +225,6 @@ def to_dict(row: GuardAudit) -> dict[str, Any]:
         "categories": [c for c in row.categories.split(",") if c],
         "scores": json.loads(row.scores),
         "model": row.model,
+        "end_user": row.end_user,
         "text": row.text,
     }

@@ -1,6 +1,6 @@
-"""Safety: the audit log of flags and blocks (filtered by team, action, direction; newest first,
-paged), and each team's safety policy (per category and direction: off, flag or block, with a
-threshold)."""
+"""Safety: the audit log of flags and blocks (filtered by team, end user, action, direction;
+newest first, paged), and each team's safety policy (per category and direction: off, flag or
+block, with a threshold)."""
 
 from typing import Any
 
@@ -62,6 +62,7 @@ class Guard(Controller):
         team = q.get("team") or None
         action = q.get("action") if q.get("action") in ("flag", "block") else None
         direction = q.get("direction") if q.get("direction") in DIRECTIONS else None
+        end_user = q.get("user") or None
         before = q.get("before")
         before_id = int(before) if before and before.isdigit() else None
         rows = await in_thread(
@@ -72,6 +73,7 @@ class Guard(Controller):
             direction=direction,
             limit=PAGE,
             before_id=before_id,
+            end_user=end_user,
         )
         teams = await tenancy_of(request).teams()
         return await render.page(
@@ -82,6 +84,7 @@ class Guard(Controller):
             team=team or "",
             action=action or "",
             direction=direction or "",
+            user=end_user or "",
             teams=[t.name for t in teams],
             guard_on=_guard(request) is not None,
         )
