@@ -28,7 +28,7 @@ from tests.billing.conftest import (
 from tests.gateway.conftest import TOKENYARD, Gateway, wait_until
 from tokenyard.billing.models import UsageRecord
 from tokenyard.core.usage import USAGE_STREAM
-from tokenyard.gateway.quotas import TeamKeys, day_number
+from tokenyard.gateway.quotas import TeamKeys, day_number, month_of
 from tokenyard.tenancy import keys
 
 
@@ -273,13 +273,36 @@ def test_each_end_users_dollar_budget_is_charged_and_enforced(
     client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=10)
 
 
+def test_monthly_dollar_budget_is_charged_and_enforced(
+    gw: Gateway, team: Any, redis_server: Any
+) -> None:
+    """Settle charges a team's spend to its month's counter too, where it has a monthly budget;
+    reserve refuses once the month's spend reaches it."""
+    name, key = team(usd_per_month=2.5 * CHARGED)
+    client = gw.client(key)
+    for _ in range(3):  # $0, $0.005, $0.010 spent before each: under $0.0125
+        client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=10)
+    spent = redis_server.client().get(TeamKeys(name).month_usd(month_of()[0]))
+    assert int(spent) == round(3 * CHARGED * 1_000_000)
+    assert redis_server.client().get(TeamKeys(name).day_usd(day_number())) is None  # no day budget
+    with pytest.raises(openai.RateLimitError) as err:
+        client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=10)
+    assert err.value.code == "insufficient_quota"
+    assert err.value.response.headers["x-tokenyard-limit"] == "usd_per_month"
+    admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+    budget = httpx.get(f"{gw.url}/v1/admin/teams/{name}/budget", headers=admin).json()
+    assert budget["usd_per_month"] == pytest.approx(2.5 * CHARGED)
+    assert budget["today"]["usd_month"] == pytest.approx(3 * CHARGED)
+
+
 def test_a_keys_own_dollar_budget_is_charged_and_enforced(
     gw: Gateway, team: Any, redis_server: Any, sql: Engine
 ) -> None:
     """Settle charges a budgeted key's spend to the key's own counter as well as to its team's;
     over the key's budget the key is refused, its team's other keys are not."""
     name, team_key = team()  # no team budget
-    budgeted = keys.create_key(sql, name, limits={"usd_per_day": 1.5 * CHARGED}).key
+    limits = {"usd_per_day": 1.5 * CHARGED, "usd_per_month": 100.0}
+    budgeted = keys.create_key(sql, name, limits=limits).key
     client = gw.client(budgeted)
     for _ in range(2):  # $0, then $0.005 spent before each: under $0.0075
         client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=10)
@@ -295,6 +318,7 @@ def test_a_keys_own_dollar_budget_is_charged_and_enforced(
     shown = httpx.get(f"{gw.url}/v1/admin/keys/{budgeted[:12]}", headers=admin).json()
     assert shown["limits"]["usd_per_day"] == pytest.approx(1.5 * CHARGED)
     assert shown["today"]["usd"] == pytest.approx(2 * CHARGED)
+    assert shown["today"]["usd_month"] == pytest.approx(2 * CHARGED)  # its monthly counter too
     plain = httpx.get(f"{gw.url}/v1/admin/keys/{team_key[:12]}", headers=admin).json()
     assert plain["today"] is None and plain["team"] == name
     missing = httpx.get(f"{gw.url}/v1/admin/keys/ty-nosuchkey", headers=admin)

@@ -61,6 +61,7 @@ def test_teams_lifecycle(admin: Any) -> None:
         "tokens_per_day": None,
         "batch_tokens_per_day": None,
         "usd_per_day": None,
+        "usd_per_month": None,
         "concurrency": None,
         "kv_pages": None,
         "max_tokens": None,
@@ -315,6 +316,7 @@ def test_a_key_is_changed_in_place(admin: Any, base_env: dict[str, str]) -> None
         "rpm": 5,
         "tpm": None,
         "usd_per_day": None,
+        "usd_per_month": None,
         "concurrency": 2,
     }
     assert record["expires_at"].startswith(time.strftime("%Y-%m-%d", time.gmtime(later)))
@@ -355,4 +357,10 @@ def test_a_key_is_changed_in_place(admin: Any, base_env: dict[str, str]) -> None
     (shown,) = json.loads(done.stdout)
     assert (shown["name"], shown["expires_at"], shown["prefix"]) == (None, None, made["prefix"])
     # rpm and concurrency 0: cleared
-    assert shown["limits"] == {"rpm": None, "tpm": None, "usd_per_day": 1.5, "concurrency": None}
+    assert shown["limits"] == {
+        "rpm": None,
+        "tpm": None,
+        "usd_per_day": 1.5,
+        "usd_per_month": None,
+        "concurrency": None,
+    }

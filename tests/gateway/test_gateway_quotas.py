@@ -4,6 +4,7 @@ retry, reservations settle to actual usage, and nothing stays reserved afterward
 import contextlib
 import threading
 import time
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
@@ -11,7 +12,7 @@ import openai
 import pytest
 
 from tests.gateway.conftest import MODEL, day_tokens, reservations, upstream_stats, wait_until
-from tokenyard.gateway.quotas import TeamKeys, day_number
+from tokenyard.gateway.quotas import TeamKeys, day_number, month_of
 from tokenyard.gateway.ratelimit_headers import duration
 from tokenyard.tenancy import keys
 
@@ -93,6 +94,43 @@ def test_usd_per_day_counter_refuses_once_spent(gateway: Any, team: Any, redis_s
     assert err.status_code == 429 and err.code == "insufficient_quota"
     assert err.body["type"] == "insufficient_quota" and "usd_per_day" in err.message
     assert err.response.headers["x-tokenyard-limit"] == "usd_per_day"
+
+
+def test_usd_per_month_refuses_until_the_month_ends(
+    gateway: Any, team: Any, redis_server: Any, sql: Any
+) -> None:
+    """A team's (and a key's own) dollars per calendar month: spent, refused as a spent budget
+    until the 1st of the next month (UTC), the message naming which."""
+    name, key = team(usd_per_month=10.0)
+    client = gateway.client(key)
+    client.chat.completions.create(model=MODEL, messages=chat(), max_tokens=5)
+    month, month_end = month_of()
+    counters, names = redis_server.client(), TeamKeys(name)
+    counters.incrby(names.month_usd(month), 10_000_000)  # $10
+    err = refused(lambda: client.chat.completions.create(model=MODEL, messages=chat()))
+    assert err.status_code == 429 and err.code == "insufficient_quota"
+    assert "usd_per_month" in err.message and "dollars per month" in err.message
+    assert err.response.headers["x-tokenyard-limit"] == "usd_per_month"
+    assert abs(int(err.response.headers["retry-after"]) - (month_end - time.time())) <= 2
+    # a key's own monthly budget, within a team that has none
+    other, _ = team()
+    own = keys.create_key(sql, other, limits={"usd_per_month": 1.0})
+    mine = gateway.client(own.key)
+    mine.chat.completions.create(model=MODEL, messages=chat(), max_tokens=5)
+    counters.incrby(TeamKeys(other).key_month_usd(own.prefix, month), 1_000_000)
+    err = refused(lambda: mine.chat.completions.create(model=MODEL, messages=chat()))
+    assert err.code == "insufficient_quota" and f"key {own.prefix}" in err.message
+    assert err.response.headers["x-tokenyard-limit"] == "key_usd_per_month"
+
+
+def test_months_end_on_the_first_of_the_next_utc_month() -> None:
+    assert month_of(datetime(2026, 12, 31, 23, 59, tzinfo=UTC)) == (
+        "2026-12",
+        int(datetime(2027, 1, 1, tzinfo=UTC).timestamp()),
+    )
+    assert month_of(datetime(2026, 2, 1, tzinfo=UTC))[1] == int(
+        datetime(2026, 3, 1, tzinfo=UTC).timestamp()
+    )
 
 
 def test_concurrency_and_kv_pages(gateway: Any, team: Any, redis_server: Any) -> None:

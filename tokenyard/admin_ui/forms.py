@@ -20,6 +20,7 @@ LABELS: dict[str, tuple[str, str]] = {
     "tokens_per_day": ("Tokens per day", "UTC day; blank: unlimited"),
     "batch_tokens_per_day": ("Batch tokens per day", "batch tier, UTC day; blank: unlimited"),
     "usd_per_day": ("Dollars per day", "e.g. 25.00; blank: unlimited"),
+    "usd_per_month": ("Dollars per month", "calendar month (UTC), e.g. 500; blank: unlimited"),
     "concurrency": ("Concurrent requests", "blank: unlimited"),
     "kv_pages": ("KV-cache pages in flight", "self-hosted models; blank: unlimited"),
     "max_tokens": ("Max tokens per request", "caps max_tokens; blank: the platform's cap"),

@@ -51,6 +51,7 @@ class TeamLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     tokens_per_day: Count | UnsetType | None = UNSET
     batch_tokens_per_day: Count | UnsetType | None = UNSET
     usd_per_day: Dollars | UnsetType | None = UNSET
+    usd_per_month: Dollars | UnsetType | None = UNSET
     concurrency: Count | UnsetType | None = UNSET
     kv_pages: Count | UnsetType | None = UNSET
     max_tokens: Count | UnsetType | None = UNSET
@@ -72,11 +73,12 @@ class NewTeam(TeamLimits, kw_only=True, forbid_unknown_fields=True):
 
 
 class Budget(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """A team's daily budgets (UTC days): left out, kept; null, unlimited."""
+    """A team's budgets (UTC days, calendar months): left out, kept; null, unlimited."""
 
     tokens_per_day: Count | UnsetType | None = UNSET
     batch_tokens_per_day: Count | UnsetType | None = UNSET
     usd_per_day: Dollars | UnsetType | None = UNSET
+    usd_per_month: Dollars | UnsetType | None = UNSET
 
 
 class KeyChanges(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -89,6 +91,7 @@ class KeyChanges(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     rpm: Count | UnsetType | None = UNSET
     tpm: Count | UnsetType | None = UNSET
     usd_per_day: Dollars | UnsetType | None = UNSET
+    usd_per_month: Dollars | UnsetType | None = UNSET
     concurrency: Count | UnsetType | None = UNSET
 
 
@@ -101,6 +104,7 @@ class CreateKey(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     rpm: Count | None = None
     tpm: Count | None = None
     usd_per_day: Dollars | None = None
+    usd_per_month: Dollars | None = None
     concurrency: Count | None = None
 
 
@@ -303,14 +307,16 @@ class AdminController(Controller):
         quotas: NamedDependency[Quotas],
         prefix: FromPath[str],
     ) -> Response[bytes]:
-        """One key as listings show it, with what today (UTC) has used of its own dollar budget
-        (null: the key has none, and its spend is not counted apart; /v1/admin/usage has it)."""
+        """One key as listings show it, with what today (UTC) and this month have used of its own
+        dollar budgets (null: the key has none, and its spend is not counted apart;
+        /v1/admin/usage has it; a budget it lacks reads 0)."""
         info = await tenancy.key(prefix)
         if info is None:
             raise GatewayError(404, f"no key with prefix {prefix!r}", code="not_found")
         today = None
-        if info.limits.get("usd_per_day"):
-            today = {"usd": await quotas.key_usd_today(info.team, prefix)}
+        if info.limits.get("usd_per_day") or info.limits.get("usd_per_month"):
+            day, month = await quotas.key_spent(info.team, prefix)
+            today = {"usd": day, "usd_month": month}
         return _json(info.record() | {"today": today})
 
     @patch("/keys/{prefix:str}", operation_class=json_body(KeyChanges))
@@ -348,5 +354,6 @@ async def _budget(quotas: Quotas, team: Team) -> dict[str, Any]:
         "tokens_per_day": team.tokens_per_day,
         "batch_tokens_per_day": team.batch_tokens_per_day,
         "usd_per_day": team.usd_per_day,
+        "usd_per_month": team.usd_per_month,
         "today": asdict(await quotas.used_today(team.name)),
     }

@@ -40,11 +40,12 @@ if op == 'reserve' then
   -- KEYS: rpm bucket, tpm bucket, day tokens (the batch tier's own counter for batch), day usd
   --       (micro-dollars), team leases, team pages, platform leases, platform batch leases,
   --       the key's own rpm bucket, tpm bucket, day usd and leases, the end user's own rpm bucket,
-  --       tpm bucket and day usd
+  --       tpm bucket and day usd, the team's and the key's month usd
   -- ARGV: op, lease id, rpm, tpm, tokens/day (of that counter), usd/day (micro), concurrency, kv pages,
   --       platform concurrency, platform batch concurrency, tokens, pages, lease ms, batch (0/1),
   --       the key's rpm, tpm, usd/day (micro) and concurrency, the end user's rpm, tpm and usd/day
-  --       (micro; all 0 for a request that names no end user)
+  --       (micro; all 0 for a request that names no end user), the team's and the key's usd/month
+  --       (micro), the month's end (unix seconds)
   local id = ARGV[2]
   local rpm, tpm, tpd, upd = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
   local conc, kvp = tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -52,8 +53,10 @@ if op == 'reserve' then
   local tokens, pages, lease_ms, batch = tonumber(ARGV[11]), tonumber(ARGV[12]), tonumber(ARGV[13]), ARGV[14] == '1'
   local krpm, ktpm, kupd, kconc = tonumber(ARGV[15]), tonumber(ARGV[16]), tonumber(ARGV[17]), tonumber(ARGV[18])
   local urpm, utpm, uupd = tonumber(ARGV[19]), tonumber(ARGV[20]), tonumber(ARGV[21])
+  local upm, kupm, month_end = tonumber(ARGV[22]), tonumber(ARGV[23]), tonumber(ARGV[24])
   local now = now_ms()
   local to_midnight = 86400 - math.floor(now / 1000) % 86400
+  local to_month_end = math.max(1, month_end - math.floor(now / 1000))
   local worst, wait = nil, -1
 
   local function refuse(code, seconds)
@@ -92,6 +95,12 @@ if op == 'reserve' then
   local utpm_level = bucket(KEYS[14], utpm, tokens, 'user_tokens_per_minute')
   if uupd > 0 and (tonumber(redis.call('GET', KEYS[15])) or 0) >= uupd then
     refuse('user_usd_per_day', to_midnight)
+  end
+  if upm > 0 and (tonumber(redis.call('GET', KEYS[16])) or 0) >= upm then
+    refuse('usd_per_month', to_month_end)
+  end
+  if kupm > 0 and (tonumber(redis.call('GET', KEYS[17])) or 0) >= kupm then
+    refuse('key_usd_per_month', to_month_end)
   end
   purge(KEYS[5], KEYS[6], now)
   if conc > 0 and redis.call('ZCARD', KEYS[5]) >= conc then refuse('concurrency', 1) end
@@ -135,10 +144,11 @@ if op == 'reserve' then
 elseif op == 'settle' then
   -- KEYS: tpm bucket, day tokens, team leases, team pages, platform leases, platform batch leases,
   --       usage stream, day usd (micro-dollars), the key's own tpm bucket, day usd and leases, the end
-  --       user's own tpm bucket and day usd
+  --       user's own tpm bucket and day usd, the team's and the key's month usd
   -- ARGV: op, lease id, tokens reserved, tokens used, tpm limit, event (JSON), spend (micro-dollars;
   --       0 for teams without a dollar budget), the key's tpm limit, the key's spend (0: no budget),
-  --       the end user's tpm limit and spend (0: none)
+  --       the end user's tpm limit and spend (0: none), the team's and the key's spend for the
+  --       month (0: no monthly budget)
   local id = ARGV[2]
   local delta = tonumber(ARGV[4]) - tonumber(ARGV[3])  -- < 0: refund the unused reservation
   -- refunds do not depend on the lease: a lease that expired early still reserved tokens
@@ -158,15 +168,18 @@ elseif op == 'settle' then
   release(KEYS[11], nil, id)
   -- no MAXLEN: billing trims the stream below what every consumer group has acknowledged
   redis.call('XADD', KEYS[7], '*', 'event', ARGV[6])
-  local function charge(key, spend)
+  -- a day's counters outlive their day by one, a month's by a few days (32 + 3)
+  local function charge(key, spend, ttl)
     if spend > 0 then
       redis.call('INCRBY', key, spend)
-      redis.call('EXPIRE', key, 172800)
+      redis.call('EXPIRE', key, ttl)
     end
   end
-  charge(KEYS[8], tonumber(ARGV[7]))
-  charge(KEYS[10], tonumber(ARGV[9]))
-  charge(KEYS[13], tonumber(ARGV[11]))
+  charge(KEYS[8], tonumber(ARGV[7]), 172800)
+  charge(KEYS[10], tonumber(ARGV[9]), 172800)
+  charge(KEYS[13], tonumber(ARGV[11]), 172800)
+  charge(KEYS[14], tonumber(ARGV[12]), 3024000)
+  charge(KEYS[15], tonumber(ARGV[13]), 3024000)
   return 1
 
 elseif op == 'renew' then

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from datetime import date
+from datetime import UTC, date, datetime
 from pathlib import Path
 
 import msgspec
@@ -37,6 +37,7 @@ _MESSAGES = {
     "tokens_per_day": "tokens per day",
     "batch_tokens_per_day": "batch tokens per day",
     "usd_per_day": "dollars per day",
+    "usd_per_month": "dollars per month",
     "concurrency": "concurrent requests",
     "kv_pages": "KV-cache pages in flight",
     "platform_concurrency": "platform requests in flight",
@@ -45,13 +46,20 @@ _MESSAGES = {
     "key_requests_per_minute": "requests per minute",
     "key_tokens_per_minute": "tokens per minute",
     "key_usd_per_day": "dollars per day",
+    "key_usd_per_month": "dollars per month",
     "key_concurrency": "concurrent requests",
     # each end user's, within its team
     "user_requests_per_minute": "requests per minute",
     "user_tokens_per_minute": "tokens per minute",
     "user_usd_per_day": "dollars per day",
 }
-_BUDGET_CODES = {"usd_per_day", "key_usd_per_day", "user_usd_per_day"}
+_BUDGET_CODES = {
+    "usd_per_day",
+    "usd_per_month",
+    "key_usd_per_day",
+    "key_usd_per_month",
+    "user_usd_per_day",
+}
 
 
 def day_number(when: date | None = None) -> int:
@@ -59,6 +67,14 @@ def day_number(when: date | None = None) -> int:
     if when is None:
         return int(time.time() // 86400)
     return (when - date(1970, 1, 1)).days
+
+
+def month_of(when: datetime | None = None) -> tuple[str, int]:
+    """The UTC calendar month ("2026-11": the suffix of monthly keys) and when it ends (unix
+    seconds: a spent monthly budget's Retry-After)."""
+    now = datetime.now(UTC) if when is None else when
+    following = datetime(now.year + now.month // 12, now.month % 12 + 1, 1, tzinfo=UTC)
+    return f"{now:%Y-%m}", int(following.timestamp())
 
 
 class TeamKeys:
@@ -81,6 +97,9 @@ class TeamKeys:
     def day_usd(self, day: int) -> str:
         return f"{self.base}:usd:{day}"
 
+    def month_usd(self, month: str) -> str:
+        return f"{self.base}:usd-month:{month}"
+
     def key_rpm(self, prefix: str) -> str:
         """A key's own counters carry its team's tag: one script still touches one slot."""
         return f"{self.base}:key:{prefix}:rpm"
@@ -90,6 +109,9 @@ class TeamKeys:
 
     def key_day_usd(self, prefix: str, day: int) -> str:
         return f"{self.base}:key:{prefix}:usd:{day}"
+
+    def key_month_usd(self, prefix: str, month: str) -> str:
+        return f"{self.base}:key:{prefix}:usd-month:{month}"
 
     def key_leases(self, prefix: str) -> str:
         return f"{self.base}:key:{prefix}:leases"
@@ -108,11 +130,13 @@ class TeamKeys:
 
 @dataclass(frozen=True)
 class DayUse:
-    """What this UTC day has used of a team's daily budgets, as the quota counters hold it."""
+    """What this UTC day has used of a team's daily budgets, and this month of its monthly one, as
+    the quota counters hold it."""
 
     tokens: int
     batch_tokens: int
     usd: float
+    usd_month: float
 
 
 def _usd(micro_usd: bytes | str | None) -> float:
@@ -130,6 +154,7 @@ class Reservation:
     policy: TeamPolicy
     keys: TeamKeys
     day: int
+    month: str
     tokens: int
     pages: int
     batch: bool
@@ -205,8 +230,8 @@ class Quotas:
         end_user: str | None = None,
     ) -> Reservation:
         keys = self.team_keys(policy.team)
-        day = day_number()
-        res = Reservation(lease_id, policy, keys, day, tokens, pages, batch, end_user)
+        day, (month, month_end) = day_number(), month_of()
+        res = Reservation(lease_id, policy, keys, day, month, tokens, pages, batch, end_user)
         try:
             result = await self._script(
                 keys=[
@@ -225,6 +250,8 @@ class Quotas:
                     keys.user_rpm(res.user),
                     keys.user_tpm(res.user),
                     keys.user_day_usd(res.user, day),
+                    keys.month_usd(month),
+                    keys.key_month_usd(policy.key_prefix, month),
                 ],
                 args=[
                     "reserve",
@@ -248,6 +275,9 @@ class Quotas:
                     res.user_limit(policy.user_rpm),
                     res.user_limit(policy.user_tpm),
                     int(res.user_limit(policy.user_usd_per_day) * 1_000_000),
+                    int(policy.usd_per_month * 1_000_000),
+                    int(policy.key_usd_per_month * 1_000_000),
+                    month_end,
                 ],
             )
         except RedisError as exc:
@@ -308,9 +338,10 @@ class Quotas:
         self, res: Reservation, usage: Usage, event: UsageEvent, spend_usd: float = 0.0
     ) -> None:
         """Replace the reservation with actual usage and charge `spend_usd` to the team's, the key's
-        and the end user's dollars for the day it reserved on (where each has a budget; the next
-        reservation checks it); never raises (leases expire regardless). The usage event is spooled
-        locally when Redis cannot take it, so billing still gets it."""
+        and the end user's dollars for the day (and the team's and key's for the month) it reserved
+        on, where each has a budget (the next reservation checks it); never raises (leases expire
+        regardless). The usage event is spooled locally when Redis cannot take it, so billing
+        still gets it."""
         encoded = msgspec.json.encode(event)
         if not res.enforced:  # served fail-open without Redis
             self._spool(encoded)
@@ -334,6 +365,8 @@ class Quotas:
                     keys.key_leases(policy.key_prefix),
                     keys.user_tpm(res.user),
                     keys.user_day_usd(res.user, res.day),
+                    keys.month_usd(res.month),
+                    keys.key_month_usd(policy.key_prefix, res.month),
                 ],
                 args=[
                     "settle",
@@ -347,6 +380,8 @@ class Quotas:
                     spend if policy.key_usd_per_day > 0 else 0,
                     res.user_limit(policy.user_tpm),
                     spend if res.user_limit(policy.user_usd_per_day) > 0 else 0,
+                    spend if policy.usd_per_month > 0 else 0,
+                    spend if policy.key_usd_per_month > 0 else 0,
                 ],
             )
         except RedisError as exc:
@@ -363,16 +398,23 @@ class Quotas:
             log.error("usage event lost: Redis unavailable and the spool failed: %s", exc)
 
     async def used_today(self, team: str) -> DayUse:
-        names, day = self.team_keys(team), day_number()
-        tokens, batch, micro_usd = await self.redis.mget(
-            names.day_tokens(day), names.day_batch_tokens(day), names.day_usd(day)
+        names, day, (month, _) = self.team_keys(team), day_number(), month_of()
+        tokens, batch, micro_usd, month_usd = await self.redis.mget(
+            names.day_tokens(day),
+            names.day_batch_tokens(day),
+            names.day_usd(day),
+            names.month_usd(month),
         )
-        return DayUse(int(tokens or 0), int(batch or 0), _usd(micro_usd))
+        return DayUse(int(tokens or 0), int(batch or 0), _usd(micro_usd), _usd(month_usd))
 
-    async def key_usd_today(self, team: str, prefix: str) -> float:
-        """What a key has spent this UTC day (counted only while it has a budget of its own)."""
-        names = self.team_keys(team)
-        return _usd(await self.redis.get(names.key_day_usd(prefix, day_number())))
+    async def key_spent(self, team: str, prefix: str) -> tuple[float, float]:
+        """What a key has spent this UTC day and this month (each counted only while the key has
+        a budget of its own for it)."""
+        names, (month, _) = self.team_keys(team), month_of()
+        day, month_usd = await self.redis.mget(
+            names.key_day_usd(prefix, day_number()), names.key_month_usd(prefix, month)
+        )
+        return _usd(day), _usd(month_usd)
 
     async def interactive_in_flight(self) -> bool:
         """Whether any gateway of the platform holds a live lease of an interactive request now

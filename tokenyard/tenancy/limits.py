@@ -13,6 +13,7 @@ LIMIT_FIELDS: dict[str, type] = {
     "tokens_per_day": int,
     "batch_tokens_per_day": int,
     "usd_per_day": float,
+    "usd_per_month": float,
     "concurrency": int,
     "kv_pages": int,
     "max_tokens": int,
@@ -31,7 +32,7 @@ LIMIT_FIELDS: dict[str, type] = {
 }
 
 # the limits a key may have of its own, beside its team's (a subset of the team's fields)
-KEY_LIMIT_FIELDS = ("rpm", "tpm", "usd_per_day", "concurrency")
+KEY_LIMIT_FIELDS = ("rpm", "tpm", "usd_per_day", "usd_per_month", "concurrency")
 
 # the fields that are shares, in [0, 1]
 FRACTIONS = ("auto_threshold", "strong_share", "auto_quality")
@@ -67,6 +68,7 @@ LIMIT_HELP: dict[str, str] = {
     "tokens_per_day": "tokens per UTC day (default: unlimited)",
     "batch_tokens_per_day": "tokens per UTC day on the batch tier (default: unlimited)",
     "usd_per_day": "US dollars of spend per UTC day, e.g. 25.00 (default: unlimited)",
+    "usd_per_month": "US dollars of spend per calendar month (UTC), e.g. 500 (default: unlimited)",
     "concurrency": "requests in flight at once (default: unlimited)",
     "kv_pages": "KV-cache pages in flight on self-hosted models (default: unlimited)",
     "max_tokens": "cap on a request's max_tokens, in tokens (default: the platform's cap)",

@@ -30,6 +30,7 @@ class Team(SQLModel, table=True):
     tpm: int | None = _count()  # tokens (prompt + completion) per minute
     tokens_per_day: int | None = _count()
     usd_per_day: float | None = None  # spend is charged at settle from billing's prices
+    usd_per_month: float | None = None  # the same over a calendar month (UTC)
     concurrency: int | None = _count()  # requests in flight
     kv_pages: int | None = _count()  # KV-cache pages in flight on self-hosted models
     max_tokens: int | None = _count()  # cap on a request's max_tokens
@@ -76,6 +77,7 @@ class ApiKey(SQLModel, table=True):
     rpm: int | None = _count()
     tpm: int | None = _count()
     usd_per_day: float | None = None
+    usd_per_month: float | None = None
     concurrency: int | None = _count()  # requests of this key in flight at once
 
 

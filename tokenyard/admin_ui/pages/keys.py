@@ -127,15 +127,15 @@ class Keys(Controller):
     ) -> Response:
         team = await tenancy_of(request).team(key.team)
         allowed = model_list(team.models) if team else ()
-        budget = key.limits.get("usd_per_day")
+        budgets = (key.limits.get("usd_per_day"), key.limits.get("usd_per_month"))
         quotas = proxy_of(request).quotas
-        spent = await quotas.key_usd_today(key.team, key.prefix) if budget else None
+        spent = await quotas.key_spent(key.team, key.prefix) if any(budgets) else None
         return await render.page(
             request,
             "key.html",
             status,
             key=key,
-            budget=budget,
+            budgets=budgets,
             spent=spent,
             values=values,
             models=allowed or list(proxy_of(request).router.catalog.models),
