@@ -49,6 +49,7 @@ def test_the_route_list_covers_the_pages() -> None:
         "/admin/teams",
         "/admin/keys",
         "/admin/status",
+        "/admin/changes",
         "/admin/team-usage",
     } <= paths
 
@@ -277,6 +278,7 @@ def test_a_team_member_sees_only_their_own_team(
         # a team session opens no admin page
         assert client.get("/admin/teams").status_code == 303
         assert client.get("/admin/usage.csv").status_code == 303
+        assert client.get("/admin/changes").status_code == 303  # nor the trail of changes
 
 
 def test_revoking_the_key_closes_the_team_page(admin: httpx.Client, team: Any) -> None:

@@ -165,7 +165,8 @@ def test_usage_by_metadata(gw: Gateway, team: Any, sql: Engine, billing_env: dic
     assert costs == sorted(costs, reverse=True) and costs[-1] > 0  # dearest first
     theirs = by("/v1/admin/usage/metadata", ADMIN_KEY, f"?key=feature&team={other}").json()
     assert [(r["team"], r["value"]) for r in theirs["data"]] == [(other, "search")]
-    for bad, param in (("", "key"), ("?key=" + "k" * 65, "key"), ("?key=a&limit=0", "limit")):
+    too_long, quoted, no_limit = "?key=" + "k" * 65, "?key=a%22b", "?key=a&limit=0"
+    for bad, param in (("", "key"), (too_long, "key"), (quoted, "key"), (no_limit, "limit")):
         refused = by("/v1/usage/metadata", key, bad)
         assert refused.status_code == 400 and refused.json()["error"]["param"] == param, bad
     assert by("/v1/admin/usage/metadata", key, "?key=feature").status_code == 401

@@ -160,7 +160,7 @@ def test_usage_by_end_user_groups_the_records(database: Engine) -> None:
 
 def test_usage_by_metadata_groups_the_records_by_one_keys_values(database: Engine) -> None:
     at = datetime(2026, 7, 1, 12, tzinfo=UTC).timestamp()
-    search, chat = {"feature": "search", "env": "prod"}, {"feature": "chat"}
+    search, chat = {"feature": "search", "env": "prod"}, {"feature": "chat", "équipe": "café"}
     store.write(
         database,
         rows(
@@ -185,6 +185,11 @@ def test_usage_by_metadata_groups_the_records_by_one_keys_values(database: Engin
     assert [(r["value"], r["requests"]) for r in by_env] == [("prod", 3)]
     every = reports.by_metadata(database, date(2026, 7, 1), date(2026, 7, 1), None, "feature", 10)
     assert (every[0]["team"], every[0]["value"]) == ("b", "chat")
+    # a key outside ASCII is found as written (SQLite's paths match characters, not escapes)
+    accented = reports.by_metadata(database, date(2026, 7, 1), date(2026, 7, 2), "a", "équipe", 9)
+    assert [(r["value"], r["requests"]) for r in accented] == [(None, 4), ("café", 1)]
+    with pytest.raises(ValueError, match="double quote"):
+        reports.by_metadata(database, date(2026, 7, 1), date(2026, 7, 2), "a", 'x"y', 10)
     # a key that could break out of a JSON path in the SQL is only a key that nothing has
     odd = reports.by_metadata(database, date(2026, 7, 1), date(2026, 7, 2), "a", "x') OR ('1", 10)
     assert [(r["value"], r["requests"]) for r in odd] == [(None, 5)]

@@ -107,6 +107,8 @@ async def _by_metadata(request: Request, settings: Settings, team: str | None) -
     key = request.query_params.get("key") or ""
     if not 1 <= len(key) <= MAX_METADATA_KEY:
         raise GatewayError(400, f"key must be 1 to {MAX_METADATA_KEY} characters", param="key")
+    if any(c in key for c in reports.UNREPORTABLE):
+        raise GatewayError(400, "key cannot hold a double quote or a backslash", param="key")
     return await _listed(request, settings, team, reports.by_metadata, key, head={"key": key})
 
 

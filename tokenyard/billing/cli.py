@@ -50,11 +50,15 @@ def _report(args: argparse.Namespace) -> int:
         if args.by == "user":
             found = reports.by_end_user(engine, start, end, args.team, args.limit)
             columns, header = reports.USER_CSV_COLUMNS, _USER_HEADER
-        elif args.key:
+        elif args.key and not any(c in args.key for c in reports.UNREPORTABLE):
             found = reports.by_metadata(engine, start, end, args.team, args.key, args.limit)
             columns, header = reports.METADATA_CSV_COLUMNS, (args.key, "team", *_SUMS)
         else:
-            print("error: --by metadata needs --key, the metadata key to group by", file=sys.stderr)
+            print(
+                "error: --by metadata needs --key, the metadata key to group by (without a double "
+                "quote or a backslash)",
+                file=sys.stderr,
+            )
             return 2
         if args.csv:
             sys.stdout.write(reports.labelled_to_csv(found, columns))

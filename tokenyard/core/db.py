@@ -1,8 +1,10 @@
 """The SQL engine every package shares (sqlmodel over SQLAlchemy): SQLite by default, PostgreSQL
 via TOKENYARD_DATABASE_URL. Opening it runs the platform's migrations (core/migrations)."""
 
+import json
 import os
 from functools import lru_cache
+from typing import Any
 
 from sqlalchemy import Engine
 from sqlmodel import create_engine
@@ -27,10 +29,21 @@ def matchable(*values: str | None) -> bool:
     return not any(value and "\x00" in value for value in values)
 
 
+def _json_text(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
 @lru_cache
 def get_engine(url: str) -> Engine:
     # check_same_thread: the gateway reads SQLite from a worker thread on cache misses
     connect_args = {"check_same_thread": False} if url.startswith("sqlite") else {}
-    engine = create_engine(url, connect_args=connect_args, pool_pre_ping=True)
+    engine = create_engine(
+        url,
+        connect_args=connect_args,
+        pool_pre_ping=True,
+        # JSON columns keep text as written: SQLite's JSON paths match a key's characters, not
+        # the \u escapes json.dumps would write for anything outside ASCII
+        json_serializer=_json_text,
+    )
     upgrade(engine)  # the schema, these tables included, is Alembic's (core/migrations)
     return engine
