@@ -156,6 +156,43 @@ def test_keys_limits_disable_and_budget_apply_at_once(admin: Any) -> None:
         assert api.get("/changes", params=bad).status_code == 400, bad
 
 
+def test_end_users_are_blocked_and_unblocked_at_once(admin: Any) -> None:
+    api = admin.api
+    name = "adm" + uuid.uuid4().hex[:8]
+    api.post("/teams", json={"name": name})
+    key = api.post("/keys", json={"team": name}).json()["key"]
+
+    def served(user: str) -> bool:
+        try:
+            admin.client(key).chat.completions.create(
+                model=MODEL, messages=CHAT, max_tokens=2, user=user
+            )
+        except openai.PermissionDeniedError:
+            return False
+        return True
+
+    assert served("a/b c")  # cached now: the block must drop it
+    made = api.post(f"/teams/{name}/blocked-users", json={"user": "a/b c", "reason": "spam"})
+    assert made.status_code == 201 and made.json()["blocked"] is True
+    wait_until(lambda: not served("a/b c"), 3, "the block to apply")
+    assert served("someone else")
+    listed = api.get(f"/teams/{name}/blocked-users").json()["data"]
+    assert [(b["user"], b["reason"]) for b in listed] == [("a/b c", "spam")]
+    again = api.post(f"/teams/{name}/blocked-users", json={"user": "a/b c"})
+    assert again.status_code == 409
+    for bad in ({"user": ""}, {"user": "x" * 129}, {"reason": "no user"}):
+        assert api.post(f"/teams/{name}/blocked-users", json=bad).status_code == 400, bad
+    missing = api.post("/teams/no-such-team/blocked-users", json={"user": "x"})
+    assert missing.status_code == 404
+    gone = api.delete(f"/teams/{name}/blocked-users", params={"user": "a/b c"})
+    assert gone.json() == {"team": name, "user": "a/b c", "blocked": False}
+    wait_until(lambda: served("a/b c"), 3, "the unblock to apply")
+    assert api.delete(f"/teams/{name}/blocked-users", params={"user": "a/b c"}).status_code == 404
+    assert api.delete(f"/teams/{name}/blocked-users").status_code == 400
+    trail = api.get("/changes", params={"team": name, "limit": 2}).json()["data"]
+    assert [c["action"] for c in trail] == ["user.unblock", "user.block"]
+
+
 def test_openapi_documents_the_admin_api(admin: Any) -> None:
     paths = httpx.get(admin.url + "/schema/openapi.json").json()["paths"]
     assert {"post", "get"} <= paths["/v1/admin/teams"].keys()
@@ -211,6 +248,12 @@ def test_the_cli_disables_teams_and_rotates_keys(admin: Any, base_env: dict[str,
     assert trail[0]["details"]["name"] == "ci" and trail[-1]["actor"].startswith("cli")
     assert {c["actor"] for c in trail} == {trail[-1]["actor"]}
     assert "team.disable" in run("teams", "changes", name).stdout
+    # an end user blocked and unblocked from the command line
+    assert "blocked end user 'eve'" in run("teams", "block", name, "eve", "--reason", "r").stdout
+    assert json.loads(run("teams", "blocked", name, "--json").stdout)[0]["user"] == "eve"
+    assert "eve" in run("teams", "blocked", name).stdout
+    run("teams", "unblock", name, "eve")
+    assert json.loads(run("teams", "blocked", name, "--json").stdout) == []
 
 
 def test_fuzz_the_admin_api_with_the_admin_key(admin: Any) -> None:

@@ -14,7 +14,7 @@ import pytest
 from tests.gateway.conftest import MODEL, day_tokens, reservations, upstream_stats, wait_until
 from tokenyard.gateway.quotas import TeamKeys, day_number, month_of
 from tokenyard.gateway.ratelimit_headers import duration
-from tokenyard.tenancy import keys
+from tokenyard.tenancy import end_users, keys
 
 
 def chat(n_words: int = 3, chunks: int = 4, delay: float = 0.0) -> list[dict[str, str]]:
@@ -487,6 +487,29 @@ def test_each_end_user_is_held_to_the_teams_limits_per_user(
     assert "user_usd_per_day" in err.message and "end user 'carol'" in err.message
     ask(user="dave")
     ask()
+
+
+def test_a_blocked_end_user_is_refused_before_anything_is_reserved(
+    gateway: Any, team: Any, sql: Any, redis_server: Any
+) -> None:
+    """A team's blocked end user gets 403 end_user_blocked (the SDK's PermissionDeniedError),
+    whichever field names it, with nothing reserved; other users and anonymous requests go on."""
+    name, key = team()
+    end_users.block_end_user(sql, name, "mallory", "abuse")
+    client = gateway.client(key)
+    for who in ({"user": "mallory"}, {"safety_identifier": "mallory", "user": "ok"}):
+        with pytest.raises(openai.PermissionDeniedError) as err:
+            client.chat.completions.create(
+                model=MODEL, messages=chat(), max_tokens=5, extra_body=who
+            )
+        assert err.value.code == "end_user_blocked" and "'mallory'" in err.value.message
+        assert err.value.body["param"] == next(iter(who))  # type: ignore[index]
+    with pytest.raises(openai.PermissionDeniedError):
+        client.embeddings.create(model=MODEL, input="x", user="mallory")
+    assert reservations(redis_server.client(), name)["leases"] == 0
+    assert day_tokens(redis_server.client(), name) == 0  # nothing was reserved
+    client.chat.completions.create(model=MODEL, messages=chat(), max_tokens=5, user="bob")
+    client.chat.completions.create(model=MODEL, messages=chat(), max_tokens=5)
 
 
 def test_durations_are_written_as_openai_writes_them() -> None:

@@ -119,6 +119,44 @@ async def test_every_change_is_in_the_trail_with_who_made_it(tenancy: Tenancy) -
     assert [c.team for c in await tenancy.changes(None, 2)] == ["another", "trail"]
 
 
+async def test_blocked_end_users_travel_with_the_policy(tenancy: Tenancy) -> None:
+    """Blocking drops the team's cached lookups, and the next lookup's policy names the end user;
+    unblocking likewise; both are in the trail; a deleted team's blocks go with it."""
+    secrets = await _team_with_keys(tenancy, "shop", 1)
+    await tenancy.block_end_user("shop", "mallory", "audit row 42", actor=ME)
+    assert await _cached(tenancy, secrets) == [False]
+    policy = keys.lookup_key(tenancy.sql, keys.hash_key(secrets[0]))
+    assert policy is not None and policy.blocked_users == frozenset({"mallory"})
+    with pytest.raises(AlreadyExists):
+        await tenancy.block_end_user("shop", "mallory", actor=ME)
+    for bad in ("", "x" * 129, "a\x00b"):
+        with pytest.raises(ValueError):
+            await tenancy.block_end_user("shop", bad, actor=ME)
+    with pytest.raises(ManagementError):
+        await tenancy.block_end_user("no-such-team", "eve", actor=ME)
+    await tenancy.block_end_user("shop", "eve", actor=ME)
+    assert [(b.end_user, b.reason) for b in await tenancy.blocked("shop")] == [
+        ("mallory", "audit row 42"),
+        ("eve", None),
+    ]
+    await tenancy.redis.set(cache_key(keys.hash_key(secrets[0])), b"cached")
+    await tenancy.unblock_end_user("shop", "mallory", actor=ME)
+    assert await _cached(tenancy, secrets) == [False]
+    policy = keys.lookup_key(tenancy.sql, keys.hash_key(secrets[0]))
+    assert policy is not None and policy.blocked_users == frozenset({"eve"})
+    with pytest.raises(ManagementError):
+        await tenancy.unblock_end_user("shop", "mallory", actor=ME)
+    trail = [(c.action, c.details) for c in await tenancy.changes("shop", 3)]
+    assert trail == [
+        ("user.unblock", {"end_user": "mallory"}),
+        ("user.block", {"end_user": "eve", "reason": None}),
+        ("user.block", {"end_user": "mallory", "reason": "audit row 42"}),
+    ]
+    await tenancy.delete_team("shop", actor=ME)
+    await tenancy.create_team("shop", actor=ME)  # the same name, afresh
+    assert await tenancy.blocked("shop") == []
+
+
 async def test_refusals_change_nothing(tenancy: Tenancy) -> None:
     secrets = await _team_with_keys(tenancy, "kept", 1)
     with pytest.raises(AlreadyExists):

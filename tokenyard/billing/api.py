@@ -122,7 +122,9 @@ class UsageController(Controller):
         settings: NamedDependency[Settings],
         caller: NamedDependency[TeamPolicy],
     ) -> Response[bytes]:
-        head = {"object": "usage", "team": caller.team, "limits": msgspec.to_builtins(caller)}
+        limits = msgspec.to_builtins(caller)
+        del limits["blocked_users"]  # not a limit, and up to thousands of names
+        head = {"object": "usage", "team": caller.team, "limits": limits}
         return await _answer(request, settings, caller.team, head)
 
     @get("/usage/users")

@@ -28,6 +28,7 @@ from tokenyard.core.settings import Settings
 from tokenyard.gateway.quotas import Quotas
 from tokenyard.gateway.validation import decode_json
 from tokenyard.tenancy.changes import MAX_LISTED, change_record
+from tokenyard.tenancy.end_users import block_record
 from tokenyard.tenancy.errors import AlreadyExists, ManagementError
 from tokenyard.tenancy.keys import NewKey
 from tokenyard.tenancy.limits import KEY_LIMIT_FIELDS
@@ -93,6 +94,14 @@ class KeyChanges(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     usd_per_day: Dollars | UnsetType | None = UNSET
     usd_per_month: Dollars | UnsetType | None = UNSET
     concurrency: Count | UnsetType | None = UNSET
+
+
+class Block(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """An end user to block: the name the team's requests give it (`safety_identifier` or
+    `user`), and a note of why."""
+
+    user: str
+    reason: str | None = None
 
 
 class CreateKey(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -261,6 +270,37 @@ class AdminController(Controller):
         with _refusals():
             team = await tenancy.update_team(name, actor=ACTOR, **limits)
         return _json(await _budget(quotas, team))
+
+    @get("/teams/{name:str}/blocked-users")
+    async def list_blocked(
+        self, tenancy: NamedDependency[Tenancy], name: FromPath[str]
+    ) -> Response[bytes]:
+        await _existing(tenancy, name)
+        found = await tenancy.blocked(name)
+        return _json({"object": "list", "team": name, "data": [block_record(b) for b in found]})
+
+    @post("/teams/{name:str}/blocked-users", operation_class=json_body(Block))
+    async def block_user(
+        self, request: Request, tenancy: NamedDependency[Tenancy], name: FromPath[str]
+    ) -> Response[bytes]:
+        """Refuse the team's requests naming this end user (403 end_user_blocked), from the
+        next request on, on every gateway within the key-cache time."""
+        block = _body(await request.body(), Block)
+        with _refusals():
+            await tenancy.block_end_user(name, block.user, block.reason, actor=ACTOR)
+        return _json({"team": name, "user": block.user, "blocked": True}, 201)
+
+    @delete("/teams/{name:str}/blocked-users", status_code=200)
+    async def unblock_user(
+        self, request: Request, tenancy: NamedDependency[Tenancy], name: FromPath[str]
+    ) -> Response[bytes]:
+        """`?user=`: a query parameter, so that any name (slashes included) can be given."""
+        user = request.query_params.get("user")
+        if not user:
+            raise GatewayError(400, "name the end user: ?user=", param="user")
+        with _refusals():
+            await tenancy.unblock_end_user(name, user, actor=ACTOR)
+        return _json({"team": name, "user": user, "blocked": False})
 
     @get("/changes")
     async def list_changes(

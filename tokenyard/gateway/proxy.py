@@ -261,6 +261,13 @@ class Proxy:
     ) -> Response:
         """Route, reserve, forward. `request`: the HTTP request (None for the batch worker);
         `hang_up`: how the caller of a non-streamed request says it is gone."""
+        if parsed.end_user is not None and parsed.end_user in policy.blocked_users:
+            raise GatewayError(
+                403,
+                f"end user {parsed.end_user!r} is blocked by team {policy.team!r}",
+                code="end_user_blocked",
+                param="safety_identifier" if "safety_identifier" in parsed.body else "user",
+            )
         # a Responses API request answered natively by OpenAI is not a chat reply: never cached
         lookup = None
         if responses is None:

@@ -68,6 +68,7 @@ def _change(settings: Settings, work: Callable[[Any], Awaitable[_T]]) -> _T:
 def _teams(args: argparse.Namespace) -> int:
     from tokenyard.tenancy import teams
     from tokenyard.tenancy.changes import list_changes
+    from tokenyard.tenancy.end_users import list_blocked
     from tokenyard.tenancy.errors import ManagementError
 
     settings, actor = get_settings(), _actor()
@@ -92,6 +93,15 @@ def _teams(args: argparse.Namespace) -> int:
             disabled = args.action == "disable"
             toggled = _change(settings, lambda t: t.set_disabled(name, disabled, actor=actor))
             _print_teams([toggled], args.json)
+        elif args.action == "block":
+            reason = args.reason
+            _change(settings, lambda t: t.block_end_user(name, args.user, reason, actor=actor))
+            print(f"blocked end user {args.user!r} of team {name}")
+        elif args.action == "unblock":
+            _change(settings, lambda t: t.unblock_end_user(name, args.user, actor=actor))
+            print(f"unblocked end user {args.user!r} of team {name}")
+        elif args.action == "blocked":
+            _print_blocked(list_blocked(_sql(settings), name), args.json)
         elif args.action == "changes":
             _print_changes(list_changes(_sql(settings), name or None, args.limit), args.json)
         else:
@@ -176,6 +186,18 @@ def _print_keys(found: list[Any], as_json: bool) -> None:
         print(f"{r['prefix']}  {r['team']}{name}  {r['state']}  created {r['created_at']}{expires}")
 
 
+def _print_blocked(blocks: list[Any], as_json: bool) -> None:
+    from tokenyard.tenancy.end_users import block_record
+
+    records = [block_record(b) for b in blocks]
+    if as_json:
+        print(json.dumps(records, indent=2))
+        return
+    for r in records:
+        why = f"  ({r['reason']})" if r["reason"] else ""
+        print(f"{r['user']}  since {r['created_at']}{why}")
+
+
 def _print_changes(changes: list[Any], as_json: bool) -> None:
     from tokenyard.tenancy.changes import change_record
 
@@ -195,7 +217,9 @@ def _json_flag(p: argparse.ArgumentParser) -> None:
 
 def add_parser(sub: Any) -> None:
     teams = sub.add_parser(
-        "teams", help="create, update, show, list, disable, enable or delete teams; their changes"
+        "teams",
+        help="create, update, show, list, disable, enable or delete teams; block end users; "
+        "their changes",
     )
     tsub = teams.add_subparsers(dest="action", required=True, metavar="ACTION")
     for action, what in (("create", "a new team"), ("update", "a team's limits")):
@@ -219,6 +243,17 @@ def add_parser(sub: Any) -> None:
         toggle = tsub.add_parser(action, help=what)
         toggle.add_argument("name")
         _json_flag(toggle)
+    block = tsub.add_parser(
+        "block", help="refuse a team's requests that name this end user (safety_identifier/user)"
+    )
+    unblock = tsub.add_parser("unblock", help="let a blocked end user's requests through again")
+    for p in (block, unblock):
+        p.add_argument("name", help="the team")
+        p.add_argument("user", help="the end user, as the team's requests name it")
+    block.add_argument("--reason", default=None, help="a note: an audit row, a ticket")
+    blocked = tsub.add_parser("blocked", help="the end users a team blocks")
+    blocked.add_argument("name")
+    _json_flag(blocked)
     trail = tsub.add_parser(
         "changes", help="who changed which team or key, and how, newest first (the audit trail)"
     )

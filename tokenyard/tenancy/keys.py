@@ -21,7 +21,7 @@ from tokenyard.core.db import matchable
 from tokenyard.tenancy.changes import KEY_FIELDS, SYSTEM, changed, given, record, snapshot
 from tokenyard.tenancy.errors import ManagementError
 from tokenyard.tenancy.limits import KEY_LIMIT_FIELDS, problem
-from tokenyard.tenancy.lookups import find_key, find_team
+from tokenyard.tenancy.lookups import find_blocks, find_key, find_team
 from tokenyard.tenancy.models import ApiKey, Team
 from tokenyard.tenancy.policy import TeamPolicy, model_list, policy_of
 
@@ -319,7 +319,7 @@ def lookup_key(sql: Engine, key_hash: str) -> TeamPolicy | None:
         # the index lookup already matched; compare again in constant time as the rule for secrets
         if not secrets.compare_digest(api_key.key_hash, key_hash):
             return None
-        return policy_of(team, api_key)
+        return policy_of(team, api_key, [b.end_user for b in find_blocks(session, team.name)])
 
 
 def policy_by_prefix(sql: Engine, team_name: str, prefix: str) -> TeamPolicy | None:
@@ -332,4 +332,4 @@ def policy_by_prefix(sql: Engine, team_name: str, prefix: str) -> TeamPolicy | N
             return None
         key = find_key(session, prefix)
         key = key if key is not None and key.team_id == team.id else None
-        return policy_of(team, key)
+        return policy_of(team, key, [b.end_user for b in find_blocks(session, team.name)])

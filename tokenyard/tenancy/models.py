@@ -8,7 +8,7 @@ concerns, so revocations and limit changes take effect promptly.
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger
+from sqlalchemy import JSON, BigInteger, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 
@@ -99,3 +99,17 @@ class TenancyChange(SQLModel, table=True):
     key_prefix: str | None = None
     # create: the settings given; update: {field: [before, after]} of those that changed
     details: dict[str, Any] | None = Field(default=None, sa_type=JSON)
+
+
+class EndUserBlock(SQLModel, table=True):
+    """An end user a team has blocked (LiteLLM's blocked customers): its requests are refused, by
+    the name the client gives it (`safety_identifier` or `user`)."""
+
+    __tablename__ = "end_user_block"
+    __table_args__ = (UniqueConstraint("team", "end_user"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    team: str = Field(index=True)
+    end_user: str
+    reason: str | None = None  # what the team noted (an audit row's request id, a ticket)
+    created_at: datetime = Field(default_factory=_now)

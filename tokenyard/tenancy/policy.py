@@ -1,6 +1,8 @@
 """What the request path knows of a key and its team: their limits and the team's routing
 settings, from their rows."""
 
+from collections.abc import Iterable
+
 import msgspec
 
 from tokenyard.tenancy.models import ApiKey, Team
@@ -40,11 +42,13 @@ class TeamPolicy(msgspec.Struct, frozen=True):
     user_rpm: int = 0
     user_tpm: int = 0
     user_usd_per_day: float = 0.0
+    blocked_users: frozenset[str] = frozenset()  # end users the team refuses
 
 
-def policy_of(team: Team, key: ApiKey | None = None) -> TeamPolicy:
+def policy_of(team: Team, key: ApiKey | None = None, blocked: Iterable[str] = ()) -> TeamPolicy:
     """The team's policy as a key of it sees it: a key that names models narrows the team's list
-    to those (to none, where the two share none); its own limits come along."""
+    to those (to none, where the two share none); its own limits come along, and the end users the
+    team blocks."""
     models = model_list(team.models)
     if key is not None and (own := model_list(key.models)):
         models = tuple(m for m in own if not models or m in models) or (NO_MODEL,)
@@ -75,6 +79,7 @@ def policy_of(team: Team, key: ApiKey | None = None) -> TeamPolicy:
         user_rpm=team.user_rpm or 0,
         user_tpm=team.user_tpm or 0,
         user_usd_per_day=team.user_usd_per_day or 0.0,
+        blocked_users=frozenset(blocked),
     )
 
 

@@ -17,10 +17,10 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 from sqlalchemy import Engine
 
-from tokenyard.tenancy import keys, teams
+from tokenyard.tenancy import end_users, keys, teams
 from tokenyard.tenancy.changes import list_changes
 from tokenyard.tenancy.keys import KeyInfo, NewKey
-from tokenyard.tenancy.models import Team, TenancyChange
+from tokenyard.tenancy.models import EndUserBlock, Team, TenancyChange
 
 log = logging.getLogger("tokenyard.tenancy")
 _T = TypeVar("_T")
@@ -67,6 +67,9 @@ class Tenancy:
     async def key(self, prefix: str) -> KeyInfo | None:
         return await self._run(keys.get_key, prefix)
 
+    async def blocked(self, team: str) -> list[EndUserBlock]:
+        return await self._run(end_users.list_blocked, team)
+
     async def changes(
         self, team: str | None, limit: int, before: int | None = None
     ) -> list[TenancyChange]:
@@ -103,6 +106,16 @@ class Tenancy:
         actor: str,
     ) -> NewKey:
         return await self._run(keys.create_key, team, name, expires_at, models, limits, actor=actor)
+
+    async def block_end_user(
+        self, team: str, end_user: str, reason: str | None = None, *, actor: str
+    ) -> None:
+        await self.forget(
+            await self._run(end_users.block_end_user, team, end_user, reason, actor=actor)
+        )
+
+    async def unblock_end_user(self, team: str, end_user: str, *, actor: str) -> None:
+        await self.forget(await self._run(end_users.unblock_end_user, team, end_user, actor=actor))
 
     async def revoke_key(self, prefix: str, *, actor: str) -> None:
         await self.forget([await self._run(keys.revoke_key, prefix, actor=actor)])

@@ -16,7 +16,7 @@ from tokenyard.tenancy.changes import SYSTEM, TEAM_FIELDS, changed, given, recor
 from tokenyard.tenancy.errors import AlreadyExists, ManagementError
 from tokenyard.tenancy.keys import active_key_hashes
 from tokenyard.tenancy.limits import LIMIT_FIELDS, problem
-from tokenyard.tenancy.lookups import find_team
+from tokenyard.tenancy.lookups import find_blocks, find_team
 from tokenyard.tenancy.models import ApiKey, Team
 
 # team names appear in Redis keys and metrics labels: keep them plain
@@ -101,6 +101,8 @@ def delete_team(sql: Engine, name: str, *, actor: str = SYSTEM) -> list[str]:
         keys = list(session.exec(select(ApiKey).where(ApiKey.team_id == team.id)))
         hashes = [k.key_hash for k in keys if not k.revoked]
         record(session, actor, "team.delete", name, details={"keys": [k.prefix for k in keys]})
+        for block in find_blocks(session, name):  # a later team of the same name starts afresh
+            session.delete(block)
         for key in keys:
             session.delete(key)
         session.delete(team)
