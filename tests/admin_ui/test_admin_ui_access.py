@@ -18,7 +18,7 @@ from sqlmodel import Session
 
 from tests.admin_ui.conftest import ADMIN_PASSWORD, ADMIN_USER, csrf_of, sign_in
 from tests.billing.conftest import event
-from tests.gateway.conftest import MODEL, Gateway
+from tests.gateway.conftest import MODEL, Gateway, wait_until
 from tokenyard.admin_ui import throttle
 from tokenyard.app import create_app
 from tokenyard.billing import store
@@ -388,6 +388,49 @@ def test_a_key_is_changed_in_place(admin: httpx.Client, admin_gateway: Gateway, 
     assert "rpm: none → 5" in trail and "name: renamed → none" in trail
     assert f"models: none → {MODEL}" in trail  # the team's models, shown as none
     assert key not in trail and "<td>key.create</td>" in trail  # the fixture's, by the library
+
+
+def test_end_users_are_blocked_and_unblocked_from_the_teams_page(
+    admin: httpx.Client, admin_gateway: Gateway, team: Any
+) -> None:
+    name, key = team()
+    page = admin.get(f"/admin/teams/{name}")
+    assert "Blocked end users" in page.text
+    made = admin.post(
+        f"/admin/teams/{name}/block",
+        data={"user": "mallory", "reason": "row 7", "csrf": csrf_of(page)},
+    )
+    assert made.status_code == 303 and made.headers["location"].endswith("?done=blocked")
+    shown = admin.get(f"/admin/teams/{name}").text
+    assert "<td>mallory</td><td>row 7</td>" in shown
+    client = admin_gateway.client(key)
+    with pytest.raises(openai.PermissionDeniedError):
+        client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2, user="mallory")
+    for bad in ("mallory", "", "x" * 129):  # blocked already, blank, too long
+        refused = admin.post(
+            f"/admin/teams/{name}/block", data={"user": bad, "csrf": csrf_of(page)}
+        )
+        assert refused.status_code == 400 and "Not blocked:" in refused.text, bad
+    gone = admin.post(
+        f"/admin/teams/{name}/unblock", data={"user": "mallory", "csrf": csrf_of(page)}
+    )
+    assert gone.status_code == 303
+    assert "<td>mallory</td>" not in admin.get(f"/admin/teams/{name}").text
+
+    def served() -> bool:
+        try:
+            client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=2, user="mallory")
+        except openai.PermissionDeniedError:
+            return False
+        return True
+
+    wait_until(served, 3, "the unblock to reach the gateway's key cache")
+    again = admin.post(
+        f"/admin/teams/{name}/unblock", data={"user": "mallory", "csrf": csrf_of(page)}
+    )
+    assert again.status_code == 404
+    trail = admin.get("/admin/changes", params={"team": name}).text
+    assert "user.unblock" in trail and "end_user: mallory" in trail
 
 
 def test_an_expired_key_is_renamed_and_revived(admin: httpx.Client, team: Any, sql: Any) -> None:

@@ -20,7 +20,7 @@ from tokenyard.admin_ui.access import (
 )
 from tokenyard.admin_ui.pages.keys import SPEND_DAYS, key_columns
 from tokenyard.billing import reports
-from tokenyard.tenancy.errors import ManagementError
+from tokenyard.tenancy.errors import AlreadyExists, ManagementError
 from tokenyard.tenancy.limits import LIMIT_FIELDS, TIERS
 
 TOP_USERS = 10  # the team page's end users: the dearest; the admin API lists more
@@ -58,7 +58,12 @@ class Teams(Controller):
         return Redirect(f"/admin/teams/{form.values['name']}?done=created", status_code=303)
 
     async def _team_page(
-        self, request: Request, name: str, form: forms.TeamForm | None, status: int
+        self,
+        request: Request,
+        name: str,
+        form: forms.TeamForm | None,
+        status: int,
+        block_error: str = "",
     ) -> Response:
         team = await tenancy_of(request).team(name)
         if team is None:
@@ -78,6 +83,8 @@ class Teams(Controller):
             today=await proxy_of(request).quotas.used_today(name),
             end_users=users,
             end_user_days=SPEND_DAYS,
+            blocked=await tenancy_of(request).blocked(name),
+            block_error=block_error,
             done=request.query_params.get("done", ""),
             cache_s=settings_of(request).gateway_key_cache_s,
             **_form_context(request),
@@ -99,6 +106,29 @@ class Teams(Controller):
         except ManagementError as exc:
             raise NotFoundException(str(exc)) from None
         return Redirect(f"/admin/teams/{name}?done=saved", status_code=303)
+
+    @post("/teams/{name:str}/block")
+    async def block_user(self, request: Request, name: FromPath[str]) -> Response:
+        form = await request.form()
+        reason = forms.text(form, "reason").strip() or None
+        try:
+            await tenancy_of(request).block_end_user(
+                name, forms.text(form, "user"), reason, actor=actor_of(request)
+            )
+        except (AlreadyExists, ValueError) as exc:  # blocked already; a blank or too long name
+            return await self._team_page(request, name, None, 400, str(exc))
+        except ManagementError as exc:
+            raise NotFoundException(str(exc)) from None
+        return Redirect(f"/admin/teams/{name}?done=blocked", status_code=303)
+
+    @post("/teams/{name:str}/unblock")
+    async def unblock_user(self, request: Request, name: FromPath[str]) -> Response:
+        user = forms.text(await request.form(), "user")
+        try:
+            await tenancy_of(request).unblock_end_user(name, user, actor=actor_of(request))
+        except ManagementError as exc:
+            raise NotFoundException(str(exc)) from None
+        return Redirect(f"/admin/teams/{name}?done=unblocked", status_code=303)
 
 
 def _form_context(request: Request) -> dict[str, Any]:
