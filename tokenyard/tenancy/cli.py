@@ -36,16 +36,22 @@ def _limits(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _print_teams(teams: list[Any], as_json: bool) -> None:
-    from tokenyard.tenancy.teams import team_record
-
-    records = [team_record(t) for t in teams]
+def _show(records: list[dict[str, Any]], as_json: bool, line: Callable[[dict], str]) -> None:
+    """Records as JSON, for scripts, or one line each."""
     if as_json:
         print(json.dumps(records, indent=2))
         return
     for record in records:
-        name = record.pop("name")
-        print(f"{name}: " + ", ".join(f"{k}={v}" for k, v in record.items()))
+        print(line(record))
+
+
+def _print_teams(teams: list[Any], as_json: bool) -> None:
+    from tokenyard.tenancy.teams import team_record
+
+    def line(r: dict[str, Any]) -> str:
+        return f"{r['name']}: " + ", ".join(f"{k}={v}" for k, v in r.items() if k != "name")
+
+    _show([team_record(t) for t in teams], as_json, line)
 
 
 def _change(settings: Settings, work: Callable[[Any], Awaitable[_T]]) -> _T:
@@ -174,41 +180,36 @@ def _key_limits(args: argparse.Namespace) -> dict[str, Any]:
 
 def _print_keys(found: list[Any], as_json: bool) -> None:
     """Prefixes, teams, state and times: never a hash or a secret."""
-    records = [k.record() for k in found]
-    if as_json:
-        print(json.dumps(records, indent=2))
-        return
-    for r in records:
+
+    def line(r: dict[str, Any]) -> str:
         expires = f"  expires {r['expires_at']}" if r["expires_at"] else ""
         name = f"  {r['name']!r}" if r["name"] else ""
         name += f"  models {','.join(r['models'])}" if r["models"] else ""
         name += "".join(f"  {n} {v}" for n, v in r["limits"].items() if v is not None)
-        print(f"{r['prefix']}  {r['team']}{name}  {r['state']}  created {r['created_at']}{expires}")
+        return f"{r['prefix']}  {r['team']}{name}  {r['state']}  created {r['created_at']}{expires}"
+
+    _show([k.record() for k in found], as_json, line)
 
 
 def _print_blocked(blocks: list[Any], as_json: bool) -> None:
     from tokenyard.tenancy.end_users import block_record
 
-    records = [block_record(b) for b in blocks]
-    if as_json:
-        print(json.dumps(records, indent=2))
-        return
-    for r in records:
+    def line(r: dict[str, Any]) -> str:
         why = f"  ({r['reason']})" if r["reason"] else ""
-        print(f"{r['user']}  since {r['created_at']}{why}")
+        return f"{r['user']}  since {r['created_at']}{why}"
+
+    _show([block_record(b) for b in blocks], as_json, line)
 
 
 def _print_changes(changes: list[Any], as_json: bool) -> None:
     from tokenyard.tenancy.changes import change_record
 
-    records = [change_record(c) for c in changes]
-    if as_json:
-        print(json.dumps(records, indent=2))
-        return
-    for r in records:
+    def line(r: dict[str, Any]) -> str:
         key = f" {r['key_prefix']}" if r["key_prefix"] else ""
         details = f"  {json.dumps(r['details'])}" if r["details"] else ""
-        print(f"{r['at']}  {r['actor']}  {r['action']}  {r['team']}{key}{details}")
+        return f"{r['at']}  {r['actor']}  {r['action']}  {r['team']}{key}{details}"
+
+    _show([change_record(c) for c in changes], as_json, line)
 
 
 def _json_flag(p: argparse.ArgumentParser) -> None:
