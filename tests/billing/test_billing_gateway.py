@@ -206,6 +206,13 @@ def test_usage_by_metadata(gw: Gateway, team: Any, sql: Engine, billing_env: dic
         text=True,
     )
     assert keyless.returncode == 2 and "--key" in keyless.stderr
+    quoted_key = subprocess.run(
+        [*TOKENYARD, "billing", "report", "--by", "metadata", "--key", 'a"b'],
+        env=billing_env,
+        capture_output=True,
+        text=True,
+    )
+    assert quoted_key.returncode == 2 and "double quote" in quoted_key.stderr
 
 
 def test_streamed_requests_are_billed_like_whole_ones(gw: Gateway, team: Any, sql: Engine) -> None:

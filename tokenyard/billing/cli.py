@@ -50,16 +50,16 @@ def _report(args: argparse.Namespace) -> int:
         if args.by == "user":
             found = reports.by_end_user(engine, start, end, args.team, args.limit)
             columns, header = reports.USER_CSV_COLUMNS, _USER_HEADER
-        elif args.key and not any(c in args.key for c in reports.UNREPORTABLE):
-            found = reports.by_metadata(engine, start, end, args.team, args.key, args.limit)
-            columns, header = reports.METADATA_CSV_COLUMNS, (args.key, "team", *_SUMS)
-        else:
-            print(
-                "error: --by metadata needs --key, the metadata key to group by (without a double "
-                "quote or a backslash)",
-                file=sys.stderr,
-            )
+        elif not args.key:
+            print("error: --by metadata needs --key, the metadata key to group by", file=sys.stderr)
             return 2
+        else:
+            try:
+                found = reports.by_metadata(engine, start, end, args.team, args.key, args.limit)
+            except ValueError as exc:  # a key the report cannot name
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+            columns, header = reports.METADATA_CSV_COLUMNS, (args.key, "team", *_SUMS)
         if args.csv:
             sys.stdout.write(reports.labelled_to_csv(found, columns))
         else:

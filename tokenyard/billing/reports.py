@@ -24,7 +24,7 @@ KEY_CSV_COLUMNS = ("key_prefix", "team", *ROLLUP_SUMS)
 USER_CSV_COLUMNS = ("user", "team", *ROLLUP_SUMS)
 METADATA_CSV_COLUMNS = ("value", "team", *ROLLUP_SUMS)
 # SQLite's JSON paths cannot name a key holding either: such keys are kept, not reported on
-UNREPORTABLE = ('"', "\\")
+_UNREPORTABLE = ('"', "\\")
 _KINDS = {name: RollupSums.model_fields[name].annotation for name in ROLLUP_SUMS}
 
 
@@ -119,7 +119,7 @@ def by_metadata(
     """The totals of each value the requests' `metadata` gave `key` (a team's own labels: feature,
     project, customer tier), dearest first, at most `limit`; `value` None for requests without
     it. Read from the records, like end users."""
-    if any(c in key for c in UNREPORTABLE):
+    if any(c in key for c in _UNREPORTABLE):
         raise ValueError("a metadata key holding a double quote or a backslash is not reported on")
     value = col(UsageRecord.request_metadata)[key].as_string()
     grouped = _by_label(engine, start, end, team, limit, value)

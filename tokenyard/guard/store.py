@@ -169,8 +169,9 @@ class AuditLog:
             categories=",".join(categories),
             scores=json.dumps({k: round(v, 4) for k, v in scores.items()}),
             model=model,
-            end_user=_no_nul(end_user),
-            text=_no_nul(text),
+            end_user=end_user,  # the gateway refuses one holding NUL (validation.Label)
+            # PostgreSQL's text holds no NUL, and one such row would fail its whole batch's commit
+            text=text.replace("\x00", "\ufffd") if text else text,
         )
         try:
             self.queue.put_nowait(row)
@@ -207,11 +208,6 @@ class AuditLog:
                 metrics.AUDIT_DROPPED.inc(len(rows))
                 log.warning("audit rows lost (%d): %s", len(rows), exc)
                 await asyncio.sleep(0.5)
-
-
-def _no_nul(text: str | None) -> str | None:
-    """PostgreSQL's text holds no NUL, and one such row would fail its whole batch's commit."""
-    return text.replace("\x00", "\ufffd") if text else text
 
 
 def to_dict(row: GuardAudit) -> dict[str, Any]:
