@@ -17,12 +17,12 @@ SCHEMA_PATH = "/schema/openapi.json"
 
 def check_answer(case: Case, status: int, body: bytes) -> None:
     """No 5xx; a 4xx is `{"error": {"message": str, "type": str, "param": …, "code": …}}`
-    (Anthropic's `{"type": "error", "error": {"type": str, "message": str}}` on /v1/messages)."""
+    (Anthropic's `{"type": "error", "error": {"type": str, "message": str}}` on its routes)."""
     where = f"{case.method} {case.formatted_path} body={case.body!r} query={case.query!r}"
     assert status < 500, f"{status} from {where}: {body[:500]!r}"
     if status < 400:
         return
-    if case.path == "/v1/messages":  # Anthropic's API: Anthropic's error shape
+    if case.path.startswith("/v1/messages"):  # Anthropic's API: Anthropic's error shape
         answer = json.loads(body)
         assert answer["type"] == "error", where
         assert isinstance(answer["error"]["type"], str), where

@@ -1,4 +1,5 @@
-"""A fake Anthropic Messages API: POST /v1/messages, streamed or not, in Anthropic's wire format.
+"""A fake Anthropic Messages API: POST /v1/messages, streamed or not, in Anthropic's wire format,
+and POST /v1/messages/count_tokens.
 
 Streams are `event: NAME` + `data: {"type": NAME, ...}` pairs in the documented order:
 message_start, then per content block content_block_start / content_block_delta (text_delta,
@@ -53,9 +54,16 @@ def prompt_text(body: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
-def invalid(body: dict[str, Any]) -> str | None:
-    """Why Anthropic would refuse this body, or None."""
-    if not isinstance(body.get("max_tokens"), int):
+# what count_tokens takes: it refuses any other field ("Extra inputs are not permitted")
+COUNTED = {"model", "messages", "system", "tools", "tool_choice", "thinking", "mcp_servers"}
+
+
+def invalid(body: dict[str, Any], count: bool = False) -> str | None:
+    """Why Anthropic would refuse this body (a count_tokens one with `count`), or None."""
+    extra = sorted(set(body) - COUNTED)
+    if count and extra:
+        return f"{extra[0]}: Extra inputs are not permitted"
+    if not count and not isinstance(body.get("max_tokens"), int):
         return "max_tokens: Field required"
     if not body.get("model"):
         return "model: Field required"
@@ -98,14 +106,17 @@ async def handle(
     d: Directives,
     send: Send,
 ) -> None:
-    if path != "/v1/messages":
+    if path not in ("/v1/messages", "/v1/messages/count_tokens"):
         return await send_json(send, 404, error(404, f"Not found: {path}"))
     if not headers.get("x-api-key"):
         return await send_json(send, 401, error(401, "x-api-key header is required"))
     if not headers.get("anthropic-version"):
         return await send_json(send, 400, error(400, "anthropic-version header is required"))
-    if (why := invalid(body)) is not None:
+    count = path.endswith("/count_tokens")
+    if (why := invalid(body, count)) is not None:
         return await send_json(send, 400, error(400, why))
+    if count:  # the words a message's usage would count (without the cache directive's split)
+        return await send_json(send, 200, {"input_tokens": len(prompt_text(body).split())})
     tools = body.get("tools") or []
     tool = tools[0]["name"] if d.tool and tools else None
     pieces = [f"w{i} " for i in range(d.chunks)]

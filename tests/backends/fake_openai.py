@@ -1,7 +1,8 @@
 """A fake OpenAI API: POST /v1/chat/completions and /v1/completions, streamed or not, in OpenAI's
 wire format (chunks with `usage: null` and a last `choices: []` usage chunk when
 stream_options.include_usage, then `data: [DONE]`; tool calls; errors as {"error": {...}}); and
-POST /v1/responses, whole or as its typed events (a message, or a function call with #tool).
+POST /v1/responses, whole or as its typed events (a message, or a function call with #tool), and
+its input-token count (POST /v1/responses/input_tokens).
 
 Like OpenAI it refuses a request without `Authorization: Bearer …` (401) and one with a field it
 does not know (400 "Unrecognized request argument supplied: top_k"). Faults and output follow the
@@ -45,6 +46,10 @@ KNOWN = {
     | {"reasoning", "stream", "stream_options", "store", "metadata", "user", "safety_identifier"}
     | {"prompt_cache_key", "prompt_cache_retention", "service_tier", "max_tool_calls"}
     | {"previous_response_id", "truncation", "background", "conversation", "prompt"},
+    # TokenCountsBody in OpenAI's OpenAPI document
+    "/v1/responses/input_tokens": {"model", "input", "previous_response_id", "tools", "text"}
+    | {"reasoning", "truncation", "instructions", "personality", "conversation", "tool_choice"}
+    | {"parallel_tool_calls"},
 }
 ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "not_found_error"}
 ERROR_TYPES |= {429: "rate_limit_exceeded"}
@@ -98,6 +103,9 @@ async def handle(
         return await send_json(send, 400, error(400, message, unknown[0]))
     if path == "/v1/responses":
         return await _responses(body, d, send)
+    if path == "/v1/responses/input_tokens":  # the words a response's usage would count
+        count = {"object": "response.input_tokens", "input_tokens": len(prompt_text(body).split())}
+        return await send_json(send, 200, count)
     chat = path == "/v1/chat/completions"
     tool = (body.get("tools") or [{}])[0].get("function", {}).get("name") if d.tool else None
     base = {

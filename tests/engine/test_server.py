@@ -366,3 +366,51 @@ def test_load_and_metrics(server, client):
         assert name in metrics, name
     models = client.models.list()
     assert [m.id for m in models.data] == ["smollm2"]
+
+
+def test_tokenize_counts_what_a_request_would_read(server, client):
+    """/tokenize of a chat body is the prompt chat would run (template and tools included): its
+    count equals the usage's prompt_tokens; a text's tokens are the tokenizer's own, and
+    /detokenize turns them back."""
+    url, core = server
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "The weather in a city",
+                "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+            },
+        }
+    ]
+    for extra in ({}, {"tools": tools}):
+        body = {"model": "smollm2", "messages": MESSAGES, **extra}
+        counted = httpx.post(f"{url}/tokenize", json=body).json()
+        ran = client.chat.completions.create(**body, max_tokens=1)
+        assert counted["count"] == ran.usage.prompt_tokens == len(counted["tokens"])
+        assert counted["max_model_len"] == core.max_model_len
+    bare = httpx.post(f"{url}/tokenize", json={"model": "smollm2", "messages": MESSAGES}).json()
+    assert counted["count"] > bare["count"] + 20  # the tools' description is in the prompt
+
+    text = "Paged attention, 16 tokens a block."
+    ids = httpx.post(f"{url}/tokenize", json={"model": "smollm2", "prompt": text}).json()
+    assert ids["tokens"] == core.tokenizer.hf.encode(text)
+    back = httpx.post(f"{url}/detokenize", json={"model": "smollm2", "tokens": ids["tokens"]})
+    assert back.json() == {"prompt": text}
+
+    vocab = core.model_config.vocab_size
+    for path, payload, status, param in (
+        ("/tokenize", {"model": "gpt-4", "prompt": "x"}, 404, "model"),
+        (
+            "/tokenize",
+            {"model": "smollm2", "messages": [{"role": "king"}]},
+            400,
+            "messages[0].role",
+        ),
+        ("/tokenize", {"model": "smollm2"}, 400, "prompt"),
+        ("/detokenize", {"model": "smollm2", "tokens": [1, vocab]}, 400, "tokens"),
+    ):
+        r = httpx.post(url + path, json=payload)
+        assert r.status_code == status, r.text
+        assert r.json()["error"]["param"] == param
+    wait_idle(url, core)

@@ -12,6 +12,8 @@ from tests.fuzzing import SCHEMA_PATH, fuzz
 ROUTES = {
     "POST /v1/chat/completions",
     "POST /v1/completions",
+    "POST /tokenize",
+    "POST /detokenize",
     "GET /v1/models",
     "GET /health",
     "GET /load",

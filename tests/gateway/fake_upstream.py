@@ -7,7 +7,8 @@ streamed), `#fail=K` (drop the connection after K chunks), `#status=C` (refuse w
 A chat request with `tools` (tool_choice not "none") whose last message is not a tool result is
 answered with one call of the forced tool, else the first, with the arguments {"city": "Paris"}
 (streamed in two pieces).
-Usage: prompt_tokens = whitespace-separated words of the prompt, completion_tokens = chunks sent.
+Usage: prompt_tokens = whitespace-separated words of the prompt, completion_tokens = chunks sent;
+POST /tokenize counts the same words.
 GET /stats tells what it saw (active, cancelled, completed streams; last request's headers);
 POST /control {"waiting": N} sets the queue depth /load reports.
 
@@ -155,6 +156,10 @@ def make_app(model: str, block_size: int, max_model_len: int) -> Any:
         if "status" in directives:
             error = {"message": "refused", "type": "invalid_request_error", "param": None}
             return await send_json(send, int(directives["status"]), {"error": error})
+        if path == "/tokenize":  # the words its usage would count
+            count = len(text.split())
+            tokens = {"count": count, "max_model_len": max_model_len, "tokens": [0] * count}
+            return await send_json(send, 200, tokens)
         chat = path.endswith("/chat/completions")
         ending = "stop" if "#stop" in text else "length"
         n_chunks = min(int(directives.get("chunks", 20)), int(body.get("max_tokens") or 16))

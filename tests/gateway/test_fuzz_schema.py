@@ -20,6 +20,8 @@ PUBLIC = {
     "POST /v1/chat/completions",
     "POST /v1/completions",
     "POST /v1/responses",
+    "POST /v1/responses/input_tokens",
+    "POST /v1/messages/count_tokens",
     "GET /v1/responses/{response_id}",
     "DELETE /v1/responses/{response_id}",
     "GET /v1/responses/{response_id}/input_items",

@@ -3,11 +3,12 @@
 import time
 from typing import Any
 
+import anthropic
 import httpx
 import openai
 import pytest
 
-from tests.gateway.conftest import wait_until
+from tests.gateway.conftest import day_tokens, wait_until
 
 
 def test_gateway_serves_the_engine(engine: str, start_gateway: Any, team: Any) -> None:
@@ -59,3 +60,53 @@ def test_hanging_up_frees_the_engine_at_once(engine: str, start_gateway: Any, te
     load = httpx.get(engine + "/load").json()
     assert load["waiting"] == 0
     assert time.monotonic() - hung_up < 2.0
+
+
+WEATHER = {
+    "name": "get_weather",
+    "description": "The weather in a city",
+    "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+}
+
+
+def test_token_counts_are_the_prompt_tokens_the_engine_reads(
+    engine: str, start_gateway: Any, team: Any, redis_server: Any
+) -> None:
+    """Anthropic's count_tokens and OpenAI's input_tokens, each through its own SDK, equal the
+    prompt tokens the same request reads (chat template, system prompt and tools included, and a
+    stored earlier turn); counting takes one of the team's requests per minute, no tokens, and
+    leaves a usage record at no charge."""
+    gw = start_gateway(engine_urls=f"smollm2={engine}")
+    name, key = team(rpm=7)
+    claude = anthropic.Anthropic(base_url=gw.url, api_key=key, max_retries=0)
+    turn: dict[str, Any] = {"model": "smollm2", "messages": [{"role": "user", "content": "Oslo?"}]}
+    used = 0
+    for extra in ({}, {"system": "Answer briefly.", "tools": [WEATHER]}):
+        raw = claude.messages.with_raw_response.count_tokens(**turn, **extra)
+        assert raw.headers["x-tokenyard-token-count"] == "exact"
+        assert raw.headers["x-tokenyard-model"] == "smollm2"
+        ran = claude.messages.create(**turn, **extra, max_tokens=1)
+        assert raw.parse().input_tokens == ran.usage.input_tokens
+        used += ran.usage.input_tokens + ran.usage.output_tokens
+    assert raw.parse().input_tokens > 60  # the tool's schema is in the prompt
+
+    client = gw.client(key)
+    first = client.responses.create(model="smollm2", input="Name a colour.", max_output_tokens=2)
+    follow = {"model": "smollm2", "input": "And another?", "previous_response_id": first.id}
+    counted = client.responses.input_tokens.count(**follow)
+    assert counted.object == "response.input_tokens"
+    second = client.responses.create(**follow, max_output_tokens=1)
+    assert counted.input_tokens == second.usage.input_tokens > first.usage.input_tokens
+    used += first.usage.total_tokens + second.usage.total_tokens
+    # seven requests so far, three of them counts: the eighth in the minute is refused
+    with pytest.raises(anthropic.RateLimitError):
+        claude.messages.count_tokens(**turn)
+    assert day_tokens(redis_server.client(), name) == used
+
+    def usage() -> dict[str, Any]:
+        return httpx.get(gw.url + "/v1/usage", headers={"authorization": f"Bearer {key}"}).json()
+
+    wait_until(lambda: usage()["requests"] == 7, 5, "every request recorded")
+    counts = usage()["models"]["tokenyard-token-count"]
+    assert (counts["requests"], counts["errors"], counts["total_tokens"]) == (3, 0, 0)
+    assert counts["cost_usd"] == 0

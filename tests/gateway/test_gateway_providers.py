@@ -8,7 +8,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anthropic
 import httpx
+import openai
 import pytest
 
 from tests.backends.conftest import HERE as BACKENDS
@@ -179,3 +181,47 @@ def test_the_output_cap_goes_by_the_name_each_model_takes(
         client.chat.completions.create(model=model, messages=CHAT, **asked)
         body = stats(providers["openai"])["last_body"]
         assert body[sent] == 7 and not_sent not in body, (model, asked, body)
+
+
+def test_token_counts_go_to_each_providers_own_counting_route(
+    gw: Any, team: Any, providers: dict[str, str]
+) -> None:
+    """Anthropic's models count with Anthropic's count_tokens, OpenAI's a Responses request with
+    OpenAI's input_tokens: only the fields each takes go (the fakes refuse any other, as the APIs
+    do), under the provider's model name. A chat request for an OpenAI model has no counting route
+    there: the gateway's own estimate answers, and says so. Refusals keep each client's shape."""
+    _, key = team()
+    claude = anthropic.Anthropic(base_url=gw.url, api_key=key, max_retries=0)
+    turn: dict[str, Any] = {"messages": [{"role": "user", "content": "one two three"}]}
+    raw = claude.messages.with_raw_response.count_tokens(
+        model="claude-fake", system="be brief", **turn
+    )
+    assert raw.parse().input_tokens == 5  # the fake counts words: 2 + 3
+    assert raw.headers["x-tokenyard-token-count"] == "exact"
+    sent = stats(providers["anthropic"])["last_body"]
+    assert sent["model"] == "claude-3-5-haiku-latest" and "max_tokens" not in sent
+
+    client = gw.client(key)
+    for model, provider in (("gpt-fake", "openai"), ("claude-fake", "anthropic")):
+        raw = client.responses.input_tokens.with_raw_response.count(
+            model=model, input="four five six seven", instructions="short"
+        )
+        assert raw.parse().input_tokens == (4 if provider == "openai" else 5), model
+        assert raw.headers["x-tokenyard-token-count"] == "exact"
+        assert stats(providers[provider])["requests"] >= 1
+    assert stats(providers["openai"])["last_body"]["model"] == "gpt-4o-mini"
+
+    raw = claude.messages.with_raw_response.count_tokens(model="gpt-fake", **turn)
+    assert raw.headers["x-tokenyard-token-count"] == "estimate"
+    assert raw.parse().input_tokens > 0
+
+    with pytest.raises(anthropic.NotFoundError):
+        claude.messages.count_tokens(model="no-such-model", **turn)
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.responses.input_tokens.count(model="no-such-model", input="hi")
+    assert missing.value.code == "model_not_found"
+    refused = {"messages": [{"role": "user", "content": "hi #status=400"}]}
+    with pytest.raises(anthropic.BadRequestError):
+        claude.messages.count_tokens(model="claude-fake", **refused)
+    with pytest.raises(anthropic.BadRequestError):  # the translation's own check
+        claude.messages.count_tokens(model="claude-fake", messages=[{"role": "king"}])

@@ -24,11 +24,15 @@ from tokenyard.backends.base import (
     UpstreamCall,
     UpstreamReply,
     UpstreamStream,
+    counted,
 )
 from tokenyard.backends.retry import Guard, Retryable
 from tokenyard.core.errors import GatewayError
 
 PATH = "/v1/messages"
+COUNT_PATH = "/v1/messages/count_tokens"
+# what Anthropic's count_tokens takes of a Messages request (it refuses the rest, max_tokens too)
+COUNTED = ("model", "messages", "system", "tools", "tool_choice", "thinking")
 VERSION = "2023-06-01"
 
 
@@ -52,7 +56,7 @@ class AnthropicUpstream:
         self._api = api
         self._guard = guard
 
-    def _prepare(self, call: UpstreamCall) -> tuple[bytes, bool]:
+    def _prepare(self, call: UpstreamCall) -> tuple[dict[str, Any], bool]:
         if call.path != "/v1/chat/completions":
             raise GatewayError(
                 400,
@@ -62,10 +66,21 @@ class AnthropicUpstream:
             )
         body: dict[str, Any] = json.loads(call.body)
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        return json.dumps(translate(body, self._model)).encode(), include_usage
+        return translate(body, self._model), include_usage
+
+    async def count_tokens(self, call: UpstreamCall) -> UpstreamReply | None:
+        message, _ = self._prepare(call)
+        body = json.dumps({k: v for k, v in message.items() if k in COUNTED}).encode()
+        response = await self._guard.run(
+            lambda: self._api.post(COUNT_PATH, body), call.headers.get("x-tenant", "")
+        )
+        if response.status == 200:
+            return counted(int(response.json()["input_tokens"]))
+        return UpstreamReply(*error_reply(response.status, response.body), "application/json")
 
     async def complete(self, call: UpstreamCall) -> UpstreamReply:
-        body, _ = self._prepare(call)
+        message, _ = self._prepare(call)
+        body = json.dumps(message).encode()
         response = await self._guard.run(
             lambda: self._api.post(PATH, body), call.headers.get("x-tenant", "")
         )
@@ -76,7 +91,8 @@ class AnthropicUpstream:
         return UpstreamReply(status, content, "application/json")
 
     async def open_stream(self, call: UpstreamCall) -> UpstreamStream:
-        body, include_usage = self._prepare(call)
+        message, include_usage = self._prepare(call)
+        body = json.dumps(message).encode()
 
         async def attempt() -> tuple[Opened, bytes, AsyncIterator[bytes]] | BufferedStream:
             opened = await self._api.open(PATH, body)

@@ -36,7 +36,7 @@ class ModelInfo:
 
 @dataclass
 class UpstreamCall:
-    path: str  # /v1/chat/completions or /v1/completions
+    path: str  # /v1/chat/completions, /v1/completions, /v1/embeddings or /v1/responses
     body: bytes
     headers: dict[str, str] = field(default_factory=dict)  # x-tenant, x-priority, x-request-id
     # the prompt's start (router.policy.prefix_text), from the body the gateway already parsed:
@@ -73,6 +73,12 @@ class Upstream(Protocol):
     async def complete(self, call: UpstreamCall) -> UpstreamReply: ...
 
     async def open_stream(self, call: UpstreamCall) -> UpstreamStream: ...
+
+    async def count_tokens(self, call: UpstreamCall) -> UpstreamReply | None:
+        """The prompt's tokens as this model reads it (template and tools included), from the
+        upstream's own counting route: 200 with `{"input_tokens": n}`, or its refusal in OpenAI's
+        error shape; None where it has no such route for this request."""
+        ...
 
     async def refresh(self) -> None:
         """Re-read readiness and load; called periodically."""
@@ -135,6 +141,11 @@ class LiveStream:
         close, self._close = self._close, None
         if close is not None:
             await close()
+
+
+def counted(tokens: int) -> UpstreamReply:
+    """A count_tokens answer, whatever the upstream's own shape was."""
+    return UpstreamReply(200, b'{"input_tokens":%d}' % tokens, "application/json")
 
 
 def error_body(message: str, kind: str, code: str | None = None, param: str | None = None) -> bytes:

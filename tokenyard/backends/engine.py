@@ -12,7 +12,7 @@ import asyncio
 import hashlib
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import msgspec
 
@@ -24,6 +24,7 @@ from tokenyard.backends.base import (
     UpstreamCall,
     UpstreamReply,
     UpstreamStream,
+    counted,
     log,
 )
 from tokenyard.backends.http import HttpError, HttpPool, HttpResponse
@@ -37,6 +38,10 @@ class _Load(msgspec.Struct):
     free_blocks: int = 0
     waiting: int = 0
     max_model_len: int = 0
+
+
+class _Count(msgspec.Struct):
+    count: int
 
 
 @dataclass
@@ -152,6 +157,18 @@ class EngineUpstream:
             return UpstreamReply(response.status, body, kind)
 
         return await self._guard.run(attempt, call.headers.get("x-tenant", ""))
+
+    async def count_tokens(self, call: UpstreamCall) -> UpstreamReply | None:
+        reply = await self.complete(replace(call, path="/tokenize"))  # the chat body as is
+        if reply.status == 404:  # a server without /tokenize (an older engine): none to ask
+            return None
+        if reply.status != 200:
+            return reply
+        try:
+            return counted(msgspec.json.decode(reply.body, type=_Count).count)
+        except msgspec.DecodeError:
+            log.warning("engine /tokenize answered what is not a count: %r", reply.body[:200])
+            return None
 
     async def open_stream(self, call: UpstreamCall) -> UpstreamStream:
         tried: set[str] = set()

@@ -16,6 +16,7 @@ from tokenyard.backends.base import (
     UpstreamCall,
     UpstreamReply,
     UpstreamStream,
+    counted,
 )
 from tokenyard.backends.retry import Guard
 
@@ -31,6 +32,22 @@ DROPPED = frozenset(
         "repetition_penalty",
         "min_tokens",
         "ignore_eos",
+    }
+)
+
+# what OpenAI's input-token count takes of a Responses request (TokenCountsBody in its OpenAPI)
+COUNTED = frozenset(
+    {
+        "input",
+        "instructions",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+        "text",
+        "reasoning",
+        "conversation",
+        "previous_response_id",
+        "truncation",
     }
 )
 
@@ -91,6 +108,20 @@ class OpenAIUpstream:
             content,
             response.headers.get("content-type", "application/json"),
         )
+
+    async def count_tokens(self, call: UpstreamCall) -> UpstreamReply | None:
+        """OpenAI counts a Responses request (`/v1/responses/input_tokens`), not a chat one."""
+        if call.path != "/v1/responses":
+            return None
+        native = msgspec.json.decode(call.body)
+        body = {k: v for k, v in native.items() if k in COUNTED} | {"model": self._model}
+        response = await self._guard.run(
+            lambda: self._api.post("/responses/input_tokens", msgspec.json.encode(body)),
+            call.headers.get("x-tenant", ""),
+        )
+        if response.status == 200:
+            return counted(int(response.json()["input_tokens"]))
+        return UpstreamReply(response.status, response.body, "application/json")
 
     async def open_stream(self, call: UpstreamCall) -> UpstreamStream:
         path, body = self._prepare(call)

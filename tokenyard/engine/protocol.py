@@ -94,6 +94,19 @@ class CompletionRequest(_Common, kw_only=True):
     max_tokens: int | None = 16  # OpenAI's default for completions
 
 
+class TokenizeRequest(msgspec.Struct, kw_only=True):
+    """`POST /tokenize` for a text (a chat request's body is tokenized as chat would run it)."""
+
+    model: str
+    prompt: str
+    add_special_tokens: bool = True
+
+
+class DetokenizeRequest(msgspec.Struct, kw_only=True):
+    model: str
+    tokens: list[int]
+
+
 MAX_N = 16
 MAX_STOPS = 16
 MAX_TOP_LOGPROBS = 20

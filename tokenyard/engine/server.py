@@ -1,5 +1,6 @@
-"""The engine's HTTP server: OpenAI routes, /health, /load, /metrics (docs/engine-protocol.md).
-What the OpenAI routes do is engine/serving.py's; here are the routes and the error handlers."""
+"""The engine's HTTP server: OpenAI routes, /tokenize and /detokenize, /health, /load, /metrics
+(docs/engine-protocol.md). What the routes do is engine/serving.py's; here are the routes and
+the error handlers."""
 
 import logging
 
@@ -12,7 +13,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from tokenyard.core.openapi import json_body, openapi_config
 from tokenyard.engine.async_engine import AsyncEngine, EngineStopped
 from tokenyard.engine.outputs import RequestError
-from tokenyard.engine.protocol import ChatRequest, CompletionRequest, decode_body
+from tokenyard.engine.protocol import (
+    ChatRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    decode_body,
+)
 from tokenyard.engine.serving import Disconnected, OpenAIServing, error_body
 
 log = logging.getLogger(__name__)
@@ -48,6 +55,18 @@ class CompletionsController(Controller):
         return {"object": "list", "data": [card]}
 
 
+class TokensController(Controller):
+    """vLLM's /tokenize and /detokenize: what a prompt costs in this model's tokens."""
+
+    @post("/tokenize", status_code=200, operation_class=json_body(TokenizeRequest))
+    async def tokenize(self, request: Request) -> dict:
+        return _serving(request).tokenize(await request.body())
+
+    @post("/detokenize", status_code=200, operation_class=json_body(DetokenizeRequest))
+    async def detokenize(self, request: Request) -> dict:
+        return _serving(request).detokenize(await request.body())
+
+
 class OpsController(Controller):
     @get("/health")
     async def health(self, request: Request) -> dict:
@@ -64,7 +83,7 @@ class OpsController(Controller):
 
 def create_app(engine: AsyncEngine) -> Litestar:
     return Litestar(
-        route_handlers=[CompletionsController, OpsController],
+        route_handlers=[CompletionsController, TokensController, OpsController],
         state=State({"serving": OpenAIServing(engine)}),
         exception_handlers={
             RequestError: _request_error,

@@ -13,17 +13,21 @@ from litestar.response import Stream
 
 from tokenyard.core.errors import ErrorBody, ErrorDetail
 from tokenyard.engine.async_engine import AsyncEngine
-from tokenyard.engine.outputs import RequestOutput, Sampled, SeqStats
+from tokenyard.engine.outputs import RequestError, RequestOutput, Sampled, SeqStats
 from tokenyard.engine.protocol import (
     ChatRequest,
     Choice,
     CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    ToolUse,
     chat_logprobs,
     chat_params,
     completion_logprobs,
     completion_params,
     completion_prompts,
     created,
+    decode_body,
     message_text,
     new_request_id,
     parse_priority,
@@ -177,6 +181,15 @@ class OpenAIServing:
         self.check_model(body.model)
         tools = tool_use(body)
         params = chat_params(body, tools, self.tool_format)
+        prompt = self.chat_prompt(body, tools)
+        choices = ChatChoices(
+            self.tokenizer, self.tool_format, bool(tools.tools), params.logprobs is not None
+        )
+        return await self._respond(request, body, [prompt], params, choices)
+
+    def chat_prompt(self, body: ChatRequest, tools: ToolUse) -> list[int]:
+        """The conversation's token ids as the model reads them: its chat template, with the tools
+        where the template writes them (else in the system prompt, as the tool format does)."""
         messages = []
         for m in body.messages:
             message = {"role": m.role, "content": message_text(m.content)}
@@ -185,13 +198,30 @@ class OpenAIServing:
                     message[key] = msgspec.to_builtins(getattr(m, key))
             messages.append(message)
         messages = prompt_messages(self.tool_format, self.native_tools, messages, tools.tools)
-        prompt = self.tokenizer.apply_chat_template(
+        return self.tokenizer.apply_chat_template(
             messages, tools.tools if self.native_tools and tools.tools else None
         )
-        choices = ChatChoices(
-            self.tokenizer, self.tool_format, bool(tools.tools), params.logprobs is not None
-        )
-        return await self._respond(request, body, [prompt], params, choices)
+
+    def tokenize(self, body: bytes) -> dict:
+        """`POST /tokenize` (vLLM's shape): a chat request's prompt, as chat() would run it, or a
+        text's tokens; the count is what the request's `prompt_tokens` would be."""
+        if "messages" in decode_body(body, dict):
+            chat = decode_body(body, ChatRequest)
+            self.check_model(chat.model)
+            ids = self.chat_prompt(chat, tool_use(chat))
+        else:
+            text = decode_body(body, TokenizeRequest)
+            self.check_model(text.model)
+            ids = self.tokenizer.hf.encode(text.prompt, add_special_tokens=text.add_special_tokens)
+        return {"count": len(ids), "max_model_len": self.core.max_model_len, "tokens": ids}
+
+    def detokenize(self, body: bytes) -> dict:
+        request = decode_body(body, DetokenizeRequest)
+        self.check_model(request.model)
+        vocab = self.core.model_config.vocab_size
+        if any(not 0 <= t < vocab for t in request.tokens):
+            raise RequestError(f"tokens: ids must be in [0, {vocab})", "tokens")
+        return {"prompt": self.tokenizer.decode(request.tokens, skip_special_tokens=False)}
 
     async def completion(self, request: Request, body: CompletionRequest) -> Response | Stream:
         self.check_model(body.model)

@@ -95,6 +95,17 @@ def _tier(request: Request, parsed: Parsed, policy: TeamPolicy) -> str:
     return tier
 
 
+def refuse_blocked(policy: TeamPolicy, parsed: Parsed) -> None:
+    """403 for an end user the team has blocked (tenancy/end_users.py)."""
+    if parsed.end_user is not None and parsed.end_user in policy.blocked_users:
+        raise GatewayError(
+            403,
+            f"end user {parsed.end_user!r} is blocked by team {policy.team!r}",
+            code="end_user_blocked",
+            param="safety_identifier" if "safety_identifier" in parsed.body else "user",
+        )
+
+
 @dataclass
 class _Call:
     """A request before it is addressed to a model: the body is encoded per attempt, with the
@@ -245,6 +256,27 @@ class Proxy:
             raise
         return response.status_code, response.content
 
+    def pick(
+        self, kind: Kind, policy: TeamPolicy, parsed: Parsed, tier: str
+    ) -> tuple[Route, Upstream]:
+        """The request's route and the first of its upstreams to try; a model the team may not
+        use, or one that cannot honour the request, is refused before any quota is touched."""
+        try:
+            route = self.router.route(
+                parsed.model,
+                parsed.body,
+                policy,
+                tier,
+                "embedding" if kind == "embedding" else "chat",
+                prompt_tokens=max(parsed.prompt_sizes, default=0),
+            )
+        except NoRoute as exc:
+            raise GatewayError(404, str(exc), code="model_not_found", param="model") from None
+        except Unsupported as exc:
+            found = exc.refusal
+            raise GatewayError(400, found.message, code=found.code, param=found.param) from None
+        return route, self.dispatch.first_usable(route, tier)
+
     async def _serve(
         self,
         request: Request | None,
@@ -261,34 +293,13 @@ class Proxy:
     ) -> Response:
         """Route, reserve, forward. `request`: the HTTP request (None for the batch worker);
         `hang_up`: how the caller of a non-streamed request says it is gone."""
-        if parsed.end_user is not None and parsed.end_user in policy.blocked_users:
-            raise GatewayError(
-                403,
-                f"end user {parsed.end_user!r} is blocked by team {policy.team!r}",
-                code="end_user_blocked",
-                param="safety_identifier" if "safety_identifier" in parsed.body else "user",
-            )
+        refuse_blocked(policy, parsed)
         # a Responses API request answered natively by OpenAI is not a chat reply: never cached
         lookup = None
         if responses is None:
             lookup = self.cache.lookup(kind, policy, parsed, cache_mode)
         with trace.span("route", **{"tokenyard.model": parsed.model}) as span:
-            try:
-                endpoint = "embedding" if kind == "embedding" else "chat"
-                route = self.router.route(
-                    parsed.model,
-                    parsed.body,
-                    policy,
-                    tier,
-                    endpoint,
-                    prompt_tokens=max(parsed.prompt_sizes, default=0),
-                )
-            except NoRoute as exc:
-                raise GatewayError(404, str(exc), code="model_not_found", param="model") from None
-            except Unsupported as exc:  # before any quota is touched
-                found = exc.refusal
-                raise GatewayError(400, found.message, code=found.code, param=found.param) from None
-            upstream = self.dispatch.first_usable(route, tier)
+            route, upstream = self.pick(kind, policy, parsed, tier)
             span.set_attribute("tokenyard.route.decision", _decision(route))
             span.set_attribute("tokenyard.route.candidates", list(route.candidates))
             span.set_attribute("tokenyard.route.served", upstream.info.name)
@@ -372,7 +383,8 @@ class Proxy:
             # of its own because a cancelled request would cancel an await here as well
             status = exc.status if isinstance(exc, GatewayError) else 500
             served = self.backends.get(event.model_served) or upstream
-            self._spawn(self.settlement.settle(res, served, Usage(), event, started, status=status))
+            model = served.info.name
+            self._spawn(self.settlement.settle(res, model, Usage(), event, started, status=status))
             raise
 
     async def _complete_unless_gone(
@@ -485,7 +497,9 @@ class Proxy:
                 event.finish_reason = CONTENT_FILTER
             elif hit is None and lookup is not None and reply.status == 200:
                 await self.cache.keep(lookup, upstream.info.name, reply)
-            await self.settlement.settle(res, upstream, usage, event, started, status=reply.status)
+            await self.settlement.settle(
+                res, upstream.info.name, usage, event, started, status=reply.status
+            )
             return Response(
                 body,
                 status_code=reply.status,
@@ -498,7 +512,7 @@ class Proxy:
             res.trace.end_upstream(stream.status)
             refusal = await stream.read_all()
             await self.settlement.settle(
-                res, upstream, Usage(), event, started, status=stream.status
+                res, upstream.info.name, Usage(), event, started, status=stream.status
             )
             return Response(
                 refusal, status_code=stream.status, media_type="application/json", headers=headers
@@ -550,7 +564,7 @@ class Proxy:
             await got.aclose()
         event.finish_reason = CONTENT_FILTER
         event.error = "content_policy_violation"
-        await self.settlement.settle(res, upstream, usage, event, started, status=400)
+        await self.settlement.settle(res, upstream.info.name, usage, event, started, status=400)
         raise blocked_error(verdict)
 
     def finish_stream(self, body: "_StreamBody") -> "asyncio.Task[None]":
@@ -596,7 +610,7 @@ class Proxy:
             if kept is not None:
                 await self.cache.keep(kept[0], upstream.info.name, kept[1])
         finally:
-            await self.settlement.settle(res, upstream, usage, event, started, status)
+            await self.settlement.settle(res, upstream.info.name, usage, event, started, status)
 
     def _spawn(self, coro: Any) -> "asyncio.Task[Any]":
         task = asyncio.get_running_loop().create_task(coro)

@@ -4,7 +4,6 @@ quota script that releases the reservation and appends the usage event."""
 
 import time
 
-from tokenyard.backends.base import Upstream
 from tokenyard.core.usage import Pricer, Usage, UsageEvent
 from tokenyard.gateway import metrics
 from tokenyard.gateway.quotas import LeaseKeeper, Quotas, Reservation
@@ -30,7 +29,7 @@ class Settlement:
     async def settle(
         self,
         res: Reservation,
-        upstream: Upstream,
+        model: str,
         usage: Usage,
         event: UsageEvent,
         started: float,
@@ -39,7 +38,7 @@ class Settlement:
         if self.keeper.active.pop(res.lease_id, None) is None:
             return  # already settled
         metrics.IN_FLIGHT.dec()
-        team, model = res.policy.team, upstream.info.name
+        team = res.policy.team
         if usage.reported and usage.prompt_tokens and event.prompt_estimate is not None:
             self.overhead.observe(model, team, event.prompt_estimate, usage.prompt_tokens)
         elapsed = time.perf_counter() - started

@@ -1,12 +1,9 @@
 """POST /v1/moderations, OpenAI's moderation endpoint, answered by the same classifiers that screen
-the gateway's traffic; metered like any request (the team's rpm and tpm apply through the quota
-script's reserve and settle, and a usage record is written, at no charge).
+the gateway's traffic; metered like any request (gateway/metering.py: the team's rpm and tpm apply
+through the quota script's reserve and settle, and a usage record is written, at no charge).
 """
 
 import math
-import os
-import time
-from types import SimpleNamespace
 from typing import Any
 
 import msgspec
@@ -14,9 +11,9 @@ from litestar import Controller, Request, Response, post
 from litestar.di import NamedDependency
 
 from tokenyard.core.errors import GatewayError
-from tokenyard.core.usage import Usage, UsageEvent
-from tokenyard.gateway import metrics as gateway_metrics
+from tokenyard.core.usage import Usage
 from tokenyard.gateway import request_ids
+from tokenyard.gateway.metering import metered
 from tokenyard.gateway.proxy import Proxy
 from tokenyard.guard.service import Guard
 from tokenyard.guard.taxonomy import HARMFUL, OPENAI_CATEGORIES, PARENT
@@ -86,7 +83,6 @@ class ModerationsController(Controller):
     async def moderations(
         self, request: Request, proxy: NamedDependency[Proxy], guard: NamedDependency[Guard | None]
     ) -> Response[bytes]:
-        started = time.perf_counter()
         if guard is None:
             raise GatewayError(404, "the safety layer is off on this gateway", code="not_found")
         authorization = request.headers.get("authorization")
@@ -98,38 +94,21 @@ class ModerationsController(Controller):
         texts = texts_of(parsed)
         tokens = sum(math.ceil(len(t.encode("utf-8", "replace")) / 4) for t in texts) or 1
         request_id = request_ids.request_id(request.scope)
-        lease_id = os.urandom(9).hex()
-        res = await proxy.quotas.reserve(policy, lease_id, tokens, 0, False)
-        proxy.keeper.active[lease_id] = res
-        gateway_metrics.IN_FLIGHT.inc()
-        event = UsageEvent(
-            request_id=request_id,
-            team=policy.team,
+        async with metered(
+            proxy.settlement,
+            policy,
+            request_id,
             model=parsed.model or MODEL,
-            model_served=MODEL,
-            tier="interactive",
-            prompt_reserved=tokens,
-            ts=time.time(),
-            key_prefix=policy.key_prefix,
-        )
-        served = SimpleNamespace(info=SimpleNamespace(name=MODEL))
-        status = 500
-        try:
+            served=MODEL,
+            tokens=tokens,
+        ) as meter:
             scores = await guard.moderator.scores(texts)
             body = {
                 "id": f"modr-{request_id}",
                 "model": guard.moderator.name,
                 "results": [result_of(s, guard.defaults) for s in scores],
             }
-            status = 200
-        finally:
-            await proxy.settlement.settle(
-                res,
-                served,
-                Usage(prompt_tokens=tokens),
-                event,
-                started,
-                status,  # type: ignore[arg-type]
-            )
-        headers = {"x-request-id": request_id, **res.headers}
-        return Response(msgspec.json.encode(body), media_type="application/json", headers=headers)
+            meter.usage, meter.status = Usage(prompt_tokens=tokens), 200
+        return Response(
+            msgspec.json.encode(body), media_type="application/json", headers=meter.headers
+        )

@@ -1,4 +1,5 @@
-"""POST /v1/responses and the stored responses' routes (retrieve, delete, input_items).
+"""POST /v1/responses, its input-token count, and the stored responses' routes (retrieve, delete,
+input_items).
 
 A response is made by translating the request onto chat completions and walking it through the
 gateway like any chat request (keys, quotas, `auto`, fallbacks, billing: gateway/proxy.py), then
@@ -20,6 +21,7 @@ from tokenyard.backends import sse
 from tokenyard.core.errors import GatewayError
 from tokenyard.core.openapi import json_body
 from tokenyard.gateway.proxy import Proxy
+from tokenyard.gateway.request_ids import request_id
 from tokenyard.gateway.responses.events import ENDINGS, EventWriter, sse_event
 from tokenyard.gateway.responses.store import ResponseStore, Stored
 from tokenyard.gateway.responses.translate import (
@@ -30,6 +32,7 @@ from tokenyard.gateway.responses.translate import (
     begin,
     from_chat,
 )
+from tokenyard.gateway.token_counts import count_tokens
 from tokenyard.gateway.validation import decode_json
 from tokenyard.tenancy.policy import TeamPolicy
 
@@ -62,6 +65,16 @@ def _request(raw: Any) -> CreateResponse:
         raise GatewayError(400, text, param=param) from None
 
 
+async def _turn(store: ResponseStore, team: str, raw: Any) -> Turn:
+    """The request's turn, after the stored one it follows (previous_response_id)."""
+    req = _request(raw)
+    earlier: list[dict[str, Any]] = []
+    if req.previous_response_id is not None:
+        previous = await _stored(store, team, req.previous_response_id, "previous_response_id")
+        earlier = previous.context + previous.response["output"]
+    return begin(req, raw, earlier)
+
+
 class ResponsesController(Controller):
     path = "/v1/responses"
 
@@ -74,15 +87,7 @@ class ResponsesController(Controller):
         caller: NamedDependency[TeamPolicy],
     ) -> Response:
         team = caller.team
-        raw = decode_json(await request.body())
-        req = _request(raw)
-        earlier: list[dict[str, Any]] = []
-        if req.previous_response_id is not None:
-            previous = await _stored(
-                responses, team, req.previous_response_id, "previous_response_id"
-            )
-            earlier = previous.context + previous.response["output"]
-        turn = begin(req, raw, earlier)
+        turn = await _turn(responses, team, decode_json(await request.body()))
         try:
             chat = msgspec.json.encode(turn.chat)
             reply = await proxy.handle(request, "chat", chat, responses=turn.native)
@@ -108,6 +113,28 @@ class ResponsesController(Controller):
         return Response(
             msgspec.json.encode(response), media_type="application/json", headers=headers
         )
+
+    @post("/input_tokens", status_code=200, operation_class=json_body(CreateResponse))
+    async def input_tokens(
+        self,
+        request: Request,
+        proxy: NamedDependency[Proxy],
+        responses: NamedDependency[ResponseStore],
+        caller: NamedDependency[TeamPolicy],
+    ) -> Response[bytes]:
+        """OpenAI's input-token count of a Responses request, earlier turns by
+        previous_response_id included (gateway/token_counts.py)."""
+        raw = decode_json(await request.body())
+        turn = await _turn(responses, caller.team, raw)
+        try:
+            counted = await count_tokens(
+                proxy, caller, request_id(request.scope), turn.chat, turn.native
+            )
+        except GatewayError as exc:
+            exc.param = PARAMS.get(exc.param or "", exc.param)
+            raise
+        body = {"object": "response.input_tokens", "input_tokens": counted.tokens}
+        return Response(msgspec.json.encode(body), headers=counted.headers)
 
     @get("/{response_id:str}")
     async def retrieve(
