@@ -18,6 +18,7 @@ from litestar.exceptions import HTTPException
 from tokenyard.admin_ui.app import admin_router
 from tokenyard.batch.api import BatchesController, FilesController
 from tokenyard.batch.worker import BatchWorker
+from tokenyard.billing.alerts import AlertSender
 from tokenyard.billing.api import UsageController
 from tokenyard.billing.consumer import UsageConsumer
 from tokenyard.billing.feedback import FeedbackController
@@ -137,6 +138,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             max_concurrency=settings.gateway_max_concurrency,
             max_batch_concurrency=settings.gateway_max_batch_concurrency,
             spool=spool,
+            alert_at=settings.budget_alert_at,
         )
         spool.start(redis)
         catalog = load_catalog(settings)
@@ -158,6 +160,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
         proxy.keeper.start()
         app.state.usage_consumer = UsageConsumer(redis, sql, settings)
         app.state.usage_consumer.start()
+        app.state.alert_sender = AlertSender(sql, settings)
+        app.state.alert_sender.start()
         app.state.batch_worker = BatchWorker(proxy, sql, settings)
         app.state.batch_worker.start()
         # what startup loaded (catalog, classifier, routes) lives as long as the process: kept out
@@ -174,6 +178,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         await _bounded("pending settles", proxy.drain(), bound)
         proxy.tracing.shutdown()  # the spans still batched go out
         await _bounded("usage consumer", app.state.usage_consumer.stop(), bound)
+        await _bounded("budget alert sender", app.state.alert_sender.stop(), bound)
         await _bounded("spool", app.state.spool.stop(), bound)  # replayed by the next start
         await _bounded("lease keeper", proxy.keeper.stop(), bound)
         await _bounded("backends", proxy.backends.aclose(), bound)

@@ -15,8 +15,8 @@ import httpx
 import pytest
 from standardwebhooks import Webhook
 
-from tokenyard.batch.callbacks import callback_client, deliver
-from tokenyard.batch.destinations import Destination, RefusedDestination, allow_list, check
+from tokenyard.core.destinations import Destination, RefusedDestination, allow_list, check
+from tokenyard.core.webhooks import deliver, webhook_client
 
 LOOPBACK = allow_list("127.0.0.1")
 SECRET = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"  # any 24 bytes, base64
@@ -144,7 +144,7 @@ async def test_the_allow_list_lets_an_operator_network_through(dns: dict[str, li
 
 
 async def _deliver(url: str, attempts: int = 1) -> bool:
-    async with callback_client() as client:
+    async with webhook_client() as client:
         return await deliver(
             client,
             url,
@@ -188,7 +188,7 @@ async def test_the_log_never_holds_credentials_or_the_query(
     receiver: int, dns: dict[str, list[str]], caplog: pytest.LogCaptureFixture
 ) -> None:
     _Receiver.script = [500]
-    caplog.set_level(logging.WARNING, "tokenyard.batch")
+    caplog.set_level(logging.WARNING, "tokenyard.webhooks")
     assert not await _deliver(f"http://127.0.0.1:{receiver}/hook/TOKEN1?key=TOKEN2", attempts=2)
     assert not await _deliver(f"http://admin:TOKEN3@127.0.0.1:{receiver}/")
     logged = caplog.text

@@ -18,7 +18,6 @@ from litestar.params import FromPath, FromQuery
 from sqlalchemy import Engine
 
 from tokenyard.batch import jobs, webhooks
-from tokenyard.batch.destinations import Network, RefusedDestination, check
 from tokenyard.batch.files import (
     ENDPOINTS,
     UNREADABLE,
@@ -30,6 +29,7 @@ from tokenyard.batch.files import (
 )
 from tokenyard.batch.models import BatchFile, BatchJob
 from tokenyard.batch.worker import BatchWorker
+from tokenyard.core.destinations import Network, RefusedDestination, check
 from tokenyard.core.errors import GatewayError
 from tokenyard.core.openapi import body_operation, json_body
 from tokenyard.gateway.validation import Metadata

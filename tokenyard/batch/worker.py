@@ -19,14 +19,14 @@ from redis.exceptions import RedisError
 from sqlalchemy import Engine
 
 from tokenyard.batch import jobs, lifecycle
-from tokenyard.batch.callbacks import callback_client, deliver
-from tokenyard.batch.destinations import allow_list
 from tokenyard.batch.files import ENDPOINTS
 from tokenyard.batch.models import BatchJob
 from tokenyard.batch.webhooks import team_secret
+from tokenyard.core.destinations import allow_list
 from tokenyard.core.errors import GatewayError
 from tokenyard.core.settings import Settings
 from tokenyard.core.tasks import cancel_and_wait
+from tokenyard.core.webhooks import deliver, webhook_client
 from tokenyard.gateway.proxy import Proxy
 from tokenyard.gateway.request_ids import new_request_id
 from tokenyard.tenancy.keys import policy_by_prefix
@@ -66,7 +66,7 @@ class BatchWorker:
         self._policies: dict[tuple[str, str], tuple[float, TeamPolicy | None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._loops: list[asyncio.Task[None]] = []
-        self._client = callback_client()
+        self._client = webhook_client()
         self.callback_allow = allow_list(settings.batch_callback_allow)
         self.seconds_per_request = 1.0  # moving average, for estimated completion times
 

@@ -4,7 +4,8 @@ inclusive; default today), `&format=csv` for a CSV export of the rollups. JSON a
 key's totals over the range (`keys`, by prefix). `GET /v1/usage/users` (and `/v1/admin/usage/users`,
 `&team=` optional): the end users' totals over the same range, dearest first (`&limit=`, default
 100, at most 1000); `GET /v1/usage/metadata?key=K` (and the admin one): the same for each value the
-requests' `metadata` gave K."""
+requests' `metadata` gave K. `GET /v1/usage/alerts` (and the admin one): the budget alerts recorded
+over the range, newest first."""
 
 import asyncio
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from litestar import Controller, Request, Response, get
 from litestar.di import NamedDependency
 from sqlalchemy.exc import SQLAlchemyError
 
-from tokenyard.billing import reports
+from tokenyard.billing import alerts, reports
 from tokenyard.core.db import database_url, get_engine
 from tokenyard.core.errors import GatewayError
 from tokenyard.core.operator_keys import require_admin
@@ -159,6 +160,22 @@ class UsageController(Controller):
         self, request: Request, settings: NamedDependency[Settings]
     ) -> Response[bytes]:
         return await _by_metadata(request, settings, _admin_team(request, settings))
+
+    @get("/usage/alerts")
+    async def alerts(
+        self,
+        request: Request,
+        settings: NamedDependency[Settings],
+        caller: NamedDependency[TeamPolicy],
+    ) -> Response[bytes]:
+        """The calling team's budget alerts (its own budgets and its keys'), newest first."""
+        return await _listed(request, settings, caller.team, alerts.listed)
+
+    @get("/admin/usage/alerts")
+    async def admin_alerts(
+        self, request: Request, settings: NamedDependency[Settings]
+    ) -> Response[bytes]:
+        return await _listed(request, settings, _admin_team(request, settings), alerts.listed)
 
     @get("/admin/usage/users")
     async def admin_end_users(

@@ -1,8 +1,9 @@
 """`tokenyard billing report --date D [--end E] [--team T] [--by day|key|user|metadata] [--csv]`:
 the daily rollups from SQL, or each API key's, end user's or metadata value's totals over the
-range."""
+range. `tokenyard billing alerts [--date D] [--end E] [--team T] [--json]`: the budget alerts."""
 
 import argparse
+import json
 import sys
 from datetime import UTC, date, datetime
 from typing import Any
@@ -28,16 +29,24 @@ def _sums(totals: dict[str, Any]) -> tuple[str, ...]:
     return (*(str(totals[name]) for name in counts), *dollars)
 
 
+def _days(args: argparse.Namespace) -> tuple[date, date] | None:
+    """--date and --end (default: today, one day); None after saying what is wrong."""
+    try:
+        start = date.fromisoformat(args.date) if args.date else datetime.now(UTC).date()
+        return start, date.fromisoformat(args.end) if args.end else start
+    except ValueError as exc:
+        print(f"error: dates are YYYY-MM-DD: {exc}", file=sys.stderr)
+        return None
+
+
 def _report(args: argparse.Namespace) -> int:
     from tokenyard.billing import reports
     from tokenyard.core.db import database_url, get_engine
 
-    try:
-        start = date.fromisoformat(args.date) if args.date else datetime.now(UTC).date()
-        end = date.fromisoformat(args.end) if args.end else start
-    except ValueError as exc:
-        print(f"error: dates are YYYY-MM-DD: {exc}", file=sys.stderr)
+    days = _days(args)
+    if days is None:
         return 2
+    start, end = days
     engine = get_engine(database_url(get_settings()))
     if args.by == "key":
         per_key = reports.by_key(engine, start, end, args.team)
@@ -75,6 +84,27 @@ def _report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _alerts(args: argparse.Namespace) -> int:
+    from tokenyard.billing import alerts
+    from tokenyard.core.db import database_url, get_engine
+
+    days = _days(args)
+    if days is None:
+        return 2
+    start, end = days
+    engine = get_engine(database_url(get_settings()))
+    found = alerts.listed(engine, start, end, args.team, args.limit)
+    if args.json:
+        for alert in found:
+            print(json.dumps(alert))
+        return 0
+    for alert in found:
+        sent = "sent" if alert["delivered_at"] else "not sent"
+        stamp = datetime.fromtimestamp(alert["created_at"], UTC).isoformat(timespec="seconds")
+        print(f"{stamp}  {alert['text']}  ({sent})")
+    return 0
+
+
 def add_parser(sub: Any) -> None:
     billing = sub.add_parser("billing", help="usage and cost reports")
     bsub = billing.add_subparsers(dest="action", required=True)
@@ -95,3 +125,10 @@ def add_parser(sub: Any) -> None:
     )
     report.add_argument("--csv", action="store_true", help="CSV instead of a table")
     report.set_defaults(run=_report)
+    listing = bsub.add_parser("alerts", help="budget alerts recorded (a budget's percent crossed)")
+    listing.add_argument("--date", default=None, help="YYYY-MM-DD (default: today)")
+    listing.add_argument("--end", default=None, help="last day of a range (default: --date)")
+    listing.add_argument("--team", default=None, help="one team (default: all)")
+    listing.add_argument("--limit", type=int, default=100, help="at most this many, newest first")
+    listing.add_argument("--json", action="store_true", help="one JSON object a line")
+    listing.set_defaults(run=_alerts)

@@ -25,7 +25,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import SQLAlchemyError
 
 from tokenyard.billing import store
-from tokenyard.billing.events import decoder, to_row
+from tokenyard.billing.events import alert_rows, decoder, to_row
 from tokenyard.core.settings import Settings
 from tokenyard.core.tasks import cancel_and_wait
 from tokenyard.core.usage import USAGE_STREAM
@@ -128,20 +128,24 @@ class UsageConsumer:
 
     async def _commit(self, entries: list[Entry]) -> None:
         rows = []
+        alerts = []  # the budget alerts that rode with the events
         kept = []  # (entry id, raw event) of each row
         for entry_id, fields in entries:
             if not fields:  # trimmed away while pending: nothing left to record
                 continue
             raw = fields.get(b"event", b"")
             try:
-                rows.append(to_row(decoder.decode(raw)))
+                event = decoder.decode(raw)
+                crossed = alert_rows(fields.get(b"alerts"), event)
+                rows.append(to_row(event))
+                alerts += crossed
                 kept.append((entry_id, raw))
             except (msgspec.DecodeError, ValueError, OverflowError) as exc:
                 await self._dead(entry_id, raw, f"malformed: {exc}")
         backoff = self.retry_s
         while True:
             try:
-                refused = await asyncio.to_thread(store.write_or_isolate, self.sql, rows)
+                refused = await asyncio.to_thread(store.write_or_isolate, self.sql, rows, alerts)
                 for i, reason in refused:
                     await self._dead(*kept[i], f"refused by SQL: {reason}")
                 break

@@ -1,4 +1,5 @@
-"""The UsageRecord row a usage event (core.usage.UsageEvent) becomes."""
+"""The UsageRecord row a usage event (core.usage.UsageEvent) becomes, and the BudgetAlert rows of
+the budgets its charge crossed."""
 
 from datetime import UTC, datetime
 from typing import Any
@@ -56,3 +57,38 @@ def to_row(event: UsageEvent) -> dict[str, Any]:
         "route_features": event.route_features,
         "cache_hit": event.cache_hit,
     }
+
+
+class _Crossed(msgspec.Struct):
+    """One budget percent the quota script found crossed (gateway/quotas.lua, settle)."""
+
+    budget: str
+    period: str
+    percent: int
+    spent: int  # micro-dollars
+    limit: int
+
+
+_crossings = msgspec.json.Decoder(list[_Crossed])
+
+
+def alert_rows(raw: bytes | None, event: UsageEvent) -> list[dict[str, Any]]:
+    """The BudgetAlert columns of the crossings that rode with an event (none: no field)."""
+    if not raw:
+        return []
+    created = datetime.fromtimestamp(event.ts + event.e2e, UTC)
+    return [
+        {
+            "team": event.team,
+            "key_prefix": event.key_prefix if c.budget.startswith("key_") else "",
+            "budget": c.budget,
+            "period": c.period,
+            "percent": c.percent,
+            "spent_usd": c.spent / 1_000_000,
+            "limit_usd": c.limit / 1_000_000,
+            "request_id": event.request_id,
+            "created_at": created,
+            "claims": 0,
+        }
+        for c in _crossings.decode(raw)
+    ]

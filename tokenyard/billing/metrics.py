@@ -12,3 +12,17 @@ COST = Counter(
     ["team", "model", "basis"],
     registry=REGISTRY,
 )
+
+BUDGET_ALERTS = Counter(
+    "tokenyard_billing_budget_alerts_total",
+    "Budget alerts recorded (a percent of a dollar budget crossed), by budget",
+    ["budget"],
+    registry=REGISTRY,
+)
+
+ALERT_DELIVERIES = Counter(
+    "tokenyard_billing_alert_deliveries_total",
+    "Budget alert webhook deliveries, by outcome (delivered, failed: retried later)",
+    ["outcome"],
+    registry=REGISTRY,
+)

@@ -1,10 +1,10 @@
-"""Billing's SQL tables (sqlmodel): one UsageRecord per request, and the daily rollups kept from
-them. Costs are US dollars; times are seconds."""
+"""Billing's SQL tables (sqlmodel): one UsageRecord per request, the daily rollups kept from them,
+teams' ratings of requests, and budget alerts. Costs are US dollars; times are seconds."""
 
 from datetime import date, datetime
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Index
+from sqlalchemy import JSON, BigInteger, Index, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 
@@ -71,6 +71,31 @@ class RouteFeedback(SQLModel, table=True):
     score: float  # 0 (useless) .. 1 (fully satisfying)
     comment: str | None = None
     created_at: datetime
+
+
+class BudgetAlert(SQLModel, table=True):
+    """A dollar budget's percent crossed (`TOKENYARD_BUDGET_ALERT_AT`): one per budget, period and
+    percent, recorded with the usage event whose charge crossed it (the quota script finds the
+    crossing), then sent to the operator's webhook, at least once."""
+
+    __tablename__ = "budget_alert"
+    __table_args__ = (UniqueConstraint("team", "key_prefix", "budget", "period", "percent"),)
+
+    id: int | None = Field(default=None, primary_key=True)
+    team: str = Field(index=True)
+    key_prefix: str = ""  # the key whose own budget it is; "" for the team's
+    budget: str  # usd_per_day, usd_per_month, key_usd_per_day or key_usd_per_month
+    period: str  # the day ("2026-11-27") or the month ("2026-11") it charged
+    percent: int
+    spent_usd: float  # the period's spend after the crossing charge
+    limit_usd: float
+    request_id: str  # the request whose charge crossed it
+    created_at: datetime = Field(index=True)
+    # delivery to TOKENYARD_ALERT_WEBHOOK_URL: claimed by one gateway at a time until delivered
+    delivered_at: datetime | None = None
+    claims: int = 0
+    retry_at: datetime | None = None  # the current claim's end, or the next try after a failure
+    last_error: str | None = None
 
 
 class RollupSums(SQLModel):

@@ -1,7 +1,7 @@
 """Writing usage records to SQL: a batch of rows in one transaction, idempotent by request id, the
 daily rollups updated in the same transaction for exactly the rows that were new."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -9,9 +9,17 @@ from sqlalchemy import Connection, Engine, Insert, Table, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import SQLAlchemyError
 
-from tokenyard.billing.models import ROLLUP_SUMS, UsageDaily, UsageKeyDaily, UsageRecord
+from tokenyard.billing import metrics
+from tokenyard.billing.models import (
+    ROLLUP_SUMS,
+    BudgetAlert,
+    UsageDaily,
+    UsageKeyDaily,
+    UsageRecord,
+)
 
 _RECORDS: Table = UsageRecord.__table__  # type: ignore[attr-defined]
+_ALERTS: Table = BudgetAlert.__table__  # type: ignore[attr-defined]
 # what writing a row may raise: SQLAlchemy's errors, and sqlite3's own for an integer beyond 64 bits
 _REFUSALS = (SQLAlchemyError, OverflowError)
 _INSERTS: dict[str, Callable[[Table], Insert]] = {
@@ -63,19 +71,22 @@ def reachable(engine: Engine) -> bool:
     return True
 
 
-def write_or_isolate(engine: Engine, rows: list[dict[str, Any]]) -> list[tuple[int, str]]:
-    """Write the rows; if SQL answers but refuses the batch, write them one by one and return
-    (index, reason) of each row it refuses on its own: such a row can never be written, and
-    retrying its batch would stall every event behind it. Raises while SQL is unreachable."""
+def write_or_isolate(
+    engine: Engine, rows: list[dict[str, Any]], alerts: Sequence[dict[str, Any]] = ()
+) -> list[tuple[int, str]]:
+    """Write the rows (and the budget alerts of their requests); if SQL answers but refuses the
+    batch, write them one by one and return (index, reason) of each row it refuses on its own:
+    such a row can never be written, and retrying its batch would stall every event behind it.
+    Raises while SQL is unreachable."""
     try:
-        write(engine, rows)
+        write(engine, rows, alerts)
         return []
     except _REFUSALS:
         pass  # SQL is down, or refuses a row: row by row tells which
     refused = []
     for i, row in enumerate(rows):
         try:
-            write(engine, [row])
+            write(engine, [row], alerts)
         except _REFUSALS as exc:
             if not reachable(engine):
                 raise
@@ -83,14 +94,21 @@ def write_or_isolate(engine: Engine, rows: list[dict[str, Any]]) -> list[tuple[i
     return refused
 
 
-def write(engine: Engine, rows: list[dict[str, Any]]) -> int:
-    """Insert the rows whose request id is not stored yet and add them to the rollups; returns how
-    many were new. All or nothing: on any error nothing is written."""
+def write(engine: Engine, rows: list[dict[str, Any]], alerts: Sequence[dict[str, Any]] = ()) -> int:
+    """Insert the rows whose request id is not stored yet and add them to the rollups, with the
+    budget alerts of those rows' requests (each alert once, however often delivered); returns how
+    many rows were new. All or nothing: on any error nothing is written."""
     unique = list({row["request_id"]: row for row in reversed(rows)}.values())[::-1]
     if not unique:
         return 0
     insert = _INSERTS[engine.dialect.name]
+    ids = {row["request_id"] for row in unique}
+    crossed = [alert for alert in alerts if alert["request_id"] in ids]
     with engine.begin() as conn:
+        if crossed:
+            stmt = insert(_ALERTS).on_conflict_do_nothing().returning(_ALERTS.c.budget)
+            for budget in conn.execute(stmt, crossed).scalars():
+                metrics.BUDGET_ALERTS.labels(budget).inc()
         stmt = (
             insert(_RECORDS)
             .on_conflict_do_nothing(index_elements=["request_id"])

@@ -7,7 +7,7 @@ import os
 from functools import lru_cache
 
 from dotenv import dotenv_values
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 PREFIX = "TOKENYARD_"
@@ -155,6 +155,18 @@ class Settings(BaseSettings):
     billing_claim_idle_s: float = 30.0
     # SQL down: retry the same batch after this, doubling up to 30 s (nothing is acknowledged)
     billing_retry_s: float = 0.5
+    # budget alerts (see docs/billing.md): percents of each dollar budget (a team's and a key's, per
+    # day and per month) whose crossing is recorded and sent once per period; empty: none
+    budget_alert_at: str = "80,100"
+    # where every alert is POSTed (the operator's receiver: Slack's incoming webhooks read `text`);
+    # empty: alerts are only recorded (GET /v1/usage/alerts, `tokenyard billing alerts`)
+    alert_webhook_url: SecretStr = SecretStr("")  # the URL may hold its own token (Slack's does)
+    alert_webhook_secret: SecretStr = SecretStr(
+        ""
+    )  # Standard Webhooks key (whsec_…); empty: unsigned
+    alert_poll_s: float = 2.0  # how often each gateway looks for alerts to send
+    alert_attempts: int = 6  # POSTs of one alert per claim, then again after alert_retry_s
+    alert_retry_s: float = 300.0
     # batch tier: the worker in each gateway (see docs/batch.md)
     batch_window_s: float = 0.0  # a job's completion window; 0: the one it asks for (24h)
     batch_poll_s: float = 0.5  # how often the worker claims work, expires and finalizes jobs
@@ -173,11 +185,20 @@ class Settings(BaseSettings):
     batch_callback_attempts: int = 6  # POSTs of an inline batch's callback before giving up
     batch_callback_backoff_s: float = 1.0  # first wait between them, doubling up to a minute
     # networks callbacks may reach though not public (comma-separated CIDRs, e.g. 10.1.0.0/16);
-    # empty: public addresses only (batch/destinations.py)
+    # empty: public addresses only (core/destinations.py)
     batch_callback_allow: str = ""
     # requests in one job (the inline form's, or an input file's lines): its creation's work
     # grows with it (OpenAI allows 50,000 lines; the body limit bounds the bytes)
     batch_max_requests: int = 10_000
+
+    @field_validator("budget_alert_at")
+    @classmethod
+    def _percents(cls, value: str) -> str:
+        """ "80, 100" → "80,100": whole percents in 1-1000, each once, ascending."""
+        percents = sorted({int(p) for p in value.replace(" ", "").split(",") if p})
+        if any(not 0 < p <= 1000 for p in percents):
+            raise ValueError("budget alert percents must be whole numbers from 1 to 1000")
+        return ",".join(map(str, percents))
 
 
 class UnknownSetting(ValueError):

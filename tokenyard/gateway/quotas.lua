@@ -148,7 +148,9 @@ elseif op == 'settle' then
   -- ARGV: op, lease id, tokens reserved, tokens used, tpm limit, event (JSON), spend (micro-dollars;
   --       0 for teams without a dollar budget), the key's tpm limit, the key's spend (0: no budget),
   --       the end user's tpm limit and spend (0: none), the team's and the key's spend for the
-  --       month (0: no monthly budget)
+  --       month (0: no monthly budget), the alert percents ("80,100"), the team's usd/day and
+  --       usd/month and the key's usd/day and usd/month (micro; 0: none), the day ("2026-11-27")
+  --       and the month ("2026-11") the reservation charges
   local id = ARGV[2]
   local delta = tonumber(ARGV[4]) - tonumber(ARGV[3])  -- < 0: refund the unused reservation
   -- refunds do not depend on the lease: a lease that expired early still reserved tokens
@@ -166,20 +168,44 @@ elseif op == 'settle' then
   release(KEYS[5], nil, id)
   release(KEYS[6], nil, id)
   release(KEYS[11], nil, id)
-  -- no MAXLEN: billing trims the stream below what every consumer group has acknowledged
-  redis.call('XADD', KEYS[7], '*', 'event', ARGV[6])
   -- a day's counters outlive their day by one, a month's by a few days (32 + 3)
   local function charge(key, spend, ttl)
     if spend > 0 then
-      redis.call('INCRBY', key, spend)
+      local total = redis.call('INCRBY', key, spend)
       redis.call('EXPIRE', key, ttl)
+      return total
     end
   end
-  charge(KEYS[8], tonumber(ARGV[7]), 172800)
-  charge(KEYS[10], tonumber(ARGV[9]), 172800)
+  -- budget alerts: the percents of a budget this charge crossed. A period's spend only grows, so
+  -- exactly one settle crosses each, whichever gateway runs it
+  local alerts = {}
+  local function watch(budget, period, spend, total, limit)
+    if not total or limit <= 0 then return end
+    for percent in string.gmatch(ARGV[14], '%d+') do
+      local at = limit * tonumber(percent) / 100
+      if total - spend < at and total >= at then
+        alerts[#alerts + 1] = {budget = budget, period = period, percent = tonumber(percent),
+                               spent = total, limit = limit}
+      end
+    end
+  end
+  local spend, key_spend = tonumber(ARGV[7]), tonumber(ARGV[9])
+  local month_spend, key_month_spend = tonumber(ARGV[12]), tonumber(ARGV[13])
+  watch('usd_per_day', ARGV[19], spend, charge(KEYS[8], spend, 172800), tonumber(ARGV[15]))
+  watch('key_usd_per_day', ARGV[19], key_spend, charge(KEYS[10], key_spend, 172800),
+        tonumber(ARGV[17]))
   charge(KEYS[13], tonumber(ARGV[11]), 172800)
-  charge(KEYS[14], tonumber(ARGV[12]), 3024000)
-  charge(KEYS[15], tonumber(ARGV[13]), 3024000)
+  watch('usd_per_month', ARGV[20], month_spend, charge(KEYS[14], month_spend, 3024000),
+        tonumber(ARGV[16]))
+  watch('key_usd_per_month', ARGV[20], key_month_spend,
+        charge(KEYS[15], key_month_spend, 3024000), tonumber(ARGV[18]))
+  -- no MAXLEN: billing trims the stream below what every consumer group has acknowledged; the
+  -- alerts ride with the event, so billing records both or neither
+  if #alerts > 0 then
+    redis.call('XADD', KEYS[7], '*', 'event', ARGV[6], 'alerts', cjson.encode(alerts))
+  else
+    redis.call('XADD', KEYS[7], '*', 'event', ARGV[6])
+  end
   return 1
 
 elseif op == 'renew' then

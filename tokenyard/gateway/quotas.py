@@ -62,6 +62,9 @@ _BUDGET_CODES = {
 }
 
 
+_EPOCH = date(1970, 1, 1).toordinal()
+
+
 def day_number(when: date | None = None) -> int:
     """Days since the epoch (UTC): the suffix of daily keys."""
     if when is None:
@@ -204,8 +207,10 @@ class Quotas:
         max_concurrency: int = 0,
         max_batch_concurrency: int = 0,
         spool: UsageSpool | None = None,
+        alert_at: str = "",
     ) -> None:
         self.redis = redis
+        self.alert_at = alert_at  # percents of dollar budgets whose crossing settle reports
         self.spool = spool  # where usage events go when Redis cannot take them
         self.lease_ms = int(lease_s * 1000)
         self.fail_open = fail_open
@@ -382,6 +387,13 @@ class Quotas:
                     spend if res.user_limit(policy.user_usd_per_day) > 0 else 0,
                     spend if policy.usd_per_month > 0 else 0,
                     spend if policy.key_usd_per_month > 0 else 0,
+                    self.alert_at,
+                    int(policy.usd_per_day * 1_000_000),
+                    int(policy.usd_per_month * 1_000_000),
+                    int(policy.key_usd_per_day * 1_000_000),
+                    int(policy.key_usd_per_month * 1_000_000),
+                    date.fromordinal(_EPOCH + res.day).isoformat(),
+                    res.month,
                 ],
             )
         except RedisError as exc:

@@ -1,8 +1,8 @@
-"""The inline form's completion callback: the batch object POSTed to the job's callback_url, signed
-per the Standard Webhooks spec with the team's secret, retried with backoff.
+"""Webhooks the platform sends (batch callbacks, budget alerts): a JSON body POSTed, signed per the
+Standard Webhooks spec, retried with backoff.
 
-Every attempt checks the destination again (its DNS may have changed since the job was submitted)
-and dials the address it checked (batch/destinations.py).
+Every attempt checks the destination again (its DNS may have changed since it was given) and dials
+the address it checked (core/destinations.py).
 """
 
 import logging
@@ -19,12 +19,12 @@ from tenacity import (
     wait_exponential,
 )
 
-from tokenyard.batch.destinations import Network, RefusedDestination, check, loggable
+from tokenyard.core.destinations import Network, RefusedDestination, check, loggable
 
-log = logging.getLogger("tokenyard.batch")
+log = logging.getLogger("tokenyard.webhooks")
 
 
-def callback_client() -> httpx.AsyncClient:
+def webhook_client() -> httpx.AsyncClient:
     # no kept-alive connections: the pool keys them by the address dialled, so one could carry a
     # request for another name than the one its TLS was checked for; trust_env off: a proxy from
     # the environment would resolve the name again, and .netrc would add credentials
@@ -49,14 +49,15 @@ async def deliver(
     *,
     message_id: str,
     body: bytes,
-    secret: str,
+    secret: str | None,
     allow: Sequence[Network],
     attempts: int,
     backoff_s: float,
 ) -> bool:
     """POST until a 2xx answers; False once `attempts` tries failed (network error or non-2xx),
-    or at once when the destination is refused. `message_id` is the webhook-id of every try."""
-    signer = Webhook(secret)
+    or at once when the destination is refused. `message_id` is the webhook-id of every try;
+    `secret` None: unsigned (a receiver that trusts its own secret URL, as Slack's webhooks do)."""
+    signer = Webhook(secret) if secret is not None else None
     try:
         async for attempt in AsyncRetrying(
             stop=stop_after_attempt(attempts),
@@ -72,8 +73,9 @@ async def deliver(
                     "content-type": "application/json",
                     "webhook-id": message_id,
                     "webhook-timestamp": str(int(now.timestamp())),
-                    "webhook-signature": signer.sign(message_id, now, body.decode()),
                 }
+                if signer is not None:
+                    headers["webhook-signature"] = signer.sign(message_id, now, body.decode())
                 reply = await destination.post(client, body, headers)
                 reply.raise_for_status()
     except RefusedDestination as exc:

@@ -1,5 +1,5 @@
-"""Outbound URLs a client chooses (the batch tier's callbacks): checked after DNS resolution, and
-connected to as checked.
+"""Outbound URLs a client chooses (the batch tier's callbacks; any webhook's): checked after DNS
+resolution, and connected to as checked.
 
 A client-chosen URL must not reach what only the platform can reach: loopback, private networks,
 link-local (cloud metadata at 169.254.169.254), multicast, reserved and shared ranges, and the IPv6

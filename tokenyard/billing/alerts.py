@@ -1,0 +1,179 @@
+"""Budget alerts: the crossings billing records (store.write, from the quota script's settle) sent
+to the operator's webhook (TOKENYARD_ALERT_WEBHOOK_URL), at least once.
+
+Every gateway runs a sender. Each poll it claims one due alert in SQL (a conditional UPDATE on the
+claim it read, so two gateways never send the same one at once), POSTs it (Standard Webhooks'
+headers, `webhook-id` the alert's id on every try, signed when TOKENYARD_ALERT_WEBHOOK_SECRET is
+set), and marks it delivered, or due again after `alert_retry_s`. A gateway that dies mid-send
+leaves the claim to lapse. An alert is given up after MAX_CLAIMS claims or once a day old: a late
+"80% of today's budget" helps no one.
+"""
+
+import asyncio
+import logging
+from datetime import UTC, date, datetime, time, timedelta
+from typing import Any
+
+import msgspec
+from sqlalchemy import Engine, update
+from sqlmodel import Session, col, or_, select
+
+from tokenyard.billing import metrics
+from tokenyard.billing.models import BudgetAlert
+from tokenyard.core.destinations import allow_list
+from tokenyard.core.settings import Settings
+from tokenyard.core.tasks import cancel_and_wait
+from tokenyard.core.webhooks import deliver, webhook_client
+
+log = logging.getLogger("tokenyard.billing")
+
+MAX_CLAIMS = 12
+MAX_AGE = timedelta(days=1)
+# the operator's own URL: it may point anywhere, internal networks included
+ANYWHERE = allow_list("0.0.0.0/0,::/0")
+_SPANS = {"usd_per_day": "daily", "usd_per_month": "monthly"}
+
+
+def text_of(alert: BudgetAlert) -> str:
+    """One line for a chat channel (Slack's incoming webhooks show `text`)."""
+    who = f"key {alert.key_prefix}… of team {alert.team}" if alert.key_prefix else alert.team
+    span = _SPANS[alert.budget.removeprefix("key_")]
+    return (
+        f"Budget alert: {who} has spent ${alert.spent_usd:,.2f} of its {span} budget of "
+        f"${alert.limit_usd:,.2f} ({alert.percent}% reached, {alert.period})."
+    )
+
+
+def payload(alert: BudgetAlert) -> dict[str, Any]:
+    return {
+        "type": "budget.threshold",
+        "id": f"alert_{alert.id}",
+        "team": alert.team,
+        "key_prefix": alert.key_prefix or None,
+        "budget": alert.budget,
+        "period": alert.period,
+        "percent": alert.percent,
+        "spent_usd": round(alert.spent_usd, 6),
+        "limit_usd": round(alert.limit_usd, 6),
+        "request_id": alert.request_id,
+        "created_at": int(alert.created_at.timestamp()),
+        "text": text_of(alert),
+    }
+
+
+def listed(
+    engine: Engine, start: date, end: date, team: str | None, limit: int
+) -> list[dict[str, Any]]:
+    """The alerts recorded from `start` to `end` inclusive (UTC days), newest first, at most
+    `limit`; each as the webhook sends it, with when it was delivered (None: not yet, or no
+    receiver is configured)."""
+    since = datetime.combine(start, time(), UTC)
+    until = datetime.combine(end + timedelta(days=1), time(), UTC)
+    query = select(BudgetAlert).where(
+        BudgetAlert.created_at >= since, BudgetAlert.created_at < until
+    )
+    if team is not None:
+        query = query.where(BudgetAlert.team == team)
+    query = query.order_by(col(BudgetAlert.created_at).desc(), col(BudgetAlert.id).desc())
+    with Session(engine) as session:
+        found = session.exec(query.limit(limit)).all()
+    return [
+        payload(a) | {"delivered_at": int(a.delivered_at.timestamp()) if a.delivered_at else None}
+        for a in found
+    ]
+
+
+def claim(engine: Engine, lease_s: float) -> BudgetAlert | None:
+    """One due alert, claimed for `lease_s`; None: nothing due (or others claimed it first)."""
+    now = datetime.now(UTC)
+    with Session(engine) as session:
+        due = session.exec(
+            select(BudgetAlert)
+            .where(
+                col(BudgetAlert.delivered_at).is_(None),
+                BudgetAlert.claims < MAX_CLAIMS,
+                BudgetAlert.created_at >= now - MAX_AGE,
+                or_(col(BudgetAlert.retry_at).is_(None), col(BudgetAlert.retry_at) <= now),
+            )
+            .order_by(col(BudgetAlert.id))
+            .limit(5)
+        ).all()
+        for alert in due:
+            seen = col(BudgetAlert.retry_at)
+            took = session.exec(
+                update(BudgetAlert)  # type: ignore[call-overload]
+                .where(
+                    col(BudgetAlert.id) == alert.id,
+                    col(BudgetAlert.delivered_at).is_(None),
+                    seen.is_(None) if alert.retry_at is None else seen == alert.retry_at,
+                )
+                .values(claims=alert.claims + 1, retry_at=now + timedelta(seconds=lease_s))
+            )
+            session.commit()
+            if took.rowcount == 1:
+                session.refresh(alert)
+                return alert
+    return None
+
+
+def finish(engine: Engine, alert_id: int, ok: bool, retry_s: float) -> None:
+    now = datetime.now(UTC)
+    done: dict[str, Any] = {"delivered_at": now, "last_error": None}
+    again = {"retry_at": now + timedelta(seconds=retry_s), "last_error": "webhook failed"}
+    with Session(engine) as session:
+        session.exec(
+            update(BudgetAlert)  # type: ignore[call-overload]
+            .where(col(BudgetAlert.id) == alert_id)
+            .values(**(done if ok else again))
+        )
+        session.commit()
+
+
+class AlertSender:
+    def __init__(self, sql: Engine, settings: Settings) -> None:
+        self.sql = sql
+        self.url = settings.alert_webhook_url.get_secret_value()
+        self.secret = settings.alert_webhook_secret.get_secret_value() or None
+        self.poll_s = settings.alert_poll_s
+        self.attempts = settings.alert_attempts
+        self.retry_s = settings.alert_retry_s
+        # a claim outlasts one send's tries (10 s timeout each, backoff up to a minute between)
+        self.lease_s = self.attempts * 70.0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        if self.url:  # no receiver: alerts are only recorded
+            self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        await cancel_and_wait(self._task)
+
+    async def _run(self) -> None:
+        async with webhook_client() as client:
+            while True:
+                try:
+                    while await self.send_one(client):
+                        pass
+                except Exception:  # SQL down, a bug: the alerts wait in SQL for the next poll
+                    log.exception("budget alert sender failed; retrying")
+                await asyncio.sleep(self.poll_s)
+
+    async def send_one(self, client: Any) -> bool:
+        """Claim and send one alert; False when none was due."""
+        alert = await asyncio.to_thread(claim, self.sql, self.lease_s)
+        if alert is None:
+            return False
+        assert alert.id is not None
+        ok = await deliver(
+            client,
+            self.url,
+            message_id=f"alert_{alert.id}",
+            body=msgspec.json.encode(payload(alert)),
+            secret=self.secret,
+            allow=ANYWHERE,
+            attempts=self.attempts,
+            backoff_s=1.0,
+        )
+        metrics.ALERT_DELIVERIES.labels("delivered" if ok else "failed").inc()
+        await asyncio.to_thread(finish, self.sql, alert.id, ok, self.retry_s)
+        return True
