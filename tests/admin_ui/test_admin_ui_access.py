@@ -23,7 +23,7 @@ from tokenyard.admin_ui import throttle
 from tokenyard.app import create_app
 from tokenyard.billing import store
 from tokenyard.billing.events import decoder, to_row
-from tokenyard.billing.models import UsageDaily
+from tokenyard.billing.models import BudgetAlert, UsageDaily
 from tokenyard.gateway.quotas import TeamKeys, day_number
 from tokenyard.tenancy import keys
 
@@ -50,6 +50,7 @@ def test_the_route_list_covers_the_pages() -> None:
         "/admin/keys",
         "/admin/status",
         "/admin/changes",
+        "/admin/alerts",
         "/admin/team-usage",
     } <= paths
 
@@ -561,3 +562,47 @@ def test_status_shows_the_engine_replica(admin: httpx.Client, upstream: str) -> 
     assert page.status_code == 200
     assert upstream in page.text and "closed" in page.text
     assert 'http-equiv="refresh"' in page.text
+
+
+def test_the_alerts_page_lists_a_teams_budget_alerts(
+    admin: httpx.Client, team: Any, sql: Any
+) -> None:
+    """Budget alerts as billing recorded them, by team: the key's own budget named by its prefix,
+    whether the webhook took each; another team's are left out when one team is asked for."""
+    mine, _ = team()
+    theirs, _ = team()
+    now = datetime.now(UTC)
+    rows = [
+        (mine, "ty-mineKEY01", "key_usd_per_month", 80, now - timedelta(hours=1), None),
+        (mine, "", "usd_per_day", 100, now, now),
+        (theirs, "", "usd_per_day", 50, now, None),
+    ]
+    with Session(sql) as session:
+        for name, prefix, budget, percent, at, sent in rows:
+            session.add(
+                BudgetAlert(
+                    team=name,
+                    key_prefix=prefix,
+                    budget=budget,
+                    period=f"{at:%Y-%m}" if "month" in budget else f"{at:%Y-%m-%d}",
+                    percent=percent,
+                    spent_usd=percent / 10,
+                    limit_usd=10.0,
+                    request_id="req-" + uuid.uuid4().hex,
+                    created_at=at,
+                    delivered_at=sent,
+                )
+            )
+        session.commit()
+    page = admin.get("/admin/alerts", params={"team": mine})
+    assert page.status_code == 200
+    body = page.text.split("<tbody>")[1]  # the table, not the team picker
+    assert mine in body and theirs not in body
+    assert body.index("usd_per_day") < body.index("key_usd_per_month")  # newest first
+    assert "ty-mineKEY01" in body and "100%" in body and "80%" in body and "8.00" in body
+    assert [cell for cell in ("<td>yes</td>", "<td>no</td>") if cell in body] == [
+        "<td>yes</td>",
+        "<td>no</td>",
+    ]
+    everyone = admin.get("/admin/alerts").text
+    assert "50%" in everyone and theirs in everyone

@@ -8,6 +8,7 @@ from litestar.exceptions import HTTPException
 
 from tokenyard.admin_ui import csrf
 from tokenyard.admin_ui.access import refuse
+from tokenyard.admin_ui.pages.alerts import Alerts
 from tokenyard.admin_ui.pages.changes import Changes
 from tokenyard.admin_ui.pages.guard import Guard
 from tokenyard.admin_ui.pages.keys import Keys
@@ -18,7 +19,7 @@ from tokenyard.admin_ui.pages.usage import AdminUsage, TeamUsage
 
 admin_router = Router(
     path="/admin",
-    route_handlers=[SignIn, AdminUsage, Teams, Keys, Status, TeamUsage, Guard, Changes],
+    route_handlers=[SignIn, AdminUsage, Teams, Keys, Status, TeamUsage, Guard, Alerts, Changes],
     before_request=csrf.verify,
     exception_handlers={HTTPException: refuse},
     include_in_schema=False,
