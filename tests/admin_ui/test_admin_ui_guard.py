@@ -46,8 +46,10 @@ def test_audit_log_and_policy_form(
 
         form_page = admin.get(f"/admin/guard/policy/{name}")
         assert form_page.status_code == 200 and "platform default" in form_page.text
+        assert 'name="pii.email.action"' in form_page.text and ">mask</option>" in form_page.text
         fields = {"csrf": csrf_of(form_page), "input.illicit.action": "block"}
         fields["input.illicit.threshold"] = "0.6"
+        fields["pii.email.action"], fields["pii.secret.action"] = "mask", "block"
         for direction, heads in (("input", ["violence", "jailbreak"]), ("output", ["hate"])):
             for head in heads:
                 fields[f"{direction}.{head}.action"] = "flag"
@@ -59,11 +61,16 @@ def test_audit_log_and_policy_form(
         assert policy.input["illicit"].threshold == 0.6
         assert policy.input["sexual"].action == "off"  # not in the form: off
         assert policy.output["hate"].action == "flag"
+        assert policy.pii == {"email": "mask", "secret": "block"}  # the kinds not sent: off
 
         bad = dict(fields, **{"input.illicit.threshold": "7"})
         bad["csrf"] = csrf_of(admin.get(f"/admin/guard/policy/{name}"))
         refused = admin.post(f"/admin/guard/policy/{name}", data=bad)
         assert refused.status_code == 400 and "between 0 and 1" in refused.text
+        masked = dict(fields, **{"pii.phone.action": "mask@0.5"})  # no such action
+        masked["csrf"] = csrf_of(admin.get(f"/admin/guard/policy/{name}"))
+        refused = admin.post(f"/admin/guard/policy/{name}", data=masked)
+        assert refused.status_code == 400 and "action must be one of" in refused.text
         assert store.read_policy(sql, name).input["illicit"].threshold == 0.6  # type: ignore
 
         # the gateway applies it: the prompt it flagged is now blocked

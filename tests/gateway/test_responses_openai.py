@@ -15,6 +15,8 @@ from tests.backends.conftest import HERE as BACKENDS
 from tests.backends.conftest import control, start_server, stats
 from tests.gateway.conftest import Gateway, day_tokens, reservations, wait_until
 from tests.openai_spec import problems
+from tokenyard.guard import store as guard_store
+from tokenyard.guard.policy import DEFAULT, apply, parse_change
 from tokenyard.tenancy import keys, teams
 
 KEY_ENV = "TEST_RESPONSES_OPENAI_KEY"
@@ -156,3 +158,29 @@ def test_reasoning_where_the_model_supports_it_and_refused_where_not(
         client.responses.create(model="gpt-fake", input="x", reasoning={"effort": "low"})
     assert refused.value.body["param"] == "reasoning.effort"  # type: ignore[index]
     assert refused.value.body["code"] == "unsupported_parameter"  # type: ignore[index]
+
+
+def test_personal_data_is_masked_in_what_openai_gets(
+    gw: Gateway, team: tuple[str, str], openai_url: str, sql: Any
+) -> None:
+    """A Responses request goes to OpenAI in OpenAI's own form: the team's masking reaches that
+    form too, user text and tool output alike."""
+    control(openai_url, reset=True)
+    name, key = team
+    policy = apply(DEFAULT, [parse_change("pii.email=mask")])
+    guard_store.write_policy(sql, name, policy)
+    client = gw.client(key)
+
+    def sent() -> list[dict[str, Any]]:
+        client.responses.create(
+            model="gpt-fake",
+            input=[
+                {"role": "user", "content": "Mail jo@example.org"},
+                {"type": "function_call_output", "call_id": "c1", "output": "ops@example.com"},
+            ],
+        )
+        return stats(openai_url)["last_body"]["input"]
+
+    wait_until(lambda: "[EMAIL]" in json.dumps(sent()), 5, "the policy in force")
+    user, output = sent()
+    assert user["content"][0]["text"] == "Mail [EMAIL]" and output["output"] == "[EMAIL]"

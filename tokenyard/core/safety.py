@@ -3,10 +3,11 @@ request's screening looks like from below. tokenyard/app.py hands guard's implem
 Proxy, as it hands billing's Pricer; None (no guard) costs the walk nothing.
 
 One request: `Safety.screen(team, request_id, model)` returns a RequestScreen (or None: the team's
-policy checks nothing). The proxy starts the upstream call, then awaits `check_input` (the verdict
-comes while the upstream works; nothing reaches the client before it). A streamed or whole reply is
-fed to `watch_output()`'s OutputWatch, which answers a blocking Verdict once the text crosses a
-threshold the team blocks on.
+policy checks nothing). The proxy has the prompt's personal data masked (`scrub`) before anything
+is sent, starts the upstream call, then awaits `check_input` (the verdict comes while the upstream
+works; nothing reaches the client before it). A streamed or whole reply is fed to
+`watch_output()`'s OutputWatch, which answers a blocking Verdict once the text crosses a threshold
+the team blocks on.
 """
 
 from collections.abc import Mapping
@@ -50,6 +51,11 @@ class OutputWatch(Protocol):
 
 
 class RequestScreen(Protocol):
+    async def scrub(self, texts: list[str]) -> tuple[list[str], Verdict]:
+        """Personal data in the prompt's texts, before anything is sent: the texts with what the
+        team masks replaced, and the verdict of what it flags or blocks (block: refuse)."""
+        ...
+
     async def check_input(self, text: str) -> Verdict: ...
 
     def watch_output(self) -> OutputWatch | None: ...

@@ -100,6 +100,9 @@ class Settings(BaseSettings):
     # the output check reads this many of a reply's last characters, every stride characters
     guard_window_chars: int = 1000
     guard_stride_chars: int = 200
+    # personal data in prompts (guard/pii.py): the region whose own way of writing phone numbers
+    # (without +country code) is read; empty: only international numbers are found
+    guard_pii_region: str = "US"
     # on SIGTERM: stop accepting, let in-flight requests and streams finish for up to this many
     # seconds, then cancel them (they settle); 0: wait without a deadline
     gateway_drain_s: float = 30.0

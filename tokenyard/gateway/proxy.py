@@ -47,6 +47,7 @@ from tokenyard.gateway.screening import (
     blocked_error,
     filter_reply,
     input_text,
+    scrub,
 )
 from tokenyard.gateway.settlement import Settlement, usage_of
 from tokenyard.gateway.sizing import PromptOverhead, kv_pages, max_tokens_for
@@ -372,6 +373,8 @@ class Proxy:
                 screen = await self.safety.screen(
                     policy.team, request_id, parsed.model, parsed.end_user
                 )
+                if screen is not None:  # personal data masked before anything is sent
+                    await scrub(screen, body, responses)
                 check = None if screen is None else InputCheck(screen, input_text(parsed.body))
             if lookup is not None:
                 await self.cache.find(lookup)

@@ -38,6 +38,60 @@ def input_text(body: dict[str, Any]) -> str:
     return ""
 
 
+def _places(body: dict[str, Any]) -> list[tuple[Any, Any]]:
+    """Where a request body holds screened text, as (container, key): chat's user and tool turns
+    (a string, or text parts), a completion's prompt (a string, or strings), a Responses request's
+    input (a string, user turns' text, function outputs)."""
+    places: list[tuple[Any, Any]] = []
+
+    def content(holder: dict[str, Any], key: str, part_types: tuple[str, ...]) -> None:
+        value = holder.get(key)
+        if isinstance(value, str):
+            places.append((holder, key))
+        elif isinstance(value, list):
+            places.extend(
+                (part, "text")
+                for part in value
+                if isinstance(part, dict)
+                and part.get("type") in part_types
+                and isinstance(part.get("text"), str)
+            )
+
+    for m in body.get("messages") or ():
+        if isinstance(m, dict) and m.get("role") in SCREENED_ROLES:
+            content(m, "content", ("text",))
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        places.append((body, "prompt"))
+    elif isinstance(prompt, list):
+        places += [(prompt, i) for i, p in enumerate(prompt) if isinstance(p, str)]
+    items = body.get("input")
+    if isinstance(items, str):
+        places.append((body, "input"))
+    elif isinstance(items, list):
+        for item in items:
+            if not isinstance(item, dict):
+                continue
+            if item.get("role") == "user":
+                content(item, "content", ("input_text", "text"))
+            elif item.get("type") == "function_call_output" and isinstance(item.get("output"), str):
+                places.append((item, "output"))
+    return places
+
+
+async def scrub(screen: RequestScreen, *bodies: dict[str, Any] | None) -> None:
+    """Mask the personal data the team masks in each body, in place (the chat body, and a Responses
+    request going to OpenAI as it is); raises the refusal when a kind the team blocks is there."""
+    places = [place for body in bodies if body is not None for place in _places(body)]
+    if not places:
+        return
+    masked, verdict = await screen.scrub([holder[key] for holder, key in places])
+    if verdict.blocked:
+        raise blocked_error(verdict)
+    for (holder, key), text in zip(places, masked, strict=True):
+        holder[key] = text
+
+
 class InputCheck:
     """One request's input verdict, asked for once however many backends the request tries."""
 

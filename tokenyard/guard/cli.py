@@ -173,7 +173,8 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
 
     policy = sub.add_parser(
         "policy",
-        help="a team's policy: per category and direction, off, flag or block, with a threshold",
+        help="a team's policy: per category and direction, off, flag or block, with a threshold; "
+        "per kind of personal data, off, flag, block or mask",
     )
     policy.add_argument("action", choices=["show", "set", "reset", "list"])
     policy.add_argument("team", nargs="?", default="", help="the team (not for list)")
@@ -182,7 +183,7 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
         nargs="*",
         help="direction.category=action[@threshold]: input.violence=block@0.8, "
         "output.hate=flag, input.jailbreak=off, *.illicit=block (both directions), "
-        "input.*=off (every category)",
+        "input.*=off (every category), pii.email=mask, pii.*=flag (personal data)",
     )
     policy.add_argument(
         "--store-text",

@@ -1,10 +1,13 @@
 """Per-team safety policy: for each direction (input, output) and head, off, flag or block, with a
-threshold (None: the classifier's own default for that head, set at training time).
+threshold (None: the classifier's own default for that head, set at training time); and for each
+kind of personal data or secret in a prompt (guard/pii.py), off, flag, block or mask.
 
 The platform default (a team with no policy of its own) flags every category both ways and the
 jailbreak class on input, and blocks only sexual content involving minors: flags cost a team
 nothing but an audit row, while a wrong block costs a user their answer; a team that wants more
 blocking says so (`tokenyard guard policy set TEAM input.violence=block`, or the admin UI).
+Personal data is not looked for unless a team asks (`pii.email=mask`): an address in a prompt is
+often the point of the prompt.
 """
 
 from dataclasses import dataclass, field
@@ -12,11 +15,15 @@ from typing import Any, Literal
 
 import msgspec
 
+from tokenyard.guard.pii import KINDS
 from tokenyard.guard.taxonomy import CATEGORIES, JAILBREAK
 
 ACTIONS = ("off", "flag", "block")
 DIRECTIONS = ("input", "output")
 Action = Literal["off", "flag", "block"]
+PII = "pii"  # the settings' namespace for personal data: pii.email=mask
+PII_ACTIONS = ("off", "flag", "block", "mask")
+PiiAction = Literal["off", "flag", "block", "mask"]
 
 
 def heads_of(direction: str) -> tuple[str, ...]:
@@ -39,12 +46,19 @@ class Policy(msgspec.Struct, frozen=True):
     input: dict[str, Rule] = msgspec.field(default_factory=lambda: _defaults("input"))
     output: dict[str, Rule] = msgspec.field(default_factory=lambda: _defaults("output"))
     store_text: bool = False  # audit rows keep the text that was flagged (opt-in)
+    pii: dict[str, PiiAction] = msgspec.field(default_factory=dict)  # kind → action; absent: off
 
     def rules(self, direction: str) -> dict[str, Rule]:
         return self.input if direction == "input" else self.output
 
     def active(self, direction: str) -> bool:
         return any(r.action != "off" for r in self.rules(direction).values())
+
+    def pii_kinds(self, *actions: str) -> frozenset[str]:
+        """The kinds of personal data the team acts on with one of `actions` (any, if none)."""
+        return frozenset(
+            k for k, a in self.pii.items() if a != "off" and (not actions or a in actions)
+        )
 
 
 DEFAULT = Policy()
@@ -73,6 +87,11 @@ def check(policy: Policy) -> None:
                 raise ValueError(f"action must be one of {ACTIONS}")
             if rule.threshold is not None and not 0.0 < rule.threshold < 1.0:
                 raise ValueError(f"{direction}.{head}: threshold must be between 0 and 1")
+    for kind, action in policy.pii.items():
+        if kind not in KINDS:
+            raise ValueError(f"pii has no kind {kind!r} (one of {KINDS})")
+        if action not in PII_ACTIONS:
+            raise ValueError(f"pii.{kind}: action must be one of {PII_ACTIONS}")
 
 
 @dataclass
@@ -88,16 +107,23 @@ class Change:
 
 def parse_change(spec: str) -> Change:
     """`input.violence=block@0.8`, `output.hate=flag`, `input.jailbreak=off`, `*.illicit=block`
-    (both directions), `input.*=flag` (every head of a direction)."""
+    (both directions), `input.*=flag` (every head of a direction), `pii.email=mask`, `pii.*=flag`
+    (personal data in prompts)."""
     target, sep, value = spec.partition("=")
     direction, dot, head = target.partition(".")
     if not sep or not dot:
         raise ValueError(f"expected direction.category=action[@threshold], got {spec!r}")
     action, at, threshold = value.partition("@")
+    if direction == PII:
+        if action not in PII_ACTIONS or at:
+            raise ValueError(f"pii.{head}: action must be one of {PII_ACTIONS}, no threshold")
+        if head not in (*KINDS, "*"):
+            raise ValueError(f"pii has no kind {head!r} (one of {KINDS})")
+        return Change(PII, head, action)
     if action not in ACTIONS:
         raise ValueError(f"action must be one of {ACTIONS}, got {action!r}")
     if direction not in (*DIRECTIONS, "*"):
-        raise ValueError(f"direction must be input, output or *, got {direction!r}")
+        raise ValueError(f"direction must be input, output, * or pii, got {direction!r}")
     change = Change(direction, head, action)
     if at:
         change.threshold = float(threshold)
@@ -108,7 +134,12 @@ def parse_change(spec: str) -> Change:
 
 def apply(policy: Policy, changes: list[Change], store_text: bool | None = None) -> Policy:
     rules: dict[str, dict[str, Rule]] = {d: dict(policy.rules(d)) for d in DIRECTIONS}
+    pii = dict(policy.pii)
     for change in changes:
+        if change.direction == PII:
+            for kind in KINDS if change.head == "*" else (change.head,):
+                pii[kind] = change.action  # type: ignore[assignment]
+            continue
         directions = DIRECTIONS if change.direction == "*" else (change.direction,)
         for direction in directions:
             heads = heads_of(direction)
@@ -125,6 +156,7 @@ def apply(policy: Policy, changes: list[Change], store_text: bool | None = None)
         input=rules["input"],
         output=rules["output"],
         store_text=policy.store_text if store_text is None else store_text,
+        pii={kind: action for kind, action in pii.items() if action != "off"},
     )
     check(new)
     return new
@@ -147,4 +179,15 @@ def as_table(policy: Policy, defaults: dict[str, float]) -> list[dict[str, Any]]
                     "default_threshold": rule.threshold is None,
                 }
             )
+    for kind in KINDS:
+        action = policy.pii.get(kind, "off")
+        out.append(
+            {
+                "direction": PII,
+                "category": kind,
+                "action": action,
+                "threshold": None,
+                "default_threshold": False,
+            }
+        )
     return out

@@ -12,7 +12,18 @@ from litestar.response import Redirect
 from tokenyard.admin_ui import forms, render
 from tokenyard.admin_ui.access import admin_only, in_thread, sql_of, tenancy_of
 from tokenyard.guard import store
-from tokenyard.guard.policy import ACTIONS, DEFAULT, DIRECTIONS, Policy, Rule, as_table, heads_of
+from tokenyard.guard.pii import KINDS
+from tokenyard.guard.policy import (
+    ACTIONS,
+    DEFAULT,
+    DIRECTIONS,
+    PII,
+    PII_ACTIONS,
+    Policy,
+    Rule,
+    as_table,
+    heads_of,
+)
 
 PAGE = 50
 
@@ -49,8 +60,16 @@ def _policy_from_form(form: Any) -> tuple[Policy, dict[str, str]]:
                     errors[name] = "a number between 0 and 1, or blank for the default"
                     continue
             rules[direction][head] = Rule(action, threshold)  # type: ignore[arg-type]
+    pii: dict[str, Any] = {}
+    for kind in KINDS:
+        action = forms.text(form, f"{PII}.{kind}.action") or "off"
+        if action not in PII_ACTIONS:
+            errors[f"{PII}.{kind}"] = f"action must be one of {', '.join(PII_ACTIONS)}"
+        elif action != "off":
+            pii[kind] = action
     store_text = forms.text(form, "store_text") == "on"
-    return Policy(input=rules["input"], output=rules["output"], store_text=store_text), errors
+    policy = Policy(input=rules["input"], output=rules["output"], store_text=store_text, pii=pii)
+    return policy, errors
 
 
 class Guard(Controller):
@@ -111,6 +130,7 @@ class Guard(Controller):
             explicit={(d, h): r.threshold for d in DIRECTIONS for h, r in shown.rules(d).items()},
             store_text=shown.store_text,
             actions=ACTIONS,
+            pii_actions=PII_ACTIONS,
             errors=errors,
             done=request.query_params.get("done", ""),
         )

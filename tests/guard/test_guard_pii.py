@@ -1,0 +1,132 @@
+"""Personal data and secrets in prompts: each kind found where it is real and left alone where it
+only looks like it (check digits, number plans, libphonenumber's rules), masked in place, set per
+team; in a real gateway, masked before the upstream sees the prompt, or refused before any call."""
+
+import json
+from typing import Any
+
+import openai
+import pytest
+import sqlmodel
+from sqlmodel import Session
+
+from tests.gateway.conftest import MODEL, upstream_stats, wait_until
+from tokenyard.guard import pii, store
+from tokenyard.guard.models import GuardAudit
+from tokenyard.guard.policy import DEFAULT, apply, as_table, decode, encode, parse_change
+
+ALL = frozenset(pii.KINDS)
+# (text, the kinds found in it): real ones, and look-alikes that are not
+CASES = [
+    ("write to ana.lopez+work@mail.example.co.uk today", ["email"]),
+    ("an @ sign alone, user@localhost, a@b", []),
+    ("call (415) 555-2671 or +44 20 7946 0958", ["phone", "phone"]),
+    ("order 123456 shipped in 2024, 3 items at 19.99", []),
+    ("card 4111 1111 1111 1111 exp 12/29", ["credit_card"]),
+    ("card 4111 1111 1111 1112 is a typo", []),  # the Luhn digit fails
+    ("IBAN GB82 WEST 1234 5698 7654 32 please", ["iban"]),
+    ("IBAN GB82 WEST 1234 5698 7654 33", []),  # mod 97 fails
+    ("ssn 536-22-8726 on file", ["us_ssn"]),
+    ("ssn 000-12-3456 and 666-12-3456 are never issued", []),
+    ("from 192.168.10.4 and 2001:db8::8a2e:370:7334", ["ip_address", "ip_address"]),
+    ("version 1.2.3.4.5 and 999.1.1.1 and 10:30:00", []),
+    ("key sk-proj-abcdefghijklmnopqrstuvwxyz123456 leaked", ["secret"]),
+    ("AWS AKIAIOSFODNN7EXAMPLE and ghp_" + "a" * 36, ["secret", "secret"]),
+    ("-----BEGIN RSA PRIVATE KEY-----\nMIIEow\n-----END RSA PRIVATE KEY-----", ["secret"]),
+    ("the sk- prefix and AKIA alone are fine", []),
+]
+
+
+@pytest.mark.parametrize(("text", "kinds"), CASES)
+def test_each_kind_is_found_only_where_it_is_real(text: str, kinds: list[str]) -> None:
+    assert [f.kind for f in pii.find(text, ALL)] == kinds
+
+
+def test_masking_replaces_only_the_kinds_asked_and_never_overlaps() -> None:
+    text = "mail bo@example.org, card 4111-1111-1111-1111, phone +1 415 555 2671"
+    found = pii.find(text, ALL)
+    assert [f.kind for f in found] == ["email", "credit_card", "phone"]
+    assert pii.mask(text, found, frozenset({"email", "credit_card"})) == (
+        "mail [EMAIL], card [CREDIT_CARD], phone +1 415 555 2671"
+    )
+    # only the kinds looked for are found; a number that is a card is not also a phone number
+    assert [f.kind for f in pii.find(text, frozenset({"phone"}))] == ["phone"]
+    assert pii.mask("no data here", [], ALL) == "no data here"
+
+
+@pytest.mark.parametrize("text", ["", "\x00\x01" * 50, "数字 ١٢٣٤٥٦٧٨٩ " * 200, "9" * 5000])
+def test_odd_text_is_scanned_without_error(text: str) -> None:
+    found = pii.find(text, ALL)
+    assert pii.mask(text, found, ALL).count("[") >= len(found)
+
+
+def test_a_policy_sets_each_kind_and_keeps_the_rest() -> None:
+    policy = apply(DEFAULT, [parse_change("pii.*=flag"), parse_change("pii.email=mask")])
+    assert policy.pii["email"] == "mask" and policy.pii["us_ssn"] == "flag"
+    assert policy.pii_kinds("mask") == {"email"} and len(policy.pii_kinds()) == len(pii.KINDS)
+    assert policy.input == DEFAULT.input  # the classifier's rules are untouched
+    assert decode(encode(policy)) == policy
+    off = apply(policy, [parse_change("pii.*=off")])
+    assert off.pii == {} and not off.pii_kinds()
+    rows = [r for r in as_table(policy, {}) if r["direction"] == "pii"]
+    assert [(r["category"], r["action"]) for r in rows][:2] == [
+        ("email", "mask"),
+        ("phone", "flag"),
+    ]
+    assert decode(encode(DEFAULT)).pii == {}  # a stored policy from before PII: all off
+    for bad in ("pii.email=mask@0.5", "pii.passport=mask", "pii.email=redact", "input.email=flag"):
+        with pytest.raises(ValueError):
+            apply(DEFAULT, [parse_change(bad)])
+
+
+def _audit(sql: Any, team: str) -> list[GuardAudit]:
+    with Session(sql) as session:
+        return list(session.exec(sqlmodel.select(GuardAudit).where(GuardAudit.team == team)))
+
+
+def test_the_gateway_masks_before_sending_and_blocks_before_calling(
+    gateway: Any, team: Any, sql: Any, upstream: str
+) -> None:
+    name, key = team()
+    specs = ("pii.email=mask", "pii.secret=mask", "pii.credit_card=block", "pii.phone=flag")
+    store.write_policy(sql, name, apply(DEFAULT, [parse_change(s) for s in specs]))
+    client = gateway.client(key)
+    system = {"role": "system", "content": "deployment note: ops@example.com"}
+    user = "mail me at jo@example.org, key sk-abcdefghijklmnopqrstuvwx1234 call +1 415 555 2671"
+    parts = [{"type": "text", "text": "or jo2@example.org"}]
+    messages = [system, {"role": "user", "content": user}, {"role": "user", "content": parts}]
+    wait_until(  # the policy cache of the gateway picks the new policy up within its lifetime
+        lambda: "[EMAIL]" in json.dumps(_sent(client, upstream, messages)), 5, "masking on"
+    )
+    sent = upstream_stats(upstream)["last_body"]["messages"]
+    assert sent[0] == system  # the deployment's own turns are not the user's data
+    assert sent[1]["content"] == "mail me at [EMAIL], key [SECRET] call +1 415 555 2671"
+    assert sent[2]["content"][0]["text"] == "or [EMAIL]"
+    completion = client.completions.create(model=MODEL, prompt="write jo@example.org", max_tokens=2)
+    assert completion.choices and upstream_stats(upstream)["last_body"]["prompt"] == "write [EMAIL]"
+
+    before = upstream_stats(upstream)["requests"]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "card 4111111111111111"}],
+            max_tokens=2,
+        )
+    assert refused.value.code == "content_policy_violation"
+    assert "pii/credit_card" in refused.value.message
+    assert upstream_stats(upstream)["requests"] == before  # never called
+
+    wait_until(lambda: any(r.action == "block" for r in _audit(sql, name)), 10, "audit rows")
+    rows = _audit(sql, name)
+    flagged = {c for r in rows if r.action == "flag" for c in r.categories.split(",")}
+    assert {"pii/email", "pii/secret", "pii/phone"} <= flagged
+    assert all(r.text is None for r in rows)  # never the data itself
+    blocked = next(r for r in rows if r.action == "block")
+    assert blocked.categories == "pii/credit_card" and json.loads(blocked.scores) == {
+        "pii/credit_card": 1.0
+    }
+
+
+def _sent(client: Any, upstream: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
+    client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
+    return upstream_stats(upstream)["last_body"]
