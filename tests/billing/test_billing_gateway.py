@@ -4,6 +4,7 @@ usage API (team-scoped, admin, CSV), the report CLI and the cost counters."""
 
 import csv
 import io
+import json
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -441,3 +442,60 @@ def test_stream_usage_is_durable_before_done_and_finish_reasons_recorded(
     got = wait_records(sql, name, 2)
     assert [rec.finish_reason for rec in got] == ["length", "length"]
     assert all(rec.ttft_s is not None for rec in got)
+
+
+def test_the_request_log_shows_each_of_a_teams_requests(
+    gw: Gateway, team: Any, sql: Engine, billing_env: dict[str, str]
+) -> None:
+    """`GET /v1/usage/requests`: each request as its record has it, newest first, filtered and
+    paged by id; a team sees only its own; the admin any team's; the CLI the same rows."""
+    name, key = team()
+    client = gw.client(key)
+    client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=3, user="ida")
+    client.chat.completions.create(
+        model=MODEL, messages=CHAT, max_tokens=2, extra_headers={"x-client-request-id": "mine-7"}
+    )
+    with pytest.raises(openai.BadRequestError):  # the upstream refuses it: a record, status 400
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "x #status=400"}], max_tokens=2
+        )
+    wait_records(sql, name, 3)
+
+    def log(query: str = "", who: str = key, path: str = "/v1/usage/requests") -> Any:
+        r = httpx.get(gw.url + path + query, headers={"authorization": f"Bearer {who}"})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    entries = log()["data"]
+    assert [e["status"] for e in entries] == [400, 200, 200]  # newest first
+    first = entries[2]
+    assert (first["end_user"], first["completion_tokens"], first["team"]) == ("ida", 3, name)
+    assert first["cost_usd"] == pytest.approx(CHARGED) and first["key_prefix"] == key[:12]
+    assert [e["status"] for e in log("?status=error")["data"]] == [400]
+    assert [e["end_user"] for e in log("?user=ida")["data"]] == ["ida"]
+    (mine,) = log("?request_id=mine-7")["data"]
+    assert mine["client_request_id"] == "mine-7" and mine["completion_tokens"] == 2
+    assert log(f"?request_id={mine['request_id']}")["data"] == [mine]
+    page = log("?limit=2")
+    assert page["has_more"] and [e["id"] for e in page["data"]] == [e["id"] for e in entries[:2]]
+    rest = log(f"?limit=2&before={page['data'][-1]['id']}")
+    assert not rest["has_more"] and rest["data"] == entries[2:]
+    assert log("?model=no-such-model")["data"] == []
+
+    _, other = team()
+    assert log(who=other)["data"] == []  # never another team's
+    admin = log(f"?team={name}", ADMIN_KEY, "/v1/admin/usage/requests")["data"]
+    assert [e["request_id"] for e in admin] == [e["request_id"] for e in entries]
+    for bad in ("?limit=0", "?before=x", "?status=ok"):
+        r = httpx.get(
+            gw.url + "/v1/usage/requests" + bad, headers={"authorization": f"Bearer {key}"}
+        )
+        assert r.status_code == 400 and r.json()["error"]["param"] == bad[1:].split("=")[0]
+    cli = subprocess.run(
+        [*TOKENYARD, "billing", "requests", "--team", name, "--errors", "--json"],
+        env=billing_env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert [json.loads(line)["status"] for line in cli.stdout.splitlines()] == [400]

@@ -5,7 +5,9 @@ key's totals over the range (`keys`, by prefix). `GET /v1/usage/users` (and `/v1
 `&team=` optional): the end users' totals over the same range, dearest first (`&limit=`, default
 100, at most 1000); `GET /v1/usage/metadata?key=K` (and the admin one): the same for each value the
 requests' `metadata` gave K. `GET /v1/usage/alerts` (and the admin one): the budget alerts recorded
-over the range, newest first."""
+over the range, newest first. `GET /v1/usage/requests` (and the admin one): each request's record,
+newest first (`&model=`, `&key=`, `&user=`, `&request_id=`, `&status=error`, `&before=` an entry's
+id, `&limit=`)."""
 
 import asyncio
 from collections.abc import Callable
@@ -17,7 +19,7 @@ from litestar import Controller, Request, Response, get
 from litestar.di import NamedDependency
 from sqlalchemy.exc import SQLAlchemyError
 
-from tokenyard.billing import alerts, reports
+from tokenyard.billing import alerts, reports, request_log
 from tokenyard.core.db import database_url, get_engine
 from tokenyard.core.errors import GatewayError
 from tokenyard.core.operator_keys import require_admin
@@ -75,6 +77,15 @@ async def _answer(
     return Response(msgspec.json.encode(body), media_type="application/json")
 
 
+def _int(request: Request, name: str, low: int, high: int, default: int | None) -> int | None:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    if not raw.isdigit() or not low <= int(raw) <= high:
+        raise GatewayError(400, f"{name} must be a whole number from {low} to {high}", param=name)
+    return int(raw)
+
+
 async def _listed(
     request: Request,
     settings: Settings,
@@ -86,10 +97,7 @@ async def _listed(
     """A list of `read`'s rows over the request's range (`read(engine, start, end, team, *args,
     limit)`), at most `limit` of them, and whether more follow."""
     start, end = _range(request)
-    raw = request.query_params.get("limit", "100")
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_ROWS:
-        raise GatewayError(400, f"limit must be 1 to {MAX_ROWS}", param="limit")
-    limit = int(raw)
+    limit = _int(request, "limit", 1, MAX_ROWS, 100) or 100
     # one more than asked: whether the list goes on
     rows = await _read(settings, read, start, end, team, *args, limit + 1)
     body = {
@@ -112,6 +120,26 @@ async def _by_metadata(request: Request, settings: Settings, team: str | None) -
         return await _listed(request, settings, team, reports.by_metadata, key, head={"key": key})
     except ValueError as exc:  # a key the report cannot name
         raise GatewayError(400, str(exc), param="key") from None
+
+
+async def _requests(request: Request, settings: Settings, team: str | None) -> Response[bytes]:
+    """The request log (billing/request_log.py): newest first, `before` an entry's id to page."""
+    q = request.query_params
+    errors = q.get("status", "any")
+    if errors not in ("any", "error"):
+        raise GatewayError(400, "status must be any or error", param="status")
+    filters = request_log.Filters(
+        model=q.get("model") or None,
+        key_prefix=q.get("key") or None,
+        end_user=q.get("user") or None,
+        request_id=q.get("request_id") or None,
+        errors=errors == "error",
+    )
+    limit = _int(request, "limit", 1, MAX_ROWS, 100) or 100
+    before = _int(request, "before", 1, 2**63 - 1, None)
+    rows = await _read(settings, request_log.recent, team, filters, limit + 1, before)
+    body = {"object": "list", "team": team, "data": rows[:limit], "has_more": len(rows) > limit}
+    return Response(msgspec.json.encode(body), media_type="application/json")
 
 
 def _admin_team(request: Request, settings: Settings) -> str | None:
@@ -160,6 +188,22 @@ class UsageController(Controller):
         self, request: Request, settings: NamedDependency[Settings]
     ) -> Response[bytes]:
         return await _by_metadata(request, settings, _admin_team(request, settings))
+
+    @get("/usage/requests")
+    async def requests(
+        self,
+        request: Request,
+        settings: NamedDependency[Settings],
+        caller: NamedDependency[TeamPolicy],
+    ) -> Response[bytes]:
+        """The calling team's requests, each as its usage record has it, newest first."""
+        return await _requests(request, settings, caller.team)
+
+    @get("/admin/usage/requests")
+    async def admin_requests(
+        self, request: Request, settings: NamedDependency[Settings]
+    ) -> Response[bytes]:
+        return await _requests(request, settings, _admin_team(request, settings))
 
     @get("/usage/alerts")
     async def alerts(

@@ -1,6 +1,7 @@
 """`tokenyard billing report --date D [--end E] [--team T] [--by day|key|user|metadata] [--csv]`:
 the daily rollups from SQL, or each API key's, end user's or metadata value's totals over the
-range. `tokenyard billing alerts [--date D] [--end E] [--team T] [--json]`: the budget alerts."""
+range. `tokenyard billing alerts [--date D] [--end E] [--team T] [--json]`: the budget alerts.
+`tokenyard billing requests [--team T] [--model M] [--errors] ...`: each request's record."""
 
 import argparse
 import json
@@ -105,6 +106,32 @@ def _alerts(args: argparse.Namespace) -> int:
     return 0
 
 
+def _requests(args: argparse.Namespace) -> int:
+    from tokenyard.billing import request_log
+    from tokenyard.core.db import database_url, get_engine
+
+    engine = get_engine(database_url(get_settings()))
+    filters = request_log.Filters(
+        model=args.model,
+        key_prefix=args.key,
+        end_user=args.user,
+        request_id=args.request_id,
+        errors=args.errors,
+    )
+    for entry in request_log.recent(engine, args.team, filters, args.limit):
+        if args.json:
+            print(json.dumps(entry))
+            continue
+        tokens = f"{entry['prompt_tokens']}+{entry['completion_tokens']} tok"
+        how = entry["finish_reason"] or entry["error"] or ""
+        print(
+            f"{entry['started_at'][:19]}  {entry['request_id']}  {entry['team']}  "
+            f"{entry['model_served']}  {entry['status']} {how}  {tokens}  "
+            f"${entry['cost_usd']:.6f}  {entry['latency_s']:.3f} s"
+        )
+    return 0
+
+
 def add_parser(sub: Any) -> None:
     billing = sub.add_parser("billing", help="usage and cost reports")
     bsub = billing.add_subparsers(dest="action", required=True)
@@ -132,3 +159,13 @@ def add_parser(sub: Any) -> None:
     listing.add_argument("--limit", type=int, default=100, help="at most this many, newest first")
     listing.add_argument("--json", action="store_true", help="one JSON object a line")
     listing.set_defaults(run=_alerts)
+    log = bsub.add_parser("requests", help="each request's record, newest first")
+    log.add_argument("--team", default=None, help="one team (default: all)")
+    log.add_argument("--model", default=None, help="asked or served")
+    log.add_argument("--key", default=None, help="one key's, by its prefix")
+    log.add_argument("--user", default=None, help="one end user's")
+    log.add_argument("--request-id", default=None, help="the gateway's id, or the client's own")
+    log.add_argument("--errors", action="store_true", help="only requests that did not end 200")
+    log.add_argument("--limit", type=int, default=50, help="at most this many")
+    log.add_argument("--json", action="store_true", help="one JSON object a line")
+    log.set_defaults(run=_requests)

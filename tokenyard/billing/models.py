@@ -16,8 +16,12 @@ def _sum() -> Any:
 
 class UsageRecord(SQLModel, table=True):
     __tablename__ = "usage_record"
-    # a team's records of a range of days, grouped by end user (reports.by_end_user)
-    __table_args__ = (Index("ix_usage_record_team_day_end_user", "team", "day", "end_user"),)
+    __table_args__ = (
+        # a team's records of a range of days, grouped by end user (reports.by_end_user)
+        Index("ix_usage_record_team_day_end_user", "team", "day", "end_user"),
+        # a team's newest records first (request_log.recent)
+        Index("ix_usage_record_team_id", "team", "id"),
+    )
 
     id: int | None = Field(default=None, primary_key=True)
     # the gateway's own id, never the client's: the idempotency key (a re-delivered event is
