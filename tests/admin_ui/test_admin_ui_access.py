@@ -51,6 +51,7 @@ def test_the_route_list_covers_the_pages() -> None:
         "/admin/status",
         "/admin/changes",
         "/admin/alerts",
+        "/admin/requests",
         "/admin/team-usage",
     } <= paths
 
@@ -606,3 +607,26 @@ def test_the_alerts_page_lists_a_teams_budget_alerts(
     ]
     everyone = admin.get("/admin/alerts").text
     assert "50%" in everyone and theirs in everyone
+
+
+def test_the_requests_page_lists_records_by_team_and_errors(
+    admin: httpx.Client, team: Any, sql: Any
+) -> None:
+    """Each request's record, newest first; a team's alone when one is chosen; errors only when
+    asked; a request id found by the client's own id too."""
+    mine, _ = team()
+    theirs, _ = team()
+    made = [
+        event(team=mine, status=200, client_request_id="ask-1", end_user="ida"),
+        event(team=mine, status=502, error="upstream lost"),
+        event(team=theirs, status=200),
+    ]
+    store.write(sql, [to_row(decoder.decode(msgspec.json.encode(e))) for e in made])
+    body = admin.get("/admin/requests", params={"team": mine}).text.split("<tbody>")[1]
+    assert made[0]["request_id"] in body and made[2]["request_id"] not in body
+    assert body.index(made[1]["request_id"]) < body.index(made[0]["request_id"])  # newest first
+    errors = admin.get("/admin/requests", params={"team": mine, "status": "error"}).text
+    assert made[1]["request_id"] in errors and made[0]["request_id"] not in errors
+    assert "upstream lost" in errors
+    found = admin.get("/admin/requests", params={"request_id": "ask-1"}).text
+    assert made[0]["request_id"] in found and "ida" in found

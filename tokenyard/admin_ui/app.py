@@ -12,6 +12,7 @@ from tokenyard.admin_ui.pages.alerts import Alerts
 from tokenyard.admin_ui.pages.changes import Changes
 from tokenyard.admin_ui.pages.guard import Guard
 from tokenyard.admin_ui.pages.keys import Keys
+from tokenyard.admin_ui.pages.requests import Requests
 from tokenyard.admin_ui.pages.sign_in import SignIn
 from tokenyard.admin_ui.pages.status import Status
 from tokenyard.admin_ui.pages.teams import Teams
@@ -19,7 +20,18 @@ from tokenyard.admin_ui.pages.usage import AdminUsage, TeamUsage
 
 admin_router = Router(
     path="/admin",
-    route_handlers=[SignIn, AdminUsage, Teams, Keys, Status, TeamUsage, Guard, Alerts, Changes],
+    route_handlers=[
+        SignIn,
+        AdminUsage,
+        Teams,
+        Keys,
+        Status,
+        TeamUsage,
+        Guard,
+        Alerts,
+        Changes,
+        Requests,
+    ],
     before_request=csrf.verify,
     exception_handlers={HTTPException: refuse},
     include_in_schema=False,
