@@ -19,13 +19,15 @@ import pytest
 from sqlalchemy import Engine
 from sqlmodel import Session, select
 from standardwebhooks import Webhook
+from standardwebhooks.webhooks import WebhookVerificationError
 
 from tests.billing.conftest import ADMIN_KEY, CHARGED, CHAT, MODEL, event
 from tests.gateway.conftest import TOKENYARD, Gateway, wait_until
-from tokenyard.billing import store
+from tokenyard.billing import alerts, store
 from tokenyard.billing.events import alert_rows, decoder, to_row
 from tokenyard.billing.models import BudgetAlert
-from tokenyard.tenancy import keys
+from tokenyard.tenancy import keys, teams
+from tokenyard.tenancy.webhook_secrets import team_secret
 
 SECRET = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
@@ -39,7 +41,8 @@ class _Receiver(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["content-length"]))
-        self.received.append((body, {k.lower(): v for k, v in self.headers.items()}))
+        headers = {k.lower(): v for k, v in self.headers.items()} | {"path": self.path}
+        self.received.append((body, headers))
         self.send_response(self.script[min(len(self.received), len(self.script)) - 1])
         self.send_header("content-length", "0")
         self.end_headers()
@@ -186,3 +189,52 @@ def test_an_event_delivered_twice_records_its_alerts_once(database: Engine) -> N
     assert [(r.budget, r.percent, r.request_id) for r in rows] == [
         ("key_usd_per_day", 80, usage.request_id)
     ]
+
+
+def test_a_teams_own_receiver_gets_its_alerts_signed_with_its_secret(
+    gw: Gateway, team: Any, sql: Engine, receiver: int
+) -> None:
+    _Receiver.script, _Receiver.received = [200], []
+    hook = f"http://127.0.0.1:{receiver}/team-hook"
+    name, key = team(usd_per_day=2 * CHARGED, alert_url=hook)
+    for _ in range(2):
+        gw.client(key).chat.completions.create(model=MODEL, messages=CHAT, max_tokens=10)
+    wait_until(lambda: len(_sent(name)) == 4, 15, "two alerts to two receivers")
+    theirs = [(p, b, h) for p, b, h in _sent(name) if h["path"] == "/team-hook"]
+    assert sorted(p["percent"] for p, _, _ in theirs) == [50, 100]
+    secret = team_secret(sql, name)
+    assert secret is not None
+    for payload, body, headers in theirs:  # the team checks them with its own secret
+        assert Webhook(secret).verify(body, headers) == payload
+        with pytest.raises(WebhookVerificationError):
+            Webhook(SECRET).verify(body, headers)
+
+
+def test_without_an_operator_receiver_only_teams_with_their_own_are_due(database: Engine) -> None:
+    teams.create_team(database, "with-hook", alert_url="https://hooks.example.com/t")
+    teams.create_team(database, "without")
+    for name in ("with-hook", "without"):
+        usage = decoder.decode(json.dumps(event(team=name)).encode())
+        raw = json.dumps(
+            [
+                {
+                    "budget": "usd_per_day",
+                    "period": "2026-11-27",
+                    "percent": 80,
+                    "spent": 8,
+                    "limit": 10,
+                }
+            ]
+        ).encode()
+        store.write(database, [to_row(usage)], alert_rows(raw, usage))
+    claimed = alerts.claim(database, 60, every_team=False)
+    assert claimed is not None
+    alert, url = claimed
+    assert (alert.team, url, alert.claims) == ("with-hook", "https://hooks.example.com/t", 1)
+    assert alerts.claim(database, 60, every_team=False) is None  # claimed; the other is not due
+    other = alerts.claim(database, 60, every_team=True)
+    assert other is not None and other[0].team == "without" and other[1] is None
+    with pytest.raises(ValueError, match="http or https"):
+        teams.update_team(database, "without", alert_url="ftp://hooks.example.com/")
+    cleared, _ = teams.update_team(database, "with-hook", alert_url="")
+    assert cleared.alert_url is None

@@ -75,6 +75,7 @@ def test_teams_lifecycle(admin: Any) -> None:
         "user_rpm": None,
         "user_tpm": None,
         "user_usd_per_day": None,
+        "alert_url": None,
         "disabled": False,
         "created_at": None,
     }
@@ -89,7 +90,17 @@ def test_teams_lifecycle(admin: Any) -> None:
     # 2**63 overflowed SQL's integers (a 500); above 2**53 the quota script's numbers lose counts
     too_big = ({"batch_tokens_per_day": 2**63}, {"tpm": 2**53 + 1}, {"usd_per_day": 1e300})
     negative = ({"rpm": -1}, {"user_tpm": -5})
-    for bad in (*negative, {"nope": 1}, {"default_tier": "gold"}, {"strong_share": 2}, *too_big):
+    hooks = api.patch(f"/teams/{name}", json={"alert_url": "https://hooks.example.com/x"}).json()
+    assert hooks["alert_url"] == "https://hooks.example.com/x"
+    odd_urls = ({"alert_url": "file:///etc/passwd"}, {"alert_url": "http://u:p@example.com/"})
+    for bad in (
+        *negative,
+        {"nope": 1},
+        {"default_tier": "gold"},
+        {"strong_share": 2},
+        *too_big,
+        *odd_urls,
+    ):
         reply = api.patch(f"/teams/{name}", json=bad)
         assert reply.status_code == 400, bad
         assert reply.json()["error"]["type"] == "invalid_request_error"

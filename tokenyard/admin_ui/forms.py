@@ -34,6 +34,7 @@ LABELS: dict[str, tuple[str, str]] = {
     "user_rpm": ("Requests per minute, each end user", "by safety_identifier or user; blank: none"),
     "user_tpm": ("Tokens per minute, each end user", "blank: none"),
     "user_usd_per_day": ("Dollars per day, each end user", "UTC day; blank: none"),
+    "alert_url": ("Budget alerts URL", "the team's own receiver (Slack works); blank: none"),
 }
 
 

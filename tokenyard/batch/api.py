@@ -17,7 +17,7 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath, FromQuery
 from sqlalchemy import Engine
 
-from tokenyard.batch import jobs, webhooks
+from tokenyard.batch import jobs
 from tokenyard.batch.files import (
     ENDPOINTS,
     UNREADABLE,
@@ -33,6 +33,7 @@ from tokenyard.core.destinations import Network, RefusedDestination, check
 from tokenyard.core.errors import GatewayError
 from tokenyard.core.openapi import body_operation, json_body
 from tokenyard.gateway.validation import Metadata
+from tokenyard.tenancy import webhook_secrets
 from tokenyard.tenancy.policy import TeamPolicy
 
 T = TypeVar("T")
@@ -346,14 +347,14 @@ class BatchesController(Controller):
         self, batch_worker: NamedDependency[BatchWorker], caller: NamedDependency[TeamPolicy]
     ) -> Response[bytes]:
         """The team's key for checking its callbacks' signatures, made on first use."""
-        return await _webhook_secret(batch_worker.sql, caller.team, webhooks.team_secret)
+        return await _webhook_secret(batch_worker.sql, caller.team, webhook_secrets.team_secret)
 
     @post("/batch/webhook_secret", status_code=200)
     async def rotate_webhook_secret(
         self, batch_worker: NamedDependency[BatchWorker], caller: NamedDependency[TeamPolicy]
     ) -> Response[bytes]:
         """A new key for the team: callbacks are signed with it from now on."""
-        return await _webhook_secret(batch_worker.sql, caller.team, webhooks.rotate_secret)
+        return await _webhook_secret(batch_worker.sql, caller.team, webhook_secrets.rotate_secret)
 
     @post("/batch", status_code=200, operation_class=json_body(InlineBatch))
     async def inline(

@@ -21,7 +21,6 @@ from sqlalchemy import Engine
 from tokenyard.batch import jobs, lifecycle
 from tokenyard.batch.files import ENDPOINTS
 from tokenyard.batch.models import BatchJob
-from tokenyard.batch.webhooks import team_secret
 from tokenyard.core.destinations import allow_list
 from tokenyard.core.errors import GatewayError
 from tokenyard.core.settings import Settings
@@ -31,6 +30,7 @@ from tokenyard.gateway.proxy import Proxy
 from tokenyard.gateway.request_ids import new_request_id
 from tokenyard.tenancy.keys import policy_by_prefix
 from tokenyard.tenancy.policy import TeamPolicy
+from tokenyard.tenancy.webhook_secrets import team_secret
 
 log = logging.getLogger("tokenyard.batch")
 

@@ -1,5 +1,6 @@
 """Budget alerts: the crossings billing records (store.write, from the quota script's settle) sent
-to the operator's webhook (TOKENYARD_ALERT_WEBHOOK_URL), at least once.
+to the operator's webhook (TOKENYARD_ALERT_WEBHOOK_URL) and to the team's own (its `alert_url`,
+signed with the team's webhook secret), at least once.
 
 Every gateway runs a sender. Each poll it claims one due alert in SQL (a conditional UPDATE on the
 claim it read, so two gateways never send the same one at once), POSTs it (Standard Webhooks'
@@ -24,6 +25,8 @@ from tokenyard.core.destinations import allow_list
 from tokenyard.core.settings import Settings
 from tokenyard.core.tasks import cancel_and_wait
 from tokenyard.core.webhooks import deliver, webhook_client
+from tokenyard.tenancy.models import Team
+from tokenyard.tenancy.webhook_secrets import team_secret
 
 log = logging.getLogger("tokenyard.billing")
 
@@ -83,22 +86,28 @@ def listed(
     ]
 
 
-def claim(engine: Engine, lease_s: float) -> BudgetAlert | None:
-    """One due alert, claimed for `lease_s`; None: nothing due (or others claimed it first)."""
+def claim(
+    engine: Engine, lease_s: float, every_team: bool
+) -> tuple[BudgetAlert, str | None] | None:
+    """One due alert, claimed for `lease_s`, with its team's own receiver (None: none); None:
+    nothing due (or others claimed it first). `every_team`: the operator receives every alert;
+    else only those of teams with a receiver of their own are due."""
     now = datetime.now(UTC)
     with Session(engine) as session:
-        due = session.exec(
-            select(BudgetAlert)
+        query = (
+            select(BudgetAlert, Team.alert_url)
+            .join(Team, col(Team.name) == col(BudgetAlert.team), isouter=True)
             .where(
                 col(BudgetAlert.delivered_at).is_(None),
                 BudgetAlert.claims < MAX_CLAIMS,
                 BudgetAlert.created_at >= now - MAX_AGE,
                 or_(col(BudgetAlert.retry_at).is_(None), col(BudgetAlert.retry_at) <= now),
             )
-            .order_by(col(BudgetAlert.id))
-            .limit(5)
-        ).all()
-        for alert in due:
+        )
+        if not every_team:
+            query = query.where(col(Team.alert_url).is_not(None))
+        due = session.exec(query.order_by(col(BudgetAlert.id)).limit(5)).all()
+        for alert, team_url in due:
             seen = col(BudgetAlert.retry_at)
             took = session.exec(
                 update(BudgetAlert)  # type: ignore[call-overload]
@@ -112,7 +121,7 @@ def claim(engine: Engine, lease_s: float) -> BudgetAlert | None:
             session.commit()
             if took.rowcount == 1:
                 session.refresh(alert)
-                return alert
+                return alert, team_url
     return None
 
 
@@ -142,8 +151,7 @@ class AlertSender:
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        if self.url:  # no receiver: alerts are only recorded
-            self._task = asyncio.get_running_loop().create_task(self._run())
+        self._task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
         await cancel_and_wait(self._task)
@@ -159,21 +167,31 @@ class AlertSender:
                 await asyncio.sleep(self.poll_s)
 
     async def send_one(self, client: Any) -> bool:
-        """Claim and send one alert; False when none was due."""
-        alert = await asyncio.to_thread(claim, self.sql, self.lease_s)
-        if alert is None:
+        """Claim and send one alert to the operator's receiver and the team's own (each signed
+        with its own secret); False when none was due. Delivered once every receiver took it;
+        a retry goes to both again, under the same webhook-id, so a receiver can drop a repeat."""
+        claimed = await asyncio.to_thread(claim, self.sql, self.lease_s, bool(self.url))
+        if claimed is None:
             return False
+        alert, team_url = claimed
         assert alert.id is not None
-        ok = await deliver(
-            client,
-            self.url,
-            message_id=f"alert_{alert.id}",
-            body=msgspec.json.encode(payload(alert)),
-            secret=self.secret,
-            allow=ANYWHERE,
-            attempts=self.attempts,
-            backoff_s=1.0,
-        )
+        receivers = [(self.url, self.secret)] if self.url else []
+        if team_url:
+            secret = await asyncio.to_thread(team_secret, self.sql, alert.team)
+            receivers.append((team_url, secret))
+        body = msgspec.json.encode(payload(alert))
+        ok = True
+        for url, secret in receivers:  # both are the operator's choice: any address may be one
+            ok &= await deliver(
+                client,
+                url,
+                message_id=f"alert_{alert.id}",
+                body=body,
+                secret=secret,
+                allow=ANYWHERE,
+                attempts=self.attempts,
+                backoff_s=1.0,
+            )
         metrics.ALERT_DELIVERIES.labels("delivered" if ok else "failed").inc()
         await asyncio.to_thread(finish, self.sql, alert.id, ok, self.retry_s)
         return True

@@ -113,9 +113,10 @@ class Destination:
         )
 
 
-async def check(url: str, allow: Sequence[Network] = ()) -> Destination:
-    """The URL's destination once every address its host resolves to is public or in `allow`.
-    Raises RefusedDestination, or OSError when the host does not resolve (maybe for now)."""
+def spelled(url: str) -> httpx.URL:
+    """The URL, parsed as its request will be, once its form is one a webhook may have (http or
+    https, no credentials, a host spelled plainly); raises RefusedDestination. No lookup: what
+    its name resolves to is checked at each delivery (`check`)."""
     try:
         parsed = httpx.URL(url)  # the parser the request is sent with: no second opinion
     except httpx.InvalidURL:
@@ -128,6 +129,14 @@ async def check(url: str, allow: Sequence[Network] = ()) -> Destination:
     if not host:
         raise RefusedDestination("it has no host")
     _check_spelling(host)
+    return parsed
+
+
+async def check(url: str, allow: Sequence[Network] = ()) -> Destination:
+    """The URL's destination once every address its host resolves to is public or in `allow`.
+    Raises RefusedDestination, or OSError when the host does not resolve (maybe for now)."""
+    parsed = spelled(url)
+    host = parsed.raw_host.decode("ascii")
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
     async with asyncio.timeout(RESOLVE_TIMEOUT_S):
         found = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)

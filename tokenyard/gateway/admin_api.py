@@ -67,6 +67,7 @@ class TeamLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     user_rpm: Count | UnsetType | None = UNSET
     user_tpm: Count | UnsetType | None = UNSET
     user_usd_per_day: Dollars | UnsetType | None = UNSET
+    alert_url: str | UnsetType | None = UNSET  # the team's own receiver of its budget alerts
 
 
 class NewTeam(TeamLimits, kw_only=True, forbid_unknown_fields=True):

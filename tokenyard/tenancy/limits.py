@@ -29,6 +29,9 @@ LIMIT_FIELDS: dict[str, type] = {
     "user_rpm": int,
     "user_tpm": int,
     "user_usd_per_day": float,
+    # where the team's own budget alerts go (billing/alerts.py), beside the operator's; set by the
+    # operator (CLI, admin API, admin UI), never by the team's keys
+    "alert_url": str,
 }
 
 # the limits a key may have of its own, beside its team's (a subset of the team's fields)
@@ -40,6 +43,7 @@ FRACTIONS = ("auto_threshold", "strong_share", "auto_quality")
 # a larger count is a typo, would overflow SQL's 64-bit integers (2**63 and up was a 500), and would
 # not survive the quota script's float arithmetic (Lua numbers are doubles)
 MAX_COUNT = 2**53
+MAX_URL = 2048
 
 
 def problem(name: str, value: Any) -> str | None:
@@ -47,6 +51,18 @@ def problem(name: str, value: Any) -> str | None:
     itself means unlimited). The one rule for the CLI, the admin API and the admin UI."""
     kind = LIMIT_FIELDS[name]
     if value is None or name == "models":
+        return None
+    if name == "alert_url":
+        from tokenyard.core import destinations  # httpx's parser: kept off the CLI's start
+
+        if value == "":  # none
+            return None
+        if not isinstance(value, str) or len(value) > MAX_URL:
+            return f"must be a URL of at most {MAX_URL} characters"
+        try:
+            destinations.spelled(value)
+        except destinations.RefusedDestination as exc:
+            return f"is refused: {exc}"
         return None
     if name == "default_tier":
         return None if value in TIERS else f"must be one of {', '.join(TIERS)}"
@@ -88,4 +104,6 @@ LIMIT_HELP: dict[str, str] = {
     "(default: unlimited)",
     "user_tpm": "tokens per minute of each end user (default: unlimited)",
     "user_usd_per_day": "US dollars of spend per UTC day of each end user (default: unlimited)",
+    "alert_url": "where the team's own budget alerts are POSTed, signed with its webhook secret "
+    "('' on update: none)",
 }

@@ -47,9 +47,11 @@ class Team(SQLModel, table=True):
     # seconds the gateway's response cache keeps the team's answers; 0: never; None: the platform's
     cache_ttl_s: float | None = None
     batch_tokens_per_day: int | None = _count()  # the batch tier's own daily budget
-    # signs the team's batch callbacks (Standard Webhooks, whsec_…; batch/webhooks.py); kept as
+    # signs the team's webhooks, batch callbacks and budget alerts (Standard Webhooks, whsec_…;
+    # tenancy/webhook_secrets.py); kept as
     # is, not hashed: signing needs the key itself, a hash could only check one
     webhook_secret: str | None = None
+    alert_url: str | None = None  # the team's own receiver of its budget alerts (billing/alerts.py)
     # each end user's own limits within the team (None: none); a request names its end user in
     # `safety_identifier` or `user`
     user_rpm: int | None = _count()

@@ -33,6 +33,8 @@ def _apply(team: Team, limits: dict[str, Any]) -> None:
             raise ValueError(f"{name} {error}")
         if name == "models" and not isinstance(value, str):
             value = ",".join(value)
+        if name == "alert_url" and not value:  # '' clears it, as the CLI's flags go
+            value = None
         setattr(team, name, value)
 
 

@@ -1,5 +1,6 @@
-"""Each team's key for signing its batch callbacks (Standard Webhooks: `whsec_` + base64 of 32
-random bytes), in the team's SQL row. Made on first use; rotating replaces it at once."""
+"""Each team's key for signing the webhooks it receives, batch callbacks and budget alerts
+(Standard Webhooks: `whsec_` + base64 of 32 random bytes), in the team's SQL row. Made on first
+use; rotating replaces it at once."""
 
 import base64
 import secrets
