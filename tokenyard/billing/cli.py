@@ -30,6 +30,12 @@ def _sums(totals: dict[str, Any]) -> tuple[str, ...]:
     return (*(str(totals[name]) for name in counts), *dollars)
 
 
+def _engine() -> Any:
+    from tokenyard.core.db import database_url, get_engine
+
+    return get_engine(database_url(get_settings()))
+
+
 def _days(args: argparse.Namespace) -> tuple[date, date] | None:
     """--date and --end (default: today, one day); None after saying what is wrong."""
     try:
@@ -42,13 +48,12 @@ def _days(args: argparse.Namespace) -> tuple[date, date] | None:
 
 def _report(args: argparse.Namespace) -> int:
     from tokenyard.billing import reports
-    from tokenyard.core.db import database_url, get_engine
 
     days = _days(args)
     if days is None:
         return 2
     start, end = days
-    engine = get_engine(database_url(get_settings()))
+    engine = _engine()
     if args.by == "key":
         per_key = reports.by_key(engine, start, end, args.team)
         if args.csv:
@@ -87,13 +92,12 @@ def _report(args: argparse.Namespace) -> int:
 
 def _alerts(args: argparse.Namespace) -> int:
     from tokenyard.billing import alerts
-    from tokenyard.core.db import database_url, get_engine
 
     days = _days(args)
     if days is None:
         return 2
     start, end = days
-    engine = get_engine(database_url(get_settings()))
+    engine = _engine()
     found = alerts.listed(engine, start, end, args.team, args.limit)
     if args.json:
         for alert in found:
@@ -108,9 +112,8 @@ def _alerts(args: argparse.Namespace) -> int:
 
 def _requests(args: argparse.Namespace) -> int:
     from tokenyard.billing import request_log
-    from tokenyard.core.db import database_url, get_engine
 
-    engine = get_engine(database_url(get_settings()))
+    engine = _engine()
     filters = request_log.Filters(
         model=args.model,
         key_prefix=args.key,
