@@ -50,6 +50,7 @@ def test_audit_log_and_policy_form(
         fields = {"csrf": csrf_of(form_page), "input.illicit.action": "block"}
         fields["input.illicit.threshold"] = "0.6"
         fields["pii.email.action"], fields["pii.secret.action"] = "mask", "block"
+        fields["terms"] = "Project Falcon\n\n  ACME  \nacme"
         for direction, heads in (("input", ["violence", "jailbreak"]), ("output", ["hate"])):
             for head in heads:
                 fields[f"{direction}.{head}.action"] = "flag"
@@ -62,6 +63,8 @@ def test_audit_log_and_policy_form(
         assert policy.input["sexual"].action == "off"  # not in the form: off
         assert policy.output["hate"].action == "flag"
         assert policy.pii == {"email": "mask", "secret": "block"}  # the kinds not sent: off
+        assert policy.terms == ("Project Falcon", "ACME")  # trimmed, blanks and repeats dropped
+        assert "Project Falcon\nACME</textarea>" in admin.get(f"/admin/guard/policy/{name}").text
 
         bad = dict(fields, **{"input.illicit.threshold": "7"})
         bad["csrf"] = csrf_of(admin.get(f"/admin/guard/policy/{name}"))

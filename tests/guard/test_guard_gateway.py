@@ -253,6 +253,27 @@ def test_policy_cli_and_guard_off(start_gateway: Any, team: Any, base_env: dict[
         [*run, "set", name, "input.violence=destroy"], env=base_env, capture_output=True, text=True
     )
     assert out.returncode == 1 and "action must be one of" in out.stderr
+    terms = ["--term", "Project Falcon", "--term", " acme "]
+    out = subprocess.run(
+        [*run, "set", name, "pii.email=mask", "pii.blocklist=block", *terms, "--json"],
+        env=base_env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    shown = json.loads(out.stdout)
+    assert shown["terms"] == ["Project Falcon", "acme"]
+    pii = {r["category"]: r["action"] for r in shown["rules"] if r["direction"] == "pii"}
+    assert (pii["email"], pii["blocklist"], pii["phone"]) == ("mask", "block", "off")
+    assert shown["rules"][0]["direction"] == "input"  # the classifier's rules kept as they were
+    out = subprocess.run(
+        [*run, "set", name, "--term", "", "--json"],
+        env=base_env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(out.stdout)["terms"] == []
 
     off = start_gateway(guard_enabled="false")
     reply = httpx.post(

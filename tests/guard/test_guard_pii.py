@@ -13,7 +13,16 @@ from sqlmodel import Session
 from tests.gateway.conftest import MODEL, upstream_stats, wait_until
 from tokenyard.guard import pii, store
 from tokenyard.guard.models import GuardAudit
-from tokenyard.guard.policy import DEFAULT, apply, as_table, decode, encode, parse_change
+from tokenyard.guard.policy import (
+    DEFAULT,
+    MAX_TERMS,
+    apply,
+    as_table,
+    decode,
+    encode,
+    parse_change,
+    terms_of,
+)
 
 ALL = frozenset(pii.KINDS)
 # (text, the kinds found in it): real ones, and look-alikes that are not
@@ -79,6 +88,22 @@ def test_a_policy_sets_each_kind_and_keeps_the_rest() -> None:
             apply(DEFAULT, [parse_change(bad)])
 
 
+def test_a_teams_terms_match_whole_words_in_any_case_and_are_never_patterns() -> None:
+    terms = ("Project Falcon", "ACME", "a.b*")
+    blocklist = frozenset({"blocklist"})
+    text = "project falcon ships; acme's ACMEcorp stays; a.b* and axb literal"
+    found = pii.find(text, blocklist, terms=terms)
+    assert [text[f.start : f.end] for f in found] == ["project falcon", "acme", "a.b*"]
+    assert pii.mask(text, found, blocklist) == (
+        "[REDACTED] ships; [REDACTED]'s ACMEcorp stays; [REDACTED] and axb literal"
+    )
+    assert pii.find(text, blocklist) == []  # no terms, nothing to find
+    policy = apply(DEFAULT, [parse_change("pii.blocklist=block")], terms=terms_of(["x", " X ", ""]))
+    assert policy.terms == ("x",) and decode(encode(policy)).terms == ("x",)
+    with pytest.raises(ValueError, match="at most"):
+        apply(DEFAULT, [], terms=tuple(f"t{i}" for i in range(MAX_TERMS + 1)))
+
+
 def _audit(sql: Any, team: str) -> list[GuardAudit]:
     with Session(sql) as session:
         return list(session.exec(sqlmodel.select(GuardAudit).where(GuardAudit.team == team)))
@@ -125,6 +150,24 @@ def test_the_gateway_masks_before_sending_and_blocks_before_calling(
     assert blocked.categories == "pii/credit_card" and json.loads(blocked.scores) == {
         "pii/credit_card": 1.0
     }
+
+    # the team's own terms: masked, then blocked, as the policy says
+    policy = store.read_policy(sql, name)
+    assert policy is not None
+    masking = apply(policy, [parse_change("pii.blocklist=mask")], terms=("Project Falcon",))
+    store.write_policy(sql, name, masking)
+    codename = [{"role": "user", "content": "status of project FALCON?"}]
+    wait_until(lambda: "[REDACTED]" in json.dumps(_sent(client, upstream, codename)), 5, "terms")
+    store.write_policy(sql, name, apply(masking, [parse_change("pii.blocklist=block")]))
+
+    def refused() -> bool:
+        try:
+            client.chat.completions.create(model=MODEL, messages=codename, max_tokens=2)
+        except openai.BadRequestError as exc:
+            return "pii/blocklist" in exc.message
+        return False
+
+    wait_until(refused, 5, "the blocklist blocks")
 
 
 def _sent(client: Any, upstream: str, messages: list[dict[str, Any]]) -> dict[str, Any]:

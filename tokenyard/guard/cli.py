@@ -75,10 +75,13 @@ def _print_policy(team: str, policy: Any, as_json: bool, own: bool) -> None:
     rows = as_table(policy, _thresholds())
     if as_json:
         out = {"team": team, "own_policy": own, "store_text": policy.store_text, "rules": rows}
+        out["terms"] = list(policy.terms)
         print(json.dumps(out, indent=2))
         return
     source = "its own policy" if own else "the platform default"
     print(f"team {team}: {source}; audit rows keep the text: {policy.store_text}")
+    if policy.terms:
+        print("  blocklist: " + "; ".join(policy.terms))
     for r in rows:
         mark = " (default)" if r["default_threshold"] else ""
         threshold = "–" if r["threshold"] is None else f"{r['threshold']:.3f}"
@@ -87,7 +90,7 @@ def _print_policy(team: str, policy: Any, as_json: bool, own: bool) -> None:
 
 def _policy(args: argparse.Namespace) -> int:
     from tokenyard.guard import store
-    from tokenyard.guard.policy import DEFAULT, apply, parse_change
+    from tokenyard.guard.policy import DEFAULT, apply, parse_change, terms_of
     from tokenyard.tenancy.teams import get_team
 
     sql = _sql()
@@ -109,7 +112,8 @@ def _policy(args: argparse.Namespace) -> int:
             return 0
         changes = [parse_change(spec) for spec in args.changes]
         store_text = {"on": True, "off": False}.get(args.store_text or "")
-        policy = apply(current or DEFAULT, changes, store_text)
+        terms = terms_of(args.term) if args.term is not None else None
+        policy = apply(current or DEFAULT, changes, store_text, terms)
         store.write_policy(sql, args.team, policy)
         _forget(args.team)
         _print_policy(args.team, policy, args.json, True)
@@ -189,6 +193,13 @@ def add_parser(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]"
         "--store-text",
         choices=["on", "off"],
         help="audit rows keep the flagged text (default off: scores only)",
+    )
+    policy.add_argument(
+        "--term",
+        action="append",
+        default=None,
+        help="a term of the team's blocklist (repeat for each; the list given replaces the old "
+        "one, --term '' empties it); pii.blocklist=flag|block|mask sets what a match does",
     )
     policy.add_argument("--json", action="store_true", help="print JSON")
     policy.set_defaults(run=_policy)

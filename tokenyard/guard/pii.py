@@ -11,7 +11,9 @@ that keeps only real ones, so ordinary numbers are left alone:
 - `ip_address`: IPv4 dotted quads and IPv6 addresses the `ipaddress` module accepts;
 - `secret`: credentials by their issuers' published shapes (OpenAI and Anthropic keys, AWS
   access key ids, GitHub, Slack and Google API tokens, JSON Web Tokens, PEM private keys, and
-  this platform's own `ty-` keys).
+  this platform's own `ty-` keys);
+- `blocklist`: the team's own terms (a project's code name, a customer's name), as whole words
+  in any case.
 The patterns for email, cards, SSNs, IPs and secrets are written here: the libraries that detect
 them (Presidio, detect-secrets) need spaCy models or scan files, and none runs offline in a
 request's time.
@@ -21,12 +23,13 @@ import ipaddress
 import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import lru_cache
 
 import phonenumbers
 from stdnum import iban, luhn
 from stdnum.us import ssn
 
-KINDS = ("email", "phone", "credit_card", "iban", "us_ssn", "ip_address", "secret")
+KINDS = ("email", "phone", "credit_card", "iban", "us_ssn", "ip_address", "secret", "blocklist")
 PREFIX = "pii/"  # the category a kind is audited and counted under: pii/email, ...
 
 _SECRETS = "|".join(
@@ -89,21 +92,37 @@ def _candidates(text: str, kinds: frozenset[str], region: str | None) -> Iterato
             yield Found("phone", match.start, match.end)
 
 
-def find(text: str, kinds: frozenset[str], region: str | None = "US") -> list[Found]:
-    """The spans of the asked kinds, in order, none overlapping: where two overlap, the one that
-    starts first (then the longer) stands; a card number is not also a phone number."""
+@lru_cache(maxsize=256)
+def _terms(terms: tuple[str, ...]) -> re.Pattern[str]:
+    """One pattern for a team's terms: escaped (a term is text, never a pattern: no backtracking
+    a team could set off), longest first, whole words, any case."""
+    alternatives = "|".join(re.escape(t) for t in sorted(terms, key=len, reverse=True))
+    return re.compile(rf"(?<!\w)(?:{alternatives})(?!\w)", re.IGNORECASE)
+
+
+def find(
+    text: str, kinds: frozenset[str], region: str | None = "US", terms: tuple[str, ...] = ()
+) -> list[Found]:
+    """The spans of the asked kinds (`blocklist`: of `terms`), in order, none overlapping: where
+    two overlap, the one that starts first (then the longer) stands; a card number is not also a
+    phone number."""
+    candidates = list(_candidates(text, kinds, region))
+    if "blocklist" in kinds and terms:
+        candidates += [Found("blocklist", m.start(), m.end()) for m in _terms(terms).finditer(text)]
     found: list[Found] = []
-    for span in sorted(_candidates(text, kinds, region), key=lambda f: (f.start, -f.end)):
+    for span in sorted(candidates, key=lambda f: (f.start, -f.end)):
         if not found or span.start >= found[-1].end:
             found.append(span)
     return found
 
 
 def mask(text: str, found: list[Found], kinds: frozenset[str]) -> str:
-    """The text with each found span of `kinds` replaced by its kind in brackets: [EMAIL]."""
+    """The text with each found span of `kinds` replaced by its kind in brackets: [EMAIL]
+    ([REDACTED] for a blocklisted term: its kind would name nothing)."""
     parts, at = [], 0
     for span in found:
         if span.kind in kinds:
-            parts += [text[at : span.start], f"[{span.kind.upper()}]"]
+            label = "REDACTED" if span.kind == "blocklist" else span.kind.upper()
+            parts += [text[at : span.start], f"[{label}]"]
             at = span.end
     return "".join(parts) + text[at:]

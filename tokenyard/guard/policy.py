@@ -23,6 +23,8 @@ DIRECTIONS = ("input", "output")
 Action = Literal["off", "flag", "block"]
 PII = "pii"  # the settings' namespace for personal data: pii.email=mask
 PII_ACTIONS = ("off", "flag", "block", "mask")
+MAX_TERMS = 500
+MAX_TERM = 200
 PiiAction = Literal["off", "flag", "block", "mask"]
 
 
@@ -47,6 +49,7 @@ class Policy(msgspec.Struct, frozen=True):
     output: dict[str, Rule] = msgspec.field(default_factory=lambda: _defaults("output"))
     store_text: bool = False  # audit rows keep the text that was flagged (opt-in)
     pii: dict[str, PiiAction] = msgspec.field(default_factory=dict)  # kind → action; absent: off
+    terms: tuple[str, ...] = ()  # the team's own blocklist (pii.blocklist sets what it does)
 
     def rules(self, direction: str) -> dict[str, Rule]:
         return self.input if direction == "input" else self.output
@@ -87,6 +90,11 @@ def check(policy: Policy) -> None:
                 raise ValueError(f"action must be one of {ACTIONS}")
             if rule.threshold is not None and not 0.0 < rule.threshold < 1.0:
                 raise ValueError(f"{direction}.{head}: threshold must be between 0 and 1")
+    if len(policy.terms) > MAX_TERMS:
+        raise ValueError(f"a blocklist holds at most {MAX_TERMS} terms")
+    for term in policy.terms:
+        if not 0 < len(term) <= MAX_TERM or term != term.strip():
+            raise ValueError(f"a term is 1 to {MAX_TERM} characters, without spaces around")
     for kind, action in policy.pii.items():
         if kind not in KINDS:
             raise ValueError(f"pii has no kind {kind!r} (one of {KINDS})")
@@ -132,7 +140,22 @@ def parse_change(spec: str) -> Change:
     return change
 
 
-def apply(policy: Policy, changes: list[Change], store_text: bool | None = None) -> Policy:
+def terms_of(raw: list[str]) -> tuple[str, ...]:
+    """A blocklist as people give it (a term a line, or a flag each): trimmed, blanks and
+    repeats (in any case) dropped, in order."""
+    kept: dict[str, str] = {}
+    for term in (t.strip() for t in raw):
+        if term:
+            kept.setdefault(term.casefold(), term)
+    return tuple(kept.values())
+
+
+def apply(
+    policy: Policy,
+    changes: list[Change],
+    store_text: bool | None = None,
+    terms: tuple[str, ...] | None = None,
+) -> Policy:
     rules: dict[str, dict[str, Rule]] = {d: dict(policy.rules(d)) for d in DIRECTIONS}
     pii = dict(policy.pii)
     for change in changes:
@@ -157,6 +180,7 @@ def apply(policy: Policy, changes: list[Change], store_text: bool | None = None)
         output=rules["output"],
         store_text=policy.store_text if store_text is None else store_text,
         pii={kind: action for kind, action in pii.items() if action != "off"},
+        terms=policy.terms if terms is None else terms,
     )
     check(new)
     return new

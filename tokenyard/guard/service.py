@@ -151,11 +151,13 @@ class Screen:
         kinds = self.policy.pii_kinds()
         if not kinds:
             return texts, ALLOW
-        region = self.guard.pii_region
+        region, terms = self.guard.pii_region, self.policy.terms
         if sum(map(len, texts)) < PII_INLINE_CHARS:
-            found = [pii.find(text, kinds, region) for text in texts]
+            found = [pii.find(text, kinds, region, terms) for text in texts]
         else:  # phone number matching runs ~0.3 ms a kilobyte: long prompts off the event loop
-            found = await asyncio.to_thread(lambda: [pii.find(t, kinds, region) for t in texts])
+            found = await asyncio.to_thread(
+                lambda: [pii.find(t, kinds, region, terms) for t in texts]
+            )
         seen = sorted({f.kind for spans in found for f in spans})
         if not seen:
             return texts, ALLOW

@@ -22,7 +22,9 @@ from tokenyard.guard.policy import (
     Policy,
     Rule,
     as_table,
+    check,
     heads_of,
+    terms_of,
 )
 
 PAGE = 50
@@ -68,7 +70,14 @@ def _policy_from_form(form: Any) -> tuple[Policy, dict[str, str]]:
         elif action != "off":
             pii[kind] = action
     store_text = forms.text(form, "store_text") == "on"
-    policy = Policy(input=rules["input"], output=rules["output"], store_text=store_text, pii=pii)
+    terms = terms_of(forms.text(form, "terms").splitlines())
+    policy = Policy(
+        input=rules["input"], output=rules["output"], store_text=store_text, pii=pii, terms=terms
+    )
+    try:
+        check(policy)
+    except ValueError as exc:  # the blocklist's bounds: the rules were checked one by one above
+        errors.setdefault("terms", str(exc))
     return policy, errors
 
 
@@ -129,6 +138,7 @@ class Guard(Controller):
             rows=as_table(shown, _defaults(request)),
             explicit={(d, h): r.threshold for d in DIRECTIONS for h, r in shown.rules(d).items()},
             store_text=shown.store_text,
+            terms="\n".join(shown.terms),
             actions=ACTIONS,
             pii_actions=PII_ACTIONS,
             errors=errors,
