@@ -17,6 +17,7 @@ from litestar.exceptions import HTTPException
 
 from tokenyard.admin_ui.app import admin_router
 from tokenyard.batch.api import BatchesController, FilesController
+from tokenyard.batch.message_batches import MessageBatchesController
 from tokenyard.batch.worker import BatchWorker
 from tokenyard.billing.alerts import AlertSender
 from tokenyard.billing.api import UsageController
@@ -198,6 +199,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             ModerationsController,
             FilesController,
             BatchesController,
+            MessageBatchesController,
             admin_router,
         ],
         on_startup=[startup],

@@ -27,7 +27,10 @@ EXPIRED = (
 
 # what new_id makes: a client's id of any other shape names nothing, and is never sent to SQL
 # (PostgreSQL refuses a NUL in a parameter outright)
-_ID = re.compile(r"(file-|batch_)[0-9a-f]{24}")
+_ID = re.compile(r"(file-|batch_|msgbatch_)[0-9a-f]{24}")
+# a job's id says which API made it: OpenAI's Batches (batch_) or Anthropic's Message Batches
+# (msgbatch_); each API lists its own
+OPENAI_JOB, ANTHROPIC_JOB = "batch_", "msgbatch_"
 _INSERT_SLICE = 200  # request rows per INSERT when a job is created (see create_job)
 
 
@@ -81,12 +84,13 @@ def create_job(
     metadata: dict[str, str] | None = None,
     callback_url: str | None = None,
     priority: int = 0,
+    id_prefix: str = OPENAI_JOB,
 ) -> BatchJob:
     """The job and its requests in one transaction: in progress at once (lines were checked).
     The requests go in as bulk INSERTs: a row object each took seconds for 10,000."""
     now = int(time.time())
     job = BatchJob(
-        id=new_id("batch_"),
+        id=new_id(id_prefix),
         team=team,
         key_prefix=key_prefix,
         endpoint=endpoint,
@@ -133,26 +137,53 @@ def get_job(engine: Engine, team: str, batch_id: str) -> BatchJob | None:
 
 
 def _page(
-    engine: Engine, table: type[_Owned], team: str, after: str | None, limit: int, *where: Any
+    engine: Engine,
+    table: type[_Owned],
+    team: str,
+    after: str | None,
+    limit: int,
+    *where: Any,
+    before: str | None = None,
 ) -> list[_Owned]:
-    """A team's rows, newest first, after the cursor row (OpenAI's `after` pagination). A cursor
-    that is not one of the team's rows is ignored, another team's exactly as a missing one."""
-    cursor = _owned(engine, table, team, after) if after else None
+    """A team's rows, newest first, after the cursor row (OpenAI's `after` pagination), or the
+    page just before it (Anthropic's `before_id`: newer ones). A cursor that is not one of the
+    team's rows is ignored, another team's exactly as a missing one."""
+    newer = before is not None
+    cursor = _owned(engine, table, team, before if newer else after) if (before or after) else None
+    created, ident = col(table.created_at), col(table.id)
     with Session(engine) as session:
         query = select(table).where(table.team == team, *where)
-        if cursor is not None:
+        if cursor is not None and newer:
             query = query.where(
-                (col(table.created_at) < cursor.created_at)
-                | ((table.created_at == cursor.created_at) & (col(table.id) < cursor.id))
+                (created > cursor.created_at)
+                | ((created == cursor.created_at) & (ident > cursor.id))
+            )
+        elif cursor is not None:
+            query = query.where(
+                (created < cursor.created_at)
+                | ((created == cursor.created_at) & (ident < cursor.id))
             )
         if table is BatchFile:  # a listing never reads the files' contents
             query = query.options(defer(BatchFile.content))  # type: ignore[arg-type]
-        query = query.order_by(col(table.created_at).desc(), col(table.id).desc())
+        if newer:  # the nearest newer rows, then newest first
+            query = query.order_by(created.asc(), ident.asc())
+            return list(session.exec(query.limit(limit)))[::-1]
+        query = query.order_by(created.desc(), ident.desc())
         return list(session.exec(query.limit(limit)))
 
 
-def list_jobs(engine: Engine, team: str, after: str | None, limit: int) -> list[BatchJob]:
-    return _page(engine, BatchJob, team, after, limit)
+def list_jobs(
+    engine: Engine,
+    team: str,
+    after: str | None,
+    limit: int,
+    kind: str = OPENAI_JOB,
+    before: str | None = None,
+) -> list[BatchJob]:
+    """A team's jobs made through one API (`kind`: their ids' prefix), newest first."""
+    return _page(
+        engine, BatchJob, team, after, limit, col(BatchJob.id).startswith(kind), before=before
+    )
 
 
 def list_files(
@@ -191,6 +222,55 @@ def cancel_job(engine: Engine, team: str, batch_id: str) -> BatchJob | None:
         session.commit()
         job = session.get(BatchJob, batch_id)
         return job if job is not None and job.team == team else None
+
+
+def delete_job(engine: Engine, team: str, batch_id: str) -> bool | None:
+    """Delete a team's finished job and its requests (Anthropic's delete; its output files, if
+    any, stay); None: no such job, False: it is still running."""
+    job = _owned(engine, BatchJob, team, batch_id)
+    if job is None:
+        return None
+    if job.status in ACTIVE or job.status == "finalizing":
+        return False
+    with Session(engine) as session:
+        session.execute(delete(BatchRequest).where(col(BatchRequest.batch_id) == batch_id))
+        session.execute(delete(BatchJob).where(col(BatchJob.id) == batch_id))
+        session.commit()
+    return True
+
+
+def outcomes(engine: Engine, batch_id: str) -> dict[str, int]:
+    """How each of a job's requests stands: processing (not done), succeeded (a 2xx), canceled,
+    expired, errored (the rest)."""
+    done = BatchRequest.state == "done"
+    ok = col(BatchRequest.status_code).between(200, 299)
+    why = col(BatchRequest.error_code)
+    with Session(engine) as session:
+        rows = session.exec(
+            select(done, ok, why, func.count())
+            .where(BatchRequest.batch_id == batch_id)
+            .group_by(done, ok, why)
+        ).all()
+    counts = dict.fromkeys(("processing", "succeeded", "errored", "canceled", "expired"), 0)
+    for finished, succeeded, code, n in rows:
+        if not finished:
+            counts["processing"] += n
+        elif succeeded:
+            counts["succeeded"] += n
+        elif code == CANCELLED[0]:
+            counts["canceled"] += n
+        elif code == EXPIRED[0]:
+            counts["expired"] += n
+        else:
+            counts["errored"] += n
+    return counts
+
+
+def requests_of(engine: Engine, batch_id: str) -> list[BatchRequest]:
+    """A job's requests in their input's order, as they ended."""
+    with Session(engine) as session:
+        query = select(BatchRequest).where(BatchRequest.batch_id == batch_id)
+        return list(session.exec(query.order_by(col(BatchRequest.line))))
 
 
 def progress(engine: Engine, batch_id: str) -> tuple[int, int]:
