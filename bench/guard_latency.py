@@ -1,5 +1,6 @@
-"""Safety classifier latency: one prompt's scores (every head) by prompt length, and one output
-window's check, p50 / p99 / max over many calls, in one thread, as the gateway runs it.
+"""Safety classifier latency: one prompt's scores (every head) by prompt length, one scan for
+personal data (every kind, a team's terms), and one output window's check, p50 / p99 / max over
+many calls, in one thread, as the gateway runs it.
 
 Prompts are real benign and jailbreak texts from guard/data stretched to the target length (in
 MiniLM WordPiece tokens), so the word cache sees realistic vocabulary; each timing is one call on a
@@ -14,6 +15,7 @@ import random
 import statistics
 import time
 
+from tokenyard.guard import pii
 from tokenyard.guard.classifier import SafetyClassifier
 from tokenyard.guard.training.dataset import load
 from tokenyard.router.embedding import WordPieces, tokenizer_json
@@ -59,6 +61,30 @@ def main() -> None:
             p = prompts[i % len(prompts)]
             t0 = time.perf_counter()
             clf.scores(p)
+            times.append(time.perf_counter() - t0)
+        chars = int(statistics.mean(len(p) for p in prompts))
+        print(
+            f"| {size} | {chars} | {pct(times, 50) * 1e6:.0f} | {pct(times, 99) * 1e6:.0f} | "
+            f"{max(times) * 1e6:.0f} |",
+            flush=True,
+        )
+    # personal data (guard/pii.py, opt-in per team): every kind looked for, on the same kind of
+    # text with a contact line (an email, a phone number, a card) added every ~2,000 characters
+    contact = " Reach jo.doe@example.org or (415) 555-2671; card 4111 1111 1111 1111. "
+    every = frozenset(pii.KINDS)
+    terms = ("Project Falcon", "ACME")
+    print("\n| personal data, prompt tokens | chars | p50 µs | p99 µs | max µs |")
+    print("|---|---|---|---|---|")
+    for size in SIZES:
+        prompts = []
+        for _ in range(20):
+            text = stretch(texts, size, pieces, rng)
+            cut = range(0, len(text), 2000)
+            prompts.append(contact.join(text[i : i + 2000] for i in cut))
+        times = []
+        for i in range(max(args.calls // 10, 50)):
+            t0 = time.perf_counter()
+            pii.find(prompts[i % len(prompts)], every, "US", terms)
             times.append(time.perf_counter() - t0)
         chars = int(statistics.mean(len(p) for p in prompts))
         print(
