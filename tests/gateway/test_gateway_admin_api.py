@@ -155,7 +155,7 @@ def test_keys_limits_disable_and_budget_apply_at_once(admin: Any) -> None:
     actions = [c["action"] for c in trail["data"]]
     assert actions[:3] == ["key.revoke", "key.rotate", "team.update"]
     assert actions[-2:] == ["key.create", "team.create"] and not trail["has_more"]
-    assert {c["actor"] for c in trail["data"]} == {"admin-api"}
+    assert {c["actor"] for c in trail["data"]} == {"admin-api:admin"}
     budget_set = {"tokens_per_day": [None, 10000], "usd_per_day": [None, 2.5]}
     assert trail["data"][2]["details"] == budget_set
     assert key not in str(trail) and new_key not in str(trail)
@@ -418,3 +418,47 @@ def test_a_key_is_changed_in_place(admin: Any, base_env: dict[str, str]) -> None
         "usd_per_month": None,
         "concurrency": None,
     }
+
+
+def test_named_admin_keys_say_who_changed_what(start_gateway: Any) -> None:
+    """Each of TOKENYARD_ADMIN_KEYS opens the admin API under its holder's name, which the trail
+    of changes records; a key not on the list (or one dropped from it) is a 401."""
+    alice, bot = "a-" + uuid.uuid4().hex, "b-" + uuid.uuid4().hex
+    gw = start_gateway(admin_key=ADMIN_KEY, admin_keys=f"alice={alice}, deploy-bot={bot}")
+    name = "adm" + uuid.uuid4().hex[:8]
+
+    def call(key: str, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        headers = {"authorization": f"Bearer {key}"}
+        return httpx.request(method, gw.url + "/v1/admin" + path, headers=headers, **kwargs)
+
+    assert call(alice, "POST", "/teams", json={"name": name}).status_code == 201
+    assert call(bot, "PATCH", f"/teams/{name}", json={"rpm": 7}).status_code == 200
+    assert call(ADMIN_KEY, "POST", f"/teams/{name}/disable").status_code == 200
+    trail = call(bot, "GET", f"/changes?team={name}").json()["data"]
+    assert [(c["actor"], c["action"]) for c in trail] == [
+        ("admin-api:admin", "team.disable"),
+        ("admin-api:deploy-bot", "team.update"),
+        ("admin-api:alice", "team.create"),
+    ]
+    refused = call(alice[:-1] + "x", "GET", "/teams")
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_admin_key"
+    usage = call(bot, "GET", f"/usage?team={name}")  # billing's admin routes take them too
+    assert usage.status_code == 200
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "alice",
+        "alice=short",
+        "alice=0123456789abcdef,alice=fedcba9876543210",
+        "a b=0123456789abcdef",
+    ],
+)
+def test_a_bad_admin_key_list_stops_the_settings(spec: str) -> None:
+    from pydantic import ValidationError
+
+    from tokenyard.core.settings import Settings
+
+    with pytest.raises(ValidationError, match="NAME=KEY"):
+        Settings(admin_keys=spec)  # type: ignore[arg-type]

@@ -144,7 +144,7 @@ async def _requests(request: Request, settings: Settings, team: str | None) -> R
 
 def _admin_team(request: Request, settings: Settings) -> str | None:
     """The admin key checked; the team asked for (`team=`), or None: every team."""
-    require_admin(request.headers.get("authorization"), settings.admin_key)
+    require_admin(request.headers.get("authorization"), settings)
     return request.query_params.get("team") or None
 
 

@@ -3,9 +3,8 @@
 import hmac
 from hashlib import sha256
 
-from pydantic import SecretStr
-
 from tokenyard.core.errors import GatewayError
+from tokenyard.core.settings import Settings
 
 
 def bearer_is(authorization: str | None, key: str) -> bool:
@@ -18,9 +17,28 @@ def bearer_is(authorization: str | None, key: str) -> bool:
     return scheme.lower() == "bearer" and same
 
 
-def require_admin(authorization: str | None, admin_key: SecretStr) -> None:
-    """The admin-scoped APIs' check: off (403) with no admin key set, else the key as bearer."""
-    if not admin_key:
+def admin_keys(settings: Settings) -> list[tuple[str, str]]:
+    """(holder, key) of every admin key: the unnamed TOKENYARD_ADMIN_KEY as "admin", then each
+    of TOKENYARD_ADMIN_KEYS (checked when the settings were read)."""
+    keys = [("admin", settings.admin_key.get_secret_value())] if settings.admin_key else []
+    for entry in settings.admin_keys.get_secret_value().split(","):
+        name, _, key = entry.strip().partition("=")
+        if key:
+            keys.append((name, key))
+    return keys
+
+
+def require_admin(authorization: str | None, settings: Settings) -> str:
+    """The admin-scoped APIs' check: off (403) with no admin key set, else one of them as bearer;
+    returns its holder's name. Every key is compared (as digests): which one matched, and where in
+    the list, takes no time to tell."""
+    keys = admin_keys(settings)
+    if not keys:
         raise GatewayError(403, "the admin API is off (no admin key set)", code="admin_off")
-    if not bearer_is(authorization, admin_key.get_secret_value()):
-        raise GatewayError(401, "this needs the admin key", code="invalid_admin_key")
+    holder = None
+    for name, key in keys:
+        if bearer_is(authorization, key) and holder is None:
+            holder = name
+    if holder is None:
+        raise GatewayError(401, "this needs an admin key", code="invalid_admin_key")
+    return holder

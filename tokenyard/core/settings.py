@@ -4,6 +4,7 @@ a `.env` file in the working directory. Secrets are SecretStr: never shown by a 
 import difflib
 import logging
 import os
+import re
 from functools import lru_cache
 
 from dotenv import dotenv_values
@@ -13,6 +14,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 PREFIX = "TOKENYARD_"
 ENV_FILE = ".env"
 log = logging.getLogger("tokenyard")
+
+
+ADMIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
 class Settings(BaseSettings):
@@ -138,6 +142,9 @@ class Settings(BaseSettings):
     backend_max_connections: int = 256  # per commercial backend's httpx pool
     # bearer token of the admin-scoped APIs (all teams' usage); empty: those APIs are off
     admin_key: SecretStr = SecretStr("")
+    # more admin keys, each with its holder's name ("alice=KEY,deploy-bot=KEY"): the trail of
+    # changes names who used which (admin-api:alice); dropping one revokes only that holder's
+    admin_keys: SecretStr = SecretStr("")
     # bearer token of GET /metrics; empty: /metrics is open but serves no team-labelled series
     metrics_key: SecretStr = SecretStr("")
     # the admin UI (/admin, see docs/admin_ui.md): one platform owner's sign-in; an empty password
@@ -193,6 +200,21 @@ class Settings(BaseSettings):
     # requests in one job (the inline form's, or an input file's lines): its creation's work
     # grows with it (OpenAI allows 50,000 lines; the body limit bounds the bytes)
     batch_max_requests: int = 10_000
+
+    @field_validator("admin_keys")
+    @classmethod
+    def _named_keys(cls, value: SecretStr) -> SecretStr:
+        """Each entry NAME=KEY: a plain name, once, and a key of 16 characters or more."""
+        names: set[str] = set()
+        for entry in filter(None, (e.strip() for e in value.get_secret_value().split(","))):
+            name, sep, key = entry.partition("=")
+            if not sep or not ADMIN_NAME.fullmatch(name) or len(key) < 16 or name in names:
+                raise ValueError(
+                    "admin keys are NAME=KEY entries: each name once (letters, digits, . _ -), "
+                    "each key 16 characters or more"
+                )
+            names.add(name)
+        return value
 
     @field_validator("budget_alert_at")
     @classmethod

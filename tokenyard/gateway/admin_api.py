@@ -1,9 +1,9 @@
-"""The admin REST API under `/v1/admin/`, for scripts holding the admin key (TOKENYARD_ADMIN_KEY as
-`Authorization: Bearer`): teams (create, read, update limits, disable and enable, delete), their
-daily budgets with today's spend, and keys (create — the secret shown once —, list, read one
-with today's use of its own budget, change a key's name, expiry, models or limits, revoke,
-rotate), and the trail of those changes (each by "admin-api" here). The operations are
-tenancy/service.py's, as for the
+"""The admin REST API under `/v1/admin/`, for scripts holding an admin key (TOKENYARD_ADMIN_KEY, or
+one of TOKENYARD_ADMIN_KEYS, as `Authorization: Bearer`): teams (create, read, update limits,
+disable and enable, delete), their daily budgets with today's spend, and keys (create — the
+secret shown once —, list, read one with today's use of its own budget, change a key's name,
+expiry, models or limits, revoke, rotate), and the trail of those changes (each by
+"admin-api:<the admin key's holder>" here). The operations are tenancy/service.py's, as for the
 CLI and the admin UI: whatever changes a team's limits or a key's standing drops the gateways'
 cached lookups of the keys concerned, so it applies at once. Errors are OpenAI's shape."""
 
@@ -16,7 +16,7 @@ from typing import Annotated, Any, TypeVar
 import msgspec
 from litestar import Controller, Request, Response, delete, get, patch, post, put
 from litestar.connection import ASGIConnection
-from litestar.di import NamedDependency
+from litestar.di import NamedDependency, Provide
 from litestar.handlers import BaseRouteHandler
 from litestar.params import FromPath
 from msgspec import UNSET, UnsetType
@@ -37,7 +37,6 @@ from tokenyard.tenancy.service import Tenancy
 from tokenyard.tenancy.teams import team_record
 
 _S = TypeVar("_S", bound=msgspec.Struct)
-ACTOR = "admin-api"  # who the trail of changes names for this API's (one admin key: no person)
 Count = Annotated[int, msgspec.Meta(ge=0)]
 Share = Annotated[float, msgspec.Meta(ge=0, le=1)]
 Dollars = Annotated[float, msgspec.Meta(ge=0)]
@@ -139,9 +138,15 @@ def _json(data: Any, status: int = 200) -> Response[bytes]:
 
 
 def _admin_only(connection: ASGIConnection, _: BaseRouteHandler) -> None:
-    # a guard runs before dependencies are resolved: it reads the settings from the app's state
+    # a guard runs before dependencies are resolved: it reads the settings from the app's state,
+    # and leaves the key's holder for the `actor` dependency
     settings: Settings = connection.app.state.settings
-    require_admin(connection.headers.get("authorization"), settings.admin_key)
+    connection.state.admin = require_admin(connection.headers.get("authorization"), settings)
+
+
+def _actor(request: Request) -> str:
+    """Who the trail of changes names for this API's: the admin key's holder."""
+    return f"admin-api:{request.state.admin}"
 
 
 @contextlib.contextmanager
@@ -196,6 +201,7 @@ async def _existing(tenancy: Tenancy, name: str) -> Team:
 class AdminController(Controller):
     path = "/v1/admin"
     guards = (_admin_only,)
+    dependencies = {"actor": Provide(_actor, sync_to_thread=False)}  # noqa: RUF012 - Litestar's
 
     @get("/teams")
     async def list_teams(self, tenancy: NamedDependency[Tenancy]) -> Response[bytes]:
@@ -204,11 +210,11 @@ class AdminController(Controller):
 
     @post("/teams", operation_class=json_body(NewTeam))
     async def create_team(
-        self, request: Request, tenancy: NamedDependency[Tenancy]
+        self, actor: NamedDependency[str], request: Request, tenancy: NamedDependency[Tenancy]
     ) -> Response[bytes]:
         new = _body(await request.body(), NewTeam)
         with _refusals():
-            team = await tenancy.create_team(new.name, actor=ACTOR, **_set(new, skip=("name",)))
+            team = await tenancy.create_team(new.name, actor=actor, **_set(new, skip=("name",)))
         return _json(team_record(team), 201)
 
     @get("/teams/{name:str}")
@@ -219,35 +225,39 @@ class AdminController(Controller):
 
     @patch("/teams/{name:str}", operation_class=json_body(TeamLimits))
     async def update_team(
-        self, request: Request, tenancy: NamedDependency[Tenancy], name: FromPath[str]
+        self,
+        actor: NamedDependency[str],
+        request: Request,
+        tenancy: NamedDependency[Tenancy],
+        name: FromPath[str],
     ) -> Response[bytes]:
         limits = _set(_body(await request.body(), TeamLimits))
         with _refusals():
-            team = await tenancy.update_team(name, actor=ACTOR, **limits)
+            team = await tenancy.update_team(name, actor=actor, **limits)
         return _json(team_record(team))
 
     @post("/teams/{name:str}/disable")
     async def disable_team(
-        self, tenancy: NamedDependency[Tenancy], name: FromPath[str]
+        self, actor: NamedDependency[str], tenancy: NamedDependency[Tenancy], name: FromPath[str]
     ) -> Response[bytes]:
         with _refusals():
-            team = await tenancy.set_disabled(name, True, actor=ACTOR)
+            team = await tenancy.set_disabled(name, True, actor=actor)
         return _json(team_record(team))
 
     @post("/teams/{name:str}/enable")
     async def enable_team(
-        self, tenancy: NamedDependency[Tenancy], name: FromPath[str]
+        self, actor: NamedDependency[str], tenancy: NamedDependency[Tenancy], name: FromPath[str]
     ) -> Response[bytes]:
         with _refusals():
-            team = await tenancy.set_disabled(name, False, actor=ACTOR)
+            team = await tenancy.set_disabled(name, False, actor=actor)
         return _json(team_record(team))
 
     @delete("/teams/{name:str}", status_code=200)
     async def delete_team(
-        self, tenancy: NamedDependency[Tenancy], name: FromPath[str]
+        self, actor: NamedDependency[str], tenancy: NamedDependency[Tenancy], name: FromPath[str]
     ) -> Response[bytes]:
         with _refusals():
-            await tenancy.delete_team(name, actor=ACTOR)
+            await tenancy.delete_team(name, actor=actor)
         return _json({"name": name, "deleted": True})
 
     @get("/teams/{name:str}/budget")
@@ -262,6 +272,7 @@ class AdminController(Controller):
     @put("/teams/{name:str}/budget", operation_class=json_body(Budget))
     async def set_budget(
         self,
+        actor: NamedDependency[str],
         request: Request,
         tenancy: NamedDependency[Tenancy],
         quotas: NamedDependency[Quotas],
@@ -269,7 +280,7 @@ class AdminController(Controller):
     ) -> Response[bytes]:
         limits = _set(_body(await request.body(), Budget))
         with _refusals():
-            team = await tenancy.update_team(name, actor=ACTOR, **limits)
+            team = await tenancy.update_team(name, actor=actor, **limits)
         return _json(await _budget(quotas, team))
 
     @get("/teams/{name:str}/blocked-users")
@@ -282,25 +293,33 @@ class AdminController(Controller):
 
     @post("/teams/{name:str}/blocked-users", operation_class=json_body(Block))
     async def block_user(
-        self, request: Request, tenancy: NamedDependency[Tenancy], name: FromPath[str]
+        self,
+        actor: NamedDependency[str],
+        request: Request,
+        tenancy: NamedDependency[Tenancy],
+        name: FromPath[str],
     ) -> Response[bytes]:
         """Refuse the team's requests naming this end user (403 end_user_blocked), from the
         next request on, on every gateway within the key-cache time."""
         block = _body(await request.body(), Block)
         with _refusals():
-            await tenancy.block_end_user(name, block.user, block.reason, actor=ACTOR)
+            await tenancy.block_end_user(name, block.user, block.reason, actor=actor)
         return _json({"team": name, "user": block.user, "blocked": True}, 201)
 
     @delete("/teams/{name:str}/blocked-users", status_code=200)
     async def unblock_user(
-        self, request: Request, tenancy: NamedDependency[Tenancy], name: FromPath[str]
+        self,
+        actor: NamedDependency[str],
+        request: Request,
+        tenancy: NamedDependency[Tenancy],
+        name: FromPath[str],
     ) -> Response[bytes]:
         """`?user=`: a query parameter, so that any name (slashes included) can be given."""
         user = request.query_params.get("user")
         if not user:
             raise GatewayError(400, "name the end user: ?user=", param="user")
         with _refusals():
-            await tenancy.unblock_end_user(name, user, actor=ACTOR)
+            await tenancy.unblock_end_user(name, user, actor=actor)
         return _json({"team": name, "user": user, "blocked": False})
 
     @get("/changes")
@@ -330,14 +349,14 @@ class AdminController(Controller):
 
     @post("/keys", operation_class=json_body(CreateKey))
     async def create_key(
-        self, request: Request, tenancy: NamedDependency[Tenancy]
+        self, actor: NamedDependency[str], request: Request, tenancy: NamedDependency[Tenancy]
     ) -> Response[bytes]:
         new_key = _body(await request.body(), CreateKey)
         expires = _expiry(new_key.expires_at)
         with _refusals():
             limits = {name: getattr(new_key, name) for name in KEY_LIMIT_FIELDS}
             new = await tenancy.create_key(
-                new_key.team, new_key.name, expires, new_key.models, limits, actor=ACTOR
+                new_key.team, new_key.name, expires, new_key.models, limits, actor=actor
             )
         return _json(_created(new), 201)
 
@@ -362,29 +381,33 @@ class AdminController(Controller):
 
     @patch("/keys/{prefix:str}", operation_class=json_body(KeyChanges))
     async def update_key(
-        self, request: Request, tenancy: NamedDependency[Tenancy], prefix: FromPath[str]
+        self,
+        actor: NamedDependency[str],
+        request: Request,
+        tenancy: NamedDependency[Tenancy],
+        prefix: FromPath[str],
     ) -> Response[bytes]:
         changes = _set(_body(await request.body(), KeyChanges))
         if "expires_at" in changes:
             changes["expires_at"] = _expiry(changes["expires_at"])
         with _refusals():
-            info = await tenancy.update_key(prefix, actor=ACTOR, **changes)
+            info = await tenancy.update_key(prefix, actor=actor, **changes)
         return _json(info.record())
 
     @post("/keys/{prefix:str}/revoke")
     async def revoke_key(
-        self, tenancy: NamedDependency[Tenancy], prefix: FromPath[str]
+        self, actor: NamedDependency[str], tenancy: NamedDependency[Tenancy], prefix: FromPath[str]
     ) -> Response[bytes]:
         with _refusals():
-            await tenancy.revoke_key(prefix, actor=ACTOR)
+            await tenancy.revoke_key(prefix, actor=actor)
         return _json({"prefix": prefix, "revoked": True})
 
     @post("/keys/{prefix:str}/rotate")
     async def rotate_key(
-        self, tenancy: NamedDependency[Tenancy], prefix: FromPath[str]
+        self, actor: NamedDependency[str], tenancy: NamedDependency[Tenancy], prefix: FromPath[str]
     ) -> Response[bytes]:
         with _refusals():
-            new = await tenancy.rotate_key(prefix, actor=ACTOR)
+            new = await tenancy.rotate_key(prefix, actor=actor)
         return _json({**_created(new), "revoked": prefix}, 201)
 
 

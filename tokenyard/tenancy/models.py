@@ -92,7 +92,8 @@ class TenancyChange(SQLModel, table=True):
 
     id: int | None = Field(default=None, primary_key=True)
     at: datetime = Field(default_factory=_now, index=True)
-    # who: "admin-api", "admin-ui:<user>", "cli:<os user>", "system" (library calls, `tokenyard up`)
+    # who: "admin-api:<key holder>", "admin-ui:<user>", "cli:<os user>", "system" (library calls,
+    # `tokenyard up`)
     actor: str
     # team.create / team.update / team.disable / team.enable / team.delete, key.create / key.update
     # / key.revoke / key.rotate

@@ -77,7 +77,8 @@ class Tenancy:
 
     # changes
 
-    # each change names who makes it (tenancy/changes.py): "admin-api", "admin-ui:<user>", "cli:…"
+    # each change names who makes it (tenancy/changes.py): "admin-api:<key holder>",
+    # "admin-ui:<user>", "cli:…"
 
     async def create_team(self, name: str, *, actor: str, **limits: Any) -> Team:
         return await self._run(teams.create_team, name, actor=actor, **limits)
