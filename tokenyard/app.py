@@ -36,7 +36,7 @@ from tokenyard.core.redis_client import connect, embedded_redis, redis_url
 from tokenyard.core.settings import Settings, get_settings
 from tokenyard.core.usage import USAGE_STREAM
 from tokenyard.gateway.admin_api import AdminController
-from tokenyard.gateway.auth import Authenticator
+from tokenyard.gateway.auth import Authenticator, authorization_of
 from tokenyard.gateway.controllers import CompletionsController, OpsController
 from tokenyard.gateway.messages import MessagesController
 from tokenyard.gateway.proxy import Proxy
@@ -98,8 +98,9 @@ def _batch_worker(state: State) -> BatchWorker:
 
 
 async def _caller(request: Request, auth: NamedDependency[Authenticator]) -> TeamPolicy:
-    """The calling team's policy, from the request's key (a 401 without one that is valid)."""
-    return await auth.authenticate(request.headers.get("authorization"))
+    """The calling team's policy, from the request's key (a 401 without one that is valid): as
+    `Authorization: Bearer`, or as Anthropic's clients send it (`x-api-key`)."""
+    return await auth.authenticate(authorization_of(request.headers))
 
 
 def _dependencies(settings: Settings) -> dict[str, Provide]:

@@ -151,3 +151,25 @@ def test_errors_are_anthropics(gateway: Any, team: Any) -> None:
         client.messages.create(model=MODEL, max_tokens=5, messages=USER)
     assert err.value.body["error"]["type"] == "rate_limit_error"
     assert err.value.response.headers["x-tokenyard-limit"] == "requests_per_minute"
+
+
+def test_models_in_anthropics_shape_for_anthropics_client(gateway: Any, team: Any) -> None:
+    """Anthropic's SDK lists and reads models in its own shape (it sends anthropic-version and the
+    key as x-api-key); OpenAI's clients keep OpenAI's."""
+    _, key = team()
+    client = _client(gateway, key)
+    listed = client.models.list()
+    ids = [m.id for m in listed.data]
+    assert MODEL in ids and ids[-1] == "auto"
+    assert all(m.type == "model" and m.display_name == m.id for m in listed.data)
+    first = client.models.list(limit=1)
+    assert [m.id for m in first.data] == ids[:1] and first.has_more
+    rest = client.models.list(limit=1000, after_id=first.last_id)
+    assert [m.id for m in rest.data] == ids[1:] and not rest.has_more
+    back = client.models.list(limit=1, before_id=ids[-1])
+    assert [m.id for m in back.data] == ids[-2:-1]
+    assert client.models.retrieve(MODEL).id == MODEL
+    with pytest.raises(anthropic.NotFoundError):
+        client.models.retrieve("no-such-model")
+    openai_cards = httpx.get(gateway.url + "/v1/models", headers={"x-api-key": key}).json()
+    assert openai_cards["object"] == "list"  # no anthropic-version: OpenAI's shape

@@ -10,6 +10,7 @@ from litestar.params import FromPath
 from prometheus_client import CONTENT_TYPE_LATEST
 from redis.exceptions import RedisError
 
+from tokenyard.backends.anthropic_messages import error_body
 from tokenyard.backends.base import Upstream
 from tokenyard.core.errors import GatewayError
 from tokenyard.core.metrics import exposition
@@ -20,6 +21,8 @@ from tokenyard.gateway.validation import ChatRequest, CompletionRequest, Embeddi
 from tokenyard.router.catalog import ModelEntry
 from tokenyard.router.policy import AUTO
 from tokenyard.tenancy.policy import TeamPolicy
+
+ANTHROPIC_VERSION = "anthropic-version"  # the header Anthropic's clients send on every request
 
 
 def _json(data: Any, status: int = 200) -> Response[bytes]:
@@ -43,24 +46,30 @@ class CompletionsController(Controller):
 
     @get("/models")
     async def models(
-        self, proxy: NamedDependency[Proxy], caller: NamedDependency[TeamPolicy]
+        self, request: Request, proxy: NamedDependency[Proxy], caller: NamedDependency[TeamPolicy]
     ) -> Response[bytes]:
-        return _json({"object": "list", "data": _team_models(proxy, caller)})
+        cards = _team_models(proxy, caller)
+        if ANTHROPIC_VERSION in request.headers:  # Anthropic's client: its list, paged its way
+            return _json(_anthropic_page(request, [_anthropic_card(c) for c in cards]))
+        return _json({"object": "list", "data": cards})
 
     @get("/models/{model_id:path}")
     async def model(
         self,
+        request: Request,
         proxy: NamedDependency[Proxy],
         caller: NamedDependency[TeamPolicy],
         model_id: FromPath[str],
     ) -> Response[bytes]:
         model_id = model_id.lstrip("/")
+        anthropic = ANTHROPIC_VERSION in request.headers
         for card in _team_models(proxy, caller):
             if card["id"] == model_id:
-                return _json(card)
-        raise GatewayError(
-            404, f"the model {model_id!r} does not exist", code="model_not_found", param="model"
-        )
+                return _json(_anthropic_card(card) if anthropic else card)
+        message = f"the model {model_id!r} does not exist"
+        if anthropic:
+            return _json(error_body(404, message), 404)
+        raise GatewayError(404, message, code="model_not_found", param="model")
 
 
 def _team_models(proxy: Proxy, policy: TeamPolicy) -> list[dict[str, Any]]:
@@ -73,6 +82,40 @@ def _team_models(proxy: Proxy, policy: TeamPolicy) -> list[dict[str, Any]]:
     if data:  # "auto" routes among the models the team may use
         data.append({"id": AUTO, "object": "model", "created": 0, "owned_by": "tokenyard"})
     return data
+
+
+def _anthropic_card(card: dict[str, Any]) -> dict[str, Any]:
+    """A model card as Anthropic's Models API gives it (no release date here: the epoch, as its
+    documentation allows)."""
+    return {
+        "type": "model",
+        "id": card["id"],
+        "display_name": card["id"],
+        "created_at": "1970-01-01T00:00:00Z",
+        "max_input_tokens": card.get("max_model_len") or None,
+    }
+
+
+def _anthropic_page(request: Request, data: list[dict[str, Any]]) -> dict[str, Any]:
+    """Anthropic's page over the list: `limit` (1-1000, default 20), `after_id`, `before_id`."""
+    q = request.query_params
+    raw = q.get("limit", "20")
+    if not raw.isdigit() or not 1 <= int(raw) <= 1000:
+        raise GatewayError(400, "limit must be 1 to 1000", param="limit")
+    limit, ids = int(raw), [card["id"] for card in data]
+    start, end = 0, len(data)
+    if (after := q.get("after_id")) in ids:
+        start = ids.index(after) + 1
+    if (before := q.get("before_id")) in ids:
+        end = ids.index(before)
+        start = max(start, end - limit)
+    page = data[start:end][:limit]
+    return {
+        "data": page,
+        "has_more": start + len(page) < end if before is None else start > 0,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+    }
 
 
 def _model_card(entry: ModelEntry, upstream: Upstream | None) -> dict[str, Any]:
