@@ -93,7 +93,9 @@ def claim(
     nothing due (or others claimed it first). `every_team`: the operator receives every alert;
     else only those of teams with a receiver of their own are due."""
     now = datetime.now(UTC)
-    with Session(engine) as session:
+    # the values read stay as read after each commit: a claim is checked against the state this
+    # sender saw, never one another sender has written since
+    with Session(engine, expire_on_commit=False) as session:
         query = (
             select(BudgetAlert, Team.alert_url)
             .join(Team, col(Team.name) == col(BudgetAlert.team), isouter=True)
