@@ -24,7 +24,9 @@ from tokenyard.guard.policy import Policy, Rule
 from tokenyard.guard.store import AuditLog, PolicyCache
 from tokenyard.guard.taxonomy import CATEGORIES, HARMFUL
 
-PII_INLINE_CHARS = 16_000  # a prompt's texts scanned for personal data on the event loop up to this
+# a prompt's texts scanned for personal data on the event loop up to this many characters (about
+# 1 ms; bench/RESULTS.md), longer ones in a thread: the loop serves every other request meanwhile
+PII_INLINE_CHARS = 4_000
 
 
 def decide(rules: dict[str, Rule], scores: dict[str, float], defaults: dict[str, float]) -> Verdict:
@@ -154,7 +156,7 @@ class Screen:
         region, terms = self.guard.pii_region, self.policy.terms
         if sum(map(len, texts)) < PII_INLINE_CHARS:
             found = [pii.find(text, kinds, region, terms) for text in texts]
-        else:  # phone number matching runs ~0.3 ms a kilobyte: long prompts off the event loop
+        else:
             found = await asyncio.to_thread(
                 lambda: [pii.find(t, kinds, region, terms) for t in texts]
             )
