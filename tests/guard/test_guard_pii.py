@@ -173,3 +173,36 @@ def test_the_gateway_masks_before_sending_and_blocks_before_calling(
 def _sent(client: Any, upstream: str, messages: list[dict[str, Any]]) -> dict[str, Any]:
     client.chat.completions.create(model=MODEL, messages=messages, max_tokens=2)
     return upstream_stats(upstream)["last_body"]
+
+
+def test_phone_numbers_found_from_digit_runs_are_the_matchers_own() -> None:
+    """The scan hands libphonenumber only runs of digits (it is slow on long text): on text with
+    numbers in many written forms it finds every number the matcher finds reading everything
+    (extensions included), and anything more is a number the matcher takes when read alone (read
+    whole, it may read neighbouring numbers differently)."""
+    import random
+
+    import phonenumbers
+
+    forms = [
+        "(415) 555-2671",
+        "415.555.2671",
+        "+1 415 555 2671",
+        "+44 20 7946 0958",
+        "+49 30 901820",
+        "1-800-555-0199",
+        "415 555 2671 ext. 12",
+        "order 12345",
+        "2024-11-27",
+        "4111 1111 1111 1111",
+    ]
+    rng = random.Random(7)
+    words = ["call", "me at", "or", "on", "the", "(note)", "tel:", "phone", "and"]
+    for _ in range(30):  # numbers with words between (run together, how to split them is moot)
+        text = " ".join(f"{rng.choice(words)} {rng.choice(forms)}" for _ in range(20))
+        expected = {(m.start, m.end) for m in phonenumbers.PhoneNumberMatcher(text, "US")}
+        found = {(f.start, f.end) for f in pii.find(text, frozenset({"phone"}))}
+        assert expected <= found, text
+        for a, b in found - expected:
+            alone = [m.raw_string for m in phonenumbers.PhoneNumberMatcher(text[a:b], "US")]
+            assert alone == [text[a:b]], text

@@ -107,8 +107,9 @@ _DETECTORS: dict[str, tuple[tuple["re.Pattern[str]", Check], ...]] = {
     ),
 }
 # where a phone number may be: 7 or more digits with the separators numbers are written with; the
-# matcher (pure Python, ~0.5 us a character) reads only these, with a character of context each
+# matcher (pure Python, ~0.5 us a character) reads only these, with some context each
 _PHONE_CANDIDATE = re.compile(r"[+(]?\d[\d\s().\-/]{5,}\d")
+_TAIL = 16
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,8 @@ def _phones(text: str, region: str | None) -> Iterator[Found]:
     for candidate in _PHONE_CANDIDATE.finditer(text):
         if sum(c.isdigit() for c in candidate[0]) < 7:
             continue
-        a, b = max(candidate.start() - 2, 0), min(candidate.end() + 1, len(text))
+        # a little context: a character before, and room after for an extension ("ext. 123")
+        a, b = max(candidate.start() - 2, 0), min(candidate.end() + _TAIL, len(text))
         for match in phonenumbers.PhoneNumberMatcher(text[a:b], region):
             yield Found("phone", a + match.start, a + match.end)
 
