@@ -14,6 +14,7 @@ import argparse
 import random
 import statistics
 import time
+from collections.abc import Callable
 
 from tokenyard.guard import pii
 from tokenyard.guard.classifier import SafetyClassifier
@@ -40,6 +41,25 @@ def pct(values: list[float], q: int) -> float:
     return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
 
 
+def timed(work: Callable[[str], object], prompts: list[str], calls: int) -> list[float]:
+    """Seconds of each call, the prompts taken in turn."""
+    times = []
+    for i in range(calls):
+        t0 = time.perf_counter()
+        work(prompts[i % len(prompts)])
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def row(size: int, prompts: list[str], times: list[float]) -> None:
+    chars = int(statistics.mean(len(p) for p in prompts))
+    print(
+        f"| {size} | {chars} | {pct(times, 50) * 1e6:.0f} | {pct(times, 99) * 1e6:.0f} | "
+        f"{max(times) * 1e6:.0f} |",
+        flush=True,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--calls", type=int, default=2000, help="timed calls per size")
@@ -56,18 +76,7 @@ def main() -> None:
         prompts = [stretch(texts, size, pieces, rng) for _ in range(50)]
         for p in prompts:  # warm: the word cache, as a running gateway has it
             clf.scores(p)
-        times = []
-        for i in range(args.calls):
-            p = prompts[i % len(prompts)]
-            t0 = time.perf_counter()
-            clf.scores(p)
-            times.append(time.perf_counter() - t0)
-        chars = int(statistics.mean(len(p) for p in prompts))
-        print(
-            f"| {size} | {chars} | {pct(times, 50) * 1e6:.0f} | {pct(times, 99) * 1e6:.0f} | "
-            f"{max(times) * 1e6:.0f} |",
-            flush=True,
-        )
+        row(size, prompts, timed(clf.scores, prompts, args.calls))
     # personal data (guard/pii.py, opt-in per team): every kind looked for, on the same kind of
     # text with a contact line (an email, a phone number, a card) added every ~2,000 characters
     contact = " Reach jo.doe@example.org or (415) 555-2671; card 4111 1111 1111 1111. "
@@ -75,23 +84,17 @@ def main() -> None:
     terms = ("Project Falcon", "ACME")
     print("\n| personal data, prompt tokens | chars | p50 µs | p99 µs | max µs |")
     print("|---|---|---|---|---|")
+
+    def scan(text: str) -> object:
+        return pii.find(text, every, "US", terms)
+
     for size in SIZES:
         prompts = []
         for _ in range(20):
             text = stretch(texts, size, pieces, rng)
             cut = range(0, len(text), 2000)
             prompts.append(contact.join(text[i : i + 2000] for i in cut))
-        times = []
-        for i in range(max(args.calls // 10, 50)):
-            t0 = time.perf_counter()
-            pii.find(prompts[i % len(prompts)], every, "US", terms)
-            times.append(time.perf_counter() - t0)
-        chars = int(statistics.mean(len(p) for p in prompts))
-        print(
-            f"| {size} | {chars} | {pct(times, 50) * 1e6:.0f} | {pct(times, 99) * 1e6:.0f} | "
-            f"{max(times) * 1e6:.0f} |",
-            flush=True,
-        )
+        row(size, prompts, timed(scan, prompts, max(args.calls // 10, 50)))
     # the output check: one 1,000-character window (TOKENYARD_GUARD_WINDOW_CHARS)
     windows = [stretch(texts, 300, pieces, rng)[:1000] for _ in range(50)]
     times = []
