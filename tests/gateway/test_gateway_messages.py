@@ -173,3 +173,10 @@ def test_models_in_anthropics_shape_for_anthropics_client(gateway: Any, team: An
         client.models.retrieve("no-such-model")
     openai_cards = httpx.get(gateway.url + "/v1/models", headers={"x-api-key": key}).json()
     assert openai_cards["object"] == "list"  # no anthropic-version: OpenAI's shape
+    # the key as x-api-key, on every team route: past the key check to the body's own
+    for path, body, status in (
+        ("/v1/moderations", {"input": "hi"}, 200),
+        ("/v1/feedback", {}, 400),
+    ):
+        answer = httpx.post(gateway.url + path, json=body, headers={"x-api-key": key})
+        assert answer.status_code == status, (path, answer.text)
