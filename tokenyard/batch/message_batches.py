@@ -33,6 +33,7 @@ from tokenyard.batch.worker import BatchWorker
 from tokenyard.core.errors import GatewayError
 from tokenyard.gateway.auth import authorization_of
 from tokenyard.gateway.proxy import Proxy
+from tokenyard.gateway.validation import query_int
 from tokenyard.tenancy.policy import TeamPolicy
 
 CHAT = "/v1/chat/completions"
@@ -157,13 +158,6 @@ async def _batch(worker: BatchWorker, job: BatchJob) -> Response[bytes]:
     return _json(message_batch(job, counts))
 
 
-def _limit(request: Request) -> int:
-    raw = request.query_params.get("limit", "20")
-    if not raw.isdigit() or not 1 <= int(raw) <= 1000:
-        raise GatewayError(400, "limit must be 1 to 1000", param="limit")
-    return int(raw)
-
-
 class MessageBatchesController(Controller):
     path = "/v1/messages/batches"
 
@@ -202,7 +196,7 @@ class MessageBatchesController(Controller):
     ) -> Response[bytes]:
         async def work(policy: TeamPolicy) -> Response[bytes]:
             q = request.query_params
-            limit = _limit(request)
+            limit = query_int(q, "limit", 1, 1000, 20)
             found = await anyio.to_thread.run_sync(
                 lambda: jobs.list_jobs(
                     batch_worker.sql,

@@ -24,6 +24,7 @@ from tokenyard.core.db import database_url, get_engine
 from tokenyard.core.errors import GatewayError
 from tokenyard.core.operator_keys import require_admin
 from tokenyard.core.settings import Settings
+from tokenyard.gateway.validation import query_int
 from tokenyard.tenancy.policy import TeamPolicy
 
 MAX_DAYS = 366
@@ -77,15 +78,6 @@ async def _answer(
     return Response(msgspec.json.encode(body), media_type="application/json")
 
 
-def _int(request: Request, name: str, low: int, high: int, default: int | None) -> int | None:
-    raw = request.query_params.get(name)
-    if raw is None or raw == "":
-        return default
-    if not raw.isdigit() or not low <= int(raw) <= high:
-        raise GatewayError(400, f"{name} must be a whole number from {low} to {high}", param=name)
-    return int(raw)
-
-
 async def _listed(
     request: Request,
     settings: Settings,
@@ -97,7 +89,7 @@ async def _listed(
     """A list of `read`'s rows over the request's range (`read(engine, start, end, team, *args,
     limit)`), at most `limit` of them, and whether more follow."""
     start, end = _range(request)
-    limit = _int(request, "limit", 1, MAX_ROWS, 100) or 100
+    limit = query_int(request.query_params, "limit", 1, MAX_ROWS, 100)
     # one more than asked: whether the list goes on
     rows = await _read(settings, read, start, end, team, *args, limit + 1)
     body = {
@@ -135,8 +127,8 @@ async def _requests(request: Request, settings: Settings, team: str | None) -> R
         request_id=q.get("request_id") or None,
         errors=errors == "error",
     )
-    limit = _int(request, "limit", 1, MAX_ROWS, 100) or 100
-    before = _int(request, "before", 1, 2**63 - 1, None)
+    limit = query_int(request.query_params, "limit", 1, MAX_ROWS, 100)
+    before = query_int(request.query_params, "before", 1, 2**63 - 1, None)
     rows = await _read(settings, request_log.recent, team, filters, limit + 1, before)
     body = {"object": "list", "team": team, "data": rows[:limit], "has_more": len(rows) > limit}
     return Response(msgspec.json.encode(body), media_type="application/json")

@@ -17,7 +17,12 @@ from tokenyard.core.metrics import exposition
 from tokenyard.core.openapi import json_body
 from tokenyard.core.settings import Settings
 from tokenyard.gateway.proxy import Proxy
-from tokenyard.gateway.validation import ChatRequest, CompletionRequest, EmbeddingRequest
+from tokenyard.gateway.validation import (
+    ChatRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    query_int,
+)
 from tokenyard.router.catalog import ModelEntry
 from tokenyard.router.policy import AUTO
 from tokenyard.tenancy.policy import TeamPolicy
@@ -99,10 +104,7 @@ def _anthropic_card(card: dict[str, Any]) -> dict[str, Any]:
 def _anthropic_page(request: Request, data: list[dict[str, Any]]) -> dict[str, Any]:
     """Anthropic's page over the list: `limit` (1-1000, default 20), `after_id`, `before_id`."""
     q = request.query_params
-    raw = q.get("limit", "20")
-    if not raw.isdigit() or not 1 <= int(raw) <= 1000:
-        raise GatewayError(400, "limit must be 1 to 1000", param="limit")
-    limit, ids = int(raw), [card["id"] for card in data]
+    limit, ids = query_int(q, "limit", 1, 1000, 20), [card["id"] for card in data]
     start, end = 0, len(data)
     if (after := q.get("after_id")) in ids:
         start = ids.index(after) + 1

@@ -13,6 +13,7 @@ context window).
 
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -210,6 +211,20 @@ def client_request_id(value: str | None, param: str) -> str | None:
             "invalid_request_id",
         )
     return value
+
+
+_D = TypeVar("_D", int, None)
+
+
+def query_int(params: Mapping[str, str], name: str, low: int, high: int, default: _D) -> int | _D:
+    """A whole number from the query (a page's `limit`, a cursor id): `default` when absent,
+    else a 400 naming it unless it is from `low` to `high`."""
+    raw = params.get(name)
+    if raw is None or raw == "":
+        return default
+    if not raw.isdigit() or not low <= int(raw) <= high:
+        raise GatewayError(400, f"{name} must be a whole number from {low} to {high}", param=name)
+    return int(raw)
 
 
 def decode_json(raw: bytes) -> Any:
