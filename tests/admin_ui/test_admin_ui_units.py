@@ -11,6 +11,7 @@ from tokenyard.admin_ui import charts, forms, status, usage
 from tokenyard.admin_ui.pages.sign_in import _local_next
 from tokenyard.billing.models import UsageDaily
 from tokenyard.tenancy.limits import LIMIT_FIELDS
+from tokenyard.tenancy.models import Team
 from tokenyard.tenancy.teams import create_team
 
 CATALOG = ["small", "big"]
@@ -34,7 +35,8 @@ def test_every_team_field_has_a_label() -> None:
 def test_a_valid_form_gives_the_limits_blank_meaning_unlimited() -> None:
     parsed = forms.parse(
         _form(name="ml", rpm="60", tpm="", usd_per_day="12.5", auto_threshold="0.7",
-              default_tier="batch", models=["big", "small"], user_usd_per_day="0.5"),
+              default_tier="batch", models=["big", "small"], user_usd_per_day="0.5",
+              model_limits="big: rpm=10, tpm=20000\nsmall: tpm=5"),
         CATALOG,
         with_name=True,
     )  # fmt: skip
@@ -46,6 +48,7 @@ def test_a_valid_form_gives_the_limits_blank_meaning_unlimited() -> None:
     assert parsed.limits["default_tier"] == "batch"
     assert parsed.limits["user_usd_per_day"] == 0.5 and parsed.limits["user_rpm"] is None
     assert parsed.limits["models"] == "small,big"  # the catalog's order
+    assert parsed.limits["model_limits"] == {"big": {"rpm": 10, "tpm": 20000}, "small": {"tpm": 5}}
     assert set(parsed.limits) == set(LIMIT_FIELDS)
 
 
@@ -53,7 +56,7 @@ def test_each_bad_value_gets_its_own_message() -> None:
     parsed = forms.parse(
         _form(name="no spaces", rpm="-1", tpm="1.5", usd_per_day="-3", concurrency="lots",
               auto_threshold="1.2", strong_share="nan", default_tier="urgent",
-              models=["small", "gpt-9"]),
+              models=["small", "gpt-9"], model_limits="big: rpm=0"),
         CATALOG,
         with_name=True,
     )  # fmt: skip
@@ -67,8 +70,27 @@ def test_each_bad_value_gets_its_own_message() -> None:
         "strong_share": "must be 0 or more",
         "default_tier": "must be one of interactive, batch",
         "models": "not in the catalog: gpt-9",
+        "model_limits": f"'big': rpm must be a whole number from 1 to {2**53}",
     }
+    # per-model limits must name the catalog's models, each with rpm=N and/or tpm=N
+    for typed, error in (
+        ("gpt-9: rpm=5", "name models not in the catalog: gpt-9"),
+        ("big rpm=5", "'big rpm=5' is not 'model: rpm=N, tpm=N'"),
+        ("big: rpm=5, burst=2", "'big': 'burst=2' is not rpm=N or tpm=N"),
+        ("big:", "'big' must set rpm, tpm or both"),
+    ):
+        form = _form(default_tier="interactive", model_limits=typed)
+        assert forms.parse(form, CATALOG, False).errors == {"model_limits": error}
     assert parsed.values["rpm"] == "-1"  # what was typed goes back into the form
+
+
+def test_a_teams_limits_per_model_show_as_typed_and_read_back_the_same() -> None:
+    limits = {"big": {"rpm": 10, "tpm": 20000}, "small": {"tpm": 5}}
+    shown = forms.from_team(Team(name="t", model_limits=limits)).values["model_limits"]
+    assert shown == "big: rpm=10, tpm=20000; small: tpm=5"
+    form = _form(default_tier="batch", model_limits=shown)
+    assert forms.parse(form, CATALOG, False).limits["model_limits"] == limits
+    assert forms.from_team(Team(name="t")).values["model_limits"] == ""
 
 
 @pytest.mark.parametrize("name", [".", "..", "-x", "_x", "a" * 65, "a/b", ""])

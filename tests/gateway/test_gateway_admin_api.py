@@ -76,6 +76,7 @@ def test_teams_lifecycle(admin: Any) -> None:
         "user_tpm": None,
         "user_usd_per_day": None,
         "alert_url": None,
+        "model_limits": None,
         "disabled": False,
         "created_at": None,
     }
@@ -90,6 +91,19 @@ def test_teams_lifecycle(admin: Any) -> None:
     # 2**63 overflowed SQL's integers (a 500); above 2**53 the quota script's numbers lose counts
     too_big = ({"batch_tokens_per_day": 2**63}, {"tpm": 2**53 + 1}, {"usd_per_day": 1e300})
     negative = ({"rpm": -1}, {"user_tpm": -5})
+    per_model = {MODEL: {"rpm": 100, "tpm": 50_000}, "other": {"tpm": 5}}
+    assert api.patch(f"/teams/{name}", json={"model_limits": per_model}).json()["model_limits"] == (
+        per_model
+    )
+    assert api.patch(f"/teams/{name}", json={"model_limits": None}).json()["model_limits"] is None
+    odd_model_limits = (
+        {"model_limits": {MODEL: {"rpm": 0}}},
+        {"model_limits": {MODEL: {"burst": 3}}},
+        {"model_limits": {MODEL: {}}},
+        {"model_limits": {"": {"rpm": 1}}},
+        {"model_limits": {MODEL: {"rpm": 2**53 + 1}}},
+        {"model_limits": [MODEL]},
+    )
     hooks = api.patch(f"/teams/{name}", json={"alert_url": "https://hooks.example.com/x"}).json()
     assert hooks["alert_url"] == "https://hooks.example.com/x"
     odd_urls = ({"alert_url": "file:///etc/passwd"}, {"alert_url": "http://u:p@example.com/"})
@@ -100,6 +114,7 @@ def test_teams_lifecycle(admin: Any) -> None:
         {"strong_share": 2},
         *too_big,
         *odd_urls,
+        *odd_model_limits,
     ):
         reply = api.patch(f"/teams/{name}", json=bad)
         assert reply.status_code == 400, bad
@@ -223,7 +238,9 @@ def test_the_cli_disables_teams_and_rotates_keys(admin: Any, base_env: dict[str,
         return done
 
     name = "cli" + uuid.uuid4().hex[:8]
-    run("teams", "create", name)
+    per_model = f"{MODEL}: rpm=100, tpm=50000; other: tpm=5"
+    made = json.loads(run("teams", "create", name, "--model-limits", per_model, "--json").stdout)
+    assert made[0]["model_limits"] == {MODEL: {"rpm": 100, "tpm": 50000}, "other": {"tpm": 5}}
     key = run("keys", "create", "--team", name).stdout.strip().splitlines()[-1]
     assert json.loads(run("teams", "disable", name, "--json").stdout)[0]["disabled"] is True
     wait_until(lambda: not _works(admin, key), 3, "the disabled team's key to be refused")
@@ -246,6 +263,9 @@ def test_the_cli_disables_teams_and_rotates_keys(admin: Any, base_env: dict[str,
         text=True,
     )
     assert past.returncode == 1 and "in the future" in past.stderr
+    odd = [*TOKENYARD, "teams", "update", name, "--model-limits", f"{MODEL}: rpm=many"]
+    typo = subprocess.run(odd, env=base_env, capture_output=True, text=True)
+    assert typo.returncode == 2 and f"'{MODEL}': 'rpm=many' is not rpm=N or tpm=N" in typo.stderr
     # the trail names the operating-system user who ran each command
     trail = json.loads(run("teams", "changes", name, "--json").stdout)
     assert [c["action"] for c in trail] == [

@@ -210,3 +210,54 @@ def test_requests_sharing_a_system_prompt_meet_on_one_replica(
         after = [upstream_stats(url)["requests"] for url in urls]
         assert sorted(a - b for a, b in zip(after, before, strict=True)) == [0, 4]
         before = after
+
+
+def test_a_teams_limit_on_a_model_overflows_to_its_fallback_then_refuses(
+    routed: Any, team: Any
+) -> None:
+    """A team's own requests per minute on single models, beside its overall ones: past the
+    cheap model's, its fallback takes the team's requests (an overflow, counted); with the
+    fallback's spent too, a 429 names the model first chosen. x-ratelimit-* show the model's
+    bucket where it has less left than the team's."""
+    _, key = team(rpm=100, model_limits={"cheap": {"rpm": 2}, "strong": {"rpm": 1}})
+    client = routed.client(key)
+    served = [_ask(client, "cheap", EASY).headers for _ in range(3)]
+    assert [h["x-tokenyard-model"] for h in served] == ["cheap", "cheap", "strong"]
+    assert [h["x-ratelimit-limit-requests"] for h in served] == ["2", "2", "1"]
+    assert [h["x-ratelimit-remaining-requests"] for h in served] == ["1", "0", "0"]
+    for model in ("cheap", "strong"):
+        with pytest.raises(openai.RateLimitError) as err:
+            _ask(client, model, EASY)
+        assert err.value.code == "model_requests_per_minute"
+        assert f"on model {model!r}" in err.value.message
+        assert 28 <= int(err.value.response.headers["retry-after"]) <= 60
+    metrics = httpx.get(routed.url + "/metrics").text
+    assert 'tokenyard_router_overflows_total{model="cheap",reason="team_model_limit"}' in metrics
+    # another team is not held to this one's limits
+    _, other = team()
+    assert _ask(routed.client(other), "strong", EASY).headers["x-tokenyard-model"] == "strong"
+
+
+def test_a_teams_tokens_per_minute_on_a_model_reserve_max_tokens_and_refund(
+    routed: Any, team: Any
+) -> None:
+    _, key = team(model_limits={"strong": {"tpm": 300}})
+    client = routed.client(key)
+
+    def ask(model: str, max_tokens: int) -> Any:
+        return client.chat.completions.with_raw_response.create(
+            model=model,
+            messages=[{"role": "user", "content": "hi #chunks=2"}],
+            max_tokens=max_tokens,
+        )
+
+    # each reserves its prompt + 200 of the 300: the second fits only once the first's unused
+    # tokens came back
+    for _ in range(2):
+        assert ask("strong", 200).headers["x-ratelimit-limit-tokens"] == "300"
+    with pytest.raises(openai.RateLimitError) as err:
+        ask("strong", 400)  # can never fit
+    assert err.value.code == "model_tokens_per_minute"
+    assert err.value.response.headers["retry-after"] == "60"
+    # the cheap model has no limit of its own for this team
+    assert "x-ratelimit-limit-tokens" not in ask("cheap", 400).headers

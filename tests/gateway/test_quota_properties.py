@@ -51,12 +51,19 @@ class Ask(NamedTuple):
     batch: bool
     used: int
     user: str | None  # the end user it names, held to the team's limits per user
+    model: str  # the model it was routed to: the team's limits on it hold it
 
 
 USERS = st.sampled_from([None, "ann", "ann", "bo"])
+MODELS = st.sampled_from(["big", "big", "small"])  # only "big" has limits of its own
 ASK = st.builds(
-    Ask, st.integers(1, 500), st.integers(0, 8), st.booleans(), st.integers(0, 600), USERS
+    Ask, st.integers(1, 500), st.integers(0, 8), st.booleans(), st.integers(0, 600), USERS, MODELS
 )
+
+
+def scopes(user: str | None, model: str) -> list[tuple[str, str]]:
+    """The buckets of its own a request is counted in, beside the team's and the key's."""
+    return ([("user", user)] if user is not None else []) + [("model", model)]
 
 
 def _over(limit: int, amount: int) -> bool:
@@ -86,8 +93,8 @@ class QuotaMachine(RuleBasedStateMachine):
         self.admitted = 0  # reservations admitted (requests per minute)
         self.charged_minute = 0  # tokens charged to the per-minute bucket, refunds included
         self.charged_day = {False: 0, True: 0}  # per tier (batch has its own daily budget)
-        self.admitted_by_user: dict[str, int] = {}  # the same two, per end user
-        self.charged_by_user: dict[str, int] = {}
+        self.admitted_in: dict[tuple[str, str], int] = {}  # the same two, per end user and model
+        self.charged_in: dict[tuple[str, str], int] = {}
         self.started = time.monotonic()
 
     @initialize(
@@ -104,6 +111,8 @@ class QuotaMachine(RuleBasedStateMachine):
         key_concurrency=limits,
         user_rpm=st.sampled_from([0, 2, 2, 5]),
         user_tpm=st.sampled_from([0, 300, 800]),
+        model_rpm=st.sampled_from([0, 2, 5]),
+        model_tpm=st.sampled_from([0, 300, 800]),
     )
     def limits(
         self,
@@ -120,6 +129,8 @@ class QuotaMachine(RuleBasedStateMachine):
         key_concurrency: int,
         user_rpm: int,
         user_tpm: int,
+        model_rpm: int,
+        model_tpm: int,
     ) -> None:
         self.policy = TeamPolicy(
             team="props",  # alone in its flushed database
@@ -136,6 +147,7 @@ class QuotaMachine(RuleBasedStateMachine):
             key_concurrency=key_concurrency,
             user_rpm=user_rpm,
             user_tpm=user_tpm,
+            model_limits={"big": (model_rpm, model_tpm)},
         )
         self.quotas = Quotas(
             self.redis,
@@ -171,7 +183,7 @@ class QuotaMachine(RuleBasedStateMachine):
         async def together() -> list[Reservation | BaseException]:
             calls = [
                 self.quotas.reserve(
-                    self.policy, lease_id, ask.tokens, ask.pages, ask.batch, ask.user
+                    self.policy, lease_id, ask.tokens, ask.pages, ask.batch, ask.user, ask.model
                 )
                 for lease_id, ask in zip(leases, asks, strict=True)
             ]
@@ -188,13 +200,10 @@ class QuotaMachine(RuleBasedStateMachine):
             self.admitted += 1
             self.charged_minute += ask.tokens
             self.charged_day[ask.batch] += ask.tokens
-            if ask.user is not None:
-                self.admitted_by_user[ask.user] = self.admitted_by_user.get(ask.user, 0) + 1
-                self.charge_user(ask.user, ask.tokens)
-            self.check_admission(ask.batch, ask.user)
-
-    def charge_user(self, user: str, tokens: int) -> None:
-        self.charged_by_user[user] = self.charged_by_user.get(user, 0) + tokens
+            for scope in scopes(ask.user, ask.model):
+                self.admitted_in[scope] = self.admitted_in.get(scope, 0) + 1
+                self.charged_in[scope] = self.charged_in.get(scope, 0) + ask.tokens
+            self.check_admission(ask)
 
     def purge(self) -> None:
         for held in self.held.values():
@@ -213,8 +222,8 @@ class QuotaMachine(RuleBasedStateMachine):
         delta = held.used - held.res.tokens
         self.charged_minute += delta
         self.charged_day[held.res.batch] += delta
-        if held.res.end_user is not None:
-            self.charge_user(held.res.end_user, delta)
+        for scope in scopes(held.res.end_user, held.res.model):
+            self.charged_in[scope] += delta
 
     @rule()
     def renew(self) -> None:
@@ -248,9 +257,9 @@ class QuotaMachine(RuleBasedStateMachine):
 
     # ------------------------------------------------------------ the properties
 
-    def check_admission(self, batch: bool, user: str | None) -> None:
+    def check_admission(self, ask: Ask) -> None:
         """Right after an admission, nothing is over its limit (the buckets also refill)."""
-        policy, quotas, live = self.policy, self.quotas, self.live()
+        policy, quotas, live, batch = self.policy, self.quotas, self.live(), ask.batch
         minutes = (time.monotonic() - self.started) / 60 + 0.001
         if policy.concurrency:
             assert len(live) <= policy.concurrency
@@ -272,12 +281,16 @@ class QuotaMachine(RuleBasedStateMachine):
             assert self.admitted <= policy.key_rpm * (1 + minutes)
         if policy.key_tpm:
             assert self.charged_minute <= policy.key_tpm * (1 + minutes)
-        # the admitted request's end user (settling more than was reserved may take another user
-        # over until its bucket refills; its next admission waits for that); none: not counted
-        if policy.user_rpm and user is not None:
-            assert self.admitted_by_user[user] <= policy.user_rpm * (1 + minutes)
-        if policy.user_tpm and user is not None:
-            assert self.charged_by_user[user] <= policy.user_tpm * (1 + minutes)
+        # the admitted request's end user and model (settling more than was reserved may take
+        # another over until its bucket refills; its next admission waits for that)
+        for scope in scopes(ask.user, ask.model):
+            rpm, tpm = (policy.user_rpm, policy.user_tpm)
+            if scope[0] == "model":
+                rpm, tpm = policy.model_limit(ask.model)
+            if rpm:
+                assert self.admitted_in[scope] <= rpm * (1 + minutes), scope
+            if tpm:
+                assert self.charged_in[scope] <= tpm * (1 + minutes), scope
 
     def check_refusal(self, refusal: GatewayError, ask: Ask) -> None:
         """A refusal names a limit that this request really would have passed."""
@@ -302,6 +315,8 @@ class QuotaMachine(RuleBasedStateMachine):
             "key_tokens_per_minute": policy.key_tpm > 0,
             "user_requests_per_minute": ask.user is not None and policy.user_rpm > 0,
             "user_tokens_per_minute": ask.user is not None and policy.user_tpm > 0,
+            "model_requests_per_minute": policy.model_limit(ask.model)[0] > 0,
+            "model_tokens_per_minute": policy.model_limit(ask.model)[1] > 0,
         }
         assert reached[code or ""], f"refused for {code} below the limit"
 
@@ -339,7 +354,8 @@ class QuotaMachine(RuleBasedStateMachine):
         for held in self.held.values():
             if not held.expired:
                 self.expire(held)
-        self.reserve([Ask(1, 0, False, 1, None)])  # the next reservation purges what expired
+        # the next reservation purges what expired
+        self.reserve([Ask(1, 0, False, 1, None, "small")])
         for lease_id in self.running():
             self.settle_lease(lease_id)
         for key in (self.keys.leases, PLATFORM_LEASES, PLATFORM_BATCH_LEASES, self.key_leases):

@@ -8,7 +8,14 @@ default for the auto-routing fields.
 from dataclasses import dataclass, field
 from typing import Any
 
-from tokenyard.tenancy.limits import KEY_LIMIT_FIELDS, LIMIT_FIELDS, TIERS, problem
+from tokenyard.tenancy.limits import (
+    KEY_LIMIT_FIELDS,
+    LIMIT_FIELDS,
+    TIERS,
+    model_limits_text,
+    parse_model_limits,
+    problem,
+)
 from tokenyard.tenancy.models import Team
 from tokenyard.tenancy.teams import TEAM_NAME, TEAM_NAME_RULE
 
@@ -35,6 +42,10 @@ LABELS: dict[str, tuple[str, str]] = {
     "user_tpm": ("Tokens per minute, each end user", "blank: none"),
     "user_usd_per_day": ("Dollars per day, each end user", "UTC day; blank: none"),
     "alert_url": ("Budget alerts URL", "the team's own receiver (Slack works); blank: none"),
+    "model_limits": (
+        "Limits per model",
+        "e.g. gpt-4o: rpm=100, tpm=50000; claude-sonnet-4: rpm=20 — beside the team's; blank: none",
+    ),
 }
 
 
@@ -61,6 +72,8 @@ def from_team(team: Team | None) -> TeamForm:
             value = [m for m in (value or "").split(",") if m]
         elif name == "default_tier":
             value = value or TIERS[0]
+        elif name == "model_limits":
+            value = model_limits_text(value)
         values[name] = "" if value is None else value
     return TeamForm(values)
 
@@ -69,6 +82,11 @@ def _value(raw: str, kind: type, name: str) -> tuple[Any, str | None]:
     """A typed field's value and what is wrong with it (tenancy's rule), or why it is no value."""
     if kind is str:
         return raw, problem(name, raw)
+    if kind is dict:  # the per-model limits, as typed
+        try:
+            return parse_model_limits(raw), None
+        except ValueError as exc:
+            return None, str(exc)
     try:
         value = kind(raw)
     except ValueError:
@@ -118,6 +136,8 @@ def parse(form: Any, catalog: list[str], with_name: bool) -> TeamForm:
             result.limits[name] = None
             continue
         value, error = _value(raw, kind, name)
+        if name == "model_limits" and not error and (unknown := sorted(set(value) - set(catalog))):
+            error = f"name models not in the catalog: {', '.join(unknown)}"
         if error:
             result.errors[name] = error
         else:

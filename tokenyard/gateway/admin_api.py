@@ -67,6 +67,8 @@ class TeamLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     user_tpm: Count | UnsetType | None = UNSET
     user_usd_per_day: Dollars | UnsetType | None = UNSET
     alert_url: str | UnsetType | None = UNSET  # the team's own receiver of its budget alerts
+    # single models' own: {"gpt-4o": {"rpm": 100, "tpm": 50000}}; replaces the team's; null: none
+    model_limits: dict[str, dict[str, int]] | UnsetType | None = UNSET
 
 
 class NewTeam(TeamLimits, kw_only=True, forbid_unknown_fields=True):

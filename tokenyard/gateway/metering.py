@@ -44,7 +44,7 @@ async def metered(
     `model`: what the client asked for; `served`: the gateway's own service that answered."""
     started = time.perf_counter()
     lease_id = os.urandom(9).hex()
-    res = await settlement.quotas.reserve(policy, lease_id, tokens, 0, False, end_user)
+    res = await settlement.quotas.reserve(policy, lease_id, tokens, 0, False, end_user, served)
     settlement.keeper.active[lease_id] = res
     metrics.IN_FLIGHT.inc()
     event = UsageEvent(

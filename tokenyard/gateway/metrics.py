@@ -62,8 +62,8 @@ ROUTE_CONFIDENCE = Histogram(
 )
 OVERFLOWS = Counter(
     "tokenyard_router_overflows_total",
-    "Candidates skipped for a request, by model and why (saturated, down: circuit open or not "
-    "ready)",
+    "Candidates skipped for a request, by model and why (saturated; down: circuit open or not "
+    "ready; team_model_limit: the team's own limit on the model refused it)",
     ["model", "reason"],
     registry=REGISTRY,
 )

@@ -32,7 +32,7 @@ from tokenyard.core.usage import Pricer, Usage, UsageEvent
 from tokenyard.gateway import access_log, metrics, refusals, request_ids
 from tokenyard.gateway.auth import Authenticator, authorization_of
 from tokenyard.gateway.dispatch import Dispatch, Saturation
-from tokenyard.gateway.quotas import LeaseKeeper, Quotas, Reservation
+from tokenyard.gateway.quotas import MODEL_LIMIT_CODES, LeaseKeeper, Quotas, Reservation
 from tokenyard.gateway.response_cache import (
     Lookup,
     Mode,
@@ -306,18 +306,14 @@ class Proxy:
             span.set_attribute("tokenyard.route.served", upstream.info.name)
             if route.score is not None:
                 span.set_attribute("tokenyard.route.score", route.score)
-        extra = self.overhead.extra(upstream.info.name, policy.team)
-        prompts = [size + extra for size in parsed.prompt_sizes]
-        max_tokens = max_tokens_for(parsed, max(prompts), upstream.info, policy, self.settings)
+        res, upstream, max_tokens, prompts = await self._reserve(
+            route, upstream, policy, parsed, tier, trace
+        )
+        lease_id = res.lease_id
         body = parsed.body
         body.pop("max_tokens", None)  # the cap goes in per model (_Call.to)
         if parsed.stream:  # the gateway settles from the usage chunk, so always ask for it
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
-        # sized for everything the upstream runs: each prompt, n times
-        tokens = sum(prompts) + parsed.choices * max_tokens
-        block_size = upstream.info.block_size
-        pages = sum(kv_pages(size, max_tokens, parsed.n, block_size) for size in prompts)
-        lease_id = os.urandom(9).hex()  # never the client's id: clients may reuse theirs
         call = _Call(
             kind,
             body,
@@ -330,10 +326,6 @@ class Proxy:
             max_tokens,
             responses,
         )
-        with trace.span("quota.reserve", tokens=tokens, kv_pages=pages, tier=tier):
-            res = await self.quotas.reserve(
-                policy, lease_id, tokens, pages, tier == "batch", parsed.end_user
-            )
         res.trace, trace.settling = trace, True
         self.keeper.active[lease_id] = res
         metrics.IN_FLIGHT.inc()
@@ -389,6 +381,44 @@ class Proxy:
             model = served.info.name
             self._spawn(self.settlement.settle(res, model, Usage(), event, started, status=status))
             raise
+
+    async def _reserve(
+        self,
+        route: Route,
+        upstream: Upstream,
+        policy: TeamPolicy,
+        parsed: Parsed,
+        tier: str,
+        trace: RequestTrace,
+    ) -> tuple[Reservation, Upstream, int, list[int]]:
+        """Size the request for `upstream` and reserve it: the reservation, the upstream, the
+        max_tokens it gets and the prompts' sizes. Where the team's own limit on that model refuses
+        it, the route's next usable candidate takes it (an overflow, as for a saturated one)."""
+        index, first = route.candidates.index(upstream.info.name), None
+        while True:
+            extra = self.overhead.extra(upstream.info.name, policy.team)
+            prompts = [size + extra for size in parsed.prompt_sizes]
+            info = upstream.info
+            max_tokens = max_tokens_for(parsed, max(prompts), info, policy, self.settings)
+            # sized for everything the upstream runs: each prompt, n times
+            tokens = sum(prompts) + parsed.choices * max_tokens
+            pages = sum(kv_pages(size, max_tokens, parsed.n, info.block_size) for size in prompts)
+            lease_id = os.urandom(9).hex()  # never the client's id: clients may reuse theirs
+            try:
+                with trace.span("quota.reserve", tokens=tokens, kv_pages=pages, tier=tier):
+                    res = await self.quotas.reserve(
+                        policy, lease_id, tokens, pages, tier == "batch", parsed.end_user, info.name
+                    )
+                return res, upstream, max_tokens, prompts
+            except GatewayError as exc:
+                if exc.code not in MODEL_LIMIT_CODES:
+                    raise
+                first = first or exc  # the model first chosen is the one to name
+                found = self.dispatch.next_open(route, tier, index + 1)
+                if found is None:
+                    raise first from None
+                metrics.OVERFLOWS.labels(info.name, "team_model_limit").inc()
+                index, upstream = found
 
     async def _complete_unless_gone(
         self, hang_up: HangUp, upstream: Upstream, call: UpstreamCall

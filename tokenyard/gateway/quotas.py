@@ -52,7 +52,12 @@ _MESSAGES = {
     "user_requests_per_minute": "requests per minute",
     "user_tokens_per_minute": "tokens per minute",
     "user_usd_per_day": "dollars per day",
+    # the team's own on the model it was routed to
+    "model_requests_per_minute": "requests per minute",
+    "model_tokens_per_minute": "tokens per minute",
 }
+# the team's own limits on the model a request was routed to: another candidate may take it
+MODEL_LIMIT_CODES = frozenset({"model_requests_per_minute", "model_tokens_per_minute"})
 _BUDGET_CODES = {
     "usd_per_day",
     "usd_per_month",
@@ -130,6 +135,13 @@ class TeamKeys:
     def user_day_usd(self, user: str, day: int) -> str:
         return f"{self.base}:user:{user}:usd:{day}"
 
+    def model_rpm(self, model: str) -> str:
+        """The team's buckets on one model (its id, from the catalog, after a fixed part)."""
+        return f"{self.base}:model:{model}:rpm"
+
+    def model_tpm(self, model: str) -> str:
+        return f"{self.base}:model:{model}:tpm"
+
 
 @dataclass(frozen=True)
 class DayUse:
@@ -162,6 +174,7 @@ class Reservation:
     pages: int
     batch: bool
     end_user: str | None = None  # held to the team's limits per end user, where it names one
+    model: str = ""  # the model it was routed to: the team's limits on that model hold it
     enforced: bool = True  # False: admitted without Redis (fail-open), nothing to settle
     headers: dict[str, str] = field(default_factory=dict)  # x-ratelimit-*, as reserve left them
     trace: RequestTrace = NO_TRACE  # the request's spans; its settling ends them
@@ -188,12 +201,15 @@ def _tightest(*buckets: tuple[int, int]) -> tuple[int, int]:
     return min(checked, key=lambda bucket: bucket[1], default=(0, -1))
 
 
-def _headers(policy: TeamPolicy, levels: list[int]) -> dict[str, str]:
-    """x-ratelimit-* for the bucket of each kind that runs out first: the team's, the key's own or
-    the end user's. `levels`: team rpm, team tpm, key rpm, key tpm, user rpm, user tpm."""
-    team, key, user = levels[0:2], levels[2:4], levels[4:6]
-    rpm = _tightest((policy.rpm, team[0]), (policy.key_rpm, key[0]), (policy.user_rpm, user[0]))
-    tpm = _tightest((policy.tpm, team[1]), (policy.key_tpm, key[1]), (policy.user_tpm, user[1]))
+def _headers(policy: TeamPolicy, model: str, levels: list[int]) -> dict[str, str]:
+    """x-ratelimit-* for the bucket of each kind that runs out first: the team's, the key's own,
+    the end user's or the team's on the model. `levels`: team rpm, team tpm, key rpm, key tpm, user
+    rpm, user tpm, model rpm, model tpm."""
+    model_rpm, model_tpm = policy.model_limit(model)
+    limits = [policy.rpm, policy.tpm, policy.key_rpm, policy.key_tpm, policy.user_rpm]
+    limits += [policy.user_tpm, model_rpm, model_tpm]
+    rpm = _tightest(*zip(limits[0::2], levels[0::2], strict=True))
+    tpm = _tightest(*zip(limits[1::2], levels[1::2], strict=True))
     return rate_limit_headers(rpm[0], rpm[1], tpm[0], tpm[1])
 
 
@@ -233,10 +249,13 @@ class Quotas:
         pages: int,
         batch: bool,
         end_user: str | None = None,
+        model: str = "",
     ) -> Reservation:
+        """Reserve for a request routed to `model` (its id in the catalog), or refuse it."""
         keys = self.team_keys(policy.team)
         day, (month, month_end) = day_number(), month_of()
-        res = Reservation(lease_id, policy, keys, day, month, tokens, pages, batch, end_user)
+        res = Reservation(lease_id, policy, keys, day, month, tokens, pages, batch, end_user, model)
+        model_rpm, model_tpm = policy.model_limit(model)
         try:
             result = await self._script(
                 keys=[
@@ -257,6 +276,8 @@ class Quotas:
                     keys.user_day_usd(res.user, day),
                     keys.month_usd(month),
                     keys.key_month_usd(policy.key_prefix, month),
+                    keys.model_rpm(model),
+                    keys.model_tpm(model),
                 ],
                 args=[
                     "reserve",
@@ -283,6 +304,8 @@ class Quotas:
                     int(policy.usd_per_month * 1_000_000),
                     int(policy.key_usd_per_month * 1_000_000),
                     month_end,
+                    model_rpm,
+                    model_tpm,
                 ],
             )
         except RedisError as exc:
@@ -297,10 +320,10 @@ class Quotas:
                 retry_after=1,
             ) from None
         if result[0] == 1:
-            res.headers = _headers(policy, result[1:7])
+            res.headers = _headers(policy, model, result[1:9])
             return res
         code = result[1].decode() if isinstance(result[1], bytes) else result[1]
-        levels = _headers(policy, result[3:9])
+        levels = _headers(policy, model, result[3:11])
         if code == "tokens_per_day" and batch:
             code = "batch_tokens_per_day"
         retry_after = int(result[2])
@@ -318,6 +341,8 @@ class Quotas:
             who = f"key {policy.key_prefix}…"
         elif code.startswith("user_"):
             who = f"end user {end_user!r} of team {policy.team!r}"
+        elif code.startswith("model_"):
+            who = f"team {policy.team!r} on model {model!r}"
         else:
             who = f"team {policy.team!r}"
         message = (
@@ -372,6 +397,7 @@ class Quotas:
                     keys.user_day_usd(res.user, res.day),
                     keys.month_usd(res.month),
                     keys.key_month_usd(policy.key_prefix, res.month),
+                    keys.model_tpm(res.model),
                 ],
                 args=[
                     "settle",
@@ -394,6 +420,7 @@ class Quotas:
                     int(policy.key_usd_per_month * 1_000_000),
                     date.fromordinal(_EPOCH + res.day).isoformat(),
                     res.month,
+                    policy.model_limit(res.model)[1],
                 ],
             )
         except RedisError as exc:

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from tokenyard.core.settings import Settings, get_settings
-from tokenyard.tenancy.limits import KEY_LIMIT_FIELDS, LIMIT_FIELDS, LIMIT_HELP
+from tokenyard.tenancy.limits import KEY_LIMIT_FIELDS, LIMIT_FIELDS, LIMIT_HELP, parse_model_limits
 
 _T = TypeVar("_T")
 
@@ -34,6 +34,13 @@ def _limits(args: argparse.Namespace) -> dict[str, Any]:
     return {
         field: getattr(args, field) for field in LIMIT_FIELDS if getattr(args, field) is not None
     }
+
+
+def _model_limits(text: str) -> dict[str, dict[str, int]]:
+    try:
+        return parse_model_limits(text)
+    except ValueError as exc:  # argparse shows this one's message, not only the value
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _show(records: list[dict[str, Any]], as_json: bool, line: Callable[[dict], str]) -> None:
@@ -228,7 +235,8 @@ def add_parser(sub: Any) -> None:
         t.add_argument("name", help="the team's name (letters, digits, . _ -)")
         for field, kind in LIMIT_FIELDS.items():
             flag = "--" + field.replace("_", "-")
-            t.add_argument(flag, dest=field, type=kind, default=None, help=LIMIT_HELP[field])
+            parse = _model_limits if kind is dict else kind
+            t.add_argument(flag, dest=field, type=parse, default=None, help=LIMIT_HELP[field])
         _json_flag(t)
     show = tsub.add_parser("show", help="one team's limits")
     show.add_argument("name")

@@ -32,6 +32,9 @@ LIMIT_FIELDS: dict[str, type] = {
     # where the team's own budget alerts go (billing/alerts.py), beside the operator's; set by the
     # operator (CLI, admin API, admin UI), never by the team's keys
     "alert_url": str,
+    # a model's own requests and tokens per minute for the team ({"gpt-4o": {"rpm": 100}}), beside
+    # the team's overall ones: the scarce models rationed, the cheap ones left free
+    "model_limits": dict,
 }
 
 # the limits a key may have of its own, beside its team's (a subset of the team's fields)
@@ -44,6 +47,52 @@ FRACTIONS = ("auto_threshold", "strong_share", "auto_quality")
 # not survive the quota script's float arithmetic (Lua numbers are doubles)
 MAX_COUNT = 2**53
 MAX_URL = 2048
+MODEL_LIMITS = ("rpm", "tpm")  # what a model's own limits may hold
+MAX_MODEL_ID = 200
+
+
+def model_limits_problem(value: Any) -> str | None:
+    """What is wrong with a team's per-model limits (a mapping of model id to {rpm, tpm})."""
+    if not isinstance(value, dict):
+        return 'must map model ids to limits, e.g. {"gpt-4o": {"rpm": 100, "tpm": 50000}}'
+    for model, limits in value.items():
+        if not isinstance(model, str) or not 0 < len(model) <= MAX_MODEL_ID:
+            return f"names models by ids of 1 to {MAX_MODEL_ID} characters"
+        if not isinstance(limits, dict) or not limits or set(limits) - set(MODEL_LIMITS):
+            return f"{model!r} must set rpm, tpm or both"
+        for name, count in limits.items():
+            if isinstance(count, bool) or not isinstance(count, int) or not 0 < count <= MAX_COUNT:
+                return f"{model!r}: {name} must be a whole number from 1 to {MAX_COUNT}"
+    return None
+
+
+def parse_model_limits(text: str) -> dict[str, dict[str, int]]:
+    """Per-model limits as people type them (the CLI's flag, the admin UI's field):
+    "gpt-4o: rpm=100, tpm=50000; claude-sonnet-4: rpm=20" (";" or new lines between models).
+    Raises ValueError saying what is wrong; "" is none."""
+    parsed: dict[str, dict[str, int]] = {}
+    for entry in filter(None, (e.strip() for e in text.replace("\n", ";").split(";"))):
+        model, colon, rest = entry.rpartition(":")
+        model = model.strip()
+        if not colon or not model:
+            raise ValueError(f"{entry!r} is not 'model: rpm=N, tpm=N'")
+        limits = parsed.setdefault(model, {})
+        for item in filter(None, (i.strip() for i in rest.split(","))):
+            name, equals, count = (part.strip() for part in item.partition("="))
+            if not equals or name not in MODEL_LIMITS or not (count.isascii() and count.isdigit()):
+                raise ValueError(f"{model!r}: {item!r} is not rpm=N or tpm=N")
+            limits[name] = int(count)
+    if (error := model_limits_problem(parsed)) is not None:
+        raise ValueError(error)
+    return parsed
+
+
+def model_limits_text(value: dict[str, dict[str, int]] | None) -> str:
+    """The inverse of parse_model_limits, for a form showing a team's settings."""
+    return "; ".join(
+        f"{model}: " + ", ".join(f"{name}={count}" for name, count in limits.items())
+        for model, limits in (value or {}).items()
+    )
 
 
 def problem(name: str, value: Any) -> str | None:
@@ -64,6 +113,8 @@ def problem(name: str, value: Any) -> str | None:
         except destinations.RefusedDestination as exc:
             return f"is refused: {exc}"
         return None
+    if name == "model_limits":
+        return model_limits_problem(value)
     if name == "default_tier":
         return None if value in TIERS else f"must be one of {', '.join(TIERS)}"
     if isinstance(value, bool) or not isinstance(value, int if kind is int else (int, float)):
@@ -106,4 +157,7 @@ LIMIT_HELP: dict[str, str] = {
     "user_usd_per_day": "US dollars of spend per UTC day of each end user (default: unlimited)",
     "alert_url": "where the team's own budget alerts are POSTed, signed with its webhook secret "
     "('' on update: none)",
+    "model_limits": "requests and tokens per minute of single models, beside the team's, e.g. "
+    "'gpt-4o: rpm=100, tpm=50000; claude-sonnet-4: rpm=20' (replaces the team's; '' on update: "
+    "none)",
 }

@@ -57,6 +57,8 @@ class Team(SQLModel, table=True):
     user_rpm: int | None = _count()
     user_tpm: int | None = _count()
     user_usd_per_day: float | None = None
+    # single models' own limits for the team: {"gpt-4o": {"rpm": 100, "tpm": 50000}} (None: none)
+    model_limits: dict[str, dict[str, int]] | None = Field(default=None, sa_type=JSON)
     # a disabled team's keys are refused (its keys, limits and usage are kept, to enable it again)
     disabled: bool = False
     created_at: datetime = Field(default_factory=_now)

@@ -33,7 +33,7 @@ def _apply(team: Team, limits: dict[str, Any]) -> None:
             raise ValueError(f"{name} {error}")
         if name == "models" and not isinstance(value, str):
             value = ",".join(value)
-        if name == "alert_url" and not value:  # '' clears it, as the CLI's flags go
+        if name in ("alert_url", "model_limits") and not value:  # '' or {} clears it
             value = None
         setattr(team, name, value)
 
