@@ -21,8 +21,13 @@ output tok/s, prefill included: the speculating run's prefill time, plus its ste
 non-speculating run's time per step (speculation does not shorten a prefill, so at short outputs
 this bounds the whole-request speedup well below the decode ceiling).
 
+With `--prediction`, the same comparison for OpenAI's Predicted Outputs: the engine does not
+speculate by itself (`speculative_tokens=0`), and "on" requests send the text their task works on
+(the report, the code) as their `prediction`, which the engine drafts from (up to
+`--prediction-tokens` a step); "off" requests send none.
+
     .venv/bin/python bench/speculative.py [--speculative-tokens 4] [--rounds 2] [--dtype auto]
-        [--quantization auto] [--max-tokens 256]
+        [--quantization auto] [--max-tokens 256] [--prediction [--prediction-tokens 8]]
 """
 
 import argparse
@@ -108,6 +113,7 @@ TASKS = [
     f"The function covers should also accept the end point. Fix it and return the whole code:"
     f"\n\n{CODE}",
 ]
+SOURCES = [REPORT] * 4 + [CODE] * 4  # the text each task works on: its prediction
 
 
 def run_one(engine: LLMEngine, request: GenerationRequest) -> tuple[list[int], float, float]:
@@ -130,7 +136,11 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--quantization", default="auto")
     parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--prediction", action="store_true", help="compare Predicted Outputs")
+    parser.add_argument("--prediction-tokens", type=int, default=8)
     args = parser.parse_args()
+    if args.prediction:
+        args.speculative_tokens = 0  # drafts come from the predictions alone
 
     engine = LLMEngine(
         EngineConfig(
@@ -138,6 +148,7 @@ def main() -> None:
             dtype=args.dtype,
             quantization=args.quantization,
             speculative_tokens=args.speculative_tokens,
+            prediction_tokens=args.prediction_tokens,
             enable_prefix_caching=False,
         )
     )
@@ -145,9 +156,12 @@ def main() -> None:
     print(
         f"engine: {runner.dtype}, weights {args.quantization}, "
         f"{type(runner.attention).__name__}, k={args.speculative_tokens}"
+        + (f", predicted outputs (k={args.prediction_tokens})" if args.prediction else "")
     )
     template = engine.tokenizer.apply_chat_template
     prompts = [template([{"role": "user", "content": task}]) for task in TASKS]
+    encode = engine.tokenizer.hf.encode
+    predictions = [encode(text, add_special_tokens=False) for text in SOURCES]
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0.0)
     run_one(engine, GenerationRequest("warm-up", prompts[0], SamplingParams(max_tokens=8)))
 
@@ -161,7 +175,10 @@ def main() -> None:
         for r in range(args.rounds):
             for speculative in (False, True):
                 request = GenerationRequest(f"t{i}-{r}-{speculative}", ids, params)
-                request.speculative = speculative
+                if args.prediction:
+                    request.prediction = predictions[i] if speculative else []
+                else:
+                    request.speculative = speculative
                 before = engine.metrics.spec_accepted._value.get()
                 tokens, e2e, first = run_one(engine, request)
                 if speculative:

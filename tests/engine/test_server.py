@@ -229,6 +229,28 @@ ONE_TOKEN_AT_LEAST = {"model": "smollm2", "messages": MESSAGES, "max_tokens": 4,
             None,
         ),
         ({"messages": MESSAGES}, 400, "model", None),
+        # a prediction is text, at most MAX_PREDICTION_CHARS of it
+        (
+            {**ONE_TOKEN_AT_LEAST, "prediction": {"type": "file", "content": "x"}},
+            400,
+            "prediction.type",
+            None,
+        ),
+        (
+            {
+                **ONE_TOKEN_AT_LEAST,
+                "prediction": {"type": "content", "content": [{"type": "image_url"}]},
+            },
+            400,
+            "prediction",
+            None,
+        ),
+        (
+            {**ONE_TOKEN_AT_LEAST, "prediction": {"type": "content", "content": "x" * 200_001}},
+            400,
+            "prediction",
+            None,
+        ),
         ({"model": "nope", "messages": MESSAGES}, 404, "model", "model_not_found"),
         (
             {"model": "smollm2", "messages": [{"role": "user", "content": "hi " * 9000}]},
@@ -414,3 +436,38 @@ def test_tokenize_counts_what_a_request_would_read(server, client):
         assert r.status_code == status, r.text
         assert r.json()["error"]["param"] == param
     wait_idle(url, core)
+
+
+def test_a_predicted_output_through_the_sdk(server, client):
+    """OpenAI's Predicted Outputs (`prediction`): the answer is the one without it, streamed or
+    not; usage counts the prediction's tokens accepted and rejected, which add up to its
+    length; an answer without a prediction has no such counts."""
+    ask = {"model": "smollm2", "messages": MESSAGES, "max_tokens": 24, "temperature": 0}
+    plain = client.chat.completions.create(**ask)
+    text = plain.choices[0].message.content
+    assert plain.usage.completion_tokens_details is None
+
+    def size(said: str) -> int:
+        return len(server[1].tokenizer.hf.encode(said, add_special_tokens=False))
+
+    length, unrelated = size(text), "Nothing like the answer."
+    for prediction in (text, [{"type": "text", "text": text}], unrelated):
+        predicted = {"type": "content", "content": prediction}
+        reply = client.chat.completions.create(**ask, prediction=predicted)
+        assert reply.choices[0].message.content == text
+        details = reply.usage.completion_tokens_details
+        counted = details.accepted_prediction_tokens + details.rejected_prediction_tokens
+        assert counted == (size(unrelated) if prediction == unrelated else length)
+        if prediction != unrelated:
+            assert details.accepted_prediction_tokens >= length // 2
+    chunks = list(
+        client.chat.completions.create(
+            **ask,
+            prediction={"type": "content", "content": text},
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert chunks[-1].usage.completion_tokens_details.accepted_prediction_tokens >= length // 2
+    wait_idle(*server)

@@ -77,11 +77,26 @@ def test_ngram_proposer_matches_its_definition_on_random_text():
         assert proposer.propose(tokens, 5) == brute_force_lookup(tokens, 6, 5), tokens
 
 
+def test_a_prediction_is_proposed_while_the_output_follows_it_then_searched():
+    """OpenAI's Predicted Outputs: while the output so far is the prediction's start, its next
+    tokens are the draft, whatever the last tokens match elsewhere; once the output leaves it
+    (an edit), it is searched as text the output came right after: of equal matches in the
+    prompt and the prediction, the prediction's wins."""
+    proposer = NgramProposer()
+    prompt, prediction = [7, 3, 4, 5, 6], [1, 2, 9, 4, 5, 8]
+    assert proposer.propose(prompt, 3, prediction, 0) == [1, 2, 9]  # nothing produced yet
+    assert proposer.propose([*prompt, 1, 2], 3, prediction, 2) == [9, 4, 5]
+    # left the prediction after "1 2": "4 5" occurs in both; the prediction's continues with 8
+    assert proposer.propose([*prompt, 1, 2, 0, 4, 5], 2, prediction, 5) == [8]
+    # no prediction: what followed the prompt's "4 5"
+    assert proposer.propose([*prompt, 1, 2, 0, 4, 5], 2) == [6, 1]
+
+
 # ---------------------------------------------------------------- scheduling
 
 
 class FixedProposer:
-    def propose(self, token_ids: list[int], max_tokens: int) -> list[int]:
+    def propose(self, token_ids: list[int], max_tokens: int, *_: object) -> list[int]:
         return [9, 9, 9, 9, 9][:max_tokens]
 
 
@@ -128,6 +143,22 @@ def test_drafts_respect_opt_out_max_tokens_and_the_budget_left():
     first, second = decoding(5), decoding(6)
     _, batch = scheduled_after_prefill([first, second], max_decodes=4, budget=5)
     assert batch.drafts == {first: [9, 9, 9]} and batch.num_tokens == 5
+
+
+def test_a_predicted_request_drafts_its_own_length_where_the_engine_does_not_speculate():
+    predicted, plain = decoding(5), decoding(6)
+    predicted.request.prediction = [4, 4, 4, 4, 4, 4]
+    speculation = Speculation(NgramProposer(), 0, 4, row_cost=0.0, predicted_tokens=2)
+    s = Scheduler(BlockManager(64, 4), 64, 8, speculation=speculation)
+    for sq in (predicted, plain):
+        s.add(sq)
+    s.update_from_output(s.schedule(), {})
+    for sq in (predicted, plain):
+        sq.token_ids.append(4)  # the first token out is the prediction's
+    batch = s.schedule()
+    assert batch.drafts == {predicted: [4, 4]}
+    s.update_from_output(batch, {predicted: 1})
+    assert predicted.draft_tokens_kept == 1 and plain.draft_tokens_kept == 0
 
 
 def test_the_step_update_rolls_rejected_drafts_back_and_counts_kept_ones():
@@ -281,6 +312,49 @@ def test_greedy_mixed_batch_is_identical_with_speculation(engine_factory, prompt
     proposed_now, accepted_now = counters(engine)
     assert 0 < accepted_now - accepted < proposed_now - proposed
     assert engine.scheduler.num_preemptions > 0, "the workload was meant to force a preemption"
+    assert_all_blocks_free(engine)
+
+
+def test_a_predicted_output_leaves_greedy_tokens_as_they_were_in_fewer_steps(
+    engine_factory, prompt_ids
+):
+    """fp32: the same tokens with a prediction as without, whether it is the output itself, an
+    unrelated text or the output with an edit in it; a right prediction takes far fewer steps,
+    and its accepted tokens are counted for usage."""
+    engine = engine_factory(**PLAIN)
+    params = greedy(32, min_tokens=32)
+    requests = [GenerationRequest(f"p{i}", ids, params) for i, ids in enumerate(prompt_ids[:4])]
+    plain = run_to_completion(engine, requests)
+    for kind in ("exact", "unrelated", "edited"):
+        predicted = []
+        for r in requests:
+            output = tokens(plain[r.request_id])
+            prediction = {
+                "exact": output,
+                "unrelated": list(range(100, 140)),
+                "edited": [*output[:10], 13, 13, *output[14:]],
+            }[kind]
+            predicted.append(
+                GenerationRequest(r.request_id, r.prompt_ids, params, prediction=prediction)
+            )
+        outputs = run_to_completion(engine, predicted)
+        for r in requests:
+            assert tokens(outputs[r.request_id]) == tokens(plain[r.request_id]), (
+                kind,
+                r.request_id,
+            )
+        steps = {r.request_id: len(outputs[r.request_id]) for r in requests}
+        kept = {
+            r.request_id: outputs[r.request_id][-1].stats.accepted_prediction_tokens
+            for r in requests
+        }
+        if kind == "exact":
+            assert all(n <= 12 for n in steps.values()), steps  # 32 tokens in a step each without
+            assert all(k == 32 - n for k, n in zip(kept.values(), steps.values(), strict=True)), (
+                kept
+            )
+        if kind == "edited":
+            assert all(n < 24 for n in steps.values()), steps
     assert_all_blocks_free(engine)
 
 

@@ -21,7 +21,6 @@ REFUSED_BY_ENGINE = {
     "service_tier": "flex",
     "modalities": ["text", "audio"],
     "audio": {"voice": "alloy", "format": "wav"},
-    "prediction": {"type": "content", "content": "x"},
     "web_search_options": {},
     "verbosity": "low",
     "moderation": {"categories": ["violence"]},
@@ -81,6 +80,17 @@ def test_values_that_ask_for_nothing_pass(capabilities_gw: Gateway, team: tuple[
         model="fake", prompt="hi #chunks=1", echo=False, best_of=1, logit_bias={"50256": -100}
     )
     assert honoured.choices[0].text
+
+
+def test_a_predicted_output_reaches_the_engine(
+    capabilities_gw: Gateway, team: tuple[str, str], upstream: str
+) -> None:
+    """`prediction` (OpenAI's Predicted Outputs) is the engine's to honour: it goes through as
+    sent."""
+    predicted = {"type": "content", "content": "hi there"}
+    client = capabilities_gw.client(team[1])
+    client.chat.completions.create(model="fake", messages=CHAT, prediction=predicted)  # type: ignore[arg-type]
+    assert upstream_stats(upstream)["last_body"]["prediction"] == predicted
 
 
 def test_a_model_without_a_capability_refuses_what_needs_it(

@@ -95,7 +95,9 @@ FIELDS: dict[str, Rule] = {
     "service_tier": Rule(BOTH, (R, P, R), inert=("auto", "default")),
     "modalities": Rule(CHAT, (R, P, R), inert=(["text"],)),
     "audio": Rule(CHAT, (R, P, R)),
-    "prediction": Rule(CHAT, (R, P, R)),
+    "prediction": Rule(
+        CHAT, (H, P, R), note="engine: the predicted output's tokens are its speculative drafts"
+    ),
     "web_search_options": Rule(CHAT, (R, P, R)),
     "verbosity": Rule(CHAT, (R, P, R)),
     "moderation": Rule(CHAT, (R, P, R)),

@@ -46,6 +46,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=0,
         help="n-gram speculative decoding: draft tokens per sequence and step (0: off)",
     )
+    p.add_argument(
+        "--prediction-tokens",
+        type=int,
+        default=8,
+        help="draft tokens per step of a request that predicts its output (OpenAI's `prediction`; "
+        "0: predictions are ignored)",
+    )
     p.add_argument("--served-model-name", default="")
     p.add_argument(
         "--drain-s",
@@ -79,6 +86,7 @@ def run(args: argparse.Namespace) -> None:
         max_model_len=args.max_model_len,
         enable_prefix_caching=not args.no_prefix_caching,
         speculative_tokens=args.speculative_tokens,
+        prediction_tokens=args.prediction_tokens,
         served_model_name=args.served_model_name,
     )
     engine = AsyncEngine(LLMEngine(config))

@@ -65,3 +65,6 @@ class EngineConfig:
     # speculative_tokens; None: what was measured on CPU there (speculative.CPU_ROW_COST), 0 on
     # CUDA (a few more rows are nearly free)
     speculative_row_cost: float | None = None
+    # draft tokens per step of a request that predicts its output (OpenAI's Predicted Outputs,
+    # `prediction`), speculating or not otherwise; 0: predictions are ignored
+    prediction_tokens: int = 8

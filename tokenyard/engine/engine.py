@@ -36,12 +36,16 @@ class LLMEngine:
             self.runner.num_blocks, self.block_size, config.enable_prefix_caching
         )
         speculation = None
-        if config.speculative_tokens:
+        if config.speculative_tokens or config.prediction_tokens:
             row_cost = config.speculative_row_cost
             if row_cost is None:
                 row_cost = CPU_ROW_COST if self.runner.device.type == "cpu" else 0.0
             speculation = Speculation(
-                NgramProposer(), config.speculative_tokens, config.speculative_max_decodes, row_cost
+                NgramProposer(),
+                config.speculative_tokens,
+                config.speculative_max_decodes,
+                row_cost,
+                config.prediction_tokens,
             )
         self.scheduler = Scheduler(
             self.blocks,
@@ -258,6 +262,8 @@ class LLMEngine:
             compute=t.compute,
             token_gaps=t.token_gaps,
             preemptions=seq.preemptions,
+            predicted_tokens=len(seq.request.prediction),
+            accepted_prediction_tokens=seq.draft_tokens_kept if seq.request.prediction else 0,
         )
         labels = (self.model_name, seq.priority.name.lower())
         self.metrics.ttft.labels(*labels).observe(stats.ttft)

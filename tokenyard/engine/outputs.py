@@ -36,6 +36,8 @@ class SeqStats:
     compute: float
     token_gaps: list[float]
     preemptions: int
+    predicted_tokens: int = 0  # the length of the output the client predicted (0: none)
+    accepted_prediction_tokens: int = 0  # draft tokens verification accepted, where predicted
 
 
 @dataclass

@@ -70,6 +70,14 @@ class _Common(msgspec.Struct, kw_only=True):
     speculative: bool = True
 
 
+class Prediction(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """OpenAI's Predicted Outputs: text the completion is expected to repeat, most of it (a file
+    being edited); its tokens become draft tokens, verified as any draft is."""
+
+    type: Literal["content"]
+    content: str | list[dict]
+
+
 class ChatRequest(_Common, kw_only=True):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
@@ -79,6 +87,7 @@ class ChatRequest(_Common, kw_only=True):
     tool_choice: str | dict | None = None
     parallel_tool_calls: bool = True
     response_format: dict | None = None
+    prediction: Prediction | None = None
 
 
 class CompletionRequest(_Common, kw_only=True):
@@ -110,6 +119,8 @@ class DetokenizeRequest(msgspec.Struct, kw_only=True):
 MAX_N = 16
 MAX_STOPS = 16
 MAX_TOP_LOGPROBS = 20
+# a predicted output longer than any context would be is a mistake, and tokenizing it costs
+MAX_PREDICTION_CHARS = 200_000
 
 
 def decode_body(body: bytes, kind: type[msgspec.Struct]):
@@ -305,18 +316,16 @@ def completion_prompts(req: CompletionRequest) -> list[str | list[int]]:
     raise RequestError("prompt: must be a string, token ids, or a list of either", "prompt")
 
 
-def message_text(content: str | list[dict] | None) -> str:
+def message_text(content: str | list[dict] | None, param: str = "messages") -> str:
     if content is None or isinstance(content, str):
         return content or ""
     parts = []
     for part in content:
         if part.get("type") != "text":
-            raise RequestError(
-                f"content part type {part.get('type')!r} is not supported", "messages"
-            )
+            raise RequestError(f"content part type {part.get('type')!r} is not supported", param)
         text = part.get("text", "")
         if not isinstance(text, str):
-            raise RequestError("a text content part's text must be a string", "messages")
+            raise RequestError("a text content part's text must be a string", param)
         parts.append(text)
     return "".join(parts)
 
@@ -343,12 +352,24 @@ def usage(stats: list[SeqStats], n: int) -> dict:
     prompts = stats[::n]
     prompt = sum(s.prompt_tokens for s in prompts)
     completion = sum(s.completion_tokens for s in stats)
-    return {
+    counted = {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
         "prompt_tokens_details": {"cached_tokens": sum(s.cached_tokens for s in prompts)},
     }
+    if any(s.predicted_tokens for s in stats):
+        # OpenAI's reading: the prediction's tokens that made it into the completion, and the
+        # rest of it (here: what verification accepted of the drafts, most of them the
+        # prediction's; unlike OpenAI, the rejected ones are not charged as completion tokens)
+        accepted = [min(s.accepted_prediction_tokens, s.predicted_tokens) for s in stats]
+        counted["completion_tokens_details"] = {
+            "accepted_prediction_tokens": sum(accepted),
+            "rejected_prediction_tokens": sum(
+                s.predicted_tokens - a for s, a in zip(stats, accepted, strict=True)
+            ),
+        }
+    return counted
 
 
 def timings(stats: list[SeqStats]) -> dict:

@@ -192,6 +192,7 @@ class Scheduler:
             if draft:
                 kept = accepted[seq]
                 seq.acceptance.record(len(draft), kept)
+                seq.draft_tokens_kept += kept
                 num_new -= len(draft) - kept
                 tokens = tokens + draft[:kept]
                 self.blocks.truncate(seq.table, seq.num_computed + num_new)
@@ -209,15 +210,18 @@ class Scheduler:
         drafts = {}
         for seq in decodes:
             # the step emits the accepted draft plus one token: never more than max_tokens
-            left = seq.request.params.max_tokens - (seq.num_tokens - seq.num_prompt)
-            room = min(spec.num_tokens, budget, left - 1)
+            produced = seq.num_tokens - seq.num_prompt
+            left = seq.request.params.max_tokens - produced
+            prediction = seq.request.prediction
+            most = spec.most(bool(prediction))
+            room = min(most, budget, left - 1)
             if not seq.request.speculative or room <= 0:
                 continue
             seq.acceptance.decay()
-            room = min(room, draft_length(seq.acceptance.rate, spec.num_tokens, spec.row_cost))
+            room = min(room, draft_length(seq.acceptance.rate, most, spec.row_cost))
             if room <= 0:
                 continue
-            draft = spec.proposer.propose(seq.token_ids, room)
+            draft = spec.proposer.propose(seq.token_ids, room, prediction, produced)
             num_tokens = seq.num_tokens + len(draft)
             if not draft or not self.blocks.can_grow(seq.table, num_tokens):
                 continue

@@ -52,6 +52,8 @@ class GenerationRequest:
     tenant: str = "default"
     arrival: float = field(default_factory=time.perf_counter)
     speculative: bool = True  # may its decodes verify drafts (when the engine speculates)
+    # the output the client expects (OpenAI's Predicted Outputs): drafts come from it first
+    prediction: list[int] = field(default_factory=list)
 
 
 class SeqStatus(enum.Enum):
@@ -86,6 +88,7 @@ class Sequence:
     timings: Timings = field(default_factory=Timings)
     finish_reason: str | None = None
     acceptance: Acceptance = field(default_factory=Acceptance)  # of its speculative drafts
+    draft_tokens_kept: int = 0  # draft tokens verification accepted, over its whole life
 
     @property
     def num_prompt(self) -> int:

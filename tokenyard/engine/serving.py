@@ -15,6 +15,7 @@ from tokenyard.core.errors import ErrorBody, ErrorDetail
 from tokenyard.engine.async_engine import AsyncEngine
 from tokenyard.engine.outputs import RequestError, RequestOutput, Sampled, SeqStats
 from tokenyard.engine.protocol import (
+    MAX_PREDICTION_CHARS,
     ChatRequest,
     Choice,
     CompletionRequest,
@@ -252,9 +253,21 @@ class OpenAIServing:
             priority=parse_priority(headers.get("x-priority") or body.priority),
             tenant=headers.get("x-tenant") or body.tenant or body.user or "default",
             speculative=body.speculative,
+            prediction=self._prediction(body),
         )
         self.core.validate(gen)
         return gen
+
+    def _prediction(self, body: ChatRequest | CompletionRequest) -> list[int]:
+        """The predicted output's tokens, as the output would spell them (no special tokens)."""
+        if not isinstance(body, ChatRequest) or body.prediction is None:
+            return []
+        text = message_text(body.prediction.content, "prediction")
+        if len(text) > MAX_PREDICTION_CHARS:
+            raise RequestError(
+                f"prediction is {len(text)} characters, above {MAX_PREDICTION_CHARS}", "prediction"
+            )
+        return self.tokenizer.hf.encode(text, add_special_tokens=False)
 
     async def _respond(
         self,

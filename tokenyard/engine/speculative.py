@@ -14,6 +14,7 @@ per draft token before the target's step, and a GPU box to pay off. One that sam
 would also have to hand its distributions to the verifier (accept with min(1, p/q)).
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -21,8 +22,16 @@ import numpy as np
 
 
 class Proposer(Protocol):
-    def propose(self, token_ids: list[int], max_tokens: int) -> list[int]:
-        """Up to max_tokens tokens likely to follow token_ids (possibly none)."""
+    def propose(
+        self,
+        token_ids: list[int],
+        max_tokens: int,
+        prediction: Sequence[int] = (),
+        produced: int = 0,
+    ) -> list[int]:
+        """Up to max_tokens tokens likely to follow token_ids (possibly none). `prediction`: the
+        output the client expects (OpenAI's Predicted Outputs), of which the last `produced` of
+        token_ids are the output so far."""
         ...
 
 
@@ -41,7 +50,23 @@ class NgramProposer:
     def __init__(self, max_ngram: int = 8, min_ngram: int = 2):
         self.max_ngram, self.min_ngram = max_ngram, min_ngram
 
-    def propose(self, token_ids: list[int], max_tokens: int) -> list[int]:
+    def propose(
+        self,
+        token_ids: list[int],
+        max_tokens: int,
+        prediction: Sequence[int] = (),
+        produced: int = 0,
+    ) -> list[int]:
+        stop = len(token_ids) + len(prediction)  # where a proposal ends, at the latest
+        if prediction:
+            begin = len(token_ids) - produced
+            output = token_ids[begin:]
+            # still on the prediction: its next tokens, whatever the last ones match elsewhere
+            if produced < len(prediction) and output == list(prediction[:produced]):
+                return list(prediction[produced : produced + max_tokens])
+            # off it (an edit): it is searched as text the output came right after, so a match
+            # there wins a tie with the prompt's (the later one does)
+            token_ids = [*token_ids[:begin], *prediction, *output]
         tokens = np.asarray(token_ids)
         last = tokens.size - 1
         if last < 1:
@@ -62,7 +87,9 @@ class NgramProposer:
         if longest < self.min_ngram:
             return []
         start = int(ends[length == longest][-1]) + 1
-        return token_ids[start : start + max_tokens]
+        if prediction and begin <= start < begin + len(prediction):
+            stop = begin + len(prediction)  # what follows in the prediction ends with it
+        return token_ids[start : min(start + max_tokens, stop)]
 
 
 @dataclass
@@ -76,6 +103,13 @@ class Speculation:
     max_decodes: int
     # what one draft row adds to a one-row step's time, as a share of it (`draft_length`)
     row_cost: float
+    # draft tokens per step, at most, of a request with a predicted output (its drafts come
+    # mostly from the prediction: surer than a lookup); 0: predictions are not used
+    predicted_tokens: int = 0
+
+    def most(self, predicted: bool) -> int:
+        """A sequence's longest draft."""
+        return self.predicted_tokens if predicted else self.num_tokens
 
 
 @dataclass
