@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from tests.gateway.conftest import HERE, Process, free_port, upstream_stats, wait_until
+from tokenyard.gateway.quotas import platform_model_rpm, platform_model_tpm
 from tokenyard.router.classifier import ComplexityClassifier
 
 EASY = "hi! how are you today?"
@@ -23,7 +24,8 @@ HARD = (
 )
 
 
-def _catalog(path: Path) -> Path:
+def _catalog(path: Path, limits: str = "") -> Path:
+    """The two models; `limits`: TOML lines for the strong one (every team's rpm, tpm)."""
     path.write_text(
         """
 [auto]
@@ -44,6 +46,7 @@ price = { input = 3.0, output = 15.0 }
 capability = 3
 quality_reference = "gpt-4-1106-preview"
 """
+        + limits
     )
     return path
 
@@ -261,3 +264,42 @@ def test_a_teams_tokens_per_minute_on_a_model_reserve_max_tokens_and_refund(
     assert err.value.response.headers["retry-after"] == "60"
     # the cheap model has no limit of its own for this team
     assert "x-ratelimit-limit-tokens" not in ask("cheap", 400).headers
+
+
+def test_every_teams_limit_on_a_model_is_shared_and_overflows_too(
+    start_gateway: Any, engines: dict[str, str], team: Any, tmp_path: Path, redis_server: Any
+) -> None:
+    """A model's limits in the catalog (a provider's limits on the platform's account) hold every
+    team's requests together: past them the model's fallback takes requests, else 503 naming the
+    model; no team sees them in its x-ratelimit-* headers."""
+    catalog = _catalog(tmp_path / "catalog.toml", "rpm = 2\n")
+    strong_then_cheap = catalog.read_text().replace(
+        'quality_reference = "gpt-4-1106-preview"',
+        'quality_reference = "gpt-4-1106-preview"\nfallbacks = ["cheap"]',
+    )
+    catalog.write_text(strong_then_cheap)
+    spec = ",".join(f"{name}={url}" for name, url in engines.items())
+    buckets = (platform_model_rpm("strong"), platform_model_tpm("strong"))
+    redis_server.client().delete(*buckets)  # every gateway of the session shares them
+    gateway = start_gateway(catalog=str(catalog), engine_urls=spec)
+    (_, first), (_, second) = team(), team()
+    served = [_ask(gateway.client(key), "strong", EASY).headers for key in (first, second, first)]
+    assert [h["x-tokenyard-model"] for h in served] == ["strong", "strong", "cheap"]
+    assert "x-ratelimit-limit-requests" not in served[0]
+    metrics = httpx.get(gateway.url + "/metrics").text
+    assert 'tokenyard_router_overflows_total{model="strong",reason="platform_model_limit"}' in (
+        metrics
+    )
+    # with nowhere to go: a 503 naming the model, and when to come back
+    alone = tmp_path / "alone.toml"
+    alone.write_text(_catalog(tmp_path / "plain.toml", "rpm = 1\n").read_text())
+    redis_server.client().delete(*buckets)
+    gateway = start_gateway(catalog=str(alone), engine_urls=spec)
+    _, key = team()
+    assert _ask(gateway.client(key), "strong", EASY).headers["x-tokenyard-model"] == "strong"
+    with pytest.raises(openai.InternalServerError) as err:
+        _ask(gateway.client(key).with_options(max_retries=0), "strong", EASY)
+    assert err.value.status_code == 503
+    assert err.value.code == "platform_model_requests_per_minute"
+    assert "on model 'strong'" in err.value.message
+    assert 50 <= int(err.value.response.headers["retry-after"]) <= 60

@@ -113,6 +113,8 @@ class QuotaMachine(RuleBasedStateMachine):
         user_tpm=st.sampled_from([0, 300, 800]),
         model_rpm=st.sampled_from([0, 2, 5]),
         model_tpm=st.sampled_from([0, 300, 800]),
+        shared_rpm=st.sampled_from([0, 1, 3]),  # every team's on "big" (the catalog's)
+        shared_tpm=st.sampled_from([0, 300, 500]),
     )
     def limits(
         self,
@@ -131,7 +133,10 @@ class QuotaMachine(RuleBasedStateMachine):
         user_tpm: int,
         model_rpm: int,
         model_tpm: int,
+        shared_rpm: int,
+        shared_tpm: int,
     ) -> None:
+        self.shared = {"big": (shared_rpm, shared_tpm)}
         self.policy = TeamPolicy(
             team="props",  # alone in its flushed database
             rpm=rpm,
@@ -183,7 +188,14 @@ class QuotaMachine(RuleBasedStateMachine):
         async def together() -> list[Reservation | BaseException]:
             calls = [
                 self.quotas.reserve(
-                    self.policy, lease_id, ask.tokens, ask.pages, ask.batch, ask.user, ask.model
+                    self.policy,
+                    lease_id,
+                    ask.tokens,
+                    ask.pages,
+                    ask.batch,
+                    ask.user,
+                    ask.model,
+                    self.shared.get(ask.model, (0, 0)),
                 )
                 for lease_id, ask in zip(leases, asks, strict=True)
             ]
@@ -284,13 +296,14 @@ class QuotaMachine(RuleBasedStateMachine):
         # the admitted request's end user and model (settling more than was reserved may take
         # another over until its bucket refills; its next admission waits for that)
         for scope in scopes(ask.user, ask.model):
-            rpm, tpm = (policy.user_rpm, policy.user_tpm)
-            if scope[0] == "model":
-                rpm, tpm = policy.model_limit(ask.model)
-            if rpm:
-                assert self.admitted_in[scope] <= rpm * (1 + minutes), scope
-            if tpm:
-                assert self.charged_in[scope] <= tpm * (1 + minutes), scope
+            limits = [(policy.user_rpm, policy.user_tpm)]
+            if scope[0] == "model":  # the team's own on it, and every team's (one team here)
+                limits = [policy.model_limit(ask.model), self.shared.get(ask.model, (0, 0))]
+            for rpm, tpm in limits:
+                if rpm:
+                    assert self.admitted_in[scope] <= rpm * (1 + minutes), scope
+                if tpm:
+                    assert self.charged_in[scope] <= tpm * (1 + minutes), scope
 
     def check_refusal(self, refusal: GatewayError, ask: Ask) -> None:
         """A refusal names a limit that this request really would have passed."""
@@ -317,6 +330,8 @@ class QuotaMachine(RuleBasedStateMachine):
             "user_tokens_per_minute": ask.user is not None and policy.user_tpm > 0,
             "model_requests_per_minute": policy.model_limit(ask.model)[0] > 0,
             "model_tokens_per_minute": policy.model_limit(ask.model)[1] > 0,
+            "platform_model_requests_per_minute": self.shared.get(ask.model, (0, 0))[0] > 0,
+            "platform_model_tokens_per_minute": self.shared.get(ask.model, (0, 0))[1] > 0,
         }
         assert reached[code or ""], f"refused for {code} below the limit"
 

@@ -393,7 +393,8 @@ class Proxy:
     ) -> tuple[Reservation, Upstream, int, list[int]]:
         """Size the request for `upstream` and reserve it: the reservation, the upstream, the
         max_tokens it gets and the prompts' sizes. Where the team's own limit on that model refuses
-        it, the route's next usable candidate takes it (an overflow, as for a saturated one)."""
+        it, or every team's limit on it (the catalog's), the route's next usable candidate takes it
+        (an overflow, as for a saturated one)."""
         index, first = route.candidates.index(upstream.info.name), None
         while True:
             extra = self.overhead.extra(upstream.info.name, policy.team)
@@ -404,10 +405,19 @@ class Proxy:
             tokens = sum(prompts) + parsed.choices * max_tokens
             pages = sum(kv_pages(size, max_tokens, parsed.n, info.block_size) for size in prompts)
             lease_id = os.urandom(9).hex()  # never the client's id: clients may reuse theirs
+            entry = self.router.catalog.get(info.name)
+            platform = (entry.rpm, entry.tpm) if entry is not None else (0, 0)
             try:
                 with trace.span("quota.reserve", tokens=tokens, kv_pages=pages, tier=tier):
                     res = await self.quotas.reserve(
-                        policy, lease_id, tokens, pages, tier == "batch", parsed.end_user, info.name
+                        policy,
+                        lease_id,
+                        tokens,
+                        pages,
+                        tier == "batch",
+                        parsed.end_user,
+                        info.name,
+                        platform,
                     )
                 return res, upstream, max_tokens, prompts
             except GatewayError as exc:
@@ -417,7 +427,9 @@ class Proxy:
                 found = self.dispatch.next_open(route, tier, index + 1)
                 if found is None:
                     raise first from None
-                metrics.OVERFLOWS.labels(info.name, "team_model_limit").inc()
+                shared = (exc.code or "").startswith("platform_")
+                reason = "platform_model_limit" if shared else "team_model_limit"
+                metrics.OVERFLOWS.labels(info.name, reason).inc()
                 index, upstream = found
 
     async def _complete_unless_gone(

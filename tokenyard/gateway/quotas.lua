@@ -41,12 +41,13 @@ if op == 'reserve' then
   --       (micro-dollars), team leases, team pages, platform leases, platform batch leases,
   --       the key's own rpm bucket, tpm bucket, day usd and leases, the end user's own rpm bucket,
   --       tpm bucket and day usd, the team's and the key's month usd, the team's rpm and tpm
-  --       buckets of the model the request was routed to
+  --       buckets of the model the request was routed to, and the platform's (every team's)
   -- ARGV: op, lease id, rpm, tpm, tokens/day (of that counter), usd/day (micro), concurrency, kv pages,
   --       platform concurrency, platform batch concurrency, tokens, pages, lease ms, batch (0/1),
   --       the key's rpm, tpm, usd/day (micro) and concurrency, the end user's rpm, tpm and usd/day
   --       (micro; all 0 for a request that names no end user), the team's and the key's usd/month
-  --       (micro), the month's end (unix seconds), the team's rpm and tpm on that model
+  --       (micro), the month's end (unix seconds), the team's rpm and tpm on that model, the
+  --       platform's rpm and tpm on it
   local id = ARGV[2]
   local rpm, tpm, tpd, upd = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
   local conc, kvp = tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -56,6 +57,7 @@ if op == 'reserve' then
   local urpm, utpm, uupd = tonumber(ARGV[19]), tonumber(ARGV[20]), tonumber(ARGV[21])
   local upm, kupm, month_end = tonumber(ARGV[22]), tonumber(ARGV[23]), tonumber(ARGV[24])
   local mrpm, mtpm = tonumber(ARGV[25]), tonumber(ARGV[26])
+  local prpm, ptpm = tonumber(ARGV[27]), tonumber(ARGV[28])
   local now = now_ms()
   local to_midnight = 86400 - math.floor(now / 1000) % 86400
   local to_month_end = math.max(1, month_end - math.floor(now / 1000))
@@ -100,6 +102,8 @@ if op == 'reserve' then
   end
   local mrpm_level = bucket(KEYS[18], mrpm, 1, 'model_requests_per_minute')
   local mtpm_level = bucket(KEYS[19], mtpm, tokens, 'model_tokens_per_minute')
+  local prpm_level = bucket(KEYS[20], prpm, 1, 'platform_model_requests_per_minute')
+  local ptpm_level = bucket(KEYS[21], ptpm, tokens, 'platform_model_tokens_per_minute')
   if upm > 0 and (tonumber(redis.call('GET', KEYS[16])) or 0) >= upm then
     refuse('usd_per_month', to_month_end)
   end
@@ -137,6 +141,8 @@ if op == 'reserve' then
                 take(KEYS[9], krpm_level, 1), take(KEYS[10], ktpm_level, tokens),
                 take(KEYS[13], urpm_level, 1), take(KEYS[14], utpm_level, tokens),
                 take(KEYS[18], mrpm_level, 1), take(KEYS[19], mtpm_level, tokens)}
+  take(KEYS[20], prpm_level, 1)  -- the platform's: not the team's to see in its headers
+  take(KEYS[21], ptpm_level, tokens)
   redis.call('INCRBY', KEYS[3], tokens)
   redis.call('EXPIRE', KEYS[3], 172800)
   redis.call('ZADD', KEYS[5], now + lease_ms, id)
@@ -151,13 +157,14 @@ elseif op == 'settle' then
   -- KEYS: tpm bucket, day tokens, team leases, team pages, platform leases, platform batch leases,
   --       usage stream, day usd (micro-dollars), the key's own tpm bucket, day usd and leases, the end
   --       user's own tpm bucket and day usd, the team's and the key's month usd, the team's tpm
-  --       bucket of the model reserved on
+  --       bucket of the model reserved on, and the platform's
   -- ARGV: op, lease id, tokens reserved, tokens used, tpm limit, event (JSON), spend (micro-dollars;
   --       0 for teams without a dollar budget), the key's tpm limit, the key's spend (0: no budget),
   --       the end user's tpm limit and spend (0: none), the team's and the key's spend for the
   --       month (0: no monthly budget), the alert percents ("80,100"), the team's usd/day and
   --       usd/month and the key's usd/day and usd/month (micro; 0: none), the day ("2026-11-27")
-  --       and the month ("2026-11") the reservation charges, the team's tpm limit on the model
+  --       and the month ("2026-11") the reservation charges, the team's tpm limit on the model,
+  --       the platform's
   local id = ARGV[2]
   local delta = tonumber(ARGV[4]) - tonumber(ARGV[3])  -- < 0: refund the unused reservation
   -- refunds do not depend on the lease: a lease that expired early still reserved tokens
@@ -171,6 +178,7 @@ elseif op == 'settle' then
   refund(KEYS[9], tonumber(ARGV[8]))
   refund(KEYS[12], tonumber(ARGV[10]))
   refund(KEYS[16], tonumber(ARGV[21]))
+  refund(KEYS[17], tonumber(ARGV[22]))
   if delta ~= 0 and redis.call('EXISTS', KEYS[2]) == 1 then redis.call('INCRBY', KEYS[2], delta) end
   release(KEYS[3], KEYS[4], id)
   release(KEYS[5], nil, id)

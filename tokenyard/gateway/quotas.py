@@ -30,7 +30,12 @@ from tokenyard.tenancy.policy import TeamPolicy
 log = logging.getLogger("tokenyard.gateway")
 
 _SCRIPT = (Path(__file__).parent / "quotas.lua").read_text()
-_PLATFORM_CODES = {"platform_concurrency", "platform_batch_concurrency"}
+_PLATFORM_CODES = {
+    "platform_concurrency",
+    "platform_batch_concurrency",
+    "platform_model_requests_per_minute",
+    "platform_model_tokens_per_minute",
+}
 _MESSAGES = {
     "requests_per_minute": "requests per minute",
     "tokens_per_minute": "tokens per minute",
@@ -55,9 +60,20 @@ _MESSAGES = {
     # the team's own on the model it was routed to
     "model_requests_per_minute": "requests per minute",
     "model_tokens_per_minute": "tokens per minute",
+    # every team's together on it (the catalog's rpm and tpm of the model)
+    "platform_model_requests_per_minute": "requests per minute",
+    "platform_model_tokens_per_minute": "tokens per minute",
 }
-# the team's own limits on the model a request was routed to: another candidate may take it
-MODEL_LIMIT_CODES = frozenset({"model_requests_per_minute", "model_tokens_per_minute"})
+# limits of the model a request was routed to (the team's own on it, or every team's): another
+# candidate may take it
+MODEL_LIMIT_CODES = frozenset(
+    {
+        "model_requests_per_minute",
+        "model_tokens_per_minute",
+        "platform_model_requests_per_minute",
+        "platform_model_tokens_per_minute",
+    }
+)
 _BUDGET_CODES = {
     "usd_per_day",
     "usd_per_month",
@@ -163,6 +179,15 @@ PLATFORM_LEASES = "ty:platform:leases"
 PLATFORM_BATCH_LEASES = "ty:platform:batch-leases"
 
 
+def platform_model_rpm(model: str) -> str:
+    """Every team's buckets on one model (the catalog's limits of it)."""
+    return f"ty:platform:model:{model}:rpm"
+
+
+def platform_model_tpm(model: str) -> str:
+    return f"ty:platform:model:{model}:tpm"
+
+
 @dataclass
 class Reservation:
     lease_id: str
@@ -175,6 +200,7 @@ class Reservation:
     batch: bool
     end_user: str | None = None  # held to the team's limits per end user, where it names one
     model: str = ""  # the model it was routed to: the team's limits on that model hold it
+    platform_tpm: int = 0  # every team's tokens per minute on that model (0: none)
     enforced: bool = True  # False: admitted without Redis (fail-open), nothing to settle
     headers: dict[str, str] = field(default_factory=dict)  # x-ratelimit-*, as reserve left them
     trace: RequestTrace = NO_TRACE  # the request's spans; its settling ends them
@@ -250,11 +276,14 @@ class Quotas:
         batch: bool,
         end_user: str | None = None,
         model: str = "",
+        platform: tuple[int, int] = (0, 0),
     ) -> Reservation:
-        """Reserve for a request routed to `model` (its id in the catalog), or refuse it."""
+        """Reserve for a request routed to `model` (its id in the catalog), or refuse it;
+        `platform`: the model's requests and tokens per minute for every team together."""
         keys = self.team_keys(policy.team)
         day, (month, month_end) = day_number(), month_of()
         res = Reservation(lease_id, policy, keys, day, month, tokens, pages, batch, end_user, model)
+        res.platform_tpm = platform[1]
         model_rpm, model_tpm = policy.model_limit(model)
         try:
             result = await self._script(
@@ -278,6 +307,8 @@ class Quotas:
                     keys.key_month_usd(policy.key_prefix, month),
                     keys.model_rpm(model),
                     keys.model_tpm(model),
+                    platform_model_rpm(model),
+                    platform_model_tpm(model),
                 ],
                 args=[
                     "reserve",
@@ -306,6 +337,7 @@ class Quotas:
                     month_end,
                     model_rpm,
                     model_tpm,
+                    *platform,
                 ],
             )
         except RedisError as exc:
@@ -329,9 +361,10 @@ class Quotas:
         retry_after = int(result[2])
         what = _MESSAGES[code]
         if code in _PLATFORM_CODES:
+            on = f" on model {model!r}" if code.startswith("platform_model_") else ""
             raise GatewayError(
                 503,
-                f"the platform is at its limit of {what}",
+                f"the platform is at its limit of {what}{on}",
                 code=code,
                 retry_after=retry_after,
                 limit=code,
@@ -398,6 +431,7 @@ class Quotas:
                     keys.month_usd(res.month),
                     keys.key_month_usd(policy.key_prefix, res.month),
                     keys.model_tpm(res.model),
+                    platform_model_tpm(res.model),
                 ],
                 args=[
                     "settle",
@@ -421,6 +455,7 @@ class Quotas:
                     date.fromordinal(_EPOCH + res.day).isoformat(),
                     res.month,
                     policy.model_limit(res.model)[1],
+                    res.platform_tpm,
                 ],
             )
         except RedisError as exc:

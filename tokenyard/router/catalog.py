@@ -68,6 +68,11 @@ class ModelEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     quality_reference: str = ""
     tiers: tuple[Tier, ...] = ("interactive", "batch")
     fallbacks: tuple[str, ...] = ()  # tried in order when this model is saturated or down
+    # requests and tokens per minute of every team's together (a provider's limits on the
+    # platform's account, a replica set's capacity); past them, its fallbacks take requests;
+    # 0: none
+    rpm: int = 0
+    tpm: int = 0
     # the request field that caps its output: OpenAI's reasoning models (o-series, GPT-5) refuse
     # max_tokens and take max_completion_tokens only
     max_tokens_param: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
