@@ -1,11 +1,13 @@
 """Weights from a GGUF file or a Hugging Face directory, HF-named: float tensors, and 2-D weights
 block-quantized (engine/quant.py) as the GGUF ships them or as `quantization` asks."""
 
+import functools
 import glob
 import importlib.util
 import json
 import os
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import torch
@@ -108,12 +110,22 @@ def _unpermute_rows(w: torch.Tensor | QuantizedTensor, n_head: int):
     return torch.from_numpy(np.ascontiguousarray(_unpermute(w.numpy(), n_head)))
 
 
-def _load_gguf(path: str, keep_quantized: bool) -> tuple[ModelConfig, Weights]:
+@functools.lru_cache(maxsize=2)
+def _gguf_file(path: str) -> tuple[Any, dict[str, Any]]:
+    """A GGUF file's reader (its tensors memory-mapped, read-only) and metadata. Kept for the
+    process: parsing the metadata, the vocabulary's 49k strings one field part at a time, takes
+    about 5 s (cProfile), and the tests build many engines in one process."""
     from gguf import GGUFReader
-    from gguf.quants import dequantize
 
     reader = GGUFReader(path)
     meta = {k: f.contents() for k, f in reader.fields.items() if "tokenizer.ggml.tokens" not in k}
+    return reader, meta
+
+
+def _load_gguf(path: str, keep_quantized: bool) -> tuple[ModelConfig, Weights]:
+    from gguf.quants import dequantize
+
+    reader, meta = _gguf_file(path)
     arch = meta["general.architecture"]
     if arch != "llama":
         raise ValueError(f"unsupported GGUF architecture {arch!r}: the engine serves Llama models")

@@ -1,5 +1,6 @@
 """Tokenizer and chat template from the model's own files (GGUF metadata or an HF directory)."""
 
+import functools
 import os
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
@@ -16,13 +17,7 @@ class Tokenizer:
 
     @classmethod
     def load(cls, path: str, eos_token_ids: tuple[int, ...] = ()) -> "Tokenizer":
-        if path.endswith(".gguf"):
-            hf = AutoTokenizer.from_pretrained(
-                os.path.dirname(path), gguf_file=os.path.basename(path)
-            )
-        else:
-            hf = AutoTokenizer.from_pretrained(path)
-        return cls(hf, eos_token_ids)
+        return cls(_hf_tokenizer(path), eos_token_ids)
 
     def encode(self, text: str) -> list[int]:
         return self.hf.encode(text)
@@ -43,3 +38,14 @@ class Tokenizer:
 
     def token_text(self, token_id: int) -> str:
         return self.decode([token_id], skip_special_tokens=False)
+
+
+@functools.lru_cache(maxsize=2)
+def _hf_tokenizer(path: str) -> PreTrainedTokenizerBase:
+    """Kept for the process, and shared (encoding and decoding do not change it): from a GGUF,
+    transformers parses the file and converts its vocabulary, about 7.5 s (cProfile), and the
+    tests build many engines in one process."""
+    if path.endswith(".gguf"):
+        folder, name = os.path.split(path)
+        return AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    return AutoTokenizer.from_pretrained(path)
