@@ -57,7 +57,6 @@ class NgramProposer:
         prediction: Sequence[int] = (),
         produced: int = 0,
     ) -> list[int]:
-        stop = len(token_ids) + len(prediction)  # where a proposal ends, at the latest
         if prediction:
             begin = len(token_ids) - produced
             output = token_ids[begin:]
@@ -87,9 +86,10 @@ class NgramProposer:
         if longest < self.min_ngram:
             return []
         start = int(ends[length == longest][-1]) + 1
+        end = start + max_tokens
         if prediction and begin <= start < begin + len(prediction):
-            stop = begin + len(prediction)  # what follows in the prediction ends with it
-        return token_ids[start : min(start + max_tokens, stop)]
+            end = min(end, begin + len(prediction))  # what follows in the prediction ends with it
+        return token_ids[start:end]
 
 
 @dataclass
