@@ -37,6 +37,8 @@ from tokenyard.core.settings import Settings, get_settings
 from tokenyard.core.usage import USAGE_STREAM
 from tokenyard.gateway.admin_api import AdminController
 from tokenyard.gateway.auth import Authenticator, authorization_of
+from tokenyard.gateway.chats.controller import ChatCompletionsController
+from tokenyard.gateway.chats.store import ChatStore
 from tokenyard.gateway.controllers import CompletionsController, OpsController
 from tokenyard.gateway.messages import MessagesController
 from tokenyard.gateway.proxy import Proxy
@@ -89,6 +91,10 @@ def _responses(state: State) -> ResponseStore:
     return state.responses
 
 
+def _chats(state: State) -> ChatStore:
+    return state.chats
+
+
 def _guard(state: State) -> Guard | None:
     return state.guard
 
@@ -114,6 +120,7 @@ def _dependencies(settings: Settings) -> dict[str, Provide]:
         "quotas": _quotas,
         "tenancy": _tenancy,
         "responses": _responses,
+        "chats": _chats,
         "guard": _guard,
         "batch_worker": _batch_worker,
     }
@@ -158,13 +165,14 @@ def create_app(settings: Settings | None = None) -> Litestar:
         proxy = Proxy(settings, auth, quotas, backends, router, Pricer(catalog), guard, tracing)
         app.state.proxy = proxy
         app.state.responses = ResponseStore(sql, settings.responses_retention_days)
+        app.state.chats = ChatStore(sql, settings.chats_retention_days)
         await backends.start()
         proxy.keeper.start()
         app.state.usage_consumer = UsageConsumer(redis, sql, settings)
         app.state.usage_consumer.start()
         app.state.alert_sender = AlertSender(sql, settings)
         app.state.alert_sender.start()
-        app.state.batch_worker = BatchWorker(proxy, sql, settings)
+        app.state.batch_worker = BatchWorker(proxy, sql, settings, app.state.chats)
         app.state.batch_worker.start()
         # what startup loaded (catalog, classifier, routes) lives as long as the process: kept out
         # of the collector's full passes, which otherwise stalled requests ~0.1-0.2 s at a time
@@ -190,6 +198,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
 
     return Litestar(
         route_handlers=[
+            ChatCompletionsController,
             CompletionsController,
             ResponsesController,
             MessagesController,

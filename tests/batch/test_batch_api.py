@@ -19,6 +19,7 @@ def test_sdk_round_trip(start_gateway: Any, team: Any, upstream: str, sql: Any) 
     client = gw.client(key)
     items = [line(f"req-{i}", f"question {i} #chunks=3") for i in range(6)]
     items.append(line("auto-1", "routed by the classifier #chunks=3", model="auto"))
+    items[0]["body"] |= {"store": True, "metadata": {"line": "req-0"}}  # kept, as interactive
     batch = submit(client, items, metadata={"project": "nightly"})
     assert batch.status == "in_progress" and batch.metadata == {"project": "nightly"}
     assert batch.request_counts.total == 7
@@ -46,6 +47,11 @@ def test_sdk_round_trip(start_gateway: Any, team: Any, upstream: str, sql: Any) 
     wait_until(lambda: len(billed()) == 7, 30, "usage records")
     assert {(r.tier, r.key_prefix, r.status) for r in billed()} == {("batch", key[:12], 200)}
     assert [b.id for b in client.batches.list()] == [batch.id]
+    stored = client.chat.completions.list().data
+    first = next(o for o in output if o["custom_id"] == "req-0")["response"]["body"]
+    assert [c.id for c in stored] == [first["id"]]
+    assert stored[0].metadata == {"line": "req-0"}  # type: ignore[attr-defined]
+    assert stored[0].choices[0].message.content == "tok " * 3
 
 
 def test_malformed_lines_go_to_the_error_file(start_gateway: Any, team: Any) -> None:

@@ -97,7 +97,7 @@ async def test_leases_renew_while_a_tick_hangs(monkeypatch: pytest.MonkeyPatch) 
         await asyncio.Event().wait()
 
     monkeypatch.setattr(BatchWorker, "tick", stuck)
-    worker = BatchWorker(None, None, Settings(batch_lease_s=0.3))  # type: ignore[arg-type]
+    worker = BatchWorker(None, None, Settings(batch_lease_s=0.3), None)  # type: ignore[arg-type]
     request = asyncio.create_task(asyncio.sleep(30))
     worker.running["req-1"] = _Running("batch-1", request, asyncio.Event())
     worker.start()
@@ -111,11 +111,11 @@ async def test_leases_renew_while_a_tick_hangs(monkeypatch: pytest.MonkeyPatch) 
 
 def test_interactive_traffic_never_raises_batch_concurrency() -> None:
     settings = Settings(batch_max_concurrency=3, batch_shared_concurrency=4)
-    worker = BatchWorker(None, None, settings)  # type: ignore[arg-type]
+    worker = BatchWorker(None, None, settings, None)  # type: ignore[arg-type]
     # a limit above the usual one would start extra requests, then yield them once interactive
     # traffic is gone
     assert worker.limit(True) == 3 and worker.limit(False) == 3
-    assert BatchWorker(None, None, Settings(batch_max_concurrency=8)).limit(True) == 4  # type: ignore[arg-type]
+    assert BatchWorker(None, None, Settings(batch_max_concurrency=8), None).limit(True) == 4  # type: ignore[arg-type]
 
 
 class _Upstream:
@@ -143,12 +143,12 @@ class _Proxy:
         self.settling = asyncio.Event()
         self.settled = asyncio.Event()
 
-    async def run_batch_request(self, *args: object) -> tuple[int, bytes]:
+    async def run_batch_request(self, *args: object) -> tuple[int, bytes, str]:
         hang_up = args[-1]
         reply = await Proxy._complete_unless_gone(self, hang_up, self.upstream, None)  # type: ignore[arg-type]
         self.settling.set()
         await self.settled.wait()
-        return 200, reply
+        return 200, reply, "fake"
 
 
 async def _run_and_yield(monkeypatch: pytest.MonkeyPatch, after_reply: bool) -> tuple[list, _Proxy]:
@@ -167,7 +167,7 @@ async def _run_and_yield(monkeypatch: pytest.MonkeyPatch, after_reply: bool) -> 
 
     monkeypatch.setattr(BatchWorker, "_policy", policy)
     proxy = _Proxy()
-    worker = BatchWorker(proxy, None, Settings())  # type: ignore[arg-type]
+    worker = BatchWorker(proxy, None, Settings(), None)  # type: ignore[arg-type]
     request = lifecycle.Claimed("r1", "b1", "team", "key", CHAT, b"{}", 1)
     hung_up = asyncio.Event()
     task = asyncio.create_task(worker._execute(request, hung_up))

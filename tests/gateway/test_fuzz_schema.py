@@ -18,6 +18,11 @@ from tests.gateway.conftest import (
 
 PUBLIC = {
     "POST /v1/chat/completions",
+    "GET /v1/chat/completions",
+    "GET /v1/chat/completions/{completion_id}",
+    "POST /v1/chat/completions/{completion_id}",
+    "DELETE /v1/chat/completions/{completion_id}",
+    "GET /v1/chat/completions/{completion_id}/messages",
     "POST /v1/completions",
     "POST /v1/responses",
     "POST /v1/responses/input_tokens",

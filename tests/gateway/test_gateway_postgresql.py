@@ -41,6 +41,12 @@ def test_identifiers_holding_nul_are_not_found_or_refused(
             ("GET", "/v1/admin/usage?team=a%00", admin, None, 200),
             ("GET", "/v1/responses/resp_%00", team, None, 404),
             ("DELETE", "/v1/responses/resp_%00", team, None, 404),
+            ("GET", "/v1/chat/completions/c%00", team, None, 404),
+            ("DELETE", "/v1/chat/completions/c%00", team, None, 404),
+            ("GET", "/v1/chat/completions/c%00/messages", team, None, 404),
+            ("POST", "/v1/chat/completions/c", team, {"metadata": {"k": "\u0000"}}, 400),
+            ("GET", "/v1/chat/completions?metadata[k]=%00&model=m%00", team, None, 200),
+            ("GET", "/v1/chat/completions?after=c%00", team, None, 400),
             ("POST", "/v1/feedback", team, {"request_id": "r\u0000", "score": 0.5}, 400),
             (
                 "POST",
@@ -57,5 +63,13 @@ def test_identifiers_holding_nul_are_not_found_or_refused(
                 assert reply.json()["error"]["message"], (method, path)
         listed = httpx.get(gw.url + "/v1/admin/keys?team=a%00", headers=admin).json()
         assert listed["data"] == []
+        # a stored chat completion found by its metadata: the JSON path query on PostgreSQL
+        ask = {"model": "fake", "messages": [{"role": "user", "content": "hi #chunks=1"}]}
+        for label in ("a", "b"):
+            body = {**ask, "store": True, "metadata": {"set": label}}
+            made = httpx.post(gw.url + "/v1/chat/completions", headers=team, json=body)
+            assert made.status_code == 200, made.text
+        found = httpx.get(gw.url + "/v1/chat/completions?metadata[set]=b", headers=team).json()
+        assert [c["metadata"] for c in found["data"]] == [{"set": "b"}]
     finally:
         gw.stop()

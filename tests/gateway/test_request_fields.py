@@ -17,7 +17,6 @@ TOOLS = [{"type": "function", "function": {"name": "f", "parameters": {"type": "
 # a value that asks for something, for every field the engine refuses
 REFUSED_BY_ENGINE = {
     "reasoning_effort": "low",
-    "store": True,
     "service_tier": "flex",
     "modalities": ["text", "audio"],
     "audio": {"voice": "alloy", "format": "wav"},

@@ -90,7 +90,11 @@ FIELDS: dict[str, Rule] = {
         CHAT, (H, P, R), note="engine: picks the replica (prefix affinity), as OpenAI routes by it"
     ),
     "reasoning_effort": Rule(CHAT, (R, P, R), needs="reasoning"),
-    "store": Rule(CHAT, (R, P, R), note="stored chat completions: OpenAI only"),
+    "store": Rule(
+        CHAT,
+        (H, H, H),
+        note="stored by the gateway, for the team (GET /v1/chat/completions); never sent upstream",
+    ),
     "metadata": Rule(CHAT, (H, P, H), note="the team's labels, recorded with the usage (billing)"),
     "service_tier": Rule(BOTH, (R, P, R), inert=("auto", "default")),
     "modalities": Rule(CHAT, (R, P, R), inert=(["text"],)),

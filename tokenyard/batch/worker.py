@@ -26,6 +26,7 @@ from tokenyard.core.errors import GatewayError
 from tokenyard.core.settings import Settings
 from tokenyard.core.tasks import cancel_and_wait
 from tokenyard.core.webhooks import deliver, webhook_client
+from tokenyard.gateway.chats.store import ChatStore, stored_ask
 from tokenyard.gateway.proxy import Proxy
 from tokenyard.gateway.request_ids import new_request_id
 from tokenyard.tenancy.keys import policy_by_prefix
@@ -55,9 +56,10 @@ class _Running:
 
 
 class BatchWorker:
-    def __init__(self, proxy: Proxy, sql: Engine, settings: Settings) -> None:
+    def __init__(self, proxy: Proxy, sql: Engine, settings: Settings, chats: ChatStore) -> None:
         self.proxy = proxy
         self.sql = sql
+        self.chats = chats  # where a request with `store: true` keeps its completion
         self.settings = settings
         self.owner = os.urandom(8).hex()  # this process, as lease holder
         self.running: dict[str, _Running] = {}  # by request id
@@ -186,13 +188,17 @@ class BatchWorker:
             policy = await self._policy(request.team, request.key_prefix)
             if policy is None:
                 raise GatewayError(401, f"team {request.team!r} no longer exists", "invalid_team")
-            status, body = await self.proxy.run_batch_request(
+            status, body, served = await self.proxy.run_batch_request(
                 policy,
                 ENDPOINTS[request.endpoint],
                 request.body,
                 upstream_id,
                 hung_up.wait,
             )
+            stored = stored_ask(request.body) if status == 200 else None
+            if stored is not None and ENDPOINTS[request.endpoint] == "chat":
+                completion = msgspec.json.decode(body)
+                await self.chats.save(request.team, stored, completion, served, upstream_id)
         except GatewayError as exc:
             if exc.code == "client_closed" and hung_up.is_set():
                 # yielded to interactive traffic before the upstream replied: runs again later

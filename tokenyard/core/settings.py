@@ -117,6 +117,8 @@ class Settings(BaseSettings):
     # the Responses API keeps a stored response (`store`, the default) this many days; then it is
     # gone for retrieval and for previous_response_id
     responses_retention_days: float = 30.0
+    # a chat completion made with `store: true` is kept this many days, then it is gone
+    chats_retention_days: float = 30.0
     # backends (fields named backend_* belong to backends/; see docs/backends.md)
     backend_connect_timeout_s: float = 5.0  # TCP/TLS connect to an upstream; past it: retried
     # streamed: request sent → first body byte; past it the attempt is dropped and retried

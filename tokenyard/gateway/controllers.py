@@ -1,5 +1,6 @@
-"""The gateway's own routes: completions, models, health, readiness and metrics (the app that
-serves them with every other package's is assembled in tokenyard/app.py)."""
+"""The gateway's own routes: legacy completions, embeddings, models, health, readiness and
+metrics (chat completions: gateway/chats; the app that serves them with every other package's is
+assembled in tokenyard/app.py)."""
 
 from typing import Any
 
@@ -17,12 +18,7 @@ from tokenyard.core.metrics import exposition
 from tokenyard.core.openapi import json_body
 from tokenyard.core.settings import Settings
 from tokenyard.gateway.proxy import Proxy
-from tokenyard.gateway.validation import (
-    ChatRequest,
-    CompletionRequest,
-    EmbeddingRequest,
-    query_int,
-)
+from tokenyard.gateway.validation import CompletionRequest, EmbeddingRequest, query_int
 from tokenyard.router.catalog import ModelEntry
 from tokenyard.router.policy import AUTO
 from tokenyard.tenancy.policy import TeamPolicy
@@ -36,10 +32,6 @@ def _json(data: Any, status: int = 200) -> Response[bytes]:
 
 class CompletionsController(Controller):
     path = "/v1"
-
-    @post("/chat/completions", status_code=200, operation_class=json_body(ChatRequest))
-    async def chat(self, request: Request, proxy: NamedDependency[Proxy]) -> Response:
-        return await proxy.handle(request, "chat")
 
     @post("/completions", status_code=200, operation_class=json_body(CompletionRequest))
     async def completions(self, request: Request, proxy: NamedDependency[Proxy]) -> Response:

@@ -237,9 +237,10 @@ class Proxy:
         body: bytes,
         request_id: str,
         hang_up: HangUp,
-    ) -> tuple[int, bytes]:
+    ) -> tuple[int, bytes, str]:
         """The batch worker's call: an already-authenticated, non-streamed request of the batch
-        tier, through the same routing, quotas and settling as an HTTP one. Refusals raise
+        tier, through the same routing, quotas and settling as an HTTP one; its status, body and
+        the catalog model that served it. Refusals raise
         GatewayError as they do for HTTP callers; a worker that hangs up (`hang_up` returns) while
         the upstream has not replied yet gets a 499 (client_closed), as an HTTP client would."""
         started = time.perf_counter()
@@ -255,7 +256,8 @@ class Proxy:
         except BaseException as exc:
             trace.refused(exc.status if isinstance(exc, GatewayError) else 500)
             raise
-        return response.status_code, response.content
+        served = response.headers.get("x-tokenyard-model") or parsed.model
+        return response.status_code, response.content, served
 
     def pick(
         self, kind: Kind, policy: TeamPolicy, parsed: Parsed, tier: str

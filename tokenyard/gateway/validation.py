@@ -91,6 +91,7 @@ class _Common(msgspec.Struct, kw_only=True):
 class ChatRequest(_Common, kw_only=True):
     messages: Annotated[list[Message], msgspec.Meta(min_length=1)]
     max_completion_tokens: Positive | None = None
+    store: bool | None = None  # kept by the gateway (gateway/chats), never sent upstream
 
 
 class CompletionRequest(_Common, kw_only=True):
@@ -253,6 +254,7 @@ def parse(raw: bytes, kind: Kind) -> Parsed:
         # OpenAI's newer name wins; the engine takes max_tokens
         max_tokens = req.max_completion_tokens or req.max_tokens
         body.pop("max_completion_tokens", None)
+        body.pop("store", None)
         _check_messages(req.messages)
         prompt_sizes = [estimate_chat_tokens(req.messages)]
     else:

@@ -11,6 +11,7 @@ from sqlmodel import SQLModel
 
 import tokenyard.batch.models
 import tokenyard.billing.models
+import tokenyard.gateway.chats.models
 import tokenyard.gateway.responses.models
 import tokenyard.guard.models
 import tokenyard.tenancy.models
@@ -19,6 +20,7 @@ from tokenyard.core.settings import get_settings
 
 # imported for their tables in SQLModel.metadata
 assert tokenyard.batch.models and tokenyard.billing.models and tokenyard.tenancy.models
+assert tokenyard.gateway.chats.models
 assert tokenyard.gateway.responses.models and tokenyard.guard.models
 
 

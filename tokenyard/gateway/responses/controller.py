@@ -20,6 +20,7 @@ from litestar.response import Stream
 from tokenyard.backends import sse
 from tokenyard.core.errors import GatewayError
 from tokenyard.core.openapi import json_body
+from tokenyard.gateway.paging import page
 from tokenyard.gateway.proxy import Proxy
 from tokenyard.gateway.request_ids import request_id
 from tokenyard.gateway.responses.events import ENDINGS, EventWriter, sse_event
@@ -167,23 +168,8 @@ class ResponsesController(Controller):
         after: FromQuery[str | None] = None,
     ) -> Response[bytes]:
         items = (await _stored(responses, caller.team, response_id)).context
-        if order == "desc":
-            items = items[::-1]
-        if after is not None:
-            ids = [item["id"] for item in items]
-            if after not in ids:
-                raise GatewayError(400, f"no input item {after!r} in this response", param="after")
-            items = items[ids.index(after) + 1 :]
-        page = items[:limit]
-        return _json(
-            {
-                "object": "list",
-                "data": page,
-                "first_id": page[0]["id"] if page else None,
-                "last_id": page[-1]["id"] if page else None,
-                "has_more": len(items) > limit,
-            }
-        )
+        missing = f"no input item {after!r} in this response"
+        return _json(page(items, limit, order, after, missing))
 
 
 async def _payloads(reply: Stream) -> AsyncIterator[Any]:
