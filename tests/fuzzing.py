@@ -20,7 +20,8 @@ NOT_HTTP = b"Invalid HTTP request received."
 
 def check_answer(case: Case, status: int, body: bytes) -> None:
     """No 5xx; a 4xx is `{"error": {"message": str, "type": str, "param": …, "code": …}}`
-    (Anthropic's `{"type": "error", "error": {"type": str, "message": str}}` on its routes)."""
+    (Anthropic's `{"type": "error", "error": {"type": str, "message": str}}` on its routes,
+    Google's `{"error": {"code": int, "message": str, "status": str}}` on Gemini's)."""
     where = f"{case.method} {case.formatted_path} body={case.body!r} query={case.query!r}"
     assert status < 500, f"{status} from {where}: {body[:500]!r}"
     if status < 400:
@@ -32,6 +33,11 @@ def check_answer(case: Case, status: int, body: bytes) -> None:
         assert answer["type"] == "error", where
         assert isinstance(answer["error"]["type"], str), where
         assert isinstance(answer["error"]["message"], str), where
+        return
+    if case.path.startswith("/v1beta/"):  # Gemini's API: Google's error shape
+        error = json.loads(body)["error"]
+        assert error["code"] == status and isinstance(error["message"], str), where
+        assert isinstance(error["status"], str) and error["status"].isupper(), where
         return
     try:
         error = json.loads(body)["error"]

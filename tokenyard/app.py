@@ -40,6 +40,7 @@ from tokenyard.gateway.auth import Authenticator, authorization_of
 from tokenyard.gateway.chats.controller import ChatCompletionsController
 from tokenyard.gateway.chats.store import ChatStore
 from tokenyard.gateway.controllers import CompletionsController, OpsController
+from tokenyard.gateway.gemini.controller import GeminiController
 from tokenyard.gateway.messages import MessagesController
 from tokenyard.gateway.proxy import Proxy
 from tokenyard.gateway.quotas import Quotas
@@ -202,6 +203,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             CompletionsController,
             ResponsesController,
             MessagesController,
+            GeminiController,
             AdminController,
             UsageController,
             FeedbackController,

@@ -5,11 +5,13 @@ import asyncio
 import json
 
 import pytest
+from tenacity import Future, RetryCallState
 
 from tests.backends.conftest import control, stats
-from tokenyard.backends.base import BackendUnavailable, UpstreamBroken, UpstreamCall
+from tokenyard.backends.base import BackendUnavailable, ModelInfo, UpstreamBroken, UpstreamCall
 from tokenyard.backends.breaker import Breaker, BreakerConfig
 from tokenyard.backends.metrics import BREAKER_STATE, BREAKER_TRANSITIONS
+from tokenyard.backends.retry import Guard, Retryable, RetryPolicy
 
 CONFIG = BreakerConfig(failures=3, error_rate=0.5, min_requests=1000, open_s=0.3, probe_s=5)
 
@@ -204,3 +206,20 @@ async def test_one_team_provoking_500s_leaves_the_backend_to_the_others(make_ups
     await upstream.refresh()
     assert upstream.info.circuit == "closed" and upstream.info.ready
     assert (await upstream.complete(chat("hi", team="alice"))).status == 200
+
+
+def test_backoff_doubles_with_jitter_up_to_its_cap() -> None:
+    """The waits between attempts, whatever tenacity 8-9 is installed (9.2 renamed the argument
+    the gateway had used, which broke every retry under 9.1)."""
+    guard = Guard(ModelInfo("m"), RetryPolicy(backoff_s=0.25, backoff_max_s=1.5))
+    failed: Future[None] = Future(1)
+    failed.set_exception(Retryable("connection refused"))
+    waits = {}
+    for attempt in (1, 2, 3, 4):
+        state = RetryCallState(None, None, (), {})  # type: ignore[arg-type]
+        state.attempt_number, state.outcome = attempt, failed
+        waits[attempt] = [guard._wait(state) for _ in range(200)]
+    for attempt, base in ((1, 0.25), (2, 0.5), (3, 1.0)):
+        assert base <= min(waits[attempt]) and max(waits[attempt]) <= min(base + 0.25, 1.5)
+        assert max(waits[attempt]) - min(waits[attempt]) > 0.1  # jittered
+    assert max(waits[4]) <= 1.5  # 2.0 + jitter, capped

@@ -16,6 +16,8 @@ import httpx
 import openai
 import pytest
 import redis as redis_sync
+from google import genai
+from google.genai import types as genai_types
 
 from tokenyard.core.db import get_engine
 from tokenyard.tenancy import keys, teams
@@ -91,6 +93,15 @@ class Gateway(Process):
 
     def client(self, key: str, **kwargs: Any) -> openai.OpenAI:
         return openai.OpenAI(base_url=self.url + "/v1", api_key=key, max_retries=0, **kwargs)
+
+    def gemini(self, key: str) -> genai.Client:
+        """Google's SDK, pointed at the gateway's Gemini API, without retries."""
+        options = genai_types.HttpOptions(
+            base_url=self.url,
+            api_version="v1beta",
+            retry_options=genai_types.HttpRetryOptions(attempts=1),
+        )
+        return genai.Client(api_key=key, http_options=options)
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ import httpx
 import openai
 import pytest
 import sqlmodel
+from google.genai import types
 from sqlmodel import Session
 
 from tests.gateway.conftest import (
@@ -384,3 +385,20 @@ def test_a_cached_stream_is_checked_as_it_is_replayed(
         ("miss", "content_filter"),
         ("miss", "content_filter"),
     ]
+
+
+def test_a_prompt_blocked_through_geminis_api_is_answered_as_gemini_does(
+    gw: Any, team: Any, sql: Any, texts: Texts
+) -> None:
+    """Gemini answers a blocked prompt with no candidates and the reason, not with an error:
+    what its clients check."""
+    name, key = team()
+    _policy(sql, name, "input.*=block")
+    client = gw.gemini(key)
+    reply = client.models.generate_content(model=MODEL, contents=texts.harmful)
+    assert reply.prompt_feedback.block_reason == types.BlockedReason.SAFETY
+    assert not reply.candidates and reply.text is None
+    streamed = list(client.models.generate_content_stream(model=MODEL, contents=texts.harmful))
+    assert [c.prompt_feedback.block_reason for c in streamed] == [types.BlockedReason.SAFETY]
+    fine = client.models.generate_content(model=MODEL, contents=texts.benign + " #chunks=2")
+    assert fine.text == "tok tok "

@@ -17,7 +17,8 @@ from tenacity import (
     RetryCallState,
     retry_if_exception_type,
     stop_after_attempt,
-    wait_exponential_jitter,
+    wait_exponential,
+    wait_random,
 )
 
 from tokenyard.backends.base import BackendUnavailable, ModelInfo, log
@@ -78,9 +79,11 @@ class Guard:
         self.policy = policy
         self.breaker = breaker
         self.reachable = False  # what the backend's own probe says
-        self._backoff = wait_exponential_jitter(
-            multiplier=policy.backoff_s, max=policy.backoff_max_s, jitter=policy.backoff_s
-        )
+        # composed from waits whose arguments every tenacity 8-9 takes alike (9.2 renamed
+        # wait_exponential_jitter's first argument, which 9.1 does not know by its new name)
+        self._backoff = wait_exponential(
+            multiplier=policy.backoff_s, max=policy.backoff_max_s
+        ) + wait_random(0, policy.backoff_s)
 
     def set_reachable(self, reachable: bool) -> None:
         self.reachable = reachable
@@ -102,7 +105,7 @@ class Guard:
             RETRIES.labels(self.name, f"http_{exc.status}" if exc.status else "connection").inc()
             if exc.retry_after is not None:
                 return min(exc.retry_after, self.policy.retry_after_max_s)
-        return self._backoff(state)
+        return min(self._backoff(state), self.policy.backoff_max_s)
 
     async def run(self, attempt: Callable[[], Awaitable[T]], team: str = "") -> T:
         """`team`: whose request it is. An upstream that answers it with a 500 may be failing on

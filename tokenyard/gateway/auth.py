@@ -31,10 +31,12 @@ _decoder = msgspec.msgpack.Decoder(TeamPolicy | None)
 
 
 def authorization_of(headers: Mapping[str, str]) -> str | None:
-    """The team key as `Authorization: Bearer …`, or as Anthropic's SDK sends it (`x-api-key`)."""
+    """The team key as `Authorization: Bearer …`, or as Anthropic's SDK sends it (`x-api-key`),
+    or Google's (`x-goog-api-key`)."""
     authorization = headers.get("authorization")
-    if authorization is None and (key := headers.get("x-api-key")):
-        return f"Bearer {key}"
+    if authorization is None:
+        key = headers.get("x-api-key") or headers.get("x-goog-api-key")
+        return f"Bearer {key}" if key else None
     return authorization
 
 

@@ -45,7 +45,7 @@ class CompletionsController(Controller):
     async def models(
         self, request: Request, proxy: NamedDependency[Proxy], caller: NamedDependency[TeamPolicy]
     ) -> Response[bytes]:
-        cards = _team_models(proxy, caller)
+        cards = team_models(proxy, caller)
         if ANTHROPIC_VERSION in request.headers:  # Anthropic's client: its list, paged its way
             return _json(_anthropic_page(request, [_anthropic_card(c) for c in cards]))
         return _json({"object": "list", "data": cards})
@@ -60,7 +60,7 @@ class CompletionsController(Controller):
     ) -> Response[bytes]:
         model_id = model_id.lstrip("/")
         anthropic = ANTHROPIC_VERSION in request.headers
-        for card in _team_models(proxy, caller):
+        for card in team_models(proxy, caller):
             if card["id"] == model_id:
                 return _json(_anthropic_card(card) if anthropic else card)
         message = f"the model {model_id!r} does not exist"
@@ -69,7 +69,7 @@ class CompletionsController(Controller):
         raise GatewayError(404, message, code="model_not_found", param="model")
 
 
-def _team_models(proxy: Proxy, policy: TeamPolicy) -> list[dict[str, Any]]:
+def team_models(proxy: Proxy, policy: TeamPolicy) -> list[dict[str, Any]]:
     """The models the calling team may use, cheapest first, then "auto"."""
     data = [
         _model_card(m, proxy.backends.get(m.id))
