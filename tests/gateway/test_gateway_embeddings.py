@@ -268,3 +268,30 @@ def test_an_embedding_asked_again_comes_from_the_response_cache(
         assert vectors[0] == vectors[1]
     finally:
         gw.stop()
+
+
+def test_geminis_embed_content_matches_sentence_transformers(
+    embed_gateway: Any, team: Any, reference: Any
+) -> None:
+    """Google's SDK (batchEmbedContents) and embedContent over REST, on the same model."""
+    key = team()[1]
+    client = embed_gateway.gemini(key)
+    got = client.models.embed_content(model=EMBED, contents=TEXTS)
+    vectors = np.array([e.values for e in got.embeddings])  # type: ignore[union-attr]
+    assert np.abs(vectors - reference.encode(TEXTS)).max() < 1e-4
+    model = client.models.get(model=EMBED)
+    assert model.supported_actions == ["embedContent", "batchEmbedContents"]
+    one = httpx.post(
+        embed_gateway.url + f"/v1beta/models/{EMBED}:embedContent",
+        headers={"x-goog-api-key": key},
+        json={"content": {"parts": [{"text": TEXTS[1]}]}, "taskType": "RETRIEVAL_DOCUMENT"},
+    )
+    assert one.status_code == 200, one.text
+    values = np.array(one.json()["embedding"]["values"])
+    assert np.abs(values - reference.encode(TEXTS[1])).max() < 1e-4
+    mixed = httpx.post(
+        embed_gateway.url + f"/v1beta/models/{EMBED}:batchEmbedContents",
+        headers={"x-goog-api-key": key},
+        json={"requests": [{"content": {"parts": [{"inlineData": {"data": "AA=="}}]}}]},
+    )
+    assert mixed.status_code == 400 and mixed.json()["error"]["status"] == "INVALID_ARGUMENT"

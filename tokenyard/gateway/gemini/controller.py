@@ -1,5 +1,6 @@
 """Google's Gemini API over any catalog model: `POST /v1beta/models/{model}:generateContent`,
-`:streamGenerateContent?alt=sse` and `:countTokens`, `GET /v1beta/models[/{model}]`.
+`:streamGenerateContent?alt=sse` and `:countTokens`; `:embedContent` and `:batchEmbedContents`
+on the embedding models; `GET /v1beta/models[/{model}]`.
 
 A request is translated onto a chat completion (gateway/gemini/translate.py) and walked like any
 other (keys, quotas, routing with `auto`, fallbacks, billing: gateway/proxy.py); the reply, whole
@@ -27,6 +28,8 @@ from tokenyard.gateway.gemini.events import StreamWriter
 from tokenyard.gateway.gemini.translate import (
     blocked_reply,
     chat_request,
+    embeddings_reply,
+    embeddings_request,
     error_body,
     error_from_openai,
     field,
@@ -36,9 +39,9 @@ from tokenyard.gateway.proxy import Proxy
 from tokenyard.gateway.request_ids import request_id
 from tokenyard.gateway.token_counts import count_tokens
 from tokenyard.gateway.validation import decode_json
-from tokenyard.tenancy.policy import TeamPolicy
 
 GENERATE, STREAM, COUNT = "generateContent", "streamGenerateContent", "countTokens"
+EMBED, EMBED_BATCH = "embedContent", "batchEmbedContents"
 
 
 class GenerateContentRequest(msgspec.Struct, kw_only=True, rename="camel"):
@@ -78,12 +81,10 @@ def _model_object(card: dict[str, Any]) -> dict[str, Any]:
         "description": f"{card['id']} through tokenyard",
         "inputTokenLimit": window,
         "outputTokenLimit": window,
-        "supportedGenerationMethods": [GENERATE, STREAM, COUNT],
+        "supportedGenerationMethods": (
+            [EMBED, EMBED_BATCH] if card.get("kind") == "embedding" else [GENERATE, STREAM, COUNT]
+        ),
     }
-
-
-def _chat_models(proxy: Proxy, policy: TeamPolicy) -> list[dict[str, Any]]:
-    return [card for card in team_models(proxy, policy) if card.get("kind", "chat") == "chat"]
 
 
 async def _events(reply: Stream, writer: StreamWriter) -> AsyncIterator[bytes]:
@@ -118,7 +119,7 @@ class GeminiController(Controller):
             policy = await proxy.auth.authenticate(authorization_of(request.headers))
         except GatewayError as exc:
             return _error(exc)
-        return _json({"models": [_model_object(c) for c in _chat_models(proxy, policy)]})
+        return _json({"models": [_model_object(c) for c in team_models(proxy, policy)]})
 
     @get("/{name:str}")
     async def get_model(
@@ -128,7 +129,7 @@ class GeminiController(Controller):
             policy = await proxy.auth.authenticate(authorization_of(request.headers))
         except GatewayError as exc:
             return _error(exc)
-        for card in _chat_models(proxy, policy):
+        for card in team_models(proxy, policy):
             if card["id"] == name.removeprefix("models/"):
                 return _json(_model_object(card))
         return _error(GatewayError(404, f"model {name!r} is not found", param="model"))
@@ -143,6 +144,8 @@ class GeminiController(Controller):
             body = decode_json(await request.body())
             if method == COUNT:
                 return await self._count(request, proxy, model, body)
+            if method in (EMBED, EMBED_BATCH):
+                return await self._embed(request, proxy, model, body, method == EMBED_BATCH)
             if method not in (GENERATE, STREAM):
                 raise GatewayError(404, f"method {method!r} is not found", param="method")
             stream = method == STREAM
@@ -166,6 +169,17 @@ class GeminiController(Controller):
             body = error_from_openai(reply.status_code, reply.content)
             return _json(body, reply.status_code, headers)
         return _json(gemini_reply(msgspec.json.decode(reply.content), served), headers=headers)
+
+    async def _embed(
+        self, request: Request, proxy: Proxy, model: str, body: Any, batch: bool
+    ) -> Response:
+        """Embeddings from the catalog's embedding models (POST /v1/embeddings' walk)."""
+        asked = embeddings_request(body, model, batch)
+        reply = await proxy.handle(request, "embedding", msgspec.json.encode(asked))
+        headers = _headers(reply.headers)
+        if reply.status_code != 200:
+            return _json(error_from_openai(reply.status_code, reply.content), reply.status_code)
+        return _json(embeddings_reply(msgspec.json.decode(reply.content), batch), headers=headers)
 
     async def _count(self, request: Request, proxy: Proxy, model: str, body: Any) -> Response:
         """The prompt's tokens for the model named (gateway/token_counts.py), without running it:

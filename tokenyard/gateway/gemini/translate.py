@@ -146,10 +146,10 @@ class _Calls:
 
 
 def _media(part: dict[str, Any], inline: bool) -> dict[str, Any]:
-    mime = str(field(part, "mimeType") or "")
+    mime = str(part.get("mimeType") or "")
     if not mime.startswith("image/"):
         raise _bad(f"{mime or 'untyped'} data is not supported: images only")
-    url = f"data:{mime};base64,{part.get('data', '')}" if inline else str(field(part, "fileUri"))
+    url = f"data:{mime};base64,{part.get('data', '')}" if inline else str(part.get("fileUri"))
     return {"type": "image_url", "image_url": {"url": url}}
 
 
@@ -305,6 +305,42 @@ def chat_request(raw: Any, model: str, stream: bool) -> dict[str, Any]:
         if body.get("toolConfig"):
             out |= _tool_choice(body["toolConfig"], out["tools"])
     return out
+
+
+def _embedded_text(request: dict[str, Any]) -> str:
+    parts = _object(request.get("content"), "content").get("parts")
+    if not isinstance(parts, list) or not parts:
+        raise _bad("content must have parts", "content")
+    texts = [p.get("text") for p in parts if isinstance(p, dict)]
+    if not all(isinstance(t, str) for t in texts) or len(texts) != len(parts):
+        raise _bad("only text parts can be embedded", "content")
+    return " ".join(texts)  # type: ignore[arg-type]
+
+
+def embeddings_request(raw: Any, model: str, batch: bool) -> dict[str, Any]:
+    """embedContent (one `content`) or batchEmbedContents (`requests`, each one) → an OpenAI
+    embeddings body. `taskType` and `title` only tune Google's own models: accepted, no effect."""
+    body = _object(raw, "body")
+    if batch:
+        requests = body.get("requests")
+        if not isinstance(requests, list) or not requests:
+            raise _bad("requests must be a non-empty list", "requests")
+        asks = [_object(r, "requests") for r in requests]
+    else:
+        asks = [body]
+    sizes = {ask.get("outputDimensionality") for ask in asks}
+    if len(sizes) > 1:
+        raise _bad("every request must ask the same outputDimensionality", "requests")
+    out: dict[str, Any] = {"model": model, "input": [_embedded_text(a) for a in asks]}
+    if (size := sizes.pop()) is not None:
+        out["dimensions"] = size
+    return out
+
+
+def embeddings_reply(reply: dict[str, Any], batch: bool) -> dict[str, Any]:
+    """OpenAI's embeddings list → Gemini's `embeddings` (batch) or `embedding` (one)."""
+    vectors = [{"values": d["embedding"]} for d in sorted(reply["data"], key=lambda d: d["index"])]
+    return {"embeddings": vectors} if batch else {"embedding": vectors[0]}
 
 
 def usage_metadata(usage: dict[str, Any] | None) -> dict[str, int]:
