@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from sqlmodel import Session, select
 
 from tests.gateway.conftest import (
     MODEL,
@@ -20,6 +21,7 @@ from tests.gateway.conftest import (
     upstream_stats,
     wait_until,
 )
+from tokenyard.billing.models import UsageRecord
 from tokenyard.core.settings import Settings
 from tokenyard.tenancy.keys import hash_key
 from tokenyard.tenancy.service import cache_key
@@ -116,6 +118,25 @@ def test_models_and_model_access(gateway: Any, team: Any) -> None:
             client.chat.completions.create(model=model, messages=CHAT)
         assert err.value.code == "model_not_found"
         assert err.value.body["param"] == "model"
+
+
+def test_an_alias_is_served_as_its_model(gateway: Any, team: Any, sql: Any) -> None:
+    _, key = team(models=MODEL)  # the allow-list names the model; its alias is the same model
+    client = gateway.client(key)
+    reply = client.chat.completions.with_raw_response.create(model="gpt-3.5-turbo", messages=CHAT)
+    assert reply.headers["x-tokenyard-model"] == MODEL and reply.parse().model == MODEL
+    request_id = reply.headers["x-request-id"]
+
+    def recorded() -> UsageRecord | None:
+        with Session(sql) as session:
+            query = select(UsageRecord).where(UsageRecord.request_id == request_id)
+            return session.exec(query).first()
+
+    wait_until(recorded, 10, "the usage record")
+    assert recorded().model == MODEL  # type: ignore[union-attr]
+    assert client.models.retrieve("gpt-3.5-turbo").id == MODEL
+    card = client.models.list().data[0]
+    assert card.model_extra["aliases"] == ["gpt-3.5-turbo"]
 
 
 def test_usage_endpoint_reports_settled_tokens(gateway: Any, team: Any) -> None:

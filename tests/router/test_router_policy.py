@@ -129,6 +129,18 @@ def test_engine_urls_name_replicas_and_add_models() -> None:
     assert catalog.models["other"].base_urls == ("http://c:3",)
 
 
+# two models, the second's table open last (a field added after it is the second's)
+TWO = '[[models]]\nid = "a"\nprovider = "openai"\n[[models]]\nid = "b"\nprovider = "openai"\n'
+
+
+def test_an_alias_is_the_model_it_names(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(TWO + 'aliases = ["gpt-3.5-turbo", "b-2024"]\n')
+    catalog = Catalog.load(path)
+    assert catalog.resolve("gpt-3.5-turbo") == catalog.resolve("b-2024") == "b"
+    assert catalog.resolve("a") == "a" and catalog.resolve("nope") == "nope"
+
+
 def test_catalog_rejects_bad_files(tmp_path: Path) -> None:
     bad = {
         "unknown fallback": '[[models]]\nid = "a"\nprovider = "openai"\nfallbacks = ["zz"]\n',
@@ -137,6 +149,9 @@ def test_catalog_rejects_bad_files(tmp_path: Path) -> None:
         "auto as a model": '[[models]]\nid = "auto"\nprovider = "openai"\n',
         "unknown field": '[[models]]\nid = "a"\nprovider = "openai"\nprize = 3\n',
         "not toml": "[[models]\n",
+        "alias naming a model": f'{TWO}aliases = ["b"]\n',
+        "alias of two models": TWO.replace('"a"\n', '"a"\naliases = ["x"]\n') + 'aliases = ["x"]\n',
+        "alias auto": '[[models]]\nid = "a"\nprovider = "openai"\naliases = ["auto"]\n',
     }
     for what, text in bad.items():
         path = tmp_path / "c.toml"

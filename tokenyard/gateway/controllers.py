@@ -58,7 +58,7 @@ class CompletionsController(Controller):
         caller: NamedDependency[TeamPolicy],
         model_id: FromPath[str],
     ) -> Response[bytes]:
-        model_id = model_id.lstrip("/")
+        model_id = proxy.router.catalog.resolve(model_id.lstrip("/"))
         anthropic = ANTHROPIC_VERSION in request.headers
         for card in team_models(proxy, caller):
             if card["id"] == model_id:
@@ -130,6 +130,7 @@ def _model_card(entry: ModelEntry, upstream: Upstream | None) -> dict[str, Any]:
         "tiers": list(entry.tiers),
         "pricing": msgspec.to_builtins(entry.price),
         "fallbacks": list(entry.fallbacks),
+        "aliases": list(entry.aliases),  # other names requests may use for it
     }
 
 

@@ -263,7 +263,9 @@ class Proxy:
         self, kind: Kind, policy: TeamPolicy, parsed: Parsed, tier: str
     ) -> tuple[Route, Upstream]:
         """The request's route and the first of its upstreams to try; a model the team may not
-        use, or one that cannot honour the request, is refused before any quota is touched."""
+        use, or one that cannot honour the request, is refused before any quota is touched. An
+        alias is the model it stands for from here on (allow-lists, limits, usage records)."""
+        parsed.model = self.router.catalog.resolve(parsed.model)
         try:
             route = self.router.route(
                 parsed.model,

@@ -76,6 +76,9 @@ class ModelEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # the request field that caps its output: OpenAI's reasoning models (o-series, GPT-5) refuse
     # max_tokens and take max_completion_tokens only
     max_tokens_param: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
+    # other names requests may use for it (a retired model's, a provider's dated snapshot's), so
+    # clients keep working while the operator moves the name to another model
+    aliases: tuple[str, ...] = ()
 
     @property
     def name_upstream(self) -> str:
@@ -126,6 +129,11 @@ class Catalog:
             unknown = [f for f in m.fallbacks if f not in self.models or f == m.id]
             if unknown:
                 raise CatalogError(f"{m.id}: unknown fallbacks {unknown}")
+        self.aliases = {alias: m.id for m in spec.models for alias in m.aliases}
+        named = [alias for m in spec.models for alias in m.aliases]
+        clash = sorted({a for a in named if a in self.models or a == "auto" or named.count(a) > 1})
+        if clash:
+            raise CatalogError(f"aliases must name one model each, and no model id: {clash}")
 
     @classmethod
     def load(cls, path: Path | str = DEFAULT_CATALOG, engine_urls: str = "") -> "Catalog":
@@ -138,6 +146,10 @@ class Catalog:
 
     def get(self, model_id: str) -> ModelEntry | None:
         return self.models.get(model_id)
+
+    def resolve(self, name: str) -> str:
+        """The model id an alias stands for; any other name as it is."""
+        return self.aliases.get(name, name)
 
     def chain(self, model_id: str) -> list[str]:
         """The model and its fallbacks, transitively, each once, in the order to try them."""

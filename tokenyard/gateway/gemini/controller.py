@@ -129,8 +129,9 @@ class GeminiController(Controller):
             policy = await proxy.auth.authenticate(authorization_of(request.headers))
         except GatewayError as exc:
             return _error(exc)
+        wanted = proxy.router.catalog.resolve(name.removeprefix("models/"))
         for card in team_models(proxy, policy):
-            if card["id"] == name.removeprefix("models/"):
+            if card["id"] == wanted:
                 return _json(_model_object(card))
         return _error(GatewayError(404, f"model {name!r} is not found", param="model"))
 
