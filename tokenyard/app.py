@@ -46,6 +46,8 @@ from tokenyard.gateway.proxy import Proxy
 from tokenyard.gateway.quotas import Quotas
 from tokenyard.gateway.request_ids import add_request_id
 from tokenyard.gateway.responses.controller import ResponsesController
+from tokenyard.gateway.responses.conversation_store import ConversationStore
+from tokenyard.gateway.responses.conversations import ConversationsController
 from tokenyard.gateway.responses.store import ResponseStore
 from tokenyard.gateway.spool import UsageSpool
 from tokenyard.gateway.tracing import Tracing
@@ -92,6 +94,10 @@ def _responses(state: State) -> ResponseStore:
     return state.responses
 
 
+def _conversations(state: State) -> ConversationStore:
+    return state.conversations
+
+
 def _chats(state: State) -> ChatStore:
     return state.chats
 
@@ -122,6 +128,7 @@ def _dependencies(settings: Settings) -> dict[str, Provide]:
         "tenancy": _tenancy,
         "responses": _responses,
         "chats": _chats,
+        "conversations": _conversations,
         "guard": _guard,
         "batch_worker": _batch_worker,
     }
@@ -167,6 +174,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         app.state.proxy = proxy
         app.state.responses = ResponseStore(sql, settings.responses_retention_days)
         app.state.chats = ChatStore(sql, settings.chats_retention_days)
+        app.state.conversations = ConversationStore(sql)
         await backends.start()
         proxy.keeper.start()
         app.state.usage_consumer = UsageConsumer(redis, sql, settings)
@@ -202,6 +210,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             ChatCompletionsController,
             CompletionsController,
             ResponsesController,
+            ConversationsController,
             MessagesController,
             GeminiController,
             AdminController,

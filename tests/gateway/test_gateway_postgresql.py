@@ -47,6 +47,16 @@ def test_identifiers_holding_nul_are_not_found_or_refused(
             ("POST", "/v1/chat/completions/c", team, {"metadata": {"k": "\u0000"}}, 400),
             ("GET", "/v1/chat/completions?metadata[k]=%00&model=m%00", team, None, 200),
             ("GET", "/v1/chat/completions?after=c%00", team, None, 400),
+            ("GET", "/v1/conversations/c%00", team, None, 404),
+            ("GET", "/v1/conversations/c%00/items", team, None, 404),
+            ("DELETE", "/v1/conversations/c%00/items/i%00", team, None, 404),
+            (
+                "POST",
+                "/v1/responses",
+                team,
+                {"model": "fake", "input": "x", "conversation": "c\u0000"},
+                404,
+            ),
             ("POST", "/v1/feedback", team, {"request_id": "r\u0000", "score": 0.5}, 400),
             (
                 "POST",

@@ -246,7 +246,7 @@ def parse(raw: bytes, kind: Kind) -> Parsed:
     if kind == "embedding":
         return _parse_embedding(body)
     struct = ChatRequest if kind == "chat" else CompletionRequest
-    req = _convert(body, struct)
+    req = convert(body, struct)
 
     if isinstance(req, ChatRequest):
         if "prompt" in body:
@@ -285,7 +285,8 @@ def end_user(value: str | None) -> str | None:
     return value[:MAX_END_USER] if value else None
 
 
-def _convert(body: dict[str, Any], struct: type[_S]) -> _S:
+def convert(body: Any, struct: type[_S]) -> _S:
+    """`body` as `struct`, or a 400 naming the field at fault."""
     try:
         return msgspec.convert(body, struct)
     except msgspec.ValidationError as exc:
@@ -299,7 +300,7 @@ def _convert(body: dict[str, Any], struct: type[_S]) -> _S:
 
 def _parse_embedding(body: dict[str, Any]) -> Parsed:
     """An embeddings request: its inputs are the prompts, and nothing is generated."""
-    req = _convert(body, EmbeddingRequest)
+    req = convert(body, EmbeddingRequest)
     sizes = estimate_prompt_sizes(req.input, "input")
     if len(sizes) > MAX_EMBEDDING_INPUTS:
         raise _bad(f"input holds at most {MAX_EMBEDDING_INPUTS} items", "input")

@@ -26,7 +26,7 @@ from tokenyard.gateway.chats.assemble import Assembly
 from tokenyard.gateway.chats.store import ChatStore, Order, Query, UnknownAfter, stored_ask
 from tokenyard.gateway.paging import list_object, page
 from tokenyard.gateway.proxy import Proxy
-from tokenyard.gateway.validation import ChatRequest, Metadata, decode_json
+from tokenyard.gateway.validation import ChatRequest, Metadata, convert, decode_json
 from tokenyard.tenancy.policy import TeamPolicy
 
 MAX_PAGE = 100
@@ -129,10 +129,7 @@ class ChatCompletionsController(Controller):
         completion_id: FromPath[str],
     ) -> Response[bytes]:
         """Only the metadata of a stored completion can change, as at OpenAI."""
-        try:
-            change = msgspec.convert(decode_json(await request.body()), Relabel)
-        except msgspec.ValidationError as exc:
-            raise GatewayError(400, str(exc), param="metadata") from None
+        change = convert(decode_json(await request.body()), Relabel)
         found = await chats.relabel(caller.team, completion_id, change.metadata)
         if found is None:
             raise _missing(completion_id)

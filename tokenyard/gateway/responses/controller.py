@@ -23,6 +23,7 @@ from tokenyard.core.openapi import json_body
 from tokenyard.gateway.paging import page
 from tokenyard.gateway.proxy import Proxy
 from tokenyard.gateway.request_ids import request_id
+from tokenyard.gateway.responses.conversation_store import ConversationStore, missing_conversation
 from tokenyard.gateway.responses.events import ENDINGS, EventWriter, sse_event
 from tokenyard.gateway.responses.store import ResponseStore, Stored
 from tokenyard.gateway.responses.translate import (
@@ -31,6 +32,7 @@ from tokenyard.gateway.responses.translate import (
     Turn,
     adopt,
     begin,
+    conversation_of,
     from_chat,
 )
 from tokenyard.gateway.token_counts import count_tokens
@@ -66,14 +68,39 @@ def _request(raw: Any) -> CreateResponse:
         raise GatewayError(400, text, param=param) from None
 
 
-async def _turn(store: ResponseStore, team: str, raw: Any) -> Turn:
-    """The request's turn, after the stored one it follows (previous_response_id)."""
+async def _turn(
+    store: ResponseStore, conversations: ConversationStore, team: str, raw: Any
+) -> Turn:
+    """The request's turn, after the stored one it follows (previous_response_id), or after the
+    items of its conversation."""
     req = _request(raw)
+    conversation = conversation_of(req)
     earlier: list[dict[str, Any]] = []
     if req.previous_response_id is not None:
         previous = await _stored(store, team, req.previous_response_id, "previous_response_id")
         earlier = previous.context + previous.response["output"]
-    return begin(req, raw, earlier)
+    elif conversation is not None:
+        found = await conversations.items(team, conversation)
+        if found is None:
+            raise missing_conversation(conversation, "conversation")
+        earlier = found
+    return begin(req, raw, earlier, conversation)
+
+
+async def _keep(
+    turn: Turn,
+    response: dict[str, Any],
+    store: ResponseStore,
+    conversations: ConversationStore,
+    team: str,
+) -> None:
+    """A finished response: stored (`store`), and its input and output added to its
+    conversation."""
+    if turn.store:
+        await store.save(team, response, turn.context)
+    if turn.conversation is not None:
+        added = turn.fresh + list(response.get("output") or ())
+        await conversations.add(team, turn.conversation, added)
 
 
 class ResponsesController(Controller):
@@ -85,10 +112,11 @@ class ResponsesController(Controller):
         request: Request,
         proxy: NamedDependency[Proxy],
         responses: NamedDependency[ResponseStore],
+        conversations: NamedDependency[ConversationStore],
         caller: NamedDependency[TeamPolicy],
     ) -> Response:
         team = caller.team
-        turn = await _turn(responses, team, decode_json(await request.body()))
+        turn = await _turn(responses, conversations, team, decode_json(await request.body()))
         try:
             chat = msgspec.json.encode(turn.chat)
             reply = await proxy.handle(request, "chat", chat, responses=turn.native)
@@ -102,14 +130,13 @@ class ResponsesController(Controller):
         if isinstance(reply, Stream):
             headers.pop("content-type", None)
             relay = _native_events if native else _events
-            events = relay(turn, reply, responses, team)
+            events = relay(turn, reply, responses, conversations, team)
             return Stream(events, media_type="text/event-stream", headers=headers)
         if reply.status_code != 200:  # the upstream's refusal, already OpenAI's error shape
             return reply
         data = msgspec.json.decode(reply.content)
         response = adopt(turn, data) if native else from_chat(turn, data)
-        if turn.store:
-            await responses.save(team, response, turn.context)
+        await _keep(turn, response, responses, conversations, team)
         headers.pop("content-length", None)
         return Response(
             msgspec.json.encode(response), media_type="application/json", headers=headers
@@ -121,12 +148,13 @@ class ResponsesController(Controller):
         request: Request,
         proxy: NamedDependency[Proxy],
         responses: NamedDependency[ResponseStore],
+        conversations: NamedDependency[ConversationStore],
         caller: NamedDependency[TeamPolicy],
     ) -> Response[bytes]:
         """OpenAI's input-token count of a Responses request, earlier turns by
-        previous_response_id included (gateway/token_counts.py)."""
+        previous_response_id or its conversation included (gateway/token_counts.py)."""
         raw = decode_json(await request.body())
-        turn = await _turn(responses, caller.team, raw)
+        turn = await _turn(responses, conversations, caller.team, raw)
         try:
             counted = await count_tokens(
                 proxy, caller, request_id(request.scope), turn.chat, turn.native
@@ -190,7 +218,7 @@ def _lost(data: Any) -> dict[str, Any] | None:
 
 
 async def _events(
-    turn: Turn, reply: Stream, store: ResponseStore, team: str
+    turn: Turn, reply: Stream, store: ResponseStore, conversations: ConversationStore, team: str
 ) -> AsyncIterator[bytes]:
     """A chat stream as Responses events. The walk's stream settles before it sends its closing
     `[DONE]`, and the response is stored before `response.completed`: a follow-up by
@@ -200,8 +228,7 @@ async def _events(
     async for data in _payloads(reply):
         if data is None:
             response, tail = writer.finish()
-            if turn.store:
-                await store.save(team, response, turn.context)
+            await _keep(turn, response, store, conversations, team)
             yield tail
             return
         if (error := _lost(data)) is not None:
@@ -213,7 +240,7 @@ async def _events(
 
 
 async def _native_events(
-    turn: Turn, reply: Stream, store: ResponseStore, team: str
+    turn: Turn, reply: Stream, store: ResponseStore, conversations: ConversationStore, team: str
 ) -> AsyncIterator[bytes]:
     """OpenAI's own Responses events, under the gateway's response id; stored, as above, before
     the final event goes out."""
@@ -226,7 +253,7 @@ async def _native_events(
             return
         if isinstance(data.get("response"), dict):
             adopt(turn, data["response"])
-            if data.get("type") in ENDINGS and turn.store:
-                await store.save(team, data["response"], turn.context)
+            if data.get("type") in ENDINGS:
+                await _keep(turn, data["response"], store, conversations, team)
         writer.sequence = data.get("sequence_number", writer.sequence) + 1
         yield sse_event(data)

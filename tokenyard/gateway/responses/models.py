@@ -1,7 +1,8 @@
-"""The Responses API's stored responses (`store: true`, OpenAI's default): one row per response,
-team-scoped, kept for TOKENYARD_RESPONSES_RETENTION_DAYS."""
+"""The Responses API's state: stored responses (`store: true`, OpenAI's default), one row per
+response, team-scoped, kept for TOKENYARD_RESPONSES_RETENTION_DAYS; and conversations with their
+items, kept until deleted."""
 
-from sqlalchemy import Column, LargeBinary
+from sqlalchemy import JSON, Column, LargeBinary
 from sqlmodel import Field, SQLModel
 
 
@@ -15,3 +16,22 @@ class StoredResponse(SQLModel, table=True):
     # the items the response was generated from, with ids: earlier turns' inputs and outputs
     # (by previous_response_id), then this turn's input (JSON list); instructions are not items
     context: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
+
+
+class Conversation(SQLModel, table=True):
+    """OpenAI's Conversations API: a conversation's items outlive any one response; a response
+    made with `conversation` reads them all and adds its input and output to them."""
+
+    id: str = Field(primary_key=True)  # conv_…
+    team: str = Field(index=True)
+    created_at: int  # unix seconds
+    # its `metadata` (up to 16 string pairs); `metadata` itself is SQLModel's attribute
+    labels: dict[str, str] | None = Field(default=None, sa_column=Column(JSON))
+
+
+class ConversationItem(SQLModel, table=True):
+    # the order items were added in: a conversation reads back in it
+    seq: int | None = Field(default=None, primary_key=True)
+    conversation_id: str = Field(index=True)
+    item_id: str  # msg_…, fc_…, fco_…: unique within its conversation
+    item: bytes = Field(sa_column=Column(LargeBinary, nullable=False))  # as listed (JSON)

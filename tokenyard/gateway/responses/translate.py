@@ -47,7 +47,7 @@ class CreateResponse(msgspec.Struct, kw_only=True):
     service_tier: str | None = None
     truncation: Literal["auto", "disabled"] | None = None
     background: bool | None = None
-    conversation: Any = None
+    conversation: str | dict[str, Any] | None = None  # its id, or {"id": …}
     prompt: Any = None
     # the gateway's extensions, as on chat completions
     tier: str | None = None
@@ -259,6 +259,8 @@ class Turn:
     store: bool
     model: str = ""  # the model that served it (known once the walk picked it)
     output: list[dict[str, Any]] = field(default_factory=list)
+    conversation: str | None = None  # the conversation it reads and adds its items to
+    fresh: list[dict[str, Any]] = field(default_factory=list)  # this turn's own input items
 
 
 def _native(raw: dict[str, Any], context: list[dict[str, Any]]) -> dict[str, Any]:
@@ -270,18 +272,35 @@ def _native(raw: dict[str, Any], context: list[dict[str, Any]]) -> dict[str, Any
     return body
 
 
-def begin(req: CreateResponse, raw: dict[str, Any], earlier: list[dict[str, Any]]) -> Turn:
+def conversation_of(req: CreateResponse) -> str | None:
+    """The conversation a request names, as its id (or None)."""
+    given = req.conversation
+    if isinstance(given, dict):
+        given = given.get("id")
+    if given is not None and not isinstance(given, str):
+        raise _bad("conversation must be an id, or an object with its id", "conversation")
+    if given is not None and req.previous_response_id is not None:
+        raise _bad("conversation and previous_response_id cannot both be given", "conversation")
+    return given
+
+
+def begin(
+    req: CreateResponse,
+    raw: dict[str, Any],
+    earlier: list[dict[str, Any]],
+    conversation: str | None = None,
+) -> Turn:
     """A response to `req` (`raw`: its body as sent); `earlier`: the stored context and output of
-    its previous response."""
+    its previous response, or the items of its conversation."""
     for name, value, idle in (
         ("background", req.background, (None, False)),
-        ("conversation", req.conversation, (None,)),
         ("prompt", req.prompt, (None,)),
         ("truncation", req.truncation, (None, "disabled")),
     ):
         if value not in idle:
             raise _unsupported(name, f"{name}={value!r}")
-    context = earlier + normalized(req.input)
+    fresh = normalized(req.input)
+    context = earlier + fresh
     chat: dict[str, Any] = {
         "model": req.model,
         "messages": chat_messages(req.instructions, context),
@@ -338,15 +357,18 @@ def begin(req: CreateResponse, raw: dict[str, Any], earlier: list[dict[str, Any]
         "truncation": "disabled",
         "user": req.user,
         "background": False,
+        "conversation": {"id": conversation} if conversation else None,
     }
     native = _native(raw, context)
-    return Turn(new_id("resp"), int(time.time()), echo, context, chat, native, req.store, req.model)
+    turn = Turn(new_id("resp"), int(time.time()), echo, context, chat, native, req.store, req.model)
+    turn.conversation, turn.fresh = conversation, fresh
+    return turn
 
 
 def adopt(turn: Turn, response: dict[str, Any]) -> dict[str, Any]:
     """OpenAI's own Response for this turn, under the gateway's id, with what the gateway keeps
-    itself (store, previous_response_id, metadata)."""
-    for name in ("store", "previous_response_id", "metadata"):
+    itself (store, previous_response_id, metadata, conversation)."""
+    for name in ("store", "previous_response_id", "metadata", "conversation"):
         response[name] = turn.echo[name]
     response["id"] = turn.id
     turn.output = response.get("output") or []
