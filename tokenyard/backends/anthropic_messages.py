@@ -6,13 +6,12 @@ types, tool calls ⇄ tool_use blocks, tool_choice, usage), so the two direction
 Pure functions and one stream writer, no I/O: gateway/messages.py runs the walk between them.
 """
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
 from tokenyard.backends import sse
 from tokenyard.backends.anthropic_wire import ERRORS, FINISH, TOOL_CHOICE, tool_call, tool_use_block
-from tokenyard.core.errors import GatewayError
+from tokenyard.core.errors import GatewayError, refusal_message
 
 # OpenAI finish reason → Anthropic stop reason: the first Anthropic reason that maps to it
 STOP = {openai: anthropic for anthropic, openai in reversed(FINISH.items())}
@@ -202,11 +201,7 @@ def error_body(status: int, message: str) -> dict[str, Any]:
 
 def error_from_openai(status: int, raw: bytes) -> dict[str, Any]:
     """An OpenAI-shaped refusal (the gateway's or an upstream's) → Anthropic's error body."""
-    try:
-        message = json.loads(raw)["error"]["message"]
-    except (ValueError, KeyError, TypeError):
-        message = "the model's server refused the request"
-    return error_body(status, str(message))
+    return error_body(status, refusal_message(raw))
 
 
 def event(kind: str, data: dict[str, Any]) -> bytes:

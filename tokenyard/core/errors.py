@@ -73,6 +73,15 @@ class GatewayError(Exception):
         )
 
 
+def refusal_message(raw: bytes) -> str:
+    """The message of an OpenAI-shaped refusal (the gateway's or an upstream's), to answer it in
+    another protocol's error shape."""
+    try:
+        return str(msgspec.json.decode(raw)["error"]["message"])
+    except (msgspec.DecodeError, KeyError, TypeError):
+        return "the model's server refused the request"
+
+
 def gateway_error_handler(_: Request, exc: GatewayError) -> Response[bytes]:
     return exc.response()
 

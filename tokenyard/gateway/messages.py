@@ -5,7 +5,7 @@ translated back, and every refusal leaves in Anthropic's error shape. The team k
 `x-api-key` (Anthropic's SDK) or `Authorization: Bearer`. `POST /v1/messages/count_tokens` counts
 a request's prompt for its model without running it (gateway/token_counts.py)."""
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -20,13 +20,13 @@ from tokenyard.backends.anthropic_messages import (
     error_from_openai,
     message_reply,
 )
-from tokenyard.backends.sse import Splitter
 from tokenyard.core.errors import GatewayError
 from tokenyard.core.openapi import json_body
 from tokenyard.gateway.auth import authorization_of
 from tokenyard.gateway.proxy import Proxy
 from tokenyard.gateway.request_ids import request_id
 from tokenyard.gateway.token_counts import count_tokens
+from tokenyard.gateway.translated_stream import translated
 from tokenyard.gateway.validation import decode_json
 
 
@@ -70,30 +70,6 @@ def _error(status: int, body: dict[str, Any], headers: dict[str, str]) -> Respon
     return Response(encoded, status_code=status, media_type="application/json", headers=headers)
 
 
-async def _events(reply: Stream, model: str) -> AsyncIterator[bytes]:
-    """The chat stream as Anthropic's events. The walk settles before its closing `[DONE]`, so the
-    request is billed before the client sees message_stop."""
-    writer = EventWriter(model)
-    splitter = Splitter()
-    chunks = reply.iterator.__aiter__()  # type: ignore[union-attr]
-    try:
-        async for piece in chunks:
-            for block in splitter.feed(piece):
-                payload = block.removeprefix(b"data:").strip()
-                if payload == b"[DONE]":
-                    yield writer.finish()
-                    return
-                data = msgspec.json.decode(payload)
-                if "error" in data:  # the walk's own event for an upstream lost mid-stream
-                    yield writer.failed(502, str(data["error"].get("message", "")))
-                    return
-                if out := writer.chunk(data):
-                    yield out
-        yield writer.failed(502, "the model's stream ended early")
-    finally:
-        await chunks.aclose()
-
-
 class MessagesController(Controller):
     path = "/v1"
 
@@ -107,7 +83,7 @@ class MessagesController(Controller):
         headers = _headers(reply.headers)
         model = headers.get("x-tokenyard-model") or chat["model"]
         if isinstance(reply, Stream):
-            stream = _events(reply, model)
+            stream = translated(reply, EventWriter(model))
             return Stream(stream, media_type="text/event-stream", headers=headers)
         if reply.status_code != 200:  # the upstream's refusal, in OpenAI's shape
             body = error_from_openai(reply.status_code, reply.content)

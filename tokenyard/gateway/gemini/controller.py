@@ -9,7 +9,7 @@ comes as `x-goog-api-key` (Google's SDKs) or `Authorization: Bearer`; never in t
 proxies and access logs would keep it.
 """
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -19,7 +19,6 @@ from litestar.params import FromPath
 from litestar.response import Stream
 
 from tokenyard.backends import sse
-from tokenyard.backends.sse import Splitter
 from tokenyard.core.errors import GatewayError
 from tokenyard.core.openapi import json_body
 from tokenyard.gateway.auth import authorization_of
@@ -38,6 +37,7 @@ from tokenyard.gateway.gemini.translate import (
 from tokenyard.gateway.proxy import Proxy
 from tokenyard.gateway.request_ids import request_id
 from tokenyard.gateway.token_counts import count_tokens
+from tokenyard.gateway.translated_stream import translated
 from tokenyard.gateway.validation import decode_json
 
 GENERATE, STREAM, COUNT = "generateContent", "streamGenerateContent", "countTokens"
@@ -85,29 +85,6 @@ def _model_object(card: dict[str, Any]) -> dict[str, Any]:
             [EMBED, EMBED_BATCH] if card.get("kind") == "embedding" else [GENERATE, STREAM, COUNT]
         ),
     }
-
-
-async def _events(reply: Stream, writer: StreamWriter) -> AsyncIterator[bytes]:
-    """The chat stream as Gemini's events. The walk settles before its closing `[DONE]`, so the
-    request is billed before the client sees the last event."""
-    splitter = Splitter()
-    chunks = reply.iterator.__aiter__()  # type: ignore[union-attr]
-    try:
-        async for piece in chunks:
-            for block in splitter.feed(piece):
-                payload = block.removeprefix(b"data:").strip()
-                if payload == b"[DONE]":
-                    yield writer.finish()
-                    return
-                data = msgspec.json.decode(payload)
-                if "error" in data:  # the walk's own event for an upstream lost mid-stream
-                    yield writer.failed(502, str(data["error"].get("message", "")))
-                    return
-                if out := writer.chunk(data):
-                    yield out
-        yield writer.failed(502, "the model's stream ended early")
-    finally:
-        await chunks.aclose()
 
 
 class GeminiController(Controller):
@@ -164,7 +141,7 @@ class GeminiController(Controller):
         headers = _headers(reply.headers)
         served = headers.get("x-tokenyard-model") or model
         if isinstance(reply, Stream):
-            events = _events(reply, StreamWriter(served))
+            events = translated(reply, StreamWriter(served))
             return Stream(events, media_type="text/event-stream", headers=headers)
         if reply.status_code != 200:  # the upstream's refusal, in OpenAI's shape
             body = error_from_openai(reply.status_code, reply.content)

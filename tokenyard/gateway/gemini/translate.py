@@ -10,7 +10,7 @@ import json
 import re
 from typing import Any
 
-from tokenyard.core.errors import GatewayError
+from tokenyard.core.errors import GatewayError, refusal_message
 
 # OpenAI finish reason → Gemini's (a call of a function ends "STOP" there)
 FINISH = {
@@ -402,8 +402,4 @@ def error_body(status: int, message: str) -> dict[str, Any]:
 
 def error_from_openai(status: int, raw: bytes) -> dict[str, Any]:
     """An OpenAI-shaped refusal (the gateway's or an upstream's) → Google's error body."""
-    try:
-        message = json.loads(raw)["error"]["message"]
-    except (ValueError, KeyError, TypeError):
-        message = "the model's server refused the request"
-    return error_body(status, str(message))
+    return error_body(status, refusal_message(raw))
