@@ -181,6 +181,6 @@ def test_personal_data_is_masked_in_what_openai_gets(
         )
         return stats(openai_url)["last_body"]["input"]
 
-    wait_until(lambda: "[EMAIL]" in json.dumps(sent()), 5, "the policy in force")
+    wait_until(lambda: "[EMAIL_1]" in json.dumps(sent()), 5, "the policy in force")
     user, output = sent()
-    assert user["content"][0]["text"] == "Mail [EMAIL]" and output["output"] == "[EMAIL]"
+    assert user["content"][0]["text"] == "Mail [EMAIL_1]" and output["output"] == "[EMAIL_2]"

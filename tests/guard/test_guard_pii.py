@@ -55,18 +55,29 @@ def test_masking_replaces_only_the_kinds_asked_and_never_overlaps() -> None:
     text = "mail bo@example.org, card 4111-1111-1111-1111, phone +1 415 555 2671"
     found = pii.find(text, ALL)
     assert [f.kind for f in found] == ["email", "credit_card", "phone"]
-    assert pii.mask(text, found, frozenset({"email", "credit_card"})) == (
-        "mail [EMAIL], card [CREDIT_CARD], phone +1 415 555 2671"
+    assert pii.mask(text, found, frozenset({"email", "credit_card"}), {}) == (
+        "mail [EMAIL_1], card [CREDIT_CARD_1], phone +1 415 555 2671"
     )
     # only the kinds looked for are found; a number that is a card is not also a phone number
     assert [f.kind for f in pii.find(text, frozenset({"phone"}))] == ["phone"]
-    assert pii.mask("no data here", [], ALL) == "no data here"
+    assert pii.mask("no data here", [], ALL, {}) == "no data here"
+
+
+def test_one_value_is_one_placeholder_across_a_requests_texts() -> None:
+    labels: dict[tuple[str, str], str] = {}
+    first, second = "to a@example.org and b@example.org", "again b@example.org"
+    masked = [pii.mask(t, pii.find(t, ALL), ALL, labels) for t in (first, second)]
+    assert masked == ["to [EMAIL_1] and [EMAIL_2]", "again [EMAIL_2]"]
+    assert labels == {
+        ("email", "a@example.org"): "[EMAIL_1]",
+        ("email", "b@example.org"): "[EMAIL_2]",
+    }
 
 
 @pytest.mark.parametrize("text", ["", "\x00\x01" * 50, "数字 ١٢٣٤٥٦٧٨٩ " * 200, "9" * 5000])
 def test_odd_text_is_scanned_without_error(text: str) -> None:
     found = pii.find(text, ALL)
-    assert pii.mask(text, found, ALL).count("[") >= len(found)
+    assert pii.mask(text, found, ALL, {}).count("[") >= len(found)
 
 
 def test_a_policy_sets_each_kind_and_keeps_the_rest() -> None:
@@ -94,8 +105,8 @@ def test_a_teams_terms_match_whole_words_in_any_case_and_are_never_patterns() ->
     text = "project falcon ships; acme's ACMEcorp stays; a.b* and axb literal"
     found = pii.find(text, blocklist, terms=terms)
     assert [text[f.start : f.end] for f in found] == ["project falcon", "acme", "a.b*"]
-    assert pii.mask(text, found, blocklist) == (
-        "[REDACTED] ships; [REDACTED]'s ACMEcorp stays; [REDACTED] and axb literal"
+    assert pii.mask(text, found, blocklist, {}) == (
+        "[REDACTED_1] ships; [REDACTED_2]'s ACMEcorp stays; [REDACTED_3] and axb literal"
     )
     assert pii.find(text, blocklist) == []  # no terms, nothing to find
     policy = apply(DEFAULT, [parse_change("pii.blocklist=block")], terms=terms_of(["x", " X ", ""]))
@@ -121,14 +132,15 @@ def test_the_gateway_masks_before_sending_and_blocks_before_calling(
     parts = [{"type": "text", "text": "or jo2@example.org"}]
     messages = [system, {"role": "user", "content": user}, {"role": "user", "content": parts}]
     wait_until(  # the policy cache of the gateway picks the new policy up within its lifetime
-        lambda: "[EMAIL]" in json.dumps(_sent(client, upstream, messages)), 5, "masking on"
+        lambda: "[EMAIL_1]" in json.dumps(_sent(client, upstream, messages)), 5, "masking on"
     )
     sent = upstream_stats(upstream)["last_body"]["messages"]
     assert sent[0] == system  # the deployment's own turns are not the user's data
-    assert sent[1]["content"] == "mail me at [EMAIL], key [SECRET] call +1 415 555 2671"
-    assert sent[2]["content"][0]["text"] == "or [EMAIL]"
+    assert sent[1]["content"] == "mail me at [EMAIL_1], key [SECRET_1] call +1 415 555 2671"
+    assert sent[2]["content"][0]["text"] == "or [EMAIL_2]"
     completion = client.completions.create(model=MODEL, prompt="write jo@example.org", max_tokens=2)
-    assert completion.choices and upstream_stats(upstream)["last_body"]["prompt"] == "write [EMAIL]"
+    assert completion.choices
+    assert upstream_stats(upstream)["last_body"]["prompt"] == "write [EMAIL_1]"
 
     before = upstream_stats(upstream)["requests"]
     with pytest.raises(openai.BadRequestError) as refused:
@@ -157,7 +169,7 @@ def test_the_gateway_masks_before_sending_and_blocks_before_calling(
     masking = apply(policy, [parse_change("pii.blocklist=mask")], terms=("Project Falcon",))
     store.write_policy(sql, name, masking)
     codename = [{"role": "user", "content": "status of project FALCON?"}]
-    wait_until(lambda: "[REDACTED]" in json.dumps(_sent(client, upstream, codename)), 5, "terms")
+    wait_until(lambda: "[REDACTED_1]" in json.dumps(_sent(client, upstream, codename)), 5, "terms")
     store.write_policy(sql, name, apply(masking, [parse_change("pii.blocklist=block")]))
 
     def refused() -> bool:
@@ -206,3 +218,24 @@ def test_phone_numbers_found_from_digit_runs_are_the_matchers_own() -> None:
         for a, b in found - expected:
             alone = [m.raw_string for m in phonenumbers.PhoneNumberMatcher(text[a:b], "US")]
             assert alone == [text[a:b]], text
+
+
+def test_masked_values_come_back_in_the_reply(
+    gateway: Any, team: Any, sql: Any, upstream: str
+) -> None:
+    """The model saw placeholders; the client reads its own values where the reply repeats
+    them, whole and streamed (the fake upstream's #echo says the prompt's words back)."""
+    name, key = team()
+    store.write_policy(sql, name, apply(DEFAULT, [parse_change("pii.email=mask")]))
+    client = gateway.client(key)
+    ask = [{"role": "user", "content": "#echo write to jo@example.org and ann@example.com #stop"}]
+    wait_until(lambda: "[EMAIL_1]" in json.dumps(_sent(client, upstream, ask)), 5, "masking on")
+    reply = client.chat.completions.create(model=MODEL, messages=ask, max_tokens=5)
+    said = upstream_stats(upstream)["last_body"]["messages"][0]["content"]
+    assert said == "#echo write to [EMAIL_1] and [EMAIL_2] #stop"
+    assert reply.choices[0].message.content == "write to jo@example.org and ann@example.com "
+    stream = client.chat.completions.create(model=MODEL, messages=ask, max_tokens=5, stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text == "write to jo@example.org and ann@example.com "
+    legacy = client.completions.create(model=MODEL, prompt=ask[0]["content"], max_tokens=4)
+    assert legacy.choices[0].text == "write to jo@example.org and "

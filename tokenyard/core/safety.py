@@ -10,6 +10,7 @@ works; nothing reaches the client before it). A streamed or whole reply is fed t
 the team blocks on.
 """
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
@@ -50,10 +51,25 @@ class OutputWatch(Protocol):
         ...
 
 
+# A masked value in a prompt, as the model sees it: its kind and its number in the request,
+# `[EMAIL_1]`; the gateway puts the value back where the reply repeats it (gateway/unmasking.py)
+PLACEHOLDER = re.compile(r"\[[A-Z][A-Z_]*_[0-9]+\]")
+
+
+def placeholder(label: str, number: int) -> str:
+    return f"[{label}_{number}]"
+
+
 class RequestScreen(Protocol):
     async def scrub(self, texts: list[str]) -> tuple[list[str], Verdict]:
         """Personal data in the prompt's texts, before anything is sent: the texts with what the
-        team masks replaced, and the verdict of what it flags or blocks (block: refuse)."""
+        team masks replaced by placeholders, and the verdict of what it flags or blocks (block:
+        refuse)."""
+        ...
+
+    @property
+    def masked(self) -> Mapping[str, str]:
+        """What scrub replaced: each placeholder and the value it stands for."""
         ...
 
     async def check_input(self, text: str) -> Verdict: ...

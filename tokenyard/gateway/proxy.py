@@ -53,6 +53,7 @@ from tokenyard.gateway.settlement import Settlement, usage_of
 from tokenyard.gateway.sizing import PromptOverhead, kv_pages, max_tokens_for
 from tokenyard.gateway.streaming import DONE, SSE_HEADERS, StreamResult, relay, reply_decoder
 from tokenyard.gateway.tracing import NO_TRACE, RequestTrace, Tracing
+from tokenyard.gateway.unmasking import Unmasker
 from tokenyard.gateway.validation import Kind, Parsed, client_request_id, parse
 from tokenyard.router.policy import NoRoute, Route, Router, Unsupported, prefix_text
 from tokenyard.tenancy.limits import TIERS
@@ -131,6 +132,12 @@ class _Call:
             body[info.max_tokens_param] = self.max_tokens
         encoded = msgspec.json.encode(body)
         return UpstreamCall(PATHS[self.kind], encoded, self.headers, prefix_text(body))
+
+
+def _unmasker(check: InputCheck | None) -> Unmasker | None:
+    """What puts the prompt's masked personal data back in the reply (None: nothing masked)."""
+    masked = check.screen.masked if check is not None else None
+    return Unmasker(masked) if masked else None
 
 
 def _decision(route: Route) -> str:
@@ -549,6 +556,8 @@ class Proxy:
             await self.settlement.settle(
                 res, upstream.info.name, usage, event, started, status=reply.status
             )
+            if (unmask := _unmasker(check)) is not None and reply.status == 200:
+                body = unmask.reply(body)
             return Response(
                 body,
                 status_code=reply.status,
@@ -569,6 +578,7 @@ class Proxy:
         # from here on the body settles, however the stream ends
         watch = check.screen.watch_output() if check is not None else None
         body_iter = _StreamBody(self, stream, parsed, res, upstream, event, started, watch)
+        body_iter.unmask = _unmasker(check)
         if lookup is not None and hit is None:  # its events are kept if it ends whole
             body_iter.stream = body_iter.recording = Recording(stream, self.cache.max_bytes, lookup)
         return Stream(body_iter, media_type="text/event-stream", headers={**headers, **SSE_HEADERS})
@@ -700,14 +710,21 @@ class _StreamBody:
         self.result = StreamResult()
         self.settled: asyncio.Task[None] | None = None
         self.recording: Recording | None = None  # where the response cache keeps its events
+        self.unmask: Unmasker | None = None  # the prompt's masked values, put back in the reply
 
     def __aiter__(self) -> AsyncIterator[bytes]:
         return self._relay()
 
     async def _relay(self) -> AsyncIterator[bytes]:
         try:
+            rewrite = self.unmask.event if self.unmask is not None else None
             async for piece in relay(
-                self.stream, self.parsed.include_usage, self.result, time.perf_counter, self.watch
+                self.stream,
+                self.parsed.include_usage,
+                self.result,
+                time.perf_counter,
+                self.watch,
+                rewrite,
             ):
                 yield piece
             # the usage event is in Redis before the client sees the stream end

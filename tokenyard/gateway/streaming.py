@@ -7,7 +7,7 @@ Events are forwarded per upstream read, so a slow client slows the upstream read
 instead of buffering without bound.
 """
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -172,15 +172,21 @@ def _watched(
     )
 
 
+def _sent(events: list[bytes], rewrite: Callable[[bytes], bytes] | None) -> list[bytes]:
+    return [(rewrite(e) if rewrite else e) + b"\n\n" for e in events]
+
+
 async def relay(
     stream: UpstreamStream,
     include_usage: bool,
     result: StreamResult,
     clock: Any,
     watch: OutputWatch | None = None,
+    rewrite: Callable[[bytes], bytes] | None = None,
 ) -> AsyncIterator[bytes]:
     """`watch`: the team's output check (core/safety.py); a violation ends the stream with
-    finish_reason "content_filter", and nothing more is read from the upstream."""
+    finish_reason "content_filter", and nothing more is read from the upstream. `rewrite`: what
+    each event becomes for the client (gateway/unmasking.py), after the check read it."""
     splitter = Splitter()
     seen: set[int] = set()
     try:
@@ -189,18 +195,18 @@ async def relay(
                 result.first_byte = clock()
             events = splitter.feed(data)
             if watch is None:
-                out = [e + b"\n\n" for e in events if _keep(e, result, include_usage)]
+                out = [e for e in events if _keep(e, result, include_usage)]
             else:
                 out = []
                 for e in events:
                     keep, cut = _watched(e, result, include_usage, watch, seen)
                     if cut is not None:
-                        yield b"".join([*out, cut])
+                        yield b"".join([*_sent(out, rewrite), cut])
                         return
                     if keep:
-                        out.append(e + b"\n\n")
+                        out.append(e)
             if out:
-                yield b"".join(out)
+                yield b"".join(_sent(out, rewrite))
     except UpstreamBroken as exc:
         result.error = str(exc)
         yield error_event("the model's server failed mid-stream", "upstream_error")

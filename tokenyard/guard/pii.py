@@ -29,6 +29,8 @@ import phonenumbers
 from stdnum import iban, luhn
 from stdnum.us import ssn
 
+from tokenyard.core.safety import placeholder
+
 KINDS = ("email", "phone", "credit_card", "iban", "us_ssn", "ip_address", "secret", "blocklist")
 PREFIX = "pii/"  # the category a kind is audited and counted under: pii/email, ...
 
@@ -165,13 +167,20 @@ def find(
     return found
 
 
-def mask(text: str, found: list[Found], kinds: frozenset[str]) -> str:
-    """The text with each found span of `kinds` replaced by its kind in brackets: [EMAIL]
-    ([REDACTED] for a blocklisted term: its kind would name nothing)."""
+def mask(
+    text: str, found: list[Found], kinds: frozenset[str], labels: dict[tuple[str, str], str]
+) -> str:
+    """The text with each found span of `kinds` replaced by a placeholder, its kind and its number
+    in the request: [EMAIL_1] ([REDACTED_1] for a blocklisted term: its kind would name nothing).
+    `labels` holds the request's placeholders by (kind, value), shared by all its texts, so one
+    value is one placeholder wherever it appears; new ones are added to it."""
     parts, at = [], 0
     for span in found:
         if span.kind in kinds:
+            value = text[span.start : span.end]
             label = "REDACTED" if span.kind == "blocklist" else span.kind.upper()
-            parts += [text[at : span.start], f"[{label}]"]
+            numbered = sum(1 for kind, _ in labels if kind == span.kind)
+            name = labels.setdefault((span.kind, value), placeholder(label, numbered + 1))
+            parts += [text[at : span.start], name]
             at = span.end
     return "".join(parts) + text[at:]

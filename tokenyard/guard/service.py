@@ -148,6 +148,11 @@ class Screen:
         self.request_id = request_id
         self.model = model
         self.end_user = end_user  # the request's `safety_identifier` or `user`, for the audit
+        self.labels: dict[tuple[str, str], str] = {}  # (kind, value) → its placeholder
+
+    @property
+    def masked(self) -> dict[str, str]:
+        return {name: value for (_, value), name in self.labels.items()}
 
     async def scrub(self, texts: list[str]) -> tuple[list[str], Verdict]:
         kinds = self.policy.pii_kinds()
@@ -181,7 +186,8 @@ class Screen:
         self.guard.outcome(self, "input", verdict, None)  # never the text: it holds the data
         if blocked:
             return texts, verdict
-        return [pii.mask(t, spans, masked) for t, spans in zip(texts, found, strict=True)], verdict
+        pairs = zip(texts, found, strict=True)
+        return [pii.mask(t, spans, masked, self.labels) for t, spans in pairs], verdict
 
     async def check_input(self, text: str) -> Verdict:
         if not self.policy.active("input"):
