@@ -38,6 +38,7 @@ from tokenyard.core.usage import USAGE_STREAM
 from tokenyard.gateway.admin_api import AdminController
 from tokenyard.gateway.auth import Authenticator, authorization_of
 from tokenyard.gateway.chats.controller import ChatCompletionsController
+from tokenyard.gateway.chats.service import ChatService
 from tokenyard.gateway.chats.store import ChatStore
 from tokenyard.gateway.controllers import CompletionsController, OpsController
 from tokenyard.gateway.gemini.controller import GeminiController
@@ -102,6 +103,10 @@ def _chats(state: State) -> ChatStore:
     return state.chats
 
 
+def _chat(state: State) -> ChatService:
+    return state.chat
+
+
 def _guard(state: State) -> Guard | None:
     return state.guard
 
@@ -128,6 +133,7 @@ def _dependencies(settings: Settings) -> dict[str, Provide]:
         "tenancy": _tenancy,
         "responses": _responses,
         "chats": _chats,
+        "chat": _chat,
         "conversations": _conversations,
         "guard": _guard,
         "batch_worker": _batch_worker,
@@ -174,6 +180,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         app.state.proxy = proxy
         app.state.responses = ResponseStore(sql, settings.responses_retention_days)
         app.state.chats = ChatStore(sql, settings.chats_retention_days)
+        app.state.chat = ChatService(proxy, app.state.chats)
         app.state.conversations = ConversationStore(sql)
         await backends.start()
         proxy.keeper.start()
