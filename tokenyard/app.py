@@ -49,6 +49,7 @@ from tokenyard.gateway.request_ids import add_request_id
 from tokenyard.gateway.responses.controller import ResponsesController
 from tokenyard.gateway.responses.conversation_store import ConversationStore
 from tokenyard.gateway.responses.conversations import ConversationsController
+from tokenyard.gateway.responses.service import ResponsesService
 from tokenyard.gateway.responses.store import ResponseStore
 from tokenyard.gateway.spool import UsageSpool
 from tokenyard.gateway.tracing import Tracing
@@ -107,6 +108,10 @@ def _chat(state: State) -> ChatService:
     return state.chat
 
 
+def _responses_api(state: State) -> ResponsesService:
+    return state.responses_api
+
+
 def _guard(state: State) -> Guard | None:
     return state.guard
 
@@ -134,6 +139,7 @@ def _dependencies(settings: Settings) -> dict[str, Provide]:
         "responses": _responses,
         "chats": _chats,
         "chat": _chat,
+        "responses_api": _responses_api,
         "conversations": _conversations,
         "guard": _guard,
         "batch_worker": _batch_worker,
@@ -182,6 +188,9 @@ def create_app(settings: Settings | None = None) -> Litestar:
         app.state.chats = ChatStore(sql, settings.chats_retention_days)
         app.state.chat = ChatService(proxy, app.state.chats)
         app.state.conversations = ConversationStore(sql)
+        app.state.responses_api = ResponsesService(
+            proxy, app.state.responses, app.state.conversations
+        )
         await backends.start()
         proxy.keeper.start()
         app.state.usage_consumer = UsageConsumer(redis, sql, settings)
