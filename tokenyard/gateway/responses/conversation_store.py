@@ -60,6 +60,12 @@ class ConversationStore:
         """Every item, oldest first; None when the team has no such conversation."""
         return await asyncio.to_thread(self._items, team, conversation_id)
 
+    async def item(
+        self, team: str, conversation_id: str, item_id: str
+    ) -> tuple[bool, dict[str, Any] | None]:
+        """(whether the team has the conversation, the item or None)."""
+        return await asyncio.to_thread(self._item, team, conversation_id, item_id)
+
     async def delete_item(
         self, team: str, conversation_id: str, item_id: str
     ) -> tuple[dict[str, Any] | None, bool]:
@@ -144,6 +150,21 @@ class ConversationStore:
                 .order_by(col(ConversationItem.seq))
             )
             return [msgspec.json.decode(row.item) for row in session.exec(query)]
+
+    def _item(
+        self, team: str, conversation_id: str, item_id: str
+    ) -> tuple[bool, dict[str, Any] | None]:
+        with Session(self.sql) as session:
+            if self._row(session, team, conversation_id) is None:
+                return False, None
+            if not matchable(item_id):
+                return True, None
+            query = select(ConversationItem).where(
+                ConversationItem.conversation_id == conversation_id,
+                ConversationItem.item_id == item_id,
+            )
+            row = session.exec(query).first()
+            return True, None if row is None else msgspec.json.decode(row.item)
 
     def _delete_item(
         self, team: str, conversation_id: str, item_id: str

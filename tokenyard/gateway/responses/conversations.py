@@ -139,13 +139,12 @@ class ConversationsController(Controller):
         conversation_id: FromPath[str],
         item_id: FromPath[str],
     ) -> Response[bytes]:
-        items = await conversations.items(caller.team, conversation_id)
-        if items is None:
+        known, item = await conversations.item(caller.team, conversation_id, item_id)
+        if not known:
             raise missing_conversation(conversation_id)
-        for item in items:
-            if item["id"] == item_id:
-                return _json(item)
-        raise GatewayError(404, f"no item {item_id!r} in this conversation", param="item_id")
+        if item is None:
+            raise GatewayError(404, f"no item {item_id!r} in this conversation", param="item_id")
+        return _json(item)
 
     @delete("/{conversation_id:str}/items/{item_id:str}", status_code=200)
     async def remove_item(
