@@ -16,6 +16,7 @@ import pytest
 from tests.backends.conftest import HERE as BACKENDS
 from tests.backends.conftest import control, start_server, stats
 from tests.gateway.conftest import reservations, wait_until
+from tokenyard.gateway.quotas import TeamKeys
 
 # start_gateway(name=…) sets TOKENYARD_<NAME>: the keys reach the gateway's environment that way
 OPENAI_KEY, ANTHROPIC_KEY = "TOKENYARD_TEST_OPENAI_KEY", "TOKENYARD_TEST_ANTHROPIC_KEY"
@@ -141,6 +142,53 @@ def test_failure_before_first_byte_falls_back_and_the_breaker_cycles(
     wait_until(served_by_openai, 5, "the half-open probe")
     cards = {m.id: m.model_extra for m in client.models.list().data}
     assert cards["gpt-fake"]["circuit"] == "closed"
+
+
+def test_a_fallback_is_held_to_the_teams_limits_on_its_own_model(
+    gw: Any, team: Any, providers: dict[str, str], redis_server: Any
+) -> None:
+    """A request whose model fails before its first byte goes to the fallback only within the
+    team's limits on the fallback, as if it had been routed there: its reserved tokens move from
+    the failed model's bucket to the fallback's, and with the fallback's requests per minute spent
+    the failure itself is the answer (it is not served past the team's limit there)."""
+    name, key = team(
+        model_limits={"gpt-fake": {"tpm": 10_000}, "claude-fake": {"rpm": 1, "tpm": 10_000}}
+    )
+    client = gw.client(key).with_options(max_retries=0)
+    r, keys = redis_server.client(), TeamKeys(name)
+
+    def level(model: str) -> float:
+        return float(r.hget(keys.model_tpm(model), "level") or -1)
+
+    control(providers["openai"], fail_next=100, status=503)
+    reply = client.chat.completions.with_raw_response.create(
+        model="gpt-fake", messages=CHAT, max_tokens=50
+    )
+    assert reply.headers["x-tokenyard-model"] == "claude-fake"
+    used = reply.parse().usage.total_tokens
+    # the failed model lent its reservation back whole; the fallback is charged what it used
+    wait_until(lambda: level("claude-fake") == 10_000 - used, 2, "the fallback's tokens settled")
+    assert level("gpt-fake") == 10_000
+    with pytest.raises(openai.InternalServerError) as err:
+        client.chat.completions.create(model="gpt-fake", messages=CHAT, max_tokens=50)
+    assert err.value.status_code == 503 and err.value.code == "upstream_unavailable"
+    assert stats(providers["anthropic"])["requests"] == 1
+    metrics = httpx.get(gw.url + "/metrics").text
+    assert 'tokenyard_router_overflows_total{model="claude-fake",reason="team_model_limit"}' in (
+        metrics
+    )
+    # the provider recovers: gpt-fake serves again once its breaker closes (the next test's)
+    control(providers["openai"], reset=True)
+    wait_until(
+        lambda: (
+            client.chat.completions.with_raw_response.create(
+                model="gpt-fake", messages=CHAT
+            ).headers["x-tokenyard-model"]
+            == "gpt-fake"
+        ),
+        5,
+        "gpt-fake's breaker closed",
+    )
 
 
 def test_stream_cut_mid_way_ends_with_an_error_event_and_no_second_answer(

@@ -140,6 +140,11 @@ def _unmasker(check: InputCheck | None) -> Unmasker | None:
     return Unmasker(masked) if masked else None
 
 
+def _model_limit_reason(code: str) -> str:
+    """The overflow metric's reason for a refusal by a limit on one model."""
+    return "platform_model_limit" if code.startswith("platform_") else "team_model_limit"
+
+
 def _decision(route: Route) -> str:
     """How the route was chosen: direct (a named model), or auto's weak / strong class."""
     if route.score is None:
@@ -416,8 +421,6 @@ class Proxy:
             tokens = sum(prompts) + parsed.choices * max_tokens
             pages = sum(kv_pages(size, max_tokens, parsed.n, info.block_size) for size in prompts)
             lease_id = os.urandom(9).hex()  # never the client's id: clients may reuse theirs
-            entry = self.router.catalog.get(info.name)
-            platform = (entry.rpm, entry.tpm) if entry is not None else (0, 0)
             try:
                 with trace.span("quota.reserve", tokens=tokens, kv_pages=pages, tier=tier):
                     res = await self.quotas.reserve(
@@ -428,7 +431,7 @@ class Proxy:
                         tier == "batch",
                         parsed.end_user,
                         info.name,
-                        platform,
+                        self._platform_limits(info.name),
                     )
                 return res, upstream, max_tokens, prompts
             except GatewayError as exc:
@@ -438,10 +441,28 @@ class Proxy:
                 found = self.dispatch.next_open(route, tier, index + 1)
                 if found is None:
                     raise first from None
-                shared = (exc.code or "").startswith("platform_")
-                reason = "platform_model_limit" if shared else "team_model_limit"
-                metrics.OVERFLOWS.labels(info.name, reason).inc()
+                metrics.OVERFLOWS.labels(info.name, _model_limit_reason(exc.code or "")).inc()
                 index, upstream = found
+
+    def _platform_limits(self, model: str) -> tuple[int, int]:
+        """Every team's requests and tokens per minute on `model` together (the catalog's)."""
+        entry = self.router.catalog.get(model)
+        return (entry.rpm, entry.tpm) if entry is not None else (0, 0)
+
+    async def _fail_over(
+        self, route: Route, res: Reservation, tier: str, after: int
+    ) -> tuple[int, Upstream] | None:
+        """The candidate, from index `after`, that takes a request whose upstream failed before
+        its first byte, with its reservation moved there: the team's and every team's limits on
+        that model hold it too (one that refuses is passed over, as at reservation)."""
+        while (found := self.dispatch.next_open(route, tier, after)) is not None:
+            model = found[1].info.name
+            refused = await self.quotas.move(res, model, self._platform_limits(model))
+            if refused is None:
+                return found
+            metrics.OVERFLOWS.labels(model, _model_limit_reason(refused)).inc()
+            after = found[0] + 1
+        return None
 
     async def _complete_unless_gone(
         self, hang_up: HangUp, upstream: Upstream, call: UpstreamCall
@@ -500,7 +521,7 @@ class Proxy:
                     lookup,
                 )
             except BackendUnavailable:
-                found = self.dispatch.next_open(route, event.tier, index + 1)
+                found = await self._fail_over(route, res, event.tier, index + 1)
                 if found is None:
                     raise
                 metrics.FALLBACKS.labels(upstream.info.name, found[1].info.name).inc()

@@ -34,6 +34,31 @@ local function release(leases, pages, id)
   if pages then free_pages(pages, id) end
 end
 
+-- a token bucket's level at `now`: it holds up to `limit` and refills limit/minute continuously
+local function level_at(key, limit, now)
+  local state = redis.call('HMGET', key, 'level', 'ts')
+  local level = tonumber(state[1]) or limit
+  local ts = tonumber(state[2]) or now
+  return math.min(limit, level + (now - ts) * limit / 60000)
+end
+
+-- take `amount` from a bucket whose level was read at `now` (nil: the bucket has no limit)
+local function take(key, level, amount, now)
+  if not level then return -1 end
+  redis.call('HSET', key, 'level', level - amount, 'ts', now)
+  redis.call('PEXPIRE', key, 120000)
+  return level - amount
+end
+
+-- give `amount` back to a bucket, never past full; refunds do not depend on a lease: a lease
+-- that expired early still took its tokens
+local function give_back(key, limit, amount)
+  if limit > 0 and amount ~= 0 then
+    local level = tonumber(redis.call('HGET', key, 'level'))
+    if level then redis.call('HSET', key, 'level', math.min(limit, level + amount)) end
+  end
+end
+
 local op = ARGV[1]
 
 if op == 'reserve' then
@@ -67,13 +92,9 @@ if op == 'reserve' then
     if seconds > wait then worst, wait = code, seconds end
   end
 
-  -- token bucket: holds up to `limit`, refills limit/minute continuously
   local function bucket(key, limit, amount, code)
     if limit <= 0 then return nil end
-    local state = redis.call('HMGET', key, 'level', 'ts')
-    local level = tonumber(state[1]) or limit
-    local ts = tonumber(state[2]) or now
-    level = math.min(limit, level + (now - ts) * limit / 60000)
+    local level = level_at(key, limit, now)
     if amount > limit then
       refuse(code, 60)  -- can never fit; the message says so
     elseif level < amount then
@@ -131,18 +152,12 @@ if op == 'reserve' then
   end
 
   -- everything fits: take it all
-  local function take(key, level, amount)
-    if not level then return -1 end
-    redis.call('HSET', key, 'level', level - amount, 'ts', now)
-    redis.call('PEXPIRE', key, 120000)
-    return level - amount
-  end
-  local left = {take(KEYS[1], rpm_level, 1), take(KEYS[2], tpm_level, tokens),
-                take(KEYS[9], krpm_level, 1), take(KEYS[10], ktpm_level, tokens),
-                take(KEYS[13], urpm_level, 1), take(KEYS[14], utpm_level, tokens),
-                take(KEYS[18], mrpm_level, 1), take(KEYS[19], mtpm_level, tokens)}
-  take(KEYS[20], prpm_level, 1)  -- the platform's: not the team's to see in its headers
-  take(KEYS[21], ptpm_level, tokens)
+  local left = {take(KEYS[1], rpm_level, 1, now), take(KEYS[2], tpm_level, tokens, now),
+                take(KEYS[9], krpm_level, 1, now), take(KEYS[10], ktpm_level, tokens, now),
+                take(KEYS[13], urpm_level, 1, now), take(KEYS[14], utpm_level, tokens, now),
+                take(KEYS[18], mrpm_level, 1, now), take(KEYS[19], mtpm_level, tokens, now)}
+  take(KEYS[20], prpm_level, 1, now)  -- the platform's: not the team's to see in its headers
+  take(KEYS[21], ptpm_level, tokens, now)
   redis.call('INCRBY', KEYS[3], tokens)
   redis.call('EXPIRE', KEYS[3], 172800)
   redis.call('ZADD', KEYS[5], now + lease_ms, id)
@@ -167,18 +182,11 @@ elseif op == 'settle' then
   --       the platform's
   local id = ARGV[2]
   local delta = tonumber(ARGV[4]) - tonumber(ARGV[3])  -- < 0: refund the unused reservation
-  -- refunds do not depend on the lease: a lease that expired early still reserved tokens
-  local function refund(key, limit)
-    if limit > 0 and delta ~= 0 then
-      local level = tonumber(redis.call('HGET', key, 'level'))
-      if level then redis.call('HSET', key, 'level', math.min(limit, level - delta)) end
-    end
-  end
-  refund(KEYS[1], tonumber(ARGV[5]))
-  refund(KEYS[9], tonumber(ARGV[8]))
-  refund(KEYS[12], tonumber(ARGV[10]))
-  refund(KEYS[16], tonumber(ARGV[21]))
-  refund(KEYS[17], tonumber(ARGV[22]))
+  give_back(KEYS[1], tonumber(ARGV[5]), -delta)
+  give_back(KEYS[9], tonumber(ARGV[8]), -delta)
+  give_back(KEYS[12], tonumber(ARGV[10]), -delta)
+  give_back(KEYS[16], tonumber(ARGV[21]), -delta)
+  give_back(KEYS[17], tonumber(ARGV[22]), -delta)
   if delta ~= 0 and redis.call('EXISTS', KEYS[2]) == 1 then redis.call('INCRBY', KEYS[2], delta) end
   release(KEYS[3], KEYS[4], id)
   release(KEYS[5], nil, id)
@@ -223,6 +231,31 @@ elseif op == 'settle' then
     redis.call('XADD', KEYS[7], '*', 'event', ARGV[6])
   end
   return 1
+
+elseif op == 'move' then
+  -- a request handed to another model after its upstream failed before the first byte: the
+  -- team's and every team's buckets on the new model must hold it as a reservation would; the
+  -- model it leaves gets its tokens back (its request was made there, so that count stays)
+  -- KEYS: the team's rpm and tpm buckets on the new model, the platform's rpm and tpm buckets on
+  --       it, the team's and the platform's tpm buckets on the model left
+  -- ARGV: op, tokens reserved, the team's rpm and tpm on the new model, the platform's rpm and
+  --       tpm on it, the team's and the platform's tpm on the model left
+  local tokens, now = tonumber(ARGV[2]), now_ms()
+  local amounts = {1, tokens, 1, tokens}
+  local codes = {'model_requests_per_minute', 'model_tokens_per_minute',
+                 'platform_model_requests_per_minute', 'platform_model_tokens_per_minute'}
+  local levels = {}
+  for i = 1, 4 do
+    local limit = tonumber(ARGV[i + 2])
+    if limit > 0 then
+      levels[i] = level_at(KEYS[i], limit, now)
+      if levels[i] < amounts[i] then return {0, codes[i]} end
+    end
+  end
+  for i = 1, 4 do take(KEYS[i], levels[i], amounts[i], now) end
+  give_back(KEYS[5], tonumber(ARGV[7]), tokens)
+  give_back(KEYS[6], tonumber(ARGV[8]), tokens)
+  return {1}
 
 elseif op == 'renew' then
   -- KEYS: lease sets; ARGV: op, lease ms, then the lease id held in each KEYS[i]

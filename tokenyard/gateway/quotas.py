@@ -341,16 +341,9 @@ class Quotas:
                 ],
             )
         except RedisError as exc:
-            if self.fail_open:
-                log.warning("quota store unreachable, admitting without quotas: %s", exc)
-                res.enforced = False
-                return res
-            raise GatewayError(
-                503,
-                "quota store unavailable; retry shortly",
-                code="quota_store_unavailable",
-                retry_after=1,
-            ) from None
+            self._admit_without(exc)
+            res.enforced = False
+            return res
         if result[0] == 1:
             res.headers = _headers(policy, model, result[1:9])
             return res
@@ -396,6 +389,54 @@ class Quotas:
         raise GatewayError(
             429, message, code=code, retry_after=retry_after, limit=code, headers=levels
         )
+
+    def _admit_without(self, exc: RedisError) -> None:
+        """Redis did not answer: go on without quotas where the deployment fails open, else 503."""
+        if not self.fail_open:
+            raise GatewayError(
+                503,
+                "quota store unavailable; retry shortly",
+                code="quota_store_unavailable",
+                retry_after=1,
+            ) from None
+        log.warning("quota store unreachable, admitting without quotas: %s", exc)
+
+    async def move(self, res: Reservation, model: str, platform: tuple[int, int]) -> str | None:
+        """Hand a reservation to another model, the request's upstream having failed before its
+        first byte: the team's and every team's (`platform`) limits on `model` must hold it as they
+        would a reservation made there, and the model it leaves gets its tokens back (a request
+        was made there: that count stays). None where it moved, else the code of the limit on
+        `model` that refused it."""
+        if not res.enforced:  # admitted without Redis: nothing reserved to move
+            return None
+        keys, policy = res.keys, res.policy
+        try:
+            result = await self._script(
+                keys=[
+                    keys.model_rpm(model),
+                    keys.model_tpm(model),
+                    platform_model_rpm(model),
+                    platform_model_tpm(model),
+                    keys.model_tpm(res.model),
+                    platform_model_tpm(res.model),
+                ],
+                args=[
+                    "move",
+                    res.tokens,
+                    *policy.model_limit(model),
+                    *platform,
+                    policy.model_limit(res.model)[1],
+                    res.platform_tpm,
+                ],
+            )
+        except RedisError as exc:
+            self._admit_without(exc)
+            return None  # the tokens stay on the first model's buckets, which settling refunds
+        if result[0] != 1:
+            code = result[1]
+            return code.decode() if isinstance(code, bytes) else code
+        res.model, res.platform_tpm = model, platform[1]
+        return None
 
     async def settle(
         self, res: Reservation, usage: Usage, event: UsageEvent, spend_usd: float = 0.0
