@@ -382,8 +382,10 @@ def test_a_key_is_changed_in_place(admin: Any, base_env: dict[str, str]) -> None
     record = changed.json()
     assert (record["name"], record["models"], record["state"]) == ("old", [], "active")
     # a name, and limits of the key's own (null: the team's alone again)
+    per_model = {MODEL: {"rpm": 3, "tpm": 900}}
     renamed = api.patch(
-        f"/keys/{made['prefix']}", json={"name": "new", "rpm": 5, "tpm": None, "concurrency": 2}
+        f"/keys/{made['prefix']}",
+        json={"name": "new", "rpm": 5, "tpm": None, "concurrency": 2, "model_limits": per_model},
     )
     assert renamed.json()["name"] == "new"
     assert renamed.json()["limits"] == {
@@ -392,6 +394,7 @@ def test_a_key_is_changed_in_place(admin: Any, base_env: dict[str, str]) -> None
         "usd_per_day": None,
         "usd_per_month": None,
         "concurrency": 2,
+        "model_limits": per_model,
     }
     assert record["expires_at"].startswith(time.strftime("%Y-%m-%d", time.gmtime(later)))
     wait_until(lambda: _works(admin, made["key"]), 3, "the key's wider models to apply")
@@ -402,6 +405,9 @@ def test_a_key_is_changed_in_place(admin: Any, base_env: dict[str, str]) -> None
         {"rpm": -1},
         {"tpm": 2**60},
         {"concurrency": 1.5},
+        {"model_limits": {MODEL: {"rpm": 0}}},
+        {"model_limits": {MODEL: {"burst": 3}}},
+        {"model_limits": [MODEL]},
     ):
         assert api.patch(f"/keys/{made['prefix']}", json=bad).status_code == 400, bad
     assert api.patch("/keys/ty-nosuchkey0", json={"name": "x"}).status_code == 404
@@ -421,6 +427,8 @@ def test_a_key_is_changed_in_place(admin: Any, base_env: dict[str, str]) -> None
             "1.5",
             "--concurrency",
             "0",
+            "--model-limits",
+            f"{MODEL}: tpm=700",
             "--json",
         ],
         env=base_env,
@@ -430,14 +438,18 @@ def test_a_key_is_changed_in_place(admin: Any, base_env: dict[str, str]) -> None
     assert done.returncode == 0, done.stderr
     (shown,) = json.loads(done.stdout)
     assert (shown["name"], shown["expires_at"], shown["prefix"]) == (None, None, made["prefix"])
-    # rpm and concurrency 0: cleared
+    # rpm and concurrency 0: cleared; the limits per model replaced
     assert shown["limits"] == {
         "rpm": None,
         "tpm": None,
         "usd_per_day": 1.5,
         "usd_per_month": None,
         "concurrency": None,
+        "model_limits": {MODEL: {"tpm": 700}},
     }
+    # a key's limits per model cleared with null, as the team's are
+    cleared = api.patch(f"/keys/{made['prefix']}", json={"model_limits": None}).json()
+    assert cleared["limits"]["model_limits"] is None
 
 
 def test_named_admin_keys_say_who_changed_what(start_gateway: Any) -> None:

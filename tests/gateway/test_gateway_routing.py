@@ -14,6 +14,7 @@ import pytest
 from tests.gateway.conftest import HERE, Process, free_port, upstream_stats, wait_until
 from tokenyard.gateway.quotas import platform_model_rpm, platform_model_tpm
 from tokenyard.router.classifier import ComplexityClassifier
+from tokenyard.tenancy import keys
 
 EASY = "hi! how are you today?"
 HARD = (
@@ -239,6 +240,39 @@ def test_a_teams_limit_on_a_model_overflows_to_its_fallback_then_refuses(
     # another team is not held to this one's limits
     _, other = team()
     assert _ask(routed.client(other), "strong", EASY).headers["x-tokenyard-model"] == "strong"
+
+
+def test_a_keys_own_limit_on_a_model_overflows_then_refuses_and_binds_only_that_key(
+    routed: Any, team: Any, sql: Any
+) -> None:
+    """A key's own requests per minute on single models (LiteLLM's model_rpm_limit on a key),
+    beside its team's: past the cheap model's the fallback takes the key's requests (an overflow,
+    reason key_model_limit); with the fallback's spent too, a 429 naming the key and the model.
+    The team's other keys are not held to it, and an update takes effect on the key's next
+    request."""
+    name, other = team(rpm=100)
+    limited = keys.create_key(
+        sql, name, limits={"model_limits": {"cheap": {"rpm": 1}, "strong": {"rpm": 1}}}
+    )
+    client = routed.client(limited.key)
+    served = [_ask(client, "cheap", EASY).headers for _ in range(2)]
+    assert [h["x-tokenyard-model"] for h in served] == ["cheap", "strong"]
+    assert [h["x-ratelimit-remaining-requests"] for h in served] == ["0", "0"]
+    with pytest.raises(openai.RateLimitError) as err:
+        _ask(client, "cheap", EASY)
+    assert err.value.code == "key_model_requests_per_minute"
+    assert f"key {limited.prefix}" in err.value.message and "on model 'cheap'" in err.value.message
+    metrics = httpx.get(routed.url + "/metrics").text
+    assert 'tokenyard_router_overflows_total{model="cheap",reason="key_model_limit"}' in metrics
+    # the team's other key is not held to this key's limits
+    assert _ask(routed.client(other), "cheap", EASY).headers["x-tokenyard-model"] == "cheap"
+    # cleared, the key is held to its team's limits alone (the gateway caches keys ~1 s)
+    keys.update_key(sql, limited.prefix, model_limits=None)
+    wait_until(
+        lambda: _ask(client, "cheap", EASY).headers["x-tokenyard-model"] == "cheap",
+        5,
+        "the key's limits cleared",
+    )
 
 
 def test_a_teams_tokens_per_minute_on_a_model_reserve_max_tokens_and_refund(

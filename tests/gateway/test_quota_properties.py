@@ -1,7 +1,8 @@
 """Property-based tests of the quota scripts (gateway/quotas.lua) on a real Redis server.
 
-A hypothesis state machine interleaves reserve, settle, renew, lease expiry and gateway death
-(a reservation never renewed nor settled) through the real `Quotas` class, keeps a model of what
+A hypothesis state machine interleaves reserve, settle, renew, lease expiry, gateway death (a
+reservation never renewed nor settled) and fail-over to another model (a reservation moved) through
+the real `Quotas` class, keeps a model of what
 should be held, and checks after every step that Redis holds exactly that, that no admission ever
 took more than a limit allows, that each refusal names a limit that really was reached, and at the
 end that everything returns to zero.
@@ -51,7 +52,7 @@ class Ask(NamedTuple):
     batch: bool
     used: int
     user: str | None  # the end user it names, held to the team's limits per user
-    model: str  # the model it was routed to: the team's limits on it hold it
+    model: str  # the model it was routed to: the team's and the key's limits on it hold it
 
 
 USERS = st.sampled_from([None, "ann", "ann", "bo"])
@@ -115,6 +116,8 @@ class QuotaMachine(RuleBasedStateMachine):
         model_tpm=st.sampled_from([0, 300, 800]),
         shared_rpm=st.sampled_from([0, 1, 3]),  # every team's on "big" (the catalog's)
         shared_tpm=st.sampled_from([0, 300, 500]),
+        key_model_rpm=st.sampled_from([0, 1, 4]),  # the key's own on "big"
+        key_model_tpm=st.sampled_from([0, 200, 700]),
     )
     def limits(
         self,
@@ -135,6 +138,8 @@ class QuotaMachine(RuleBasedStateMachine):
         model_tpm: int,
         shared_rpm: int,
         shared_tpm: int,
+        key_model_rpm: int,
+        key_model_tpm: int,
     ) -> None:
         self.shared = {"big": (shared_rpm, shared_tpm)}
         self.policy = TeamPolicy(
@@ -153,6 +158,7 @@ class QuotaMachine(RuleBasedStateMachine):
             user_rpm=user_rpm,
             user_tpm=user_tpm,
             model_limits={"big": (model_rpm, model_tpm)},
+            key_model_limits={"big": (key_model_rpm, key_model_tpm)},
         )
         self.quotas = Quotas(
             self.redis,
@@ -237,6 +243,26 @@ class QuotaMachine(RuleBasedStateMachine):
         for scope in scopes(held.res.end_user, held.res.model):
             self.charged_in[scope] += delta
 
+    @precondition(lambda self: self.running())
+    @rule(data=st.data())
+    def fail_over(self, data: st.DataObject) -> None:
+        """A running request's upstream fails before its first byte: its reservation moves to the
+        other model, or the limits there refuse it and it stays where it was."""
+        held = self.held[data.draw(st.sampled_from(self.running()))]
+        tokens, left = held.res.tokens, held.res.model
+        to = "small" if left == "big" else "big"
+        moved = self.quotas.move(held.res, to, self.shared.get(to, (0, 0)))
+        refused = self.loop.run_until_complete(moved)
+        if refused is not None:
+            assert held.res.model == left
+            assert self.model_limit_reached(to)[refused], f"moving refused for {refused}"
+            return
+        assert held.res.model == to
+        self.admitted_in[("model", to)] = self.admitted_in.get(("model", to), 0) + 1
+        self.charged_in[("model", to)] = self.charged_in.get(("model", to), 0) + tokens
+        self.charged_in[("model", left)] -= tokens  # its request count stays there
+        self.check_scope(("model", to), to)
+
     @rule()
     def renew(self) -> None:
         running = [self.held[i] for i in self.running()]
@@ -296,14 +322,33 @@ class QuotaMachine(RuleBasedStateMachine):
         # the admitted request's end user and model (settling more than was reserved may take
         # another over until its bucket refills; its next admission waits for that)
         for scope in scopes(ask.user, ask.model):
-            limits = [(policy.user_rpm, policy.user_tpm)]
-            if scope[0] == "model":  # the team's own on it, and every team's (one team here)
-                limits = [policy.model_limit(ask.model), self.shared.get(ask.model, (0, 0))]
-            for rpm, tpm in limits:
-                if rpm:
-                    assert self.admitted_in[scope] <= rpm * (1 + minutes), scope
-                if tpm:
-                    assert self.charged_in[scope] <= tpm * (1 + minutes), scope
+            self.check_scope(scope, ask.model)
+
+    def check_scope(self, scope: tuple[str, str], model: str) -> None:
+        """An end user's or a model's buckets hold no more than their limits let through."""
+        policy, minutes = self.policy, (time.monotonic() - self.started) / 60 + 0.001
+        limits = [(policy.user_rpm, policy.user_tpm)]
+        if scope[0] == "model":  # the team's own on it, every team's (one team here), the key's
+            limits = [policy.model_limit(model), self.shared.get(model, (0, 0))]
+            limits.append(policy.key_model_limit(model))
+        for rpm, tpm in limits:
+            if rpm:
+                assert self.admitted_in[scope] <= rpm * (1 + minutes), scope
+            if tpm:
+                assert self.charged_in[scope] <= tpm * (1 + minutes), scope
+
+    def model_limit_reached(self, model: str) -> dict[str, bool]:
+        """Which limits on `model` could refuse a request: those it has (buckets refill with
+        Redis's clock, so any refusal of theirs is plausible)."""
+        policy, shared = self.policy, self.shared.get(model, (0, 0))
+        return {
+            "model_requests_per_minute": policy.model_limit(model)[0] > 0,
+            "model_tokens_per_minute": policy.model_limit(model)[1] > 0,
+            "platform_model_requests_per_minute": shared[0] > 0,
+            "platform_model_tokens_per_minute": shared[1] > 0,
+            "key_model_requests_per_minute": policy.key_model_limit(model)[0] > 0,
+            "key_model_tokens_per_minute": policy.key_model_limit(model)[1] > 0,
+        }
 
     def check_refusal(self, refusal: GatewayError, ask: Ask) -> None:
         """A refusal names a limit that this request really would have passed."""
@@ -328,10 +373,7 @@ class QuotaMachine(RuleBasedStateMachine):
             "key_tokens_per_minute": policy.key_tpm > 0,
             "user_requests_per_minute": ask.user is not None and policy.user_rpm > 0,
             "user_tokens_per_minute": ask.user is not None and policy.user_tpm > 0,
-            "model_requests_per_minute": policy.model_limit(ask.model)[0] > 0,
-            "model_tokens_per_minute": policy.model_limit(ask.model)[1] > 0,
-            "platform_model_requests_per_minute": self.shared.get(ask.model, (0, 0))[0] > 0,
-            "platform_model_tokens_per_minute": self.shared.get(ask.model, (0, 0))[1] > 0,
+            **self.model_limit_reached(ask.model),
         }
         assert reached[code or ""], f"refused for {code} below the limit"
 
@@ -392,3 +434,44 @@ def test_quota_scripts_never_admit_past_a_limit_and_return_to_zero(
             suppress_health_check=[HealthCheck.too_slow],
         ),
     )
+
+
+def test_a_move_is_held_to_each_limit_on_the_model_it_goes_to(redis_server: RedisServer) -> None:
+    """The fail-over's move, one limit at a time (the machine above meets each only by chance):
+    spent by a request reserved there, each of the six limits on the new model refuses the move
+    by name and the reservation stays put; without one it moves, and the model left gets back the
+    tokens it had taken."""
+    sync = redis.Redis.from_url(redis_server.url, db=DB)
+
+    async def run() -> None:
+        quotas = Quotas(
+            aioredis.Redis.from_url(redis_server.url, db=DB), lease_s=60, fail_open=False
+        )
+        cases = [
+            ("model_requests_per_minute", {"model_limits": {"big": (1, 0)}}, (0, 0)),
+            ("model_tokens_per_minute", {"model_limits": {"big": (0, 150)}}, (0, 0)),
+            ("platform_model_requests_per_minute", {}, (1, 0)),
+            ("platform_model_tokens_per_minute", {}, (0, 150)),
+            ("key_model_requests_per_minute", {"key_model_limits": {"big": (1, 0)}}, (0, 0)),
+            ("key_model_tokens_per_minute", {"key_model_limits": {"big": (0, 150)}}, (0, 0)),
+        ]
+        for code, own, platform in cases:
+            sync.flushdb()
+            policy = TeamPolicy(team="moves", key_prefix="ty-moves0000", **own)
+            await quotas.reserve(policy, "there", 100, 0, False, None, "big", platform)
+            res = await quotas.reserve(policy, "here", 100, 0, False, None, "small")
+            assert await quotas.move(res, "big", platform) == code
+            assert res.model == "small"
+        sync.flushdb()
+        policy = TeamPolicy(team="moves", model_limits={"small": (0, 1000)})
+        res = await quotas.reserve(policy, "here", 100, 0, False, None, "small")
+        bucket = quotas.team_keys("moves").model_tpm("small")
+        assert float(sync.hget(bucket, "level") or 0) == 900
+        assert await quotas.move(res, "big", (0, 0)) is None
+        assert res.model == "big" and float(sync.hget(bucket, "level") or 0) == 1000
+
+    try:
+        asyncio.run(run())
+    finally:
+        sync.flushdb()
+        sync.close()

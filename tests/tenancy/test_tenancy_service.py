@@ -284,7 +284,13 @@ async def test_a_key_is_renamed_extended_and_narrowed_in_place(tenancy: Tenancy)
             await tenancy.update_key(made.prefix, **bad, actor=ME)
     await tenancy.redis.set(cached, b"cached")
     limited = await tenancy.update_key(
-        made.prefix, rpm=3, usd_per_day=0.5, usd_per_month=9.0, concurrency=2, actor=ME
+        made.prefix,
+        rpm=3,
+        usd_per_day=0.5,
+        usd_per_month=9.0,
+        concurrency=2,
+        model_limits={"b": {"rpm": 4, "tpm": 40}},
+        actor=ME,
     )
     assert limited.limits == {
         "rpm": 3,
@@ -292,12 +298,14 @@ async def test_a_key_is_renamed_extended_and_narrowed_in_place(tenancy: Tenancy)
         "usd_per_day": 0.5,
         "usd_per_month": 9.0,
         "concurrency": 2,
+        "model_limits": {"b": {"rpm": 4, "tpm": 40}},
     }
     assert not await tenancy.redis.exists(cached)
     policy = keys.lookup_key(tenancy.sql, keys.hash_key(made.key))  # what reserve reads
     assert policy is not None and (policy.key_prefix, policy.key_rpm) == (made.prefix, 3)
     assert (policy.key_tpm, policy.key_usd_per_day, policy.rpm) == (0, 0.5, 0)
     assert (policy.key_concurrency, policy.concurrency, policy.key_usd_per_month) == (2, 0, 9.0)
+    assert (policy.key_model_limit("b"), policy.key_model_limit("a")) == ((4, 40), (0, 0))
     for bad in ({"rpm": -1}, {"tpm": 2**60}, {"usd_per_day": float("nan")}, {"rpm": 1.5}):
         with pytest.raises(ValueError):
             await tenancy.update_key(made.prefix, **bad, actor=ME)

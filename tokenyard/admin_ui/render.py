@@ -9,6 +9,7 @@ from litestar.enums import MediaType
 
 from tokenyard.admin_ui import csrf, sessions
 from tokenyard.admin_ui.charts import fmt
+from tokenyard.tenancy.limits import model_limits_text
 
 _env = Environment(
     loader=FileSystemLoader(Path(__file__).parent / "templates"),
@@ -18,6 +19,7 @@ _env = Environment(
     lstrip_blocks=True,
 )
 _env.filters["fmt"] = fmt
+_env.filters["model_limits"] = model_limits_text
 
 # no script at all; styles and forms from here only; never framed
 HEADERS = {

@@ -96,6 +96,7 @@ class KeyChanges(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     usd_per_day: Dollars | UnsetType | None = UNSET
     usd_per_month: Dollars | UnsetType | None = UNSET
     concurrency: Count | UnsetType | None = UNSET
+    model_limits: dict[str, dict[str, int]] | UnsetType | None = UNSET  # replaces the key's
 
 
 class Block(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -117,6 +118,7 @@ class CreateKey(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     usd_per_day: Dollars | None = None
     usd_per_month: Dollars | None = None
     concurrency: Count | None = None
+    model_limits: dict[str, dict[str, int]] | None = None  # {"gpt-4o": {"rpm": 10}}
 
 
 def _set(struct: msgspec.Struct, *, skip: tuple[str, ...] = ()) -> dict[str, Any]:

@@ -141,8 +141,12 @@ def _unmasker(check: InputCheck | None) -> Unmasker | None:
 
 
 def _model_limit_reason(code: str) -> str:
-    """The overflow metric's reason for a refusal by a limit on one model."""
-    return "platform_model_limit" if code.startswith("platform_") else "team_model_limit"
+    """The overflow metric's reason for a refusal by a limit on one model: every team's, the
+    key's own or the team's."""
+    for whose in ("platform", "key"):
+        if code.startswith(whose + "_"):
+            return whose + "_model_limit"
+    return "team_model_limit"
 
 
 def _decision(route: Route) -> str:
@@ -408,9 +412,9 @@ class Proxy:
         trace: RequestTrace,
     ) -> tuple[Reservation, Upstream, int, list[int]]:
         """Size the request for `upstream` and reserve it: the reservation, the upstream, the
-        max_tokens it gets and the prompts' sizes. Where the team's own limit on that model refuses
-        it, or every team's limit on it (the catalog's), the route's next usable candidate takes it
-        (an overflow, as for a saturated one)."""
+        max_tokens it gets and the prompts' sizes. Where the team's or the key's own limit on that
+        model refuses it, or every team's limit on it (the catalog's), the route's next usable
+        candidate takes it (an overflow, as for a saturated one)."""
         index, first = route.candidates.index(upstream.info.name), None
         while True:
             extra = self.overhead.extra(upstream.info.name, policy.team)

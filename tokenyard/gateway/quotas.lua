@@ -66,13 +66,14 @@ if op == 'reserve' then
   --       (micro-dollars), team leases, team pages, platform leases, platform batch leases,
   --       the key's own rpm bucket, tpm bucket, day usd and leases, the end user's own rpm bucket,
   --       tpm bucket and day usd, the team's and the key's month usd, the team's rpm and tpm
-  --       buckets of the model the request was routed to, and the platform's (every team's)
+  --       buckets of the model the request was routed to, the platform's (every team's), and the
+  --       key's own
   -- ARGV: op, lease id, rpm, tpm, tokens/day (of that counter), usd/day (micro), concurrency, kv pages,
   --       platform concurrency, platform batch concurrency, tokens, pages, lease ms, batch (0/1),
   --       the key's rpm, tpm, usd/day (micro) and concurrency, the end user's rpm, tpm and usd/day
   --       (micro; all 0 for a request that names no end user), the team's and the key's usd/month
   --       (micro), the month's end (unix seconds), the team's rpm and tpm on that model, the
-  --       platform's rpm and tpm on it
+  --       platform's rpm and tpm on it, the key's rpm and tpm on it
   local id = ARGV[2]
   local rpm, tpm, tpd, upd = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
   local conc, kvp = tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -83,6 +84,7 @@ if op == 'reserve' then
   local upm, kupm, month_end = tonumber(ARGV[22]), tonumber(ARGV[23]), tonumber(ARGV[24])
   local mrpm, mtpm = tonumber(ARGV[25]), tonumber(ARGV[26])
   local prpm, ptpm = tonumber(ARGV[27]), tonumber(ARGV[28])
+  local kmrpm, kmtpm = tonumber(ARGV[29]), tonumber(ARGV[30])
   local now = now_ms()
   local to_midnight = 86400 - math.floor(now / 1000) % 86400
   local to_month_end = math.max(1, month_end - math.floor(now / 1000))
@@ -125,6 +127,8 @@ if op == 'reserve' then
   local mtpm_level = bucket(KEYS[19], mtpm, tokens, 'model_tokens_per_minute')
   local prpm_level = bucket(KEYS[20], prpm, 1, 'platform_model_requests_per_minute')
   local ptpm_level = bucket(KEYS[21], ptpm, tokens, 'platform_model_tokens_per_minute')
+  local kmrpm_level = bucket(KEYS[22], kmrpm, 1, 'key_model_requests_per_minute')
+  local kmtpm_level = bucket(KEYS[23], kmtpm, tokens, 'key_model_tokens_per_minute')
   if upm > 0 and (tonumber(redis.call('GET', KEYS[16])) or 0) >= upm then
     refuse('usd_per_month', to_month_end)
   end
@@ -148,14 +152,15 @@ if op == 'reserve' then
   if worst then
     return {0, worst, math.max(1, wait), rpm_level or -1, tpm_level or -1, krpm_level or -1,
             ktpm_level or -1, urpm_level or -1, utpm_level or -1, mrpm_level or -1,
-            mtpm_level or -1}
+            mtpm_level or -1, kmrpm_level or -1, kmtpm_level or -1}
   end
 
   -- everything fits: take it all
   local left = {take(KEYS[1], rpm_level, 1, now), take(KEYS[2], tpm_level, tokens, now),
                 take(KEYS[9], krpm_level, 1, now), take(KEYS[10], ktpm_level, tokens, now),
                 take(KEYS[13], urpm_level, 1, now), take(KEYS[14], utpm_level, tokens, now),
-                take(KEYS[18], mrpm_level, 1, now), take(KEYS[19], mtpm_level, tokens, now)}
+                take(KEYS[18], mrpm_level, 1, now), take(KEYS[19], mtpm_level, tokens, now),
+                take(KEYS[22], kmrpm_level, 1, now), take(KEYS[23], kmtpm_level, tokens, now)}
   take(KEYS[20], prpm_level, 1, now)  -- the platform's: not the team's to see in its headers
   take(KEYS[21], ptpm_level, tokens, now)
   redis.call('INCRBY', KEYS[3], tokens)
@@ -172,14 +177,14 @@ elseif op == 'settle' then
   -- KEYS: tpm bucket, day tokens, team leases, team pages, platform leases, platform batch leases,
   --       usage stream, day usd (micro-dollars), the key's own tpm bucket, day usd and leases, the end
   --       user's own tpm bucket and day usd, the team's and the key's month usd, the team's tpm
-  --       bucket of the model reserved on, and the platform's
+  --       bucket of the model reserved on, the platform's and the key's
   -- ARGV: op, lease id, tokens reserved, tokens used, tpm limit, event (JSON), spend (micro-dollars;
   --       0 for teams without a dollar budget), the key's tpm limit, the key's spend (0: no budget),
   --       the end user's tpm limit and spend (0: none), the team's and the key's spend for the
   --       month (0: no monthly budget), the alert percents ("80,100"), the team's usd/day and
   --       usd/month and the key's usd/day and usd/month (micro; 0: none), the day ("2026-11-27")
   --       and the month ("2026-11") the reservation charges, the team's tpm limit on the model,
-  --       the platform's
+  --       the platform's, the key's
   local id = ARGV[2]
   local delta = tonumber(ARGV[4]) - tonumber(ARGV[3])  -- < 0: refund the unused reservation
   give_back(KEYS[1], tonumber(ARGV[5]), -delta)
@@ -187,6 +192,7 @@ elseif op == 'settle' then
   give_back(KEYS[12], tonumber(ARGV[10]), -delta)
   give_back(KEYS[16], tonumber(ARGV[21]), -delta)
   give_back(KEYS[17], tonumber(ARGV[22]), -delta)
+  give_back(KEYS[18], tonumber(ARGV[23]), -delta)
   if delta ~= 0 and redis.call('EXISTS', KEYS[2]) == 1 then redis.call('INCRBY', KEYS[2], delta) end
   release(KEYS[3], KEYS[4], id)
   release(KEYS[5], nil, id)
@@ -236,25 +242,24 @@ elseif op == 'move' then
   -- a request handed to another model after its upstream failed before the first byte: the
   -- team's and every team's buckets on the new model must hold it as a reservation would; the
   -- model it leaves gets its tokens back (its request was made there, so that count stays)
-  -- KEYS: the team's rpm and tpm buckets on the new model, the platform's rpm and tpm buckets on
-  --       it, the team's and the platform's tpm buckets on the model left
-  -- ARGV: op, tokens reserved, the team's rpm and tpm on the new model, the platform's rpm and
-  --       tpm on it, the team's and the platform's tpm on the model left
+  -- KEYS: the team's, the platform's and the key's rpm and tpm buckets on the new model (in that
+  --       order), then their tpm buckets on the model left
+  -- ARGV: op, tokens reserved, the six limits of the new model's buckets, the three of the
+  --       model left's, in the order of KEYS
   local tokens, now = tonumber(ARGV[2]), now_ms()
-  local amounts = {1, tokens, 1, tokens}
   local codes = {'model_requests_per_minute', 'model_tokens_per_minute',
-                 'platform_model_requests_per_minute', 'platform_model_tokens_per_minute'}
+                 'platform_model_requests_per_minute', 'platform_model_tokens_per_minute',
+                 'key_model_requests_per_minute', 'key_model_tokens_per_minute'}
   local levels = {}
-  for i = 1, 4 do
-    local limit = tonumber(ARGV[i + 2])
+  for i = 1, 6 do
+    local limit, amount = tonumber(ARGV[i + 2]), i % 2 == 1 and 1 or tokens
     if limit > 0 then
       levels[i] = level_at(KEYS[i], limit, now)
-      if levels[i] < amounts[i] then return {0, codes[i]} end
+      if levels[i] < amount then return {0, codes[i]} end
     end
   end
-  for i = 1, 4 do take(KEYS[i], levels[i], amounts[i], now) end
-  give_back(KEYS[5], tonumber(ARGV[7]), tokens)
-  give_back(KEYS[6], tonumber(ARGV[8]), tokens)
+  for i = 1, 6 do take(KEYS[i], levels[i], i % 2 == 1 and 1 or tokens, now) end
+  for i = 7, 9 do give_back(KEYS[i], tonumber(ARGV[i + 2]), tokens) end
   return {1}
 
 elseif op == 'renew' then

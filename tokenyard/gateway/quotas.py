@@ -63,15 +63,20 @@ _MESSAGES = {
     # every team's together on it (the catalog's rpm and tpm of the model)
     "platform_model_requests_per_minute": "requests per minute",
     "platform_model_tokens_per_minute": "tokens per minute",
+    # the key's own on it
+    "key_model_requests_per_minute": "requests per minute",
+    "key_model_tokens_per_minute": "tokens per minute",
 }
-# limits of the model a request was routed to (the team's own on it, or every team's): another
-# candidate may take it
+# limits of the model a request was routed to (the team's own on it, every team's, or the key's
+# own): another candidate may take it
 MODEL_LIMIT_CODES = frozenset(
     {
         "model_requests_per_minute",
         "model_tokens_per_minute",
         "platform_model_requests_per_minute",
         "platform_model_tokens_per_minute",
+        "key_model_requests_per_minute",
+        "key_model_tokens_per_minute",
     }
 )
 _BUDGET_CODES = {
@@ -158,6 +163,13 @@ class TeamKeys:
     def model_tpm(self, model: str) -> str:
         return f"{self.base}:model:{model}:tpm"
 
+    def key_model_rpm(self, prefix: str, model: str) -> str:
+        """A key's own buckets on one model."""
+        return f"{self.base}:key:{prefix}:model:{model}:rpm"
+
+    def key_model_tpm(self, prefix: str, model: str) -> str:
+        return f"{self.base}:key:{prefix}:model:{model}:tpm"
+
 
 @dataclass(frozen=True)
 class DayUse:
@@ -229,11 +241,10 @@ def _tightest(*buckets: tuple[int, int]) -> tuple[int, int]:
 
 def _headers(policy: TeamPolicy, model: str, levels: list[int]) -> dict[str, str]:
     """x-ratelimit-* for the bucket of each kind that runs out first: the team's, the key's own,
-    the end user's or the team's on the model. `levels`: team rpm, team tpm, key rpm, key tpm, user
-    rpm, user tpm, model rpm, model tpm."""
-    model_rpm, model_tpm = policy.model_limit(model)
+    the end user's, or the team's or the key's on the model. `levels`: team rpm, team tpm, key rpm,
+    key tpm, user rpm, user tpm, model rpm, model tpm, key model rpm, key model tpm."""
     limits = [policy.rpm, policy.tpm, policy.key_rpm, policy.key_tpm, policy.user_rpm]
-    limits += [policy.user_tpm, model_rpm, model_tpm]
+    limits += [policy.user_tpm, *policy.model_limit(model), *policy.key_model_limit(model)]
     rpm = _tightest(*zip(limits[0::2], levels[0::2], strict=True))
     tpm = _tightest(*zip(limits[1::2], levels[1::2], strict=True))
     return rate_limit_headers(rpm[0], rpm[1], tpm[0], tpm[1])
@@ -284,7 +295,6 @@ class Quotas:
         day, (month, month_end) = day_number(), month_of()
         res = Reservation(lease_id, policy, keys, day, month, tokens, pages, batch, end_user, model)
         res.platform_tpm = platform[1]
-        model_rpm, model_tpm = policy.model_limit(model)
         try:
             result = await self._script(
                 keys=[
@@ -309,6 +319,8 @@ class Quotas:
                     keys.model_tpm(model),
                     platform_model_rpm(model),
                     platform_model_tpm(model),
+                    keys.key_model_rpm(policy.key_prefix, model),
+                    keys.key_model_tpm(policy.key_prefix, model),
                 ],
                 args=[
                     "reserve",
@@ -335,9 +347,9 @@ class Quotas:
                     int(policy.usd_per_month * 1_000_000),
                     int(policy.key_usd_per_month * 1_000_000),
                     month_end,
-                    model_rpm,
-                    model_tpm,
+                    *policy.model_limit(model),
                     *platform,
+                    *policy.key_model_limit(model),
                 ],
             )
         except RedisError as exc:
@@ -345,10 +357,10 @@ class Quotas:
             res.enforced = False
             return res
         if result[0] == 1:
-            res.headers = _headers(policy, model, result[1:9])
+            res.headers = _headers(policy, model, result[1:11])
             return res
         code = result[1].decode() if isinstance(result[1], bytes) else result[1]
-        levels = _headers(policy, model, result[3:11])
+        levels = _headers(policy, model, result[3:13])
         if code == "tokens_per_day" and batch:
             code = "batch_tokens_per_day"
         retry_after = int(result[2])
@@ -363,7 +375,9 @@ class Quotas:
                 limit=code,
                 headers=levels,
             )
-        if code.startswith("key_"):
+        if code.startswith("key_model_"):
+            who = f"key {policy.key_prefix}… on model {model!r}"
+        elif code.startswith("key_"):
             who = f"key {policy.key_prefix}…"
         elif code.startswith("user_"):
             who = f"end user {end_user!r} of team {policy.team!r}"
@@ -403,13 +417,13 @@ class Quotas:
 
     async def move(self, res: Reservation, model: str, platform: tuple[int, int]) -> str | None:
         """Hand a reservation to another model, the request's upstream having failed before its
-        first byte: the team's and every team's (`platform`) limits on `model` must hold it as they
-        would a reservation made there, and the model it leaves gets its tokens back (a request
-        was made there: that count stays). None where it moved, else the code of the limit on
-        `model` that refused it."""
+        first byte: the team's, every team's (`platform`) and the key's limits on `model` must hold
+        it as they would a reservation made there, and the model it leaves gets its tokens back (a
+        request was made there: that count stays). None where it moved, else the code of the limit
+        on `model` that refused it."""
         if not res.enforced:  # admitted without Redis: nothing reserved to move
             return None
-        keys, policy = res.keys, res.policy
+        keys, policy, prefix = res.keys, res.policy, res.policy.key_prefix
         try:
             result = await self._script(
                 keys=[
@@ -417,16 +431,21 @@ class Quotas:
                     keys.model_tpm(model),
                     platform_model_rpm(model),
                     platform_model_tpm(model),
+                    keys.key_model_rpm(prefix, model),
+                    keys.key_model_tpm(prefix, model),
                     keys.model_tpm(res.model),
                     platform_model_tpm(res.model),
+                    keys.key_model_tpm(prefix, res.model),
                 ],
                 args=[
                     "move",
                     res.tokens,
                     *policy.model_limit(model),
                     *platform,
+                    *policy.key_model_limit(model),
                     policy.model_limit(res.model)[1],
                     res.platform_tpm,
+                    policy.key_model_limit(res.model)[1],
                 ],
             )
         except RedisError as exc:
@@ -473,6 +492,7 @@ class Quotas:
                     keys.key_month_usd(policy.key_prefix, res.month),
                     keys.model_tpm(res.model),
                     platform_model_tpm(res.model),
+                    keys.key_model_tpm(policy.key_prefix, res.model),
                 ],
                 args=[
                     "settle",
@@ -497,6 +517,7 @@ class Quotas:
                     res.month,
                     policy.model_limit(res.model)[1],
                     res.platform_tpm,
+                    policy.key_model_limit(res.model)[1],
                 ],
             )
         except RedisError as exc:

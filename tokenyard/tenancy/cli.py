@@ -11,7 +11,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypeVar
 
 from tokenyard.core.settings import Settings, get_settings
-from tokenyard.tenancy.limits import KEY_LIMIT_FIELDS, LIMIT_FIELDS, LIMIT_HELP, parse_model_limits
+from tokenyard.tenancy.limits import (
+    KEY_LIMIT_FIELDS,
+    LIMIT_FIELDS,
+    LIMIT_HELP,
+    model_limits_text,
+    parse_model_limits,
+)
 
 _T = TypeVar("_T")
 
@@ -192,7 +198,11 @@ def _print_keys(found: list[Any], as_json: bool) -> None:
         expires = f"  expires {r['expires_at']}" if r["expires_at"] else ""
         name = f"  {r['name']!r}" if r["name"] else ""
         name += f"  models {','.join(r['models'])}" if r["models"] else ""
-        name += "".join(f"  {n} {v}" for n, v in r["limits"].items() if v is not None)
+        name += "".join(
+            f"  {n} {model_limits_text(v) if n == 'model_limits' else v}"
+            for n, v in r["limits"].items()
+            if v is not None
+        )
         return f"{r['prefix']}  {r['team']}{name}  {r['state']}  created {r['created_at']}{expires}"
 
     _show([k.record() for k in found], as_json, line)
@@ -294,13 +304,14 @@ def add_parser(sub: Any) -> None:
             help="refuse the key this many days from now (create's default: never)",
         )
         for field in KEY_LIMIT_FIELDS:  # the key's own, beside its team's
+            kind = LIMIT_FIELDS[field]
             p.add_argument(
                 "--" + field.replace("_", "-"),
                 dest=field,
-                type=LIMIT_FIELDS[field],
+                type=_model_limits if kind is dict else kind,
                 default=None,
                 help=f"the key's own limit, beside its team's: {LIMIT_HELP[field].split(' (')[0]} "
-                "(default, or 0: the team's alone)",
+                f"(default, or {'' if kind is dict else 0!r}: the team's alone)",
             )
     listing = ksub.add_parser("list", help="keys by prefix, team and state (never the secret)")
     listing.add_argument("--team", default=None, help="only this team's keys (default: all)")

@@ -103,6 +103,8 @@ def _set_limits(key: ApiKey, limits: dict[str, Any]) -> None:
             raise ValueError(f"a key has no limit {name!r}")
         if found := problem(name, value):
             raise ValueError(f"{name} {found}")
+        if name == "model_limits" and not value:  # {} clears them, as None does
+            value = None
         setattr(key, name, value)
 
 

@@ -38,7 +38,7 @@ LIMIT_FIELDS: dict[str, type] = {
 }
 
 # the limits a key may have of its own, beside its team's (a subset of the team's fields)
-KEY_LIMIT_FIELDS = ("rpm", "tpm", "usd_per_day", "usd_per_month", "concurrency")
+KEY_LIMIT_FIELDS = ("rpm", "tpm", "usd_per_day", "usd_per_month", "concurrency", "model_limits")
 
 # the fields that are shares, in [0, 1]
 FRACTIONS = ("auto_threshold", "strong_share", "auto_quality")

@@ -83,6 +83,8 @@ class ApiKey(SQLModel, table=True):
     usd_per_day: float | None = None
     usd_per_month: float | None = None
     concurrency: int | None = _count()  # requests of this key in flight at once
+    # single models' own requests and tokens per minute for this key ({"gpt-4o": {"rpm": 10}})
+    model_limits: dict[str, dict[str, int]] | None = Field(default=None, sa_type=JSON)
 
 
 class TenancyChange(SQLModel, table=True):

@@ -43,12 +43,18 @@ class TeamPolicy(msgspec.Struct, frozen=True):
     user_tpm: int = 0
     user_usd_per_day: float = 0.0
     blocked_users: frozenset[str] = frozenset()  # end users the team refuses
-    # single models' own (rpm, tpm) for the team, beside its overall ones (0: none)
+    # single models' own (rpm, tpm) for the team, beside its overall ones, and for the key, beside
+    # the team's (0: none)
     model_limits: dict[str, tuple[int, int]] = {}
+    key_model_limits: dict[str, tuple[int, int]] = {}
 
     def model_limit(self, model: str) -> tuple[int, int]:
         """The team's own requests and tokens per minute on `model` (0: none)."""
         return self.model_limits.get(model, (0, 0))
+
+    def key_model_limit(self, model: str) -> tuple[int, int]:
+        """The key's own requests and tokens per minute on `model` (0: none)."""
+        return self.key_model_limits.get(model, (0, 0))
 
 
 def policy_of(team: Team, key: ApiKey | None = None, blocked: Iterable[str] = ()) -> TeamPolicy:
@@ -86,11 +92,14 @@ def policy_of(team: Team, key: ApiKey | None = None, blocked: Iterable[str] = ()
         user_tpm=team.user_tpm or 0,
         user_usd_per_day=team.user_usd_per_day or 0.0,
         blocked_users=frozenset(blocked),
-        model_limits={
-            model: (limits.get("rpm", 0), limits.get("tpm", 0))
-            for model, limits in (team.model_limits or {}).items()
-        },
+        model_limits=_pairs(team.model_limits),
+        key_model_limits=_pairs(key.model_limits) if key else {},
     )
+
+
+def _pairs(limits: dict[str, dict[str, int]] | None) -> dict[str, tuple[int, int]]:
+    """Stored per-model limits as (rpm, tpm) by model."""
+    return {model: (own.get("rpm", 0), own.get("tpm", 0)) for model, own in (limits or {}).items()}
 
 
 def model_list(models: str) -> tuple[str, ...]:

@@ -25,7 +25,7 @@ from tokenyard.billing import reports
 from tokenyard.gateway import auth
 from tokenyard.tenancy.errors import ManagementError
 from tokenyard.tenancy.keys import KeyInfo
-from tokenyard.tenancy.limits import KEY_LIMIT_FIELDS
+from tokenyard.tenancy.limits import KEY_LIMIT_FIELDS, model_limits_text
 from tokenyard.tenancy.policy import model_list
 
 SPEND_DAYS = 30
@@ -65,6 +65,18 @@ def _outside_catalog(request: Request, models: list[str]) -> str:
     return f"not in the catalog: {', '.join(unknown)}" if unknown else ""
 
 
+def _key_form(request: Request, form: Any) -> tuple[list[str], dict[str, Any], str]:
+    """A key form's models and own limits, and what is wrong with them ("": nothing), models
+    the catalog lacks included."""
+    models = forms.picked_models(form)
+    limits, wrong = forms.key_limits(form)
+    if unknown := _outside_catalog(request, models):
+        return models, limits, unknown
+    if unknown := _outside_catalog(request, list(limits.get("model_limits") or {})):
+        return models, limits, f"{forms.LABELS['model_limits'][0]}: {unknown}"
+    return models, limits, wrong
+
+
 class Keys(Controller):
     guards = [admin_only]  # noqa: RUF012 - Litestar reads it as a class attribute
 
@@ -96,10 +108,7 @@ class Keys(Controller):
             expires = datetime.now(UTC) + timedelta(days=float(days)) if days else None
         except (ValueError, OverflowError):
             return await self._page(request, 400, "Expires in: a number of days, or blank")
-        models = forms.picked_models(form)
-        if unknown := _outside_catalog(request, models):
-            return await self._page(request, 400, unknown)
-        limits, wrong = forms.key_limits(form)
+        models, limits, wrong = _key_form(request, form)
         if wrong:
             return await self._page(request, 400, wrong)
         try:
@@ -155,6 +164,7 @@ class Keys(Controller):
         expires = _shown(key.expires_at)
         values = {"name": key.name or "", "models": key.models, "expires_at": expires}
         values |= {n: "" if v is None else v for n, v in key.limits.items()}
+        values["model_limits"] = model_limits_text(key.limits["model_limits"])
         return await self._key_page(request, key, values)
 
     @post("/keys/{prefix:str}")
@@ -165,12 +175,9 @@ class Keys(Controller):
         key = await self._active(request, prefix)
         form = await request.form()
         expires = forms.text(form, "expires_at").strip()
-        models = forms.picked_models(form)
+        models, limits, wrong = _key_form(request, form)
         values = {"name": forms.text(form, "name"), "models": models, "expires_at": expires}
         values |= {n: forms.text(form, n) for n in KEY_LIMIT_FIELDS}
-        if unknown := _outside_catalog(request, models):
-            return await self._key_page(request, key, values, 400, unknown)
-        limits, wrong = forms.key_limits(form)
         if wrong:
             return await self._key_page(request, key, values, 400, wrong)
         changes: dict[str, Any] = {"name": values["name"].strip() or None, "models": models}
