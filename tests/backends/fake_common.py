@@ -31,7 +31,7 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 _DIRECTIVE = re.compile(
     r"#(status|retry_after|times|first_byte_delay|delay|chunks|cut|cached|stream_error)=([0-9.]+)"
-    r"|#(tool)\b"
+    r"|#(tool|echo)\b"
 )
 
 
@@ -49,6 +49,7 @@ class Directives:
     cut: int | None = None
     cached: int = 0
     tool: bool = False
+    echo: bool = False  # the reply is the prompt's words (the Responses API's), one a piece
     stream_error: int | None = None
 
 
@@ -63,6 +64,7 @@ def directives(text: str, seen: int) -> Directives:
         cut=int(float(found["cut"])) if "cut" in found else None,
         cached=int(float(found.get("cached", 0))),
         tool="tool" in found,
+        echo="echo" in found,
         stream_error=int(float(found["stream_error"])) if "stream_error" in found else None,
         retry_after=float(found["retry_after"]) if "retry_after" in found else None,
     )

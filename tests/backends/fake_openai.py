@@ -176,9 +176,13 @@ async def handle(
 
 
 async def _responses(body: dict[str, Any], d: Directives, send: Send) -> None:
-    """The Responses API: one message of d.chunks pieces, or one call of the first tool."""
+    """The Responses API: one message of d.chunks pieces (#echo: of the prompt's words), or one
+    call of the first tool."""
     tool = (body.get("tools") or [{}])[0].get("name") if d.tool else None
-    prompt = len(prompt_text(body).split())
+    words = prompt_text(body).split()
+    prompt = len(words)
+    if d.echo:
+        d.chunks = len(words)
     response: dict[str, Any] = {
         "id": "resp_fake",
         "object": "response",
@@ -201,7 +205,7 @@ async def _responses(body: dict[str, Any], d: Directives, send: Send) -> None:
         "usage": None,
         "metadata": {},
     }
-    pieces = [f"w{i} " for i in range(d.chunks)]
+    pieces = [f"{w} " for w in words] if d.echo else [f"w{i} " for i in range(d.chunks)]
     if tool:
         item: dict[str, Any] = {"id": "fc_fake", "type": "function_call", "call_id": "call_fake"}
         item |= {"name": tool, "arguments": ARGUMENTS, "status": "completed"}

@@ -184,3 +184,32 @@ def test_personal_data_is_masked_in_what_openai_gets(
     wait_until(lambda: "[EMAIL_1]" in json.dumps(sent()), 5, "the policy in force")
     user, output = sent()
     assert user["content"][0]["text"] == "Mail [EMAIL_1]" and output["output"] == "[EMAIL_2]"
+
+
+def test_masked_personal_data_comes_back_in_openais_own_replies(
+    gw: Gateway, team: tuple[str, str], openai_url: str, sql: Any
+) -> None:
+    """What OpenAI's Responses API says back in its own form, whole or as events, gets the masked
+    values back before the client reads it, as a chat reply does: OpenAI saw only the
+    placeholder."""
+    control(openai_url, reset=True)
+    name, key = team
+    guard_store.write_policy(sql, name, apply(DEFAULT, [parse_change("pii.email=mask")]))
+    client = gw.client(key)
+    asked = "Mail jo@example.org #echo"
+
+    def whole() -> str:
+        return client.responses.create(model="gpt-fake", input=asked).output_text
+
+    def upstream_saw() -> str:
+        return json.dumps(stats(openai_url)["last_body"]["input"])
+
+    wait_until(lambda: "[EMAIL_1]" in whole() + upstream_saw(), 5, "the policy in force")
+    assert whole() == "Mail jo@example.org #echo "
+    events = list(client.responses.create(model="gpt-fake", input=asked, stream=True))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    (done,) = [e for e in events if e.type == "response.completed"]
+    assert deltas == done.response.output_text == "Mail jo@example.org #echo "
+    assert "[EMAIL_1]" not in json.dumps([e.model_dump() for e in events])
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert "[EMAIL_1]" in upstream_saw() and "jo@example.org" not in upstream_saw()

@@ -5,7 +5,8 @@ that says "I wrote to [EMAIL_1]" reaches the client as "I wrote to ada@example.c
 placeholder can arrive split across chunks ("[EMA", "IL_1]"), so a choice's text that ends in what
 could still become one is held back until the next chunk shows, or the choice finishes. Inside a
 tool call's arguments (JSON text) the value is written JSON-escaped. Chat and legacy completions,
-whole and streamed; OpenAI's own Responses events are relayed as sent.
+and OpenAI's own Responses API (a request for one of its models goes there as it is), whole and
+streamed.
 """
 
 import json
@@ -18,6 +19,12 @@ from tokenyard.core.safety import PLACEHOLDER
 
 # what may still grow into a placeholder at the end of a piece of text
 _OPEN = re.compile(r"\[(?:[A-Z][A-Z_]*[0-9]*)?$")
+# a Responses stream's texts: the event's kind → the field its `.done` event holds whole
+_STREAMED = {
+    "response.output_text": "text",
+    "response.refusal": "refusal",
+    "response.function_call_arguments": "arguments",
+}
 
 
 class Unmasker:
@@ -25,6 +32,7 @@ class Unmasker:
         self.masked = masked
         self.longest = max(map(len, masked))
         self.held: dict[tuple[int, str], str] = {}  # (choice, field) → text not yet sent
+        self.inserted = 0  # events added to a Responses stream: later sequence numbers move up
 
     def _put_back(self, text: str, escaped: bool) -> str:
         def value(found: re.Match[str]) -> str:
@@ -51,12 +59,34 @@ class Unmasker:
             rest[key[1]] = self._put_back(self.held.pop(key), key[1].startswith("args"))
         return rest
 
+    def _output(self, items: object) -> None:
+        """A Responses object's output items, the values put back in place: messages' text and
+        refusals, function calls' arguments."""
+        for item in items if isinstance(items, list) else ():
+            self._item(item)
+
+    def _item(self, item: object) -> None:
+        if not isinstance(item, dict):
+            return
+        if isinstance(item.get("arguments"), str):
+            item["arguments"] = self._put_back(item["arguments"], escaped=True)
+        for part in item.get("content") or () if item.get("type") == "message" else ():
+            self._part(part)
+
+    def _part(self, part: object) -> None:
+        for name in ("text", "refusal"):
+            if isinstance(part, dict) and isinstance(part.get(name), str):
+                part[name] = self._put_back(part[name], escaped=False)
+
     def reply(self, body: bytes) -> bytes:
-        """A whole reply with the values put back."""
+        """A whole reply (a chat or legacy completion, or a Responses object) with the values put
+        back."""
         try:
             data = msgspec.json.decode(body)
         except msgspec.DecodeError:
             return body
+        if isinstance(data, dict):
+            self._output(data.get("output"))
         for choice in data.get("choices") or () if isinstance(data, dict) else ():
             message = choice.get("message") or {}
             for holder, name in ((message, "content"), (message, "refusal"), (choice, "text")):
@@ -76,6 +106,8 @@ class Unmasker:
             data = msgspec.json.decode(event[5:].strip())
         except msgspec.DecodeError:
             return event  # [DONE], or nothing of ours
+        if isinstance(data, dict) and str(data.get("type")).startswith("response."):
+            return self._response_event(data)
         if not isinstance(data, dict) or not data.get("choices"):
             return event
         for choice in data["choices"]:
@@ -98,3 +130,35 @@ class Unmasker:
                         call = {"index": int(field[4:]), "function": {"arguments": rest}}
                         texts.setdefault("tool_calls", []).append(call)
         return b"data: " + msgspec.json.encode(data)
+
+    def _response_event(self, data: dict) -> bytes:
+        """One event of OpenAI's own Responses stream, with the values put back. A text's deltas
+        are held back as a chat chunk's are; what is held when the text's `.done` event comes goes
+        out as one more delta just before it (and the stream's later sequence numbers move up)."""
+        kind, flushed = data["type"], b""
+        if isinstance(data.get("sequence_number"), int):
+            data["sequence_number"] += self.inserted
+        stem, _, step = kind.rpartition(".")
+        whole = _STREAMED.get(stem)
+        key = (data.get("output_index", 0), f"{stem}{data.get('content_index', 0)}")
+        escaped = whole == "arguments"
+        if whole is not None and step == "delta" and isinstance(data.get("delta"), str):
+            data["delta"] = self._piece(key, data["delta"], escaped)
+        elif whole is not None and step == "done":
+            if rest := self.held.pop(key, ""):
+                where = ("item_id", "output_index", "content_index", "sequence_number")
+                delta = {"type": f"{stem}.delta", **{k: data[k] for k in where if k in data}}
+                delta["delta"] = self._put_back(rest, escaped)
+                if whole == "text":
+                    delta["logprobs"] = []
+                flushed = b"data: " + msgspec.json.encode(delta) + b"\n\n"
+                if "sequence_number" in data:
+                    data["sequence_number"] += 1
+                    self.inserted += 1
+            if isinstance(data.get(whole), str):
+                data[whole] = self._put_back(data[whole], escaped)
+        self._part(data.get("part"))  # a content part added or done
+        self._item(data.get("item"))  # an output item added or done
+        if isinstance(data.get("response"), dict):  # created, in progress, completed, ...
+            self._output(data["response"].get("output"))
+        return flushed + b"data: " + msgspec.json.encode(data)
