@@ -34,6 +34,11 @@ def providers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, st
 
 @pytest.fixture
 def gw(start_gateway: Any, providers: dict[str, str], tmp_path: Path) -> Any:
+    return _gateway(start_gateway, providers, tmp_path)
+
+
+def _gateway(start_gateway: Any, providers: dict[str, str], tmp_path: Path, extra: str = "") -> Any:
+    """A gateway over the two providers; `extra`: more TOML lines for claude-fake."""
     for url in providers.values():
         control(url, reset=True)
     catalog = tmp_path / "catalog.toml"
@@ -65,6 +70,7 @@ base_urls = ["{providers["anthropic"]}"]
 api_key_env = "{ANTHROPIC_KEY}"
 price = {{ input = 0.8, cached_input = 0.08, output = 4.0 }}
 """
+        + extra
     )
     return start_gateway(
         catalog=str(catalog),
@@ -177,7 +183,33 @@ def test_a_fallback_is_held_to_the_teams_limits_on_its_own_model(
     assert 'tokenyard_router_overflows_total{model="claude-fake",reason="team_model_limit"}' in (
         metrics
     )
-    # the provider recovers: gpt-fake serves again once its breaker closes (the next test's)
+    _recovered(client, providers)
+
+
+def test_a_fallback_gets_the_output_cap_its_own_context_leaves(
+    start_gateway: Any, team: Any, providers: dict[str, str], tmp_path: Path
+) -> None:
+    """A fallback with a smaller context window than the model that failed is sent the output
+    cap its window leaves, not the failed model's; where the output asked for cannot fit it, it
+    is passed over (here: nothing left, the failure is the answer)."""
+    gw = _gateway(start_gateway, providers, tmp_path, "max_context = 60\n")
+    _, key = team()
+    client = gw.client(key).with_options(max_retries=0)
+    control(providers["openai"], fail_next=100, status=503)
+    reply = client.chat.completions.with_raw_response.create(model="gpt-fake", messages=CHAT)
+    assert reply.headers["x-tokenyard-model"] == "claude-fake"
+    sent = stats(providers["anthropic"])["last_body"]["max_tokens"]
+    assert 40 <= sent < 60  # the window less the prompt, not the platform's 4096
+    with pytest.raises(openai.InternalServerError) as err:
+        client.chat.completions.create(model="gpt-fake", messages=CHAT, max_tokens=100)
+    assert err.value.status_code == 503 and err.value.code == "upstream_unavailable"
+    assert stats(providers["anthropic"])["requests"] == 1
+    _recovered(client, providers)
+
+
+def _recovered(client: openai.OpenAI, providers: dict[str, str]) -> None:
+    """The OpenAI fake healthy again, and gpt-fake serving once its breaker (in Redis, shared
+    with the next test's gateway) has closed."""
     control(providers["openai"], reset=True)
     wait_until(
         lambda: (

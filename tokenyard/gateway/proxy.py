@@ -454,18 +454,27 @@ class Proxy:
         return (entry.rpm, entry.tpm) if entry is not None else (0, 0)
 
     async def _fail_over(
-        self, route: Route, res: Reservation, tier: str, after: int
+        self, route: Route, res: Reservation, parsed: Parsed, call: "_Call", tier: str, after: int
     ) -> tuple[int, Upstream] | None:
         """The candidate, from index `after`, that takes a request whose upstream failed before
-        its first byte, with its reservation moved there: the team's and every team's limits on
-        that model hold it too (one that refuses is passed over, as at reservation)."""
+        its first byte, with its reservation moved there and the call's output cap narrowed to
+        what its context leaves (never widened: the reservation holds the first cap). One whose
+        context cannot hold the request, or whose limits (the team's, every team's, the key's)
+        refuse it, is passed over, as at reservation."""
         while (found := self.dispatch.next_open(route, tier, after)) is not None:
-            model = found[1].info.name
-            refused = await self.quotas.move(res, model, self._platform_limits(model))
+            after, info = found[0] + 1, found[1].info
+            prompt = max(parsed.prompt_sizes, default=0) + self.overhead.extra(
+                info.name, res.policy.team
+            )
+            try:
+                fits = max_tokens_for(parsed, prompt, info, res.policy, self.settings)
+            except GatewayError:  # too long for this model's context
+                continue
+            refused = await self.quotas.move(res, info.name, self._platform_limits(info.name))
             if refused is None:
+                call.max_tokens = min(call.max_tokens, fits)
                 return found
-            metrics.OVERFLOWS.labels(model, _model_limit_reason(refused)).inc()
-            after = found[0] + 1
+            metrics.OVERFLOWS.labels(info.name, _model_limit_reason(refused)).inc()
         return None
 
     async def _complete_unless_gone(
@@ -525,7 +534,7 @@ class Proxy:
                     lookup,
                 )
             except BackendUnavailable:
-                found = await self._fail_over(route, res, event.tier, index + 1)
+                found = await self._fail_over(route, res, parsed, call, event.tier, index + 1)
                 if found is None:
                     raise
                 metrics.FALLBACKS.labels(upstream.info.name, found[1].info.name).inc()
