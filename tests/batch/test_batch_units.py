@@ -143,7 +143,7 @@ class _Proxy:
         self.settling = asyncio.Event()
         self.settled = asyncio.Event()
 
-    async def run_batch_request(self, *args: object) -> tuple[int, bytes, str]:
+    async def run_detached(self, *args: object) -> tuple[int, bytes, str]:
         hang_up = args[-1]
         reply = await Proxy._complete_unless_gone(self, hang_up, self.upstream, None)  # type: ignore[arg-type]
         self.settling.set()

@@ -226,7 +226,6 @@ def test_auto_serves_responses_with_tools_only_on_a_model_with_the_flag(
         ),
         ({"model": "fake", "reasoning": {"effort": "high"}}, "reasoning.effort"),
         ({"model": "fake", "top_logprobs": 2, "service_tier": "flex"}, "service_tier"),
-        ({"model": "fake", "background": True}, "background"),
         ({"model": "fake", "tools": [{"type": "web_search"}]}, "tools[0].type"),
         ({"model": "fake", "input": [{"type": "item_reference", "id": "x"}]}, "input[0].type"),
     ],

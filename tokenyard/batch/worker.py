@@ -188,7 +188,7 @@ class BatchWorker:
             policy = await self._policy(request.team, request.key_prefix)
             if policy is None:
                 raise GatewayError(401, f"team {request.team!r} no longer exists", "invalid_team")
-            status, body, served = await self.proxy.run_batch_request(
+            status, body, served = await self.proxy.run_detached(
                 policy,
                 ENDPOINTS[request.endpoint],
                 request.body,

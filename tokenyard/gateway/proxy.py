@@ -88,8 +88,9 @@ def disconnect_of(request: Request) -> HangUp:
     return gone
 
 
-def _tier(request: Request, parsed: Parsed, policy: TeamPolicy) -> str:
-    tier = request.headers.get("x-tier") or request.headers.get("x-priority") or parsed.tier
+def tier_of(headers: Any, asked: str | None, policy: TeamPolicy) -> str:
+    """A request's tier: its headers', else its body's (`asked`), else its team's default."""
+    tier = headers.get("x-tier") or headers.get("x-priority") or asked
     if tier is None:
         return policy.default_tier
     if tier not in TIERS:
@@ -208,7 +209,7 @@ class Proxy:
             if exc.status in (429, 503) and reason:
                 metrics.REFUSALS.labels(reason).inc()
             if exc.status == 429 and reason:  # the admin UI's "429s in the last hour"
-                self._spawn(refusals.record(self.quotas.redis, reason))
+                self.spawn(refusals.record(self.quotas.redis, reason))
             raise
 
     async def _handle(
@@ -225,7 +226,7 @@ class Proxy:
             policy = await self.auth.authenticate(authorization)
         trace.root.set_attribute("tokenyard.team", policy.team)
         parsed = parse(await request.body() if body is None else body, kind)
-        tier = _tier(request, parsed, policy)
+        tier = tier_of(request.headers, parsed.tier, policy)
         # the id is always the gateway's own: unique, so billing (idempotent by it), the engine
         # and the logs can trust it; the client's id for the request is kept beside it
         for header in ("x-client-request-id", "x-request-id"):
@@ -246,19 +247,22 @@ class Proxy:
             mode_of(request.headers.get("cache-control")),
         )
 
-    async def run_batch_request(
+    async def run_detached(
         self,
         policy: TeamPolicy,
         kind: Kind,
         body: bytes,
         request_id: str,
         hang_up: HangUp,
+        tier: str = "batch",
+        responses: dict[str, Any] | None = None,
     ) -> tuple[int, bytes, str]:
-        """The batch worker's call: an already-authenticated, non-streamed request of the batch
-        tier, through the same routing, quotas and settling as an HTTP one; its status, body and
-        the catalog model that served it. Refusals raise
-        GatewayError as they do for HTTP callers; a worker that hangs up (`hang_up` returns) while
-        the upstream has not replied yet gets a 499 (client_closed), as an HTTP client would."""
+        """A request no HTTP caller waits on (the batch worker's, a background response's): an
+        already-authenticated, non-streamed request through the same routing, quotas and settling
+        as an HTTP one; its status, body and the catalog model that served it. `responses`: as in
+        `handle`. Refusals raise GatewayError as they do for HTTP callers; a caller that hangs up
+        (`hang_up` returns) while the upstream has not replied yet gets a 499 (client_closed), as
+        an HTTP client would."""
         started = time.perf_counter()
         parsed = parse(body, kind)
         if parsed.stream:
@@ -267,7 +271,7 @@ class Proxy:
         trace.root.set_attribute("tokenyard.team", policy.team)
         try:
             response = await self._serve(
-                None, hang_up, kind, policy, parsed, "batch", request_id, started, trace=trace
+                None, hang_up, kind, policy, parsed, tier, request_id, started, responses, trace
             )
         except BaseException as exc:
             trace.refused(exc.status if isinstance(exc, GatewayError) else 500)
@@ -399,7 +403,7 @@ class Proxy:
             status = exc.status if isinstance(exc, GatewayError) else 500
             served = self.backends.get(event.model_served) or upstream
             model = served.info.name
-            self._spawn(self.settlement.settle(res, model, Usage(), event, started, status=status))
+            self.spawn(self.settlement.settle(res, model, Usage(), event, started, status=status))
             raise
 
     async def _reserve(
@@ -681,7 +685,7 @@ class Proxy:
             whole = body.recording.reply()
             if result.done and not result.filtered and whole is not None:
                 kept = (body.recording.lookup, whole)
-        return self._spawn(
+        return self.spawn(
             self._close_and_settle(
                 body.stream, body.res, body.upstream, usage, event, body.started, status, kept
             )
@@ -705,7 +709,7 @@ class Proxy:
         finally:
             await self.settlement.settle(res, upstream.info.name, usage, event, started, status)
 
-    def _spawn(self, coro: Any) -> "asyncio.Task[Any]":
+    def spawn(self, coro: Any) -> "asyncio.Task[Any]":
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)  # a strong reference until it is done
         task.add_done_callback(self._tasks.discard)

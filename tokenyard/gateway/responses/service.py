@@ -1,13 +1,15 @@
 """POST /v1/responses and its input-token count: a request's turn (after the stored response it
 follows, or its conversation's items), walked through the gateway like any chat request (keys,
 quotas, `auto`, fallbacks, billing: gateway/proxy.py), its reply or stream translated back, and
-the finished response stored and added to its conversation.
+the finished response stored and added to its conversation; or, in background mode, queued and
+walked by a task (gateway/responses/background.py). Stored responses are read, cancelled and
+deleted here too.
 
 One object holds the walk and both stores, so each route resolves a single dependency: Litestar
 resolves two or more in an anyio task group, 75 µs a request measured (gateway/chats/service.py).
 """
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from functools import partial
 from typing import Any
 
@@ -18,8 +20,9 @@ from litestar.response import Stream
 from tokenyard.backends import sse
 from tokenyard.core.errors import GatewayError
 from tokenyard.gateway.auth import authorization_of
-from tokenyard.gateway.proxy import Proxy
+from tokenyard.gateway.proxy import Proxy, tier_of
 from tokenyard.gateway.request_ids import request_id
+from tokenyard.gateway.responses.background import UNFINISHED, Background, Keep
 from tokenyard.gateway.responses.conversation_store import ConversationStore, missing_conversation
 from tokenyard.gateway.responses.events import ENDINGS, EventWriter, sse_event
 from tokenyard.gateway.responses.store import ResponseStore, Stored
@@ -35,9 +38,6 @@ from tokenyard.gateway.responses.translate import (
 from tokenyard.gateway.token_counts import count_tokens
 from tokenyard.gateway.validation import decode_json
 from tokenyard.tenancy.policy import TeamPolicy
-
-# what a finished response is handed to: stored, and added to its conversation
-Keep = Callable[[Turn, dict[str, Any]], Awaitable[None]]
 
 
 async def stored(
@@ -69,6 +69,7 @@ class ResponsesService:
         self.proxy = proxy
         self.store = store
         self.conversations = conversations
+        self.background = Background(proxy, store, proxy.quotas.redis)
 
     async def _caller(self, request: Request) -> TeamPolicy:
         return await self.proxy.auth.authenticate(authorization_of(request.headers))
@@ -83,6 +84,12 @@ class ResponsesService:
             previous = await stored(
                 self.store, team, req.previous_response_id, "previous_response_id"
             )
+            if previous.response.get("status") in UNFINISHED:
+                raise GatewayError(
+                    400,
+                    f"response {req.previous_response_id!r} is still {previous.response['status']}",
+                    param="previous_response_id",
+                )
             earlier = previous.context + previous.response["output"]
         elif conversation is not None:
             found = await self.conversations.items(team, conversation)
@@ -101,8 +108,16 @@ class ResponsesService:
             await self.conversations.add(team, turn.conversation, added)
 
     async def create(self, request: Request) -> Response:
-        team = (await self._caller(request)).team
+        caller = await self._caller(request)
+        team = caller.team
         turn = await self._turn(team, decode_json(await request.body()))
+        if turn.echo["background"]:
+            asked = turn.chat.get("tier") or turn.chat.get("priority")
+            tier = tier_of(request.headers, asked, caller)
+            keep = partial(self._keep, team)
+            rid = request_id(request.scope)
+            queued = await self.background.start(caller, turn, tier, rid, keep)
+            return Response(msgspec.json.encode(queued), headers={"x-request-id": rid})
         try:
             chat = msgspec.json.encode(turn.chat)
             reply = await self.proxy.handle(request, "chat", chat, responses=turn.native)
@@ -128,6 +143,29 @@ class ResponsesService:
         return Response(
             msgspec.json.encode(response), media_type="application/json", headers=headers
         )
+
+    async def retrieve(self, request: Request, response_id: str) -> dict[str, Any]:
+        """A stored response as it stands (a background one's progress included)."""
+        team = (await self._caller(request)).team
+        return await self.background.current(team, await stored(self.store, team, response_id))
+
+    async def context(self, request: Request, response_id: str) -> list[dict[str, Any]]:
+        """The items a stored response was made from (its input_items)."""
+        team = (await self._caller(request)).team
+        return (await stored(self.store, team, response_id)).context
+
+    async def cancel(self, request: Request, response_id: str) -> dict[str, Any]:
+        team = (await self._caller(request)).team
+        found = await stored(self.store, team, response_id)
+        return await self.background.cancel(team, found)
+
+    async def delete(self, request: Request, response_id: str) -> None:
+        """Delete a stored response; a background one still running is stopped."""
+        team = (await self._caller(request)).team
+        found = await stored(self.store, team, response_id)
+        if found.response.get("status") in UNFINISHED:
+            await self.background.stop(team, response_id)
+        await self.store.delete(team, response_id)
 
     async def input_tokens(self, request: Request) -> Response[bytes]:
         """OpenAI's input-token count of a Responses request, earlier turns by

@@ -48,7 +48,7 @@ class ResponseStore:
         with Session(self.sql) as session:
             # expired rows go as new ones come: no sweeper to run, and the index makes it cheap
             session.exec(delete(StoredResponse).where(StoredResponse.expires_at < now))  # type: ignore[call-overload]
-            session.add(row)
+            session.merge(row)  # a background response is stored again as it progresses
             session.commit()
 
     def _row(self, session: Session, team: str, response_id: str) -> StoredResponse | None:

@@ -292,8 +292,11 @@ def begin(
 ) -> Turn:
     """A response to `req` (`raw`: its body as sent); `earlier`: the stored context and output of
     its previous response, or the items of its conversation."""
+    if req.background and not req.store:
+        raise _bad("background responses must be stored (store=true)", "store")
+    if req.background and req.stream:
+        raise _unsupported("stream", "streaming a background response")
     for name, value, idle in (
-        ("background", req.background, (None, False)),
         ("prompt", req.prompt, (None,)),
         ("truncation", req.truncation, (None, "disabled")),
     ):
@@ -356,7 +359,7 @@ def begin(
         "top_p": 1.0 if req.top_p is None else req.top_p,
         "truncation": "disabled",
         "user": req.user,
-        "background": False,
+        "background": bool(req.background),
         "conversation": {"id": conversation} if conversation else None,
     }
     native = _native(raw, context)

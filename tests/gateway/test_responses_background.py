@@ -1,0 +1,156 @@
+"""The Responses API's background mode with the official SDK: a response queued at once and
+polled to its end, cancelled (the upstream call dropped, the leases given back), deleted while it
+runs; what background mode refuses; and a response whose gateway stopped reading as failed."""
+
+import asyncio
+import time
+import uuid
+from pathlib import Path
+from typing import Any, cast
+
+import openai
+import pytest
+import redis.asyncio as aioredis
+
+from tests.gateway.conftest import Gateway, RedisServer, reservations, upstream_stats, wait_until
+from tests.openai_spec import problems
+from tokenyard.core.db import get_engine
+from tokenyard.core.migrate import upgrade
+from tokenyard.gateway.responses.background import Background
+from tokenyard.gateway.responses.store import ResponseStore
+from tokenyard.tenancy import keys, teams
+
+IDLE = {"leases": 0, "pages": 0, "platform_leases": 0}
+
+
+@pytest.fixture
+def team(sql: Any) -> tuple[str, str]:
+    name = "bg-" + uuid.uuid4().hex[:8]
+    teams.create_team(sql, name)
+    return name, keys.create_key(sql, name).key
+
+
+def _ended(client: openai.OpenAI, response_id: str) -> Any:
+    """The response once it is no longer queued or in progress."""
+    found: list[Any] = []
+
+    def ended() -> bool:
+        found[:] = [client.responses.retrieve(response_id)]
+        return found[0].status not in ("queued", "in_progress")
+
+    wait_until(ended, 10, "the background response to end")
+    return found[0]
+
+
+def test_a_background_response_is_queued_then_polled_to_its_end(
+    capabilities_gw: Gateway, team: tuple[str, str], redis_server: RedisServer
+) -> None:
+    name, key = team
+    client = capabilities_gw.client(key)
+    started = time.monotonic()
+    made = client.responses.create(
+        model="fake", input="Say it #chunks=3 #delay=0.5 #stop", background=True
+    )
+    assert time.monotonic() - started < 1.0  # answered before the model finished (~1.5 s)
+    # a follow-up cannot build on it yet
+    with pytest.raises(openai.BadRequestError) as early:
+        client.responses.create(model="fake", input="and?", previous_response_id=made.id)
+    assert early.value.body["param"] == "previous_response_id"  # type: ignore[index]
+    assert made.status in ("queued", "in_progress") and made.background is True
+    assert made.output == [] and not problems("Response", made.model_dump(mode="json"))
+    final = _ended(client, made.id)
+    assert final.status == "completed" and final.background is True
+    assert final.output_text == "tok tok tok " and final.usage is not None
+    assert final.usage.output_tokens == 3
+    assert not problems("Response", final.model_dump(mode="json"))
+    wait_until(lambda: reservations(redis_server.client(), name) == IDLE, 3, "settled")
+    follow = client.responses.create(
+        model="fake", input="and? #chunks=1 #stop", previous_response_id=made.id
+    )
+    assert follow.status == "completed" and follow.background is False
+    items = [i.id for i in client.responses.input_items.list(follow.id, order="asc").data]
+    assert final.output[0].id in items  # the background turn is the follow-up's context
+
+
+def test_a_background_response_is_cancelled_and_its_upstream_call_dropped(
+    capabilities_gw: Gateway, team: tuple[str, str], redis_server: RedisServer, upstream: str
+) -> None:
+    name, key = team
+    client = capabilities_gw.client(key)
+    before = upstream_stats(upstream)["cancelled"]
+    slow = client.responses.create(
+        model="fake", input="Write at length #chunks=60 #delay=0.2", background=True
+    )
+    wait_until(lambda: reservations(redis_server.client(), name)["leases"] == 1, 5, "running")
+    cancelled = client.responses.cancel(slow.id)
+    assert cancelled.status == "cancelled" and cancelled.id == slow.id
+    # the walk notices within a heartbeat, drops the upstream call and gives its leases back
+    wait_until(lambda: reservations(redis_server.client(), name) == IDLE, 6, "the walk stopped")
+    wait_until(lambda: upstream_stats(upstream)["cancelled"] == before + 1, 3, "upstream told")
+    assert client.responses.retrieve(slow.id).status == "cancelled"
+    assert client.responses.cancel(slow.id).status == "cancelled"  # again: as it is
+    # a finished background response is returned as it is; one not made in background refused
+    done = client.responses.create(model="fake", input="hi #chunks=1 #stop", background=True)
+    assert _ended(client, done.id).status == "completed"
+    assert client.responses.cancel(done.id).status == "completed"
+    plain = client.responses.create(model="fake", input="hi #chunks=1")
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.cancel(plain.id)
+    assert "background" in refused.value.message
+    with pytest.raises(openai.NotFoundError):
+        client.responses.cancel("resp_nosuch")
+
+
+def test_a_background_response_deleted_while_it_runs_stays_deleted(
+    capabilities_gw: Gateway, team: tuple[str, str], redis_server: RedisServer
+) -> None:
+    name, key = team
+    client = capabilities_gw.client(key)
+    slow = client.responses.create(
+        model="fake", input="Write at length #chunks=60 #delay=0.2", background=True
+    )
+    wait_until(lambda: reservations(redis_server.client(), name)["leases"] == 1, 5, "running")
+    client.responses.delete(slow.id)
+    wait_until(lambda: reservations(redis_server.client(), name) == IDLE, 6, "the walk stopped")
+    with pytest.raises(openai.NotFoundError):
+        client.responses.retrieve(slow.id)
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [({"stream": True}, "stream"), ({"store": False}, "store")],
+)
+def test_what_background_mode_refuses(
+    capabilities_gw: Gateway, team: tuple[str, str], fields: dict, param: str
+) -> None:
+    client = capabilities_gw.client(team[1])
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.responses.create(model="fake", input="hi", background=True, **fields)
+    assert refused.value.body["param"] == param  # type: ignore[index]
+
+
+def test_a_response_whose_gateway_stopped_reads_as_failed(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """Unfinished, with no gateway saying it is alive (its heartbeat lapsed): failed, and stored
+    so; one whose gateway still beats stays as it is."""
+    sql = get_engine(f"sqlite:///{tmp_path}/responses.db")
+    upgrade(sql)
+    store = ResponseStore(sql, 1)
+
+    async def run() -> None:
+        redis = aioredis.Redis.from_url(redis_server.url)
+        background = Background(cast(Any, None), store, redis)  # no walk in this test
+        for rid, beating in (("resp_stopped", False), ("resp_running", True)):
+            response = {"id": rid, "created_at": 1, "status": "in_progress", "error": None}
+            await store.save("t", response, [])
+            if beating:
+                await redis.set(f"ty:{{t}}:response:{rid}:alive", 1, ex=10)
+        stopped = await background.current("t", await store.get("t", "resp_stopped"))
+        assert stopped["status"] == "failed" and stopped["error"]["code"] == "server_error"
+        assert (await store.get("t", "resp_stopped")).response["status"] == "failed"
+        running = await background.current("t", await store.get("t", "resp_running"))
+        assert running["status"] == "in_progress"
+        await redis.aclose()
+
+    asyncio.run(run())
