@@ -213,3 +213,20 @@ def test_masked_personal_data_comes_back_in_openais_own_replies(
     assert "[EMAIL_1]" not in json.dumps([e.model_dump() for e in events])
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert "[EMAIL_1]" in upstream_saw() and "jo@example.org" not in upstream_saw()
+
+
+def test_a_background_response_of_openais_model_is_openais_own(
+    gw: Gateway, team: tuple[str, str], openai_url: str
+) -> None:
+    """In background mode too an OpenAI model gets the request in OpenAI's own form (not in
+    background there: the gateway's task waits for it), and its Response is kept as OpenAI made
+    it, under the gateway's id, saying background."""
+    control(openai_url, reset=True)
+    client = gw.client(team[1])
+    made = client.responses.create(model="gpt-fake", input="Hi #chunks=2", background=True)
+    assert made.status == "queued" and made.background is True
+    wait_until(lambda: client.responses.retrieve(made.id).status == "completed", 5, "the response")
+    done = client.responses.retrieve(made.id)
+    assert done.output_text == "w0 w1 " and done.background is True and done.id == made.id
+    sent = stats(openai_url)["last_body"]
+    assert "background" not in sent and sent["store"] is False

@@ -370,8 +370,8 @@ def begin(
 
 def adopt(turn: Turn, response: dict[str, Any]) -> dict[str, Any]:
     """OpenAI's own Response for this turn, under the gateway's id, with what the gateway keeps
-    itself (store, previous_response_id, metadata, conversation)."""
-    for name in ("store", "previous_response_id", "metadata", "conversation"):
+    itself (store, previous_response_id, metadata, conversation, background)."""
+    for name in ("store", "previous_response_id", "metadata", "conversation", "background"):
         response[name] = turn.echo[name]
     response["id"] = turn.id
     turn.output = response.get("output") or []
