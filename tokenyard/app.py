@@ -60,6 +60,7 @@ from tokenyard.router.catalog import load_catalog
 from tokenyard.router.classifier import ComplexityClassifier
 from tokenyard.router.policy import Router, Scorer
 from tokenyard.router.upstreams import build_backends
+from tokenyard.tenancy.events import EventSender
 from tokenyard.tenancy.policy import TeamPolicy
 from tokenyard.tenancy.service import Tenancy
 
@@ -197,6 +198,8 @@ def create_app(settings: Settings | None = None) -> Litestar:
         app.state.usage_consumer.start()
         app.state.alert_sender = AlertSender(sql, settings)
         app.state.alert_sender.start()
+        app.state.event_sender = EventSender(sql, settings)
+        app.state.event_sender.start()
         app.state.batch_worker = BatchWorker(proxy, sql, settings, app.state.chats)
         app.state.batch_worker.start()
         # what startup loaded (catalog, classifier, routes) lives as long as the process: kept out
@@ -214,6 +217,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         proxy.tracing.shutdown()  # the spans still batched go out
         await _bounded("usage consumer", app.state.usage_consumer.stop(), bound)
         await _bounded("budget alert sender", app.state.alert_sender.stop(), bound)
+        await _bounded("team event sender", app.state.event_sender.stop(), bound)
         await _bounded("spool", app.state.spool.stop(), bound)  # replayed by the next start
         await _bounded("lease keeper", proxy.keeper.stop(), bound)
         await _bounded("backends", proxy.backends.aclose(), bound)

@@ -1,5 +1,6 @@
 """The batch tier through the official openai SDK: round trip, malformed lines, team isolation."""
 
+from contextlib import ExitStack
 from typing import Any
 
 import openai
@@ -8,15 +9,20 @@ from sqlmodel import Session, select
 
 from tests.batch.conftest import FAST, MODEL, jsonl, line, read_lines, submit, wait_final
 from tests.gateway.conftest import HERE, upstream_stats, wait_until
+from tests.webhook_receiver import receiving
 from tokenyard.billing.models import UsageRecord
 from tokenyard.gateway.quotas import day_number
-from tokenyard.tenancy import keys
+from tokenyard.tenancy import keys, teams
+from tokenyard.tenancy.webhook_secrets import team_secret
 
 
 def test_sdk_round_trip(start_gateway: Any, team: Any, upstream: str, sql: Any) -> None:
     gw = start_gateway(**FAST)
     name, key = team()
     client = gw.client(key)
+    hooks = ExitStack()
+    received = hooks.enter_context(receiving())  # the team's receiver of its events
+    teams.update_team(sql, name, webhook_url=f"http://127.0.0.1:{received.port}/events")
     items = [line(f"req-{i}", f"question {i} #chunks=3") for i in range(6)]
     items.append(line("auto-1", "routed by the classifier #chunks=3", model="auto"))
     items[0]["body"] |= {"store": True, "metadata": {"line": "req-0"}}  # kept, as interactive
@@ -52,6 +58,12 @@ def test_sdk_round_trip(start_gateway: Any, team: Any, upstream: str, sql: Any) 
     assert [c.id for c in stored] == [first["id"]]
     assert stored[0].metadata == {"line": "req-0"}  # type: ignore[attr-defined]
     assert stored[0].choices[0].message.content == "tok " * 3
+    # the team's receiver heard of the end as OpenAI's batch.completed, signed with its secret
+    with hooks:
+        wait_until(lambda: len(received) == 1, 10, "the batch's event")
+    reader = openai.OpenAI(api_key="unused", webhook_secret=team_secret(sql, name))
+    event = reader.webhooks.unwrap(received[0][1], received[0][2])
+    assert (event.type, event.data.id) == ("batch.completed", batch.id)
 
 
 def test_malformed_lines_go_to_the_error_file(start_gateway: Any, team: Any) -> None:

@@ -11,14 +11,18 @@ from typing import Any, cast
 import openai
 import pytest
 import redis.asyncio as aioredis
+from sqlmodel import Session, select
 
 from tests.gateway.conftest import Gateway, RedisServer, reservations, upstream_stats, wait_until
 from tests.openai_spec import problems
+from tests.webhook_receiver import receiving
 from tokenyard.core.db import get_engine
 from tokenyard.core.migrate import upgrade
 from tokenyard.gateway.responses.background import Background
 from tokenyard.gateway.responses.store import ResponseStore
 from tokenyard.tenancy import keys, teams
+from tokenyard.tenancy.models import TeamEvent
+from tokenyard.tenancy.webhook_secrets import team_secret
 
 IDLE = {"leases": 0, "pages": 0, "platform_leases": 0}
 
@@ -154,3 +158,42 @@ def test_a_response_whose_gateway_stopped_reads_as_failed(
         await redis.aclose()
 
     asyncio.run(run())
+
+
+def test_the_teams_receiver_gets_openais_webhook_events(
+    capabilities_gw: Gateway, team: tuple[str, str], sql: Any
+) -> None:
+    """Where the operator gave the team a webhook_url, a background response's end reaches it as
+    OpenAI's `response.*` event, signed with the team's webhook secret: the `openai` SDK's own
+    `webhooks.unwrap` checks and reads it. A team without a receiver records nothing."""
+    name, key = team
+    client = capabilities_gw.client(key)
+    with receiving() as received:
+        teams.update_team(sql, name, webhook_url=f"http://127.0.0.1:{received.port}/hooks")
+        done = client.responses.create(model="fake", input="hi #chunks=1 #stop", background=True)
+        slow = client.responses.create(
+            model="fake", input="Write at length #chunks=60 #delay=0.2", background=True
+        )
+        client.responses.cancel(slow.id)
+        wait_until(lambda: len(received) == 2, 10, "two events")
+    secret = team_secret(sql, name)
+    reader = openai.OpenAI(api_key="unused", webhook_secret=secret)
+    events = {}
+    for path, body, headers in received:
+        assert path == "/hooks"
+        event = reader.webhooks.unwrap(body, headers)
+        events[event.data.id] = event
+        assert headers["webhook-id"] == event.id and event.id.startswith("evt_")
+    assert events[done.id].type == "response.completed"
+    assert events[slow.id].type == "response.cancelled"
+    with pytest.raises(openai.InvalidWebhookSignatureError):
+        reader.webhooks.unwrap(received[0][1] + b" ", received[0][2])
+    with Session(sql) as session:
+        kept = session.exec(select(TeamEvent).where(TeamEvent.team == name)).all()
+    assert len(kept) == 2 and all(e.delivered_at is not None for e in kept)
+    # without a receiver, nothing is kept to send
+    teams.update_team(sql, name, webhook_url="")
+    quiet = client.responses.create(model="fake", input="hi #chunks=1 #stop", background=True)
+    assert _ended(client, quiet.id).status == "completed"
+    with Session(sql) as session:
+        assert len(session.exec(select(TeamEvent).where(TeamEvent.team == name)).all()) == 2

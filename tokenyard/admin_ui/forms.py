@@ -42,6 +42,10 @@ LABELS: dict[str, tuple[str, str]] = {
     "user_tpm": ("Tokens per minute, each end user", "blank: none"),
     "user_usd_per_day": ("Dollars per day, each end user", "UTC day; blank: none"),
     "alert_url": ("Budget alerts URL", "the team's own receiver (Slack works); blank: none"),
+    "webhook_url": (
+        "Events URL",
+        "background responses and batches ended, as OpenAI's webhook events; blank: none",
+    ),
     "model_limits": (
         "Limits per model",
         "e.g. gpt-4o: rpm=100, tpm=50000; claude-sonnet-4: rpm=20 — beside the team's; blank: none",

@@ -16,6 +16,7 @@ from sqlmodel import Session, col, select
 from tokenyard.batch.files import output_line
 from tokenyard.batch.jobs import ACTIVE, CANCELLED, EXPIRED, new_id
 from tokenyard.batch.models import BatchFile, BatchJob, BatchRequest
+from tokenyard.tenancy import events
 
 
 @dataclass
@@ -269,6 +270,7 @@ def finalize(engine: Engine, batch_id: str) -> BatchJob | None:
         if job.callback_url:
             job.callback_state = "pending"
         session.add(job)
+        events.add(session, job.team, f"batch.{job.status}", job.id)  # OpenAI's batch.* events
         session.commit()
         return job
 

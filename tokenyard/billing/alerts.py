@@ -16,12 +16,13 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
 import msgspec
-from sqlalchemy import Engine, update
-from sqlmodel import Session, col, or_, select
+from sqlalchemy import Engine
+from sqlmodel import Session, col, select
 
 from tokenyard.billing import metrics
 from tokenyard.billing.models import BudgetAlert
-from tokenyard.core.destinations import allow_list
+from tokenyard.core import outbox
+from tokenyard.core.destinations import ANYWHERE
 from tokenyard.core.settings import Settings
 from tokenyard.core.tasks import cancel_and_wait
 from tokenyard.core.webhooks import deliver, webhook_client
@@ -32,8 +33,6 @@ log = logging.getLogger("tokenyard.billing")
 
 MAX_CLAIMS = 12
 MAX_AGE = timedelta(days=1)
-# the operator's own URL: it may point anywhere, internal networks included
-ANYWHERE = allow_list("0.0.0.0/0,::/0")
 _SPANS = {"usd_per_day": "daily", "usd_per_month": "monthly"}
 
 
@@ -92,52 +91,13 @@ def claim(
     """One due alert, claimed for `lease_s`, with its team's own receiver (None: none); None:
     nothing due (or others claimed it first). `every_team`: the operator receives every alert;
     else only those of teams with a receiver of their own are due."""
-    now = datetime.now(UTC)
-    # the values read stay as read after each commit: a claim is checked against the state this
-    # sender saw, never one another sender has written since
-    with Session(engine, expire_on_commit=False) as session:
-        query = (
-            select(BudgetAlert, Team.alert_url)
-            .join(Team, col(Team.name) == col(BudgetAlert.team), isouter=True)
-            .where(
-                col(BudgetAlert.delivered_at).is_(None),
-                BudgetAlert.claims < MAX_CLAIMS,
-                BudgetAlert.created_at >= now - MAX_AGE,
-                or_(col(BudgetAlert.retry_at).is_(None), col(BudgetAlert.retry_at) <= now),
-            )
-        )
-        if not every_team:
-            query = query.where(col(Team.alert_url).is_not(None))
-        due = session.exec(query.order_by(col(BudgetAlert.id)).limit(5)).all()
-        for alert, team_url in due:
-            seen = col(BudgetAlert.retry_at)
-            took = session.exec(
-                update(BudgetAlert)  # type: ignore[call-overload]
-                .where(
-                    col(BudgetAlert.id) == alert.id,
-                    col(BudgetAlert.delivered_at).is_(None),
-                    seen.is_(None) if alert.retry_at is None else seen == alert.retry_at,
-                )
-                .values(claims=alert.claims + 1, retry_at=now + timedelta(seconds=lease_s))
-            )
-            session.commit()
-            if took.rowcount == 1:
-                session.refresh(alert)
-                return alert, team_url
-    return None
-
-
-def finish(engine: Engine, alert_id: int, ok: bool, retry_s: float) -> None:
-    now = datetime.now(UTC)
-    done: dict[str, Any] = {"delivered_at": now, "last_error": None}
-    again = {"retry_at": now + timedelta(seconds=retry_s), "last_error": "webhook failed"}
-    with Session(engine) as session:
-        session.exec(
-            update(BudgetAlert)  # type: ignore[call-overload]
-            .where(col(BudgetAlert.id) == alert_id)
-            .values(**(done if ok else again))
-        )
-        session.commit()
+    query = select(BudgetAlert, Team.alert_url).join(
+        Team, col(Team.name) == col(BudgetAlert.team), isouter=True
+    )
+    if not every_team:
+        query = query.where(col(Team.alert_url).is_not(None))
+    found = outbox.claim(engine, BudgetAlert, query, lease_s, MAX_CLAIMS, MAX_AGE)
+    return None if found is None else (found[0], found[1])
 
 
 class AlertSender:
@@ -195,5 +155,7 @@ class AlertSender:
                 backoff_s=1.0,
             )
         metrics.ALERT_DELIVERIES.labels("delivered" if ok else "failed").inc()
-        await asyncio.to_thread(finish, self.sql, alert.id, ok, self.retry_s)
+        await asyncio.to_thread(
+            outbox.finish, self.sql, BudgetAlert, alert.id, ok, self.retry_s, "webhook failed"
+        )
         return True

@@ -40,6 +40,10 @@ def allow_list(spec: str) -> tuple[Network, ...]:
     )
 
 
+# for a receiver the operator set: it may point anywhere, internal networks included
+ANYWHERE = allow_list("0.0.0.0/0,::/0")
+
+
 def loggable(url: str) -> str:
     """scheme://host:port of a URL, for logs: never its credentials, path or query."""
     try:

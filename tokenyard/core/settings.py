@@ -179,6 +179,11 @@ class Settings(BaseSettings):
     alert_poll_s: float = 2.0  # how often each gateway looks for alerts to send
     alert_attempts: int = 6  # POSTs of one alert per claim, then again after alert_retry_s
     alert_retry_s: float = 300.0
+    # a team's events (background responses and batches ended) to its webhook_url:
+    # tenancy/events.py
+    events_poll_s: float = 1.0  # how often each gateway looks for events to send
+    events_attempts: int = 6  # POSTs of one event per claim, then again after events_retry_s
+    events_retry_s: float = 60.0
     # batch tier: the worker in each gateway (see docs/batch.md)
     batch_window_s: float = 0.0  # a job's completion window; 0: the one it asks for (24h)
     batch_poll_s: float = 0.5  # how often the worker claims work, expires and finalizes jobs

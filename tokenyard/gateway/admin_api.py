@@ -67,6 +67,7 @@ class TeamLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     user_tpm: Count | UnsetType | None = UNSET
     user_usd_per_day: Dollars | UnsetType | None = UNSET
     alert_url: str | UnsetType | None = UNSET  # the team's own receiver of its budget alerts
+    webhook_url: str | UnsetType | None = UNSET  # ... and of its events (responses, batches)
     # single models' own: {"gpt-4o": {"rpm": 100, "tpm": 50000}}; replaces the team's; null: none
     model_limits: dict[str, dict[str, int]] | UnsetType | None = UNSET
 

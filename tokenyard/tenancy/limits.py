@@ -32,6 +32,9 @@ LIMIT_FIELDS: dict[str, type] = {
     # where the team's own budget alerts go (billing/alerts.py), beside the operator's; set by the
     # operator (CLI, admin API, admin UI), never by the team's keys
     "alert_url": str,
+    # where the team's events go (a background response or a batch ended; tenancy/events.py),
+    # signed with its webhook secret; set by the operator likewise
+    "webhook_url": str,
     # a model's own requests and tokens per minute for the team ({"gpt-4o": {"rpm": 100}}), beside
     # the team's overall ones: the scarce models rationed, the cheap ones left free
     "model_limits": dict,
@@ -39,6 +42,9 @@ LIMIT_FIELDS: dict[str, type] = {
 
 # the limits a key may have of its own, beside its team's (a subset of the team's fields)
 KEY_LIMIT_FIELDS = ("rpm", "tpm", "usd_per_day", "usd_per_month", "concurrency", "model_limits")
+
+# the fields that are receivers' URLs, set by the operator ('' clears one)
+URL_FIELDS = ("alert_url", "webhook_url")
 
 # the fields that are shares, in [0, 1]
 FRACTIONS = ("auto_threshold", "strong_share", "auto_quality")
@@ -101,7 +107,7 @@ def problem(name: str, value: Any) -> str | None:
     kind = LIMIT_FIELDS[name]
     if value is None or name == "models":
         return None
-    if name == "alert_url":
+    if name in URL_FIELDS:
         from tokenyard.core import destinations  # httpx's parser: kept off the CLI's start
 
         if value == "":  # none
@@ -157,6 +163,8 @@ LIMIT_HELP: dict[str, str] = {
     "user_usd_per_day": "US dollars of spend per UTC day of each end user (default: unlimited)",
     "alert_url": "where the team's own budget alerts are POSTed, signed with its webhook secret "
     "('' on update: none)",
+    "webhook_url": "where the team's events (a background response or a batch ended, as OpenAI's "
+    "webhook events) are POSTed, signed with its webhook secret ('' on update: none)",
     "model_limits": "requests and tokens per minute of single models, beside the team's, e.g. "
     "'gpt-4o: rpm=100, tpm=50000; claude-sonnet-4: rpm=20' (replaces the team's; '' on update: "
     "none)",

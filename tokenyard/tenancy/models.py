@@ -52,6 +52,9 @@ class Team(SQLModel, table=True):
     # is, not hashed: signing needs the key itself, a hash could only check one
     webhook_secret: str | None = None
     alert_url: str | None = None  # the team's own receiver of its budget alerts (billing/alerts.py)
+    # the team's receiver of its events (a background response or a batch ended: OpenAI's
+    # webhook events, tenancy/events.py), set by the operator
+    webhook_url: str | None = None
     # each end user's own limits within the team (None: none); a request names its end user in
     # `safety_identifier` or `user`
     user_rpm: int | None = _count()
@@ -120,3 +123,20 @@ class EndUserBlock(SQLModel, table=True):
     end_user: str
     reason: str | None = None  # what the team noted (an audit row's request id, a ticket)
     created_at: datetime = Field(default_factory=_now)
+
+
+class TeamEvent(SQLModel, table=True):
+    """One of a team's events (OpenAI's webhook events: `response.completed`, `batch.failed`, …),
+    recorded where its team has a `webhook_url`, then sent there at least once (core/outbox.py)."""
+
+    __tablename__ = "team_event"
+
+    id: str = Field(primary_key=True)  # evt_…: the webhook-id of every try
+    team: str = Field(index=True)
+    type: str
+    data: dict[str, Any] = Field(sa_type=JSON)  # {"id": <the response's or the batch's id>}
+    created_at: datetime = Field(default_factory=_now, index=True)
+    delivered_at: datetime | None = None
+    claims: int = 0
+    retry_at: datetime | None = None  # the current claim's end, or the next try after a failure
+    last_error: str | None = None

@@ -22,6 +22,7 @@ from tokenyard.core.errors import GatewayError
 from tokenyard.gateway.proxy import Proxy
 from tokenyard.gateway.responses.store import ResponseStore, Stored
 from tokenyard.gateway.responses.translate import Turn, adopt, from_chat, response_object
+from tokenyard.tenancy import events
 from tokenyard.tenancy.policy import TeamPolicy
 
 log = logging.getLogger("tokenyard.gateway")
@@ -84,6 +85,9 @@ class Background:
                 await keep(turn, final)  # stored, and added to its conversation
             else:
                 await self.store.save(team, final, turn.context)
+            # OpenAI's response.* webhook event, where the team has a receiver
+            kind = f"response.{final['status']}"
+            await asyncio.to_thread(events.record, self.store.sql, team, kind, turn.id)
         except Exception:
             log.exception("background response %s failed", turn.id)
             failed = {"code": "server_error", "message": "the gateway failed to finish it"}

@@ -1,0 +1,118 @@
+"""A team's events, sent to its `webhook_url` as OpenAI's webhook events: `response.completed`,
+`.incomplete`, `.failed` and `.cancelled` when a background response ends, `batch.completed`,
+`.failed`, `.expired` and `.cancelled` when a batch does. The body is OpenAI's (`{"id": "evt_…",
+"object": "event", "created_at", "type", "data": {"id": …}}`), signed per Standard Webhooks with
+the team's webhook secret, as OpenAI signs its own: the `openai` SDK's `webhooks.unwrap` checks and
+reads it.
+
+An event is a row in SQL, written only where its team has a receiver, and sent at least once
+(core/outbox.py): every gateway runs a sender; a retry keeps the event's id as its webhook-id, so
+a receiver can drop a repeat. Given up after MAX_CLAIMS claims or three days, as OpenAI gives up.
+"""
+
+import asyncio
+import logging
+import os
+import time
+from datetime import timedelta
+from typing import Any
+
+import msgspec
+from sqlalchemy import Engine
+from sqlmodel import Session, col, select
+
+from tokenyard.core import outbox
+from tokenyard.core.destinations import ANYWHERE
+from tokenyard.core.settings import Settings
+from tokenyard.core.tasks import cancel_and_wait
+from tokenyard.core.webhooks import deliver, webhook_client
+from tokenyard.tenancy.models import Team, TeamEvent
+from tokenyard.tenancy.webhook_secrets import team_secret
+
+log = logging.getLogger("tokenyard.tenancy")
+
+MAX_CLAIMS = 20
+MAX_AGE = timedelta(days=3)
+
+
+def add(session: Session, team: str, kind: str, subject: str) -> None:
+    """`kind` happened to `subject` (a response's or a batch's id): kept to be sent, where the
+    team has a receiver, in the session's transaction (with what it reports, where it has one)."""
+    if not session.exec(select(Team.webhook_url).where(Team.name == team)).first():
+        return
+    event_id = f"evt_{time.time_ns():x}{os.urandom(6).hex()}"  # time first: creation order
+    session.add(TeamEvent(id=event_id, team=team, type=kind, data={"id": subject}))
+
+
+def record(engine: Engine, team: str, kind: str, subject: str) -> None:
+    """`add`, in a transaction of its own."""
+    with Session(engine) as session:
+        add(session, team, kind, subject)
+        session.commit()
+
+
+def payload(event: TeamEvent) -> dict[str, Any]:
+    return {
+        "id": event.id,
+        "object": "event",
+        "created_at": int(event.created_at.timestamp()),
+        "type": event.type,
+        "data": event.data,
+    }
+
+
+def claim(engine: Engine, lease_s: float) -> tuple[TeamEvent, str] | None:
+    """One due event, claimed for `lease_s`, with its team's receiver now."""
+    query = select(TeamEvent, Team.webhook_url).join(Team, col(Team.name) == col(TeamEvent.team))
+    query = query.where(col(Team.webhook_url).is_not(None))
+    found = outbox.claim(engine, TeamEvent, query, lease_s, MAX_CLAIMS, MAX_AGE)
+    return None if found is None else (found[0], found[1])
+
+
+class EventSender:
+    def __init__(self, sql: Engine, settings: Settings) -> None:
+        self.sql = sql
+        self.poll_s = settings.events_poll_s
+        self.attempts = settings.events_attempts
+        self.retry_s = settings.events_retry_s
+        # a claim outlasts one send's tries (10 s timeout each, backoff up to a minute between)
+        self.lease_s = self.attempts * 70.0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        await cancel_and_wait(self._task)
+
+    async def _run(self) -> None:
+        async with webhook_client() as client:
+            while True:
+                try:
+                    while await self.send_one(client):
+                        pass
+                except Exception:  # SQL down, a bug: the events wait in SQL for the next poll
+                    log.exception("team event sender failed; retrying")
+                await asyncio.sleep(self.poll_s)
+
+    async def send_one(self, client: Any) -> bool:
+        """Claim and send one event; False when none was due."""
+        claimed = await asyncio.to_thread(claim, self.sql, self.lease_s)
+        if claimed is None:
+            return False
+        event, url = claimed
+        secret = await asyncio.to_thread(team_secret, self.sql, event.team)
+        ok = await deliver(
+            client,
+            url,
+            message_id=event.id,
+            body=msgspec.json.encode(payload(event)),
+            secret=secret,
+            allow=ANYWHERE,  # the operator set the URL: any address may be one
+            attempts=self.attempts,
+            backoff_s=1.0,
+        )
+        await asyncio.to_thread(
+            outbox.finish, self.sql, TeamEvent, event.id, ok, self.retry_s, "webhook failed"
+        )
+        return True
