@@ -76,6 +76,7 @@ def test_teams_lifecycle(admin: Any) -> None:
         "user_tpm": None,
         "user_usd_per_day": None,
         "alert_url": None,
+        "webhook_url": None,
         "model_limits": None,
         "disabled": False,
         "created_at": None,
@@ -104,9 +105,11 @@ def test_teams_lifecycle(admin: Any) -> None:
         {"model_limits": {MODEL: {"rpm": 2**53 + 1}}},
         {"model_limits": [MODEL]},
     )
-    hooks = api.patch(f"/teams/{name}", json={"alert_url": "https://hooks.example.com/x"}).json()
-    assert hooks["alert_url"] == "https://hooks.example.com/x"
+    for field in ("alert_url", "webhook_url"):
+        hooks = api.patch(f"/teams/{name}", json={field: "https://hooks.example.com/x"}).json()
+        assert hooks[field] == "https://hooks.example.com/x"
     odd_urls = ({"alert_url": "file:///etc/passwd"}, {"alert_url": "http://u:p@example.com/"})
+    odd_urls += ({"webhook_url": "ftp://hooks.example.com/"}, {"webhook_url": "x" * 3000})
     for bad in (
         *negative,
         {"nope": 1},
