@@ -11,7 +11,6 @@ leaves the claim to lapse. An alert is given up after MAX_CLAIMS claims or once 
 """
 
 import asyncio
-import logging
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
@@ -24,12 +23,9 @@ from tokenyard.billing.models import BudgetAlert
 from tokenyard.core import outbox
 from tokenyard.core.destinations import ANYWHERE
 from tokenyard.core.settings import Settings
-from tokenyard.core.tasks import cancel_and_wait
-from tokenyard.core.webhooks import deliver, webhook_client
+from tokenyard.core.webhooks import deliver
 from tokenyard.tenancy.models import Team
 from tokenyard.tenancy.webhook_secrets import team_secret
-
-log = logging.getLogger("tokenyard.billing")
 
 MAX_CLAIMS = 12
 MAX_AGE = timedelta(days=1)
@@ -100,33 +96,14 @@ def claim(
     return None if found is None else (found[0], found[1])
 
 
-class AlertSender:
+class AlertSender(outbox.Sender):
+    what = "budget alert"
+
     def __init__(self, sql: Engine, settings: Settings) -> None:
-        self.sql = sql
+        poll_s, attempts = settings.alert_poll_s, settings.alert_attempts
+        super().__init__(sql, poll_s, attempts, settings.alert_retry_s)
         self.url = settings.alert_webhook_url.get_secret_value()
         self.secret = settings.alert_webhook_secret.get_secret_value() or None
-        self.poll_s = settings.alert_poll_s
-        self.attempts = settings.alert_attempts
-        self.retry_s = settings.alert_retry_s
-        # a claim outlasts one send's tries (10 s timeout each, backoff up to a minute between)
-        self.lease_s = self.attempts * 70.0
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def stop(self) -> None:
-        await cancel_and_wait(self._task)
-
-    async def _run(self) -> None:
-        async with webhook_client() as client:
-            while True:
-                try:
-                    while await self.send_one(client):
-                        pass
-                except Exception:  # SQL down, a bug: the alerts wait in SQL for the next poll
-                    log.exception("budget alert sender failed; retrying")
-                await asyncio.sleep(self.poll_s)
 
     async def send_one(self, client: Any) -> bool:
         """Claim and send one alert to the operator's receiver and the team's own (each signed

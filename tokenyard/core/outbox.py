@@ -7,12 +7,20 @@ read, so two gateways never send the same row at once; a gateway that dies mid-s
 claim to lapse. A row is given up after `max_claims` claims or once `max_age` old.
 """
 
+import asyncio
+import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import httpx
 from sqlalchemy import Engine, update
 from sqlalchemy.sql import Select
 from sqlmodel import Session, col, or_
+
+from tokenyard.core.tasks import cancel_and_wait
+from tokenyard.core.webhooks import webhook_client
+
+log = logging.getLogger("tokenyard.webhooks")
 
 
 def claim(
@@ -62,3 +70,39 @@ def finish(engine: Engine, model: Any, row_id: Any, ok: bool, retry_s: float, er
     with Session(engine) as session:
         session.exec(update(model).where(col(model.id) == row_id).values(**(done if ok else again)))
         session.commit()
+
+
+class Sender:
+    """Every gateway's loop over one outbox: send what is due, one row a `send_one`, then wait
+    `poll_s`. A claim outlasts one send's tries (10 s timeout each, backoff up to a minute
+    between): `lease_s`."""
+
+    what = "outbox"  # for the log
+
+    def __init__(self, sql: Engine, poll_s: float, attempts: int, retry_s: float) -> None:
+        self.sql = sql
+        self.poll_s = poll_s
+        self.attempts = attempts
+        self.retry_s = retry_s
+        self.lease_s = attempts * 70.0
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        await cancel_and_wait(self._task)
+
+    async def _run(self) -> None:
+        async with webhook_client() as client:
+            while True:
+                try:
+                    while await self.send_one(client):
+                        pass
+                except Exception:  # SQL down, a bug: the rows wait in SQL for the next poll
+                    log.exception("%s sender failed; retrying", self.what)
+                await asyncio.sleep(self.poll_s)
+
+    async def send_one(self, client: httpx.AsyncClient) -> bool:
+        """Claim and send one row; False when none was due."""
+        raise NotImplementedError

@@ -11,7 +11,6 @@ a receiver can drop a repeat. Given up after MAX_CLAIMS claims or three days, as
 """
 
 import asyncio
-import logging
 import os
 import time
 from datetime import timedelta
@@ -24,12 +23,9 @@ from sqlmodel import Session, col, select
 from tokenyard.core import outbox
 from tokenyard.core.destinations import ANYWHERE
 from tokenyard.core.settings import Settings
-from tokenyard.core.tasks import cancel_and_wait
-from tokenyard.core.webhooks import deliver, webhook_client
+from tokenyard.core.webhooks import deliver
 from tokenyard.tenancy.models import Team, TeamEvent
 from tokenyard.tenancy.webhook_secrets import team_secret
-
-log = logging.getLogger("tokenyard.tenancy")
 
 MAX_CLAIMS = 20
 MAX_AGE = timedelta(days=3)
@@ -69,31 +65,12 @@ def claim(engine: Engine, lease_s: float) -> tuple[TeamEvent, str] | None:
     return None if found is None else (found[0], found[1])
 
 
-class EventSender:
+class EventSender(outbox.Sender):
+    what = "team event"
+
     def __init__(self, sql: Engine, settings: Settings) -> None:
-        self.sql = sql
-        self.poll_s = settings.events_poll_s
-        self.attempts = settings.events_attempts
-        self.retry_s = settings.events_retry_s
-        # a claim outlasts one send's tries (10 s timeout each, backoff up to a minute between)
-        self.lease_s = self.attempts * 70.0
-        self._task: asyncio.Task[None] | None = None
-
-    def start(self) -> None:
-        self._task = asyncio.get_running_loop().create_task(self._run())
-
-    async def stop(self) -> None:
-        await cancel_and_wait(self._task)
-
-    async def _run(self) -> None:
-        async with webhook_client() as client:
-            while True:
-                try:
-                    while await self.send_one(client):
-                        pass
-                except Exception:  # SQL down, a bug: the events wait in SQL for the next poll
-                    log.exception("team event sender failed; retrying")
-                await asyncio.sleep(self.poll_s)
+        poll_s, attempts = settings.events_poll_s, settings.events_attempts
+        super().__init__(sql, poll_s, attempts, settings.events_retry_s)
 
     async def send_one(self, client: Any) -> bool:
         """Claim and send one event; False when none was due."""
