@@ -8,20 +8,31 @@ import uuid
 from pathlib import Path
 from typing import Any, cast
 
+import msgspec
 import openai
 import pytest
 import redis.asyncio as aioredis
 from sqlmodel import Session, select
 
-from tests.gateway.conftest import Gateway, RedisServer, reservations, upstream_stats, wait_until
+from tests.gateway.conftest import (
+    Gateway,
+    RedisServer,
+    free_port,
+    reservations,
+    upstream_stats,
+    wait_until,
+)
 from tests.openai_spec import problems
 from tests.webhook_receiver import receiving
 from tokenyard.core.db import get_engine
+from tokenyard.core.errors import GatewayError
 from tokenyard.core.migrate import upgrade
 from tokenyard.gateway.responses.background import Background
 from tokenyard.gateway.responses.store import ResponseStore
+from tokenyard.gateway.responses.translate import CreateResponse, begin
 from tokenyard.tenancy import keys, teams
 from tokenyard.tenancy.models import TeamEvent
+from tokenyard.tenancy.policy import TeamPolicy
 from tokenyard.tenancy.webhook_secrets import team_secret
 
 IDLE = {"leases": 0, "pages": 0, "platform_leases": 0}
@@ -197,3 +208,30 @@ def test_the_teams_receiver_gets_openais_webhook_events(
     assert _ended(client, quiet.id).status == "completed"
     with Session(sql) as session:
         assert len(session.exec(select(TeamEvent).where(TeamEvent.team == name)).all()) == 2
+
+
+def test_a_background_response_without_redis_is_a_503_and_nothing_is_stored(
+    tmp_path: Path,
+) -> None:
+    """Redis carries the walk's heartbeat: without it a background response is refused (503,
+    retry shortly) before anything is stored or started, never left queued forever."""
+    sql = get_engine(f"sqlite:///{tmp_path}/responses.db")
+    upgrade(sql)
+    store = ResponseStore(sql, 1)
+    asked = {"model": "m", "input": "hi", "background": True}
+    turn = begin(msgspec.convert(asked, CreateResponse), asked, [])
+
+    async def run() -> None:
+        redis = aioredis.Redis.from_url(f"redis://127.0.0.1:{free_port()}")  # nothing listens
+        background = Background(cast(Any, None), store, redis)  # no walk may start
+        with pytest.raises(GatewayError) as refused:
+            await background.start(TeamPolicy(team="t"), turn, "interactive", "req-1", _unused)
+        assert (refused.value.status, refused.value.retry_after) == (503, 1)
+        assert await store.get("t", turn.id) is None
+        await redis.aclose()
+
+    asyncio.run(run())
+
+
+async def _unused(*_: object) -> None:
+    raise AssertionError("nothing is kept")

@@ -62,9 +62,19 @@ class Background:
     async def start(
         self, policy: TeamPolicy, turn: Turn, tier: str, request_id: str, keep: Keep
     ) -> dict[str, Any]:
-        """Store the response as queued, start its walk, and return it as stored."""
+        """Store the response as queued, start its walk, and return it as stored; a 503 where
+        Redis, which says the walk is alive, cannot be reached."""
         queued = response_object(turn, "queued")
-        await self.redis.set(_alive(policy.team, turn.id), 1, ex=LAPSE_S)
+        try:
+            await self.redis.set(_alive(policy.team, turn.id), 1, ex=LAPSE_S)
+        except RedisError:
+            raise GatewayError(
+                503,
+                "background responses need the platform's Redis, which is unavailable; retry "
+                "shortly",
+                code="service_unavailable",
+                retry_after=1,
+            ) from None
         await self.store.save(policy.team, queued, turn.context)
         self.proxy.spawn(self._run(policy, turn, tier, request_id, keep))
         return queued
