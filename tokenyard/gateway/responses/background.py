@@ -95,18 +95,21 @@ class Background:
                 await keep(turn, final)  # stored, and added to its conversation
             else:
                 await self.store.save(team, final, turn.context)
-            # OpenAI's response.* webhook event, where the team has a receiver
-            kind = f"response.{final['status']}"
-            await asyncio.to_thread(events.record, self.store.sql, team, kind, turn.id)
         except Exception:
             log.exception("background response %s failed", turn.id)
             failed = {"code": "server_error", "message": "the gateway failed to finish it"}
+            final = response_object(turn, "failed", error=failed)
             with contextlib.suppress(Exception):
-                await self.store.save(team, response_object(turn, "failed", error=failed), [])
+                await self.store.save(team, final, turn.context)
         finally:
             beat.cancel()
             with contextlib.suppress(RedisError):
                 await self.redis.delete(_alive(team, turn.id))
+        try:  # OpenAI's response.* webhook event, where the team has a receiver
+            kind = f"response.{final['status']}"
+            await asyncio.to_thread(events.record, self.store.sql, team, kind, turn.id)
+        except Exception:  # the response itself is stored: only its event is lost
+            log.exception("could not record the end of background response %s", turn.id)
 
     async def _walk(
         self,
