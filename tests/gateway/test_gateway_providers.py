@@ -207,6 +207,28 @@ def test_a_fallback_gets_the_output_cap_its_own_context_leaves(
     _recovered(client, providers)
 
 
+def test_an_overflow_passes_over_a_model_whose_context_cannot_hold_the_request(
+    start_gateway: Any, team: Any, providers: dict[str, str], tmp_path: Path
+) -> None:
+    """Past a team's limit on the model it asked for, a fallback whose window cannot hold the
+    request is passed over: the client hears of the limit it met (429), not of a context it never
+    asked to fit (400). Where the fallback fits, it serves."""
+    gw = _gateway(start_gateway, providers, tmp_path, "max_context = 60\n")
+    _, key = team(model_limits={"gpt-fake": {"rpm": 1}})
+    client = gw.client(key).with_options(max_retries=0)
+
+    def ask(max_tokens: int) -> Any:
+        return client.chat.completions.with_raw_response.create(
+            model="gpt-fake", messages=CHAT, max_tokens=max_tokens
+        )
+
+    assert ask(100).headers["x-tokenyard-model"] == "gpt-fake"
+    with pytest.raises(openai.RateLimitError) as err:
+        ask(100)  # gpt-fake's limit spent; claude-fake's 60 tokens cannot hold 100 more
+    assert err.value.code == "model_requests_per_minute" and "'gpt-fake'" in err.value.message
+    assert ask(10).headers["x-tokenyard-model"] == "claude-fake"
+
+
 def _recovered(client: openai.OpenAI, providers: dict[str, str]) -> None:
     """The OpenAI fake healthy again, and gpt-fake serving once its breaker (in Redis, shared
     with the next test's gateway) has closed."""

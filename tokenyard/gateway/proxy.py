@@ -418,18 +418,20 @@ class Proxy:
         """Size the request for `upstream` and reserve it: the reservation, the upstream, the
         max_tokens it gets and the prompts' sizes. Where the team's or the key's own limit on that
         model refuses it, or every team's limit on it (the catalog's), the route's next usable
-        candidate takes it (an overflow, as for a saturated one)."""
+        candidate takes it (an overflow, as for a saturated one); one of those whose context
+        cannot hold the request is passed over."""
         index, first = route.candidates.index(upstream.info.name), None
         while True:
             extra = self.overhead.extra(upstream.info.name, policy.team)
             prompts = [size + extra for size in parsed.prompt_sizes]
-            info = upstream.info
-            max_tokens = max_tokens_for(parsed, max(prompts), info, policy, self.settings)
-            # sized for everything the upstream runs: each prompt, n times
-            tokens = sum(prompts) + parsed.choices * max_tokens
-            pages = sum(kv_pages(size, max_tokens, parsed.n, info.block_size) for size in prompts)
-            lease_id = os.urandom(9).hex()  # never the client's id: clients may reuse theirs
+            info, sized = upstream.info, False
             try:
+                max_tokens = max_tokens_for(parsed, max(prompts), info, policy, self.settings)
+                sized = True
+                # sized for everything the upstream runs: each prompt, n times
+                tokens = sum(prompts) + parsed.choices * max_tokens
+                pages = sum(kv_pages(s, max_tokens, parsed.n, info.block_size) for s in prompts)
+                lease_id = os.urandom(9).hex()  # never the client's id: clients may reuse theirs
                 with trace.span("quota.reserve", tokens=tokens, kv_pages=pages, tier=tier):
                     res = await self.quotas.reserve(
                         policy,
@@ -443,13 +445,16 @@ class Proxy:
                     )
                 return res, upstream, max_tokens, prompts
             except GatewayError as exc:
-                if exc.code not in MODEL_LIMIT_CODES:
-                    raise
+                limited = sized and exc.code in MODEL_LIMIT_CODES  # a limit on this model
+                too_small = not sized and first is not None  # a candidate overflowed to
+                if not (limited or too_small):
+                    raise  # another limit, or the model first chosen cannot hold the request
+                if limited:
+                    metrics.OVERFLOWS.labels(info.name, _model_limit_reason(exc.code or "")).inc()
                 first = first or exc  # the model first chosen is the one to name
                 found = self.dispatch.next_open(route, tier, index + 1)
                 if found is None:
                     raise first from None
-                metrics.OVERFLOWS.labels(info.name, _model_limit_reason(exc.code or "")).inc()
                 index, upstream = found
 
     def _platform_limits(self, model: str) -> tuple[int, int]:
