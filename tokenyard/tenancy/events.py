@@ -1,6 +1,6 @@
 """A team's events, sent to its `webhook_url` as OpenAI's webhook events: `response.completed`,
 `.incomplete`, `.failed` and `.cancelled` when a background response ends, `batch.completed`,
-`.failed`, `.expired` and `.cancelled` when a batch does. The body is OpenAI's (`{"id": "evt_…",
+`.expired` and `.cancelled` when a batch does. The body is OpenAI's (`{"id": "evt_…",
 "object": "event", "created_at", "type", "data": {"id": …}}`), signed per Standard Webhooks with
 the team's webhook secret, as OpenAI signs its own: the `openai` SDK's `webhooks.unwrap` checks and
 reads it.
@@ -11,8 +11,6 @@ a receiver can drop a repeat. Given up after MAX_CLAIMS claims or three days, as
 """
 
 import asyncio
-import os
-import time
 from datetime import timedelta
 from typing import Any
 
@@ -22,6 +20,7 @@ from sqlmodel import Session, col, select
 
 from tokenyard.core import outbox
 from tokenyard.core.destinations import ANYWHERE
+from tokenyard.core.ids import new_id
 from tokenyard.core.settings import Settings
 from tokenyard.core.webhooks import deliver
 from tokenyard.tenancy.models import Team, TeamEvent
@@ -36,8 +35,7 @@ def add(session: Session, team: str, kind: str, subject: str) -> None:
     team has a receiver, in the session's transaction (with what it reports, where it has one)."""
     if not session.exec(select(Team.webhook_url).where(Team.name == team)).first():
         return
-    event_id = f"evt_{time.time_ns():x}{os.urandom(6).hex()}"  # time first: creation order
-    session.add(TeamEvent(id=event_id, team=team, type=kind, data={"id": subject}))
+    session.add(TeamEvent(id=new_id("evt"), team=team, type=kind, data={"id": subject}))
 
 
 def record(engine: Engine, team: str, kind: str, subject: str) -> None:

@@ -12,8 +12,8 @@ from sqlmodel import Session, col, select
 
 from tokenyard.core.db import matchable
 from tokenyard.core.errors import GatewayError
+from tokenyard.core.ids import new_id
 from tokenyard.gateway.responses.models import Conversation, ConversationItem
-from tokenyard.gateway.responses.translate import new_id
 
 
 def missing_conversation(conversation_id: str, param: str = "conversation_id") -> GatewayError:

@@ -3,7 +3,6 @@ previous_response_id names) become chat messages, its options chat fields; a cha
 Response object. Pure functions and data, no I/O: the controller runs them around the gateway's
 walk."""
 
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
@@ -11,6 +10,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from tokenyard.core.errors import GatewayError
+from tokenyard.core.ids import new_id
 from tokenyard.gateway.validation import Metadata
 
 Positive = Annotated[int, msgspec.Meta(ge=1)]
@@ -73,11 +73,6 @@ def _bad(message: str, param: str, code: str | None = None) -> GatewayError:
 
 def _unsupported(param: str, what: str) -> GatewayError:
     return _bad(f"{what} is not supported by this gateway", param, "unsupported_parameter")
-
-
-def new_id(prefix: str) -> str:
-    # time first: ids sort in creation order, as OpenAI's do
-    return f"{prefix}_{time.time_ns():x}{os.urandom(8).hex()}"
 
 
 def _parts(content: Any, role: str, where: str) -> list[dict[str, Any]]:
