@@ -28,6 +28,7 @@ from tokenyard.core.db import get_engine
 from tokenyard.core.errors import GatewayError
 from tokenyard.core.migrate import upgrade
 from tokenyard.gateway.responses.background import Background
+from tokenyard.gateway.responses.event_log import KEEP_S, EventLog
 from tokenyard.gateway.responses.store import ResponseStore
 from tokenyard.gateway.responses.translate import CreateResponse, begin
 from tokenyard.tenancy import keys, teams
@@ -131,17 +132,126 @@ def test_a_background_response_deleted_while_it_runs_stays_deleted(
         client.responses.retrieve(slow.id)
 
 
-@pytest.mark.parametrize(
-    ("fields", "param"),
-    [({"stream": True}, "stream"), ({"store": False}, "store")],
-)
-def test_what_background_mode_refuses(
-    capabilities_gw: Gateway, team: tuple[str, str], fields: dict, param: str
+def test_background_mode_refuses_a_response_it_would_not_store(
+    capabilities_gw: Gateway, team: tuple[str, str]
 ) -> None:
     client = capabilities_gw.client(team[1])
     with pytest.raises(openai.BadRequestError) as refused:
-        client.responses.create(model="fake", input="hi", background=True, **fields)
-    assert refused.value.body["param"] == param  # type: ignore[index]
+        client.responses.create(model="fake", input="hi", background=True, store=False)
+    assert refused.value.body["param"] == "store"  # type: ignore[index]
+
+
+def _text(events: list[Any]) -> str:
+    return "".join(e.delta for e in events if e.type == "response.output_text.delta")
+
+
+def _streamed(client: openai.OpenAI, asked: str) -> Any:
+    return client.responses.create(model="fake", input=asked, background=True, stream=True)
+
+
+def test_a_streamed_background_response_outlives_its_client_and_is_streamed_again(
+    capabilities_gw: Gateway, gateway: Gateway, team: tuple[str, str], redis_server: RedisServer
+) -> None:
+    """`background` with `stream`: the events stream as they are made; the client hanging up does
+    not stop the walk; any gateway streams the events again from where the client left off, while
+    the walk goes on and after it ended (the SDK's own reconnecting stream included)."""
+    name, key = team
+    client = capabilities_gw.client(key)
+    first: list[Any] = []
+    with _streamed(client, "Write #chunks=12 #delay=0.25 #stop") as stream:
+        for event in stream:
+            first.append(event)
+            if event.type == "response.output_text.delta":
+                break  # the client hangs up after the first words
+    assert [e.type for e in first[:3]] == [
+        "response.created",
+        "response.queued",
+        "response.in_progress",
+    ]
+    made = first[0].response
+    assert made.status == "queued" and made.background is True
+    assert [e.sequence_number for e in first] == list(range(len(first)))
+    assert not problems("ResponseQueuedEvent", first[1].model_dump(mode="json"))
+    assert client.responses.retrieve(made.id).status == "in_progress"  # the walk goes on
+    # picked up on another gateway, from just after the last event seen, while it still runs
+    other = gateway.client(key)
+    last = first[-1].sequence_number
+    rest = list(other.responses.retrieve(made.id, stream=True, starting_after=last))
+    assert [e.sequence_number for e in rest] == list(range(last + 1, last + 1 + len(rest)))
+    assert rest[-1].type == "response.completed"
+    assert _text(first) + _text(rest) == "tok " * 12 == rest[-1].response.output_text
+    assert rest[-1].response.id == made.id
+    # stored before its last event went out
+    assert other.responses.retrieve(made.id).status == "completed"
+    # after the end: every event again, from the start; and through the SDK's reconnecting helper
+    again = list(client.responses.retrieve(made.id, stream=True))
+    assert [e.model_dump() for e in again] == [e.model_dump() for e in first + rest]
+    with client.responses.stream(response_id=made.id, starting_after=last) as resumed:
+        assert resumed.get_final_response().output_text == "tok " * 12
+    wait_until(lambda: reservations(redis_server.client(), name) == IDLE, 3, "settled")
+
+
+def test_a_streamed_background_response_is_cancelled_and_its_stream_ends(
+    capabilities_gw: Gateway, team: tuple[str, str], redis_server: RedisServer, upstream: str
+) -> None:
+    name, key = team
+    client = capabilities_gw.client(key)
+    before = upstream_stats(upstream)["cancelled"]
+    seen: list[Any] = []
+    with _streamed(client, "Write at length #chunks=60 #delay=0.2") as stream:
+        for event in stream:
+            seen.append(event)
+            if event.type == "response.output_text.delta" and _text(seen) == "tok ":
+                assert client.responses.cancel(seen[0].response.id).status == "cancelled"
+    # the walk stopped within a heartbeat and the stream ended with it, well before 60 words
+    assert "response.completed" not in {e.type for e in seen}
+    assert len(_text(seen).split()) < 30
+    wait_until(lambda: reservations(redis_server.client(), name) == IDLE, 6, "the walk stopped")
+    wait_until(lambda: upstream_stats(upstream)["cancelled"] == before + 1, 3, "upstream told")
+    assert client.responses.retrieve(seen[0].response.id).status == "cancelled"
+
+
+def test_a_streamed_background_response_refused_upstream_ends_failed(
+    capabilities_gw: Gateway, team: tuple[str, str]
+) -> None:
+    client = capabilities_gw.client(team[1])
+    events = list(
+        client.responses.create(model="fake", input="hi #status=400", background=True, stream=True)
+    )
+    assert [e.type for e in events] == [
+        "response.created",
+        "response.queued",
+        "response.in_progress",
+        "error",
+        "response.failed",
+    ]
+    assert events[-1].response.status == "failed"
+    stored = client.responses.retrieve(events[0].response.id)
+    assert stored.status == "failed" and stored.error is not None
+
+
+def test_only_a_streamed_background_responses_events_are_streamed_again(
+    capabilities_gw: Gateway, team: tuple[str, str], sql: Any
+) -> None:
+    client = capabilities_gw.client(team[1])
+    plain = client.responses.create(model="fake", input="hi #chunks=1 #stop")
+    polled = client.responses.create(model="fake", input="hi #chunks=1 #stop", background=True)
+    for made in (plain, polled):
+        with pytest.raises(openai.BadRequestError) as refused:
+            list(client.responses.retrieve(made.id, stream=True))
+        assert refused.value.body["param"] == "stream"  # type: ignore[index]
+    streamed = _streamed(client, "hi #chunks=1 #stop")
+    made_id = next(iter(streamed)).response.id
+    list(streamed)
+    # another team's response is missing, as is one deleted (its events with it)
+    other_name = "bg-" + uuid.uuid4().hex[:8]
+    teams.create_team(sql, other_name)
+    stranger = capabilities_gw.client(keys.create_key(sql, other_name).key)
+    with pytest.raises(openai.NotFoundError):
+        list(stranger.responses.retrieve(made_id, stream=True))
+    client.responses.delete(made_id)
+    with pytest.raises(openai.NotFoundError):
+        list(client.responses.retrieve(made_id, stream=True))
 
 
 def test_a_response_whose_gateway_stopped_reads_as_failed(
@@ -166,6 +276,46 @@ def test_a_response_whose_gateway_stopped_reads_as_failed(
         assert (await store.get("t", "resp_stopped")).response["status"] == "failed"
         running = await background.current("t", await store.get("t", "resp_running"))
         assert running["status"] == "in_progress"
+        await redis.aclose()
+
+    asyncio.run(run())
+
+
+def test_the_event_log_ends_a_stream_whose_gateway_stopped(redis_server: RedisServer) -> None:
+    """A follower reads the events after `starting_after`, waits for more while the walk is
+    alive, and stops at the end mark; where the walk's gateway stopped without one (no
+    heartbeat), it stops once nothing more is there, never waiting forever."""
+    events = b"".join(
+        f'event: e\ndata: {{"type":"e","sequence_number":{i}}}\n\n'.encode() for i in range(4)
+    )
+
+    async def run() -> None:
+        redis = aioredis.Redis.from_url(redis_server.url)
+        log = EventLog(redis)
+        beating = True
+
+        async def alive() -> bool:
+            return beating
+
+        async def read(after: int | None) -> list[bytes]:
+            return [e async for e in log.follow("t", "resp_log", after, alive)]
+
+        await log.append("t", "resp_log", events[: events.index(b"event: e", 10)])
+        follower = asyncio.ensure_future(read(1))
+        await asyncio.sleep(0.7)  # past one blocking read: still waiting for more
+        assert not follower.done()
+        await log.append("t", "resp_log", events[events.index(b"event: e", 10) :])
+        beating = False  # the gateway stopped without an end mark
+        got = await asyncio.wait_for(follower, 3)
+        assert [b'"sequence_number":2' in e for e in got] == [True, False]
+        assert all(e.endswith(b"\n\n") for e in got) and len(got) == 2
+        assert len(await read(None)) == 4 and await log.kept("t", "resp_log")
+        assert 0 < await redis.ttl("ty:{t}:response:resp_log:events") <= KEEP_S
+        beating = True
+        await log.end("t", "resp_log")
+        assert len(await asyncio.wait_for(read(None), 1)) == 4  # the end mark: no waiting
+        await log.delete("t", "resp_log")
+        assert not await log.kept("t", "resp_log")
         await redis.aclose()
 
     asyncio.run(run())

@@ -230,3 +230,29 @@ def test_a_background_response_of_openais_model_is_openais_own(
     assert done.output_text == "w0 w1 " and done.background is True and done.id == made.id
     sent = stats(openai_url)["last_body"]
     assert "background" not in sent and sent["store"] is False
+
+
+def test_a_streamed_background_response_of_openais_model_is_numbered_on(
+    gw: Gateway, team: tuple[str, str], openai_url: str
+) -> None:
+    """OpenAI's own events of a streamed background response follow the gateway's queued ones:
+    one `response.created` (the gateway's, queued), numbered on without a gap, under the
+    gateway's id; and streamed again the same."""
+    control(openai_url, reset=True)
+    client = gw.client(team[1])
+    events = list(
+        client.responses.create(
+            model="gpt-fake", input="Hi #chunks=3", background=True, stream=True
+        )
+    )
+    kinds = [e.type for e in events]
+    assert kinds[:3] == ["response.created", "response.queued", "response.in_progress"]
+    assert kinds.count("response.created") == 1 and kinds.count("response.in_progress") == 1
+    assert kinds[-1] == "response.completed"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    made = events[0].response.id
+    assert events[-1].response.id == made and events[-1].response.output_text == "w0 w1 w2 "
+    assert "background" not in stats(openai_url)["last_body"]
+    assert client.responses.retrieve(made).status == "completed"
+    again = list(client.responses.retrieve(made, stream=True, starting_after=2))
+    assert [e.model_dump() for e in again] == [e.model_dump() for e in events[3:]]

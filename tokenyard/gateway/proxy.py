@@ -257,27 +257,42 @@ class Proxy:
         tier: str = "batch",
         responses: dict[str, Any] | None = None,
     ) -> tuple[int, bytes, str]:
-        """A request no HTTP caller waits on (the batch worker's, a background response's): an
-        already-authenticated, non-streamed request through the same routing, quotas and settling
-        as an HTTP one; its status, body and the catalog model that served it. `responses`: as in
-        `handle`. Refusals raise GatewayError as they do for HTTP callers; a caller that hangs up
-        (`hang_up` returns) while the upstream has not replied yet gets a 499 (client_closed), as
-        an HTTP client would."""
-        started = time.perf_counter()
+        """A non-streamed request no HTTP caller waits on (the batch worker's, a background
+        response's): its status, body and the catalog model that served it (`open_detached`)."""
         parsed = parse(body, kind)
         if parsed.stream:
             raise GatewayError(400, "batch requests cannot stream", param="stream")
+        response = await self.open_detached(
+            policy, kind, parsed, request_id, hang_up, tier, responses
+        )
+        served = response.headers.get("x-tokenyard-model") or parsed.model
+        return response.status_code, response.content, served
+
+    async def open_detached(
+        self,
+        policy: TeamPolicy,
+        kind: Kind,
+        parsed: Parsed,
+        request_id: str,
+        hang_up: HangUp,
+        tier: str,
+        responses: dict[str, Any] | None = None,
+    ) -> Response:
+        """A request no HTTP caller waits on: already authenticated, through the same routing,
+        quotas and settling as an HTTP one; streamed, its body is the stream, which settles when
+        it ends or is closed. `responses`: as in `handle`. Refusals raise GatewayError as they do
+        for HTTP callers; a caller that hangs up (`hang_up` returns) while the upstream has not
+        replied yet gets a 499 (client_closed), as an HTTP client would."""
+        started = time.perf_counter()
         trace = self.tracing.begin(request_id, kind)
         trace.root.set_attribute("tokenyard.team", policy.team)
         try:
-            response = await self._serve(
+            return await self._serve(
                 None, hang_up, kind, policy, parsed, tier, request_id, started, responses, trace
             )
         except BaseException as exc:
             trace.refused(exc.status if isinstance(exc, GatewayError) else 500)
             raise
-        served = response.headers.get("x-tokenyard-model") or parsed.model
-        return response.status_code, response.content, served
 
     def pick(
         self, kind: Kind, policy: TeamPolicy, parsed: Parsed, tier: str

@@ -1,5 +1,6 @@
 """POST /v1/responses and its input-token count (gateway/responses/service.py), and the stored
-responses' routes (retrieve, cancel a background one, delete, input_items). Stored responses are
+responses' routes (retrieve, or stream a background one's events again; cancel a background one;
+delete; input_items). Stored responses are
 read by (team, id), so another team's id is a 404 exactly like a missing one.
 """
 
@@ -41,7 +42,11 @@ class ResponsesController(Controller):
         request: Request,
         responses_api: NamedDependency[ResponsesService],
         response_id: FromPath[str],
-    ) -> Response[bytes]:
+        stream: FromQuery[bool] = False,
+        starting_after: Annotated[int | None, QueryParameter(ge=0)] = None,
+    ) -> Response:
+        if stream:  # a streamed background response's events, from where the client left off
+            return await responses_api.events(request, response_id, starting_after)
         return _json(await responses_api.retrieve(request, response_id))
 
     @post("/{response_id:str}/cancel", status_code=200)

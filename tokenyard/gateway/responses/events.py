@@ -1,18 +1,24 @@
 """A streamed chat completion as the Responses API's typed events.
 
-`response.created`, `response.in_progress`, then per output item `response.output_item.added`,
-for text `response.content_part.added`, `response.output_text.delta`s, `response.output_text.done`
-and `response.content_part.done`, for a function call `response.function_call_arguments.delta`s and
-`.done`, then `response.output_item.done`; last `response.completed` (or `.incomplete`, or `error`
-and `response.failed`). Every event carries its `sequence_number`, from 0.
+`response.created`, `response.in_progress` (a background response: `response.created` and
+`response.queued` when it is queued, `response.in_progress` when its walk starts), then per
+output item `response.output_item.added`, for text `response.content_part.added`,
+`response.output_text.delta`s, `response.output_text.done` and `response.content_part.done`, for
+a function call `response.function_call_arguments.delta`s and `.done`, then
+`response.output_item.done`; last `response.completed` (or `.incomplete`, or `error` and
+`response.failed`). Every event carries its `sequence_number`, from 0.
 """
 
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import msgspec
+from litestar.response import Stream
 
+from tokenyard.backends import sse
 from tokenyard.gateway.responses.translate import (
     Turn,
+    adopt,
     call_item,
     message_item,
     new_id,
@@ -21,6 +27,10 @@ from tokenyard.gateway.responses.translate import (
 
 # the events a stored response is saved at
 ENDINGS = ("response.completed", "response.incomplete")
+
+# what a finished response is handed to before its last event goes out: stored, and added to its
+# conversation
+Keep = Callable[[Turn, dict[str, Any]], Awaitable[None]]
 
 
 def sse_event(event: dict[str, Any]) -> bytes:
@@ -39,6 +49,7 @@ class EventWriter:
         self.open_call: int | None = None  # output index of the call receiving arguments
         self.finish_reason: str | None = None
         self.usage: dict[str, Any] | None = None
+        self.error: dict[str, Any] | None = None  # why the stream failed, once it has
 
     def _event(self, kind: str, **fields: Any) -> bytes:
         event = {"type": kind, "sequence_number": self.sequence, **fields}
@@ -46,10 +57,21 @@ class EventWriter:
         return sse_event(event)
 
     def start(self) -> bytes:
-        response = response_object(self.turn, "in_progress")
+        return self._event("response.created", response=self._now("in_progress")) + self.resumed()
+
+    def queued(self) -> bytes:
+        """A background response's first events, sent when it is queued."""
+        response = self._now("queued")
         return self._event("response.created", response=response) + self._event(
-            "response.in_progress", response=response
+            "response.queued", response=response
         )
+
+    def resumed(self) -> bytes:
+        """A queued response's walk has started."""
+        return self._event("response.in_progress", response=self._now("in_progress"))
+
+    def _now(self, status: str) -> dict[str, Any]:
+        return response_object(self.turn, status)
 
     def chunk(self, data: dict[str, Any]) -> bytes:
         """The events for one chat.completion.chunk."""
@@ -166,8 +188,72 @@ class EventWriter:
 
     def failed(self, message: str, code: str) -> bytes:
         """The upstream broke mid-stream: OpenAI's `error` event, then `response.failed`."""
-        error = {"code": "server_error", "message": message}
+        self.error = error = {"code": "server_error", "message": message}
         response = response_object(self.turn, "failed", error=error)
         return self._event("error", code=code, message=message, param=None) + self._event(
             "response.failed", response=response
         )
+
+
+async def _payloads(reply: Stream) -> AsyncIterator[Any]:
+    """The walk's event stream as decoded `data:` payloads, `[DONE]` as None."""
+    chunks = reply.iterator.__aiter__()  # type: ignore[union-attr]
+    try:
+        async for event in sse.events(chunks):
+            yield None if event.data == b"[DONE]" else msgspec.json.decode(event.data)
+    finally:
+        await chunks.aclose()  # the walk's stream settles when closed
+
+
+def _lost(data: Any) -> dict[str, Any] | None:
+    """The walk's own event for an upstream lost mid-stream (an OpenAI error body)."""
+    if isinstance(data, dict) and "type" not in data and isinstance(data.get("error"), dict):
+        return data["error"]
+    return None
+
+
+async def chat_events(
+    writer: EventWriter, reply: Stream, keep: Keep, opening: bytes
+) -> AsyncIterator[bytes]:
+    """A chat stream as Responses events, after `opening` (the writer's first events). The walk's
+    stream settles before it sends its closing `[DONE]`, and the response is kept before
+    `response.completed`: a follow-up by previous_response_id can be sent as soon as the client
+    sees the end."""
+    if opening:
+        yield opening
+    async for data in _payloads(reply):
+        if data is None:
+            response, tail = writer.finish()
+            await keep(writer.turn, response)
+            yield tail
+            return
+        if (error := _lost(data)) is not None:
+            yield writer.failed(error.get("message", ""), error.get("code") or "")
+            return
+        if out := writer.chunk(data):
+            yield out
+    yield writer.failed("the model's stream ended early", "upstream_error")
+
+
+async def native_events(
+    writer: EventWriter, reply: Stream, keep: Keep, queued: bool = False
+) -> AsyncIterator[bytes]:
+    """OpenAI's own Responses events, under the gateway's response id and numbered on from the
+    writer's; kept, as above, before the final event goes out. `queued`: after a background
+    response's own `response.created` and `response.in_progress`, which stand for the
+    upstream's."""
+    async for data in _payloads(reply):
+        if data is None:
+            continue
+        if (error := _lost(data)) is not None:
+            yield writer.failed(error.get("message", ""), error.get("code") or "")
+            return
+        if isinstance(data.get("response"), dict):
+            adopt(writer.turn, data["response"])
+            if data.get("type") in ENDINGS:
+                await keep(writer.turn, data["response"])
+        if queued and data.get("type") in ("response.created", "response.in_progress"):
+            continue
+        data["sequence_number"] = writer.sequence
+        writer.sequence += 1
+        yield sse_event(data)

@@ -9,7 +9,6 @@ One object holds the walk and both stores, so each route resolves a single depen
 resolves two or more in an anyio task group, 75 µs a request measured (gateway/chats/service.py).
 """
 
-from collections.abc import AsyncIterator
 from functools import partial
 from typing import Any
 
@@ -17,14 +16,13 @@ import msgspec
 from litestar import Request, Response
 from litestar.response import Stream
 
-from tokenyard.backends import sse
 from tokenyard.core.errors import GatewayError
 from tokenyard.gateway.auth import authorization_of
 from tokenyard.gateway.proxy import Proxy, tier_of
 from tokenyard.gateway.request_ids import request_id
-from tokenyard.gateway.responses.background import UNFINISHED, Background, Keep
+from tokenyard.gateway.responses.background import UNFINISHED, Background
 from tokenyard.gateway.responses.conversation_store import ConversationStore, missing_conversation
-from tokenyard.gateway.responses.events import ENDINGS, EventWriter, sse_event
+from tokenyard.gateway.responses.events import EventWriter, chat_events, native_events
 from tokenyard.gateway.responses.store import ResponseStore, Stored
 from tokenyard.gateway.responses.translate import (
     PARAMS,
@@ -116,8 +114,13 @@ class ResponsesService:
             tier = tier_of(request.headers, asked, caller)
             keep = partial(self._keep, team)
             rid = request_id(request.scope)
-            queued = await self.background.start(caller, turn, tier, rid, keep)
-            return Response(msgspec.json.encode(queued), headers={"x-request-id": rid})
+            streamed = bool(turn.chat.get("stream"))
+            queued = await self.background.start(caller, turn, tier, rid, keep, streamed)
+            headers = {"x-request-id": rid}
+            if streamed:
+                events = self.background.follow(team, turn.id, None)
+                return Stream(events, media_type="text/event-stream", headers=headers)
+            return Response(msgspec.json.encode(queued), headers=headers)
         try:
             chat = msgspec.json.encode(turn.chat)
             reply = await self.proxy.handle(request, "chat", chat, responses=turn.native)
@@ -131,8 +134,11 @@ class ResponsesService:
         keep = partial(self._keep, team)
         if isinstance(reply, Stream):
             headers.pop("content-type", None)
-            relay = _native_events if native else _events
-            events = relay(turn, reply, keep)
+            writer = EventWriter(turn)
+            if native:
+                events = native_events(writer, reply, keep)
+            else:
+                events = chat_events(writer, reply, keep, writer.start())
             return Stream(events, media_type="text/event-stream", headers=headers)
         if reply.status_code != 200:  # the upstream's refusal, already OpenAI's error shape
             return reply
@@ -148,6 +154,21 @@ class ResponsesService:
         """A stored response as it stands (a background one's progress included)."""
         team = (await self._caller(request)).team
         return await self.background.current(team, await stored(self.store, team, response_id))
+
+    async def events(self, request: Request, response_id: str, after: int | None) -> Stream:
+        """A streamed background response's events again, after sequence number `after`."""
+        team = (await self._caller(request)).team
+        await stored(self.store, team, response_id)
+        if not await self.background.log.kept(team, response_id):
+            raise GatewayError(
+                400,
+                f"response {response_id!r} has no events to stream: only a response created with "
+                "background=true and stream=true can be streamed again, for an hour after its "
+                "last event",
+                param="stream",
+            )
+        events = self.background.follow(team, response_id, after)
+        return Stream(events, media_type="text/event-stream")
 
     async def context(self, request: Request, response_id: str) -> list[dict[str, Any]]:
         """The items a stored response was made from (its input_items)."""
@@ -166,6 +187,8 @@ class ResponsesService:
         if found.response.get("status") in UNFINISHED:
             await self.background.stop(team, response_id)
         await self.store.delete(team, response_id)
+        if found.response.get("background"):
+            await self.background.log.delete(team, response_id)
 
     async def input_tokens(self, request: Request) -> Response[bytes]:
         """OpenAI's input-token count of a Responses request, earlier turns by
@@ -181,58 +204,3 @@ class ResponsesService:
             raise
         body = {"object": "response.input_tokens", "input_tokens": counted.tokens}
         return Response(msgspec.json.encode(body), headers=counted.headers)
-
-
-async def _payloads(reply: Stream) -> AsyncIterator[Any]:
-    """The walk's event stream as decoded `data:` payloads, `[DONE]` as None."""
-    chunks = reply.iterator.__aiter__()  # type: ignore[union-attr]
-    try:
-        async for event in sse.events(chunks):
-            yield None if event.data == b"[DONE]" else msgspec.json.decode(event.data)
-    finally:
-        await chunks.aclose()  # the walk's stream settles when closed
-
-
-def _lost(data: Any) -> dict[str, Any] | None:
-    """The walk's own event for an upstream lost mid-stream (an OpenAI error body)."""
-    if isinstance(data, dict) and "type" not in data and isinstance(data.get("error"), dict):
-        return data["error"]
-    return None
-
-
-async def _events(turn: Turn, reply: Stream, keep: Keep) -> AsyncIterator[bytes]:
-    """A chat stream as Responses events. The walk's stream settles before it sends its closing
-    `[DONE]`, and the response is stored before `response.completed`: a follow-up by
-    previous_response_id can be sent as soon as the client sees the end."""
-    writer = EventWriter(turn)
-    yield writer.start()
-    async for data in _payloads(reply):
-        if data is None:
-            response, tail = writer.finish()
-            await keep(turn, response)
-            yield tail
-            return
-        if (error := _lost(data)) is not None:
-            yield writer.failed(error.get("message", ""), error.get("code") or "")
-            return
-        if out := writer.chunk(data):
-            yield out
-    yield writer.failed("the model's stream ended early", "upstream_error")
-
-
-async def _native_events(turn: Turn, reply: Stream, keep: Keep) -> AsyncIterator[bytes]:
-    """OpenAI's own Responses events, under the gateway's response id; stored, as above, before
-    the final event goes out."""
-    writer = EventWriter(turn)
-    async for data in _payloads(reply):
-        if data is None:
-            continue
-        if (error := _lost(data)) is not None:
-            yield writer.failed(error.get("message", ""), error.get("code") or "")
-            return
-        if isinstance(data.get("response"), dict):
-            adopt(turn, data["response"])
-            if data.get("type") in ENDINGS:
-                await keep(turn, data["response"])
-        writer.sequence = data.get("sequence_number", writer.sequence) + 1
-        yield sse_event(data)

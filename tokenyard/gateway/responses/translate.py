@@ -289,8 +289,6 @@ def begin(
     its previous response, or the items of its conversation."""
     if req.background and not req.store:
         raise _bad("background responses must be stored (store=true)", "store")
-    if req.background and req.stream:
-        raise _unsupported("stream", "streaming a background response")
     for name, value, idle in (
         ("prompt", req.prompt, (None,)),
         ("truncation", req.truncation, (None, "disabled")),
