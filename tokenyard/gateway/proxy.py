@@ -1,4 +1,6 @@
-"""One completion request's walk: auth → checks → reserve → upstream → relay → settle.
+"""One completion request's walk: auth → checks → reserve → upstream → relay → settle. Its
+steps live beside it: admission (sizing, reserving, overflow and fail-over: gateway/admission.py),
+the stream's body (gateway/stream_body.py), settlement (gateway/settlement.py).
 
 Every path that reserved settles exactly once, including refusals by the upstream, upstream
 failures, and clients that hang up mid-stream (settling then runs in a task of its own, outside the
@@ -7,9 +9,8 @@ cancelled response).
 
 import asyncio
 import contextlib
-import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -26,13 +27,14 @@ from tokenyard.backends.base import (
 )
 from tokenyard.backends.registry import Backends
 from tokenyard.core.errors import GatewayError
-from tokenyard.core.safety import OutputWatch, Safety
+from tokenyard.core.safety import Safety
 from tokenyard.core.settings import Settings
 from tokenyard.core.usage import Pricer, Usage, UsageEvent
 from tokenyard.gateway import access_log, metrics, refusals, request_ids
+from tokenyard.gateway.admission import Admission
 from tokenyard.gateway.auth import Authenticator, authorization_of
 from tokenyard.gateway.dispatch import Dispatch, Saturation
-from tokenyard.gateway.quotas import MODEL_LIMIT_CODES, LeaseKeeper, Quotas, Reservation
+from tokenyard.gateway.quotas import LeaseKeeper, Quotas, Reservation
 from tokenyard.gateway.response_cache import (
     Lookup,
     Mode,
@@ -50,8 +52,9 @@ from tokenyard.gateway.screening import (
     scrub,
 )
 from tokenyard.gateway.settlement import Settlement, usage_of
-from tokenyard.gateway.sizing import PromptOverhead, kv_pages, max_tokens_for
-from tokenyard.gateway.streaming import DONE, SSE_HEADERS, StreamResult, relay, reply_decoder
+from tokenyard.gateway.sizing import PromptOverhead
+from tokenyard.gateway.stream_body import Settling, StreamBody
+from tokenyard.gateway.streaming import SSE_HEADERS, reply_decoder
 from tokenyard.gateway.tracing import NO_TRACE, RequestTrace, Tracing
 from tokenyard.gateway.unmasking import Unmasker
 from tokenyard.gateway.validation import Kind, Parsed, client_request_id, parse
@@ -141,15 +144,6 @@ def _unmasker(check: InputCheck | None) -> Unmasker | None:
     return Unmasker(masked) if masked else None
 
 
-def _model_limit_reason(code: str) -> str:
-    """The overflow metric's reason for a refusal by a limit on one model: every team's, the
-    key's own or the team's."""
-    for whose in ("platform", "key"):
-        if code.startswith(whose + "_"):
-            return whose + "_model_limit"
-    return "team_model_limit"
-
-
 def _decision(route: Route) -> str:
     """How the route was chosen: direct (a named model), or auto's weak / strong class."""
     if route.score is None:
@@ -186,7 +180,9 @@ class Proxy:
         self.cache = ResponseCache(
             quotas.redis, settings.gateway_cache_ttl_s, settings.gateway_cache_max_bytes
         )
+        self.admission = Admission(settings, quotas, self.dispatch, router.catalog, self.overhead)
         self._tasks: set[asyncio.Task[None]] = set()
+        self.settling = Settling(self.settlement, self.cache, self.spawn)
 
     async def handle(
         self,
@@ -345,7 +341,7 @@ class Proxy:
             span.set_attribute("tokenyard.route.served", upstream.info.name)
             if route.score is not None:
                 span.set_attribute("tokenyard.route.score", route.score)
-        res, upstream, max_tokens, prompts = await self._reserve(
+        res, upstream, max_tokens, prompts = await self.admission.reserve(
             route, upstream, policy, parsed, tier, trace
         )
         lease_id = res.lease_id
@@ -421,86 +417,6 @@ class Proxy:
             self.spawn(self.settlement.settle(res, model, Usage(), event, started, status=status))
             raise
 
-    async def _reserve(
-        self,
-        route: Route,
-        upstream: Upstream,
-        policy: TeamPolicy,
-        parsed: Parsed,
-        tier: str,
-        trace: RequestTrace,
-    ) -> tuple[Reservation, Upstream, int, list[int]]:
-        """Size the request for `upstream` and reserve it: the reservation, the upstream, the
-        max_tokens it gets and the prompts' sizes. Where the team's or the key's own limit on that
-        model refuses it, or every team's limit on it (the catalog's), the route's next usable
-        candidate takes it (an overflow, as for a saturated one); one of those whose context
-        cannot hold the request is passed over."""
-        index, first = route.candidates.index(upstream.info.name), None
-        while True:
-            extra = self.overhead.extra(upstream.info.name, policy.team)
-            prompts = [size + extra for size in parsed.prompt_sizes]
-            info, sized = upstream.info, False
-            try:
-                max_tokens = max_tokens_for(parsed, max(prompts), info, policy, self.settings)
-                sized = True
-                # sized for everything the upstream runs: each prompt, n times
-                tokens = sum(prompts) + parsed.choices * max_tokens
-                pages = sum(kv_pages(s, max_tokens, parsed.n, info.block_size) for s in prompts)
-                lease_id = os.urandom(9).hex()  # never the client's id: clients may reuse theirs
-                with trace.span("quota.reserve", tokens=tokens, kv_pages=pages, tier=tier):
-                    res = await self.quotas.reserve(
-                        policy,
-                        lease_id,
-                        tokens,
-                        pages,
-                        tier == "batch",
-                        parsed.end_user,
-                        info.name,
-                        self._platform_limits(info.name),
-                    )
-                return res, upstream, max_tokens, prompts
-            except GatewayError as exc:
-                limited = sized and exc.code in MODEL_LIMIT_CODES  # a limit on this model
-                too_small = not sized and first is not None  # a candidate overflowed to
-                if not (limited or too_small):
-                    raise  # another limit, or the model first chosen cannot hold the request
-                if limited:
-                    metrics.OVERFLOWS.labels(info.name, _model_limit_reason(exc.code or "")).inc()
-                first = first or exc  # the model first chosen is the one to name
-                found = self.dispatch.next_open(route, tier, index + 1)
-                if found is None:
-                    raise first from None
-                index, upstream = found
-
-    def _platform_limits(self, model: str) -> tuple[int, int]:
-        """Every team's requests and tokens per minute on `model` together (the catalog's)."""
-        entry = self.router.catalog.get(model)
-        return (entry.rpm, entry.tpm) if entry is not None else (0, 0)
-
-    async def _fail_over(
-        self, route: Route, res: Reservation, parsed: Parsed, call: "_Call", tier: str, after: int
-    ) -> tuple[int, Upstream] | None:
-        """The candidate, from index `after`, that takes a request whose upstream failed before
-        its first byte, with its reservation moved there and the call's output cap narrowed to
-        what its context leaves (never widened: the reservation holds the first cap). One whose
-        context cannot hold the request, or whose limits (the team's, every team's, the key's)
-        refuse it, is passed over, as at reservation."""
-        while (found := self.dispatch.next_open(route, tier, after)) is not None:
-            after, info = found[0] + 1, found[1].info
-            prompt = max(parsed.prompt_sizes, default=0) + self.overhead.extra(
-                info.name, res.policy.team
-            )
-            try:
-                fits = max_tokens_for(parsed, prompt, info, res.policy, self.settings)
-            except GatewayError:  # too long for this model's context
-                continue
-            refused = await self.quotas.move(res, info.name, self._platform_limits(info.name))
-            if refused is None:
-                call.max_tokens = min(call.max_tokens, fits)
-                return found
-            metrics.OVERFLOWS.labels(info.name, _model_limit_reason(refused)).inc()
-        return None
-
     async def _complete_unless_gone(
         self, hang_up: HangUp, upstream: Upstream, call: UpstreamCall
     ) -> UpstreamReply:
@@ -558,11 +474,13 @@ class Proxy:
                     lookup,
                 )
             except BackendUnavailable:
-                found = await self._fail_over(route, res, parsed, call, event.tier, index + 1)
+                found = await self.admission.fail_over(
+                    route, res, parsed, call.max_tokens, event.tier, index + 1
+                )
                 if found is None:
                     raise
                 metrics.FALLBACKS.labels(upstream.info.name, found[1].info.name).inc()
-                index, upstream = found
+                index, upstream, call.max_tokens = found
 
     async def _send(
         self,
@@ -635,7 +553,7 @@ class Proxy:
             )
         # from here on the body settles, however the stream ends
         watch = check.screen.watch_output() if check is not None else None
-        body_iter = _StreamBody(self, stream, parsed, res, upstream, event, started, watch)
+        body_iter = StreamBody(self.settling, stream, parsed, res, upstream, event, started, watch)
         body_iter.unmask = _unmasker(check)
         if lookup is not None and hit is None:  # its events are kept if it ends whole
             body_iter.stream = body_iter.recording = Recording(stream, self.cache.max_bytes, lookup)
@@ -684,51 +602,6 @@ class Proxy:
         await self.settlement.settle(res, upstream.info.name, usage, event, started, status=400)
         raise blocked_error(verdict)
 
-    def finish_stream(self, body: "_StreamBody") -> "asyncio.Task[None]":
-        """Close the upstream and settle; in a task of its own, because when the client hung up
-        the response's scope is being cancelled."""
-        result, event = body.result, body.event
-        usage = Usage()  # a cached answer: nothing was used upstream
-        if not event.cache_hit:
-            usage = usage_of(result.usage, event.prompt_reserved, result.chunks)
-        event.timings = result.timings
-        event.error = result.error
-        event.finish_reason = result.finish_reason
-        if result.first_byte is not None:
-            event.ttft = result.first_byte - body.started
-            if not event.cache_hit:
-                metrics.TTFT.labels(body.upstream.info.name).observe(event.ttft)
-        status = 200 if result.error is None else 502
-        body.res.trace.end_upstream(status, event.ttft)
-        kept = None  # a stream that ended whole and unfiltered, to answer the same ask again
-        if body.recording is not None and status == 200:
-            whole = body.recording.reply()
-            if result.done and not result.filtered and whole is not None:
-                kept = (body.recording.lookup, whole)
-        return self.spawn(
-            self._close_and_settle(
-                body.stream, body.res, body.upstream, usage, event, body.started, status, kept
-            )
-        )
-
-    async def _close_and_settle(
-        self,
-        stream: UpstreamStream,
-        res: Reservation,
-        upstream: Upstream,
-        usage: Usage,
-        event: UsageEvent,
-        started: float,
-        status: int,
-        kept: tuple[Lookup, UpstreamReply] | None = None,
-    ) -> None:
-        try:
-            await stream.aclose()
-            if kept is not None:
-                await self.cache.keep(kept[0], upstream.info.name, kept[1])
-        finally:
-            await self.settlement.settle(res, upstream.info.name, usage, event, started, status)
-
     def spawn(self, coro: Any) -> "asyncio.Task[Any]":
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)  # a strong reference until it is done
@@ -739,65 +612,3 @@ class Proxy:
         """On shutdown: let pending settles finish."""
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
-
-
-class _StreamBody:
-    """The SSE body of one response. Settles when the relay ends, fails or is cancelled, and also
-    when the response is dropped before it was ever iterated (a client gone before the first
-    byte): a plain async generator that never started would never run its cleanup."""
-
-    def __init__(
-        self,
-        proxy: Proxy,
-        stream: UpstreamStream,
-        parsed: Parsed,
-        res: Reservation,
-        upstream: Upstream,
-        event: UsageEvent,
-        started: float,
-        watch: OutputWatch | None = None,
-    ) -> None:
-        self.proxy = proxy
-        self.watch = watch  # the team's output check (core/safety.py), or None
-        self.stream = stream
-        self.parsed = parsed
-        self.res = res
-        self.upstream = upstream
-        self.event = event
-        self.started = started
-        self.result = StreamResult()
-        self.settled: asyncio.Task[None] | None = None
-        self.recording: Recording | None = None  # where the response cache keeps its events
-        self.unmask: Unmasker | None = None  # the prompt's masked values, put back in the reply
-
-    def __aiter__(self) -> AsyncIterator[bytes]:
-        return self._relay()
-
-    async def _relay(self) -> AsyncIterator[bytes]:
-        try:
-            rewrite = self.unmask.event if self.unmask is not None else None
-            async for piece in relay(
-                self.stream,
-                self.parsed.include_usage,
-                self.result,
-                time.perf_counter,
-                self.watch,
-                rewrite,
-            ):
-                yield piece
-            # the usage event is in Redis before the client sees the stream end
-            await asyncio.shield(self._finish())
-            if self.result.done:
-                yield DONE
-        finally:
-            self._finish()
-
-    def _finish(self) -> "asyncio.Task[None]":
-        if self.settled is None:
-            self.settled = self.proxy.finish_stream(self)
-        return self.settled
-
-    def __del__(self) -> None:
-        if self.settled is None:
-            with contextlib.suppress(RuntimeError):  # no running loop: shutting down
-                self._finish()
