@@ -4,6 +4,7 @@ only their own team, and an admin's quota change reaches another gateway process
 
 import asyncio
 import random
+import re
 import time
 import uuid
 from datetime import UTC, date, datetime, timedelta
@@ -26,6 +27,7 @@ from tokenyard.billing.events import decoder, to_row
 from tokenyard.billing.models import BudgetAlert, UsageDaily
 from tokenyard.gateway.quotas import TeamKeys, day_number
 from tokenyard.tenancy import keys
+from tokenyard.tenancy.models import TeamEvent
 
 PUBLIC = {"/admin/login", "/admin/team-usage/login", "/admin/static/admin.css"}
 CHAT = [{"role": "user", "content": "one two three #chunks=3"}]
@@ -37,7 +39,11 @@ def _admin_routes() -> list[tuple[str, str]]:
     for route in create_app().routes:
         if not route.path.startswith("/admin") or route.path in PUBLIC:
             continue
-        path = route.path.replace("{name:str}", "someteam").replace("{prefix:str}", "ty-abc")
+        path = (
+            route.path.replace("{name:str}", "someteam")
+            .replace("{prefix:str}", "ty-abc")
+            .replace("{event_id:str}", "evt_abc")
+        )
         found += [(m, path) for m in sorted(route.methods - {"HEAD", "OPTIONS"})]
     return found
 
@@ -51,6 +57,7 @@ def test_the_route_list_covers_the_pages() -> None:
         "/admin/status",
         "/admin/changes",
         "/admin/alerts",
+        "/admin/webhooks",
         "/admin/requests",
         "/admin/team-usage",
     } <= paths
@@ -612,6 +619,67 @@ def test_the_alerts_page_lists_a_teams_budget_alerts(
     ]
     everyone = admin.get("/admin/alerts").text
     assert "50%" in everyone and theirs in everyone
+
+
+def test_the_webhooks_page_lists_a_teams_events_and_sends_one_again(
+    admin: httpx.Client, team: Any, sql: Any
+) -> None:
+    """A team's webhook events newest first, each with its state, tries and last error; one
+    given up after its tries is sent again (its tries counted afresh, due at once); a delivered
+    one, one too old for any sender and a missing one cannot be."""
+    mine, _ = team()
+    theirs, _ = team()
+    now = datetime.now(UTC)
+    ids = {k: "evt_" + uuid.uuid4().hex[:12] for k in ("done", "failing", "stale", "other")}
+    rows = [
+        ("done", mine, now - timedelta(hours=2), now, 1, None),
+        ("failing", mine, now - timedelta(hours=1), None, 20, "webhook failed"),
+        ("stale", mine, now - timedelta(days=4), None, 3, "webhook failed"),
+        ("other", theirs, now, None, 0, None),
+    ]
+    with Session(sql) as session:
+        for kind, name, at, sent, claims, error in rows:
+            session.add(
+                TeamEvent(
+                    id=ids[kind],
+                    team=name,
+                    type="response.completed",
+                    data={"id": f"resp_{kind}"},
+                    created_at=at,
+                    delivered_at=sent,
+                    claims=claims,
+                    last_error=error,
+                )
+            )
+        session.commit()
+    asked = {"team": mine, "start": f"{now - timedelta(days=5):%Y-%m-%d}"}
+    page = admin.get("/admin/webhooks", params=asked)
+    body = page.text.split("<tbody>")[1]
+    assert theirs not in body and "resp_other" not in body
+    assert body.index("resp_failing") < body.index("resp_done") < body.index("resp_stale")
+    cells = re.findall(r"<td>(delivered|given up|pending)</td>", body)
+    assert cells == ["given up", "delivered", "given up"]  # 20 tries; then older than 3 days
+    assert body.count("webhook failed") == 2 and body.count("Send again") == 2
+    token = csrf_of(page)
+    sent = admin.post(
+        f"/admin/webhooks/{ids['failing']}/send",
+        params={"team": mine},
+        data={"csrf": token},
+        follow_redirects=False,
+    )
+    assert sent.status_code == 303 and f"again={ids['failing']}" in sent.headers["location"]
+    with Session(sql) as session:
+        again = session.get(TeamEvent, ids["failing"])
+        assert again is not None and (again.claims, again.retry_at) == (0, None)
+    body = admin.get(sent.headers["location"]).text  # back to the list, the team still chosen
+    assert ids["failing"] in body.split('role="status"')[1].split("</p>")[0]
+    assert theirs not in body.split("<tbody>")[1]
+    assert re.findall(r"<td>(delivered|given up|pending)</td>", body)[0] == "pending"
+    for kind in ("done", "stale"):
+        refused = admin.post(f"/admin/webhooks/{ids[kind]}/send", data={"csrf": token})
+        assert refused.status_code == 404
+    missing = admin.post("/admin/webhooks/evt_nosuch/send", data={"csrf": token})
+    assert missing.status_code == 404
 
 
 def test_the_requests_page_lists_records_by_team_and_errors(

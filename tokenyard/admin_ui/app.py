@@ -17,6 +17,7 @@ from tokenyard.admin_ui.pages.sign_in import SignIn
 from tokenyard.admin_ui.pages.status import Status
 from tokenyard.admin_ui.pages.teams import Teams
 from tokenyard.admin_ui.pages.usage import AdminUsage, TeamUsage
+from tokenyard.admin_ui.pages.webhooks import Webhooks
 
 admin_router = Router(
     path="/admin",
@@ -29,6 +30,7 @@ admin_router = Router(
         TeamUsage,
         Guard,
         Alerts,
+        Webhooks,
         Changes,
         Requests,
     ],

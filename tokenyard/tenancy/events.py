@@ -11,11 +11,11 @@ a receiver can drop a repeat. Given up after MAX_CLAIMS claims or three days, as
 """
 
 import asyncio
-from datetime import timedelta
+from datetime import UTC, date, datetime, time, timedelta
 from typing import Any
 
 import msgspec
-from sqlalchemy import Engine
+from sqlalchemy import Engine, update
 from sqlmodel import Session, col, select
 
 from tokenyard.core import outbox
@@ -53,6 +53,68 @@ def payload(event: TeamEvent) -> dict[str, Any]:
         "type": event.type,
         "data": event.data,
     }
+
+
+def _utc(at: datetime) -> datetime:
+    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)  # SQL gives it back naive
+
+
+def state(event: TeamEvent, now: datetime) -> str:
+    """`delivered`; `given up` (after MAX_CLAIMS claims, or once MAX_AGE old); else `pending`."""
+    if event.delivered_at is not None:
+        return "delivered"
+    if event.claims >= MAX_CLAIMS or _utc(event.created_at) < now - MAX_AGE:
+        return "given up"
+    return "pending"
+
+
+def listed(
+    engine: Engine, start: date, end: date, team: str | None, limit: int
+) -> list[dict[str, Any]]:
+    """The events recorded from `start` to `end` inclusive (UTC days), newest first, at most
+    `limit`: each as its receiver gets it, with its team, state, tries so far, when it was
+    delivered or is tried next, and the last try's error."""
+    since = datetime.combine(start, time(), UTC)
+    until = datetime.combine(end + timedelta(days=1), time(), UTC)
+    query = select(TeamEvent).where(TeamEvent.created_at >= since, TeamEvent.created_at < until)
+    if team is not None:
+        query = query.where(TeamEvent.team == team)
+    query = query.order_by(col(TeamEvent.created_at).desc(), col(TeamEvent.id).desc())
+    with Session(engine) as session:
+        found = session.exec(query.limit(limit)).all()
+    now = datetime.now(UTC)
+    return [
+        payload(e)
+        | {
+            "team": e.team,
+            "at": _utc(e.created_at),
+            "state": state(e, now),
+            "tries": e.claims,
+            "delivered_at": e.delivered_at and _utc(e.delivered_at),
+            "retry_at": e.retry_at and _utc(e.retry_at),
+            "last_error": e.last_error,
+        }
+        for e in found
+    ]
+
+
+def send_again(engine: Engine, event_id: str) -> bool:
+    """An event not delivered (pending, or given up after its tries, say while its receiver was
+    down) due again at once, its tries counted from 0; False where there is no such event, it
+    was delivered, or it is older than MAX_AGE (no sender takes an event that old)."""
+    now = datetime.now(UTC)
+    with Session(engine) as session:
+        done = session.exec(
+            update(TeamEvent)
+            .where(
+                col(TeamEvent.id) == event_id,
+                col(TeamEvent.delivered_at).is_(None),
+                col(TeamEvent.created_at) >= now - MAX_AGE,
+            )
+            .values(claims=0, retry_at=None)
+        )
+        session.commit()
+    return done.rowcount == 1
 
 
 def claim(engine: Engine, lease_s: float) -> tuple[TeamEvent, str] | None:

@@ -1,23 +1,24 @@
 """Budget alerts: each percent of a team's or key's dollar budget crossed (billing/alerts.py),
 newest first, by team and range of days, with whether the operator's webhook took it."""
 
-from datetime import UTC, date, datetime, timedelta
+from datetime import UTC, date, datetime
+from typing import Any
 
 from litestar import Controller, Request, Response, get
+from sqlalchemy import Engine
 
-from tokenyard.admin_ui import render
-from tokenyard.admin_ui.access import admin_only, in_thread, sql_of, tenancy_of
+from tokenyard.admin_ui.access import admin_only
+from tokenyard.admin_ui.listing import listed_page
 from tokenyard.billing import alerts
 
-PAGE = 200
-DAYS = 30  # the default range: the last month
 
-
-def _day(raw: str | None, default: date) -> date:
-    try:
-        return date.fromisoformat(raw) if raw else default
-    except ValueError:
-        return default
+def _listed(
+    engine: Engine, start: date, end: date, team: str | None, limit: int
+) -> list[dict[str, Any]]:
+    found = alerts.listed(engine, start, end, team, limit)
+    for alert in found:
+        alert["at"] = datetime.fromtimestamp(alert["created_at"], UTC)
+    return found
 
 
 class Alerts(Controller):
@@ -25,21 +26,4 @@ class Alerts(Controller):
 
     @get("/alerts")
     async def alerts(self, request: Request) -> Response:
-        q = request.query_params
-        team = q.get("team") or None
-        end = _day(q.get("end"), datetime.now(UTC).date())
-        start = min(_day(q.get("start"), end - timedelta(days=DAYS - 1)), end)
-        found = await in_thread(alerts.listed, sql_of(request), start, end, team, PAGE)
-        for alert in found:
-            alert["at"] = datetime.fromtimestamp(alert["created_at"], UTC)
-        teams = await tenancy_of(request).teams()
-        return await render.page(
-            request,
-            "alerts.html",
-            rows=found,
-            more=len(found) == PAGE,
-            team=team or "",
-            teams=[t.name for t in teams],
-            start=start,
-            end=end,
-        )
+        return await listed_page(request, "alerts.html", _listed)
