@@ -176,6 +176,10 @@ def test_a_streamed_background_response_outlives_its_client_and_is_streamed_agai
     # picked up on another gateway, from just after the last event seen, while it still runs
     other = gateway.client(key)
     last = first[-1].sequence_number
+    with other.responses.with_streaming_response.retrieve(
+        made.id, stream=True, starting_after=last
+    ) as raw:  # as a proxy in between must not buffer it
+        assert raw.headers["x-accel-buffering"] == "no"
     rest = list(other.responses.retrieve(made.id, stream=True, starting_after=last))
     assert [e.sequence_number for e in rest] == list(range(last + 1, last + 1 + len(rest)))
     assert rest[-1].type == "response.completed"

@@ -33,6 +33,7 @@ from tokenyard.gateway.responses.translate import (
     conversation_of,
     from_chat,
 )
+from tokenyard.gateway.streaming import SSE_HEADERS
 from tokenyard.gateway.token_counts import count_tokens
 from tokenyard.gateway.validation import decode_json
 from tokenyard.tenancy.policy import TeamPolicy
@@ -119,7 +120,7 @@ class ResponsesService:
             headers = {"x-request-id": rid}
             if streamed:
                 events = self.background.follow(team, turn.id, None)
-                return Stream(events, media_type="text/event-stream", headers=headers)
+                return Stream(events, media_type="text/event-stream", headers=headers | SSE_HEADERS)
             return Response(msgspec.json.encode(queued), headers=headers)
         try:
             chat = msgspec.json.encode(turn.chat)
@@ -168,7 +169,7 @@ class ResponsesService:
                 param="stream",
             )
         events = self.background.follow(team, response_id, after)
-        return Stream(events, media_type="text/event-stream")
+        return Stream(events, media_type="text/event-stream", headers=SSE_HEADERS)
 
     async def context(self, request: Request, response_id: str) -> list[dict[str, Any]]:
         """The items a stored response was made from (its input_items)."""
