@@ -124,7 +124,7 @@ def _batch_worker(state: State) -> BatchWorker:
 async def _caller(request: Request, auth: NamedDependency[Authenticator]) -> TeamPolicy:
     """The calling team's policy, from the request's key (a 401 without one that is valid): as
     `Authorization: Bearer`, or as Anthropic's clients send it (`x-api-key`)."""
-    return await auth.authenticate(authorization_of(request.headers))
+    return await auth.authenticate(authorization_of(request.headers), path=request.scope["path"])
 
 
 def _dependencies(settings: Settings) -> dict[str, Provide]:

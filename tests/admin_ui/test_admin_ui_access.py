@@ -355,18 +355,20 @@ def test_a_key_is_changed_in_place(admin: httpx.Client, admin_gateway: Gateway, 
         "rpm": "5",
         "usd_per_day": "2.5",
         "model_limits": f"{MODEL}: rpm=7, tpm=900",
+        "scopes": "usage, completions",
     }
     saved = admin.post(f"/admin/keys/{prefix}", data={**wanted, "csrf": csrf_of(page)})
     assert saved.status_code == 303 and saved.headers["location"] == f"/admin/keys?saved={prefix}"
     listing = admin.get(f"/admin/teams/{name}").text
     assert "<td>renamed</td>" in listing and "<td>2099-01-02 03:04</td>" in listing
     assert f"<td>{MODEL}</td>" in listing
-    assert f"<td>5 rpm, $2.50/day, {MODEL}: rpm=7, tpm=900</td>" in listing
+    assert f"<td>5 rpm, $2.50/day, {MODEL}: rpm=7, tpm=900, only completions, usage</td>" in listing
     again = admin.get(f"/admin/keys/{prefix}").text  # the form shows what was saved
     assert 'value="renamed"' in again and 'value="2099-01-02T03:04"' in again
     assert f'value="{MODEL}" checked' in again
     assert 'name="rpm" inputmode="numeric" value="5"' in again
     assert f'name="model_limits" size="50" value="{MODEL}: rpm=7, tpm=900"' in again
+    assert 'name="scopes" size="50" value="completions,usage"' in again
     client = admin_gateway.client(key)
     assert client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=4).choices
     for field, bad, message in (
@@ -378,6 +380,7 @@ def test_a_key_is_changed_in_place(admin: httpx.Client, admin_gateway: Gateway, 
         ("usd_per_day", "a lot", "Dollars per day must be a number"),
         ("model_limits", "gpt-nope: rpm=1", "Limits per model: not in the catalog: gpt-nope"),
         ("model_limits", f"{MODEL}: rpm=0", "Limits per model"),
+        ("scopes", "completions, chat", "Endpoints names no scope chat"),
     ):
         form = {**wanted, field: bad, "csrf": csrf_of(page)}
         refused = admin.post(f"/admin/keys/{prefix}", data=form)

@@ -36,11 +36,12 @@ def test_a_valid_form_gives_the_limits_blank_meaning_unlimited() -> None:
     parsed = forms.parse(
         _form(name="ml", rpm="60", tpm="", usd_per_day="12.5", auto_threshold="0.7",
               default_tier="batch", models=["big", "small"], user_usd_per_day="0.5",
-              model_limits="big: rpm=10, tpm=20000\nsmall: tpm=5"),
+              model_limits="big: rpm=10, tpm=20000\nsmall: tpm=5", scopes="embeddings"),
         CATALOG,
         with_name=True,
     )  # fmt: skip
     assert parsed.errors == {}
+    assert parsed.limits["scopes"] == "embeddings"
     assert parsed.limits["rpm"] == 60
     assert parsed.limits["tpm"] is None
     assert parsed.limits["usd_per_day"] == 12.5
@@ -56,7 +57,7 @@ def test_each_bad_value_gets_its_own_message() -> None:
     parsed = forms.parse(
         _form(name="no spaces", rpm="-1", tpm="1.5", usd_per_day="-3", concurrency="lots",
               auto_threshold="1.2", strong_share="nan", default_tier="urgent",
-              models=["small", "gpt-9"], model_limits="big: rpm=0"),
+              models=["small", "gpt-9"], model_limits="big: rpm=0", scopes="chat"),
         CATALOG,
         with_name=True,
     )  # fmt: skip
@@ -71,6 +72,8 @@ def test_each_bad_value_gets_its_own_message() -> None:
         "default_tier": "must be one of interactive, batch",
         "models": "not in the catalog: gpt-9",
         "model_limits": f"'big': rpm must be a whole number from 1 to {2**53}",
+        "scopes": "names no scope chat: the scopes are completions, embeddings, moderations, "
+        "batch, usage, feedback",
     }
     # per-model limits must name the catalog's models, each with rpm=N and/or tpm=N
     for typed, error in (

@@ -78,6 +78,7 @@ def test_teams_lifecycle(admin: Any) -> None:
         "alert_url": None,
         "webhook_url": None,
         "model_limits": None,
+        "scopes": None,
         "disabled": False,
         "created_at": None,
     }
@@ -398,6 +399,7 @@ def test_a_key_is_changed_in_place(admin: Any, base_env: dict[str, str]) -> None
         "usd_per_month": None,
         "concurrency": 2,
         "model_limits": per_model,
+        "scopes": None,
     }
     assert record["expires_at"].startswith(time.strftime("%Y-%m-%d", time.gmtime(later)))
     wait_until(lambda: _works(admin, made["key"]), 3, "the key's wider models to apply")
@@ -432,6 +434,8 @@ def test_a_key_is_changed_in_place(admin: Any, base_env: dict[str, str]) -> None
             "0",
             "--model-limits",
             f"{MODEL}: tpm=700",
+            "--scopes",
+            "embeddings, completions",
             "--json",
         ],
         env=base_env,
@@ -449,10 +453,19 @@ def test_a_key_is_changed_in_place(admin: Any, base_env: dict[str, str]) -> None
         "usd_per_month": None,
         "concurrency": None,
         "model_limits": {MODEL: {"tpm": 700}},
+        "scopes": "completions,embeddings",  # each once, in the scopes' own order
     }
-    # a key's limits per model cleared with null, as the team's are
-    cleared = api.patch(f"/keys/{made['prefix']}", json={"model_limits": None}).json()
-    assert cleared["limits"]["model_limits"] is None
+    # a key's limits per model cleared with null, as the team's are; scopes set as a list
+    cleared = api.patch(
+        f"/keys/{made['prefix']}", json={"model_limits": None, "scopes": ["batch"]}
+    ).json()
+    assert cleared["limits"]["model_limits"] is None and cleared["limits"]["scopes"] == "batch"
+    wrong = api.patch(f"/keys/{made['prefix']}", json={"scopes": ["chat"]})
+    assert wrong.status_code == 400 and "chat" in wrong.json()["error"]["message"]
+    assert (
+        api.patch(f"/keys/{made['prefix']}", json={"scopes": None}).json()["limits"]["scopes"]
+        is None
+    )
 
 
 def test_named_admin_keys_say_who_changed_what(start_gateway: Any) -> None:

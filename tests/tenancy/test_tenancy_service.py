@@ -299,6 +299,7 @@ async def test_a_key_is_renamed_extended_and_narrowed_in_place(tenancy: Tenancy)
         "usd_per_month": 9.0,
         "concurrency": 2,
         "model_limits": {"b": {"rpm": 4, "tpm": 40}},
+        "scopes": None,
     }
     assert not await tenancy.redis.exists(cached)
     policy = keys.lookup_key(tenancy.sql, keys.hash_key(made.key))  # what reserve reads

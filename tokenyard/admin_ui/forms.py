@@ -11,6 +11,7 @@ from typing import Any
 from tokenyard.tenancy.limits import (
     KEY_LIMIT_FIELDS,
     LIMIT_FIELDS,
+    SCOPES,
     TIERS,
     model_limits_text,
     parse_model_limits,
@@ -49,6 +50,10 @@ LABELS: dict[str, tuple[str, str]] = {
     "model_limits": (
         "Limits per model",
         "e.g. gpt-4o: rpm=100, tpm=50000; claude-sonnet-4: rpm=20 — beside the team's; blank: none",
+    ),
+    "scopes": (
+        "Endpoints",
+        f"the kinds its keys may call, of {', '.join(SCOPES)}; blank: every kind",
     ),
 }
 

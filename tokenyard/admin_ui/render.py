@@ -9,7 +9,7 @@ from litestar.enums import MediaType
 
 from tokenyard.admin_ui import csrf, sessions
 from tokenyard.admin_ui.charts import fmt
-from tokenyard.tenancy.limits import model_limits_text
+from tokenyard.tenancy.limits import SCOPES, model_limits_text
 
 _env = Environment(
     loader=FileSystemLoader(Path(__file__).parent / "templates"),
@@ -20,6 +20,7 @@ _env = Environment(
 )
 _env.filters["fmt"] = fmt
 _env.filters["model_limits"] = model_limits_text
+_env.globals["all_scopes"] = SCOPES
 
 # no script at all; styles and forms from here only; never framed
 HEADERS = {

@@ -135,7 +135,9 @@ async def _answer(
     """Authenticate as Anthropic's clients do (x-api-key or bearer), do the work, and answer any
     refusal in Anthropic's error shape."""
     try:
-        policy = await proxy.auth.authenticate(authorization_of(request.headers))
+        policy = await proxy.auth.authenticate(
+            authorization_of(request.headers), path=request.scope["path"]
+        )
         return await work(policy)
     except GatewayError as exc:
         body = msgspec.json.encode(error_body(exc.status, exc.message))

@@ -70,6 +70,8 @@ class TeamLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     webhook_url: str | UnsetType | None = UNSET  # ... and of its events (responses, batches)
     # single models' own: {"gpt-4o": {"rpm": 100, "tpm": 50000}}; replaces the team's; null: none
     model_limits: dict[str, dict[str, int]] | UnsetType | None = UNSET
+    # the kinds of endpoint its keys may call (["embeddings"], or "completions,batch"); null: all
+    scopes: list[str] | str | UnsetType | None = UNSET
 
 
 class NewTeam(TeamLimits, kw_only=True, forbid_unknown_fields=True):
@@ -98,6 +100,7 @@ class KeyChanges(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     usd_per_month: Dollars | UnsetType | None = UNSET
     concurrency: Count | UnsetType | None = UNSET
     model_limits: dict[str, dict[str, int]] | UnsetType | None = UNSET  # replaces the key's
+    scopes: list[str] | str | UnsetType | None = UNSET  # within its team's; null: the team's
 
 
 class Block(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -120,6 +123,7 @@ class CreateKey(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     usd_per_month: Dollars | None = None
     concurrency: Count | None = None
     model_limits: dict[str, dict[str, int]] | None = None  # {"gpt-4o": {"rpm": 10}}
+    scopes: list[str] | str | None = None  # the kinds of endpoint it may call, within its team's
 
 
 def _set(struct: msgspec.Struct, *, skip: tuple[str, ...] = ()) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from redis.exceptions import RedisError
 from sqlalchemy import Engine
 
 from tokenyard.core.errors import GatewayError
+from tokenyard.gateway.scopes import scope_of
 from tokenyard.tenancy.keys import KEY_PREFIX_LEN, bearer_key, hash_key, lookup_key
 from tokenyard.tenancy.policy import TeamPolicy
 from tokenyard.tenancy.service import cache_key
@@ -52,7 +53,9 @@ class Authenticator:
         self._last_used: dict[str, float] = {}  # prefix -> when this process last wrote it
         self._tasks: set[asyncio.Task[None]] = set()
 
-    async def authenticate(self, authorization: str | None) -> TeamPolicy:
+    async def authenticate(self, authorization: str | None, *, path: str) -> TeamPolicy:
+        """The policy of the key in `authorization`, which must be allowed the kind of endpoint
+        `path` is (gateway/scopes.py)."""
         if not authorization:
             raise GatewayError(
                 401,
@@ -66,6 +69,14 @@ class Authenticator:
         if policy is None:
             raise GatewayError(401, "invalid or revoked API key", code="invalid_api_key")
         self._mark_used(key[:KEY_PREFIX_LEN])
+        if policy.scopes and not policy.allows(scope := scope_of(path)):
+            raise GatewayError(
+                403,
+                f"this key may not call {path}: it is restricted to "
+                f"{', '.join(s for s in policy.scopes if s) or 'no kind of endpoint'}, and this "
+                f"endpoint is {scope}",
+                code="insufficient_scope",
+            )
         return policy
 
     def _mark_used(self, prefix: str) -> None:

@@ -98,7 +98,9 @@ class MessagesController(Controller):
     ) -> Response[bytes]:
         """The prompt's tokens for the model named (gateway/token_counts.py), without running it."""
         try:
-            policy = await proxy.auth.authenticate(authorization_of(request.headers))
+            policy = await proxy.auth.authenticate(
+                authorization_of(request.headers), path=request.scope["path"]
+            )
             body = decode_json(await request.body())
             if not isinstance(body, dict):
                 raise GatewayError(400, "the request body must be a JSON object", param="body")

@@ -219,7 +219,7 @@ class Proxy:
         started = time.perf_counter()
         authorization = authorization_of(request.headers)
         with trace.span("auth"):
-            policy = await self.auth.authenticate(authorization)
+            policy = await self.auth.authenticate(authorization, path=request.scope["path"])
         trace.root.set_attribute("tokenyard.team", policy.team)
         parsed = parse(await request.body() if body is None else body, kind)
         tier = tier_of(request.headers, parsed.tier, policy)

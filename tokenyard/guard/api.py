@@ -86,7 +86,9 @@ class ModerationsController(Controller):
     ) -> Response[bytes]:
         if guard is None:
             raise GatewayError(404, "the safety layer is off on this gateway", code="not_found")
-        policy = await proxy.auth.authenticate(authorization_of(request.headers))
+        policy = await proxy.auth.authenticate(
+            authorization_of(request.headers), path=request.scope["path"]
+        )
         try:
             parsed = _decoder.decode(await request.body())
         except msgspec.DecodeError as exc:

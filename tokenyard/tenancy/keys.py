@@ -20,7 +20,7 @@ from sqlmodel import Session, col, or_, select
 from tokenyard.core.db import matchable
 from tokenyard.tenancy.changes import KEY_FIELDS, SYSTEM, changed, given, record, snapshot
 from tokenyard.tenancy.errors import ManagementError
-from tokenyard.tenancy.limits import KEY_LIMIT_FIELDS, problem
+from tokenyard.tenancy.limits import KEY_LIMIT_FIELDS, problem, scopes_text
 from tokenyard.tenancy.lookups import find_blocks, find_key, find_team
 from tokenyard.tenancy.models import ApiKey, Team
 from tokenyard.tenancy.policy import TeamPolicy, model_list, policy_of
@@ -105,6 +105,8 @@ def _set_limits(key: ApiKey, limits: dict[str, Any]) -> None:
             raise ValueError(f"{name} {found}")
         if name == "model_limits" and not value:  # {} clears them, as None does
             value = None
+        if name == "scopes":
+            value = scopes_text(value)
         setattr(key, name, value)
 
 

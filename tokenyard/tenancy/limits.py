@@ -38,10 +38,25 @@ LIMIT_FIELDS: dict[str, type] = {
     # a model's own requests and tokens per minute for the team ({"gpt-4o": {"rpm": 100}}), beside
     # the team's overall ones: the scarce models rationed, the cheap ones left free
     "model_limits": dict,
+    # the kinds of endpoint the team may call (SCOPES, comma-separated; unset: every kind), as
+    # OpenAI's restricted keys: a search service's key that can only embed, say
+    "scopes": str,
 }
 
 # the limits a key may have of its own, beside its team's (a subset of the team's fields)
-KEY_LIMIT_FIELDS = ("rpm", "tpm", "usd_per_day", "usd_per_month", "concurrency", "model_limits")
+KEY_LIMIT_FIELDS = (
+    "rpm",
+    "tpm",
+    "usd_per_day",
+    "usd_per_month",
+    "concurrency",
+    "model_limits",
+    "scopes",
+)
+
+# the kinds of endpoint a team or a key may be restricted to (gateway/scopes.py says which paths
+# each covers); listing the models is open to every key
+SCOPES = ("completions", "embeddings", "moderations", "batch", "usage", "feedback")
 
 # the fields that are receivers' URLs, set by the operator ('' clears one)
 URL_FIELDS = ("alert_url", "webhook_url")
@@ -101,6 +116,28 @@ def model_limits_text(value: dict[str, dict[str, int]] | None) -> str:
     )
 
 
+def scope_list(value: str | None) -> tuple[str, ...]:
+    """Stored scopes (comma-separated) as a tuple; () for none set: every kind."""
+    return tuple(s for s in (value or "").split(",") if s)
+
+
+def scopes_text(value: str | list[str] | None) -> str | None:
+    """Scopes as given (a list, or "completions, embeddings") as stored: each once, in SCOPES'
+    order, comma-separated; None for none (every kind)."""
+    given = value.split(",") if isinstance(value, str) else (value or [])
+    wanted = {s.strip() for s in given}
+    return ",".join(s for s in SCOPES if s in wanted) or None
+
+
+def scopes_problem(value: Any) -> str | None:
+    given = value.split(",") if isinstance(value, str) else value
+    if not isinstance(given, list) or not all(isinstance(s, str) for s in given):
+        return f"must list some of {', '.join(SCOPES)}"
+    if unknown := sorted({s.strip() for s in given if s.strip()} - set(SCOPES)):
+        return f"names no scope {', '.join(unknown)}: the scopes are {', '.join(SCOPES)}"
+    return None
+
+
 def problem(name: str, value: Any) -> str | None:
     """What is wrong with `value` for the limit `name`, said for a person (None: nothing; None
     itself means unlimited). The one rule for the CLI, the admin API and the admin UI."""
@@ -121,6 +158,8 @@ def problem(name: str, value: Any) -> str | None:
         return None
     if name == "model_limits":
         return model_limits_problem(value)
+    if name == "scopes":
+        return scopes_problem(value)
     if name == "default_tier":
         return None if value in TIERS else f"must be one of {', '.join(TIERS)}"
     if isinstance(value, bool) or not isinstance(value, int if kind is int else (int, float)):
@@ -168,4 +207,6 @@ LIMIT_HELP: dict[str, str] = {
     "model_limits": "requests and tokens per minute of single models, beside the team's, e.g. "
     "'gpt-4o: rpm=100, tpm=50000; claude-sonnet-4: rpm=20' (replaces the team's; '' on update: "
     "none)",
+    "scopes": f"comma-separated kinds of endpoint that may be called, of {', '.join(SCOPES)} "
+    "(default: every kind; '' on update: every kind)",
 }

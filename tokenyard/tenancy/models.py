@@ -62,6 +62,8 @@ class Team(SQLModel, table=True):
     user_usd_per_day: float | None = None
     # single models' own limits for the team: {"gpt-4o": {"rpm": 100, "tpm": 50000}} (None: none)
     model_limits: dict[str, dict[str, int]] | None = Field(default=None, sa_type=JSON)
+    # the kinds of endpoint the team's keys may call (tenancy/limits.py SCOPES; None: every kind)
+    scopes: str | None = None
     # a disabled team's keys are refused (its keys, limits and usage are kept, to enable it again)
     disabled: bool = False
     created_at: datetime = Field(default_factory=_now)
@@ -88,6 +90,8 @@ class ApiKey(SQLModel, table=True):
     concurrency: int | None = _count()  # requests of this key in flight at once
     # single models' own requests and tokens per minute for this key ({"gpt-4o": {"rpm": 10}})
     model_limits: dict[str, dict[str, int]] | None = Field(default=None, sa_type=JSON)
+    # the kinds of endpoint this key may call, within its team's (None: the team's)
+    scopes: str | None = None
 
 
 class TenancyChange(SQLModel, table=True):

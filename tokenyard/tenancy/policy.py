@@ -5,9 +5,10 @@ from collections.abc import Iterable
 
 import msgspec
 
+from tokenyard.tenancy.limits import scope_list
 from tokenyard.tenancy.models import ApiKey, Team
 
-# an allowed-models list that matches no model: empty would mean every model
+# an allowed-models (or scopes) list that matches none: empty would mean every one
 NO_MODEL = ""
 
 
@@ -47,6 +48,11 @@ class TeamPolicy(msgspec.Struct, frozen=True):
     # the team's (0: none)
     model_limits: dict[str, tuple[int, int]] = {}
     key_model_limits: dict[str, tuple[int, int]] = {}
+    scopes: tuple[str, ...] = ()  # the kinds of endpoint the key may call (): every kind
+
+    def allows(self, scope: str | None) -> bool:
+        """Whether the key may call an endpoint of `scope` (None: one open to every key)."""
+        return scope is None or not self.scopes or scope in self.scopes
 
     def model_limit(self, model: str) -> tuple[int, int]:
         """The team's own requests and tokens per minute on `model` (0: none)."""
@@ -58,12 +64,11 @@ class TeamPolicy(msgspec.Struct, frozen=True):
 
 
 def policy_of(team: Team, key: ApiKey | None = None, blocked: Iterable[str] = ()) -> TeamPolicy:
-    """The team's policy as a key of it sees it: a key that names models narrows the team's list
-    to those (to none, where the two share none); its own limits come along, and the end users the
-    team blocks."""
-    models = model_list(team.models)
-    if key is not None and (own := model_list(key.models)):
-        models = tuple(m for m in own if not models or m in models) or (NO_MODEL,)
+    """The team's policy as a key of it sees it: a key that names models (or scopes) narrows the
+    team's list to those (to none, where the two share none); its own limits come along, and the
+    end users the team blocks."""
+    models = _within(model_list(team.models), model_list(key.models) if key else ())
+    scopes = _within(scope_list(team.scopes), scope_list(key.scopes) if key else ())
     return TeamPolicy(
         team=team.name,
         rpm=team.rpm or 0,
@@ -94,7 +99,16 @@ def policy_of(team: Team, key: ApiKey | None = None, blocked: Iterable[str] = ()
         blocked_users=frozenset(blocked),
         model_limits=_pairs(team.model_limits),
         key_model_limits=_pairs(key.model_limits) if key else {},
+        scopes=scopes,
     )
+
+
+def _within(team: tuple[str, ...], key: tuple[str, ...]) -> tuple[str, ...]:
+    """A team's list (empty: every one) narrowed by its key's: those in both, in the key's order;
+    (NO_MODEL,) where they share none."""
+    if not key:
+        return team
+    return tuple(k for k in key if not team or k in team) or (NO_MODEL,)
 
 
 def _pairs(limits: dict[str, dict[str, int]] | None) -> dict[str, tuple[int, int]]:

@@ -95,7 +95,9 @@ class SignIn(Controller):
         if not await _admitted(request):
             return await _login_page(request, "team", 429, _THROTTLED)
         try:
-            policy = await proxy_of(request).auth.authenticate(f"Bearer {key}")
+            policy = await proxy_of(request).auth.authenticate(
+                f"Bearer {key}", path=request.scope["path"]
+            )
         except GatewayError:
             return await _login_page(request, "team", 401, "that key is not valid (or was revoked)")
         await _succeeded(request)

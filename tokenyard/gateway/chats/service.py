@@ -31,7 +31,9 @@ class ChatService:
         body = stored_ask(await request.body())
         if body is None:
             return await self.proxy.handle(request, "chat")
-        policy = await self.proxy.auth.authenticate(authorization_of(request.headers))
+        policy = await self.proxy.auth.authenticate(
+            authorization_of(request.headers), path=request.scope["path"]
+        )
         options = body.get("stream_options")
         include_usage = isinstance(options, dict) and options.get("include_usage") is True
         if body.get("stream") is True and (options is None or isinstance(options, dict)):

@@ -93,7 +93,9 @@ class GeminiController(Controller):
     @get("")
     async def list_models(self, request: Request, proxy: NamedDependency[Proxy]) -> Response:
         try:
-            policy = await proxy.auth.authenticate(authorization_of(request.headers))
+            policy = await proxy.auth.authenticate(
+                authorization_of(request.headers), path=request.scope["path"]
+            )
         except GatewayError as exc:
             return _error(exc)
         return _json({"models": [_model_object(c) for c in team_models(proxy, policy)]})
@@ -103,7 +105,9 @@ class GeminiController(Controller):
         self, request: Request, proxy: NamedDependency[Proxy], name: FromPath[str]
     ) -> Response:
         try:
-            policy = await proxy.auth.authenticate(authorization_of(request.headers))
+            policy = await proxy.auth.authenticate(
+                authorization_of(request.headers), path=request.scope["path"]
+            )
         except GatewayError as exc:
             return _error(exc)
         wanted = proxy.router.catalog.resolve(name.removeprefix("models/"))
@@ -162,7 +166,9 @@ class GeminiController(Controller):
     async def _count(self, request: Request, proxy: Proxy, model: str, body: Any) -> Response:
         """The prompt's tokens for the model named (gateway/token_counts.py), without running it:
         `contents` alone, or a whole `generateContentRequest`."""
-        policy = await proxy.auth.authenticate(authorization_of(request.headers))
+        policy = await proxy.auth.authenticate(
+            authorization_of(request.headers), path=request.scope["path"]
+        )
         if isinstance(body, dict) and field(body, "generateContentRequest") is not None:
             body = field(body, "generateContentRequest")
         chat = chat_request(body, model, stream=False)

@@ -71,7 +71,9 @@ class ResponsesService:
         self.background = Background(proxy, store, proxy.quotas.redis)
 
     async def _caller(self, request: Request) -> TeamPolicy:
-        return await self.proxy.auth.authenticate(authorization_of(request.headers))
+        return await self.proxy.auth.authenticate(
+            authorization_of(request.headers), path=request.scope["path"]
+        )
 
     async def _turn(self, team: str, raw: Any) -> Turn:
         """The request's turn, after the stored one it follows (previous_response_id), or after
