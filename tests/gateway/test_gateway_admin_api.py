@@ -6,14 +6,17 @@ import subprocess
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 import openai
 import pytest
+from sqlmodel import Session
 
 from tests.fuzzing import fuzz
 from tests.gateway.conftest import MODEL, TOKENYARD, Gateway, wait_until
+from tokenyard.tenancy.models import TeamEvent
 
 ADMIN_KEY = "adm-" + uuid.uuid4().hex
 CHAT = [{"role": "user", "content": "hello"}]
@@ -510,3 +513,53 @@ def test_a_bad_admin_key_list_stops_the_settings(spec: str) -> None:
 
     with pytest.raises(ValidationError, match="NAME=KEY"):
         Settings(admin_keys=spec)  # type: ignore[arg-type]
+
+
+def test_webhook_events_are_listed_and_sent_again(admin: Any, sql: Any) -> None:
+    """A team reads its own webhook events (to debug its receiver), the admin any team's; the
+    admin sends one not delivered again, its tries counted afresh; a delivered one is a 404."""
+    api = admin.api
+    mine, theirs = ("ev" + uuid.uuid4().hex[:8] for _ in range(2))
+    for name in (mine, theirs):
+        assert api.post("/teams", json={"name": name}).status_code == 201
+    key = api.post("/keys", json={"team": mine}).json()["key"]
+    now = datetime.now(UTC)
+    rows = {
+        "evt_" + uuid.uuid4().hex[:12]: (mine, now, 20, "webhook failed"),
+        "evt_" + uuid.uuid4().hex[:12]: (mine, None, 1, None),
+        "evt_" + uuid.uuid4().hex[:12]: (theirs, None, 0, None),
+    }
+    with Session(sql) as session:
+        for event_id, (team, delivered, claims, error) in rows.items():
+            session.add(
+                TeamEvent(
+                    id=event_id,
+                    team=team,
+                    type="batch.completed",
+                    data={"id": "batch_x"},
+                    delivered_at=delivered,
+                    claims=claims,
+                    last_error=error,
+                )
+            )
+        session.commit()
+    delivered, pending, other = rows
+    own = httpx.get(admin.url + "/v1/usage/events", headers={"authorization": f"Bearer {key}"})
+    assert own.status_code == 200
+    listed = {e["id"]: e for e in own.json()["data"]}
+    assert set(listed) == {delivered, pending}  # never another team's
+    assert listed[delivered]["state"] == "delivered" and listed[pending]["state"] == "pending"
+    assert listed[delivered]["type"] == "batch.completed" and listed[pending]["tries"] == 1
+    every = api.get("/usage/events").json()["data"]
+    assert {delivered, pending, other} <= {e["id"] for e in every}
+    assert api.post(f"/events/{delivered}/send").status_code == 404
+    assert api.post("/events/evt_nosuch/send").json()["error"]["code"] == "not_found"
+    again = api.post(f"/events/{other}/send")
+    assert again.status_code == 200 and again.json()["state"] == "pending"
+    with Session(sql) as session:
+        found = session.get(TeamEvent, other)
+        assert found is not None and (found.claims, found.retry_at) == (0, None)
+    refused = httpx.post(
+        admin.url + f"/v1/admin/events/{pending}/send", headers={"authorization": f"Bearer {key}"}
+    )
+    assert refused.status_code == 401  # a team's key is no admin key

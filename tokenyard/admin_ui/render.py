@@ -1,5 +1,6 @@
 """HTML pages from the Jinja templates in admin_ui/templates (autoescaped)."""
 
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,8 @@ _env = Environment(
     lstrip_blocks=True,
 )
 _env.filters["fmt"] = fmt
+# unix seconds as a UTC time, to the second
+_env.filters["utc"] = lambda unix: datetime.fromtimestamp(unix, UTC).strftime("%Y-%m-%d %H:%M:%S")
 _env.filters["model_limits"] = model_limits_text
 _env.globals["all_scopes"] = SCOPES
 

@@ -5,9 +5,10 @@ key's totals over the range (`keys`, by prefix). `GET /v1/usage/users` (and `/v1
 `&team=` optional): the end users' totals over the same range, dearest first (`&limit=`, default
 100, at most 1000); `GET /v1/usage/metadata?key=K` (and the admin one): the same for each value the
 requests' `metadata` gave K. `GET /v1/usage/alerts` (and the admin one): the budget alerts recorded
-over the range, newest first. `GET /v1/usage/requests` (and the admin one): each request's record,
-newest first (`&model=`, `&key=`, `&user=`, `&request_id=`, `&status=error`, `&before=` an entry's
-id, `&limit=`)."""
+over the range, newest first; `GET /v1/usage/events` (and the admin one): the team's webhook
+events (tenancy/events.py), each with whether its receiver took it. `GET /v1/usage/requests` (and
+the admin one): each request's record, newest first (`&model=`, `&key=`, `&user=`, `&request_id=`,
+`&status=error`, `&before=` an entry's id, `&limit=`)."""
 
 import asyncio
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from tokenyard.core.errors import GatewayError
 from tokenyard.core.operator_keys import require_admin
 from tokenyard.core.settings import Settings
 from tokenyard.gateway.validation import query_int
+from tokenyard.tenancy import events
 from tokenyard.tenancy.policy import TeamPolicy
 
 MAX_DAYS = 366
@@ -212,6 +214,23 @@ class UsageController(Controller):
         self, request: Request, settings: NamedDependency[Settings]
     ) -> Response[bytes]:
         return await _listed(request, settings, _admin_team(request, settings), alerts.listed)
+
+    @get("/usage/events")
+    async def team_events(
+        self,
+        request: Request,
+        settings: NamedDependency[Settings],
+        caller: NamedDependency[TeamPolicy],
+    ) -> Response[bytes]:
+        """The calling team's webhook events, newest first: delivered, pending or given up, with
+        the tries so far and the last try's error (to debug its receiver)."""
+        return await _listed(request, settings, caller.team, events.listed)
+
+    @get("/admin/usage/events")
+    async def admin_events(
+        self, request: Request, settings: NamedDependency[Settings]
+    ) -> Response[bytes]:
+        return await _listed(request, settings, _admin_team(request, settings), events.listed)
 
     @get("/admin/usage/users")
     async def admin_end_users(

@@ -7,6 +7,7 @@ expiry, models or limits, revoke, rotate), and the trail of those changes (each 
 CLI and the admin UI: whatever changes a team's limits or a key's standing drops the gateways'
 cached lookups of the keys concerned, so it applies at once. Errors are OpenAI's shape."""
 
+import asyncio
 import contextlib
 from collections.abc import Iterator
 from dataclasses import asdict
@@ -27,6 +28,7 @@ from tokenyard.core.operator_keys import require_admin
 from tokenyard.core.settings import Settings
 from tokenyard.gateway.quotas import Quotas
 from tokenyard.gateway.validation import decode_json
+from tokenyard.tenancy import events
 from tokenyard.tenancy.changes import MAX_LISTED, change_record
 from tokenyard.tenancy.end_users import block_record
 from tokenyard.tenancy.errors import AlreadyExists, ManagementError
@@ -252,6 +254,18 @@ class AdminController(Controller):
         with _refusals():
             team = await tenancy.set_disabled(name, True, actor=actor)
         return _json(team_record(team))
+
+    @post("/events/{event_id:str}/send")
+    async def send_event_again(
+        self, tenancy: NamedDependency[Tenancy], event_id: FromPath[str]
+    ) -> Response[bytes]:
+        """A team's webhook event not delivered, due again at once with its tries counted afresh
+        (tenancy/events.py); 404 where there is none such to send."""
+        if not await asyncio.to_thread(events.send_again, tenancy.sql, event_id):
+            raise GatewayError(
+                404, f"no event {event_id!r} waiting to be sent", code="not_found", param="event_id"
+            )
+        return _json({"id": event_id, "object": "event", "state": "pending"})
 
     @post("/teams/{name:str}/enable")
     async def enable_team(

@@ -45,25 +45,28 @@ def record(engine: Engine, team: str, kind: str, subject: str) -> None:
         session.commit()
 
 
+def _unix(at: datetime | None) -> int | None:
+    """A time SQL gave back (naive, in UTC) as unix seconds."""
+    if at is None:
+        return None
+    return int((at if at.tzinfo is not None else at.replace(tzinfo=UTC)).timestamp())
+
+
 def payload(event: TeamEvent) -> dict[str, Any]:
     return {
         "id": event.id,
         "object": "event",
-        "created_at": int(event.created_at.timestamp()),
+        "created_at": _unix(event.created_at),
         "type": event.type,
         "data": event.data,
     }
-
-
-def _utc(at: datetime) -> datetime:
-    return at if at.tzinfo is not None else at.replace(tzinfo=UTC)  # SQL gives it back naive
 
 
 def state(event: TeamEvent, now: datetime) -> str:
     """`delivered`; `given up` (after MAX_CLAIMS claims, or once MAX_AGE old); else `pending`."""
     if event.delivered_at is not None:
         return "delivered"
-    if event.claims >= MAX_CLAIMS or _utc(event.created_at) < now - MAX_AGE:
+    if event.claims >= MAX_CLAIMS or _unix(event.created_at) < (now - MAX_AGE).timestamp():
         return "given up"
     return "pending"
 
@@ -73,7 +76,7 @@ def listed(
 ) -> list[dict[str, Any]]:
     """The events recorded from `start` to `end` inclusive (UTC days), newest first, at most
     `limit`: each as its receiver gets it, with its team, state, tries so far, when it was
-    delivered or is tried next, and the last try's error."""
+    delivered or is tried next (unix seconds), and the last try's error."""
     since = datetime.combine(start, time(), UTC)
     until = datetime.combine(end + timedelta(days=1), time(), UTC)
     query = select(TeamEvent).where(TeamEvent.created_at >= since, TeamEvent.created_at < until)
@@ -87,11 +90,10 @@ def listed(
         payload(e)
         | {
             "team": e.team,
-            "at": _utc(e.created_at),
-            "state": state(e, now),
+            "state": (shown := state(e, now)),
             "tries": e.claims,
-            "delivered_at": e.delivered_at and _utc(e.delivered_at),
-            "retry_at": e.retry_at and _utc(e.retry_at),
+            "delivered_at": _unix(e.delivered_at),
+            "retry_at": _unix(e.retry_at) if shown == "pending" else None,
             "last_error": e.last_error,
         }
         for e in found
