@@ -215,13 +215,19 @@ def test_a_streamed_background_response_is_cancelled_and_its_stream_ends(
     assert client.responses.retrieve(seen[0].response.id).status == "cancelled"
 
 
-def test_a_streamed_background_response_refused_upstream_ends_failed(
-    capabilities_gw: Gateway, team: tuple[str, str]
+@pytest.mark.parametrize(
+    ("model", "asked", "code"),
+    [
+        ("fake", "hi #status=400", "server_error"),  # the upstream's refusal, without a code
+        ("no-such-model", "hi", "model_not_found"),  # the gateway's, once the walk starts
+    ],
+)
+def test_a_refused_streamed_background_response_ends_failed_with_its_code(
+    capabilities_gw: Gateway, team: tuple[str, str], model: str, asked: str, code: str
 ) -> None:
     client = capabilities_gw.client(team[1])
-    events = list(
-        client.responses.create(model="fake", input="hi #status=400", background=True, stream=True)
-    )
+    made = client.responses.create(model=model, input=asked, background=True, stream=True)
+    events = list(made)
     assert [e.type for e in events] == [
         "response.created",
         "response.queued",
@@ -229,9 +235,11 @@ def test_a_streamed_background_response_refused_upstream_ends_failed(
         "error",
         "response.failed",
     ]
-    assert events[-1].response.status == "failed"
     stored = client.responses.retrieve(events[0].response.id)
-    assert stored.status == "failed" and stored.error is not None
+    assert stored.status == events[-1].response.status == "failed"
+    # the refusal's own code in the error event, the last event's response and the stored one,
+    # as a background response that is not streamed stores it
+    assert events[3].code == events[-1].response.error.code == stored.error.code == code
 
 
 def test_only_a_streamed_background_responses_events_are_streamed_again(

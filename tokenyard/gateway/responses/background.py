@@ -218,11 +218,13 @@ class Background:
                 )
             except GatewayError as exc:
                 if exc.code != "client_closed":
-                    await self.log.append(team, turn.id, writer.failed(exc.message, exc.code or ""))
+                    failed = writer.failed(exc.message, exc.code or "", refused=True)
+                    await self.log.append(team, turn.id, failed)
                 return
             if not isinstance(reply, Stream):  # refused: OpenAI's error body
                 error = _error_of(reply.content)
-                await self.log.append(team, turn.id, writer.failed(error["message"], error["code"]))
+                failed = writer.failed(error["message"], error["code"], refused=True)
+                await self.log.append(team, turn.id, failed)
                 return
             turn.model = reply.headers.get("x-tokenyard-model") or turn.model
             if self._native(turn.model):

@@ -186,9 +186,14 @@ class EventWriter:
         kind = "response.completed" if response["status"] == "completed" else "response.incomplete"
         return response, out + self._event(kind, response=response)
 
-    def failed(self, message: str, code: str) -> bytes:
-        """The upstream broke mid-stream: OpenAI's `error` event, then `response.failed`."""
-        self.error = error = {"code": "server_error", "message": message}
+    def failed(self, message: str, code: str, refused: bool = False) -> bytes:
+        """The upstream broke mid-stream (or, `refused`, the walk was refused: a limit, the
+        upstream's 4xx): OpenAI's `error` event, then `response.failed`, whose error carries the
+        refusal's own code, as a background response's does when it is not streamed."""
+        self.error = error = {
+            "code": code if refused and code else "server_error",
+            "message": message,
+        }
         response = response_object(self.turn, "failed", error=error)
         return self._event("error", code=code, message=message, param=None) + self._event(
             "response.failed", response=response
