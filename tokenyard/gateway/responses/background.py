@@ -231,8 +231,11 @@ class Background:
                 relay = native_events(writer, reply, finish, queued=True)
             else:
                 relay = chat_events(writer, reply, finish, b"")
-            async for out in relay:
-                await self.log.append(team, turn.id, out)
+            # closed however the loop ends (a cancel, Redis failing), so the upstream stream closes
+            # and settles now, not whenever the generator is collected
+            async with contextlib.aclosing(relay) as events:
+                async for out in events:
+                    await self.log.append(team, turn.id, out)
 
         walking = asyncio.ensure_future(walk())
         stop = asyncio.ensure_future(job.cancelled.wait())
