@@ -116,11 +116,6 @@ def model_limits_text(value: dict[str, dict[str, int]] | None) -> str:
     )
 
 
-def scope_list(value: str | None) -> tuple[str, ...]:
-    """Stored scopes (comma-separated) as a tuple; () for none set: every kind."""
-    return tuple(s for s in (value or "").split(",") if s)
-
-
 def scopes_text(value: str | list[str] | None) -> str | None:
     """Scopes as given (a list, or "completions, embeddings") as stored: each once, in SCOPES'
     order, comma-separated; None for none (every kind)."""

@@ -5,7 +5,6 @@ from collections.abc import Iterable
 
 import msgspec
 
-from tokenyard.tenancy.limits import scope_list
 from tokenyard.tenancy.models import ApiKey, Team
 
 # an allowed-models (or scopes) list that matches none: empty would mean every one
@@ -68,7 +67,7 @@ def policy_of(team: Team, key: ApiKey | None = None, blocked: Iterable[str] = ()
     team's list to those (to none, where the two share none); its own limits come along, and the
     end users the team blocks."""
     models = _within(model_list(team.models), model_list(key.models) if key else ())
-    scopes = _within(scope_list(team.scopes), scope_list(key.scopes) if key else ())
+    scopes = _within(model_list(team.scopes or ""), model_list(key.scopes or "") if key else ())
     return TeamPolicy(
         team=team.name,
         rpm=team.rpm or 0,
@@ -117,5 +116,5 @@ def _pairs(limits: dict[str, dict[str, int]] | None) -> dict[str, tuple[int, int
 
 
 def model_list(models: str) -> tuple[str, ...]:
-    """A stored comma-separated list of model ids (a team's or a key's) as a tuple."""
+    """A stored comma-separated list (a team's or a key's model ids, or scopes) as a tuple."""
     return tuple(m for m in models.split(",") if m)

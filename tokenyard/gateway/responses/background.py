@@ -227,13 +227,10 @@ class Background:
                 await self.log.append(team, turn.id, failed)
                 return
             turn.model = reply.headers.get("x-tokenyard-model") or turn.model
-            if self._native(turn.model):
-                relay = native_events(writer, reply, finish, queued=True)
-            else:
-                relay = chat_events(writer, reply, finish, b"")
+            relay = native_events if self._native(turn.model) else chat_events
             # closed however the loop ends (a cancel, Redis failing), so the upstream stream closes
             # and settles now, not whenever the generator is collected
-            async with contextlib.aclosing(relay) as events:
+            async with contextlib.aclosing(relay(writer, reply, finish, queued=True)) as events:
                 async for out in events:
                     await self.log.append(team, turn.id, out)
 

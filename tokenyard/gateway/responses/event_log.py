@@ -2,7 +2,9 @@
 them: to the client that created it, and to one that reconnects later (GET
 /v1/responses/{id}?stream=true, from just after the `starting_after` sequence number). The walk
 appends every event it makes and an end mark when it stops; the events are kept for `KEEP_S`
-after the last one.
+after the last one. An event's entry id is its sequence number + 1 (`N-0`; Redis ids start above
+0-0), so a follower picks up after any event by reading from its id; the end mark takes an id
+Redis makes (milliseconds since 1970), which is above every event's.
 """
 
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -42,7 +44,7 @@ class EventLog:
         key = _key(team, response_id)
         pipe = self.redis.pipeline(transaction=False)
         for sequence, event in _split(events):
-            pipe.xadd(key, {"seq": sequence, "event": event})
+            pipe.xadd(key, {"event": event}, id=f"{sequence + 1}-0")
         pipe.expire(key, KEEP_S)
         await pipe.execute()
 
@@ -67,7 +69,8 @@ class EventLog:
         """The events after sequence number `after` (all of them when None), as they come, until
         the end mark; or, where the walk's gateway stopped without one (`alive` says no), until
         nothing more is there."""
-        key, last, gone = _key(team, response_id), "0-0", False
+        key, gone = _key(team, response_id), False
+        last = "0-0" if after is None else f"{after + 1}-0"  # the entry of event `after`
         while True:
             found = await self.redis.xread({key: last}, count=256, block=None if gone else BLOCK_MS)
             if not found:
@@ -79,5 +82,4 @@ class EventLog:
                 last = entry
                 if b"end" in fields:
                     return
-                if after is None or int(fields[b"seq"]) > after:
-                    yield fields[b"event"]
+                yield fields[b"event"]

@@ -218,14 +218,14 @@ def _lost(data: Any) -> dict[str, Any] | None:
 
 
 async def chat_events(
-    writer: EventWriter, reply: Stream, keep: Keep, opening: bytes
+    writer: EventWriter, reply: Stream, keep: Keep, queued: bool = False
 ) -> AsyncIterator[bytes]:
-    """A chat stream as Responses events, after `opening` (the writer's first events). The walk's
-    stream settles before it sends its closing `[DONE]`, and the response is kept before
-    `response.completed`: a follow-up by previous_response_id can be sent as soon as the client
-    sees the end."""
-    if opening:
-        yield opening
+    """A chat stream as Responses events, from the writer's first ones (`queued`: a background
+    response's walk, which sent those itself). The walk's stream settles before it sends its
+    closing `[DONE]`, and the response is kept before `response.completed`: a follow-up by
+    previous_response_id can be sent as soon as the client sees the end."""
+    if not queued:
+        yield writer.start()
     async for data in _payloads(reply):
         if data is None:
             response, tail = writer.finish()

@@ -137,11 +137,8 @@ class ResponsesService:
         keep = partial(self._keep, team)
         if isinstance(reply, Stream):
             headers.pop("content-type", None)
-            writer = EventWriter(turn)
-            if native:
-                events = native_events(writer, reply, keep)
-            else:
-                events = chat_events(writer, reply, keep, writer.start())
+            relay = native_events if native else chat_events
+            events = relay(EventWriter(turn), reply, keep)
             return Stream(events, media_type="text/event-stream", headers=headers)
         if reply.status_code != 200:  # the upstream's refusal, already OpenAI's error shape
             return reply
