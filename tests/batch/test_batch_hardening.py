@@ -23,16 +23,17 @@ NESTED = b"[" * 10_000 + b"]" * 10_000
 @pytest.fixture(scope="module")
 def api(
     base_env: dict[str, str], sql: Any, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Callable[[], httpx.Client]]:
-    """One gateway for the module (no callback allow-list); each call: a new team's client."""
+) -> Iterator[Callable[..., httpx.Client]]:
+    """One gateway for the module (no callback allow-list); each call: a new team's client, its key
+    restricted to `scopes` where given."""
     env = {**base_env, "TOKENYARD_BATCH_MAX_REQUESTS": str(CAP)}
     env |= {f"TOKENYARD_{k.upper()}": v for k, v in FAST.items()}
     gw = Gateway(env, tmp_path_factory.mktemp("hardening") / "gateway.log")
 
-    def client() -> httpx.Client:
+    def client(scopes: str | None = None) -> httpx.Client:
         name = "t" + uuid.uuid4().hex[:10]
         teams.create_team(sql, name)
-        key = keys.create_key(sql, name).key
+        key = keys.create_key(sql, name, limits={"scopes": scopes} if scopes else None).key
         return httpx.Client(base_url=gw.url, headers={"authorization": f"Bearer {key}"})
 
     yield client
@@ -51,7 +52,7 @@ def _inline(**fields: Any) -> dict[str, Any]:
     return {"requests": [{"body": line("x")["body"]}], **fields}
 
 
-def test_callbacks_into_the_platforms_network_are_refused(api: Callable[[], httpx.Client]) -> None:
+def test_callbacks_into_the_platforms_network_are_refused(api: Callable[..., httpx.Client]) -> None:
     client = api()
     for url in [
         "http://127.0.0.1:9/done",
@@ -69,7 +70,45 @@ def test_callbacks_into_the_platforms_network_are_refused(api: Callable[[], http
         assert "pw" not in error["message"]
 
 
-def test_malformed_bodies_are_400s(api: Callable[[], httpx.Client]) -> None:
+def test_a_batch_runs_only_the_kinds_of_request_its_key_may_send(
+    api: Callable[..., httpx.Client],
+) -> None:
+    """A key restricted to the batch tier cannot reach completions or embeddings through a batch:
+    each form of batch is refused with 403 before a job exists."""
+    client = api("batch")
+
+    def refused(reply: httpx.Response) -> None:
+        assert reply.status_code == 403, reply.text
+        error = reply.json()["error"]
+        assert error["code"] == "insufficient_scope" and "batch of" in error["message"], error
+
+    upload = client.post(
+        "/v1/files",
+        files={"file": ("in.jsonl", msgspec.json.encode(line("a")))},
+        data={"purpose": "batch"},
+    )
+    assert upload.status_code == 200, upload.text  # files are the batch tier's own
+    create = {"input_file_id": upload.json()["id"], "completion_window": "24h"}
+    refused(client.post("/v1/batches", json={**create, "endpoint": "/v1/chat/completions"}))
+    assert client.post("/v1/batch", json=_inline()).json()["error"]["param"] == "endpoint"
+    embed = {"requests": [{"body": {"model": "m", "input": "x"}}], "endpoint": "/v1/embeddings"}
+    refused(client.post("/v1/batch", json=embed))
+    ask = {"model": "m", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}]}
+    anthropic_form = client.post(
+        "/v1/messages/batches", json={"requests": [{"custom_id": "a", "params": ask}]}
+    )
+    assert anthropic_form.status_code == 403  # in Anthropic's shape of error
+    assert anthropic_form.json()["error"]["type"] == "permission_error", anthropic_form.text
+
+    assert client.get("/v1/batches").json()["data"] == []  # no job was made
+    # the same key given completions too: its chat batch is accepted
+    both = api("batch,completions")
+    accepted = both.post("/v1/batch", json=_inline())
+    assert accepted.status_code == 200 and accepted.json()["batch_id"], accepted.text
+    refused(both.post("/v1/batch", json=embed))
+
+
+def test_malformed_bodies_are_400s(api: Callable[..., httpx.Client]) -> None:
     client = api()
     for path in ("/v1/batch", "/v1/batches"):
         for body in (b"\xff\xfe{}", b'{"endpoint": "\xff"}', b'{"requests": [' + NESTED + b"]}"):
@@ -84,7 +123,7 @@ def test_malformed_bodies_are_400s(api: Callable[[], httpx.Client]) -> None:
     assert client.get("/v1/batches/batch_%00").status_code == 404
 
 
-def test_a_bad_file_is_refused_or_fails_alone(api: Callable[[], httpx.Client]) -> None:
+def test_a_bad_file_is_refused_or_fails_alone(api: Callable[..., httpx.Client]) -> None:
     client = api()
 
     def upload(content: bytes) -> httpx.Response:
@@ -112,11 +151,11 @@ def test_a_bad_file_is_refused_or_fails_alone(api: Callable[[], httpx.Client]) -
     assert batch.json()["request_counts"]["total"] == 2
 
 
-def test_inline_batches_are_capped(api: Callable[[], httpx.Client]) -> None:
+def test_inline_batches_are_capped(api: Callable[..., httpx.Client]) -> None:
     _refused(api().post("/v1/batch", json={"requests": [{}] * (CAP + 1)}), "requests")
 
 
-def test_a_large_batch_does_not_hold_up_other_requests(api: Callable[[], httpx.Client]) -> None:
+def test_a_large_batch_does_not_hold_up_other_requests(api: Callable[..., httpx.Client]) -> None:
     client = api()
     requests = [{"body": line("a question of some length, as prompts are")["body"]}] * CAP
     body = msgspec.json.encode({"requests": requests})
@@ -149,7 +188,7 @@ def test_a_large_batch_does_not_hold_up_other_requests(api: Callable[[], httpx.C
     assert cancelled.status_code == 200
 
 
-def test_each_team_has_its_own_webhook_secret(api: Callable[[], httpx.Client]) -> None:
+def test_each_team_has_its_own_webhook_secret(api: Callable[..., httpx.Client]) -> None:
     mine, other = api(), api()
     secret = mine.get("/v1/batch/webhook_secret").json()["secret"]
     assert secret.startswith("whsec_") and mine.get("/v1/batch/webhook_secret").json() == {

@@ -32,6 +32,7 @@ from tokenyard.batch.worker import BatchWorker
 from tokenyard.core.destinations import Network, RefusedDestination, check
 from tokenyard.core.errors import GatewayError
 from tokenyard.core.openapi import body_operation, json_body
+from tokenyard.gateway.scopes import check_scope
 from tokenyard.gateway.validation import Metadata
 from tokenyard.tenancy import webhook_secrets
 from tokenyard.tenancy.policy import TeamPolicy
@@ -87,9 +88,11 @@ def _decode(raw: bytes, struct: type[T]) -> T:
         raise GatewayError(400, f"body is not valid JSON: {exc}", code="invalid_json") from None
 
 
-def _check_job(endpoint: str, window: str) -> None:
+def _check_job(endpoint: str, window: str, caller: TeamPolicy) -> None:
     if endpoint not in ENDPOINTS:
         raise GatewayError(400, f"endpoint must be one of {', '.join(ENDPOINTS)}", param="endpoint")
+    # a key restricted to batches runs only the kinds of request it may send itself
+    check_scope(caller, endpoint, doing="run a batch of", param="endpoint")
     if window != WINDOW:
         raise GatewayError(400, f"completion_window must be {WINDOW!r}", param="completion_window")
 
@@ -107,11 +110,11 @@ def _check_upload(content: bytes, cap: int) -> None:
     _check_count(count_lines(content), cap, "file")
 
 
-def _inline_job(raw: bytes, cap: int) -> tuple[InlineBatch, list[Line]]:
+def _inline_job(raw: bytes, cap: int, caller: TeamPolicy) -> tuple[InlineBatch, list[Line]]:
     """The inline form's body, decoded and its requests checked (run in a thread: thousands of
     requests would hold the event loop, and every other request, for a while)."""
     ask = _decode(raw, InlineBatch)
-    _check_job(ask.endpoint, ask.completion_window)
+    _check_job(ask.endpoint, ask.completion_window, caller)
     if not ask.requests:
         raise GatewayError(400, "'requests' must be a non-empty array", param="requests")
     _check_count(len(ask.requests), cap, "requests")
@@ -284,7 +287,7 @@ class BatchesController(Controller):
         caller: NamedDependency[TeamPolicy],
     ) -> Response[bytes]:
         ask = _decode(await request.body(), CreateBatch)
-        _check_job(ask.endpoint, ask.completion_window)
+        _check_job(ask.endpoint, ask.completion_window, caller)
         source = await anyio.to_thread.run_sync(
             jobs.get_file, batch_worker.sql, caller.team, ask.input_file_id
         )
@@ -366,7 +369,7 @@ class BatchesController(Controller):
         """The inline form: the requests in the body, an optional callback when the job ends."""
         raw = await request.body()
         ask, lines = await anyio.to_thread.run_sync(
-            _inline_job, raw, batch_worker.settings.batch_max_requests
+            _inline_job, raw, batch_worker.settings.batch_max_requests, caller
         )
         if ask.callback_url is not None:
             await _check_callback(ask.callback_url, batch_worker.callback_allow)

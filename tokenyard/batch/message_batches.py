@@ -33,6 +33,7 @@ from tokenyard.batch.worker import BatchWorker
 from tokenyard.core.errors import GatewayError
 from tokenyard.gateway.auth import authorization_of
 from tokenyard.gateway.proxy import Proxy
+from tokenyard.gateway.scopes import check_scope
 from tokenyard.gateway.validation import query_int
 from tokenyard.tenancy.policy import TeamPolicy
 
@@ -171,6 +172,7 @@ class MessageBatchesController(Controller):
         batch_worker: NamedDependency[BatchWorker],
     ) -> Response[bytes]:
         async def work(policy: TeamPolicy) -> Response[bytes]:
+            check_scope(policy, CHAT, doing="run a batch of")
             cap = batch_worker.settings.batch_max_requests
             lines = await anyio.to_thread.run_sync(_lines, await request.body(), cap)
             window_s = batch_worker.settings.batch_window_s or 86400.0

@@ -19,7 +19,7 @@ from redis.exceptions import RedisError
 from sqlalchemy import Engine
 
 from tokenyard.core.errors import GatewayError
-from tokenyard.gateway.scopes import scope_of
+from tokenyard.gateway.scopes import check_scope
 from tokenyard.tenancy.keys import KEY_PREFIX_LEN, bearer_key, hash_key, lookup_key
 from tokenyard.tenancy.policy import TeamPolicy
 from tokenyard.tenancy.service import cache_key
@@ -69,14 +69,7 @@ class Authenticator:
         if policy is None:
             raise GatewayError(401, "invalid or revoked API key", code="invalid_api_key")
         self._mark_used(key[:KEY_PREFIX_LEN])
-        if policy.scopes and not policy.allows(scope := scope_of(path)):
-            raise GatewayError(
-                403,
-                f"this key may not call {path}: it is restricted to "
-                f"{', '.join(s for s in policy.scopes if s) or 'no kind of endpoint'}, and this "
-                f"endpoint is {scope}",
-                code="insufficient_scope",
-            )
+        check_scope(policy, path)
         return policy
 
     def _mark_used(self, prefix: str) -> None:

@@ -3,6 +3,9 @@ some kinds (a team's or a key's `scopes`). A path not named here is open only to
 keys: a new route is closed to restricted ones until it is given its kind.
 """
 
+from tokenyard.core.errors import GatewayError
+from tokenyard.tenancy.policy import TeamPolicy
+
 # path prefixes, each matched whole or followed by "/", the longer ones first
 _KINDS = (
     ("/v1/messages/batches", "batch"),
@@ -39,3 +42,19 @@ def scope_of(path: str) -> str | None:
         if path == prefix or path.startswith(prefix + "/"):
             return kind
     return CLOSED
+
+
+def check_scope(
+    policy: TeamPolicy, path: str, *, doing: str = "call", param: str | None = None
+) -> None:
+    """Refuse (403 insufficient_scope) a key that may not call `path`: the request's own path, or
+    the endpoint a batch would run its requests on (`doing` names that in the message)."""
+    if policy.scopes and not policy.allows(scope := scope_of(path)):
+        raise GatewayError(
+            403,
+            f"this key may not {doing} {path}: it is restricted to "
+            f"{', '.join(s for s in policy.scopes if s) or 'no kind of endpoint'}, and this "
+            f"endpoint is {scope}",
+            code="insufficient_scope",
+            param=param,
+        )
