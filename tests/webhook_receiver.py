@@ -1,11 +1,12 @@
 """A webhook receiver on loopback for tests: it keeps every POST (path, body, headers) and
 answers 200."""
 
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
+
+from tests.loopback_server import serving
 
 
 class Received(list[tuple[str, bytes, dict[str, str]]]):
@@ -27,11 +28,5 @@ def receiving() -> Iterator[Received]:
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    received.port = server.server_port
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
+    with serving(Handler) as received.port:
         yield received
-    finally:
-        server.shutdown()
-        server.server_close()

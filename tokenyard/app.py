@@ -16,6 +16,7 @@ from litestar.di import NamedDependency, Provide
 from litestar.exceptions import HTTPException
 
 from tokenyard.admin_ui.app import admin_router
+from tokenyard.admin_ui.oidc import Provider
 from tokenyard.batch.api import BatchesController, FilesController
 from tokenyard.batch.message_batches import MessageBatchesController
 from tokenyard.batch.worker import BatchWorker
@@ -182,6 +183,15 @@ def create_app(settings: Settings | None = None) -> Litestar:
             guard = await asyncio.to_thread(guard_service.build, settings, sql, redis)
             guard.audit.start()
         app.state.guard = guard
+        app.state.oidc = (  # the admin UI's single sign-on
+            Provider(
+                settings.admin_oidc_issuer,
+                settings.admin_oidc_client_id,
+                settings.admin_oidc_client_secret.get_secret_value(),
+            )
+            if settings.admin_oidc_issuer
+            else None
+        )
         tracing = Tracing.from_settings(settings)
         proxy = Proxy(settings, auth, quotas, backends, router, Pricer(catalog), guard, tracing)
         app.state.proxy = proxy

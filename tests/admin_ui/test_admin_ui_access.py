@@ -29,7 +29,13 @@ from tokenyard.gateway.quotas import TeamKeys, day_number
 from tokenyard.tenancy import keys
 from tokenyard.tenancy.models import TeamEvent
 
-PUBLIC = {"/admin/login", "/admin/team-usage/login", "/admin/static/admin.css"}
+PUBLIC = {
+    "/admin/login",
+    "/admin/login/sso",  # single sign-on's two legs (tests/admin_ui/test_admin_ui_sso.py)
+    "/admin/login/sso/callback",
+    "/admin/team-usage/login",
+    "/admin/static/admin.css",
+}
 CHAT = [{"role": "user", "content": "one two three #chunks=3"}]
 
 

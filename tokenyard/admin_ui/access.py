@@ -13,7 +13,8 @@ from litestar.handlers import BaseRouteHandler
 from litestar.response import Redirect
 from sqlalchemy import Engine
 
-from tokenyard.admin_ui import render, sessions
+from tokenyard.admin_ui import oidc, render, sessions
+from tokenyard.admin_ui.oidc import Provider
 from tokenyard.core.settings import Settings
 from tokenyard.gateway.proxy import Proxy
 from tokenyard.tenancy import keys
@@ -38,10 +39,17 @@ def settings_of(connection: ASGIConnection) -> Settings:
     return connection.app.state.settings
 
 
+def oidc_of(connection: ASGIConnection) -> Provider | None:
+    """The single sign-on's identity provider; None where it is off."""
+    return connection.app.state.oidc
+
+
 def actor_of(connection: ASGIConnection) -> str:
     """Who the trail of changes names for the admin's changes: pages that change anything are the
-    admin's, whose session was opened with the admin user this gateway has now (admin_only)."""
-    return f"admin-ui:{settings_of(connection).admin_user}"
+    admin's (admin_only), signed in by single sign-on as a person or with the admin user."""
+    session: sessions.Session | None = connection.state.get("admin_session")
+    user = session.user if session is not None else None
+    return f"admin-ui:{user or settings_of(connection).admin_user}"
 
 
 async def in_thread(fn: Any, *args: Any, **kwargs: Any) -> Any:
@@ -57,10 +65,22 @@ async def admin_credential(settings: Settings) -> str:
 
 
 async def admin_only(connection: ASGIConnection, _: BaseRouteHandler) -> None:
-    """The admin's session, opened with the admin user and password this gateway has now."""
+    """The admin's session, opened with the admin user and password this gateway has now, or by
+    single sign-on with this provider by someone still on its allow-list."""
     session = await sessions.load(connection)
     settings = settings_of(connection)
-    if session is None or session.role != "admin" or not settings.admin_password:
+    if session is None or session.role != "admin":
+        raise NotAuthorizedException("sign in as the platform admin")
+    if session.user is not None:
+        issuer, client = settings.admin_oidc_issuer, settings.admin_oidc_client_id
+        if not issuer or not hmac.compare_digest(
+            session.credential or "", oidc.fingerprint(issuer, client)
+        ):
+            raise NotAuthorizedException("the single sign-on changed: sign in again")
+        if not oidc.allowed(session.user, settings.admin_oidc_allow):
+            raise NotAuthorizedException(f"{session.user} may no longer sign in as the admin")
+        return
+    if not settings.admin_password:
         raise NotAuthorizedException("sign in as the platform admin")
     current = await admin_credential(settings)
     if not hmac.compare_digest(session.credential or "", current):

@@ -3,7 +3,8 @@
 The cookie holds only a random 256-bit token; Redis keys it by the token's sha256, so reading Redis
 does not hand out usable cookies. A sign-in always starts a new token (no session fixation), and
 signing out deletes it everywhere at once. An admin session remembers a fingerprint of the sign-in
-it was opened with, so changing the admin user or password ends every session opened before.
+it was opened with, so changing the admin user or password (or the single sign-on's provider)
+ends every session opened before.
 """
 
 import functools
@@ -25,7 +26,9 @@ class Session(msgspec.Struct, frozen=True):
     csrf: str  # the token every form of this session carries
     team: str | None = None  # role "team": the one team it may see
     key_hash: str | None = None  # role "team": the key it was opened with; revoked, it ends
-    credential: str | None = None  # role "admin": fingerprint() of the sign-in it was opened with
+    # role "admin": fingerprint() of the sign-in it was opened with (oidc.fingerprint for SSO)
+    credential: str | None = None
+    user: str | None = None  # role "admin" by single sign-on: the person's verified email
 
 
 _decoder = msgspec.json.Decoder(Session)
@@ -72,11 +75,12 @@ async def start(
     team: str | None = None,
     key_hash: str | None = None,
     credential: str | None = None,
+    user: str | None = None,
 ) -> None:
     """Replace whatever session the browser had with a new one, on a new token."""
     await end(connection, response)
     token = secrets.token_urlsafe(32)
-    session = Session(role, secrets.token_urlsafe(32), team, key_hash, credential)
+    session = Session(role, secrets.token_urlsafe(32), team, key_hash, credential, user)
     await _redis(connection).set(_name(token), msgspec.json.encode(session), px=int(ttl_s * 1000))
     response.set_cookie(
         COOKIE,

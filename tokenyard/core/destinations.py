@@ -14,6 +14,7 @@ import re
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -30,6 +31,22 @@ _NUMERIC_LABEL = re.compile(r"0x[0-9a-f]*|[0-9]+")
 
 class RefusedDestination(ValueError):
     """A URL the platform will not call; the message says why, without the URL's contents."""
+
+
+def secure_url(url: str) -> bool:
+    """Whether an operator's URL may carry a secret: HTTPS, or plain HTTP to this machine's loopback
+    (a service run beside the gateway)."""
+    parts = urlsplit(url)
+    if parts.scheme == "https":
+        return bool(parts.hostname)
+    if parts.scheme != "http" or not parts.hostname:
+        return False
+    if parts.hostname == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(parts.hostname).is_loopback
+    except ValueError:
+        return False
 
 
 def allow_list(spec: str) -> tuple[Network, ...]:

@@ -8,8 +8,10 @@ import re
 from functools import lru_cache
 
 from dotenv import dotenv_values
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from tokenyard.core.destinations import secure_url
 
 PREFIX = "TOKENYARD_"
 ENV_FILE = ".env"
@@ -155,6 +157,17 @@ class Settings(BaseSettings):
     admin_user: str = "admin"
     admin_password: SecretStr = SecretStr("")
     admin_session_s: float = 8 * 3600.0  # a signed-in session (admin or team member) lasts this
+    # the admin UI's single sign-on (OpenID Connect, docs/admin_ui.md): the provider's issuer URL
+    # (HTTPS, or HTTP on loopback), this platform's client registered there, and who may sign in
+    # as admin: addresses and @domains, comma-separated. Empty issuer: off
+    admin_oidc_issuer: str = ""
+    admin_oidc_client_id: str = ""
+    admin_oidc_client_secret: SecretStr = SecretStr("")
+    admin_oidc_allow: str = ""
+    # the callback URL registered at the provider; empty: this gateway's own address seen by the
+    # browser + /admin/login/sso/callback (set it behind a proxy that rewrites the host)
+    admin_oidc_redirect_url: str = ""
+    admin_oidc_name: str = "single sign-on"  # the sign-in button says "Sign in with" this
     # billing: the usage consumer in each gateway (see docs/billing.md)
     billing_consumer_group: str = "billing"  # one Redis consumer group per deployment
     billing_batch_size: int = 500  # usage events written to SQL per transaction
@@ -222,6 +235,22 @@ class Settings(BaseSettings):
                 )
             names.add(name)
         return value
+
+    @model_validator(mode="after")
+    def _single_sign_on(self) -> "Settings":
+        """An issuer needs its client and an allow-list, and only secure URLs carry its secrets."""
+        if self.admin_oidc_issuer:
+            if not self.admin_oidc_client_id or not self.admin_oidc_allow.strip(" ,"):
+                raise ValueError(
+                    "TOKENYARD_ADMIN_OIDC_ISSUER needs TOKENYARD_ADMIN_OIDC_CLIENT_ID and "
+                    "TOKENYARD_ADMIN_OIDC_ALLOW (who may sign in: addresses, @domains)"
+                )
+            for url in (self.admin_oidc_issuer, self.admin_oidc_redirect_url):
+                if url and not secure_url(url):
+                    raise ValueError(
+                        f"single sign-on URLs must be HTTPS (or HTTP on loopback): {url}"
+                    )
+        return self
 
     @field_validator("budget_alert_at")
     @classmethod

@@ -1,5 +1,5 @@
-"""The only routes open to anonymous visitors: the sign-in forms (throttled per client), sign-out
-and the stylesheet."""
+"""The only routes open to anonymous visitors: the sign-in forms (throttled per client), single
+sign-on's two legs (admin_ui/oidc.py), sign-out and the stylesheet."""
 
 import hmac
 from hashlib import sha256
@@ -8,8 +8,8 @@ from pathlib import Path
 from litestar import Controller, Request, Response, get, post
 from litestar.response import Redirect
 
-from tokenyard.admin_ui import forms, render, sessions, throttle
-from tokenyard.admin_ui.access import admin_credential, proxy_of, settings_of
+from tokenyard.admin_ui import forms, oidc, render, sessions, throttle
+from tokenyard.admin_ui.access import admin_credential, oidc_of, proxy_of, settings_of
 from tokenyard.core.errors import GatewayError
 from tokenyard.tenancy import keys
 
@@ -44,8 +44,19 @@ _THROTTLED = "too many failed sign-ins: wait a few minutes"
 
 
 async def _login_page(request: Request, kind: str, status: int = 200, error: str = "") -> Response:
-    off = kind == "admin" and not settings_of(request).admin_password
-    return await render.page(request, "login.html", status, kind=kind, error=error, off=off)
+    settings = settings_of(request)
+    password, sso = bool(settings.admin_password), settings.admin_oidc_issuer != ""
+    return await render.page(
+        request,
+        "login.html",
+        status,
+        kind=kind,
+        error=error,
+        off=kind == "admin" and not (password or sso),
+        password=password,
+        sso=settings.admin_oidc_name if sso else "",
+        next=_local_next(request.query_params.get("next"), ""),
+    )
 
 
 class SignIn(Controller):
@@ -82,6 +93,74 @@ class SignIn(Controller):
             "admin",
             settings.admin_session_s,
             credential=await admin_credential(settings),
+        )
+        return response
+
+    @get("/login/sso")
+    async def sso_begin(self, request: Request) -> Response:
+        """Send the browser to the identity provider, a cookie binding the sign-in to it."""
+        provider = oidc_of(request)
+        if provider is None:
+            return await _login_page(request, "admin", 404, "single sign-on is off")
+        if not await _admitted(request):  # each start waits in Redis: given back once finished
+            return await _login_page(request, "admin", 429, _THROTTLED)
+        settings = settings_of(request)
+        own = f"{request.url.scheme}://{request.url.netloc}{oidc.CALLBACK}"
+        next_url = _local_next(request.query_params.get("next"), "/admin/usage")
+        try:
+            state, url = await provider.begin(
+                proxy_of(request).quotas.redis, next_url, settings.admin_oidc_redirect_url or own
+            )
+        except oidc.SignInRefused as exc:
+            return await _login_page(request, "admin", exc.status, str(exc))
+        response = Redirect(url, status_code=303)
+        response.set_cookie(
+            oidc.STATE_COOKIE,
+            state,
+            max_age=oidc.PENDING_S,
+            path=oidc.CALLBACK,
+            secure=sessions.secure(request),
+            httponly=True,
+            samesite="lax",  # the provider's redirect back is a cross-site navigation
+        )
+        return response
+
+    @get("/login/sso/callback")
+    async def sso_finish(self, request: Request) -> Response:
+        """The provider's redirect back: the code exchanged and its ID token checked, an admin
+        session for someone on the allow-list."""
+        provider = oidc_of(request)
+        if provider is None:
+            return await _login_page(request, "admin", 404, "single sign-on is off")
+        settings, query = settings_of(request), request.query_params
+        try:
+            if "error" in query:  # the person declined, or the provider refused
+                why = f"{query['error']} {query.get('error_description', '')}".strip()[:200]
+                raise oidc.SignInRefused(f"the identity provider did not sign you in: {why}")
+            email, next_url = await provider.finish(
+                proxy_of(request).quotas.redis,
+                state=query.get("state", ""),
+                cookie=request.cookies.get(oidc.STATE_COOKIE, ""),
+                code=query.get("code", ""),
+            )
+            if not oidc.allowed(email, settings.admin_oidc_allow):
+                raise oidc.SignInRefused(f"{email} may not sign in as the platform admin", 403)
+        except oidc.SignInRefused as exc:
+            response = await _login_page(request, "admin", exc.status, str(exc))
+            response.delete_cookie(oidc.STATE_COOKIE, path=oidc.CALLBACK)
+            return response
+        await _succeeded(request)
+        # a page that moves on by itself rather than a redirect: the session cookie is
+        # SameSite=Strict, and a browser keeps it off a redirect chain the provider began
+        response = await render.page(request, "signed_in.html", user=email, next=next_url)
+        response.delete_cookie(oidc.STATE_COOKIE, path=oidc.CALLBACK)
+        await sessions.start(
+            request,
+            response,
+            "admin",
+            settings.admin_session_s,
+            credential=oidc.fingerprint(settings.admin_oidc_issuer, settings.admin_oidc_client_id),
+            user=email,
         )
         return response
 
