@@ -90,6 +90,7 @@ def test_passed_through_with_the_conversation_kept_by_the_gateway(
     sent = seen["last_body"]
     assert sent["model"] == "gpt-4o-mini" and sent["store"] is False
     assert sent["instructions"] == "Be brief." and sent["max_output_tokens"] == 50
+    assert "truncation" not in sent
     assert sent["input"] == [
         {
             "type": "message",
@@ -108,9 +109,11 @@ def test_passed_through_with_the_conversation_kept_by_the_gateway(
         model="gpt-fake",
         previous_response_id=first.id,
         input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}],
+        truncation="auto",
     )
     sent = stats(openai_url)["last_body"]
     assert "previous_response_id" not in sent  # OpenAI stores nothing: the gateway sends it all
+    assert sent["truncation"] == "auto"  # OpenAI truncates by its own count
     assert [i["type"] for i in sent["input"]] == [
         "message",
         "function_call",

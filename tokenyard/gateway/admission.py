@@ -6,13 +6,13 @@ candidate that takes the request instead.
 
 import os
 
-from tokenyard.backends.base import Upstream
+from tokenyard.backends.base import ModelInfo, Upstream
 from tokenyard.core.errors import GatewayError
 from tokenyard.core.settings import Settings
-from tokenyard.gateway import metrics
+from tokenyard.gateway import metrics, truncation
 from tokenyard.gateway.dispatch import Dispatch
 from tokenyard.gateway.quotas import MODEL_LIMIT_CODES, Quotas, Reservation
-from tokenyard.gateway.sizing import PromptOverhead, kv_pages, max_tokens_for
+from tokenyard.gateway.sizing import PromptOverhead, kv_pages, max_tokens_for, prompt_budget
 from tokenyard.gateway.tracing import RequestTrace
 from tokenyard.gateway.validation import Parsed
 from tokenyard.router.catalog import Catalog
@@ -60,9 +60,10 @@ class Admission:
         cannot hold the request is passed over."""
         index, first = route.candidates.index(upstream.info.name), None
         while True:
-            extra = self.overhead.extra(upstream.info.name, policy.team)
-            prompts = [size + extra for size in parsed.prompt_sizes]
             info, sized = upstream.info, False
+            extra = self.overhead.extra(info.name, policy.team)
+            self._truncate(parsed, info, policy, extra)
+            prompts = [size + extra for size in parsed.prompt_sizes]
             try:
                 max_tokens = max_tokens_for(parsed, max(prompts), info, policy, self.settings)
                 sized = True
@@ -95,6 +96,13 @@ class Admission:
                     raise first from None
                 index, upstream = found
 
+    def _truncate(self, parsed: Parsed, info: ModelInfo, policy: TeamPolicy, extra: int) -> None:
+        """With truncation "auto", the oldest turns the model's context cannot hold are dropped
+        (gateway/truncation.py). Dropped turns stay dropped if the request moves on to another
+        candidate: a larger one gets a little less than it could hold."""
+        if parsed.truncate and (budget := prompt_budget(parsed, info, policy, self.settings)):
+            truncation.fit(parsed, budget - extra)
+
     def platform_limits(self, model: str) -> tuple[int, int]:
         """Every team's requests and tokens per minute on `model` together (the catalog's)."""
         entry = self.catalog.get(model)
@@ -111,9 +119,9 @@ class Admission:
         is passed over, as at reservation."""
         while (found := self.dispatch.next_open(route, tier, after)) is not None:
             after, info = found[0] + 1, found[1].info
-            prompt = max(parsed.prompt_sizes, default=0) + self.overhead.extra(
-                info.name, res.policy.team
-            )
+            extra = self.overhead.extra(info.name, res.policy.team)
+            self._truncate(parsed, info, res.policy, extra)
+            prompt = max(parsed.prompt_sizes, default=0) + extra
             try:
                 fits = max_tokens_for(parsed, prompt, info, res.policy, self.settings)
             except GatewayError:  # too long for this model's context

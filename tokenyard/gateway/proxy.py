@@ -459,6 +459,8 @@ class Proxy:
         index = route.candidates.index(upstream.info.name)
         while True:
             event.model_served = headers["x-tokenyard-model"] = upstream.info.name
+            if parsed.dropped:  # truncation "auto" dropped the oldest turns for this model
+                headers["x-tokenyard-truncated"] = str(parsed.dropped)
             res.trace.begin_upstream(upstream.info.name, parsed.stream)
             try:
                 return await self._send(

@@ -39,6 +39,15 @@ def min_set(*caps: int) -> int:
     return min((c for c in caps if c > 0), default=0)
 
 
+def prompt_budget(parsed: Parsed, info: ModelInfo, policy: TeamPolicy, settings: Settings) -> int:
+    """The most prompt tokens that leave the output room in the model's context under the caps:
+    the max_tokens asked, else a quarter of the context (at most the token cap). 0: no context
+    cap."""
+    context = min_set(policy.max_context, settings.gateway_max_context, info.max_model_len)
+    token_cap = min_set(policy.max_tokens, settings.gateway_max_tokens)
+    return context and context - (parsed.max_tokens or min_set(token_cap, context // 4))
+
+
 def max_tokens_for(
     parsed: Parsed, prompt: int, info: ModelInfo, policy: TeamPolicy, settings: Settings
 ) -> int:

@@ -92,6 +92,9 @@ class ChatRequest(_Common, kw_only=True):
     messages: Annotated[list[Message], msgspec.Meta(min_length=1)]
     max_completion_tokens: Positive | None = None
     store: bool | None = None  # kept by the gateway (gateway/chats), never sent upstream
+    # gateway extension (the Responses API's own field): "auto" drops the oldest turns that the
+    # chosen model's context cannot hold (gateway/truncation.py) instead of refusing the request
+    truncation: Literal["auto", "disabled"] | None = None
 
 
 class CompletionRequest(_Common, kw_only=True):
@@ -132,6 +135,8 @@ class Parsed:
     client_request_id: str | None  # the body's `request_id`; headers may name one too
     end_user: str | None = None  # who the team asked for (`safety_identifier`, else `user`)
     metadata: dict[str, str] | None = None  # the team's labels of the request, recorded with it
+    truncate: bool = False  # chat with truncation "auto": the oldest turns may be dropped to fit
+    dropped: int = 0  # messages truncation dropped
 
     @property
     def prompt_tokens(self) -> int:
@@ -167,8 +172,17 @@ def _text_bytes(content: str | list[dict[str, Any]] | None) -> int:
 
 
 def estimate_chat_tokens(messages: list[Message]) -> int:
-    size = sum(_text_bytes(m.content) for m in messages)
-    return math.ceil(size / 4) + TOKENS_PER_MESSAGE * len(messages) + TOKENS_PER_REPLY
+    return chat_tokens(sum(_text_bytes(m.content) for m in messages), len(messages))
+
+
+def chat_tokens(size: int, messages: int) -> int:
+    """The estimate of a chat prompt of `messages` messages whose texts are `size` bytes."""
+    return math.ceil(size / 4) + TOKENS_PER_MESSAGE * messages + TOKENS_PER_REPLY
+
+
+def message_bytes(message: dict[str, Any]) -> int:
+    """UTF-8 size of a checked message's text (as estimate_chat_tokens counts it)."""
+    return _text_bytes(message.get("content"))
 
 
 def _is_ids(prompt: list[Any]) -> bool:
@@ -255,6 +269,7 @@ def parse(raw: bytes, kind: Kind) -> Parsed:
         max_tokens = req.max_completion_tokens or req.max_tokens
         body.pop("max_completion_tokens", None)
         body.pop("store", None)
+        body.pop("truncation", None)
         _check_messages(req.messages)
         prompt_sizes = [estimate_chat_tokens(req.messages)]
     else:
@@ -277,6 +292,7 @@ def parse(raw: bytes, kind: Kind) -> Parsed:
         client_request_id=client_request_id(req.request_id, "request_id"),
         end_user=end_user(req.safety_identifier or req.user),
         metadata=req.metadata or None,
+        truncate=isinstance(req, ChatRequest) and req.truncation == "auto",
     )
 
 

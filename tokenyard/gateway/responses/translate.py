@@ -236,6 +236,7 @@ NATIVE = frozenset(
         "service_tier",
         "include",
         "max_tool_calls",
+        "truncation",  # OpenAI truncates by its own count; the gateway's sizes its reservation
     }
 )
 
@@ -289,12 +290,8 @@ def begin(
     its previous response, or the items of its conversation."""
     if req.background and not req.store:
         raise _bad("background responses must be stored (store=true)", "store")
-    for name, value, idle in (
-        ("prompt", req.prompt, (None,)),
-        ("truncation", req.truncation, (None, "disabled")),
-    ):
-        if value not in idle:
-            raise _unsupported(name, f"{name}={value!r}")
+    if req.prompt is not None:
+        raise _unsupported("prompt", f"prompt={req.prompt!r}")
     fresh = normalized(req.input)
     context = earlier + fresh
     chat: dict[str, Any] = {
@@ -306,6 +303,8 @@ def begin(
         chat["stream_options"] = {"include_usage": True}
     if req.max_output_tokens is not None:
         chat["max_tokens"] = req.max_output_tokens
+    if req.truncation == "auto":  # the oldest turns the model cannot hold are dropped
+        chat["truncation"] = "auto"
     if req.tools:
         chat["tools"] = _chat_tools(req.tools)
         if req.parallel_tool_calls is not None:
@@ -350,7 +349,7 @@ def begin(
         # as OpenAI echoes function tools: strict (its default: true) and parameters filled in
         "tools": [{"strict": True, "parameters": None, **t} for t in req.tools or []],
         "top_p": 1.0 if req.top_p is None else req.top_p,
-        "truncation": "disabled",
+        "truncation": req.truncation or "disabled",
         "user": req.user,
         "background": bool(req.background),
         "conversation": {"id": conversation} if conversation else None,
