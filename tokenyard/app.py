@@ -50,6 +50,8 @@ from tokenyard.gateway.request_ids import add_request_id
 from tokenyard.gateway.responses.controller import ResponsesController
 from tokenyard.gateway.responses.conversation_store import ConversationStore
 from tokenyard.gateway.responses.conversations import ConversationsController
+from tokenyard.gateway.responses.prompts import PromptStore
+from tokenyard.gateway.responses.prompts_api import PromptsController
 from tokenyard.gateway.responses.service import ResponsesService
 from tokenyard.gateway.responses.store import ResponseStore
 from tokenyard.gateway.spool import UsageSpool
@@ -102,6 +104,10 @@ def _conversations(state: State) -> ConversationStore:
     return state.conversations
 
 
+def _prompts(state: State) -> PromptStore:
+    return state.prompts
+
+
 def _chats(state: State) -> ChatStore:
     return state.chats
 
@@ -143,6 +149,7 @@ def _dependencies(settings: Settings) -> dict[str, Provide]:
         "chat": _chat,
         "responses_api": _responses_api,
         "conversations": _conversations,
+        "prompts": _prompts,
         "guard": _guard,
         "batch_worker": _batch_worker,
     }
@@ -199,8 +206,9 @@ def create_app(settings: Settings | None = None) -> Litestar:
         app.state.chats = ChatStore(sql, settings.chats_retention_days)
         app.state.chat = ChatService(proxy, app.state.chats)
         app.state.conversations = ConversationStore(sql)
+        app.state.prompts = PromptStore(sql)
         app.state.responses_api = ResponsesService(
-            proxy, app.state.responses, app.state.conversations
+            proxy, app.state.responses, app.state.conversations, app.state.prompts
         )
         await backends.start()
         proxy.keeper.start()
@@ -241,6 +249,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             CompletionsController,
             ResponsesController,
             ConversationsController,
+            PromptsController,
             MessagesController,
             GeminiController,
             AdminController,

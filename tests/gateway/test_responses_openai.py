@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import openai
 import pytest
 
@@ -259,3 +260,28 @@ def test_a_streamed_background_response_of_openais_model_is_numbered_on(
     assert client.responses.retrieve(made).status == "completed"
     again = list(client.responses.retrieve(made, stream=True, starting_after=2))
     assert [e.model_dump() for e in again] == [e.model_dump() for e in events[3:]]
+
+
+def test_a_reusable_prompt_goes_to_openai_as_input_items(
+    gw: Gateway, team: tuple[str, str], openai_url: str
+) -> None:
+    """The gateway's prompts are its own: OpenAI gets the filled messages before the input, never
+    the prompt's id."""
+    _, key = team
+    template = [{"role": "developer", "content": "Speak of {{city}}."}]
+    made = httpx.post(
+        gw.url + "/v1/prompts",
+        json={"messages": template},
+        headers={"authorization": f"Bearer {key}"},
+    )
+    pid = made.json()["id"]
+    answer = gw.client(key).responses.create(
+        model="gpt-fake", prompt={"id": pid, "variables": {"city": "Oslo"}}, input="hi"
+    )
+    sent = stats(openai_url)["last_body"]
+    assert "prompt" not in sent
+    assert [(i["role"], i["content"][0]["text"]) for i in sent["input"]] == [
+        ("developer", "Speak of Oslo."),
+        ("user", "hi"),
+    ]
+    assert answer.prompt is not None and answer.prompt.id == pid and answer.prompt.version == "1"

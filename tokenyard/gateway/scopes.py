@@ -14,6 +14,7 @@ _KINDS = (
     ("/v1/completions", "completions"),
     ("/v1/responses", "completions"),
     ("/v1/conversations", "completions"),
+    ("/v1/prompts", "completions"),  # the Responses API's reusable prompts
     ("/v1/embeddings", "embeddings"),
     ("/v1/moderations", "moderations"),
     ("/v1/batches", "batch"),

@@ -1,8 +1,8 @@
 """The Responses API's state: stored responses (`store: true`, OpenAI's default), one row per
-response, team-scoped, kept for TOKENYARD_RESPONSES_RETENTION_DAYS; and conversations with their
-items, kept until deleted."""
+response, team-scoped, kept for TOKENYARD_RESPONSES_RETENTION_DAYS; conversations with their
+items, kept until deleted; and teams' reusable prompts, every version kept until deleted."""
 
-from sqlalchemy import JSON, Column, LargeBinary
+from sqlalchemy import JSON, Column, LargeBinary, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 
@@ -35,3 +35,17 @@ class ConversationItem(SQLModel, table=True):
     conversation_id: str = Field(index=True)
     item_id: str  # msg_…, fc_…, fco_…: unique within its conversation
     item: bytes = Field(sa_column=Column(LargeBinary, nullable=False))  # as listed (JSON)
+
+
+class PromptVersion(SQLModel, table=True):
+    """One version of a team's reusable prompt (gateway/responses/prompts.py)."""
+
+    __tablename__ = "prompt_version"
+    __table_args__ = (UniqueConstraint("prompt_id", "version"),)
+    seq: int | None = Field(default=None, primary_key=True)
+    prompt_id: str = Field(index=True)  # pmpt_…
+    team: str = Field(index=True)
+    version: int  # 1, 2, …: a new version is the latest
+    messages: bytes = Field(sa_column=Column(LargeBinary, nullable=False))  # [{role, content}]
+    description: str | None = None
+    created_at: int  # unix seconds

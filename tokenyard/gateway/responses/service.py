@@ -23,10 +23,12 @@ from tokenyard.gateway.request_ids import request_id
 from tokenyard.gateway.responses.background import UNFINISHED, Background
 from tokenyard.gateway.responses.conversation_store import ConversationStore, missing_conversation
 from tokenyard.gateway.responses.events import EventWriter, chat_events, native_events
+from tokenyard.gateway.responses.prompts import PromptStore, missing_prompt, rendered
 from tokenyard.gateway.responses.store import ResponseStore, Stored
 from tokenyard.gateway.responses.translate import (
     PARAMS,
     CreateResponse,
+    Prompt,
     Turn,
     adopt,
     begin,
@@ -63,11 +65,16 @@ def _request(raw: Any) -> CreateResponse:
 
 class ResponsesService:
     def __init__(
-        self, proxy: Proxy, store: ResponseStore, conversations: ConversationStore
+        self,
+        proxy: Proxy,
+        store: ResponseStore,
+        conversations: ConversationStore,
+        prompts: PromptStore,
     ) -> None:
         self.proxy = proxy
         self.store = store
         self.conversations = conversations
+        self.prompts = prompts
         self.background = Background(proxy, store, proxy.quotas.redis)
 
     async def _caller(self, request: Request) -> TeamPolicy:
@@ -97,7 +104,22 @@ class ResponsesService:
             if found is None:
                 raise missing_conversation(conversation, "conversation")
             earlier = found
-        return begin(req, raw, earlier, conversation)
+        prompt = None if req.prompt is None else await self._prompt(team, req.prompt)
+        return begin(req, raw, earlier, conversation, prompt)
+
+    async def _prompt(self, team: str, asked: Any) -> Prompt:
+        """The team's prompt a request names, filled with its variables."""
+        if not isinstance(asked, dict) or not isinstance(asked.get("id"), str):
+            raise GatewayError(400, "prompt must be an object with its id", param="prompt")
+        version = asked.get("version")
+        if version is not None and not isinstance(version, str | int):
+            raise GatewayError(400, "prompt.version must be a string", param="prompt.version")
+        row = await self.prompts.get(team, asked["id"], None if version is None else str(version))
+        if row is None:
+            raise missing_prompt(asked["id"], "prompt")
+        items = rendered(row, asked.get("variables"))
+        echo = {"id": row.prompt_id, "version": str(row.version)}
+        return Prompt(items, echo | {"variables": asked.get("variables")})
 
     async def _keep(self, team: str, turn: Turn, response: dict[str, Any]) -> None:
         """A finished response: stored (`store`), and its input and output added to its

@@ -48,7 +48,7 @@ class CreateResponse(msgspec.Struct, kw_only=True):
     truncation: Literal["auto", "disabled"] | None = None
     background: bool | None = None
     conversation: str | dict[str, Any] | None = None  # its id, or {"id": …}
-    prompt: Any = None
+    prompt: Any = None  # {id, version, variables}: checked where it is read (service.py)
     # the gateway's extensions, as on chat completions
     tier: str | None = None
     priority: str | None = None
@@ -280,23 +280,33 @@ def conversation_of(req: CreateResponse) -> str | None:
     return given
 
 
+@dataclass
+class Prompt:
+    """A team's reusable prompt as a response reads it: its messages filled in, as input items,
+    and what the response echoes (`prompt`: id, version, variables)."""
+
+    items: list[dict[str, Any]]
+    echo: dict[str, Any]
+
+
 def begin(
     req: CreateResponse,
     raw: dict[str, Any],
     earlier: list[dict[str, Any]],
     conversation: str | None = None,
+    prompt: Prompt | None = None,
 ) -> Turn:
     """A response to `req` (`raw`: its body as sent); `earlier`: the stored context and output of
-    its previous response, or the items of its conversation."""
+    its previous response, or the items of its conversation; `prompt`: the reusable prompt it
+    names, whose messages go first, as instructions do (and, like them, are not stored)."""
     if req.background and not req.store:
         raise _bad("background responses must be stored (store=true)", "store")
-    if req.prompt is not None:
-        raise _unsupported("prompt", f"prompt={req.prompt!r}")
     fresh = normalized(req.input)
     context = earlier + fresh
+    before = prompt.items if prompt is not None else []
     chat: dict[str, Any] = {
         "model": req.model,
-        "messages": chat_messages(req.instructions, context),
+        "messages": chat_messages(req.instructions, before + context),
         "stream": req.stream,
     }
     if req.stream:  # the usage chunk settles the response's usage
@@ -353,8 +363,9 @@ def begin(
         "user": req.user,
         "background": bool(req.background),
         "conversation": {"id": conversation} if conversation else None,
+        "prompt": prompt.echo if prompt is not None else None,
     }
-    native = _native(raw, context)
+    native = _native(raw, before + context)
     turn = Turn(new_id("resp"), int(time.time()), echo, context, chat, native, req.store, req.model)
     turn.conversation, turn.fresh = conversation, fresh
     return turn
@@ -362,8 +373,9 @@ def begin(
 
 def adopt(turn: Turn, response: dict[str, Any]) -> dict[str, Any]:
     """OpenAI's own Response for this turn, under the gateway's id, with what the gateway keeps
-    itself (store, previous_response_id, metadata, conversation, background)."""
-    for name in ("store", "previous_response_id", "metadata", "conversation", "background"):
+    itself (store, previous_response_id, metadata, conversation, background, prompt)."""
+    kept = ("store", "previous_response_id", "metadata", "conversation", "background", "prompt")
+    for name in kept:
         response[name] = turn.echo[name]
     response["id"] = turn.id
     turn.output = response.get("output") or []
