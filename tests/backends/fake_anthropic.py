@@ -86,9 +86,10 @@ def invalid(body: dict[str, Any], count: bool = False) -> str | None:
 def _usage(body: dict[str, Any], d: Directives, output: int) -> dict[str, Any]:
     words = len(prompt_text(body).split())
     cached = min(d.cached, words)
+    written = min(d.written, words - cached)
     return {
-        "input_tokens": words - cached,
-        "cache_creation_input_tokens": 0,
+        "input_tokens": words - cached - written,
+        "cache_creation_input_tokens": written,
         "cache_read_input_tokens": cached,
         "output_tokens": output,
     }

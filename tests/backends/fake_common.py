@@ -12,6 +12,7 @@ Directives are `#name=value` words in the prompt text (all messages' text, or th
   #cut=K               streamed: drop the connection after K events
   #tool                call the first tool the request offers (arguments {"city": "Paris"})
   #cached=K            report K prompt tokens as read from the prompt cache
+  #written=K           report K prompt tokens as written to the prompt cache (Anthropic only)
   #stream_error=K      (Anthropic) streamed: an `error` event (overloaded_error) after K events
 Control: POST /control {"fail_next": N, "status": C, "retry_after": S} refuses the next N requests
 with C (default 500); POST /control {"reset": true} clears the counters. GET /stats: requests seen,
@@ -30,7 +31,8 @@ import msgspec
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 _DIRECTIVE = re.compile(
-    r"#(status|retry_after|times|first_byte_delay|delay|chunks|cut|cached|stream_error)=([0-9.]+)"
+    r"#(status|retry_after|times|first_byte_delay|delay|chunks|cut|cached|written|stream_error)"
+    r"=([0-9.]+)"
     r"|#(tool|echo)\b"
 )
 
@@ -48,6 +50,7 @@ class Directives:
     chunks: int = 5
     cut: int | None = None
     cached: int = 0
+    written: int = 0
     tool: bool = False
     echo: bool = False  # the reply is the prompt's words (the Responses API's), one a piece
     stream_error: int | None = None
@@ -63,6 +66,7 @@ def directives(text: str, seen: int) -> Directives:
         chunks=int(float(found.get("chunks", 5))),
         cut=int(float(found["cut"])) if "cut" in found else None,
         cached=int(float(found.get("cached", 0))),
+        written=int(float(found.get("written", 0))),
         tool="tool" in found,
         echo="echo" in found,
         stream_error=int(float(found["stream_error"])) if "stream_error" in found else None,

@@ -168,7 +168,7 @@ def test_reply_translation_text_tools_and_usage():
         "prompt_tokens": 115,
         "completion_tokens": 7,
         "total_tokens": 122,
-        "prompt_tokens_details": {"cached_tokens": 100},
+        "prompt_tokens_details": {"cached_tokens": 100, "cache_write_tokens": 5},
     }
 
 

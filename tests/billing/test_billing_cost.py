@@ -59,6 +59,21 @@ def test_price_fills_the_event() -> None:
     assert ev.cost_usd == ev.list_cost_usd == charged  # no compute-priced model: list is charged
 
 
+def test_cache_writes_are_charged_their_own_price() -> None:
+    """Anthropic's cache writes cost a premium (1.25x input): of 100 prompt tokens, 40 read from
+    the cache and 30 written to it, each at its own rate; without a write price, the input's."""
+    premium = Price(input=1.0, cached_input=0.1, cache_write_input=1.25, output=2.0)
+    assert premium.cost(100, 40, 10, 30) == pytest.approx(
+        (30 * 1.0 + 40 * 0.1 + 30 * 1.25 + 20) / 1e6
+    )
+    assert Price(input=1.0, cached_input=0.1).cost(100, 40, 0, 30) == pytest.approx(64 / 1e6)
+    entry = ModelEntry(id="c", provider="anthropic", price=premium)
+    ev = UsageEvent(request_id="r", team="alpha", model="c", model_served="c", ts=0.0)
+    price = Pricer(Catalog(CatalogFile(models=(entry,))))
+    charged = price("alpha", "c", Usage(100, 10, 40, 30, reported=True), ev)
+    assert charged == premium.cost(100, 40, 10, 30) == ev.cost_usd
+
+
 def test_event_to_row() -> None:
     ts = datetime(2026, 3, 4, 23, 59, 59, tzinfo=UTC).timestamp()
     row = to_row(decoder.decode(msgspec.json.encode(event(request_id="r1", ts=ts, e2e=2.0))))

@@ -68,7 +68,7 @@ provider = "anthropic"
 upstream_model = "claude-3-5-haiku-latest"
 base_urls = ["{providers["anthropic"]}"]
 api_key_env = "{ANTHROPIC_KEY}"
-price = {{ input = 0.8, cached_input = 0.08, output = 4.0 }}
+price = {{ input = 0.8, cached_input = 0.08, cache_write_input = 1.0, output = 4.0 }}
 """
         + extra
     )
@@ -283,6 +283,37 @@ def test_the_output_cap_goes_by_the_name_each_model_takes(
         client.chat.completions.create(model=model, messages=CHAT, **asked)
         body = stats(providers["openai"])["last_body"]
         assert body[sent] == 7 and not_sent not in body, (model, asked, body)
+
+
+def test_anthropic_cache_writes_are_reported_and_charged_their_own_price(
+    gw: Any, team: Any
+) -> None:
+    """Anthropic's cache_creation_input_tokens (a premium over input) come back in OpenAI's usage
+    as cache_write_tokens and in Anthropic's as itself, and the request is charged for them at
+    the catalog's cache_write_input."""
+    _, key = team()
+    words = "one two three four five six seven eight nine ten"
+    ask = [{"role": "user", "content": words + " #cached=3 #written=4"}]
+    usage = gw.client(key).chat.completions.create(model="claude-fake", messages=ask).usage
+    assert usage is not None and usage.prompt_tokens_details is not None
+    details = usage.prompt_tokens_details.model_dump()
+    assert (details["cached_tokens"], details["cache_write_tokens"]) == (3, 4)
+    claude = anthropic.Anthropic(base_url=gw.url, api_key=key, max_retries=0)
+    message = claude.messages.create(model="claude-fake", max_tokens=20, messages=ask)  # type: ignore[arg-type]
+    assert message.usage.cache_creation_input_tokens == 4
+    assert message.usage.cache_read_input_tokens == 3
+    assert message.usage.input_tokens == usage.prompt_tokens - 7
+
+    def logged() -> list[dict[str, Any]]:
+        answer = httpx.get(
+            gw.url + "/v1/usage/requests", headers={"authorization": f"Bearer {key}"}
+        )
+        return answer.json()["data"]
+
+    wait_until(lambda: len(logged()) == 2, 10, "both requests recorded")
+    plain = usage.prompt_tokens - 3 - 4
+    premium = (plain * 0.8 + 3 * 0.08 + 4 * 1.0 + usage.completion_tokens * 4.0) / 1e6
+    assert logged()[-1]["cost_usd"] == pytest.approx(premium)  # the chat request, the older
 
 
 def test_token_counts_go_to_each_providers_own_counting_route(

@@ -181,7 +181,12 @@ def test_down_engine_falls_back_and_models_lists_the_catalog(
     assert set(cards) == {"cheap", "strong", "auto"}
     assert cards["cheap"]["ready"] is False and cards["strong"]["ready"] is True
     assert cards["cheap"]["fallbacks"] == ["strong"]
-    assert cards["strong"]["pricing"] == {"input": 3.0, "cached_input": 0.0, "output": 15.0}
+    assert cards["strong"]["pricing"] == {
+        "input": 3.0,
+        "cached_input": 0.0,
+        "output": 15.0,
+        "cache_write_input": 0.0,
+    }
     metrics = httpx.get(gw.url + "/metrics").text
     assert 'tokenyard_router_overflows_total{model="cheap",reason="down"}' in metrics
 

@@ -159,13 +159,15 @@ def chat_request(body: Any) -> dict[str, Any]:
 
 
 def anthropic_usage(raw: dict[str, Any] | None) -> dict[str, int]:
-    """OpenAI usage → Anthropic's: its input_tokens leave out the cached ones."""
+    """OpenAI usage → Anthropic's: its input_tokens leave out those read from the cache and
+    those written to it."""
     raw = raw or {}
-    cached = (raw.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    details = raw.get("prompt_tokens_details") or {}
+    cached, written = details.get("cached_tokens") or 0, details.get("cache_write_tokens") or 0
     return {
-        "input_tokens": max((raw.get("prompt_tokens") or 0) - cached, 0),
+        "input_tokens": max((raw.get("prompt_tokens") or 0) - cached - written, 0),
         "output_tokens": raw.get("completion_tokens") or 0,
-        "cache_creation_input_tokens": 0,
+        "cache_creation_input_tokens": written,
         "cache_read_input_tokens": cached,
     }
 

@@ -186,15 +186,19 @@ def messages_request(body: dict[str, Any], model: str) -> dict[str, Any]:
 
 
 def usage(raw: dict[str, Any]) -> dict[str, Any]:
-    """Anthropic usage → OpenAI's: its input_tokens leave out the cached ones."""
+    """Anthropic usage → OpenAI's: its input_tokens leave out the tokens read from the cache and
+    those written to it, which OpenAI's prompt_tokens count (the written ones under
+    `cache_write_tokens`, as the Responses API's usage names them)."""
     cached = raw.get("cache_read_input_tokens") or 0
-    prompt = (raw.get("input_tokens") or 0) + cached + (raw.get("cache_creation_input_tokens") or 0)
+    written = raw.get("cache_creation_input_tokens") or 0
+    prompt = (raw.get("input_tokens") or 0) + cached + written
     completion = raw.get("output_tokens") or 0
+    details = {"cached_tokens": cached} | ({"cache_write_tokens": written} if written else {})
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
-        "prompt_tokens_details": {"cached_tokens": cached},
+        "prompt_tokens_details": details,
     }
 
 

@@ -22,6 +22,7 @@ class Pricer:
             usage.cached_tokens,
             usage.completion_tokens,
             event.timings,
+            usage.cache_write_tokens,
         )
         event.provider = entry.provider if entry else ""
         event.usage_reported = usage.reported

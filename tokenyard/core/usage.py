@@ -15,6 +15,9 @@ class Usage:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    # of the prompt tokens, those written to the provider's prompt cache: Anthropic charges a
+    # premium for them (Price.cache_write_input)
+    cache_write_tokens: int = 0
     reported: bool = False  # by the upstream (else the gateway's estimate)
 
 
@@ -45,6 +48,7 @@ class UsageEvent(msgspec.Struct):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    cache_write_tokens: int = 0
     usage_reported: bool = False
     cost_usd: float = 0.0
     list_cost_usd: float = 0.0

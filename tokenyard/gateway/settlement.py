@@ -14,7 +14,7 @@ from tokenyard.gateway.streaming import UsageIn
 def usage_of(got: UsageIn | None, fallback_prompt: int, fallback_completion: int) -> Usage:
     if got is None:  # the upstream never reported: settle the estimate
         return Usage(fallback_prompt, fallback_completion, 0)
-    return Usage(got.prompt, got.completion, got.cached, reported=True)
+    return Usage(got.prompt, got.completion, got.cached, got.written, reported=True)
 
 
 class Settlement:
@@ -46,6 +46,7 @@ class Settlement:
         event.prompt_tokens = usage.prompt_tokens
         event.completion_tokens = usage.completion_tokens
         event.cached_tokens = usage.cached_tokens
+        event.cache_write_tokens = usage.cache_write_tokens
         event.e2e = elapsed
         metrics.REQUESTS.labels(model, str(status)).inc()
         metrics.LATENCY.labels(model, "1" if event.stream else "0").observe(elapsed)

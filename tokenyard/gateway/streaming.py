@@ -21,6 +21,7 @@ from tokenyard.gateway.screening import CONTENT_FILTER, cut_event
 
 class _Details(msgspec.Struct):
     cached_tokens: int = 0
+    cache_write_tokens: int = 0  # written to the provider's prompt cache (Anthropic's premium)
 
 
 class UsageIn(msgspec.Struct):
@@ -44,6 +45,11 @@ class UsageIn(msgspec.Struct):
     def cached(self) -> int:
         details = self.prompt_tokens_details or self.input_tokens_details
         return details.cached_tokens if details else 0
+
+    @property
+    def written(self) -> int:
+        details = self.prompt_tokens_details or self.input_tokens_details
+        return details.cache_write_tokens if details else 0
 
 
 class _Delta(msgspec.Struct):

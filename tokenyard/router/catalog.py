@@ -31,13 +31,24 @@ class Price(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     input: float = 0.0
     cached_input: float = 0.0
     output: float = 0.0
+    # prompt tokens written to the provider's prompt cache (Anthropic: 1.25x input for its
+    # 5-minute cache); 0: the input price
+    cache_write_input: float = 0.0
 
-    def cost(self, prompt_tokens: int, cached_tokens: int, completion_tokens: int) -> float:
-        """Cached tokens are part of the prompt tokens (OpenAI's usage convention)."""
-        uncached = max(0, prompt_tokens - cached_tokens)
+    def cost(
+        self,
+        prompt_tokens: int,
+        cached_tokens: int,
+        completion_tokens: int,
+        cache_write_tokens: int = 0,
+    ) -> float:
+        """Cached and cache-written tokens are part of the prompt tokens (OpenAI's usage
+        convention)."""
+        plain = max(0, prompt_tokens - cached_tokens - cache_write_tokens)
         return (
-            uncached * self.input
+            plain * self.input
             + cached_tokens * self.cached_input
+            + cache_write_tokens * (self.cache_write_input or self.input)
             + completion_tokens * self.output
         ) / 1e6
 

@@ -385,11 +385,12 @@ def adopt(turn: Turn, response: dict[str, Any]) -> dict[str, Any]:
 def response_usage(usage: dict[str, Any] | None) -> dict[str, Any] | None:
     if not usage:
         return None
-    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0
+    details = usage.get("prompt_tokens_details") or {}
+    cached, written = details.get("cached_tokens") or 0, details.get("cache_write_tokens") or 0
     prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
     return {
         "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
+        "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": written},
         "output_tokens": completion,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": prompt + completion,
