@@ -3,6 +3,7 @@ Responses API's `prompt` through the official SDK: the template filled with the 
 before the input, the version pinned or the latest, bad variables refused naming them."""
 
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -61,7 +62,8 @@ def test_a_teams_prompts_are_versioned_and_its_own(
             assert stranger.post(f"/prompts/{pid}", json={"messages": TEMPLATE}).status_code == 404
             assert stranger.delete(f"/prompts/{pid}").status_code == 404
             assert stranger.get("/prompts").json()["data"] == []
-        assert api.get(f"/prompts/{pid}", params={"version": "9"}).status_code == 404
+        for missing in ("9", "99999999999999999999", "x"):
+            assert api.get(f"/prompts/{pid}", params={"version": missing}).status_code == 404
         assert api.delete(f"/prompts/{pid}").json() == {
             "id": pid,
             "object": "prompt.deleted",
@@ -124,3 +126,20 @@ def test_a_prompt_that_cannot_be_filled_is_refused_naming_why(
     assert refused.value.status_code == status
     expected = param or "prompt.variables.tone"
     assert refused.value.body["param"] == expected  # type: ignore[index]
+
+
+def test_versions_saved_at_once_each_get_their_own_number(
+    capabilities_gw: Gateway, key: str
+) -> None:
+    with _api(capabilities_gw, key) as api:
+        pid = api.post("/prompts", json={"messages": TEMPLATE}).json()["id"]
+
+        def save(i: int) -> httpx.Response:
+            with _api(capabilities_gw, key) as own:
+                body = {"messages": [{"role": "developer", "content": f"v{i}"}]}
+                return own.post(f"/prompts/{pid}", json=body)
+
+        with ThreadPoolExecutor(8) as pool:
+            saved = list(pool.map(save, range(8)))
+        assert [r.status_code for r in saved] == [200] * 8
+        assert sorted(int(r.json()["version"]) for r in saved) == list(range(2, 10))

@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 from sqlalchemy import Engine, delete, func
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
 from tokenyard.core.db import matchable
@@ -26,6 +27,7 @@ PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 ROLES = ("system", "developer", "user", "assistant")
 MAX_MESSAGES = 100
 MAX_TEXT = 100_000  # characters of template text in one version
+_SAVE_TRIES = 5
 
 
 class Message(msgspec.Struct, forbid_unknown_fields=True):
@@ -152,24 +154,29 @@ class PromptStore:
     def _save(
         self, team: str, prompt_id: str, messages: list[dict[str, str]], description: str | None
     ) -> dict[str, Any]:
-        with Session(self.sql) as session:
-            last = session.exec(
-                select(func.max(PromptVersion.version)).where(
-                    PromptVersion.team == team, PromptVersion.prompt_id == prompt_id
+        for _ in range(_SAVE_TRIES):
+            with Session(self.sql) as session:
+                last = session.exec(
+                    select(func.max(PromptVersion.version)).where(
+                        PromptVersion.team == team, PromptVersion.prompt_id == prompt_id
+                    )
+                ).one()
+                row = PromptVersion(
+                    team=team,
+                    prompt_id=prompt_id,
+                    version=(last or 0) + 1,
+                    messages=msgspec.json.encode(messages),
+                    description=description,
+                    created_at=int(time.time()),
                 )
-            ).one()
-            row = PromptVersion(
-                team=team,
-                prompt_id=prompt_id,
-                version=(last or 0) + 1,
-                messages=msgspec.json.encode(messages),
-                description=description,
-                created_at=int(time.time()),
-            )
-            session.add(row)
-            session.commit()  # two versions at once: the key (prompt, version) refuses the second
-            session.refresh(row)
-            return prompt_object(row)
+                session.add(row)
+                try:
+                    session.commit()
+                except IntegrityError:  # another version saved at once took the number: the next
+                    continue
+                session.refresh(row)
+                return prompt_object(row)
+        raise GatewayError(409, "the prompt is being changed by other requests: try again")
 
     def _get(self, team: str, prompt_id: str, version: str | None) -> PromptVersion | None:
         if not matchable(prompt_id):
@@ -178,7 +185,7 @@ class PromptStore:
             PromptVersion.team == team, PromptVersion.prompt_id == prompt_id
         )
         if version is not None:
-            if not version.isdigit():
+            if not version.isdigit() or len(version) > 9:  # beyond any version, and SQL's integers
                 return None
             query = query.where(PromptVersion.version == int(version))
         with Session(self.sql) as session:
