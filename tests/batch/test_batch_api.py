@@ -3,6 +3,7 @@
 from contextlib import ExitStack
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from sqlmodel import Session, select
@@ -13,6 +14,7 @@ from tests.webhook_receiver import receiving
 from tokenyard.billing.models import UsageRecord
 from tokenyard.gateway.quotas import day_number
 from tokenyard.tenancy import keys, teams
+from tokenyard.tenancy.changes import list_changes
 from tokenyard.tenancy.webhook_secrets import team_secret
 
 
@@ -64,6 +66,47 @@ def test_sdk_round_trip(start_gateway: Any, team: Any, upstream: str, sql: Any) 
     reader = openai.OpenAI(api_key="unused", webhook_secret=team_secret(sql, name))
     event = reader.webhooks.unwrap(received[0][1], received[0][2])
     assert (event.type, event.data.id) == ("batch.completed", batch.id)
+
+
+def test_a_team_sets_its_own_receiver_held_to_the_allowed_networks(
+    start_gateway: Any, team: Any, sql: Any
+) -> None:
+    """A team points its events at its own receiver with one of its keys: a public address, or a
+    network the operator allows callbacks (here loopback); never over the operator's own."""
+    gw = start_gateway(**FAST, batch_callback_allow="127.0.0.1/32")
+    name, key = team()
+    api = httpx.Client(base_url=gw.url + "/v1", headers={"authorization": f"Bearer {key}"})
+    assert api.get("/batch/webhook_url").json() == {
+        "object": "batch.webhook_url",
+        "url": None,
+        "set_by": None,
+    }
+    refused = api.post("/batch/webhook_url", json={"url": "http://10.1.2.3/hook"})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "url"
+    with receiving() as received:
+        url = f"http://127.0.0.1:{received.port}/mine"
+        chosen = api.post("/batch/webhook_url", json={"url": url}).json()
+        assert (chosen["url"], chosen["set_by"]) == (url, "team")
+        batch = gw.client(key).batches.create(  # the inline form's twin: a file's batch
+            input_file_id=gw.client(key)
+            .files.create(file=("in.jsonl", jsonl([line("a")])), purpose="batch")
+            .id,
+            endpoint="/v1/chat/completions",
+            completion_window="24h",
+        )
+        assert wait_final(gw.client(key), batch.id).status == "completed"
+        wait_until(lambda: len(received) == 1, 10, "the batch's event at the team's receiver")
+    reader = openai.OpenAI(api_key="unused", webhook_secret=team_secret(sql, name))
+    assert reader.webhooks.unwrap(received[0][1], received[0][2]).data.id == batch.id
+    (change, *_) = list_changes(sql, name)
+    assert (change.action, change.actor) == ("team.webhook", f"team-api:{key[:12]}")
+    # the operator's receiver is the operator's: the team can neither replace nor clear it
+    teams.update_team(sql, name, webhook_url="http://10.9.9.9/operators")
+    assert api.get("/batch/webhook_url").json()["set_by"] == "operator"
+    for body in ({"url": url}, {"url": None}):
+        denied = api.post("/batch/webhook_url", json=body)
+        assert denied.status_code == 403 and denied.json()["error"]["code"] == "set_by_operator"
+    api.close()
 
 
 def test_malformed_lines_go_to_the_error_file(start_gateway: Any, team: Any) -> None:

@@ -11,10 +11,13 @@ from typing import Any
 import httpx
 import msgspec
 import pytest
+from sqlmodel import Session, select
 
 from tests.batch.conftest import FAST, line
-from tests.gateway.conftest import Gateway
+from tests.gateway.conftest import Gateway, wait_until
+from tests.webhook_receiver import receiving
 from tokenyard.tenancy import keys, teams
+from tokenyard.tenancy.models import TeamEvent
 
 CAP = 30_000
 NESTED = b"[" * 10_000 + b"]" * 10_000
@@ -106,6 +109,32 @@ def test_a_batch_runs_only_the_kinds_of_request_its_key_may_send(
     accepted = both.post("/v1/batch", json=_inline())
     assert accepted.status_code == 200 and accepted.json()["batch_id"], accepted.text
     refused(both.post("/v1/batch", json=embed))
+
+
+def test_a_teams_own_receiver_reaches_no_private_address(
+    api: Callable[..., httpx.Client], sql: Any
+) -> None:
+    """Without an allow-list, a team can point its events at public addresses only: refused when
+    set, and refused again when sent (a receiver set before the operator narrowed the list)."""
+    client = api()
+    for url in ("http://127.0.0.1:9/x", "http://169.254.169.254/", "http://[::1]/", "ftp://a.b/"):
+        refused = client.post("/v1/batch/webhook_url", json={"url": url})
+        assert refused.status_code == 400 and refused.json()["error"]["param"] == "url", url
+    assert client.get("/v1/batch/webhook_url").json()["url"] is None
+    with receiving() as received:
+        name = client.get("/v1/usage").json()["team"]
+        url = f"http://127.0.0.1:{received.port}/late"
+        teams.set_own_webhook(sql, name, url, actor="test")  # as if allowed when it was set
+        made = client.post("/v1/batch", json=_inline())
+        assert made.status_code == 200, made.text
+        wait_until(lambda: _events(sql, name) and _events(sql, name)[0].last_error, 20, "a try")
+        assert received == []  # refused before connecting: the receiver is up and heard nothing
+    assert _events(sql, name)[0].delivered_at is None
+
+
+def _events(sql: Any, team: str) -> list[TeamEvent]:
+    with Session(sql) as session:
+        return list(session.exec(select(TeamEvent).where(TeamEvent.team == team)))
 
 
 def test_malformed_bodies_are_400s(api: Callable[..., httpx.Client]) -> None:

@@ -34,7 +34,9 @@ from tokenyard.core.errors import GatewayError
 from tokenyard.core.openapi import body_operation, json_body
 from tokenyard.gateway.scopes import check_scope
 from tokenyard.gateway.validation import Metadata
-from tokenyard.tenancy import webhook_secrets
+from tokenyard.tenancy import teams, webhook_secrets
+from tokenyard.tenancy.errors import ManagementError, OperatorsChoice
+from tokenyard.tenancy.models import Team
 from tokenyard.tenancy.policy import TeamPolicy
 
 T = TypeVar("T")
@@ -121,14 +123,26 @@ def _inline_job(raw: bytes, cap: int, caller: TeamPolicy) -> tuple[InlineBatch, 
     return ask, check_items(ask.requests, ask.endpoint)
 
 
-async def _check_callback(url: str, allow: Sequence[Network]) -> None:
+async def _check_callback(url: str, allow: Sequence[Network], param: str = "callback_url") -> None:
+    """A receiver a team chose: public addresses only, or the operator's allowed networks."""
     try:
         await check(url, allow)
     except RefusedDestination as exc:
-        raise GatewayError(400, f"callback_url refused: {exc}", param="callback_url") from None
+        raise GatewayError(400, f"{param} refused: {exc}", param=param) from None
     except OSError:  # did not resolve: said as a refusal is, not to tell which names exist
-        why = "callback_url refused: its host must resolve to public addresses only"
-        raise GatewayError(400, why, param="callback_url") from None
+        why = f"{param} refused: its host must resolve to public addresses only"
+        raise GatewayError(400, why, param=param) from None
+
+
+class SetWebhook(msgspec.Struct, forbid_unknown_fields=True):
+    url: Annotated[str, msgspec.Meta(max_length=2048)] | None  # None: no receiver
+
+
+def _webhook_object(team: Team) -> Response[bytes]:
+    set_by = (
+        None if team.webhook_url is None else "team" if team.webhook_url_by_team else "operator"
+    )
+    return _json({"object": "batch.webhook_url", "url": team.webhook_url, "set_by": set_by})
 
 
 def _list_page(data: list[dict[str, Any]], has_more: bool) -> Response[bytes]:
@@ -358,6 +372,39 @@ class BatchesController(Controller):
     ) -> Response[bytes]:
         """A new key for the team: callbacks are signed with it from now on."""
         return await _webhook_secret(batch_worker.sql, caller.team, webhook_secrets.rotate_secret)
+
+    @get("/batch/webhook_url")
+    async def webhook_url(
+        self, batch_worker: NamedDependency[BatchWorker], caller: NamedDependency[TeamPolicy]
+    ) -> Response[bytes]:
+        """Where the team's events go (a background response or a batch ended), and who set it."""
+        team = await anyio.to_thread.run_sync(teams.get_team, batch_worker.sql, caller.team)
+        if team is None:  # the team is gone; its key was still cached
+            raise _not_found("team", caller.team)
+        return _webhook_object(team)
+
+    @post("/batch/webhook_url", status_code=200, operation_class=json_body(SetWebhook))
+    async def set_webhook_url(
+        self,
+        request: Request,
+        batch_worker: NamedDependency[BatchWorker],
+        caller: NamedDependency[TeamPolicy],
+    ) -> Response[bytes]:
+        """The team's own receiver of its events (null: none): held to public addresses or the
+        operator's allowed networks, as callbacks are, and never over the operator's own."""
+        url = _decode(await request.body(), SetWebhook).url
+        if url is not None:
+            await _check_callback(url, batch_worker.callback_allow, "url")
+        actor = f"team-api:{caller.key_prefix}"
+        try:
+            team = await anyio.to_thread.run_sync(
+                lambda: teams.set_own_webhook(batch_worker.sql, caller.team, url, actor=actor)
+            )
+        except OperatorsChoice as exc:
+            raise GatewayError(403, str(exc), code="set_by_operator", param="url") from None
+        except ManagementError:  # the team is gone; its key was still cached
+            raise _not_found("team", caller.team) from None
+        return _webhook_object(team)
 
     @post("/batch", status_code=200, operation_class=json_body(InlineBatch))
     async def inline(

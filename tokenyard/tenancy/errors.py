@@ -7,3 +7,7 @@ class ManagementError(Exception):
 
 class AlreadyExists(ManagementError):
     """The team to create exists already."""
+
+
+class OperatorsChoice(ManagementError):
+    """A team tried to change what the operator set for it."""

@@ -19,7 +19,7 @@ from sqlalchemy import Engine, update
 from sqlmodel import Session, col, select
 
 from tokenyard.core import outbox
-from tokenyard.core.destinations import ANYWHERE
+from tokenyard.core.destinations import ANYWHERE, allow_list
 from tokenyard.core.ids import new_id
 from tokenyard.core.settings import Settings
 from tokenyard.core.webhooks import deliver
@@ -119,12 +119,14 @@ def send_again(engine: Engine, event_id: str) -> bool:
     return done.rowcount == 1
 
 
-def claim(engine: Engine, lease_s: float) -> tuple[TeamEvent, str] | None:
-    """One due event, claimed for `lease_s`, with its team's receiver now."""
-    query = select(TeamEvent, Team.webhook_url).join(Team, col(Team.name) == col(TeamEvent.team))
+def claim(engine: Engine, lease_s: float) -> tuple[TeamEvent, str, bool] | None:
+    """One due event, claimed for `lease_s`, with its team's receiver now and whether the team
+    set that itself."""
+    query = select(TeamEvent, Team.webhook_url, Team.webhook_url_by_team)
+    query = query.join(Team, col(Team.name) == col(TeamEvent.team))
     query = query.where(col(Team.webhook_url).is_not(None))
     found = outbox.claim(engine, TeamEvent, query, lease_s, MAX_CLAIMS, MAX_AGE)
-    return None if found is None else (found[0], found[1])
+    return None if found is None else (found[0], found[1], found[2])
 
 
 class EventSender(outbox.Sender):
@@ -133,13 +135,16 @@ class EventSender(outbox.Sender):
     def __init__(self, sql: Engine, settings: Settings) -> None:
         poll_s, attempts = settings.events_poll_s, settings.events_attempts
         super().__init__(sql, poll_s, attempts, settings.events_retry_s)
+        # a receiver the team set: public addresses, or the networks the operator allows batch
+        # callbacks (the same trust: the team chose it)
+        self.team_allow = allow_list(settings.batch_callback_allow)
 
     async def send_one(self, client: Any) -> bool:
         """Claim and send one event; False when none was due."""
         claimed = await asyncio.to_thread(claim, self.sql, self.lease_s)
         if claimed is None:
             return False
-        event, url = claimed
+        event, url, by_team = claimed
         secret = await asyncio.to_thread(team_secret, self.sql, event.team)
         ok = await deliver(
             client,
@@ -147,7 +152,7 @@ class EventSender(outbox.Sender):
             message_id=event.id,
             body=msgspec.json.encode(payload(event)),
             secret=secret,
-            allow=ANYWHERE,  # the operator set the URL: any address may be one
+            allow=self.team_allow if by_team else ANYWHERE,  # the operator's: any address
             attempts=self.attempts,
             backoff_s=1.0,
         )

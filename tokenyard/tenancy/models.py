@@ -53,8 +53,11 @@ class Team(SQLModel, table=True):
     webhook_secret: str | None = None
     alert_url: str | None = None  # the team's own receiver of its budget alerts (billing/alerts.py)
     # the team's receiver of its events (a background response or a batch ended: OpenAI's
-    # webhook events, tenancy/events.py), set by the operator
+    # webhook events, tenancy/events.py), set by the operator, or by the team with one of its keys
     webhook_url: str | None = None
+    # set by the team: delivered only to public addresses or the operator's allow-list, as a batch
+    # callback is; the operator's own may be any address
+    webhook_url_by_team: bool = False
     # each end user's own limits within the team (None: none); a request names its end user in
     # `safety_identifier` or `user`
     user_rpm: int | None = _count()

@@ -13,7 +13,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
 from tokenyard.tenancy.changes import SYSTEM, TEAM_FIELDS, changed, given, record, snapshot
-from tokenyard.tenancy.errors import AlreadyExists, ManagementError
+from tokenyard.tenancy.errors import AlreadyExists, ManagementError, OperatorsChoice
 from tokenyard.tenancy.keys import active_key_hashes
 from tokenyard.tenancy.limits import LIMIT_FIELDS, URL_FIELDS, problem, scopes_text
 from tokenyard.tenancy.lookups import find_blocks, find_team
@@ -37,6 +37,8 @@ def _apply(team: Team, limits: dict[str, Any]) -> None:
             value = scopes_text(value)
         if name in (*URL_FIELDS, "model_limits") and not value:  # '' or {} clears it
             value = None
+        if name == "webhook_url":  # the operator's receiver now, whoever set the one before
+            team.webhook_url_by_team = False
         setattr(team, name, value)
 
 
@@ -95,6 +97,23 @@ def set_disabled(
         session.commit()
         session.refresh(team)
     return team, active_key_hashes(sql, name)
+
+
+def set_own_webhook(sql: Engine, name: str, url: str | None, *, actor: str) -> Team:
+    """The team's own receiver of its events, set (None: cleared) with one of its keys; never in
+    place of one the operator set (OperatorsChoice). The URL is checked by the caller."""
+    with Session(sql) as session:
+        team = _existing(session, name)
+        if team.webhook_url is not None and not team.webhook_url_by_team:
+            raise OperatorsChoice("the operator set this team's webhook_url: ask them to change it")
+        before = snapshot(team, ("webhook_url",))
+        team.webhook_url, team.webhook_url_by_team = url, url is not None
+        if difference := changed(before, snapshot(team, ("webhook_url",))):
+            record(session, actor, "team.webhook", name, details=difference)
+        session.add(team)
+        session.commit()
+        session.refresh(team)
+    return team
 
 
 def delete_team(sql: Engine, name: str, *, actor: str = SYSTEM) -> list[str]:
