@@ -26,7 +26,7 @@ from tokenyard.billing import store
 from tokenyard.billing.events import decoder, to_row
 from tokenyard.billing.models import BudgetAlert, UsageDaily
 from tokenyard.gateway.quotas import TeamKeys, day_number
-from tokenyard.tenancy import keys
+from tokenyard.tenancy import keys, teams
 from tokenyard.tenancy.models import TeamEvent
 
 PUBLIC = {
@@ -712,3 +712,24 @@ def test_the_requests_page_lists_records_by_team_and_errors(
     assert "upstream lost" in errors
     found = admin.get("/admin/requests", params={"request_id": "ask-1"}).text
     assert made[0]["request_id"] in found and "ida" in found
+
+
+def test_a_receiver_the_team_set_stays_its_own_when_its_form_is_saved(
+    admin: httpx.Client, team: Any, sql: Any
+) -> None:
+    """The team page says who set the receiver; saving the form with it unchanged keeps it held
+    to the team's rule (public addresses), and only a new URL makes it the operator's."""
+    name, _ = team()
+    mine = "https://hooks.example.com/mine"
+    teams.set_own_webhook(sql, name, mine, actor="team-api:test")
+    page = admin.get(f"/admin/teams/{name}")
+    assert "set by the team" in page.text
+    form = {"csrf": csrf_of(page), "default_tier": "interactive", "webhook_url": mine, "rpm": "7"}
+    assert admin.post(f"/admin/teams/{name}", data=form).status_code == 303
+    saved = teams.get_team(sql, name)
+    assert saved is not None and saved.rpm == 7 and saved.webhook_url_by_team
+    form["webhook_url"] = "https://ops.example.com/hook"
+    assert admin.post(f"/admin/teams/{name}", data=form).status_code == 303
+    saved = teams.get_team(sql, name)
+    assert saved is not None and not saved.webhook_url_by_team
+    assert "set by the team" not in admin.get(f"/admin/teams/{name}").text

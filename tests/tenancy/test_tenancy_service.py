@@ -12,8 +12,8 @@ import redis.asyncio as aioredis
 
 from tests.gateway.conftest import RedisServer, free_port
 from tokenyard.core.db import get_engine
-from tokenyard.tenancy import keys
-from tokenyard.tenancy.errors import AlreadyExists, ManagementError
+from tokenyard.tenancy import keys, teams
+from tokenyard.tenancy.errors import AlreadyExists, ManagementError, OperatorsChoice
 from tokenyard.tenancy.service import Tenancy, cache_key
 
 ME = "test:tenancy"  # who these tests' changes name
@@ -316,3 +316,20 @@ async def test_a_key_is_renamed_extended_and_narrowed_in_place(tenancy: Tenancy)
         await tenancy.create_key("changing", limits={"kv_pages": 1}, actor=ME)
     with pytest.raises(ManagementError):  # rotation revoked it
         await tenancy.update_key(made.prefix, name="revived?", actor=ME)
+
+
+def test_a_teams_own_receiver_stays_the_teams_until_the_operator_changes_it(sql: Any) -> None:
+    """Saving a team's form whole (its receiver unchanged) keeps a receiver the team set held to
+    the team's rule; only a new URL from the operator makes it the operator's."""
+    teams.create_team(sql, "hooks", actor=ME)
+    mine = "https://hooks.example.com/mine"
+    team = teams.set_own_webhook(sql, "hooks", mine, actor="team-api:ty-x")
+    assert (team.webhook_url, team.webhook_url_by_team) == (mine, True)
+    team, _ = teams.update_team(sql, "hooks", actor=ME, rpm=5, webhook_url=mine)
+    assert team.webhook_url_by_team and team.rpm == 5
+    team, _ = teams.update_team(sql, "hooks", actor=ME, webhook_url="http://10.0.0.7/ops")
+    assert not team.webhook_url_by_team
+    with pytest.raises(OperatorsChoice):
+        teams.set_own_webhook(sql, "hooks", None, actor="team-api:ty-x")
+    team, _ = teams.update_team(sql, "hooks", actor=ME, webhook_url="")  # the operator clears it
+    assert teams.set_own_webhook(sql, "hooks", mine, actor="team-api:ty-x").webhook_url_by_team

@@ -37,7 +37,9 @@ def _apply(team: Team, limits: dict[str, Any]) -> None:
             value = scopes_text(value)
         if name in (*URL_FIELDS, "model_limits") and not value:  # '' or {} clears it
             value = None
-        if name == "webhook_url":  # the operator's receiver now, whoever set the one before
+        if name == "webhook_url" and value != team.webhook_url:
+            # the operator's receiver now; the same URL again (a form saved whole) stays the
+            # team's, held to the team's rule
             team.webhook_url_by_team = False
         setattr(team, name, value)
 
