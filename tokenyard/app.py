@@ -42,6 +42,7 @@ from tokenyard.gateway.chats.controller import ChatCompletionsController
 from tokenyard.gateway.chats.service import ChatService
 from tokenyard.gateway.chats.store import ChatStore
 from tokenyard.gateway.controllers import CompletionsController, OpsController
+from tokenyard.gateway.gemini.caches import CachesController
 from tokenyard.gateway.gemini.controller import GeminiController
 from tokenyard.gateway.messages import MessagesController
 from tokenyard.gateway.proxy import Proxy
@@ -252,6 +253,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
             PromptsController,
             MessagesController,
             GeminiController,
+            CachesController,
             AdminController,
             UsageController,
             FeedbackController,

@@ -2,6 +2,7 @@
 gateway on the fake upstream: text whole and streamed, function calls and their responses, JSON
 output, token counts, the model list, and refusals in Google's error shape."""
 
+import time
 from typing import Any
 
 import httpx
@@ -155,3 +156,76 @@ def test_refusals_are_googles(gateway: Gateway, team: Any) -> None:
         json={"contents": [{"parts": [{"text": "hi"}]}]},
     )
     assert raw.status_code == 400 and raw.json()["error"]["status"] == "INVALID_ARGUMENT"
+
+
+def test_a_context_cache_goes_before_the_requests_that_name_it(
+    gateway: Gateway, team: Any, upstream: str
+) -> None:
+    """google-genai's caches: create, get, list, update the expiry, use in generateContent,
+    delete; a team sees only its own, and what a cache holds cannot be set again."""
+    client = gateway.gemini(team()[1])
+    cache = client.caches.create(
+        model="fake",
+        config=types.CreateCachedContentConfig(
+            contents=[types.Content(role="user", parts=[types.Part(text="a long manual #stop")])],
+            system_instruction="Answer from the manual.",
+            display_name="manual",
+            ttl="300s",
+        ),
+    )
+    assert cache.name and cache.name.startswith("cachedContents/") and cache.model == "models/fake"
+    assert cache.display_name == "manual" and cache.usage_metadata is not None
+    assert cache.usage_metadata.total_token_count and cache.expire_time and cache.create_time
+    left = cache.expire_time - cache.create_time
+    assert 299 <= left.total_seconds() <= 301
+    reply = client.models.generate_content(
+        model="fake",
+        contents="what does it say?",
+        config=types.GenerateContentConfig(cached_content=cache.name),
+    )
+    assert reply.text
+    assert upstream_stats(upstream)["last_body"]["messages"] == [
+        {"role": "system", "content": "Answer from the manual."},
+        {"role": "user", "content": "a long manual #stop"},
+        {"role": "user", "content": "what does it say?"},
+    ]
+    assert client.caches.get(name=cache.name).display_name == "manual"
+    assert [c.name for c in client.caches.list()] == [cache.name]
+    longer = client.caches.update(
+        name=cache.name, config=types.UpdateCachedContentConfig(ttl="3600s")
+    )
+    assert longer.expire_time and longer.expire_time > cache.expire_time
+    with pytest.raises(errors.ClientError) as again:  # the cache's instructions, set twice
+        client.models.generate_content(
+            model="fake",
+            contents="x",
+            config=types.GenerateContentConfig(cached_content=cache.name, system_instruction="no"),
+        )
+    assert again.value.code == 400
+    stranger = gateway.gemini(team()[1])
+    with pytest.raises(errors.ClientError) as hidden:
+        stranger.caches.get(name=cache.name)
+    assert hidden.value.code == 404
+    with pytest.raises(errors.ClientError):
+        stranger.models.generate_content(
+            model="fake",
+            contents="x",
+            config=types.GenerateContentConfig(cached_content=cache.name),
+        )
+    client.caches.delete(name=cache.name)
+    with pytest.raises(errors.ClientError) as gone:
+        client.caches.get(name=cache.name)
+    assert gone.value.code == 404 and list(client.caches.list()) == []
+    brief = client.caches.create(
+        model="fake", config=types.CreateCachedContentConfig(contents=["x"], ttl="0.5s")
+    )
+    time.sleep(0.7)  # Redis lets it expire by itself
+    with pytest.raises(errors.ClientError) as expired:
+        client.caches.get(name=brief.name or "")
+    assert expired.value.code == 404 and list(client.caches.list()) == []
+    for ttl in ("0s", "999999999s", "soon"):
+        with pytest.raises(errors.ClientError) as refused:
+            client.caches.create(
+                model="fake", config=types.CreateCachedContentConfig(contents=["x"], ttl=ttl)
+            )
+        assert refused.value.code == 400, ttl

@@ -23,6 +23,7 @@ _KINDS = (
     ("/v1/usage", "usage"),
     ("/admin", "usage"),  # a team member's sign-in to the team's usage page
     ("/v1/feedback", "feedback"),
+    ("/v1beta/cachedContents", "completions"),  # Gemini's context caches: content to generate on
 )
 GEMINI = "/v1beta/models"
 OPEN = ("/v1/models",)  # listing the models: every key

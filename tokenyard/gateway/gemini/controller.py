@@ -23,8 +23,10 @@ from tokenyard.core.errors import GatewayError
 from tokenyard.core.openapi import json_body
 from tokenyard.gateway.auth import authorization_of
 from tokenyard.gateway.controllers import team_models
+from tokenyard.gateway.gemini.cache_store import CacheStore, missing_cache, with_cache
 from tokenyard.gateway.gemini.events import StreamWriter
 from tokenyard.gateway.gemini.translate import (
+    as_object,
     blocked_reply,
     chat_request,
     embeddings_reply,
@@ -57,13 +59,13 @@ class GenerateContentRequest(msgspec.Struct, kw_only=True, rename="camel"):
     labels: dict[str, str] | None = None
 
 
-def _json(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
+def reply_json(data: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> Response:
     encoded = msgspec.json.encode(data)
     return Response(encoded, status_code=status, media_type="application/json", headers=headers)
 
 
-def _error(exc: GatewayError) -> Response:
-    return _json(error_body(exc.status, exc.message), exc.status, exc.headers())
+def reply_error(exc: GatewayError) -> Response:
+    return reply_json(error_body(exc.status, exc.message), exc.status, exc.headers())
 
 
 def _headers(given: Mapping[str, str]) -> dict[str, str]:
@@ -87,6 +89,19 @@ def _model_object(card: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+async def _with_cache(
+    request: Request, proxy: Proxy, model: str, body: dict[str, Any], name: Any
+) -> dict[str, Any]:
+    """A request naming one of its team's caches (`cachedContent`), with the cache's contents."""
+    policy = await proxy.auth.authenticate(
+        authorization_of(request.headers), path=request.scope["path"]
+    )
+    cache = await CacheStore(proxy.quotas.redis).get(policy.team, str(name))
+    if cache is None:
+        raise missing_cache(str(name))
+    return with_cache(as_object(body, "body"), cache, proxy.router.catalog.resolve(model))
+
+
 class GeminiController(Controller):
     path = "/v1beta/models"
 
@@ -97,8 +112,8 @@ class GeminiController(Controller):
                 authorization_of(request.headers), path=request.scope["path"]
             )
         except GatewayError as exc:
-            return _error(exc)
-        return _json({"models": [_model_object(c) for c in team_models(proxy, policy)]})
+            return reply_error(exc)
+        return reply_json({"models": [_model_object(c) for c in team_models(proxy, policy)]})
 
     @get("/{name:str}")
     async def get_model(
@@ -109,12 +124,12 @@ class GeminiController(Controller):
                 authorization_of(request.headers), path=request.scope["path"]
             )
         except GatewayError as exc:
-            return _error(exc)
+            return reply_error(exc)
         wanted = proxy.router.catalog.resolve(name.removeprefix("models/"))
         for card in team_models(proxy, policy):
             if card["id"] == wanted:
-                return _json(_model_object(card))
-        return _error(GatewayError(404, f"model {name!r} is not found", param="model"))
+                return reply_json(_model_object(card))
+        return reply_error(GatewayError(404, f"model {name!r} is not found", param="model"))
 
     @post("/{call:str}", status_code=200, operation_class=json_body(GenerateContentRequest))
     async def call(
@@ -124,6 +139,8 @@ class GeminiController(Controller):
         model, _, method = call.rpartition(":")
         try:
             body = decode_json(await request.body())
+            if isinstance(body, dict) and (cached := field(body, "cachedContent")) is not None:
+                body = await _with_cache(request, proxy, model, body, cached)
             if method == COUNT:
                 return await self._count(request, proxy, model, body)
             if method in (EMBED, EMBED_BATCH):
@@ -137,11 +154,11 @@ class GeminiController(Controller):
             reply = await proxy.handle(request, "chat", msgspec.json.encode(chat))
         except GatewayError as exc:
             if exc.code != "content_policy_violation":
-                return _error(exc)
+                return reply_error(exc)
             blocked = blocked_reply(model)  # Gemini's own answer to a blocked prompt
             if method == STREAM:
                 return Stream([sse.data(blocked)], media_type="text/event-stream")
-            return _json(blocked, headers=exc.headers())
+            return reply_json(blocked, headers=exc.headers())
         headers = _headers(reply.headers)
         served = headers.get("x-tokenyard-model") or model
         if isinstance(reply, Stream):
@@ -149,8 +166,8 @@ class GeminiController(Controller):
             return Stream(events, media_type="text/event-stream", headers=headers)
         if reply.status_code != 200:  # the upstream's refusal, in OpenAI's shape
             body = error_from_openai(reply.status_code, reply.content)
-            return _json(body, reply.status_code, headers)
-        return _json(gemini_reply(msgspec.json.decode(reply.content), served), headers=headers)
+            return reply_json(body, reply.status_code, headers)
+        return reply_json(gemini_reply(msgspec.json.decode(reply.content), served), headers=headers)
 
     async def _embed(
         self, request: Request, proxy: Proxy, model: str, body: Any, batch: bool
@@ -160,8 +177,12 @@ class GeminiController(Controller):
         reply = await proxy.handle(request, "embedding", msgspec.json.encode(asked))
         headers = _headers(reply.headers)
         if reply.status_code != 200:
-            return _json(error_from_openai(reply.status_code, reply.content), reply.status_code)
-        return _json(embeddings_reply(msgspec.json.decode(reply.content), batch), headers=headers)
+            return reply_json(
+                error_from_openai(reply.status_code, reply.content), reply.status_code
+            )
+        return reply_json(
+            embeddings_reply(msgspec.json.decode(reply.content), batch), headers=headers
+        )
 
     async def _count(self, request: Request, proxy: Proxy, model: str, body: Any) -> Response:
         """The prompt's tokens for the model named (gateway/token_counts.py), without running it:
@@ -173,4 +194,4 @@ class GeminiController(Controller):
             body = field(body, "generateContentRequest")
         chat = chat_request(body, model, stream=False)
         counted = await count_tokens(proxy, policy, request_id(request.scope), chat)
-        return _json({"totalTokens": counted.tokens}, headers=_headers(counted.headers))
+        return reply_json({"totalTokens": counted.tokens}, headers=_headers(counted.headers))

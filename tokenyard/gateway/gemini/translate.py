@@ -70,7 +70,8 @@ def _camel(obj: dict[str, Any]) -> dict[str, Any]:
     return {_CAMEL.sub(lambda m: m.group(1).upper(), k): v for k, v in obj.items()}
 
 
-def _object(value: Any, where: str) -> dict[str, Any]:
+def as_object(value: Any, where: str) -> dict[str, Any]:
+    """`value`, an object, with its top-level names in camelCase; else a 400 naming `where`."""
     if not isinstance(value, dict):
         raise _bad(f"{where} must be an object", where)
     return _camel(value)
@@ -102,7 +103,7 @@ def _text(content: Any, where: str) -> str:
     """A system instruction: a string, or a Content of text parts."""
     if isinstance(content, str):
         return content
-    parts = _object(content, where).get("parts")
+    parts = as_object(content, where).get("parts")
     if not isinstance(parts, list):
         raise _bad(f"{where} must be a string or a Content with parts", where)
     texts = []
@@ -160,19 +161,19 @@ def _turn(role: str, parts: list[Any], calls: _Calls) -> list[dict[str, Any]]:
     made: list[dict[str, Any]] = []
     answers: list[dict[str, Any]] = []
     for raw in parts:
-        part = _object(raw, "contents.parts")
+        part = as_object(raw, "contents.parts")
         if part.get("thought"):
             continue  # the model's own reasoning, shown to the client: not input
         if isinstance(part.get("text"), str):
             content.append({"type": "text", "text": part["text"]})
         elif "inlineData" in part and role == "user":
-            content.append(_media(_object(part["inlineData"], "inlineData"), inline=True))
+            content.append(_media(as_object(part["inlineData"], "inlineData"), inline=True))
         elif "fileData" in part and role == "user":
-            content.append(_media(_object(part["fileData"], "fileData"), inline=False))
+            content.append(_media(as_object(part["fileData"], "fileData"), inline=False))
         elif "functionCall" in part and role == "assistant":
-            made.append(calls.call(_object(part["functionCall"], "functionCall")))
+            made.append(calls.call(as_object(part["functionCall"], "functionCall")))
         elif "functionResponse" in part and role == "user":
-            answers.append(calls.answer(_object(part["functionResponse"], "functionResponse")))
+            answers.append(calls.answer(as_object(part["functionResponse"], "functionResponse")))
         else:
             kinds = ", ".join(sorted(part)) or "empty"
             raise _bad(f"a {role} part of kind {kinds} is not supported")
@@ -191,12 +192,12 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
         raise _bad("tools must be a list", "tools")
     out = []
     for raw in tools:
-        tool = _object(raw, "tools")
+        tool = as_object(raw, "tools")
         unsupported = sorted(k for k in tool if k != "functionDeclarations")
         if unsupported:
             raise _bad(f"tools of kind {', '.join(unsupported)} are not supported", "tools")
         for raw_decl in tool.get("functionDeclarations") or ():
-            decl = _object(raw_decl, "functionDeclarations")
+            decl = as_object(raw_decl, "functionDeclarations")
             parameters = decl.get("parametersJsonSchema")
             if parameters is None:
                 parameters = schema(decl.get("parameters") or {"type": "OBJECT", "properties": {}})
@@ -209,8 +210,8 @@ def _tools(tools: Any) -> list[dict[str, Any]]:
 
 def _tool_choice(config: Any, tools: list[dict[str, Any]]) -> dict[str, Any]:
     """toolConfig.functionCallingConfig → tool_choice (and the tools, narrowed to the allowed)."""
-    calling = _object(
-        field(_object(config, "toolConfig"), "functionCallingConfig") or {}, "toolConfig"
+    calling = as_object(
+        field(as_object(config, "toolConfig"), "functionCallingConfig") or {}, "toolConfig"
     )
     mode = str(calling.get("mode") or "AUTO").upper()
     if mode not in _MODES:
@@ -230,7 +231,7 @@ def _tool_choice(config: Any, tools: list[dict[str, Any]]) -> dict[str, Any]:
 
 def _generation(config: Any) -> dict[str, Any]:
     """generationConfig → chat fields."""
-    config = _object(config, "generationConfig")
+    config = as_object(config, "generationConfig")
     out: dict[str, Any] = {}
     for name, value in config.items():
         if name in _SAMPLING:
@@ -263,7 +264,7 @@ def _generation(config: Any) -> dict[str, Any]:
 
 def chat_request(raw: Any, model: str, stream: bool) -> dict[str, Any]:
     """A generateContent body for `model` → an OpenAI chat.completions body (checked)."""
-    body = _object(raw, "body")
+    body = as_object(raw, "body")
     turns = body.get("contents")
     if isinstance(turns, dict):
         turns = [turns]
@@ -283,7 +284,7 @@ def chat_request(raw: Any, model: str, stream: bool) -> dict[str, Any]:
         )
     calls = _Calls()
     for raw_turn in turns:
-        turn = _object(raw_turn, "contents")
+        turn = as_object(raw_turn, "contents")
         role = {"user": "user", "model": "assistant", "function": "user", None: "user"}.get(
             turn.get("role")
         )
@@ -308,7 +309,7 @@ def chat_request(raw: Any, model: str, stream: bool) -> dict[str, Any]:
 
 
 def _embedded_text(request: dict[str, Any]) -> str:
-    parts = _object(request.get("content"), "content").get("parts")
+    parts = as_object(request.get("content"), "content").get("parts")
     if not isinstance(parts, list) or not parts:
         raise _bad("content must have parts", "content")
     texts = [p.get("text") for p in parts if isinstance(p, dict)]
@@ -320,12 +321,12 @@ def _embedded_text(request: dict[str, Any]) -> str:
 def embeddings_request(raw: Any, model: str, batch: bool) -> dict[str, Any]:
     """embedContent (one `content`) or batchEmbedContents (`requests`, each one) → an OpenAI
     embeddings body. `taskType` and `title` only tune Google's own models: accepted, no effect."""
-    body = _object(raw, "body")
+    body = as_object(raw, "body")
     if batch:
         requests = body.get("requests")
         if not isinstance(requests, list) or not requests:
             raise _bad("requests must be a non-empty list", "requests")
-        asks = [_object(r, "requests") for r in requests]
+        asks = [as_object(r, "requests") for r in requests]
     else:
         asks = [body]
     sizes = {ask.get("outputDimensionality") for ask in asks}
