@@ -358,6 +358,7 @@ def test_usage_api_cli_and_metrics(gw: Gateway, team: Any, sql: Engine, billing_
         "errors": 0,
         "prompt_tokens": 10,
         "cached_tokens": 0,
+        "cache_write_tokens": 0,
         "completion_tokens": 10,
         "cost_usd": pytest.approx(2 * CHARGED),
         "list_cost_usd": pytest.approx(2 * list_price(5, 0, 5)),
@@ -400,7 +401,7 @@ def test_usage_api_cli_and_metrics(gw: Gateway, team: Any, sql: Engine, billing_
         text=True,
         check=True,
     )
-    assert report.stdout.splitlines()[1].startswith(f"{today},{a},{MODEL},2,0,10,0,10,")
+    assert report.stdout.splitlines()[1].startswith(f"{today},{a},{MODEL},2,0,10,0,0,10,")
     for flags in (["--csv"], []):
         by_key = subprocess.run(
             [*TOKENYARD, "billing", "report", "--team", b, "--by", "key", *flags],

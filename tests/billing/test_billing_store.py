@@ -203,7 +203,14 @@ def test_reports_by_range_team_and_csv(database: Engine) -> None:
         database,
         rows(
             event(team="a", ts=at[0], prompt_tokens=10, completion_tokens=1, cached_tokens=0),
-            event(team="a", ts=at[1], prompt_tokens=20, completion_tokens=2, cached_tokens=5),
+            event(
+                team="a",
+                ts=at[1],
+                prompt_tokens=20,
+                completion_tokens=2,
+                cached_tokens=5,
+                cache_write_tokens=4,
+            ),
             event(team="b", ts=at[1], prompt_tokens=40, completion_tokens=4, cached_tokens=0),
             event(team="a", ts=at[2], prompt_tokens=80, completion_tokens=8, cached_tokens=0),
             event(team="a", ts=at[1], key_prefix="ty-a2", status=429, prompt_tokens=0),
@@ -231,7 +238,8 @@ def test_reports_by_range_team_and_csv(database: Engine) -> None:
     assert {r.team for r in everyone} == {"a", "b"}
     lines = reports.to_csv(everyone).splitlines()
     assert lines[0] == "day,team,model," + ",".join(ROLLUP_SUMS)
-    assert lines[1].startswith("2026-06-02,a,m,2,1,20,7,7,")
+    # cached 5 + the default event's 2; cache writes 4 (another 0)
+    assert lines[1].startswith("2026-06-02,a,m,2,1,20,7,4,7,")
 
 
 def test_migrations_match_the_models(database: Engine) -> None:

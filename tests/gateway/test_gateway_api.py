@@ -157,6 +157,7 @@ def test_usage_endpoint_reports_settled_tokens(gateway: Any, team: Any) -> None:
         "errors": 0,
         "prompt_tokens": 8,
         "cached_tokens": 0,
+        "cache_write_tokens": 0,
         "completion_tokens": 8,
         "cost_usd": 0.0,  # the test catalog gives the fake model no price
         "list_cost_usd": 0.0,

@@ -313,7 +313,8 @@ def test_anthropic_cache_writes_are_reported_and_charged_their_own_price(
     wait_until(lambda: len(logged()) == 2, 10, "both requests recorded")
     plain = usage.prompt_tokens - 3 - 4
     premium = (plain * 0.8 + 3 * 0.08 + 4 * 1.0 + usage.completion_tokens * 4.0) / 1e6
-    assert logged()[-1]["cost_usd"] == pytest.approx(premium)  # the chat request, the older
+    chat = logged()[-1]  # the chat request, the older
+    assert chat["cost_usd"] == pytest.approx(premium) and chat["cache_write_tokens"] == 4
 
 
 def test_token_counts_go_to_each_providers_own_counting_route(

@@ -11,7 +11,7 @@ from typing import Any
 
 from tokenyard.core.settings import get_settings
 
-_SUMS = ("requests", "errors", "in", "cached", "out", "cost $", "list $")
+_SUMS = ("requests", "errors", "in", "cached", "cache writes", "out", "cost $", "list $")
 _HEADER = ("day", "team", "model", *_SUMS)
 _KEY_HEADER = ("key prefix", "team", *_SUMS)
 _USER_HEADER = ("end user", "team", *_SUMS)
@@ -25,7 +25,8 @@ def _print(table: list[tuple[str, ...]]) -> None:
 
 def _sums(totals: dict[str, Any]) -> tuple[str, ...]:
     """A rollup row's or a key's totals, as the table prints them."""
-    counts = ("requests", "errors", "prompt_tokens", "cached_tokens", "completion_tokens")
+    counts = ("requests", "errors", "prompt_tokens", "cached_tokens", "cache_write_tokens")
+    counts += ("completion_tokens",)
     dollars = (f"{totals[name]:.6f}" for name in ("cost_usd", "list_cost_usd"))
     return (*(str(totals[name]) for name in counts), *dollars)
 

@@ -44,6 +44,7 @@ def to_row(event: UsageEvent) -> dict[str, Any]:
         "error": event.error,
         "prompt_tokens": event.prompt_tokens,
         "cached_tokens": event.cached_tokens,
+        "cache_write_tokens": event.cache_write_tokens,
         "completion_tokens": event.completion_tokens,
         "usage_reported": event.usage_reported,
         "cost_usd": event.cost_usd,

@@ -47,6 +47,8 @@ class UsageRecord(SQLModel, table=True):
     error: str | None = None
     prompt_tokens: int = 0
     cached_tokens: int = 0  # part of prompt_tokens (OpenAI's convention)
+    # part of prompt_tokens too: written to the provider's prompt cache (Anthropic's premium)
+    cache_write_tokens: int = 0
     completion_tokens: int = 0
     usage_reported: bool = False  # False: the gateway's estimate (the upstream reported none)
     # what the team is charged: engine time × $/hour for self-hosted models, list price otherwise
@@ -109,6 +111,7 @@ class RollupSums(SQLModel):
     errors: int = _sum()  # requests answered with a status other than 200
     prompt_tokens: int = _sum()
     cached_tokens: int = _sum()
+    cache_write_tokens: int = _sum()
     completion_tokens: int = _sum()
     cost_usd: float = 0.0
     list_cost_usd: float = 0.0

@@ -28,6 +28,7 @@ FIELDS = (
     "error",
     "prompt_tokens",
     "cached_tokens",
+    "cache_write_tokens",
     "completion_tokens",
     "cost_usd",
     "ttft_s",
