@@ -37,7 +37,7 @@ from tokenyard.core.redis_client import connect, embedded_redis, redis_url
 from tokenyard.core.settings import Settings, get_settings
 from tokenyard.core.usage import USAGE_STREAM
 from tokenyard.gateway.admin_api import AdminController
-from tokenyard.gateway.auth import Authenticator, authorization_of
+from tokenyard.gateway.auth import Authenticator
 from tokenyard.gateway.chats.controller import ChatCompletionsController
 from tokenyard.gateway.chats.service import ChatService
 from tokenyard.gateway.chats.store import ChatStore
@@ -132,7 +132,7 @@ def _batch_worker(state: State) -> BatchWorker:
 async def _caller(request: Request, auth: NamedDependency[Authenticator]) -> TeamPolicy:
     """The calling team's policy, from the request's key (a 401 without one that is valid): as
     `Authorization: Bearer`, or as Anthropic's clients send it (`x-api-key`)."""
-    return await auth.authenticate(authorization_of(request.headers), path=request.scope["path"])
+    return await auth.caller(request)
 
 
 def _dependencies(settings: Settings) -> dict[str, Provide]:

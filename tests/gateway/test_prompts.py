@@ -113,6 +113,8 @@ def test_a_response_fills_the_prompt_before_its_input(
         ({"variables": {"city": "Lyon", "tone": {"type": "input_image"}}}, 400, None),
         ({"variables": {"city": "Lyon", "tone": "dry"}, "version": "7"}, 404, "prompt"),
         ({"id": "pmpt_nope"}, 404, "prompt"),
+        ({"id": 5}, 400, "prompt.id"),
+        ({"variables": ["city"]}, 400, "prompt.variables"),
     ],
 )
 def test_a_prompt_that_cannot_be_filled_is_refused_naming_why(

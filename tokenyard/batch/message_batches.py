@@ -31,7 +31,6 @@ from tokenyard.batch.files import Line
 from tokenyard.batch.models import BatchJob, BatchRequest
 from tokenyard.batch.worker import BatchWorker
 from tokenyard.core.errors import GatewayError
-from tokenyard.gateway.auth import authorization_of
 from tokenyard.gateway.proxy import Proxy
 from tokenyard.gateway.scopes import check_scope
 from tokenyard.gateway.validation import query_int
@@ -136,9 +135,7 @@ async def _answer(
     """Authenticate as Anthropic's clients do (x-api-key or bearer), do the work, and answer any
     refusal in Anthropic's error shape."""
     try:
-        policy = await proxy.auth.authenticate(
-            authorization_of(request.headers), path=request.scope["path"]
-        )
+        policy = await proxy.auth.caller(request)
         return await work(policy)
     except GatewayError as exc:
         body = msgspec.json.encode(error_body(exc.status, exc.message))

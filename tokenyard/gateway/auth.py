@@ -15,6 +15,7 @@ from collections.abc import Mapping
 import anyio
 import msgspec
 import redis.asyncio as aioredis
+from litestar.connection import ASGIConnection
 from redis.exceptions import RedisError
 from sqlalchemy import Engine
 
@@ -71,6 +72,13 @@ class Authenticator:
         self._mark_used(key[:KEY_PREFIX_LEN])
         check_scope(policy, path)
         return policy
+
+    async def caller(self, connection: ASGIConnection) -> TeamPolicy:
+        """The policy of the key a request carries (authorization_of: Bearer, `x-api-key` or
+        `x-goog-api-key`), allowed the kind of endpoint its path is."""
+        return await self.authenticate(
+            authorization_of(connection.headers), path=connection.scope["path"]
+        )
 
     def _mark_used(self, prefix: str) -> None:
         now = time.time()

@@ -22,7 +22,6 @@ from tokenyard.backends.anthropic_messages import (
 )
 from tokenyard.core.errors import GatewayError
 from tokenyard.core.openapi import json_body
-from tokenyard.gateway.auth import authorization_of
 from tokenyard.gateway.proxy import Proxy
 from tokenyard.gateway.request_ids import request_id
 from tokenyard.gateway.token_counts import count_tokens
@@ -98,9 +97,7 @@ class MessagesController(Controller):
     ) -> Response[bytes]:
         """The prompt's tokens for the model named (gateway/token_counts.py), without running it."""
         try:
-            policy = await proxy.auth.authenticate(
-                authorization_of(request.headers), path=request.scope["path"]
-            )
+            policy = await proxy.auth.caller(request)
             body = decode_json(await request.body())
             if not isinstance(body, dict):
                 raise GatewayError(400, "the request body must be a JSON object", param="body")

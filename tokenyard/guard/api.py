@@ -13,7 +13,6 @@ from litestar.di import NamedDependency
 from tokenyard.core.errors import GatewayError
 from tokenyard.core.usage import Usage
 from tokenyard.gateway import request_ids
-from tokenyard.gateway.auth import authorization_of
 from tokenyard.gateway.metering import metered
 from tokenyard.gateway.proxy import Proxy
 from tokenyard.guard.service import Guard
@@ -86,9 +85,7 @@ class ModerationsController(Controller):
     ) -> Response[bytes]:
         if guard is None:
             raise GatewayError(404, "the safety layer is off on this gateway", code="not_found")
-        policy = await proxy.auth.authenticate(
-            authorization_of(request.headers), path=request.scope["path"]
-        )
+        policy = await proxy.auth.caller(request)
         try:
             parsed = _decoder.decode(await request.body())
         except msgspec.DecodeError as exc:

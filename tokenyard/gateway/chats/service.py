@@ -16,7 +16,6 @@ from litestar import Request, Response
 from litestar.response import Stream
 
 from tokenyard.backends.sse import Splitter
-from tokenyard.gateway.auth import authorization_of
 from tokenyard.gateway.chats.assemble import Assembly
 from tokenyard.gateway.chats.store import ChatStore, stored_ask
 from tokenyard.gateway.proxy import Proxy
@@ -31,9 +30,7 @@ class ChatService:
         body = stored_ask(await request.body())
         if body is None:
             return await self.proxy.handle(request, "chat")
-        policy = await self.proxy.auth.authenticate(
-            authorization_of(request.headers), path=request.scope["path"]
-        )
+        policy = await self.proxy.auth.caller(request)
         options = body.get("stream_options")
         include_usage = isinstance(options, dict) and options.get("include_usage") is True
         if body.get("stream") is True and (options is None or isinstance(options, dict)):

@@ -10,20 +10,12 @@ from litestar.di import NamedDependency
 from litestar.params import FromPath
 
 from tokenyard.core.errors import GatewayError
-from tokenyard.gateway.auth import authorization_of
 from tokenyard.gateway.controllers import team_models
 from tokenyard.gateway.gemini.cache_store import CacheStore, held_by, missing_cache
 from tokenyard.gateway.gemini.controller import reply_error, reply_json
 from tokenyard.gateway.gemini.translate import as_object, chat_request
 from tokenyard.gateway.proxy import Proxy
 from tokenyard.gateway.validation import decode_json, parse
-from tokenyard.tenancy.policy import TeamPolicy
-
-
-async def _caller(request: Request, proxy: Proxy) -> TeamPolicy:
-    return await proxy.auth.authenticate(
-        authorization_of(request.headers), path=request.scope["path"]
-    )
 
 
 async def _body(request: Request) -> dict[str, Any]:
@@ -38,7 +30,7 @@ class CachesController(Controller):
         """A cache of `contents` (and `systemInstruction`, `tools`, `toolConfig`) for one of the
         team's models, for `ttl` or until `expireTime`."""
         try:
-            policy = await _caller(request, proxy)
+            policy = await proxy.auth.caller(request)
             body = await _body(request)
             asked = str(body.get("model") or "").removeprefix("models/")
             model = proxy.router.catalog.resolve(asked)
@@ -56,7 +48,7 @@ class CachesController(Controller):
     @get("")
     async def list_caches(self, request: Request, proxy: NamedDependency[Proxy]) -> Response:
         try:
-            policy = await _caller(request, proxy)
+            policy = await proxy.auth.caller(request)
         except GatewayError as exc:
             return reply_error(exc)
         listed = await CacheStore(proxy.quotas.redis).listed(policy.team)
@@ -67,7 +59,7 @@ class CachesController(Controller):
         self, request: Request, proxy: NamedDependency[Proxy], cache_id: FromPath[str]
     ) -> Response:
         try:
-            policy = await _caller(request, proxy)
+            policy = await proxy.auth.caller(request)
             cache = await CacheStore(proxy.quotas.redis).get(policy.team, cache_id)
             if cache is None:
                 raise missing_cache(cache_id)
@@ -81,7 +73,7 @@ class CachesController(Controller):
     ) -> Response:
         """A new expiry (`ttl` or `expireTime`): the only thing a cache lets change."""
         try:
-            policy = await _caller(request, proxy)
+            policy = await proxy.auth.caller(request)
             store = CacheStore(proxy.quotas.redis)
             cache = await store.extend(policy.team, cache_id, await _body(request))
             if cache is None:
@@ -95,7 +87,7 @@ class CachesController(Controller):
         self, request: Request, proxy: NamedDependency[Proxy], cache_id: FromPath[str]
     ) -> Response:
         try:
-            policy = await _caller(request, proxy)
+            policy = await proxy.auth.caller(request)
             if not await CacheStore(proxy.quotas.redis).delete(policy.team, cache_id):
                 raise missing_cache(cache_id)
         except GatewayError as exc:

@@ -21,7 +21,6 @@ from litestar.response import Stream
 from tokenyard.backends import sse
 from tokenyard.core.errors import GatewayError
 from tokenyard.core.openapi import json_body
-from tokenyard.gateway.auth import authorization_of
 from tokenyard.gateway.controllers import team_models
 from tokenyard.gateway.gemini.cache_store import CacheStore, missing_cache, with_cache
 from tokenyard.gateway.gemini.events import StreamWriter
@@ -93,9 +92,7 @@ async def _with_cache(
     request: Request, proxy: Proxy, model: str, body: dict[str, Any], name: Any
 ) -> dict[str, Any]:
     """A request naming one of its team's caches (`cachedContent`), with the cache's contents."""
-    policy = await proxy.auth.authenticate(
-        authorization_of(request.headers), path=request.scope["path"]
-    )
+    policy = await proxy.auth.caller(request)
     cache = await CacheStore(proxy.quotas.redis).get(policy.team, str(name))
     if cache is None:
         raise missing_cache(str(name))
@@ -108,9 +105,7 @@ class GeminiController(Controller):
     @get("")
     async def list_models(self, request: Request, proxy: NamedDependency[Proxy]) -> Response:
         try:
-            policy = await proxy.auth.authenticate(
-                authorization_of(request.headers), path=request.scope["path"]
-            )
+            policy = await proxy.auth.caller(request)
         except GatewayError as exc:
             return reply_error(exc)
         return reply_json({"models": [_model_object(c) for c in team_models(proxy, policy)]})
@@ -120,9 +115,7 @@ class GeminiController(Controller):
         self, request: Request, proxy: NamedDependency[Proxy], name: FromPath[str]
     ) -> Response:
         try:
-            policy = await proxy.auth.authenticate(
-                authorization_of(request.headers), path=request.scope["path"]
-            )
+            policy = await proxy.auth.caller(request)
         except GatewayError as exc:
             return reply_error(exc)
         wanted = proxy.router.catalog.resolve(name.removeprefix("models/"))
@@ -187,9 +180,7 @@ class GeminiController(Controller):
     async def _count(self, request: Request, proxy: Proxy, model: str, body: Any) -> Response:
         """The prompt's tokens for the model named (gateway/token_counts.py), without running it:
         `contents` alone, or a whole `generateContentRequest`."""
-        policy = await proxy.auth.authenticate(
-            authorization_of(request.headers), path=request.scope["path"]
-        )
+        policy = await proxy.auth.caller(request)
         if isinstance(body, dict) and field(body, "generateContentRequest") is not None:
             body = field(body, "generateContentRequest")
         chat = chat_request(body, model, stream=False)

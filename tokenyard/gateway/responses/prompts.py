@@ -77,12 +77,10 @@ def _value(name: str, value: Any) -> str:
     )
 
 
-def rendered(version: PromptVersion, variables: Any) -> list[dict[str, Any]]:
+def rendered(version: PromptVersion, variables: dict[str, Any] | None) -> list[dict[str, Any]]:
     """The version's messages as input items, every placeholder filled; a placeholder without a
     value, or a value no placeholder names (a misspelt name), is a 400."""
     given = variables or {}
-    if not isinstance(given, dict):
-        raise _bad("prompt.variables must be an object", "prompt.variables")
     messages = msgspec.json.decode(version.messages)
     needed = set(variables_of(messages))
     if missing := sorted(needed - set(given)):
@@ -125,15 +123,19 @@ class PromptStore:
     async def create(
         self, team: str, messages: list[dict[str, str]], description: str | None
     ) -> dict[str, Any]:
-        return await asyncio.to_thread(self._save, team, new_id("pmpt"), messages, description)
+        saved = await asyncio.to_thread(
+            self._save, team, new_id("pmpt"), messages, description, True
+        )
+        assert saved is not None  # a new prompt always has its first version
+        return saved
 
     async def add_version(
         self, team: str, prompt_id: str, messages: list[dict[str, str]], description: str | None
     ) -> dict[str, Any] | None:
         """A new version of the team's prompt; None where it has none by that id."""
-        if await self.get(team, prompt_id) is None:
+        if not matchable(prompt_id):
             return None
-        return await asyncio.to_thread(self._save, team, prompt_id, messages, description)
+        return await asyncio.to_thread(self._save, team, prompt_id, messages, description, False)
 
     async def get(
         self, team: str, prompt_id: str, version: str | None = None
@@ -152,8 +154,15 @@ class PromptStore:
         return await asyncio.to_thread(self._delete, team, prompt_id)
 
     def _save(
-        self, team: str, prompt_id: str, messages: list[dict[str, str]], description: str | None
-    ) -> dict[str, Any]:
+        self,
+        team: str,
+        prompt_id: str,
+        messages: list[dict[str, str]],
+        description: str | None,
+        new: bool,
+    ) -> dict[str, Any] | None:
+        """Version 1 of a `new` prompt, else the next version of the team's prompt (None: it has
+        none by that id), read and written in one transaction."""
         for _ in range(_SAVE_TRIES):
             with Session(self.sql) as session:
                 last = session.exec(
@@ -161,6 +170,8 @@ class PromptStore:
                         PromptVersion.team == team, PromptVersion.prompt_id == prompt_id
                     )
                 ).one()
+                if last is None and not new:
+                    return None
                 row = PromptVersion(
                     team=team,
                     prompt_id=prompt_id,

@@ -17,7 +17,6 @@ from litestar import Request, Response
 from litestar.response import Stream
 
 from tokenyard.core.errors import GatewayError
-from tokenyard.gateway.auth import authorization_of
 from tokenyard.gateway.proxy import Proxy, tier_of
 from tokenyard.gateway.request_ids import request_id
 from tokenyard.gateway.responses.background import UNFINISHED, Background
@@ -29,6 +28,7 @@ from tokenyard.gateway.responses.translate import (
     PARAMS,
     CreateResponse,
     Prompt,
+    PromptRef,
     Turn,
     adopt,
     begin,
@@ -38,7 +38,6 @@ from tokenyard.gateway.responses.translate import (
 from tokenyard.gateway.streaming import SSE_HEADERS
 from tokenyard.gateway.token_counts import count_tokens
 from tokenyard.gateway.validation import decode_json
-from tokenyard.tenancy.policy import TeamPolicy
 
 
 async def stored(
@@ -77,11 +76,6 @@ class ResponsesService:
         self.prompts = prompts
         self.background = Background(proxy, store, proxy.quotas.redis)
 
-    async def _caller(self, request: Request) -> TeamPolicy:
-        return await self.proxy.auth.authenticate(
-            authorization_of(request.headers), path=request.scope["path"]
-        )
-
     async def _turn(self, team: str, raw: Any) -> Turn:
         """The request's turn, after the stored one it follows (previous_response_id), or after
         the items of its conversation."""
@@ -107,19 +101,14 @@ class ResponsesService:
         prompt = None if req.prompt is None else await self._prompt(team, req.prompt)
         return begin(req, raw, earlier, conversation, prompt)
 
-    async def _prompt(self, team: str, asked: Any) -> Prompt:
+    async def _prompt(self, team: str, asked: PromptRef) -> Prompt:
         """The team's prompt a request names, filled with its variables."""
-        if not isinstance(asked, dict) or not isinstance(asked.get("id"), str):
-            raise GatewayError(400, "prompt must be an object with its id", param="prompt")
-        version = asked.get("version")
-        if version is not None and not isinstance(version, str | int):
-            raise GatewayError(400, "prompt.version must be a string", param="prompt.version")
-        row = await self.prompts.get(team, asked["id"], None if version is None else str(version))
+        version = None if asked.version is None else str(asked.version)
+        row = await self.prompts.get(team, asked.id, version)
         if row is None:
-            raise missing_prompt(asked["id"], "prompt")
-        items = rendered(row, asked.get("variables"))
-        echo = {"id": row.prompt_id, "version": str(row.version)}
-        return Prompt(items, echo | {"variables": asked.get("variables")})
+            raise missing_prompt(asked.id, "prompt")
+        echo = {"id": row.prompt_id, "version": str(row.version), "variables": asked.variables}
+        return Prompt(rendered(row, asked.variables), echo)
 
     async def _keep(self, team: str, turn: Turn, response: dict[str, Any]) -> None:
         """A finished response: stored (`store`), and its input and output added to its
@@ -131,7 +120,7 @@ class ResponsesService:
             await self.conversations.add(team, turn.conversation, added)
 
     async def create(self, request: Request) -> Response:
-        caller = await self._caller(request)
+        caller = await self.proxy.auth.caller(request)
         team = caller.team
         turn = await self._turn(team, decode_json(await request.body()))
         if turn.echo["background"]:
@@ -174,12 +163,12 @@ class ResponsesService:
 
     async def retrieve(self, request: Request, response_id: str) -> dict[str, Any]:
         """A stored response as it stands (a background one's progress included)."""
-        team = (await self._caller(request)).team
+        team = (await self.proxy.auth.caller(request)).team
         return await self.background.current(team, await stored(self.store, team, response_id))
 
     async def events(self, request: Request, response_id: str, after: int | None) -> Stream:
         """A streamed background response's events again, after sequence number `after`."""
-        team = (await self._caller(request)).team
+        team = (await self.proxy.auth.caller(request)).team
         await stored(self.store, team, response_id)
         if not await self.background.log.kept(team, response_id):
             raise GatewayError(
@@ -194,17 +183,17 @@ class ResponsesService:
 
     async def context(self, request: Request, response_id: str) -> list[dict[str, Any]]:
         """The items a stored response was made from (its input_items)."""
-        team = (await self._caller(request)).team
+        team = (await self.proxy.auth.caller(request)).team
         return (await stored(self.store, team, response_id)).context
 
     async def cancel(self, request: Request, response_id: str) -> dict[str, Any]:
-        team = (await self._caller(request)).team
+        team = (await self.proxy.auth.caller(request)).team
         found = await stored(self.store, team, response_id)
         return await self.background.cancel(team, found)
 
     async def delete(self, request: Request, response_id: str) -> None:
         """Delete a stored response; a background one still running is stopped."""
-        team = (await self._caller(request)).team
+        team = (await self.proxy.auth.caller(request)).team
         found = await stored(self.store, team, response_id)
         if found.response.get("status") in UNFINISHED:
             await self.background.stop(team, response_id)
@@ -215,7 +204,7 @@ class ResponsesService:
     async def input_tokens(self, request: Request) -> Response[bytes]:
         """OpenAI's input-token count of a Responses request, earlier turns by
         previous_response_id or its conversation included (gateway/token_counts.py)."""
-        caller = await self._caller(request)
+        caller = await self.proxy.auth.caller(request)
         turn = await self._turn(caller.team, decode_json(await request.body()))
         try:
             counted = await count_tokens(

@@ -21,6 +21,14 @@ class TextParam(msgspec.Struct, kw_only=True):
     verbosity: str | None = None
 
 
+class PromptRef(msgspec.Struct, kw_only=True):
+    """`prompt`: one of the team's reusable prompts (gateway/responses/prompts.py)."""
+
+    id: str
+    version: str | int | None = None  # None: the latest
+    variables: dict[str, Any] | None = None
+
+
 class CreateResponse(msgspec.Struct, kw_only=True):
     """What the gateway reads of POST /v1/responses. Unknown fields are accepted (clients send
     `include`, `client_metadata`, `prompt_cache_retention`, ...): they ask for nothing here."""
@@ -48,7 +56,7 @@ class CreateResponse(msgspec.Struct, kw_only=True):
     truncation: Literal["auto", "disabled"] | None = None
     background: bool | None = None
     conversation: str | dict[str, Any] | None = None  # its id, or {"id": …}
-    prompt: Any = None  # {id, version, variables}: checked where it is read (service.py)
+    prompt: PromptRef | None = None
     # the gateway's extensions, as on chat completions
     tier: str | None = None
     priority: str | None = None
