@@ -92,5 +92,20 @@ def assert_all_blocks_free(engine: LLMEngine) -> None:
     engine.blocks.check_invariants([])
 
 
+def reference_greedy(model, ids: list[int], max_new: int) -> list[int]:
+    """transformers' greedy continuation of ids, exactly max_new tokens."""
+    with torch.inference_mode():
+        x = torch.tensor([ids])
+        y = model.generate(
+            x,
+            attention_mask=torch.ones_like(x),
+            max_new_tokens=max_new,
+            min_new_tokens=max_new,
+            do_sample=False,
+            pad_token_id=2,
+        )
+    return y[0, len(ids) :].tolist()
+
+
 def greedy(max_tokens: int, **kw) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, **kw)

@@ -5,7 +5,7 @@ import torch
 
 from tokenyard.engine.sequence import GenerationRequest
 
-from .conftest import assert_all_blocks_free, greedy, run_to_completion
+from .conftest import assert_all_blocks_free, greedy, reference_greedy, run_to_completion
 from .prompts import SYSTEM, chat_prompts
 
 MAX_NEW = 24
@@ -25,20 +25,7 @@ def prompt_ids(engine_factory):
 
 @pytest.fixture(scope="module")
 def expected(reference, prompt_ids):
-    outs = []
-    with torch.inference_mode():
-        for ids in prompt_ids:
-            x = torch.tensor([ids])
-            y = reference.generate(
-                x,
-                attention_mask=torch.ones_like(x),
-                max_new_tokens=MAX_NEW,
-                do_sample=False,
-                min_new_tokens=MAX_NEW,
-                pad_token_id=2,
-            )
-            outs.append(y[0, len(ids) :].tolist())
-    return outs
+    return [reference_greedy(reference, ids, MAX_NEW) for ids in prompt_ids]
 
 
 def test_prompts_cover_lengths(prompt_ids):

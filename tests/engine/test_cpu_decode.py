@@ -6,10 +6,12 @@ only the steps it was made for."""
 import pytest
 import torch
 
+from tests.lora_files import PROJECTIONS, lora_tensors, write_adapter
 from tokenyard.engine.attention import SHORT_CHUNK, SeqSlice
 from tokenyard.engine.config import EngineConfig
 from tokenyard.engine.cpu_kernels import layer_ops, quant_matmul
 from tokenyard.engine.engine import LLMEngine
+from tokenyard.engine.lora import load_adapter
 from tokenyard.engine.quantized_linear import COPY_ROWS, DENSE_ROWS
 
 pytestmark = pytest.mark.skipif(
@@ -96,6 +98,47 @@ def assert_same_bits(engine: LLMEngine, lengths: list[int], chunks: list[tuple[i
     for cache, reference, saved in zip(engine.runner.kv_caches, written, before, strict=True):
         assert torch.equal(cache, reference)
         assert not torch.equal(cache, saved)  # this layer's K/V was written
+    return hidden
+
+
+@pytest.mark.parametrize("whole_step", [False, True], ids=["some rows", "every row"])
+def test_same_bits_with_lora_adapters(engine, tmp_path, whole_step):
+    """Adapters on some rows of a step (two adapters and base rows side by side) or on all of
+    them: the decode path adds the same terms as the modules, and they change the result."""
+    config = engine.model_config
+    adapters = [
+        load_adapter(
+            name,
+            write_adapter(
+                tmp_path / name, lora_tensors(config, rank, targets, seed), rank, 16, targets
+            ),
+            config,
+        ).to(engine.runner.device, engine.runner.dtype)
+        for name, rank, targets, seed in (
+            ("every", 8, tuple(PROJECTIONS), 1),
+            ("qv", 4, ("q_proj", "v_proj"), 2),
+        )
+    ]
+    lengths, chunks = [5, 300, 16], [(9, 130)]
+    rows = len(lengths) + sum(new for new, _ in chunks)
+    groups = (
+        [(adapters[0], None)]
+        if whole_step
+        else [(adapters[0], torch.tensor([0, 2])), (adapters[1], torch.arange(3, rows))]
+    )
+    ids, positions, meta = step(engine, lengths, chunks)
+    with torch.inference_mode():
+        plain = engine.runner.model(
+            ids, positions, engine.runner.kv_caches, engine.runner.attention, meta
+        )
+    lora = engine.runner.model.lora
+    lora.set(groups)
+    try:
+        hidden = assert_same_bits(engine, lengths, chunks)
+    finally:
+        lora.set([])
+    changed = (hidden != plain).any(dim=-1).tolist()
+    assert changed == ([True] * rows if whole_step else [True, False, True] + [True] * (rows - 3))
 
 
 def test_it_takes_the_steps_the_modules_run_on_the_kernels(engine, uncopied):

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from tokenyard.engine.cpu_kernels import layer_ops, layer_ops_for
+from tokenyard.engine.lora import Part, _add
 from tokenyard.engine.model import RMSNorm, apply_rotary
 
 OPS = layer_ops()
@@ -108,3 +109,40 @@ def test_rotary_to_cache_rotates_and_writes_the_pool(dtype):
         OPS.rotary_to_cache_(
             qkv, heads, kv_heads, cos, sin, k_pool, v_pool, torch.tensor([0, 1, 20])
         )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [None, [0], [4, 1, 6]], ids=["all", "one", "some"])
+def test_lora_add_matches_pytorch(dtype, rows):
+    """One part of an adapter on a fused projection's columns (here k_proj's in Q/K/V), on every
+    row or some: as PyTorch computes it in fp32 and rounds once (the products add up in another
+    order: within an ulp or two), and only those rows and columns change."""
+    torch.manual_seed(len(rows or ()))
+    x = torch.randn(7, 576, dtype=dtype)
+    y = torch.randn(7, 960, dtype=dtype)
+    part = Part(torch.randn(8, 576, dtype=dtype) / 24, torch.randn(8, 192, dtype=dtype), 576)
+    index = None if rows is None else torch.tensor(rows)
+    ours = y.clone()
+    OPS.lora_add_(ours, x, part.a, part.b, index, part.offset)
+    # the reference in fp32 (PyTorch in bf16 would round the thin product too), rounded once
+    theirs = y.float()
+    _add(theirs, x.float(), Part(part.a.float(), part.b.float(), part.offset), index)
+    # fp32: sums of 576 products of about 1 in another order differ by a few 1e-6
+    close = 2**-7 if dtype == torch.bfloat16 else 1e-5
+    torch.testing.assert_close(ours, theirs.to(dtype), rtol=close, atol=close)
+    changed = (ours != y).any(dim=1).tolist()
+    assert changed == [rows is None or r in rows for r in range(7)]
+    assert torch.equal(ours[:, :576], y[:, :576]) and torch.equal(ours[:, 768:], y[:, 768:])
+
+
+def test_lora_add_refuses_what_it_cannot_take():
+    x, y = torch.randn(2, 576), torch.randn(2, 960)
+    a, b = torch.randn(8, 576), torch.randn(8, 192)
+    with pytest.raises(RuntimeError, match="shapes"):
+        OPS.lora_add_(y, x, a, b, None, 800)  # past the output's columns
+    with pytest.raises(RuntimeError, match="dtype"):
+        OPS.lora_add_(y, x.bfloat16(), a, b, None, 0)
+    with pytest.raises(RuntimeError, match="out of range"):
+        OPS.lora_add_(y, x, a, b, torch.tensor([0, 2]), 0)
+    with pytest.raises(RuntimeError, match="multiples"):
+        OPS.lora_add_(y, x[:, :570].contiguous(), a[:, :570].contiguous(), b, None, 0)

@@ -4,6 +4,8 @@ import asyncio
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 import openai
@@ -22,9 +24,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(engine_factory):
-    core = engine_factory(num_blocks=POOL, max_num_batched_tokens=256)
+@contextmanager
+def serving_engine(core) -> Iterator[str]:
+    """The engine's HTTP server for `core` on a free loopback port; its URL."""
     engine = AsyncEngine(core)
     engine.start()
     port = free_port()
@@ -39,10 +41,17 @@ def server(engine_factory):
                 break
         except httpx.HTTPError:
             time.sleep(0.05)
-    yield url, core
+    yield url
     srv.should_exit = True
     thread.join(timeout=10)
     engine.stop()
+
+
+@pytest.fixture(scope="module")
+def server(engine_factory):
+    core = engine_factory(num_blocks=POOL, max_num_batched_tokens=256)
+    with serving_engine(core) as url:
+        yield url, core
 
 
 @pytest.fixture

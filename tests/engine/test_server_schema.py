@@ -15,6 +15,8 @@ ROUTES = {
     "POST /tokenize",
     "POST /detokenize",
     "GET /v1/models",
+    "POST /v1/load_lora_adapter",  # 403 here: this engine does not load adapters at run time
+    "POST /v1/unload_lora_adapter",
     "GET /health",
     "GET /load",
     "GET /metrics",

@@ -126,10 +126,17 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def engine(base_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The real engine server (`tokenyard engine --model smollm2`), for the tests that need it."""
+    """The real engine server (`tokenyard engine --model smollm2`), for the tests that need it,
+    with a LoRA adapter of random matrices served as the model `support`."""
+    from tests.lora_files import PROJECTIONS, SMOLLM2, lora_tensors, write_adapter  # torch: here
+
     port = free_port()
-    log: Path = tmp_path_factory.mktemp("engine") / "engine.log"
+    root = tmp_path_factory.mktemp("engine")
+    log: Path = root / "engine.log"
+    tensors = lora_tensors(SMOLLM2, 8, tuple(PROJECTIONS), seed=3)
+    adapter = write_adapter(root / "support", tensors, 8, 16, PROJECTIONS)
     command = [*TOKENYARD, "engine", "--model", "smollm2", "--port", str(port)]
+    command += ["--lora", f"support={adapter}"]
     proc = Process([*command, "--num-blocks", "128"], base_env, log)
     url = f"http://127.0.0.1:{port}"
     wait_until(lambda: httpx.get(url + "/health").status_code == 200, 300, "engine server")

@@ -7,8 +7,10 @@ import anthropic
 import httpx
 import openai
 import pytest
+import sqlmodel
 
 from tests.gateway.conftest import day_tokens, wait_until
+from tokenyard.billing.models import UsageRecord
 
 
 def test_gateway_serves_the_engine(engine: str, start_gateway: Any, team: Any) -> None:
@@ -112,3 +114,36 @@ def test_token_counts_are_the_prompt_tokens_the_engine_reads(
     counts = usage()["models"]["tokenyard-token-count"]
     assert (counts["requests"], counts["errors"], counts["total_tokens"]) == (3, 0, 0)
     assert counts["cost_usd"] == 0
+
+
+def test_a_lora_adapter_is_a_model_of_the_catalog(
+    engine: str, start_gateway: Any, team: Any, sql: Any
+) -> None:
+    """An adapter the engine serves (`--lora support=PATH`) named in TOKENYARD_ENGINE_URLS is a
+    self-hosted model of its own: the team asks for it by name, the engine runs the adapter, and
+    the usage is recorded under it."""
+    gw = start_gateway(engine_urls=f"smollm2={engine},support={engine}")
+    name, key = team()
+    client = gw.client(key)
+    assert {"smollm2", "support"} <= {m.id for m in client.models.list().data}
+    messages = [{"role": "user", "content": "Name a colour."}]
+    replies = {
+        model: client.chat.completions.create(
+            model=model, messages=messages, max_tokens=6, temperature=0
+        )
+        for model in ("smollm2", "support")
+    }
+    assert replies["support"].model == "support"
+    assert replies["support"].choices[0].message.content != (
+        replies["smollm2"].choices[0].message.content
+    )
+
+    def recorded() -> list[UsageRecord]:
+        with sqlmodel.Session(sql) as session:
+            query = sqlmodel.select(UsageRecord).where(UsageRecord.team == name)
+            return list(session.exec(query))
+
+    wait_until(lambda: len(recorded()) == 2, 10, "the usage records")
+    by_model = {r.model: r for r in recorded()}
+    assert set(by_model) == {"smollm2", "support"}
+    assert by_model["support"].completion_tokens == replies["support"].usage.completion_tokens

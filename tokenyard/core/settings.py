@@ -48,6 +48,9 @@ class Settings(BaseSettings):
     engine_max_batched_tokens: int = 512
     engine_max_seqs: int = 64
     engine_prefix_caching: bool = True
+    # LoRA adapters served beside the model: "NAME=PATH,NAME=PATH" (PEFT directories); the
+    # engine's --lora flags, for `tokenyard up` and containers
+    engine_lora: str = ""
     # on SIGTERM: stop accepting, let running requests finish for up to this many seconds, then
     # cancel them; 0: wait without a deadline
     engine_drain_s: float = 30.0

@@ -55,6 +55,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--served-model-name", default="")
     p.add_argument(
+        "--lora",
+        action="append",
+        default=[spec.strip() for spec in s.engine_lora.split(",") if spec.strip()],
+        metavar="NAME=PATH",
+        help="serve the PEFT LoRA adapter at PATH as model NAME beside the base model (repeatable)",
+    )
+    p.add_argument("--max-loras", type=int, default=8, help="adapters loaded at once, at most")
+    p.add_argument(
+        "--allow-runtime-lora",
+        action="store_true",
+        help="let /v1/load_lora_adapter and /v1/unload_lora_adapter change the adapters",
+    )
+    p.add_argument(
         "--drain-s",
         type=float,
         default=s.engine_drain_s,
@@ -88,6 +101,9 @@ def run(args: argparse.Namespace) -> None:
         speculative_tokens=args.speculative_tokens,
         prediction_tokens=args.prediction_tokens,
         served_model_name=args.served_model_name,
+        lora_modules=dict(_name_and_path(spec) for spec in args.lora),
+        max_loras=args.max_loras,
+        allow_runtime_lora=args.allow_runtime_lora,
     )
     engine = AsyncEngine(LLMEngine(config))
     server = uvicorn.Server(
@@ -108,3 +124,10 @@ def run(args: argparse.Namespace) -> None:
     http.start()
     engine.run(until=lambda: not http.is_alive())
     http.join()
+
+
+def _name_and_path(spec: str) -> tuple[str, str]:
+    name, sep, path = spec.partition("=")
+    if not sep or not name or not path:
+        raise SystemExit(f"--lora {spec!r}: expected NAME=PATH")
+    return name, path

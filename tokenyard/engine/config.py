@@ -1,6 +1,6 @@
 """Model and engine settings."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -68,3 +68,10 @@ class EngineConfig:
     # draft tokens per step of a request that predicts its output (OpenAI's Predicted Outputs,
     # `prediction`), speculating or not otherwise; 0: predictions are ignored
     prediction_tokens: int = 8
+    # LoRA adapters served beside the model (engine/lora.py): the name a request gives as its
+    # `model` → a PEFT directory; at most max_loras at once (loaded at start or at run time)
+    lora_modules: dict[str, str] = field(default_factory=dict)
+    max_loras: int = 8
+    # adapters loaded and unloaded over HTTP (/v1/load_lora_adapter): off unless the operator
+    # asks, since the request names a path on the engine's disk
+    allow_runtime_lora: bool = False

@@ -108,16 +108,28 @@ class CpuDecoder:
         cos, sin = model.rotary(positions, x.dtype)
         residual = None
         slots = meta.slot_mapping
-        for layer in self.layers:
+        lora = model.lora if model.lora.groups else None  # LoRA adapters in this step
+        for i, layer in enumerate(self.layers):
             if residual is None:
                 residual, h = x, ops.rms_norm(x, None, layer.input_norm, eps)[0]
             else:
                 h, residual = ops.rms_norm(x, residual, layer.input_norm, eps)
             qkv = layer.qkv(h)
+            if lora:
+                lora.apply(i, "qkv", h, qkv)
             q = ops.rotary_to_cache_(
                 qkv, self.heads, self.kv_heads, cos, sin, layer.k_slots, layer.v_slots, slots
             )
-            out = self.attend(q, layer.k_cache, layer.v_cache, meta)
-            h, residual = ops.rms_norm(layer.o(out.view(n, -1)), residual, layer.post_norm, eps)
-            x = layer.down(ops.silu_mul(layer.gate_up(h)))
+            out = self.attend(q, layer.k_cache, layer.v_cache, meta).view(n, -1)
+            o = layer.o(out)
+            if lora:
+                lora.apply(i, "o", out, o)
+            h, residual = ops.rms_norm(o, residual, layer.post_norm, eps)
+            gate_up = layer.gate_up(h)
+            if lora:
+                lora.apply(i, "gate_up", h, gate_up)
+            h = ops.silu_mul(gate_up)
+            x = layer.down(h)
+            if lora:
+                lora.apply(i, "down", h, x)
         return ops.rms_norm(x, residual, model.norm.weight, eps)[0]

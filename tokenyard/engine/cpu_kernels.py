@@ -5,8 +5,8 @@ keyed by the source:
   attention where the CPU has AVX512-BF16, both reading the paged KV pool in place. Built for the
   CPU it runs on (-march=native), so a cache must not move between CPU models.
 - element-wise layer ops (layer_ops.cpp): residual add + RMSNorm, rotary in place (also with the
-  step's K/V written into the pool), SiLU * up, each one call instead of several PyTorch ops
-  (rounded as PyTorch rounds: no fast math).
+  step's K/V written into the pool), SiLU * up, a LoRA adapter's term, each one call instead of
+  several PyTorch ops (rounded as PyTorch rounds: no fast math).
 - quantized matmuls (quant_matmul.cpp): AVX-512 VNNI and AVX2 paths both compiled (function target
   attributes) and chosen at run time (`quant_isa`).
 Without a compiler the engine attends with PyTorch SDPA and multiplies quantized weights through

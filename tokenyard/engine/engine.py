@@ -28,6 +28,8 @@ class LLMEngine:
         self.config = config
         path = resolve_model_path(config.model)
         self.runner = ModelRunner(config, path)
+        for name, adapter_path in config.lora_modules.items():
+            self.runner.adapters.add(name, adapter_path)
         self.model_config = self.runner.model_config
         self.max_model_len = self.runner.max_model_len
         self.block_size = self.runner.block_size

@@ -76,12 +76,13 @@ class BlockManager:
 
     # ------------------------------------------------------------ prefix cache
 
-    def match_prefix(self, token_ids: list[int]) -> list[int]:
-        """Cached blocks holding a prefix of token_ids (at least one token left to compute)."""
+    def match_prefix(self, token_ids: list[int], root: int = NO_HASH) -> list[int]:
+        """Cached blocks holding a prefix of token_ids (at least one token left to compute);
+        root: the first block's parent hash (one per LoRA adapter, NO_HASH for the base model)."""
         if not self.enable_prefix_caching:
             return []
         matched: list[int] = []
-        parent = NO_HASH
+        parent = root
         full_blocks = (len(token_ids) - 1) // self.block_size
         for start in range(0, full_blocks * self.block_size, self.block_size):
             chunk = tuple(token_ids[start : start + self.block_size])
@@ -92,13 +93,15 @@ class BlockManager:
             matched.append(block_id)
         return matched
 
-    def adopt_prefix(self, table: BlockTable, matched: list[int], prompt_len: int) -> None:
+    def adopt_prefix(
+        self, table: BlockTable, matched: list[int], prompt_len: int, root: int = NO_HASH
+    ) -> None:
         """Give a new sequence the cached blocks match_prefix found (counted as prefix hits)."""
         for block_id in matched:
             self._ref(block_id)
         table.blocks.extend(matched)
         table.num_hashed = len(matched)
-        table.last_hash = self.blocks[matched[-1]].hash if matched else NO_HASH
+        table.last_hash = self.blocks[matched[-1]].hash if matched else root
         self.prefix_queries += prompt_len
         self.prefix_hits += len(matched) * self.block_size
 

@@ -15,6 +15,7 @@ from torch.nn import functional as F
 
 from tokenyard.engine.attention import AttentionMetadata
 from tokenyard.engine.config import ModelConfig
+from tokenyard.engine.lora import LoraStep
 from tokenyard.engine.quant import QuantizedTensor
 from tokenyard.engine.quantized_linear import QuantizedEmbedding, QuantizedLinear, kernel_layout
 
@@ -91,9 +92,10 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, config: ModelConfig, ops: ModuleType | None = None):
+    def __init__(self, config: ModelConfig, lora: LoraStep, index: int, ops: ModuleType | None):
         super().__init__()
         self.ops = ops
+        self.lora, self.index = lora, index  # the step's adapters, and which layer this is
         self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
         self.head_dim = config.head_dim
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
@@ -103,7 +105,10 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(q_size, config.hidden_size, bias=False)
 
     def forward(self, x, rope, kv_cache, backend, meta) -> torch.Tensor:
-        q, k, v = self.qkv_proj(x).split(self.sizes, dim=-1)
+        qkv = self.qkv_proj(x)
+        if self.lora.groups:
+            self.lora.apply(self.index, "qkv", x, qkv)
+        q, k, v = qkv.split(self.sizes, dim=-1)
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
@@ -112,32 +117,42 @@ class Attention(nn.Module):
         else:
             q, k = apply_rotary(q, k, *rope)
         out = backend.forward(q, k, v, kv_cache[0], kv_cache[1], meta)
-        return self.o_proj(out.reshape(-1, self.num_heads * self.head_dim))
+        out = out.reshape(-1, self.num_heads * self.head_dim)
+        if self.lora.groups:
+            return self.lora.apply(self.index, "o", out, self.o_proj(out))
+        return self.o_proj(out)
 
 
 class MLP(nn.Module):
-    def __init__(self, config: ModelConfig, ops: ModuleType | None = None):
+    def __init__(self, config: ModelConfig, lora: LoraStep, index: int, ops: ModuleType | None):
         super().__init__()
         self.ops = ops
+        self.lora, self.index = lora, index
         self.intermediate = config.intermediate_size
         self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
         self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
+        if self.lora.groups:
+            self.lora.apply(self.index, "gate_up", x, gate_up)
         if self.ops is not None:
-            return self.down_proj(self.ops.silu_mul(gate_up))
-        gate, up = gate_up.split(self.intermediate, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+            h = self.ops.silu_mul(gate_up)
+        else:
+            gate, up = gate_up.split(self.intermediate, dim=-1)
+            h = F.silu(gate) * up
+        if self.lora.groups:
+            return self.lora.apply(self.index, "down", h, self.down_proj(h))
+        return self.down_proj(h)
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, ops: ModuleType | None = None):
+    def __init__(self, config: ModelConfig, lora: LoraStep, index: int, ops: ModuleType | None):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
-        self.self_attn = Attention(config, ops)
+        self.self_attn = Attention(config, lora, index, ops)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
-        self.mlp = MLP(config, ops)
+        self.mlp = MLP(config, lora, index, ops)
 
     def forward(self, x, residual, rope, kv_cache, backend, meta) -> tuple[torch.Tensor, ...]:
         """x: the previous layer's output, not yet added to the residual stream (None in the
@@ -158,7 +173,10 @@ class LlamaModel(nn.Module):
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, ops) for _ in range(config.num_layers))
+        self.lora = LoraStep(ops)  # the LoRA adapters of the step being run (engine/lora.py)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, self.lora, i, ops) for i in range(config.num_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         self.rotary = Rotary(config, max_len)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)

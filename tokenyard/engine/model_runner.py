@@ -15,6 +15,7 @@ from tokenyard.engine.cpu_decode import CpuDecoder
 from tokenyard.engine.cpu_kernels import layer_ops_for
 from tokenyard.engine.kv_cache import blocks_for_budget, kv_pool
 from tokenyard.engine.loader import load_weights
+from tokenyard.engine.lora import Adapters, LoraAdapter
 from tokenyard.engine.model import LlamaModel
 from tokenyard.engine.packed_linear import pack_linears
 from tokenyard.engine.quantized_linear import (
@@ -52,6 +53,8 @@ class StepInputs:
     producing: list[Sequence]  # the sequences whose last token is computed in this pass
     drafts: list[list[int]]  # theirs, to verify
     rows: list[int]  # the rows of their last token and drafts
+    # the LoRA adapters in the pass and their rows (None: all of them)
+    lora: list[tuple[LoraAdapter, torch.Tensor | None]]
 
 
 class ModelRunner:
@@ -93,6 +96,7 @@ class ModelRunner:
         self.kv_caches = kv_pool(
             self.model_config, self.num_blocks, self.block_size, self.dtype, self.device
         )
+        self.adapters = Adapters(self.model_config, self.device, self.dtype, config.max_loras)
         self.cpu_decoder = (
             CpuDecoder(self.model, self.attention, self.kv_caches)
             if CpuDecoder.fits(self.model, self.attention)
@@ -108,9 +112,14 @@ class ModelRunner:
         producing: list[Sequence] = []
         drafts: list[list[int]] = []
         rows: list[int] = []
+        adapted: dict[LoraAdapter, list[int]] = {}
         for seq, num_new in batch.items:
             first = seq.num_computed
             draft = batch.drafts.get(seq, [])
+            if seq.request.adapter is not None:
+                adapted.setdefault(seq.request.adapter, []).extend(
+                    range(len(input_ids), len(input_ids) + num_new)
+                )
             input_ids += seq.token_ids[first : first + num_new - len(draft)] + draft
             positions += range(first, first + num_new)
             slices.append(SeqSlice(seq.table.blocks, first, num_new))
@@ -125,16 +134,29 @@ class ModelRunner:
             producing,
             drafts,
             rows,
+            self._lora_groups(adapted, len(input_ids)),
         )
+
+    def _lora_groups(
+        self, adapted: dict[LoraAdapter, list[int]], num_rows: int
+    ) -> list[tuple[LoraAdapter, torch.Tensor | None]]:
+        if len(adapted) == 1 and len(next(iter(adapted.values()))) == num_rows:
+            return [(next(iter(adapted)), None)]  # one adapter for the whole step: no gathers
+        return [(a, torch.tensor(r, device=self.device)) for a, r in adapted.items()]
 
     def run(self, step: StepInputs) -> torch.Tensor | None:
         """The logits of `step.rows` (None: no row produces a token, a prefill chunk's step)."""
-        hidden = self.forward(step.input_ids, step.positions, step.meta)
+        hidden = self.forward(step.input_ids, step.positions, step.meta, step.lora)
         return self.model.logits(hidden[step.rows]) if step.rows else None
 
     def forward(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        meta: AttentionMetadata,
+        lora: list[tuple[LoraAdapter, torch.Tensor | None]] | None = None,
     ) -> torch.Tensor:
+        self.model.lora.set(lora or [])
         if self.cpu_decoder is not None and self.cpu_decoder.serves(input_ids.shape[0]):
             return self.cpu_decoder(input_ids, positions, meta)
         return self.model(input_ids, positions, self.kv_caches, self.attention, meta)

@@ -116,6 +116,17 @@ class DetokenizeRequest(msgspec.Struct, kw_only=True):
     tokens: list[int]
 
 
+class LoadAdapterRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """vLLM's `POST /v1/load_lora_adapter`: serve the PEFT directory at lora_path as lora_name."""
+
+    lora_name: str
+    lora_path: str
+
+
+class UnloadAdapterRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    lora_name: str
+
+
 MAX_N = 16
 MAX_STOPS = 16
 MAX_TOP_LOGPROBS = 20

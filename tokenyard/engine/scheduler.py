@@ -154,13 +154,13 @@ class Scheduler:
             seq = self._next_waiting()
             if seq is None:
                 break
-            matched = self.blocks.match_prefix(seq.token_ids)
+            matched = self.blocks.match_prefix(seq.token_ids, seq.cache_root)
             cached = len(matched) * self.blocks.block_size
             num_new = min(seq.num_tokens - cached, budget)
             if not self.blocks.can_adopt(matched, cached + num_new):
                 break
             self._pop_waiting(seq)
-            self.blocks.adopt_prefix(seq.table, matched, seq.num_prompt)
+            self.blocks.adopt_prefix(seq.table, matched, seq.num_prompt, seq.cache_root)
             if seq.num_cached < 0:
                 seq.num_cached = min(cached, seq.num_prompt)
             seq.num_computed = cached
@@ -241,7 +241,7 @@ class Scheduler:
         )
         preempted = []
         while batch:
-            matched = self.blocks.match_prefix(seq.token_ids)
+            matched = self.blocks.match_prefix(seq.token_ids, seq.cache_root)
             cached = len(matched) * self.blocks.block_size
             num_new = min(seq.num_tokens - cached, self.max_num_batched_tokens)
             fits = self.blocks.can_adopt(matched, cached + num_new)

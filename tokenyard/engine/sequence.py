@@ -5,7 +5,8 @@ import time
 from dataclasses import dataclass, field
 
 from tokenyard.engine.constraints import Constraint
-from tokenyard.engine.kv_cache import BlockTable
+from tokenyard.engine.kv_cache import NO_HASH, BlockTable
+from tokenyard.engine.lora import LoraAdapter
 from tokenyard.engine.speculative import Acceptance
 
 
@@ -54,6 +55,7 @@ class GenerationRequest:
     speculative: bool = True  # may its decodes verify drafts (when the engine speculates)
     # the output the client expects (OpenAI's Predicted Outputs): drafts come from it first
     prediction: list[int] = field(default_factory=list)
+    adapter: LoraAdapter | None = None  # the LoRA adapter it runs with; None: the base model
 
 
 class SeqStatus(enum.Enum):
@@ -101,6 +103,13 @@ class Sequence:
     @property
     def output_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt :]
+
+    @property
+    def cache_root(self) -> int:
+        """Where its prefix hashes start: K/V computed through an adapter differ from the base
+        model's for the same tokens, so each adapter has a prefix cache of its own."""
+        adapter = self.request.adapter
+        return NO_HASH if adapter is None else adapter.cache_root
 
     @property
     def priority(self) -> Priority:

@@ -17,7 +17,9 @@ from tokenyard.engine.protocol import (
     ChatRequest,
     CompletionRequest,
     DetokenizeRequest,
+    LoadAdapterRequest,
     TokenizeRequest,
+    UnloadAdapterRequest,
     decode_body,
 )
 from tokenyard.engine.serving import Disconnected, OpenAIServing, error_body
@@ -44,15 +46,15 @@ class CompletionsController(Controller):
 
     @get("/models")
     async def models(self, request: Request) -> dict:
-        serving = _serving(request)
-        card = {
-            "id": serving.model_name,
-            "object": "model",
-            "created": 0,
-            "owned_by": "tokenyard",
-            "max_model_len": serving.core.max_model_len,
-        }
-        return {"object": "list", "data": [card]}
+        return {"object": "list", "data": _serving(request).models()}
+
+    @post("/load_lora_adapter", status_code=200, operation_class=json_body(LoadAdapterRequest))
+    async def load_lora_adapter(self, request: Request) -> dict:
+        return await _serving(request).load_adapter(await request.body())
+
+    @post("/unload_lora_adapter", status_code=200, operation_class=json_body(UnloadAdapterRequest))
+    async def unload_lora_adapter(self, request: Request) -> dict:
+        return _serving(request).unload_adapter(await request.body())
 
 
 class TokensController(Controller):

@@ -13,6 +13,7 @@ from litestar.response import Stream
 
 from tokenyard.core.errors import ErrorBody, ErrorDetail
 from tokenyard.engine.async_engine import AsyncEngine
+from tokenyard.engine.lora import AdapterError, LoraAdapter
 from tokenyard.engine.outputs import RequestError, RequestOutput, Sampled, SeqStats
 from tokenyard.engine.protocol import (
     MAX_PREDICTION_CHARS,
@@ -20,8 +21,10 @@ from tokenyard.engine.protocol import (
     Choice,
     CompletionRequest,
     DetokenizeRequest,
+    LoadAdapterRequest,
     TokenizeRequest,
     ToolUse,
+    UnloadAdapterRequest,
     chat_logprobs,
     chat_params,
     completion_logprobs,
@@ -169,24 +172,30 @@ class OpenAIServing:
         self.model_name = self.core.model_name
         self.tool_format, self.native_tools = for_template(self.tokenizer.hf.chat_template)
 
-    def check_model(self, name: str) -> None:
-        if name not in (self.model_name, self.core.config.model):
+    def check_model(self, name: str) -> LoraAdapter | None:
+        """The LoRA adapter `name` asks for (None: the base model); 404 for a model not served."""
+        if name in (self.model_name, self.core.config.model):
+            return None
+        adapter = self.core.runner.adapters.get(name)
+        if adapter is None:
+            served = [self.model_name, *self.core.runner.adapters.by_name]
             raise HTTPException(
                 status_code=404,
                 detail=f"The model {name!r} does not exist (this engine serves "
-                f"{self.model_name!r})",
+                f"{', '.join(repr(m) for m in served)})",
                 extra={"code": "model_not_found", "param": "model"},
             )
+        return adapter
 
     async def chat(self, request: Request, body: ChatRequest) -> Response | Stream:
-        self.check_model(body.model)
+        adapter = self.check_model(body.model)
         tools = tool_use(body)
         params = chat_params(body, tools, self.tool_format)
         prompt = self.chat_prompt(body, tools)
         choices = ChatChoices(
             self.tokenizer, self.tool_format, bool(tools.tools), params.logprobs is not None
         )
-        return await self._respond(request, body, [prompt], params, choices)
+        return await self._respond(request, body, [prompt], params, choices, adapter)
 
     def chat_prompt(self, body: ChatRequest, tools: ToolUse) -> list[int]:
         """The conversation's token ids as the model reads them: its chat template, with the tools
@@ -202,6 +211,56 @@ class OpenAIServing:
         return self.tokenizer.apply_chat_template(
             messages, tools.tools if self.native_tools and tools.tools else None
         )
+
+    def models(self) -> list[dict]:
+        """/v1/models: the base model, then each adapter with the base as its parent (vLLM's
+        cards)."""
+        card = {"object": "model", "created": 0, "owned_by": "tokenyard"}
+        limit = {"max_model_len": self.core.max_model_len}
+        return [
+            {"id": self.model_name, **card, **limit},
+            *(
+                {"id": name, **card, "parent": self.model_name, **limit}
+                for name in self.core.runner.adapters.by_name
+            ),
+        ]
+
+    async def load_adapter(self, body: bytes) -> dict:
+        self._runtime_lora()
+        change = decode_body(body, LoadAdapterRequest)
+        if change.lora_name in (self.model_name, self.core.config.model) or not change.lora_name:
+            raise RequestError(
+                f"lora_name {change.lora_name!r} is the base model's name or empty", "lora_name"
+            )
+        try:  # reading and converting the matrices is file I/O and copies: off the event loop
+            await asyncio.to_thread(
+                self.core.runner.adapters.add, change.lora_name, change.lora_path
+            )
+        except AdapterError as exc:
+            raise RequestError(str(exc), "lora_path", "invalid_lora_adapter") from None
+        return {"object": "lora_adapter", "id": change.lora_name, "loaded": True}
+
+    def unload_adapter(self, body: bytes) -> dict:
+        self._runtime_lora()
+        change = decode_body(body, UnloadAdapterRequest)
+        try:
+            self.core.runner.adapters.remove(change.lora_name)
+        except AdapterError as exc:
+            raise HTTPException(
+                status_code=404,
+                detail=str(exc),
+                extra={"code": "model_not_found", "param": "lora_name"},
+            ) from None
+        return {"object": "lora_adapter", "id": change.lora_name, "loaded": False}
+
+    def _runtime_lora(self) -> None:
+        if not self.core.config.allow_runtime_lora:
+            raise HTTPException(
+                status_code=403,
+                detail="adapters are loaded at start here (--lora); loading them over HTTP is "
+                "off (start the engine with --allow-runtime-lora)",
+                extra={"code": "runtime_lora_disabled"},
+            )
 
     def tokenize(self, body: bytes) -> dict:
         """`POST /tokenize` (vLLM's shape): a chat request's prompt, as chat() would run it, or a
@@ -225,13 +284,13 @@ class OpenAIServing:
         return {"prompt": self.tokenizer.decode(request.tokens, skip_special_tokens=False)}
 
     async def completion(self, request: Request, body: CompletionRequest) -> Response | Stream:
-        self.check_model(body.model)
+        adapter = self.check_model(body.model)
         params = completion_params(body)
         prompts = [
             p if isinstance(p, list) else self.tokenizer.encode(p) for p in completion_prompts(body)
         ]
         choices = TextChoices(self.tokenizer, params.logprobs is not None, body.n * len(prompts))
-        return await self._respond(request, body, prompts, params, choices)
+        return await self._respond(request, body, prompts, params, choices, adapter)
 
     def _generation_request(
         self,
@@ -240,6 +299,7 @@ class OpenAIServing:
         prompt_ids: list[int],
         params: SamplingParams,
         suffix: str,
+        adapter: LoraAdapter | None,
     ) -> GenerationRequest:
         if params.max_tokens == 0:  # not given: whatever context is left
             params = replace(params, max_tokens=max(1, self.core.max_model_len - len(prompt_ids)))
@@ -254,6 +314,7 @@ class OpenAIServing:
             tenant=headers.get("x-tenant") or body.tenant or body.user or "default",
             speculative=body.speculative,
             prediction=self._prediction(body),
+            adapter=adapter,
         )
         self.core.validate(gen)
         return gen
@@ -276,11 +337,12 @@ class OpenAIServing:
         prompts: list[list[int]],
         params: SamplingParams,
         choices: Choices,
+        adapter: LoraAdapter | None,
     ) -> Response | Stream:
         """Run the prompts (n choices each) and answer streamed or not, as the body asks."""
         many = len(prompts) > 1
         gens = [
-            self._generation_request(request, body, ids, params, f"-{i}" if many else "")
+            self._generation_request(request, body, ids, params, f"-{i}" if many else "", adapter)
             for i, ids in enumerate(prompts)
         ]
         request_id = gens[0].request_id.removesuffix("-0")
@@ -288,7 +350,7 @@ class OpenAIServing:
         base = {
             "id": f"{choices.id_prefix}-{request_id}",
             "created": created(),
-            "model": self.model_name,
+            "model": self.model_name if adapter is None else adapter.name,
         }
         headers = {"x-request-id": request_id}
         outputs = _merged([self.engine.generate(g) for g in gens])
