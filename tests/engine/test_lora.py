@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tests.lora_files import PROJECTIONS, lora_tensors, write_adapter
-from tokenyard.engine.lora import AdapterError, load_adapter
+from tokenyard.engine.lora import AdapterError, Adapters, load_adapter
 from tokenyard.engine.sequence import GenerationRequest
 
 from .conftest import assert_all_blocks_free, greedy, reference_greedy, run_to_completion
@@ -201,3 +201,24 @@ def test_at_most_max_loras_adapters(engine_factory, adapter_dirs):
     adapters.remove("one")
     adapters.add("two", adapter_dirs[0]["qv"])
     adapters.remove("two")
+
+
+def test_concurrent_loads_of_one_name_keep_one(engine_factory, adapter_dirs):
+    """Loads at run time come from the server's threads: of four loads of one name, one wins."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    config = engine_factory(num_blocks=512).model_config
+    adapters = Adapters(config, torch.device("cpu"), torch.float32, max_loras=2)
+
+    def load(_: int) -> str:
+        try:
+            adapters.add("same", adapter_dirs[0]["qv"])
+            return "loaded"
+        except AdapterError as exc:
+            return str(exc)
+
+    with ThreadPoolExecutor(4) as pool:
+        outcomes = list(pool.map(load, range(4)))
+    assert outcomes.count("loaded") == 1
+    assert all("already loaded" in o for o in outcomes if o != "loaded")
+    assert adapters.names() == ["same"]

@@ -234,15 +234,20 @@ class Adapters:
 
     def add(self, name: str, path: str) -> LoraAdapter:
         with self.lock:
-            if name in self.by_name:
-                raise AdapterError(f"an adapter named {name!r} is already loaded")
-            if len(self.by_name) >= self.max_loras:
-                raise AdapterError(
-                    f"{self.max_loras} adapters are loaded, the most this engine serves (max_loras)"
-                )
-            adapter = load_adapter(name, path, self.config).to(self.device, self.dtype)
+            self._room_for(name)  # before reading the files, to fail fast
+        adapter = load_adapter(name, path, self.config).to(self.device, self.dtype)
+        with self.lock:  # not held while loading: the server's event loop lists adapters
+            self._room_for(name)  # again: another load may have come first
             self.by_name[name] = adapter
-            return adapter
+        return adapter
+
+    def _room_for(self, name: str) -> None:
+        if name in self.by_name:
+            raise AdapterError(f"an adapter named {name!r} is already loaded")
+        if len(self.by_name) >= self.max_loras:
+            raise AdapterError(
+                f"{self.max_loras} adapters are loaded, the most this engine serves (max_loras)"
+            )
 
     def remove(self, name: str) -> None:
         """Requests already running keep the adapter they started with until they finish."""
@@ -252,3 +257,8 @@ class Adapters:
 
     def get(self, name: str) -> LoraAdapter | None:
         return self.by_name.get(name)
+
+    def names(self) -> list[str]:
+        """A snapshot: a load on another thread may change the dict while a caller iterates."""
+        with self.lock:
+            return list(self.by_name)

@@ -178,7 +178,7 @@ class OpenAIServing:
             return None
         adapter = self.core.runner.adapters.get(name)
         if adapter is None:
-            served = [self.model_name, *self.core.runner.adapters.by_name]
+            served = [self.model_name, *self.core.runner.adapters.names()]
             raise HTTPException(
                 status_code=404,
                 detail=f"The model {name!r} does not exist (this engine serves "
@@ -221,7 +221,7 @@ class OpenAIServing:
             {"id": self.model_name, **card, **limit},
             *(
                 {"id": name, **card, "parent": self.model_name, **limit}
-                for name in self.core.runner.adapters.by_name
+                for name in self.core.runner.adapters.names()
             ),
         ]
 
