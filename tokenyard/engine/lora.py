@@ -181,9 +181,9 @@ def _tensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
 
 
 # rows from which PyTorch's matmuls (blocked GEMMs) outrun the compiled op, which reads an
-# adapter's matrices once per row: at 16 requests at once (prefill chunks of hundreds of rows) the
-# op alone took 0.68x of the base model's throughput, against ~0.9x (bench/lora.py)
-GEMM_ROWS = 64
+# adapter's matrices once per 4 rows: per part at 128 rows 77 against 90 µs (576 → 576) and 112
+# against 117 (576 → 1536), at 256 rows 142 against 112 and 222 against 162 (bench/RESULTS.md)
+GEMM_ROWS = 128
 
 
 class LoraStep:

@@ -14,6 +14,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <tuple>
@@ -282,28 +283,52 @@ torch::Tensor silu_mul(torch::Tensor gate_up) {
 // well above its arithmetic at a decode's one row (bf16 matmuls ~19 us each): a rank-16 adapter on
 // every projection made a batch-1 step take 2x as long (bench/lora.py). The products are summed
 // in fp32 and y rounded once, as y.add_ of an fp32 delta rounds.
+// R rows at once (their indices in `row`): each vector of a and b read once for all of them
+template <int64_t R, typename T>
+void lora_block(const T* x, T* y, const T* a, const T* b, const int64_t* row, int64_t in,
+                int64_t rank, int64_t n, int64_t y_stride, int64_t offset, float* t) {
+  for (int64_t j = 0; j < rank; ++j) {
+    const T* aj = a + j * in;
+    vecf acc[R] = {};
+    for (int64_t k = 0; k < in; k += L) {
+      const vecf av = load(aj + k);
+      for (int64_t r = 0; r < R; ++r) acc[r] += load(x + row[r] * in + k) * av;
+    }
+    for (int64_t r = 0; r < R; ++r) {
+      float sum = 0.f;
+      for (int64_t l = 0; l < L; ++l) sum += acc[r][l];
+      t[r * rank + j] = sum;
+    }
+  }
+  for (int64_t o = 0; o < n; o += L) {
+    vecf delta[R] = {};
+    for (int64_t j = 0; j < rank; ++j) {
+      const vecf bv = load(b + j * n + o);
+      for (int64_t r = 0; r < R; ++r) delta[r] += t[r * rank + j] * bv;
+    }
+    for (int64_t r = 0; r < R; ++r) {
+      T* yr = y + row[r] * y_stride + offset + o;
+      store(yr, load(yr) + delta[r]);
+    }
+  }
+}
+
 template <typename T>
 void lora_rows(const T* x, T* y, const T* a, const T* b, const int64_t* rows, int64_t count,
                int64_t in, int64_t rank, int64_t n, int64_t y_stride, int64_t offset) {
-  // a row here is thousands of products, not one vector's work: split 4 rows a thread at least
-  at::parallel_for(0, count, 4, [&](int64_t begin, int64_t end) {
-    std::vector<float> t(rank);
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t row = rows != nullptr ? rows[i] : i;
-      const T* xr = x + row * in;
-      for (int64_t j = 0; j < rank; ++j) {
-        const T* aj = a + j * in;
-        vecf acc{};
-        for (int64_t k = 0; k < in; k += L) acc += load(xr + k) * load(aj + k);
-        float sum = 0.f;
-        for (int64_t l = 0; l < L; ++l) sum += acc[l];
-        t[j] = sum;
-      }
-      T* yr = y + row * y_stride + offset;
-      for (int64_t o = 0; o < n; o += L) {
-        vecf delta{};
-        for (int64_t j = 0; j < rank; ++j) delta += t[j] * load(b + j * n + o);
-        store(yr + o, load(yr + o) + delta);
+  constexpr int64_t R = 4;
+  // blocks of R rows, one thread's share at least; a row's sums are the same in a block or alone
+  at::parallel_for(0, (count + R - 1) / R, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> t(R * rank);
+    for (int64_t blk = begin; blk < end; ++blk) {
+      int64_t row[R];
+      const int64_t first = blk * R, full = std::min(R, count - first);
+      for (int64_t r = 0; r < full; ++r) row[r] = rows != nullptr ? rows[first + r] : first + r;
+      if (full == R) {
+        lora_block<R>(x, y, a, b, row, in, rank, n, y_stride, offset, t.data());
+      } else {  // the last few rows one by one: a decode's single row reads nothing twice
+        for (int64_t r = 0; r < full; ++r)
+          lora_block<1>(x, y, a, b, row + r, in, rank, n, y_stride, offset, t.data());
       }
     }
   });
