@@ -185,6 +185,17 @@ def test_bad_adapters_are_refused_with_the_reason(engine_factory, adapter_dirs, 
     path = write_adapter(tmp_path / "head", head, 8, 16, ["lm_head"])
     with pytest.raises(AdapterError, match="lm_head"):
         load_adapter("x", path, config)
+    path = write_adapter(tmp_path / "rank", good, "8", 16, PROJECTIONS)
+    with pytest.raises(AdapterError, match="r must be a positive integer"):
+        load_adapter("x", path, config)
+    (tmp_path / "rank" / "adapter_config.json").write_text("[1, 2]")
+    with pytest.raises(AdapterError, match="not a JSON object"):
+        load_adapter("x", path, config)
+    path = write_adapter(tmp_path / "torn", good, 8, 16, PROJECTIONS)
+    weights = tmp_path / "torn" / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(AdapterError, match="not a readable safetensors file"):
+        load_adapter("x", path, config)
     path = write_adapter(tmp_path / "dora", good, 8, 16, PROJECTIONS, use_dora=True)
     with pytest.raises(AdapterError, match="DoRA"):
         load_adapter("x", path, config)

@@ -18,7 +18,6 @@ import math
 import os
 import re
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
 
@@ -93,9 +92,11 @@ def projection_sizes(config: ModelConfig) -> dict[str, tuple[int, int]]:
 def load_adapter(name: str, path: str, config: ModelConfig) -> LoraAdapter:
     """A PEFT LoRA directory → its matrices in the engine's layout, checked against the model."""
     settings = _adapter_config(path)
-    rank, alpha = int(settings.get("r", 0)), float(settings.get("lora_alpha", 0))
-    if rank <= 0:
-        raise AdapterError(f"adapter {name!r}: r must be a positive integer")
+    rank, alpha = settings.get("r"), settings.get("lora_alpha")
+    if type(rank) is not int or rank <= 0 or type(alpha) not in (int, float):
+        raise AdapterError(
+            f"adapter {name!r}: r must be a positive integer and lora_alpha a number"
+        )
     if settings.get("bias", "none") != "none" or settings.get("modules_to_save"):
         raise AdapterError(
             f"adapter {name!r}: only LoRA matrices are served (bias and modules_to_save are not)"
@@ -162,22 +163,28 @@ def _adapter_config(path: str) -> dict:
             settings = json.load(f)
     except FileNotFoundError:
         raise AdapterError(f"{path}: no adapter_config.json (a PEFT LoRA directory)") from None
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise AdapterError(f"{file}: not JSON ({exc})") from None
+    except OSError as exc:
+        raise AdapterError(f"{file}: cannot be read ({exc.strerror})") from None
+    if not isinstance(settings, dict):
+        raise AdapterError(f"{file}: not a JSON object")
     if settings.get("peft_type", "LORA") != "LORA":
         raise AdapterError(f"{file}: peft_type {settings.get('peft_type')!r}, not LORA")
     return settings
 
 
-def _tensors(path: str) -> Iterator[tuple[str, torch.Tensor]]:
-    from safetensors import safe_open
+def _tensors(path: str) -> list[tuple[str, torch.Tensor]]:
+    from safetensors import SafetensorError, safe_open
 
     file = os.path.join(path, "adapter_model.safetensors")
     if not os.path.exists(file):
         raise AdapterError(f"{path}: no adapter_model.safetensors")
-    with safe_open(file, framework="pt") as f:
-        for key in f.keys():  # noqa: SIM118 (safe_open is not a dict)
-            yield key, f.get_tensor(key)
+    try:
+        with safe_open(file, framework="pt") as f:
+            return [(key, f.get_tensor(key)) for key in f.keys()]  # noqa: SIM118 (not a dict)
+    except (OSError, SafetensorError) as exc:
+        raise AdapterError(f"{file}: not a readable safetensors file ({exc})") from None
 
 
 # rows from which PyTorch's matmuls (blocked GEMMs) outrun the compiled op, which reads an
