@@ -50,7 +50,7 @@ def test_models_lists_adapters_under_their_parent(client):
     assert "parent" not in cards["smollm2"].model_extra
 
 
-def test_a_request_names_its_adapter_as_the_model(client):
+def test_a_request_names_its_adapter_as_the_model(client, lora_server):
     tuned, base = answer(client, "support"), answer(client, "smollm2")
     assert tuned != base
     assert answer(client, "support") == tuned  # greedy: the same adapter, the same answer
@@ -62,6 +62,9 @@ def test_a_request_names_its_adapter_as_the_model(client):
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == tuned
     text = client.completions.create(model="support", prompt="Colours:", max_tokens=4)
     assert text.model == "support"
+    metrics = httpx.get(lora_server + "/metrics").text
+    series = 'tokenyard_engine_generated_tokens_total{model="support",priority="interactive"}'
+    assert series in metrics  # the adapter's requests are a series of their own
 
 
 def test_unknown_model_is_404_naming_what_is_served(client):

@@ -267,7 +267,8 @@ class LLMEngine:
             predicted_tokens=len(seq.request.prediction),
             accepted_prediction_tokens=seq.draft_tokens_kept if seq.request.prediction else 0,
         )
-        labels = (self.model_name, seq.priority.name.lower())
+        adapter = seq.request.adapter  # an adapter's requests are its own series
+        labels = (adapter.name if adapter else self.model_name, seq.priority.name.lower())
         self.metrics.ttft.labels(*labels).observe(stats.ttft)
         self.metrics.e2e.labels(*labels).observe(stats.e2e)
         self.metrics.queue.labels(*labels).observe(stats.queue)

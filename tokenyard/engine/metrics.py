@@ -6,8 +6,9 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 
 
 class EngineMetrics:
-    """Per-request series are labelled by model and priority; engine-wide ones are bound to the
-    model here, so callers just set or increment them."""
+    """Per-request series are labelled by model (a LoRA adapter's name for its requests) and
+    priority; engine-wide ones are bound to the model here, so callers just set or increment
+    them."""
 
     def __init__(self, model: str):
         self.registry = CollectorRegistry()
