@@ -207,6 +207,9 @@ def test_at_most_max_loras_adapters(engine_factory, adapter_dirs):
     adapters.add("one", adapter_dirs[0]["qv"])
     with pytest.raises(AdapterError, match="already loaded"):
         adapters.add("one", adapter_dirs[0]["qv"])
+    for reserved in ("smollm2", ""):  # the base model's name would shadow the adapter
+        with pytest.raises(AdapterError, match="cannot be named"):
+            adapters.add(reserved, adapter_dirs[0]["qv"])
     with pytest.raises(AdapterError, match=r"max_loras"):
         adapters.add("two", adapter_dirs[0]["qv"])
     adapters.remove("one")

@@ -88,6 +88,7 @@ def test_runtime_load_and_unload(client, lora_server, adapter_path):
         json={"lora_name": "hot", "lora_path": adapter_path},
     )
     assert again.status_code == 400 and "already loaded" in again.json()["error"]["message"]
+    assert again.json()["error"]["param"] == "lora_name"
     unload = httpx.post(f"{lora_server}/v1/unload_lora_adapter", json={"lora_name": "hot"})
     assert unload.status_code == 200 and unload.json()["loaded"] is False
     with pytest.raises(openai.NotFoundError):

@@ -32,12 +32,17 @@ FUSED = {
     "gate_up": ("gate_proj", "up_proj"),
     "down": ("down_proj",),
 }
-_PART_OF = {part: fused for fused, parts in FUSED.items() for part in parts}
+_PARTS = {part for parts in FUSED.values() for part in parts}
 _KEY = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
 
 
 class AdapterError(ValueError):
-    """An adapter that cannot be served with this model: the message says why."""
+    """An adapter that cannot be served with this model: the message says why; `param`: what of
+    a load request is at fault (its name, or the adapter at its path)."""
+
+    def __init__(self, message: str, param: str = "lora_path"):
+        super().__init__(message)
+        self.param = param
 
 
 _LOADS = itertools.count()  # each load its own prefix-cache root, even under a reused name
@@ -107,7 +112,7 @@ def load_adapter(name: str, path: str, config: ModelConfig) -> LoraAdapter:
     found: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
     for key, tensor in _tensors(path):
         match = _KEY.search(key)
-        if match is None or match.group(2) not in _PART_OF:
+        if match is None or match.group(2) not in _PARTS:
             raise AdapterError(
                 f"adapter {name!r}: {key} is not a LoRA matrix of a Llama "
                 "projection the engine can serve"
@@ -235,6 +240,7 @@ class Adapters:
     device: torch.device
     dtype: torch.dtype
     max_loras: int = 8
+    reserved: tuple[str, ...] = ()  # the base model's names: an adapter under one would be shadowed
     by_name: dict[str, LoraAdapter] = field(default_factory=dict)
     # loads at run time come from the HTTP server's threads
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -249,11 +255,16 @@ class Adapters:
         return adapter
 
     def _room_for(self, name: str) -> None:
+        if not name or name in self.reserved:
+            raise AdapterError(
+                f"an adapter cannot be named {name!r}: empty or the base model's", "lora_name"
+            )
         if name in self.by_name:
-            raise AdapterError(f"an adapter named {name!r} is already loaded")
+            raise AdapterError(f"an adapter named {name!r} is already loaded", "lora_name")
         if len(self.by_name) >= self.max_loras:
             raise AdapterError(
-                f"{self.max_loras} adapters are loaded, the most this engine serves (max_loras)"
+                f"{self.max_loras} adapters are loaded, the most this engine serves (max_loras)",
+                "lora_name",
             )
 
     def remove(self, name: str) -> None:

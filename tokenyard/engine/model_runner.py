@@ -96,7 +96,13 @@ class ModelRunner:
         self.kv_caches = kv_pool(
             self.model_config, self.num_blocks, self.block_size, self.dtype, self.device
         )
-        self.adapters = Adapters(self.model_config, self.device, self.dtype, config.max_loras)
+        self.adapters = Adapters(
+            self.model_config,
+            self.device,
+            self.dtype,
+            config.max_loras,
+            reserved=(config.served_model_name or config.model, config.model),
+        )
         self.cpu_decoder = (
             CpuDecoder(self.model, self.attention, self.kv_caches)
             if CpuDecoder.fits(self.model, self.attention)

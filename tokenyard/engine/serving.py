@@ -228,16 +228,12 @@ class OpenAIServing:
     async def load_adapter(self, body: bytes) -> dict:
         self._runtime_lora()
         change = decode_body(body, LoadAdapterRequest)
-        if change.lora_name in (self.model_name, self.core.config.model) or not change.lora_name:
-            raise RequestError(
-                f"lora_name {change.lora_name!r} is the base model's name or empty", "lora_name"
-            )
         try:  # reading and converting the matrices is file I/O and copies: off the event loop
             await asyncio.to_thread(
                 self.core.runner.adapters.add, change.lora_name, change.lora_path
             )
         except AdapterError as exc:
-            raise RequestError(str(exc), "lora_path", "invalid_lora_adapter") from None
+            raise RequestError(str(exc), exc.param, "invalid_lora_adapter") from None
         return {"object": "lora_adapter", "id": change.lora_name, "loaded": True}
 
     def unload_adapter(self, body: bytes) -> dict:
