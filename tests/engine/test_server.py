@@ -312,6 +312,90 @@ def test_legacy_completion_fields_that_change_the_answer_are_refused(server, cli
     assert len(out.choices) == 1
 
 
+ECHOED = "The quick brown fox jumps over the lazy dog, then"
+
+
+def test_echo_with_max_tokens_0_scores_the_prompt(server, client):
+    """How evaluation harnesses (lm-evaluation-harness's local-completions) read a text's
+    likelihood: the prompt as token ids, echo, logprobs and nothing generated."""
+    url, core = server
+    ids = core.tokenizer.encode(ECHOED)
+    by_ids = client.completions.create(
+        model="smollm2", prompt=ids, echo=True, logprobs=1, max_tokens=0, temperature=0
+    )
+    (choice,) = by_ids.choices
+    assert choice.text == ECHOED and choice.finish_reason == "length"
+    assert by_ids.usage.completion_tokens == 0 and by_ids.usage.prompt_tokens == len(ids)
+    lp = choice.logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.text_offset) == len(ids)
+    assert "".join(lp.tokens) == ECHOED and lp.text_offset[0] == 0
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None  # nothing before it
+    for token, logprob, top in zip(
+        lp.tokens[1:], lp.token_logprobs[1:], lp.top_logprobs[1:], strict=True
+    ):
+        assert logprob < 0 and len(top) == 1
+        best = max(top.values())
+        assert logprob <= best + 1e-6 and (token not in top or top[token] == best)
+    # the same text as a string scores the same
+    by_text = client.completions.create(
+        model="smollm2", prompt=ECHOED, echo=True, logprobs=1, max_tokens=0
+    )
+    assert by_text.choices[0].logprobs.token_logprobs == pytest.approx(lp.token_logprobs)
+    wait_idle(url, core)
+
+
+def test_echo_opens_the_completion_with_its_prompt(server, client):
+    url, core = server
+    plain = client.completions.create(
+        model="smollm2", prompt=ECHOED, temperature=0, max_tokens=4, logprobs=2
+    )
+    echoed = client.completions.create(
+        model="smollm2", prompt=ECHOED, temperature=0, max_tokens=4, logprobs=2, echo=True
+    )
+    text, plain_text = echoed.choices[0].text, plain.choices[0].text
+    assert text == ECHOED + plain_text
+    lp, plain_lp = echoed.choices[0].logprobs, plain.choices[0].logprobs
+    prompt_len = len(core.tokenizer.encode(ECHOED))
+    assert lp.tokens[prompt_len:] == plain_lp.tokens
+    assert lp.token_logprobs[prompt_len:] == pytest.approx(plain_lp.token_logprobs)
+    assert all(len(top) == 2 for top in lp.top_logprobs[1:])
+    # offsets run on from the prompt into the completion
+    assert lp.text_offset[prompt_len] == len(ECHOED)
+    assert lp.text_offset == sorted(lp.text_offset)
+    # echo without logprobs: the text only; and streamed, the prompt comes first
+    bare = client.completions.create(
+        model="smollm2", prompt=ECHOED, temperature=0, max_tokens=4, echo=True
+    )
+    assert bare.choices[0].text == text and bare.choices[0].logprobs is None
+    chunks = list(
+        client.completions.create(
+            model="smollm2",
+            prompt=ECHOED,
+            temperature=0,
+            max_tokens=4,
+            logprobs=2,
+            echo=True,
+            stream=True,
+        )
+    )
+    assert chunks[0].choices[0].text.startswith(ECHOED)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == text
+    streamed = [
+        t
+        for c in chunks
+        if c.choices and c.choices[0].logprobs
+        for t in c.choices[0].logprobs.tokens
+    ]
+    assert streamed == lp.tokens
+    wait_idle(url, core)
+
+
+def test_max_tokens_0_only_with_echo(server, client):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="smollm2", prompt="Hi", max_tokens=0)
+    assert err.value.body["param"] == "max_tokens"
+
+
 def test_malformed_json_and_sdk_errors(server, client):
     r = httpx.post(
         f"{server[0]}/v1/chat/completions",

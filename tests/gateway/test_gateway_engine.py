@@ -9,7 +9,7 @@ import openai
 import pytest
 import sqlmodel
 
-from tests.gateway.conftest import day_tokens, wait_until
+from tests.gateway.conftest import day_tokens, reservations, wait_until
 from tokenyard.billing.models import UsageRecord
 
 
@@ -147,3 +147,30 @@ def test_a_lora_adapter_is_a_model_of_the_catalog(
     by_model = {r.model: r for r in recorded()}
     assert set(by_model) == {"smollm2", "support"}
     assert by_model["support"].completion_tokens == replies["support"].usage.completion_tokens
+
+
+def test_a_text_scored_through_the_gateway(
+    engine: str, start_gateway: Any, team: Any, redis_server: Any
+) -> None:
+    """lm-evaluation-harness's way of reading a likelihood (echo, logprobs, max_tokens 0) passes
+    the gateway to the engine; the team pays for the prompt it read, and nothing is reserved
+    after."""
+    gw = start_gateway(engine_urls=f"smollm2={engine}")
+    name, key = team()
+    client = gw.client(key)
+    text = "Paris is the capital of France."
+    out = client.completions.create(
+        model="smollm2", prompt=text, echo=True, logprobs=1, max_tokens=0
+    )
+    choice = out.choices[0]
+    assert choice.text == text and choice.logprobs.token_logprobs[0] is None
+    assert all(lp < 0 for lp in choice.logprobs.token_logprobs[1:])
+    assert out.usage.completion_tokens == 0 and out.usage.prompt_tokens == len(
+        choice.logprobs.tokens
+    )
+    assert day_tokens(redis_server.client(), name) == out.usage.prompt_tokens
+    held = reservations(redis_server.client(), name)
+    assert held["leases"] == 0 and held["pages"] == 0
+    with pytest.raises(openai.BadRequestError) as err:  # 0 without echo asks for nothing
+        client.completions.create(model="smollm2", prompt=text, max_tokens=0)
+    assert err.value.body["param"] == "max_tokens"

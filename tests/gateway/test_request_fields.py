@@ -27,7 +27,6 @@ REFUSED_BY_ENGINE = {
     "prompt_cache_options": {"ttl": "1h"},
     "functions": [{"name": "f", "parameters": {"type": "object"}}],
     "function_call": "auto",
-    "echo": True,
     "suffix": "!",
     "best_of": 2,
 }

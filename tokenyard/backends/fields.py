@@ -109,7 +109,12 @@ FIELDS: dict[str, Rule] = {
     "prompt_cache_options": Rule(CHAT, (R, P, R)),
     "functions": Rule(CHAT, (R, P, R), note="deprecated: use tools"),
     "function_call": Rule(CHAT, (R, P, R), note="deprecated: use tool_choice"),
-    "echo": Rule(LEGACY, (R, P, R)),
+    "echo": Rule(
+        LEGACY,
+        (H, P, R),
+        note="engine: the prompt opens the text, with logprobs its tokens scored; max_tokens 0: "
+        "nothing generated",
+    ),
     "suffix": Rule(LEGACY, (R, P, R), inert=("",)),
     "best_of": Rule(LEGACY, (R, P, R), inert=(1,)),
 }

@@ -184,9 +184,13 @@ class LLMEngine:
         producing = step.producing
         # the grammar masks may fill while the forward pass runs
         masks = self.constraints.masks([seq.seq_id for seq in producing], step.drafts)
-        logits = self.runner.run(step)
+        out = self.runner.run(step)
+        for part, scored in zip(step.scoring, out.scored, strict=True):
+            part.seq.prompt_logprobs += scored
         masks = masks.result() if masks else None
-        emitted = self.sampler.verify(logits, producing, step.drafts, masks) if step.rows else []
+        emitted = []
+        if step.rows:
+            emitted = self.sampler.verify(out.logits, producing, step.drafts, masks)
         now = time.perf_counter()
         # how many of its draft tokens each speculating sequence kept (the rest were rejected)
         kept = {s: len(e) - 1 for s, e in zip(producing, emitted, strict=True) if s in batch.drafts}
@@ -213,8 +217,12 @@ class LLMEngine:
         params, timings = seq.request.params, seq.timings
         text = self._texts[seq.seq_id]
         out = RequestOutput(seq.request.request_id, seq.choice, "")
+        if params.prompt_logprobs is not None and not seq.output_ids:  # its first output
+            out.prompt_logprobs = seq.prompt_logprobs
         elapsed = now - seq.request.arrival
         finish = None
+        if params.max_tokens == 0:  # the prompt was only to be read: the sample is not kept
+            emitted, finish = [], "length"
         for sampled in emitted:
             token = sampled.token_id
             seq.token_ids.append(token)

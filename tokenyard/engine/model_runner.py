@@ -1,6 +1,7 @@
 """The model side of a step (nano-vllm's ModelRunner): the weights as this device and dtype run
 them, the attention backend and the paged KV pool, and one flattened forward pass from a scheduled
-batch to the logits of the rows that produce tokens. The engine (engine/engine.py) keeps the
+batch to the logits of the rows that produce tokens (and the logprobs of a prompt's tokens,
+where a request scores them). The engine (engine/engine.py) keeps the
 requests: scheduling, sampling, detokenizing, accounting."""
 
 from dataclasses import dataclass
@@ -17,6 +18,7 @@ from tokenyard.engine.kv_cache import blocks_for_budget, kv_pool
 from tokenyard.engine.loader import load_weights
 from tokenyard.engine.lora import Adapters, LoraAdapter
 from tokenyard.engine.model import LlamaModel
+from tokenyard.engine.outputs import Sampled
 from tokenyard.engine.packed_linear import pack_linears
 from tokenyard.engine.quantized_linear import (
     QuantizedEmbedding,
@@ -24,6 +26,7 @@ from tokenyard.engine.quantized_linear import (
     dense_copy_pays,
     effective_quantization,
 )
+from tokenyard.engine.sampler import score_tokens
 from tokenyard.engine.scheduler import ScheduledBatch
 from tokenyard.engine.sequence import Sequence
 
@@ -43,6 +46,26 @@ def _dtype(name: str, device: torch.device) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
+# rows of a prompt put through the LM head at once when it is scored: [rows, vocab] fp32 logits
+# are 200 kB a row here, so a long prompt's chunk is read in slices
+SCORE_ROWS = 256
+
+
+@dataclass
+class PromptRows:
+    """A prefill chunk's rows whose next token is a prompt token to score (prompt logprobs)."""
+
+    seq: Sequence
+    first: int  # the first of them in the flattened pass
+    targets: list[int]  # the prompt tokens they predict, one a row
+
+
+@dataclass
+class StepOutput:
+    logits: torch.Tensor | None  # of StepInputs.rows (None: no row produces a token)
+    scored: list[list[Sampled]]  # per StepInputs.scoring, its targets with their logprobs
+
+
 @dataclass
 class StepInputs:
     """A scheduled batch flattened into one forward pass."""
@@ -55,6 +78,7 @@ class StepInputs:
     rows: list[int]  # the rows of their last token and drafts
     # the LoRA adapters in the pass and their rows (None: all of them)
     lora: list[tuple[LoraAdapter, torch.Tensor | None]]
+    scoring: list[PromptRows]
 
 
 class ModelRunner:
@@ -119,9 +143,18 @@ class ModelRunner:
         drafts: list[list[int]] = []
         rows: list[int] = []
         adapted: dict[LoraAdapter, list[int]] = {}
+        scoring: list[PromptRows] = []
         for seq, num_new in batch.items:
             first = seq.num_computed
             draft = batch.drafts.get(seq, [])
+            if seq.scoring_prompt:
+                # position p predicts prompt token p + 1; tokens 1..len(scored) are done (a
+                # sequence preempted while scoring recomputes its rows, but scores on)
+                start = max(first, len(seq.prompt_logprobs))
+                end = min(first + num_new, seq.num_prompt - 1)
+                if start < end:
+                    targets = seq.token_ids[start + 1 : end + 1]
+                    scoring.append(PromptRows(seq, len(input_ids) + start - first, targets))
             if seq.request.adapter is not None:
                 adapted.setdefault(seq.request.adapter, []).extend(
                     range(len(input_ids), len(input_ids) + num_new)
@@ -141,6 +174,7 @@ class ModelRunner:
             drafts,
             rows,
             self._lora_groups(adapted, len(input_ids)),
+            scoring,
         )
 
     def _lora_groups(
@@ -150,10 +184,21 @@ class ModelRunner:
             return [(next(iter(adapted)), None)]  # one adapter for the whole step: no gathers
         return [(a, torch.tensor(r, device=self.device)) for a, r in adapted.items()]
 
-    def run(self, step: StepInputs) -> torch.Tensor | None:
-        """The logits of `step.rows` (None: no row produces a token, a prefill chunk's step)."""
+    def run(self, step: StepInputs) -> StepOutput:
+        """The logits of `step.rows` (None: no row produces a token, a prefill chunk's step) and
+        the scores of the prompt tokens `step.scoring` names."""
         hidden = self.forward(step.input_ids, step.positions, step.meta, step.lora)
-        return self.model.logits(hidden[step.rows]) if step.rows else None
+        logits = self.model.logits(hidden[step.rows]) if step.rows else None
+        return StepOutput(logits, [self._score(hidden, part) for part in step.scoring])
+
+    def _score(self, hidden: torch.Tensor, part: PromptRows) -> list[Sampled]:
+        top = part.seq.request.params.prompt_logprobs or 0
+        scored: list[Sampled] = []
+        for at in range(0, len(part.targets), SCORE_ROWS):
+            targets = part.targets[at : at + SCORE_ROWS]
+            rows = hidden[part.first + at : part.first + at + len(targets)]
+            scored += score_tokens(self.model.logits(rows), targets, top)
+        return scored
 
     def forward(
         self,

@@ -49,5 +49,7 @@ class RequestOutput:
     text: str
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[Sampled] = field(default_factory=list)
+    # its first output, where the request scores its prompt: the prompt's tokens after the first
+    prompt_logprobs: list[Sampled] | None = None
     finish_reason: str | None = None  # stop | length | cancelled | error
     stats: SeqStats | None = None  # set with finish_reason

@@ -213,8 +213,16 @@ def chat_params(req: ChatRequest, tool_use: "ToolUse", fmt: ToolFormat) -> Sampl
     _check(bool(req.messages), "messages", "must not be empty")
     _check(req.top_logprobs is None or req.logprobs, "top_logprobs", "needs logprobs set to true")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    params = sampling_params(req, req.max_completion_tokens or req.max_tokens, logprobs)
+    params = sampling_params(req, max_tokens_asked(req), logprobs)
     return replace(params, constraint=_constraint(req, tool_use, fmt))
+
+
+def max_tokens_asked(req: ChatRequest | CompletionRequest) -> int | None:
+    """The output's cap as the body gives it (chat: OpenAI's newer name first); None: not given,
+    so it is whatever context the prompt leaves."""
+    if isinstance(req, ChatRequest):
+        return req.max_completion_tokens or req.max_tokens
+    return req.max_tokens
 
 
 _FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
@@ -308,10 +316,17 @@ def _constraint(req: ChatRequest, use: ToolUse, fmt: ToolFormat) -> Constraint |
 
 
 def completion_params(req: CompletionRequest) -> SamplingParams:
-    _check(not req.echo, "echo", "is not supported")
     _check(req.best_of in (None, 1), "best_of", "is not supported (only 1)")
     _check(not req.suffix, "suffix", "is not supported")
-    return sampling_params(req, req.max_tokens, req.logprobs)
+    # echo with max_tokens 0 reads the prompt and generates nothing: with logprobs, the prompt's
+    # tokens scored (how evaluation harnesses ask a model for a text's likelihood)
+    read_only = req.echo and req.max_tokens == 0
+    params = sampling_params(req, None if read_only else req.max_tokens, req.logprobs)
+    if read_only:
+        params = replace(params, max_tokens=0)
+    if req.echo and req.logprobs is not None:
+        params = replace(params, prompt_logprobs=req.logprobs)
+    return params
 
 
 def completion_prompts(req: CompletionRequest) -> list[str | list[int]]:
@@ -421,7 +436,11 @@ def completion_logprobs(sampled: list[Sampled], token_text, offset: int) -> dict
     return {
         "tokens": tokens,
         "token_logprobs": [s.logprob for s in sampled],
-        "top_logprobs": [{token_text(t): lp for t, lp in (s.top_logprobs or [])} for s in sampled],
+        # null where the token has no logprob (an echoed prompt's first), as OpenAI's
+        "top_logprobs": [
+            None if s.logprob is None else {token_text(t): lp for t, lp in (s.top_logprobs or [])}
+            for s in sampled
+        ],
         "text_offset": offsets,
     }
 
@@ -432,10 +451,13 @@ class Choice:
     def __init__(self) -> None:
         self.text: list[str] = []
         self.sampled: list[Sampled] = []
+        self.prompt_logprobs: list[Sampled] | None = None  # where the request scored its prompt
         self.finish_reason: str | None = None
         self.stats: SeqStats | None = None
 
     def add(self, out: RequestOutput) -> None:
+        if out.prompt_logprobs is not None:
+            self.prompt_logprobs = out.prompt_logprobs
         self.text.append(out.text)
         self.sampled += out.logprobs
         if out.finish_reason is not None:

@@ -1,5 +1,5 @@
 """Next-token choice: penalties, logit bias, grammar masks, temperature, top-k/top-p/min-p, seeded
-sampling, logprobs.
+sampling, logprobs (of sampled tokens and of a prompt's, `score_tokens`).
 
 Penalties follow OpenAI (presence/frequency, over generated tokens; logit_bias added as given) and
 vLLM (repetition, over prompt and generated tokens; min_tokens holds back EOS and stop tokens).
@@ -127,3 +127,17 @@ class Sampler:
                 (seed + seq.choice) % 2**64
             )
         return self._generators[seq.seq_id]
+
+
+def score_tokens(logits: torch.Tensor, targets: list[int], top: int) -> list[Sampled]:
+    """Each row's target token with its logprob under the model's distribution, and the row's `top`
+    most likely tokens (0: none): a prompt's tokens scored, as OpenAI's echo reports them."""
+    logprobs = torch.log_softmax(logits, dim=-1)
+    chosen = logprobs.gather(1, torch.tensor(targets, device=logits.device)[:, None])[:, 0]
+    if not top:
+        return [Sampled(t, lp) for t, lp in zip(targets, chosen.tolist(), strict=True)]
+    values, ids = logprobs.topk(top, dim=-1)
+    return [
+        Sampled(t, lp, list(zip(i, v, strict=True)))
+        for t, lp, i, v in zip(targets, chosen.tolist(), ids.tolist(), values.tolist(), strict=True)
+    ]

@@ -96,6 +96,11 @@ class Scheduler:
 
     # ------------------------------------------------------------ lifecycle
 
+    def _cached_prefix(self, seq: Sequence) -> list[int]:
+        """The cached blocks a waiting sequence may start from: none while its prompt is still
+        to be scored (the scores come from the rows computed)."""
+        return [] if seq.scoring_prompt else self.blocks.match_prefix(seq.token_ids, seq.cache_root)
+
     def preempt(self, seq: Sequence) -> None:
         """Free its blocks; it goes back to the front of its queue and is recomputed later."""
         self.running.remove(seq)
@@ -154,7 +159,7 @@ class Scheduler:
             seq = self._next_waiting()
             if seq is None:
                 break
-            matched = self.blocks.match_prefix(seq.token_ids, seq.cache_root)
+            matched = self._cached_prefix(seq)
             cached = len(matched) * self.blocks.block_size
             num_new = min(seq.num_tokens - cached, budget)
             if not self.blocks.can_adopt(matched, cached + num_new):
@@ -241,7 +246,7 @@ class Scheduler:
         )
         preempted = []
         while batch:
-            matched = self.blocks.match_prefix(seq.token_ids, seq.cache_root)
+            matched = self._cached_prefix(seq)
             cached = len(matched) * self.blocks.block_size
             num_new = min(seq.num_tokens - cached, self.max_num_batched_tokens)
             fits = self.blocks.can_adopt(matched, cached + num_new)

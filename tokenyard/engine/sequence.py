@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from tokenyard.engine.constraints import Constraint
 from tokenyard.engine.kv_cache import NO_HASH, BlockTable
 from tokenyard.engine.lora import LoraAdapter
+from tokenyard.engine.outputs import Sampled
 from tokenyard.engine.speculative import Acceptance
 
 
@@ -19,7 +20,7 @@ class Priority(enum.IntEnum):
 
 @dataclass
 class SamplingParams:
-    max_tokens: int = 16
+    max_tokens: int = 16  # 0: the prompt is only read (scored, with prompt_logprobs)
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1  # vLLM: -1 (or 0) disables
@@ -33,6 +34,9 @@ class SamplingParams:
     ignore_eos: bool = False
     min_tokens: int = 0
     logprobs: int | None = None  # None: no logprobs; k: the chosen token's and the top k
+    # None: the prompt is not scored; k: each prompt token's logprob (after the first, which has
+    # nothing before it) and the top k there, from the model's own distribution (OpenAI's echo)
+    prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     logit_bias: dict[int, float] = field(default_factory=dict)  # added to the token's logit
     constraint: Constraint | None = None  # the grammar the output must match (constraints.py)
@@ -91,6 +95,7 @@ class Sequence:
     finish_reason: str | None = None
     acceptance: Acceptance = field(default_factory=Acceptance)  # of its speculative drafts
     draft_tokens_kept: int = 0  # draft tokens verification accepted, over its whole life
+    prompt_logprobs: list[Sampled] = field(default_factory=list)  # prompt tokens 1.. scored so far
 
     @property
     def num_prompt(self) -> int:
@@ -103,6 +108,13 @@ class Sequence:
     @property
     def output_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt :]
+
+    @property
+    def scoring_prompt(self) -> bool:
+        """Are some of its prompt's tokens still to be scored? Their rows must be computed, so
+        the prefix cache cannot stand in for them."""
+        wanted = self.request.params.prompt_logprobs is not None
+        return wanted and len(self.prompt_logprobs) < self.num_prompt - 1
 
     @property
     def cache_root(self) -> int:

@@ -32,6 +32,7 @@ from tokenyard.engine.protocol import (
     completion_prompts,
     created,
     decode_body,
+    max_tokens_asked,
     message_text,
     new_request_id,
     parse_priority,
@@ -125,14 +126,32 @@ class ChatChoices:
 
 
 class TextChoices:
-    """Text completion: text and, when asked, logprobs whose offsets run on across chunks."""
+    """Text completion: text and, when asked, logprobs whose offsets run on across chunks. With
+    echo, each choice opens with its prompt (text, and tokens with their logprobs)."""
 
     object = chunk_object = "text_completion"
     id_prefix = "cmpl"
 
-    def __init__(self, tokenizer: Tokenizer, logprobs: bool, total: int):
-        self.tokenizer, self.logprobs = tokenizer, logprobs
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        logprobs: bool,
+        n: int,
+        prompts: list[tuple[str, list[int]]] | None,
+    ):
+        self.tokenizer, self.logprobs, self.n, self.prompts = tokenizer, logprobs, n, prompts
+        total = n * len(prompts or [()])
         self.offsets = [0] * total
+        self.unechoed = set(range(total)) if prompts else set()
+
+    def _echo(self, index: int, scored: list[Sampled] | None) -> tuple[str, list[Sampled]]:
+        """The prompt's text and tokens, once per choice (its first chunk); its first token has
+        no logprob (nothing comes before it)."""
+        if index not in self.unechoed or self.prompts is None:
+            return "", []
+        self.unechoed.discard(index)
+        text, ids = self.prompts[index // self.n]
+        return text, [Sampled(ids[0]), *(scored or [])] if self.logprobs else []
 
     def _logprobs(self, index: int, sampled: list[Sampled]) -> dict | None:
         if not self.logprobs:
@@ -146,18 +165,20 @@ class TextChoices:
         return None
 
     def chunk(self, index: int, out: RequestOutput) -> dict:
+        prompt, scored = self._echo(index, out.prompt_logprobs)
         return {
             "index": index,
-            "text": out.text,
-            "logprobs": self._logprobs(index, out.logprobs),
+            "text": prompt + out.text,
+            "logprobs": self._logprobs(index, scored + out.logprobs),
             "finish_reason": out.finish_reason,
         }
 
     def final(self, index: int, choice: Choice) -> dict:
+        prompt, scored = self._echo(index, choice.prompt_logprobs)
         return {
             "index": index,
-            "text": "".join(choice.text),
-            "logprobs": self._logprobs(index, choice.sampled),
+            "text": prompt + "".join(choice.text),
+            "logprobs": self._logprobs(index, scored + choice.sampled),
             "finish_reason": choice.finish_reason,
         }
 
@@ -282,10 +303,15 @@ class OpenAIServing:
     async def completion(self, request: Request, body: CompletionRequest) -> Response | Stream:
         adapter = self.check_model(body.model)
         params = completion_params(body)
-        prompts = [
-            p if isinstance(p, list) else self.tokenizer.encode(p) for p in completion_prompts(body)
-        ]
-        choices = TextChoices(self.tokenizer, params.logprobs is not None, body.n * len(prompts))
+        given = completion_prompts(body)
+        prompts = [p if isinstance(p, list) else self.tokenizer.encode(p) for p in given]
+        echoed = None
+        if body.echo:  # a prompt given as token ids is echoed as their text
+            echoed = [
+                (p if isinstance(p, str) else self.tokenizer.decode(ids, False), ids)
+                for p, ids in zip(given, prompts, strict=True)
+            ]
+        choices = TextChoices(self.tokenizer, params.logprobs is not None, body.n, echoed)
         return await self._respond(request, body, prompts, params, choices, adapter)
 
     def _generation_request(
@@ -297,7 +323,7 @@ class OpenAIServing:
         suffix: str,
         adapter: LoraAdapter | None,
     ) -> GenerationRequest:
-        if params.max_tokens == 0:  # not given: whatever context is left
+        if max_tokens_asked(body) is None:  # whatever context is left
             params = replace(params, max_tokens=max(1, self.core.max_model_len - len(prompt_ids)))
         headers = request.headers
         gen = GenerationRequest(
@@ -425,7 +451,12 @@ async def _events(
             break
         if out.stats:
             stats[index] = out.stats
-        if out.text or out.finish_reason is not None or out.logprobs[0].logprob is not None:
+        if (
+            out.text
+            or out.finish_reason is not None
+            or out.prompt_logprobs is not None
+            or out.logprobs[0].logprob is not None
+        ):
             yield _sse({**base, "choices": [choices.chunk(index, out)]})
     if include_usage and len(stats) == total:
         ordered = [stats[i] for i in range(total)]

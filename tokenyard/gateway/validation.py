@@ -101,6 +101,9 @@ class CompletionRequest(_Common, kw_only=True):
     # str, list[str], list[int] or list[list[int]]: msgspec unions hold one array type, so the
     # items are checked in estimate_prompt_sizes
     prompt: str | list[Any]
+    # 0 only with echo: the prompt is read (its tokens scored, with logprobs), nothing generated
+    max_tokens: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    echo: bool = False
 
 
 class EmbeddingRequest(msgspec.Struct, kw_only=True):
@@ -275,6 +278,8 @@ def parse(raw: bytes, kind: Kind) -> Parsed:
     else:
         # OpenAI's legacy completions default to 16 tokens; forward that explicitly
         max_tokens = req.max_tokens if "max_tokens" in body else 16
+        if max_tokens == 0 and not req.echo:
+            raise _bad("max_tokens must be at least 1 (0 only with echo)", "max_tokens")
         prompt_sizes = estimate_prompt_sizes(req.prompt)
     if len(prompt_sizes) * req.n > MAX_CHOICES:
         raise _bad(f"prompts × n must be at most {MAX_CHOICES}", "prompt")
