@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.nn import functional as F
 
-from tokenyard.engine.attention import SeqSlice
+from tests.engine.conftest import run_to_completion
 from tokenyard.engine.config import EngineConfig
 from tokenyard.engine.engine import LLMEngine
 from tokenyard.engine.loader import load_weights
@@ -25,6 +24,7 @@ from tokenyard.engine.quantized_linear import (
     QuantizedEmbedding,
     QuantizedLinear,
 )
+from tokenyard.engine.sequence import GenerationRequest, SamplingParams
 from tokenyard.engine.tokenizer import Tokenizer
 
 TEXT = Path(__file__).parent / "data" / "alice_ch4.txt"
@@ -44,26 +44,13 @@ CASES = [
 ]
 
 
-def perplexity(engine: LLMEngine, ids: list[int], chunk: int) -> float:
-    """exp(mean NLL of each token given the ones before), the text fed `chunk` tokens at a time
-    through the engine's model and paged KV cache (its own pool: nothing else runs on it)."""
-    blocks = list(range(math.ceil(len(ids) / engine.block_size)))
-    assert len(blocks) <= engine.blocks.num_blocks
-    logits = []
-    with torch.inference_mode():
-        for start in range(0, len(ids), chunk):
-            part = ids[start : start + chunk]
-            meta = engine.runner.attention.build_metadata([SeqSlice(blocks, start, len(part))], 0)
-            hidden = engine.runner.model(
-                torch.tensor(part),
-                torch.arange(start, start + len(part)),
-                engine.runner.kv_caches,
-                engine.runner.attention,
-                meta,
-            )
-            logits.append(engine.runner.model.logits(hidden))
-    nll = F.cross_entropy(torch.cat(logits)[:-1], torch.tensor(ids[1:]))
-    return math.exp(nll.item())
+def perplexity(engine: LLMEngine, ids: list[int]) -> float:
+    """exp(mean NLL of each token given the ones before): the text read as a prompt, a step of
+    the engine's token budget at a time, and scored (OpenAI's echo with logprobs)."""
+    params = SamplingParams(max_tokens=0, prompt_logprobs=0)
+    (out,) = run_to_completion(engine, [GenerationRequest("ppl", ids, params)])["ppl"]
+    assert len(out.prompt_logprobs) == len(ids) - 1
+    return math.exp(-sum(s.logprob for s in out.prompt_logprobs) / (len(ids) - 1))
 
 
 @pytest.fixture(scope="module")
@@ -71,15 +58,20 @@ def text_ids(gguf_path) -> list[int]:
     return Tokenizer.load(gguf_path, ()).encode(TEXT.read_text())
 
 
-def make_engine(quantization: str, dtype: str = "float32") -> LLMEngine:
-    return LLMEngine(
-        EngineConfig(device="cpu", dtype=dtype, quantization=quantization, num_blocks=96)
+def make_engine(quantization: str, dtype: str = "float32", chunk: int = DENSE_CHUNK) -> LLMEngine:
+    config = EngineConfig(
+        device="cpu",
+        dtype=dtype,
+        quantization=quantization,
+        num_blocks=96,
+        max_num_batched_tokens=chunk,
     )
+    return LLMEngine(config)
 
 
 @pytest.fixture(scope="module")
 def fp32_perplexity(text_ids) -> float:
-    return perplexity(make_engine("none"), text_ids, DENSE_CHUNK)
+    return perplexity(make_engine("none"), text_ids)
 
 
 def test_gguf_as_shipped_holds_what_gguf_dequantizes(gguf_path):
@@ -112,6 +104,6 @@ def test_every_matrix_runs_quantized():
 def test_perplexity_close_to_fp32(text_ids, fp32_perplexity, quantization, dtype, chunk, bound):
     assert KERNEL_CHUNK < COPY_ROWS <= PREFILL_CHUNK < DENSE_ROWS <= DENSE_CHUNK
     assert len(text_ids) > 1000
-    ppl = perplexity(make_engine(quantization, dtype), text_ids, chunk)
+    ppl = perplexity(make_engine(quantization, dtype, chunk), text_ids)
     assert 1.0 < fp32_perplexity < 50.0  # the model reads English
     assert abs(ppl / fp32_perplexity - 1) <= bound, (ppl, fp32_perplexity)

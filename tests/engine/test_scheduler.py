@@ -136,3 +136,53 @@ def test_finish_of_a_waiting_sequence_removes_it():
     s.finish(x, "cancelled")
     assert not s.has_work()
     assert x.status == SeqStatus.FINISHED
+
+
+def choices(prompt_len: int, n: int, max_tokens: int = 8) -> list[Sequence]:
+    first = seq(prompt_len, max_tokens=max_tokens)
+    return [first] + [
+        Sequence(next(_ids), first.request, c, list(first.request.prompt_ids)) for c in range(1, n)
+    ]
+
+
+def test_a_requests_choices_read_its_prompt_once():
+    s = make(budget=16)
+    seqs = choices(30, 3)
+    s.add_choices(seqs)
+    computed = 0
+    while any(x.num_computed < x.num_prompt for x in seqs):
+        computed += sum(n for x, n in step(s).items if x.num_computed <= x.num_prompt)
+    # the first read all 30; the others only the tail past the last full block of 4 (28)
+    assert computed == 30 + 2 * (30 - 28)
+    assert [x.num_cached for x in seqs] == [0, 28, 28]
+    while s.has_work():
+        step(s)
+    assert all(x.status == SeqStatus.FINISHED and len(x.output_ids) == 8 for x in seqs)
+    assert s.blocks.num_free == s.blocks.num_blocks
+
+
+def test_choices_are_not_held_when_nothing_would_be_shared():
+    short = make()
+    seqs = choices(BS, 2)  # no full block before the prompt's last token
+    short.add_choices(seqs)
+    assert short.num_waiting == 2 and not short.held
+    uncached = Scheduler(BlockManager(64, BS, enable_prefix_caching=False), 64, 8)
+    seqs = choices(30, 2)
+    uncached.add_choices(seqs)
+    assert uncached.num_waiting == 2 and not uncached.held
+
+
+def test_ending_held_choices_and_their_first_leaves_nothing_behind():
+    s = make(budget=8)
+    seqs = choices(30, 3)
+    s.add_choices(seqs)
+    step(s)  # the first reads 8 of 30 tokens; the others wait for it
+    assert s.num_waiting == 0 and s.held
+    s.finish(seqs[2], "cancelled")  # one held choice ends: the others are untouched
+    assert s.held[seqs[0]] == [seqs[1]]
+    s.finish(seqs[0], "cancelled")  # the first ends before the prompt is read: the rest go on
+    assert not s.held and s.num_waiting == 1
+    while s.has_work():
+        step(s)
+    assert seqs[1].status == SeqStatus.FINISHED and len(seqs[1].output_ids) == 8
+    assert s.blocks.num_free == s.blocks.num_blocks

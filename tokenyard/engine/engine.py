@@ -133,7 +133,7 @@ class LLMEngine:
         for seq in seqs:
             self._texts[seq.seq_id] = IncrementalText(list(request.params.stop))
             self.constraints.start(seq.seq_id, request.params.constraint)
-            self.scheduler.add(seq)
+        self.scheduler.add_choices(seqs)
         self._publish_load()
 
     def abort(self, request_id: str) -> None:

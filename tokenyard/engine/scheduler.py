@@ -5,7 +5,8 @@ prefill). Waiting sequences are admitted by free KV blocks, interactive before b
 class, the tenant with the fewest running sequences first. When blocks run out, the lowest-priority,
 latest-arrived running sequence is preempted (its blocks freed, recomputed later), so interactive
 work is never preempted for batch work. With speculation on, decodes then take draft tokens to
-verify, in whatever budget and free blocks are left.
+verify, in whatever budget and free blocks are left. A request's n choices share one reading of
+its prompt: the others wait until the first has computed it, then start from its cached blocks.
 """
 
 from collections import deque
@@ -46,6 +47,8 @@ class Scheduler:
         # per priority class, per tenant, a FIFO of waiting sequences
         self.waiting: dict[Priority, dict[str, deque[Sequence]]] = {p: {} for p in Priority}
         self.running: list[Sequence] = []
+        # a request's first choice → its other choices, held until it has read the prompt
+        self.held: dict[Sequence, list[Sequence]] = {}
         self.num_preemptions = 0
         self._admissions = 0
         self._tenant_last_admitted: dict[str, int] = {}
@@ -56,6 +59,29 @@ class Scheduler:
         seq.status = SeqStatus.WAITING
         queue = self.waiting[seq.priority].setdefault(seq.tenant, deque())
         queue.appendleft(seq) if front else queue.append(seq)
+
+    def add_choices(self, seqs: list[Sequence]) -> None:
+        """A request's n choices. Where the prompt fills a cached block, all but the first wait
+        until the first has computed the prompt, then find it in the prefix cache: the prompt is
+        read once, not n times (the last partial block excepted), as vLLM forks parallel
+        samples."""
+        first, *rest = seqs
+        self.add(first)
+        shares = self.blocks.enable_prefix_caching and first.num_prompt > self.blocks.block_size
+        if rest and shares:
+            self.held[first] = rest
+            for seq in rest:
+                seq.status = SeqStatus.WAITING
+        else:
+            for seq in rest:
+                self.add(seq)
+
+    def _release_held(self, first: Sequence) -> None:
+        """The first choice has read the prompt (or ended): the others join the queue's front, in
+        order. Its scores of the prompt are theirs too, so none of them reads it again."""
+        for seq in reversed(self.held.pop(first, [])):
+            seq.prompt_logprobs = list(first.prompt_logprobs)
+            self.add(seq, front=True)
 
     @property
     def num_waiting(self) -> int:
@@ -112,7 +138,11 @@ class Scheduler:
 
     def finish(self, seq: Sequence, reason: str) -> None:
         seq.finish_reason = reason
-        if seq.status == SeqStatus.RUNNING:
+        self._release_held(seq)  # ended before its prompt was read: the others read it
+        held = next((rest for rest in self.held.values() if seq in rest), None)
+        if held is not None:
+            held.remove(seq)
+        elif seq.status == SeqStatus.RUNNING:
             self.running.remove(seq)
         elif seq.status == SeqStatus.WAITING:
             queue = self.waiting[seq.priority][seq.tenant]
@@ -203,6 +233,8 @@ class Scheduler:
                 self.blocks.truncate(seq.table, seq.num_computed + num_new)
             seq.num_computed += num_new
             self.blocks.commit_full_blocks(seq.table, tokens, seq.num_computed)
+            if seq.num_computed >= seq.num_prompt and seq in self.held:
+                self._release_held(seq)
 
     def _draft(
         self, spec: Speculation, scheduled: dict[Sequence, int], budget: int
