@@ -38,6 +38,10 @@ def assert_matches(got, prompt: list[int], expected: torch.Tensor) -> None:
     assert [s.token_id for s in got] == prompt[1:]
     want = expected.gather(1, torch.tensor(prompt[1:])[:, None])[:, 0]
     assert torch.allclose(torch.tensor([s.logprob for s in got]), want, atol=2e-3)
+    # the rank: 1 + the tokens likelier there (a token within rounding of it may count either way)
+    surely = ((expected > want[:, None] + 1e-4).sum(dim=-1) + 1).tolist()
+    maybe = ((expected > want[:, None] - 1e-4).sum(dim=-1) + 1).tolist()
+    assert all(lo <= s.rank <= hi for s, lo, hi in zip(got, surely, maybe, strict=True))
     top = expected.topk(TOP, dim=-1)
     for s, ids, values in zip(got, top.indices.tolist(), top.values.tolist(), strict=True):
         assert [t for t, _ in s.top_logprobs] == ids

@@ -390,6 +390,51 @@ def test_echo_opens_the_completion_with_its_prompt(server, client):
     wait_idle(url, core)
 
 
+def test_vllms_prompt_logprobs_on_chat_and_completions(server):
+    """vLLM's extension: each prompt token's logprob, rank and the position's top k, keyed by
+    token id; chat's at the top of the response (its prompt is the chat template's), a
+    completion's in each choice."""
+    url, core = server
+    with httpx.Client(base_url=url, timeout=60) as http:
+        chat = http.post(
+            "/v1/chat/completions",
+            json={"model": "smollm2", "messages": MESSAGES, "max_tokens": 1, "prompt_logprobs": 2},
+        ).json()
+        scores = chat["prompt_logprobs"]
+        assert len(scores) == chat["usage"]["prompt_tokens"] and scores[0] is None
+        for here in scores[1:]:
+            ranks = sorted(e["rank"] for e in here.values())
+            assert ranks[:2] == [1, 2] and len(here) in (2, 3)  # the top 2, and the token if not
+            best = max(here.values(), key=lambda e: e["logprob"])
+            assert best["rank"] == 1 and all(
+                isinstance(e["decoded_token"], str) for e in here.values()
+            )
+
+        body = {"model": "smollm2", "prompt": ECHOED, "max_tokens": 0, "echo": True}
+        both = http.post("/v1/completions", json={**body, "logprobs": 1, "prompt_logprobs": 3})
+        choice = both.json()["choices"][0]
+        echoed = choice["logprobs"]
+        assert all(len(top) == 1 for top in echoed["top_logprobs"][1:])  # as logprobs asks
+        ids = core.tokenizer.encode(ECHOED)
+        for token_id, here, logprob in zip(
+            ids[1:], choice["prompt_logprobs"][1:], echoed["token_logprobs"][1:], strict=True
+        ):
+            assert 3 <= len(here) <= 4
+            assert here[str(token_id)]["logprob"] == pytest.approx(logprob)
+        alone = http.post("/v1/completions", json={**body, "prompt_logprobs": 0}).json()
+        entries = alone["choices"][0]["prompt_logprobs"][1:]
+        assert [list(e) for e in entries] == [[str(t)] for t in ids[1:]]  # the token alone
+        assert alone["choices"][0]["logprobs"] is None
+
+        streamed = http.post(
+            "/v1/completions", json={**body, "max_tokens": 2, "stream": True, "prompt_logprobs": 1}
+        )
+        assert (
+            streamed.status_code == 400 and streamed.json()["error"]["param"] == "prompt_logprobs"
+        )
+    wait_idle(url, core)
+
+
 def test_max_tokens_0_only_with_echo(server, client):
     with pytest.raises(openai.BadRequestError) as err:
         client.completions.create(model="smollm2", prompt="Hi", max_tokens=0)

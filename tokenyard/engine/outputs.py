@@ -20,6 +20,7 @@ class Sampled:
     token_id: int
     logprob: float | None = None
     top_logprobs: list[tuple[int, float]] | None = None
+    rank: int | None = None  # a scored prompt token's: 1 + how many tokens were likelier there
 
 
 @dataclass

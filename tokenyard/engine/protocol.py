@@ -58,6 +58,7 @@ class _Common(msgspec.Struct, kw_only=True):
     min_p: float = 0.0
     repetition_penalty: float = 1.0
     min_tokens: int = 0
+    prompt_logprobs: int | None = None  # each prompt token's logprob and the top k there
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
@@ -189,6 +190,16 @@ def sampling_params(req: _Common, max_tokens: int | None, logprobs: int | None) 
         "top_logprobs" if isinstance(req, ChatRequest) else "logprobs",
         f"must be between 0 and {MAX_TOP_LOGPROBS}",
     )
+    _check(
+        req.prompt_logprobs is None or 0 <= req.prompt_logprobs <= MAX_TOP_LOGPROBS,
+        "prompt_logprobs",
+        f"must be between 0 and {MAX_TOP_LOGPROBS}",
+    )
+    _check(
+        req.prompt_logprobs is None or not req.stream,
+        "prompt_logprobs",
+        "is not available on streamed responses (as vLLM's)",
+    )
     return SamplingParams(
         max_tokens=max_tokens or 0,  # 0: filled in from the context left, once the prompt is known
         temperature=req.temperature,
@@ -204,6 +215,7 @@ def sampling_params(req: _Common, max_tokens: int | None, logprobs: int | None) 
         ignore_eos=req.ignore_eos,
         min_tokens=req.min_tokens,
         logprobs=logprobs,
+        prompt_logprobs=req.prompt_logprobs,
         skip_special_tokens=req.skip_special_tokens,
         logit_bias={int(k): v for k, v in bias.items()},
     )
@@ -324,8 +336,8 @@ def completion_params(req: CompletionRequest) -> SamplingParams:
     params = sampling_params(req, None if read_only else req.max_tokens, req.logprobs)
     if read_only:
         params = replace(params, max_tokens=0)
-    if req.echo and req.logprobs is not None:
-        params = replace(params, prompt_logprobs=req.logprobs)
+    if req.echo and req.logprobs is not None:  # the echoed prompt's top k (vLLM's field's too)
+        params = replace(params, prompt_logprobs=max(req.logprobs, req.prompt_logprobs or 0))
     return params
 
 
@@ -443,6 +455,25 @@ def completion_logprobs(sampled: list[Sampled], token_text, offset: int) -> dict
         ],
         "text_offset": offsets,
     }
+
+
+def vllm_prompt_logprobs(
+    prompt: list[int], scored: list[Sampled], top: int, token_text
+) -> list[dict | None]:
+    """vLLM's `prompt_logprobs`: null for the prompt's first token (nothing comes before it), then
+    per token {token id: {logprob, rank, decoded_token}} for the token itself and the top `top`."""
+    assert len(scored) == len(prompt) - 1
+
+    def entry(token_id: int, logprob: float | None, rank: int | None) -> dict:
+        return {"logprob": logprob, "rank": rank, "decoded_token": token_text(token_id)}
+
+    out: list[dict | None] = [None]
+    for s in scored:
+        here = {str(s.token_id): entry(s.token_id, s.logprob, s.rank)}
+        for rank, (token_id, logprob) in enumerate((s.top_logprobs or [])[:top], 1):
+            here.setdefault(str(token_id), entry(token_id, logprob, rank))
+        out.append(here)
+    return out
 
 
 class Choice:

@@ -133,11 +133,14 @@ def score_tokens(logits: torch.Tensor, targets: list[int], top: int) -> list[Sam
     """Each row's target token with its logprob under the model's distribution, and the row's `top`
     most likely tokens (0: none): a prompt's tokens scored, as OpenAI's echo reports them."""
     logprobs = torch.log_softmax(logits, dim=-1)
-    chosen = logprobs.gather(1, torch.tensor(targets, device=logits.device)[:, None])[:, 0]
-    if not top:
-        return [Sampled(t, lp) for t, lp in zip(targets, chosen.tolist(), strict=True)]
-    values, ids = logprobs.topk(top, dim=-1)
-    return [
-        Sampled(t, lp, list(zip(i, v, strict=True)))
-        for t, lp, i, v in zip(targets, chosen.tolist(), ids.tolist(), values.tolist(), strict=True)
+    chosen = logprobs.gather(1, torch.tensor(targets, device=logits.device)[:, None])
+    ranks = ((logprobs > chosen).sum(dim=-1) + 1).tolist()
+    scored = [
+        Sampled(t, lp, None, rank)
+        for t, lp, rank in zip(targets, chosen[:, 0].tolist(), ranks, strict=True)
     ]
+    if top:
+        values, ids = logprobs.topk(top, dim=-1)
+        for s, i, v in zip(scored, ids.tolist(), values.tolist(), strict=True):
+            s.top_logprobs = list(zip(i, v, strict=True))
+    return scored

@@ -39,6 +39,7 @@ from tokenyard.engine.protocol import (
     timings,
     tool_use,
     usage,
+    vllm_prompt_logprobs,
 )
 from tokenyard.engine.sequence import GenerationRequest, SamplingParams
 from tokenyard.engine.tokenizer import Tokenizer
@@ -135,11 +136,12 @@ class TextChoices:
     def __init__(
         self,
         tokenizer: Tokenizer,
-        logprobs: bool,
+        logprobs: int | None,
         n: int,
         prompts: list[tuple[str, list[int]]] | None,
     ):
-        self.tokenizer, self.logprobs, self.n, self.prompts = tokenizer, logprobs, n, prompts
+        self.tokenizer, self.n, self.prompts = tokenizer, n, prompts
+        self.logprobs, self.top = logprobs is not None, logprobs or 0
         total = n * len(prompts or [()])
         self.offsets = [0] * total
         self.unechoed = set(range(total)) if prompts else set()
@@ -151,7 +153,13 @@ class TextChoices:
             return "", []
         self.unechoed.discard(index)
         text, ids = self.prompts[index // self.n]
-        return text, [Sampled(ids[0]), *(scored or [])] if self.logprobs else []
+        if not self.logprobs:
+            return text, []
+        # the scores may hold more of the top than logprobs asks (vLLM's prompt_logprobs)
+        tops = [
+            Sampled(s.token_id, s.logprob, (s.top_logprobs or [])[: self.top]) for s in scored or []
+        ]
+        return text, [Sampled(ids[0]), *tops]
 
     def _logprobs(self, index: int, sampled: list[Sampled]) -> dict | None:
         if not self.logprobs:
@@ -311,7 +319,7 @@ class OpenAIServing:
                 (p if isinstance(p, str) else self.tokenizer.decode(ids, False), ids)
                 for p, ids in zip(given, prompts, strict=True)
             ]
-        choices = TextChoices(self.tokenizer, params.logprobs is not None, body.n, echoed)
+        choices = TextChoices(self.tokenizer, params.logprobs, body.n, echoed)
         return await self._respond(request, body, prompts, params, choices, adapter)
 
     def _generation_request(
@@ -386,16 +394,29 @@ class OpenAIServing:
 
         done = await _collect(outputs, n, total, request)
         stats = [c.stats for c in done]
-        return Response(
-            {
-                **base,
-                "object": choices.object,
-                "choices": [choices.final(i, c) for i, c in enumerate(done)],
-                "usage": usage(stats, n),
-                "timings": timings(stats),
-            },
-            headers=headers,
-        )
+        response = {
+            **base,
+            "object": choices.object,
+            "choices": [choices.final(i, c) for i, c in enumerate(done)],
+            "usage": usage(stats, n),
+            "timings": timings(stats),
+        }
+        if body.prompt_logprobs is not None:  # vLLM's extension: per choice, chat's at the top
+            scored = [
+                vllm_prompt_logprobs(
+                    prompts[i // n],
+                    c.prompt_logprobs or [],
+                    body.prompt_logprobs,
+                    self.tokenizer.token_text,
+                )
+                for i, c in enumerate(done)
+            ]
+            if isinstance(body, ChatRequest):
+                response["prompt_logprobs"] = scored[0]
+            else:
+                for choice, prompt_scores in zip(response["choices"], scored, strict=True):
+                    choice["prompt_logprobs"] = prompt_scores
+        return Response(response, headers=headers)
 
 
 async def _merged(
