@@ -2,6 +2,7 @@
 openai SDK as users call it."""
 
 import json
+import re
 from typing import Literal
 
 import jsonschema
@@ -212,6 +213,26 @@ def test_tool_history_and_auto_choice_are_served(sdk):
         ({"logit_bias": {"hello": 1}}, "logit_bias", "token ids"),
         ({"logit_bias": {"99999999": 1}}, "logit_bias", "token ids"),
         ({"response_format": {"type": "json_object"}, "min_tokens": 3}, "min_tokens", "grammar"),
+        ({"guided_regex": "(abc"}, "guided_regex", "parenthesis is not closed"),
+        (
+            {"structured_outputs": {"grammar": 'root ::= "a" |'}},
+            "structured_outputs.grammar",
+            "EBNF",
+        ),
+        ({"structured_outputs": {"choice": []}}, "structured_outputs.choice", "non-empty"),
+        ({"structured_outputs": {"choice": ["a", ""]}}, "structured_outputs.choice", "non-empty"),
+        ({"structured_outputs": {"json": "{not json"}}, "structured_outputs.json", "JSON schema"),
+        ({"structured_outputs": {"lark": "x"}}, "structured_outputs", "lark"),
+        (
+            {"structured_outputs": {"regex": "a+"}, "guided_choice": ["a"]},
+            "guided_choice",
+            "one kind",
+        ),
+        (
+            {"response_format": {"type": "json_object"}, "guided_regex": "a+"},
+            "guided_regex",
+            "response_format",
+        ),
     ],
 )
 def test_bad_structured_requests_are_400_naming_the_field(sdk, body, param, named):
@@ -248,3 +269,45 @@ def test_logit_bias_forces_and_bans_tokens(sdk, tokenizer):
         logit_bias={str(target): 100},
     )
     assert forced.choices[0].message.content == tokenizer.decode([target] * 3)
+
+
+ANSWER = [{"role": "user", "content": "Is the sky blue on a clear day? Answer yes or no."}]
+
+
+def test_vllms_structured_outputs_choice_regex_grammar_and_json(sdk):
+    """vLLM's `structured_outputs` (and its older `guided_*` names), on chat and on text
+    completions, sampled at temperature 1 so that only the grammar keeps the output in shape."""
+    options = ["yes", "no", "it depends"]
+    for body in ({"structured_outputs": {"choice": options}}, {"guided_choice": options}):
+        for seed in range(3):
+            reply = sdk.chat.completions.create(
+                model=MODEL, messages=ANSWER, max_tokens=8, seed=seed, extra_body=body
+            )
+            assert reply.choices[0].message.content in options
+            assert reply.choices[0].finish_reason == "stop"
+    phone = r"\(0\d{2}\) \d{3}-\d{4}"
+    for seed in range(3):
+        out = sdk.completions.create(
+            model=MODEL,
+            prompt="Call us on",
+            max_tokens=20,
+            seed=seed,
+            extra_body={"structured_outputs": {"regex": phone}},
+        )
+        assert re.fullmatch(phone, out.choices[0].text), out.choices[0].text
+    grammar = 'root ::= "Colours: " colour (", " colour)* "."\ncolour ::= "red" | "green" | "blue"'
+    listed = sdk.completions.create(
+        model=MODEL,
+        prompt="Name some colours.",
+        max_tokens=30,
+        seed=1,
+        extra_body={"guided_grammar": grammar},
+    )
+    text = listed.choices[0].text
+    assert re.fullmatch(r"Colours: (red|green|blue)(, (red|green|blue))*\.", text), text
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    for body in ({"structured_outputs": {"json": schema}}, {"guided_json": json.dumps(schema)}):
+        got = sdk.chat.completions.create(
+            model=MODEL, messages=ANSWER, max_tokens=30, seed=2, extra_body=body
+        )
+        jsonschema.validate(json.loads(got.choices[0].message.content), schema)

@@ -91,6 +91,16 @@ def test_a_predicted_output_reaches_the_engine(
     assert upstream_stats(upstream)["last_body"]["prediction"] == predicted
 
 
+def test_vllms_structured_outputs_reach_the_engine(
+    capabilities_gw: Gateway, team: tuple[str, str], upstream: str
+) -> None:
+    client = capabilities_gw.client(team[1])
+    for extra in ({"structured_outputs": {"choice": ["a", "b"]}}, {"guided_regex": "[ab]"}):
+        client.completions.create(model="fake", prompt="hi #chunks=1", extra_body=extra)
+        sent = upstream_stats(upstream)["last_body"]
+        assert {k: sent[k] for k in extra} == extra
+
+
 def test_a_model_without_a_capability_refuses_what_needs_it(
     capabilities_gw: Gateway, team: tuple[str, str]
 ) -> None:
@@ -100,6 +110,9 @@ def test_a_model_without_a_capability_refuses_what_needs_it(
         "tool_choice": {"tool_choice": "none"},
         "response_format": {"response_format": {"type": "json_object"}},
         "logprobs": {"logprobs": True},
+        "prompt_logprobs": {"prompt_logprobs": 1},
+        "structured_outputs": {"structured_outputs": {"choice": ["a", "b"]}},
+        "guided_regex": {"guided_regex": "[ab]"},
     }
     for field, extra in cases.items():
         with pytest.raises(openai.BadRequestError) as refused:

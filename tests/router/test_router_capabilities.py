@@ -129,7 +129,9 @@ def test_values_that_ask_for_nothing_are_never_refused() -> None:
     # legacy logprobs=0 asks for the sampled token's logprob: not "false"
     assert "logprobs" in ask_of({"prompt": "x", "logprobs": 0}).fields
     legacy = {"model": "x", "prompt": "x", "echo": True, "suffix": "!", "best_of": 2}
-    for field in ("echo", "suffix", "best_of"):
+    echo = ask_of({k: legacy[k] for k in ("model", "prompt", "echo")})
+    assert refusal(echo, "m", "self-hosted", Supports()) is None  # the engine echoes
+    for field in ("suffix", "best_of"):
         found = refusal(
             ask_of({k: legacy[k] for k in ("model", "prompt", field)}),
             "m",
@@ -147,6 +149,15 @@ def test_every_openai_field_has_a_treatment_for_every_backend_kind() -> None:
     # fields once accepted and dropped are in the table, refused by the engine or Anthropic
     for name in ("logit_bias", "suffix", "best_of", "service_tier", "echo"):
         assert "refused" in FIELDS[name].treatment, name
+    # vLLM's fields that shape the answer: never dropped by a commercial API unread
+    for name in ("structured_outputs", "guided_choice", "guided_regex", "prompt_logprobs"):
+        assert FIELDS[name].by("self-hosted") == "honoured", name
+        assert FIELDS[name].by("openai") == FIELDS[name].by("anthropic") == "refused", name
+    able = Supports(structured_outputs=True, logprobs=True)
+    asked = ask_of({"messages": [], "guided_choice": ["a", "b"]})
+    assert refusal(asked, "m", "self-hosted", able) is None
+    found = refusal(asked, "gpt", "openai", able)
+    assert found is not None and found.param == "guided_choice"
 
 
 def test_the_docs_show_the_table_as_the_code_has_it() -> None:

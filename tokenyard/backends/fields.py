@@ -5,8 +5,10 @@ A field is *honoured* (the backend acts on it), *passed* through unchanged to a 
 on it itself (OpenAI), or *refused*: a 400 `unsupported_parameter` naming it. Some fields also need
 a capability the catalog declares per model (`Supports`): `tools` on a model without the flag is
 refused even where the backend kind could carry it. A field set to a value that asks for nothing
-(`n: 1`, `logprobs: false`, `service_tier: "auto"`) is never refused. Fields OpenAI does not define
-(vLLM's sampling extras, the gateway's own) are outside this table.
+(`n: 1`, `logprobs: false`, `service_tier: "auto"`) is never refused. vLLM's fields that shape the
+answer (its structured outputs, prompt logprobs) are in the table too: the engine honours them and
+the commercial APIs would drop them unread, so they are refused there. Other fields OpenAI does not
+define (vLLM's sampling extras, the gateway's own) are outside this table.
 """
 
 from dataclasses import dataclass
@@ -117,6 +119,25 @@ FIELDS: dict[str, Rule] = {
     ),
     "suffix": Rule(LEGACY, (R, P, R), inert=("",)),
     "best_of": Rule(LEGACY, (R, P, R), inert=(1,)),
+    # vLLM's
+    "prompt_logprobs": Rule(
+        BOTH, (H, R, R), needs="logprobs", note="vLLM's: each prompt token's logprob, rank, top k"
+    ),
+    "structured_outputs": Rule(
+        BOTH,
+        (H, R, R),
+        needs="structured_outputs",
+        note="vLLM's: json, regex, choice, grammar (EBNF) or json_object",
+    ),
+    **{
+        name: Rule(BOTH, (H, R, R), needs="structured_outputs", note=f"vLLM's older {what}")
+        for name, what in (
+            ("guided_json", "structured_outputs.json"),
+            ("guided_regex", "structured_outputs.regex"),
+            ("guided_choice", "structured_outputs.choice"),
+            ("guided_grammar", "structured_outputs.grammar"),
+        )
+    },
 }
 
 # content part types of chat messages: what each needs

@@ -1,14 +1,15 @@
 """Constrained decoding: grammars compiled with xgrammar, one matcher per constrained sequence.
 
-A request's `Constraint` (a JSON schema, or a structural tag for forced tool calls) is compiled
-once and cached; each of its sequences gets a matcher that follows the tokens it emits. Before a
-step's forward pass the token masks of the rows that produce a token are filled: by a worker thread
-during the pass (its kernels release the GIL) where a CPU is left over beside the pass's threads,
-else on the step's own thread first. On a CPU the pass keeps busy with all its threads, a third
-thread only preempts one of them, and every parallel region then waits for it: at 16 constrained
-sequences on 2 cores the worker's 0.5 ms of masks cost 3-5 ms a step (bench/RESULTS.md, issue 21).
-The sampler then sets the masked logits of those rows to -inf. Rows of unconstrained sequences are
-never touched, and a step without a constrained sequence does no grammar work at all.
+A request's `Constraint` (a JSON schema, a structural tag for forced tool calls, or vLLM's regular
+expression, EBNF grammar or choice among strings) is compiled once and cached; each of its
+sequences gets a matcher that follows the tokens it emits. Before a step's forward pass the token
+masks of the rows that produce a token are filled: by a worker thread during the pass (its
+kernels release the GIL) where a CPU is left over beside the pass's threads, else on the step's
+own thread first. On a CPU the pass keeps busy with all its threads, a third thread only preempts
+one of them, and every parallel region then waits for it: at 16 constrained sequences on 2 cores
+the worker's 0.5 ms of masks cost 3-5 ms a step (bench/RESULTS.md, issue 21). The sampler then
+sets the masked logits of those rows to -inf. Rows of unconstrained sequences are never touched,
+and a step without a constrained sequence does no grammar work at all.
 
 Speculative drafts are checked against the mask: the matcher walks the draft token by token,
 filling the mask of each row, then rolls back. A draft token the grammar forbids has probability 0
@@ -17,6 +18,7 @@ in its row, so the verifier rejects it there, and the rows after it are never sa
 
 import json
 import os
+import re
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -39,6 +41,7 @@ _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "depe
 _SCHEMA_ONE = ("additionalProperties", "items", "propertyNames", "additionalItems")
 _SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
 _CACHE_SIZE = 256  # compiled grammars kept (least recently used dropped)
+_XGR_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
 
 
 class SchemaError(ValueError):
@@ -47,10 +50,11 @@ class SchemaError(ValueError):
 
 @dataclass(frozen=True)
 class Constraint:
-    """What the output must match: a JSON schema, or an xgrammar structural tag (tool calls);
-    `spec` is its JSON text (the cache key), `param` the request field it came from."""
+    """What the output must match: a JSON schema, an xgrammar structural tag (tool calls), a
+    regular expression or an EBNF grammar (xgrammar's dialect, GBNF's); `spec` is its text (JSON
+    for the first two; the cache key), `param` the request field it came from."""
 
-    kind: Literal["json_schema", "structural_tag"]
+    kind: Literal["json_schema", "structural_tag", "regex", "grammar"]
     spec: str
     param: str = field(default="response_format", compare=False)
 
@@ -61,6 +65,12 @@ class Constraint:
     @classmethod
     def structural_tag(cls, tag: dict, param: str = "tools") -> "Constraint":
         return cls("structural_tag", json.dumps(tag), param)
+
+    @classmethod
+    def choice(cls, options: list[str], param: str) -> "Constraint":
+        """Exactly one of the strings (a grammar of their alternatives: JSON's string escapes
+        are the grammar's, so any text is a literal)."""
+        return cls("grammar", "root ::= " + " | ".join(json.dumps(o) for o in options), param)
 
 
 def unenforceable(schema: object, where: str = "schema") -> str | None:
@@ -162,18 +172,24 @@ class Constraints:
             self._compiled.move_to_end(constraint)
             return compiled
         try:
-            spec = json.loads(constraint.spec)
-            for schema in _schemas(spec) if constraint.kind == "structural_tag" else [spec]:
-                found = unenforceable(schema)
-                if found:
-                    raise SchemaError(f"the schema uses {found}, which cannot be enforced")
+            if constraint.kind in ("json_schema", "structural_tag"):
+                spec = json.loads(constraint.spec)
+                for schema in _schemas(spec) if constraint.kind == "structural_tag" else [spec]:
+                    found = unenforceable(schema)
+                    if found:
+                        raise SchemaError(f"the schema uses {found}, which cannot be enforced")
             if constraint.kind == "json_schema":
                 # compact JSON: a small model offered free whitespace may emit it until max_tokens
                 compiled = self._compiler.compile_json_schema(constraint.spec, any_whitespace=False)
-            else:
+            elif constraint.kind == "structural_tag":
                 compiled = self._compiler.compile_structural_tag(constraint.spec)
+            elif constraint.kind == "regex":
+                compiled = self._compiler.compile_regex(constraint.spec)
+            else:
+                compiled = self._compiler.compile_grammar(constraint.spec)
         except (RuntimeError, ValueError) as exc:  # xgrammar's own refusals
-            raise SchemaError(str(exc).strip().splitlines()[-1]) from None
+            # its last line, without the time and the C++ source it came from
+            raise SchemaError(_XGR_PREFIX.sub("", str(exc).strip().splitlines()[-1])) from None
         self._compiled[constraint] = compiled
         if len(self._compiled) > _CACHE_SIZE:
             self._compiled.popitem(last=False)

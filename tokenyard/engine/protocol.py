@@ -1,5 +1,6 @@
 """OpenAI request bodies (with vLLM's sampling extras), validation, and response shapes."""
 
+import json
 import re
 import time
 import uuid
@@ -16,6 +17,16 @@ from tokenyard.engine.tool_formats.base import ToolFormat
 
 class StreamOptions(msgspec.Struct, kw_only=True):
     include_usage: bool = False
+
+
+class StructuredOutputs(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """vLLM's `structured_outputs`: what the output must match, one kind at a time."""
+
+    json: dict | str | None = None  # a JSON schema (or its text)
+    regex: str | None = None
+    choice: list[str] | None = None  # exactly one of these strings
+    grammar: str | None = None  # EBNF (xgrammar's dialect, GBNF's)
+    json_object: bool | None = None
 
 
 class FunctionCall(msgspec.Struct, kw_only=True):
@@ -59,6 +70,12 @@ class _Common(msgspec.Struct, kw_only=True):
     repetition_penalty: float = 1.0
     min_tokens: int = 0
     prompt_logprobs: int | None = None  # each prompt token's logprob and the top k there
+    structured_outputs: StructuredOutputs | None = None
+    # vLLM's older names of the same (before its 0.12)
+    guided_json: dict | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
@@ -226,7 +243,51 @@ def chat_params(req: ChatRequest, tool_use: "ToolUse", fmt: ToolFormat) -> Sampl
     _check(req.top_logprobs is None or req.logprobs, "top_logprobs", "needs logprobs set to true")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     params = sampling_params(req, max_tokens_asked(req), logprobs)
-    return replace(params, constraint=_constraint(req, tool_use, fmt))
+    constraint, asked = _constraint(req, tool_use, fmt), vllm_constraint(req)
+    if constraint is not None and asked is not None:
+        raise RequestError(
+            f"{asked.param}: cannot be combined with response_format or a forced tool call",
+            asked.param,
+        )
+    return replace(params, constraint=constraint or asked)
+
+
+_STRUCTURED_KINDS = ("json", "regex", "choice", "grammar", "json_object")
+
+
+def vllm_constraint(req: "ChatRequest | CompletionRequest") -> Constraint | None:
+    """The grammar vLLM's structured-output fields ask for (`structured_outputs`, or the older
+    `guided_*`), one of them at most; None when none is set."""
+    asked = [
+        (f"structured_outputs.{kind}", kind, getattr(req.structured_outputs, kind))
+        for kind in _STRUCTURED_KINDS
+        if req.structured_outputs is not None
+        and getattr(req.structured_outputs, kind) not in (None, False)
+    ]
+    asked += [
+        (f"guided_{kind}", kind, getattr(req, f"guided_{kind}"))
+        for kind in _STRUCTURED_KINDS[:4]
+        if getattr(req, f"guided_{kind}") is not None
+    ]
+    if not asked:
+        return None
+    _check(len(asked) == 1, asked[-1][0], "only one kind of structured output at a time")
+    param, kind, value = asked[0]
+    if kind == "json_object":
+        return Constraint.json_schema({"type": "object"}, param)
+    if kind == "json":
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except ValueError:
+                raise RequestError(f"{param}: is not a JSON schema", param) from None
+        _check(isinstance(value, dict), param, "must be a JSON schema (an object)")
+        return Constraint.json_schema(value, param)
+    if kind == "choice":
+        _check(bool(value) and all(value), param, "must be a list of non-empty strings")
+        return Constraint.choice(value, param)
+    _check(bool(value), param, "must not be empty")
+    return Constraint(kind, value, param)
 
 
 def max_tokens_asked(req: ChatRequest | CompletionRequest) -> int | None:
@@ -338,7 +399,7 @@ def completion_params(req: CompletionRequest) -> SamplingParams:
         params = replace(params, max_tokens=0)
     if req.echo and req.logprobs is not None:  # the echoed prompt's top k (vLLM's field's too)
         params = replace(params, prompt_logprobs=max(req.logprobs, req.prompt_logprobs or 0))
-    return params
+    return replace(params, constraint=vllm_constraint(req))
 
 
 def completion_prompts(req: CompletionRequest) -> list[str | list[int]]:
