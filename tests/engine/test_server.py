@@ -300,16 +300,38 @@ def test_prompt_token_ids_out_of_the_vocabulary_are_refused_alone(server, client
     wait_idle(url, core)
 
 
-def test_legacy_completion_fields_that_change_the_answer_are_refused(server, client):
-    """`best_of` above 1 and `suffix` would each give another answer than the one asked for; they
-    are refused, not ignored, as the gateway refuses them for this engine."""
-    for extra, param in (({"best_of": 3, "n": 3}, "best_of"), ({"suffix": "end."}, "suffix")):
-        with pytest.raises(openai.BadRequestError) as err:
-            client.completions.create(model="smollm2", prompt="Hi", max_tokens=2, **extra)
-        assert err.value.body["param"] == param
+def test_suffix_is_refused_rather_than_ignored(server, client):
+    """`suffix` would give another answer than the one asked for: refused, not ignored, as the
+    gateway refuses it for this engine."""
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model="smollm2", prompt="Hi", max_tokens=2, suffix="end.")
+    assert err.value.body["param"] == "suffix"
     inert = {"best_of": 1, "suffix": ""}  # asks for nothing: accepted
     out = client.completions.create(model="smollm2", prompt="Hi", max_tokens=2, **inert)
     assert len(out.choices) == 1
+
+
+def test_best_of_returns_the_likeliest_candidates(server, client):
+    url, core = server
+    ask = {"model": "smollm2", "prompt": "My favourite fruit is", "max_tokens": 5, "seed": 3}
+    every = client.completions.create(**ask, n=6, logprobs=0, temperature=1.2)
+
+    def mean(choice) -> float:
+        return sum(choice.logprobs.token_logprobs) / len(choice.logprobs.token_logprobs)
+
+    best = client.completions.create(**ask, n=2, best_of=6, logprobs=0, temperature=1.2)
+    # the same six candidates (seeded per choice), the two likeliest returned, likeliest first
+    expected = sorted(every.choices, key=mean, reverse=True)[:2]
+    assert [c.text for c in best.choices] == [c.text for c in expected]
+    assert [c.index for c in best.choices] == [0, 1]
+    assert best.usage.completion_tokens == every.usage.completion_tokens  # all six are billed
+    bare = client.completions.create(**ask, n=1, best_of=6, temperature=1.2)
+    assert bare.choices[0].text == expected[0].text and bare.choices[0].logprobs is None
+    for extra in ({"n": 3, "best_of": 2}, {"best_of": 3, "stream": True}):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.completions.create(**{**ask, **extra})
+        assert err.value.body["param"] == "best_of"
+    wait_idle(url, core)
 
 
 ECHOED = "The quick brown fox jumps over the lazy dog, then"

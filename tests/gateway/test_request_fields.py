@@ -28,7 +28,6 @@ REFUSED_BY_ENGINE = {
     "functions": [{"name": "f", "parameters": {"type": "object"}}],
     "function_call": "auto",
     "suffix": "!",
-    "best_of": 2,
 }
 
 
@@ -147,3 +146,16 @@ def test_auto_never_sends_tools_to_a_model_without_the_flag(
     # reverse, and a tools request to plain is refused rather than rerouted
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="plain", messages=CHAT, tools=TOOLS)  # type: ignore[arg-type]
+
+
+def test_best_of_holds_every_candidate_in_the_quotas(capabilities_gw: Gateway, sql: Any) -> None:
+    """The upstream draws best_of candidates, each up to max_tokens: the token budget must hold
+    them all before the request goes out."""
+    name = "bestof-" + uuid.uuid4().hex[:8]
+    teams.create_team(sql, name, tpm=300)
+    client = capabilities_gw.client(keys.create_key(sql, name).key)
+    ask = {"model": "fake", "prompt": "hi #chunks=1", "max_tokens": 100}
+    with pytest.raises(openai.RateLimitError) as refused:
+        client.completions.create(**ask, best_of=4)  # 4 × 100 tokens: over 300
+    assert refused.value.code == "tokens_per_minute"
+    assert client.completions.create(**ask, best_of=2).choices  # 2 × 100 fit

@@ -118,7 +118,12 @@ FIELDS: dict[str, Rule] = {
         "nothing generated",
     ),
     "suffix": Rule(LEGACY, (R, P, R), inert=("",)),
-    "best_of": Rule(LEGACY, (R, P, R), inert=(1,)),
+    "best_of": Rule(
+        LEGACY,
+        (H, P, R),
+        inert=(1,),
+        note="engine: the n candidates of highest mean token logprob; every candidate billed",
+    ),
     # vLLM's
     "prompt_logprobs": Rule(
         BOTH, (H, R, R), needs="logprobs", note="vLLM's: each prompt token's logprob, rank, top k"

@@ -113,10 +113,8 @@ class CompletionRequest(_Common, kw_only=True):
     prompt: str | list[str | int | list[int]]
     logprobs: int | None = None
     echo: bool = False
-    # OpenAI's legacy fields that would change the answer are refused rather than ignored (as
-    # the gateway refuses them for this engine, backends/fields.py): `best_of` above 1 (n drawn
-    # from more), `suffix` (insertion)
-    best_of: int | None = None
+    best_of: int | None = None  # candidates drawn per prompt, the n likeliest returned
+    # refused rather than ignored (as the gateway refuses it for this engine, backends/fields.py)
     suffix: str | None = None
     max_tokens: int | None = 16  # OpenAI's default for completions
 
@@ -389,17 +387,43 @@ def _constraint(req: ChatRequest, use: ToolUse, fmt: ToolFormat) -> Constraint |
 
 
 def completion_params(req: CompletionRequest) -> SamplingParams:
-    _check(req.best_of in (None, 1), "best_of", "is not supported (only 1)")
+    pool = candidates(req)
+    _check(req.n <= pool <= MAX_N, "best_of", f"must be between n and {MAX_N}")
+    _check(
+        pool == req.n or not req.stream, "best_of", "cannot be streamed (the best is known last)"
+    )
     _check(not req.suffix, "suffix", "is not supported")
     # echo with max_tokens 0 reads the prompt and generates nothing: with logprobs, the prompt's
     # tokens scored (how evaluation harnesses ask a model for a text's likelihood)
     read_only = req.echo and req.max_tokens == 0
-    params = sampling_params(req, None if read_only else req.max_tokens, req.logprobs)
+    # candidates are ranked by their tokens' logprobs, asked for or not
+    logprobs = req.logprobs if req.logprobs is not None or pool == req.n else 0
+    params = sampling_params(req, None if read_only else req.max_tokens, logprobs)
     if read_only:
         params = replace(params, max_tokens=0)
     if req.echo and req.logprobs is not None:  # the echoed prompt's top k (vLLM's field's too)
         params = replace(params, prompt_logprobs=max(req.logprobs, req.prompt_logprobs or 0))
     return replace(params, constraint=vllm_constraint(req))
+
+
+def candidates(req: ChatRequest | CompletionRequest) -> int:
+    """Choices generated per prompt: `best_of` (at least n) where a completion sets it, else n."""
+    best_of = req.best_of if isinstance(req, CompletionRequest) else None
+    return req.n if best_of is None else best_of
+
+
+def likeliest(choices: list["Choice"], pool: int, n: int) -> list["Choice"]:
+    """Of each prompt's `pool` candidates, the n whose tokens have the highest mean logprob (as
+    OpenAI's best_of), in that order."""
+    kept: list[Choice] = []
+    for start in range(0, len(choices), pool):
+        ranked = sorted(
+            choices[start : start + pool],
+            key=lambda c: sum(s.logprob or 0.0 for s in c.sampled) / max(len(c.sampled), 1),
+            reverse=True,
+        )
+        kept += ranked[:n]
+    return kept
 
 
 def completion_prompts(req: CompletionRequest) -> list[str | list[int]]:

@@ -25,6 +25,7 @@ from tokenyard.engine.protocol import (
     TokenizeRequest,
     ToolUse,
     UnloadAdapterRequest,
+    candidates,
     chat_logprobs,
     chat_params,
     completion_logprobs,
@@ -32,6 +33,7 @@ from tokenyard.engine.protocol import (
     completion_prompts,
     created,
     decode_body,
+    likeliest,
     max_tokens_asked,
     message_text,
     new_request_id,
@@ -319,7 +321,7 @@ class OpenAIServing:
                 (p if isinstance(p, str) else self.tokenizer.decode(ids, False), ids)
                 for p, ids in zip(given, prompts, strict=True)
             ]
-        choices = TextChoices(self.tokenizer, params.logprobs, body.n, echoed)
+        choices = TextChoices(self.tokenizer, body.logprobs, body.n, echoed)
         return await self._respond(request, body, prompts, params, choices, adapter)
 
     def _generation_request(
@@ -339,7 +341,7 @@ class OpenAIServing:
             + suffix,
             prompt_ids=prompt_ids,
             params=params,
-            n=body.n,
+            n=candidates(body),
             priority=parse_priority(headers.get("x-priority") or body.priority),
             tenant=headers.get("x-tenant") or body.tenant or body.user or "default",
             speculative=body.speculative,
@@ -376,7 +378,8 @@ class OpenAIServing:
             for i, ids in enumerate(prompts)
         ]
         request_id = gens[0].request_id.removesuffix("-0")
-        n, total = body.n, body.n * len(gens)
+        n, pool = body.n, candidates(body)
+        total = n * len(gens)
         base = {
             "id": f"{choices.id_prefix}-{request_id}",
             "created": created(),
@@ -392,13 +395,15 @@ class OpenAIServing:
                 events, media_type="text/event-stream", headers={**SSE_HEADERS, **headers}
             )
 
-        done = await _collect(outputs, n, total, request)
-        stats = [c.stats for c in done]
+        done = await _collect(outputs, pool, pool * len(gens), request)
+        stats = [c.stats for c in done]  # every candidate's tokens count, as OpenAI bills best_of
+        if pool > n:
+            done = likeliest(done, pool, n)
         response = {
             **base,
             "object": choices.object,
             "choices": [choices.final(i, c) for i, c in enumerate(done)],
-            "usage": usage(stats, n),
+            "usage": usage(stats, pool),
             "timings": timings(stats),
         }
         if body.prompt_logprobs is not None:  # vLLM's extension: per choice, chat's at the top

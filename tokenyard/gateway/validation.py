@@ -104,6 +104,7 @@ class CompletionRequest(_Common, kw_only=True):
     # 0 only with echo: the prompt is read (its tokens scored, with logprobs), nothing generated
     max_tokens: Annotated[int, msgspec.Meta(ge=0)] | None = None
     echo: bool = False
+    best_of: Annotated[int, msgspec.Meta(ge=1, le=MAX_N)] | None = None  # candidates, n returned
 
 
 class EmbeddingRequest(msgspec.Struct, kw_only=True):
@@ -133,7 +134,7 @@ class Parsed:
     include_usage: bool  # the client asked for the usage chunk
     prompt_sizes: list[int]  # token estimate of each prompt the upstream runs (a list: legacy)
     max_tokens: int | None  # as asked; None: fill in from the caps
-    n: int
+    n: int  # sequences the upstream runs per prompt (best_of's candidates, where more than n)
     tier: Tier | None
     client_request_id: str | None  # the body's `request_id`; headers may name one too
     end_user: str | None = None  # who the team asked for (`safety_identifier`, else `user`)
@@ -281,7 +282,10 @@ def parse(raw: bytes, kind: Kind) -> Parsed:
         if max_tokens == 0 and not req.echo:
             raise _bad("max_tokens must be at least 1 (0 only with echo)", "max_tokens")
         prompt_sizes = estimate_prompt_sizes(req.prompt)
-    if len(prompt_sizes) * req.n > MAX_CHOICES:
+    runs = req.n
+    if isinstance(req, CompletionRequest) and req.best_of is not None:
+        runs = max(runs, req.best_of)  # the quotas hold every candidate the upstream draws
+    if len(prompt_sizes) * runs > MAX_CHOICES:
         raise _bad(f"prompts × n must be at most {MAX_CHOICES}", "prompt")
     for field in ("tier", "priority", "request_id"):
         body.pop(field, None)
@@ -292,7 +296,7 @@ def parse(raw: bytes, kind: Kind) -> Parsed:
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
         prompt_sizes=prompt_sizes,
         max_tokens=max_tokens,
-        n=req.n,
+        n=runs,
         tier=req.tier or req.priority,
         client_request_id=client_request_id(req.request_id, "request_id"),
         end_user=end_user(req.safety_identifier or req.user),
