@@ -9,6 +9,7 @@ from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize as gguf_dequantize
 
 from tokenyard.engine.cpu_kernels import QUANT_ISAS, quant_isa, quant_matmul
+from tokenyard.engine.loader import gguf_weight
 from tokenyard.engine.packed_linear import PackedLinear
 from tokenyard.engine.quant import (
     BLOCK,
@@ -37,7 +38,15 @@ SCALE_FIELDS = {
     "Q8_0": [(0, 0.0002, 0.002)],
     "Q4_K": [(0, 0.0002, 0.002), (2, 0.0002, 0.002)],
     "Q6_K": [(208, 0.0002, 0.002)],
+    # formats the kernels have no layout for (loaded as int8)
+    "Q5_0": [(0, 0.002, 0.02)],
+    "Q5_1": [(0, 0.002, 0.02), (2, -0.15, 0.0)],
+    "Q5_K": [(0, 0.0002, 0.002), (2, 0.0002, 0.002)],
+    "Q3_K": [(108, 0.0002, 0.002)],
+    "Q2_K": [(80, 0.0002, 0.002), (82, 0.0002, 0.002)],
+    "IQ4_XS": [(0, 0.0002, 0.002)],
 }
+REQUANTIZED = ("Q5_0", "Q5_1", "Q5_K", "Q3_K", "Q2_K", "IQ4_XS")
 
 
 def random_gguf(type_name: str, rows: int, cols: int, seed: int = 0) -> np.ndarray:
@@ -54,7 +63,7 @@ def random_gguf(type_name: str, rows: int, cols: int, seed: int = 0) -> np.ndarr
 
 def shapes(type_name: str) -> list[tuple[int, int]]:
     """Odd row counts; for 32-weight formats an odd number of blocks (the kernels' tail)."""
-    if type_name.endswith("_K"):
+    if GGML_QUANT_SIZES[GGMLQuantizationType[type_name]][0] == 256:
         return [(37, 256), (5, 768)]
     return [(37, 7 * BLOCK), (3, 16 * BLOCK), (61, BLOCK)]
 
@@ -77,6 +86,33 @@ def test_gguf_blocks_dequantize_like_gguf(type_name):
         assert torch.equal(weight.dequantize(), torch.from_numpy(expected)), (rows, cols)
         some_rows = torch.tensor([rows - 1, 0])
         assert torch.equal(weight.dequantize(some_rows), torch.from_numpy(expected[[rows - 1, 0]]))
+
+
+@pytest.mark.parametrize("type_name", REQUANTIZED)
+def test_other_gguf_formats_load_as_int8_within_a_step_of_their_values(type_name):
+    """A format the kernels have no layout for (Q5_K of Q5_K_M files, ...) loads as int8 from its
+    values, each within half a level (1/254 of its block's largest weight), not as floats."""
+    kind = GGMLQuantizationType[type_name]
+    for rows, cols in shapes(type_name):
+        raw = random_gguf(type_name, rows, cols)
+        expected = torch.from_numpy(gguf_dequantize(raw, kind).reshape(rows, cols))
+        weight = gguf_weight(raw, kind, (rows, cols), keep_quantized=True)
+        assert isinstance(weight, QuantizedTensor)
+        assert (weight.kind, weight.source) == ("q8", f"{type_name}, in int8")
+        blocks = expected.reshape(rows, -1, BLOCK)
+        err = (weight.dequantize().reshape(blocks.shape) - blocks).abs()
+        assert (err <= blocks.abs().amax(-1, keepdim=True) / 254 * 1.0001).all()
+        assert err.max() > 0  # rounded: not one of the layouts kept as shipped
+        dense = gguf_weight(raw, kind, (rows, cols), keep_quantized=False)
+        assert torch.equal(dense, expected)  # quantization none: the format's own values
+
+
+def test_gguf_vectors_and_float_matrices_stay_float():
+    norm = np.ones(64, np.float32)
+    assert torch.equal(gguf_weight(norm, GGMLQuantizationType.F32, (64,), True), torch.ones(64))
+    matrix = np.eye(32, dtype=np.float16)
+    loaded = gguf_weight(matrix, GGMLQuantizationType.F16, (32, 32), True)
+    assert loaded.dtype == torch.float32 and torch.equal(loaded, torch.eye(32))
 
 
 @pytest.mark.parametrize("type_name", GGUF_TYPES)

@@ -368,12 +368,9 @@ def test_echo_with_max_tokens_0_scores_the_prompt(server, client):
 
 def test_echo_opens_the_completion_with_its_prompt(server, client):
     url, core = server
-    plain = client.completions.create(
-        model="smollm2", prompt=ECHOED, temperature=0, max_tokens=4, logprobs=2
-    )
-    echoed = client.completions.create(
-        model="smollm2", prompt=ECHOED, temperature=0, max_tokens=4, logprobs=2, echo=True
-    )
+    ask = {"model": "smollm2", "prompt": ECHOED, "temperature": 0, "max_tokens": 4}
+    plain = client.completions.create(**ask, logprobs=2)
+    echoed = client.completions.create(**ask, logprobs=2, echo=True)
     text, plain_text = echoed.choices[0].text, plain.choices[0].text
     assert text == ECHOED + plain_text
     lp, plain_lp = echoed.choices[0].logprobs, plain.choices[0].logprobs
@@ -385,21 +382,9 @@ def test_echo_opens_the_completion_with_its_prompt(server, client):
     assert lp.text_offset[prompt_len] == len(ECHOED)
     assert lp.text_offset == sorted(lp.text_offset)
     # echo without logprobs: the text only; and streamed, the prompt comes first
-    bare = client.completions.create(
-        model="smollm2", prompt=ECHOED, temperature=0, max_tokens=4, echo=True
-    )
+    bare = client.completions.create(**ask, echo=True)
     assert bare.choices[0].text == text and bare.choices[0].logprobs is None
-    chunks = list(
-        client.completions.create(
-            model="smollm2",
-            prompt=ECHOED,
-            temperature=0,
-            max_tokens=4,
-            logprobs=2,
-            echo=True,
-            stream=True,
-        )
-    )
+    chunks = list(client.completions.create(**ask, logprobs=2, echo=True, stream=True))
     assert chunks[0].choices[0].text.startswith(ECHOED)
     assert "".join(c.choices[0].text for c in chunks if c.choices) == text
     streamed = [

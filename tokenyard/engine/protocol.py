@@ -71,7 +71,7 @@ class _Common(msgspec.Struct, kw_only=True):
     min_tokens: int = 0
     prompt_logprobs: int | None = None  # each prompt token's logprob and the top k there
     structured_outputs: StructuredOutputs | None = None
-    # vLLM's older names of the same (before its 0.12)
+    # vLLM's older names of the same
     guided_json: dict | str | None = None
     guided_regex: str | None = None
     guided_choice: list[str] | None = None
@@ -388,10 +388,13 @@ def _constraint(req: ChatRequest, use: ToolUse, fmt: ToolFormat) -> Constraint |
 
 def completion_params(req: CompletionRequest) -> SamplingParams:
     pool = candidates(req)
-    _check(req.n <= pool <= MAX_N, "best_of", f"must be between n and {MAX_N}")
-    _check(
-        pool == req.n or not req.stream, "best_of", "cannot be streamed (the best is known last)"
-    )
+    if req.best_of is not None:
+        _check(req.n <= pool <= MAX_N, "best_of", f"must be between n and {MAX_N}")
+        _check(
+            pool == req.n or not req.stream,
+            "best_of",
+            "cannot be streamed (the best is known last)",
+        )
     _check(not req.suffix, "suffix", "is not supported")
     # echo with max_tokens 0 reads the prompt and generates nothing: with logprobs, the prompt's
     # tokens scored (how evaluation harnesses ask a model for a text's likelihood)

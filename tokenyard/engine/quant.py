@@ -269,19 +269,21 @@ _BLOCK_WEIGHTS = {"Q4_0": 32, "Q4_1": 32, "Q8_0": 32, "Q4_K": 256, "Q6_K": 256}
 # ---------------------------------------------------------------- float → layouts, at load
 
 
-def quantize(weight: torch.Tensor, kind: str) -> QuantizedTensor:
+def quantize(weight: torch.Tensor, kind: str, source: str = "") -> QuantizedTensor:
     """A float [rows, cols] weight (cols a multiple of 32) as int8 (symmetric, a scale per 32) or
-    int4 (a scale and an offset per 32, spanning the block's min..max)."""
+    int4 (a scale and an offset per 32, spanning the block's min..max); `source` names where the
+    values came from (default: the kind)."""
     w = weight.detach().float().reshape(weight.shape[0], -1, BLOCK)
     rows = w.shape[0]
     if kind == "int8":
         d = w.abs().amax(-1) / 127
         levels = torch.round(w / torch.where(d > 0, d, 1).unsqueeze(-1))
-        return pack_q8(levels.reshape(rows, -1).to(torch.int8).numpy(), d.numpy(), BLOCK, kind)
+        levels_q8 = levels.reshape(rows, -1).to(torch.int8).numpy()
+        return pack_q8(levels_q8, d.numpy(), BLOCK, source or kind)
     if kind != "int4":
         raise ValueError(f"quantize to int8 or int4, not {kind!r}")
     low, high = w.amin(-1), w.amax(-1)
     d = (high - low) / 15
     levels = torch.round((w - low.unsqueeze(-1)) / torch.where(d > 0, d, 1).unsqueeze(-1))
     levels = levels.clamp(0, 15).reshape(rows, -1).to(torch.uint8).numpy()
-    return pack_q4(levels, d.numpy(), low.numpy(), kind)
+    return pack_q4(levels, d.numpy(), low.numpy(), source or kind)
