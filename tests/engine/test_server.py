@@ -616,3 +616,35 @@ def test_a_predicted_output_through_the_sdk(server, client):
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
     assert chunks[-1].usage.completion_tokens_details.accepted_prediction_tokens >= length // 2
     wait_idle(*server)
+
+
+def test_an_answer_goes_on_from_the_assistants_last_message(server, client):
+    """vLLM's continue_final_message (Anthropic's prefill): the prompt ends inside the assistant's
+    message, and the answer is what follows it."""
+    url, core = server
+    started = "The three primary colours are red,"
+    messages = [*MESSAGES, {"role": "assistant", "content": started}]
+    reply = client.chat.completions.create(
+        model="smollm2",
+        messages=messages,
+        max_tokens=8,
+        temperature=0,
+        extra_body={"continue_final_message": True},
+    )
+    ids = core.tokenizer.apply_chat_template(messages, continue_final=True)
+    assert core.tokenizer.decode(ids, False).endswith(started)  # no end of turn after it
+    assert reply.usage.prompt_tokens == len(ids)
+    counted = httpx.post(
+        f"{url}/tokenize",
+        json={"model": "smollm2", "messages": messages, "continue_final_message": True},
+    ).json()
+    assert counted["count"] == len(ids)
+    # the same prompt as a text completion continues the same way
+    same = client.completions.create(model="smollm2", prompt=ids, max_tokens=8, temperature=0)
+    assert reply.choices[0].message.content == same.choices[0].text
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(
+            model="smollm2", messages=MESSAGES, extra_body={"continue_final_message": True}
+        )
+    assert err.value.body["param"] == "continue_final_message"
+    wait_idle(url, core)

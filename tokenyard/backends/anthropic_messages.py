@@ -128,6 +128,10 @@ def chat_request(body: Any) -> dict[str, Any]:
         "max_tokens": max_tokens,
         "stream": bool(body.get("stream")),
     }
+    if messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls"):
+        # a prefill: the answer goes on from the assistant's words (vLLM's field for it), and
+        # only what follows them is the reply, as Anthropic answers
+        out["continue_final_message"] = True
     if out["stream"]:  # message_delta reports the usage: the chat stream must end with it
         out["stream_options"] = {"include_usage": True}
     if body.get("stop_sequences"):

@@ -125,6 +125,11 @@ FIELDS: dict[str, Rule] = {
         note="engine: the n candidates of highest mean token logprob; every candidate billed",
     ),
     # vLLM's
+    "continue_final_message": Rule(
+        CHAT,
+        (H, R, H),
+        note="vLLM's: the answer goes on from the last, assistant message (Anthropic: its prefill)",
+    ),
     "prompt_logprobs": Rule(
         BOTH, (H, R, R), needs="logprobs", note="vLLM's: each prompt token's logprob, rank, top k"
     ),

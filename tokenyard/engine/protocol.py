@@ -106,6 +106,9 @@ class ChatRequest(_Common, kw_only=True):
     parallel_tool_calls: bool = True
     response_format: dict | None = None
     prediction: Prediction | None = None
+    # vLLM's: the answer goes on from the last message, the assistant's (what Anthropic calls a
+    # prefill), instead of opening a turn of its own
+    continue_final_message: bool = False
 
 
 class CompletionRequest(_Common, kw_only=True):

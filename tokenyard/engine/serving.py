@@ -231,6 +231,13 @@ class OpenAIServing:
     def chat_prompt(self, body: ChatRequest, tools: ToolUse) -> list[int]:
         """The conversation's token ids as the model reads them: its chat template, with the tools
         where the template writes them (else in the system prompt, as the tool format does)."""
+        last = body.messages[-1].role if body.messages else None
+        if body.continue_final_message and last != "assistant":
+            raise RequestError(
+                "continue_final_message needs the last message to be the assistant's, for the "
+                "answer to go on from",
+                "continue_final_message",
+            )
         messages = []
         for m in body.messages:
             message = {"role": m.role, "content": message_text(m.content)}
@@ -240,7 +247,9 @@ class OpenAIServing:
             messages.append(message)
         messages = prompt_messages(self.tool_format, self.native_tools, messages, tools.tools)
         return self.tokenizer.apply_chat_template(
-            messages, tools.tools if self.native_tools and tools.tools else None
+            messages,
+            tools.tools if self.native_tools and tools.tools else None,
+            continue_final=body.continue_final_message,
         )
 
     def models(self) -> list[dict]:

@@ -23,10 +23,16 @@ class Tokenizer:
         return self.hf.encode(text)
 
     def apply_chat_template(
-        self, messages: list[dict], tools: list[dict] | None = None
+        self, messages: list[dict], tools: list[dict] | None = None, continue_final: bool = False
     ) -> list[int]:
+        """The conversation as the model reads it, opening the assistant's turn; or, with
+        `continue_final`, ending inside the last (assistant) message, for the model to go on."""
         text = self.hf.apply_chat_template(
-            messages, tools=tools, add_generation_prompt=True, tokenize=False
+            messages,
+            tools=tools,
+            add_generation_prompt=not continue_final,
+            continue_final_message=continue_final,
+            tokenize=False,
         )
         # the template already wrote BOS and friends
         return self.hf.encode(text, add_special_tokens=False)
