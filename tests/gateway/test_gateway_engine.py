@@ -202,3 +202,32 @@ def test_an_anthropic_prefill_is_continued_by_the_engine(
     expected = direct(8)
     assert reply.content[0].text == expected["choices"][0]["message"]["content"]
     assert not reply.content[0].text.startswith(started)
+
+
+def test_responses_carry_the_tokens_logprobs(engine: str, start_gateway: Any, team: Any) -> None:
+    """The Responses API's `top_logprobs` with `include: ["message.output_text.logprobs"]`: each
+    output token's logprob and the top k there, whole and streamed (the deltas' add up to the
+    whole); without asking, none."""
+    gw = start_gateway(engine_urls=f"smollm2={engine}")
+    _, key = team()
+    client = gw.client(key)
+    ask: dict[str, Any] = {
+        "model": "smollm2",
+        "input": "Name a colour.",
+        "max_output_tokens": 6,
+        "temperature": 0,
+        "store": False,
+    }
+    asked = {**ask, "top_logprobs": 2, "include": ["message.output_text.logprobs"]}
+    whole = client.responses.create(**asked)
+    part = whole.output[0].content[0]
+    assert len(part.logprobs) == whole.usage.output_tokens
+    assert "".join(lp.token for lp in part.logprobs) == part.text
+    assert all(len(lp.top_logprobs) == 2 and lp.logprob <= 0 for lp in part.logprobs)
+    events = list(client.responses.create(**asked, stream=True))
+    deltas = [lp for e in events if e.type == "response.output_text.delta" for lp in e.logprobs]
+    (done,) = [e for e in events if e.type == "response.output_text.done"]
+    assert [lp.token for lp in deltas] == [lp.token for lp in done.logprobs]
+    assert "".join(lp.token for lp in done.logprobs) == done.text
+    plain = client.responses.create(**ask)
+    assert plain.output[0].content[0].logprobs == []

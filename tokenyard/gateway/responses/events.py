@@ -44,6 +44,8 @@ class EventWriter:
         self.turn = turn
         self.sequence = 0
         self.text: list[str] | None = None  # the open message item's text
+        self.logprobs: list[dict[str, Any]] = []  # its tokens' logprobs, where asked for
+        self.unsent: list[dict[str, Any]] = []  # logprobs of tokens whose text is still to come
         self.message_index = -1
         self.calls: dict[int, int] = {}  # chat tool call index → output index
         self.open_call: int | None = None  # output index of the call receiving arguments
@@ -82,6 +84,8 @@ class EventWriter:
             if choice.get("index", 0) != 0:
                 continue
             delta = choice.get("delta") or {}
+            # a token's text may come a chunk later than its logprob (a character in parts)
+            self.unsent += (choice.get("logprobs") or {}).get("content") or []
             if delta.get("content"):
                 out += self._text(delta["content"])
             for call in delta.get("tool_calls") or []:
@@ -110,6 +114,8 @@ class EventWriter:
                 part=part,
             )
         self.text.append(delta)
+        logprobs, self.unsent = self.unsent, []
+        self.logprobs += logprobs
         item_id = self.turn.output[self.message_index]["id"]
         return out + self._event(
             "response.output_text.delta",
@@ -117,20 +123,21 @@ class EventWriter:
             output_index=self.message_index,
             content_index=0,
             delta=delta,
-            logprobs=[],
+            logprobs=logprobs,
         )
 
     def _close_text(self) -> bytes:
         if self.text is None:
             return b""
         index, text = self.message_index, "".join(self.text)
+        logprobs, self.logprobs, self.unsent = self.logprobs + self.unsent, [], []
         self.text = None
         item = self.turn.output[index] = message_item(
-            self.turn.output[index]["id"], text, "completed"
+            self.turn.output[index]["id"], text, "completed", logprobs
         )
         where = {"item_id": item["id"], "output_index": index, "content_index": 0}
         return (
-            self._event("response.output_text.done", **where, text=text, logprobs=[])
+            self._event("response.output_text.done", **where, text=text, logprobs=logprobs)
             + self._event("response.content_part.done", **where, part=item["content"][0])
             + self._event("response.output_item.done", output_index=index, item=item)
         )

@@ -31,7 +31,7 @@ class PromptRef(msgspec.Struct, kw_only=True):
 
 class CreateResponse(msgspec.Struct, kw_only=True):
     """What the gateway reads of POST /v1/responses. Unknown fields are accepted (clients send
-    `include`, `client_metadata`, `prompt_cache_retention`, ...): they ask for nothing here."""
+    `client_metadata`, `prompt_cache_retention`, ...): they ask for nothing here."""
 
     model: str
     input: str | list[dict[str, Any]]
@@ -44,6 +44,7 @@ class CreateResponse(msgspec.Struct, kw_only=True):
     temperature: Annotated[float, msgspec.Meta(ge=0, le=2)] | None = None
     top_p: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
     top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=20)] | None = None
+    include: list[str] | None = None  # "message.output_text.logprobs" asks for the logprobs
     reasoning: dict[str, Any] | None = None
     stream: bool = False
     store: bool = True
@@ -62,6 +63,8 @@ class CreateResponse(msgspec.Struct, kw_only=True):
     priority: str | None = None
     request_id: str | None = None
 
+
+LOGPROBS = "message.output_text.logprobs"  # the `include` value that asks for them
 
 # chat field → the Responses field a refusal names
 PARAMS = {
@@ -336,9 +339,10 @@ def begin(
             chat["verbosity"] = req.text.verbosity
     if req.reasoning and any(v is not None for v in req.reasoning.values()):
         chat["reasoning_effort"] = req.reasoning.get("effort") or "medium"
-    if req.top_logprobs:
+    if req.top_logprobs is not None or LOGPROBS in (req.include or []):
         chat["logprobs"] = True
-        chat["top_logprobs"] = req.top_logprobs
+        if req.top_logprobs:
+            chat["top_logprobs"] = req.top_logprobs
     for name in (
         "temperature",
         "top_p",
@@ -432,8 +436,12 @@ def response_object(
     }
 
 
-def message_item(item_id: str, text: str, status: str) -> dict[str, Any]:
-    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+def message_item(
+    item_id: str, text: str, status: str, logprobs: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """An output message; `logprobs` as chat gives them (`{token, logprob, bytes,
+    top_logprobs}` a token), which is the Responses API's shape too."""
+    part = {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs or []}
     content = [part] if status == "completed" else []
     return {
         "id": item_id,
@@ -461,7 +469,8 @@ def from_chat(turn: Turn, reply: dict[str, Any]) -> dict[str, Any]:
     message = choice.get("message") or {}
     turn.model = reply.get("model") or turn.model
     if message.get("content"):
-        turn.output.append(message_item(new_id("msg"), message["content"], "completed"))
+        logprobs = (choice.get("logprobs") or {}).get("content")
+        turn.output.append(message_item(new_id("msg"), message["content"], "completed", logprobs))
     for call in message.get("tool_calls") or []:
         function = call.get("function") or {}
         turn.output.append(
