@@ -311,3 +311,45 @@ def test_vllms_structured_outputs_choice_regex_grammar_and_json(sdk):
             model=MODEL, messages=ANSWER, max_tokens=30, seed=2, extra_body=body
         )
         jsonschema.validate(json.loads(got.choices[0].message.content), schema)
+
+
+def test_the_deprecated_functions_form_is_served_in_its_own_form(sdk):
+    """OpenAI's deprecated `functions` / `function_call`: a forced call comes back as
+    `message.function_call` (finish_reason "function_call"), whole and streamed, and a
+    conversation holding a call and its `function` result is read."""
+    function = pydantic_function_tool(GetWeather)["function"]
+    asked = {
+        "model": MODEL,
+        "messages": WEATHER_PROMPT,
+        "functions": [function],
+        "function_call": {"name": "GetWeather"},
+        "max_tokens": 60,
+        "temperature": 0,
+    }
+    whole = sdk.chat.completions.create(**asked)
+    choice = whole.choices[0]
+    assert choice.finish_reason == "function_call" and choice.message.tool_calls is None
+    call = choice.message.function_call
+    assert call.name == "GetWeather"
+    jsonschema.validate(json.loads(call.arguments), function["parameters"])
+    chunks = list(sdk.chat.completions.create(**asked, stream=True))
+    pieces = [c.choices[0].delta.function_call for c in chunks if c.choices]
+    pieces = [p for p in pieces if p is not None]
+    assert pieces[0].name == "GetWeather"
+    assert "".join(p.arguments or "" for p in pieces) == call.arguments
+    assert chunks[-1].choices[0].finish_reason == "function_call"
+    history = [
+        *WEATHER_PROMPT,
+        {"role": "assistant", "content": None, "function_call": call.model_dump()},
+        {"role": "function", "name": "GetWeather", "content": '{"temperature": 21}'},
+    ]
+    reply = sdk.chat.completions.create(
+        model=MODEL, messages=history, functions=[function], max_tokens=12, temperature=0
+    )
+    assert reply.choices[0].finish_reason in ("stop", "length", "function_call")
+    with pytest.raises(openai.BadRequestError) as err:
+        sdk.chat.completions.create(
+            **asked,
+            tools=[pydantic_function_tool(GetWeather)],  # both forms at once
+        )
+    assert err.value.body["param"] == "functions"

@@ -25,8 +25,6 @@ REFUSED_BY_ENGINE = {
     "moderation": {"categories": ["violence"]},
     "prompt_cache_retention": "24h",
     "prompt_cache_options": {"ttl": "1h"},
-    "functions": [{"name": "f", "parameters": {"type": "object"}}],
-    "function_call": "auto",
     "suffix": "!",
 }
 
@@ -112,6 +110,7 @@ def test_a_model_without_a_capability_refuses_what_needs_it(
         "prompt_logprobs": {"prompt_logprobs": 1},
         "structured_outputs": {"structured_outputs": {"choice": ["a", "b"]}},
         "guided_regex": {"guided_regex": "[ab]"},
+        "functions": {"functions": [{"name": "f", "parameters": {"type": "object"}}]},
     }
     for field, extra in cases.items():
         with pytest.raises(openai.BadRequestError) as refused:

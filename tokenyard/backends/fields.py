@@ -109,8 +109,15 @@ FIELDS: dict[str, Rule] = {
     "moderation": Rule(CHAT, (R, P, R)),
     "prompt_cache_retention": Rule(CHAT, (R, P, R)),
     "prompt_cache_options": Rule(CHAT, (R, P, R)),
-    "functions": Rule(CHAT, (R, P, R), note="deprecated: use tools"),
-    "function_call": Rule(CHAT, (R, P, R), note="deprecated: use tool_choice"),
+    "functions": Rule(
+        CHAT, (H, P, R), needs="tools", note="deprecated: use tools (engine: as tools, one call)"
+    ),
+    "function_call": Rule(
+        CHAT,
+        (H, P, R),
+        needs="tools",
+        note="deprecated: use tool_choice (engine: answered as function_call)",
+    ),
     "echo": Rule(
         LEGACY,
         (H, P, R),

@@ -48,6 +48,7 @@ class ChatMessage(msgspec.Struct, kw_only=True):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
+    function_call: FunctionCall | None = None  # an assistant's call in the deprecated form
 
 
 class _Common(msgspec.Struct, kw_only=True):
@@ -106,6 +107,9 @@ class ChatRequest(_Common, kw_only=True):
     parallel_tool_calls: bool = True
     response_format: dict | None = None
     prediction: Prediction | None = None
+    # OpenAI's deprecated forms of tools and tool_choice (legacy_functions)
+    functions: list[dict] | None = None
+    function_call: str | dict | None = None
     # vLLM's: the answer goes on from the last message, the assistant's (what Anthropic calls a
     # prefill), instead of opening a turn of its own
     continue_final_message: bool = False
@@ -306,6 +310,67 @@ _FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 class ToolUse:
     tools: list[dict]  # offered to the model (none with tool_choice "none")
     forced: list[dict]  # one or more of these must be called (required: all; named: that one)
+
+
+def legacy_functions(req: ChatRequest) -> ChatRequest:
+    """OpenAI's deprecated `functions` / `function_call`, and a conversation in their form
+    (assistant `function_call`s, `function` messages), as tools: the same grammar and parser serve
+    both, and `legacy_message` / `legacy_delta` put the answer back in their form. One call at a
+    time, as that API made them."""
+    old_history = any(m.role == "function" or m.function_call for m in req.messages)
+    if req.functions is None and req.function_call is None and not old_history:
+        return req
+    _check(req.tools is None or req.functions is None, "functions", "cannot be sent with tools")
+    _check(
+        req.tool_choice is None or req.function_call is None,
+        "function_call",
+        "cannot be sent with tool_choice",
+    )
+    messages, ids = [], {}  # ids: a function's name → the id given to its latest call
+    for i, m in enumerate(req.messages):
+        if m.function_call is not None:
+            ids[m.function_call.name] = f"call_{i}"
+            call = ToolCall(function=m.function_call, id=f"call_{i}")
+            m = msgspec.structs.replace(m, function_call=None, tool_calls=[call])
+        elif m.role == "function":
+            _check(bool(m.name), f"messages[{i}].name", "names the function whose result it is")
+            m = msgspec.structs.replace(m, role="tool", name=None, tool_call_id=ids.get(m.name))
+        messages.append(m)
+    choice = req.function_call
+    if isinstance(choice, dict):
+        _check(
+            isinstance(choice.get("name"), str),
+            "function_call",
+            "must be 'none', 'auto' or {'name': N}",
+        )
+        choice = {"type": "function", "function": {"name": choice["name"]}}
+    legacy = req.functions is not None
+    return msgspec.structs.replace(
+        req,
+        messages=messages,
+        tools=[{"type": "function", "function": f} for f in req.functions] if legacy else req.tools,
+        tool_choice=req.tool_choice if choice is None else choice,
+        parallel_tool_calls=False if legacy else req.parallel_tool_calls,
+        functions=None,
+        function_call=None,
+    )
+
+
+def legacy_message(message: dict, reason: str | None) -> tuple[dict, str | None]:
+    """A whole answer with tool_calls → the deprecated form: its first call as `function_call`."""
+    calls = message.pop("tool_calls", None)
+    if not calls:
+        return message, reason
+    message["function_call"] = calls[0]["function"]
+    return message, "function_call" if reason == "tool_calls" else reason
+
+
+def legacy_delta(delta: dict, reason: str | None) -> tuple[dict, str | None]:
+    """A streamed delta with tool_calls → the deprecated form (the first call's pieces)."""
+    calls = [c for c in delta.pop("tool_calls", []) if c["index"] == 0]
+    if calls:  # {"name", "arguments": ""} first, then {"arguments": more}, as OpenAI streamed
+        delta["function_call"] = dict(calls[0]["function"])
+    return delta, "function_call" if reason == "tool_calls" else reason
 
 
 def tool_use(req: ChatRequest) -> ToolUse:

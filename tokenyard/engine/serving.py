@@ -33,6 +33,9 @@ from tokenyard.engine.protocol import (
     completion_prompts,
     created,
     decode_body,
+    legacy_delta,
+    legacy_functions,
+    legacy_message,
     likeliest,
     max_tokens_asked,
     message_text,
@@ -85,9 +88,17 @@ class ChatChoices:
 
     object, chunk_object, id_prefix = "chat.completion", "chat.completion.chunk", "chatcmpl"
 
-    def __init__(self, tokenizer: Tokenizer, tool_format: ToolFormat, tools: bool, logprobs: bool):
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        tool_format: ToolFormat,
+        tools: bool,
+        logprobs: bool,
+        legacy: bool = False,
+    ):
         self.tokenizer, self.tool_format = tokenizer, tool_format
         self.tools, self.logprobs = tools, logprobs
+        self.legacy = legacy  # answer calls as the deprecated `function_call`
         self.calls: dict[int, ToolCalls] = {}
 
     def _logprobs(self, sampled: list[Sampled]) -> dict | None:
@@ -105,6 +116,8 @@ class ChatChoices:
             parsed = self.calls.setdefault(index, ToolCalls(self.tool_format))
             delta = parsed.delta(out.text, reason is not None)
             reason = parsed.finish_reason(reason)
+            if self.legacy:
+                delta, reason = legacy_delta(delta, reason)
         return {
             "index": index,
             "delta": delta,
@@ -120,6 +133,8 @@ class ChatChoices:
             parsed = ToolCalls(self.tool_format)
             parsed.delta(text, True)
             message, reason = parsed.message(), parsed.finish_reason(reason)
+            if self.legacy:
+                message, reason = legacy_message(message, reason)
         return {
             "index": index,
             "message": message,
@@ -220,11 +235,13 @@ class OpenAIServing:
 
     async def chat(self, request: Request, body: ChatRequest) -> Response | Stream:
         adapter = self.check_model(body.model)
+        legacy = body.functions is not None
+        body = legacy_functions(body)
         tools = tool_use(body)
         params = chat_params(body, tools, self.tool_format)
         prompt = self.chat_prompt(body, tools)
         choices = ChatChoices(
-            self.tokenizer, self.tool_format, bool(tools.tools), params.logprobs is not None
+            self.tokenizer, self.tool_format, bool(tools.tools), params.logprobs is not None, legacy
         )
         return await self._respond(request, body, [prompt], params, choices, adapter)
 
@@ -302,7 +319,7 @@ class OpenAIServing:
         """`POST /tokenize` (vLLM's shape): a chat request's prompt, as chat() would run it, or a
         text's tokens; the count is what the request's `prompt_tokens` would be."""
         if "messages" in decode_body(body, dict):
-            chat = decode_body(body, ChatRequest)
+            chat = legacy_functions(decode_body(body, ChatRequest))
             self.check_model(chat.model)
             ids = self.chat_prompt(chat, tool_use(chat))
         else:
