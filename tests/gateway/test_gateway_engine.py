@@ -231,3 +231,34 @@ def test_responses_carry_the_tokens_logprobs(engine: str, start_gateway: Any, te
     assert "".join(lp.token for lp in done.logprobs) == done.text
     plain = client.responses.create(**ask)
     assert plain.output[0].content[0].logprobs == []
+
+
+def test_gemini_clients_get_the_tokens_logprobs(engine: str, start_gateway: Any, team: Any) -> None:
+    """google-genai's responseLogprobs / logprobs: each candidate's average and each step's
+    chosen token with the top candidates there, whole and with each streamed chunk."""
+    from google.genai import types
+
+    gw = start_gateway(engine_urls=f"smollm2={engine}")
+    client = gw.gemini(team()[1])
+    config = types.GenerateContentConfig(
+        max_output_tokens=6, temperature=0, response_logprobs=True, logprobs=2
+    )
+    reply = client.models.generate_content(model="smollm2", contents="Hi", config=config)
+    (cand,) = reply.candidates  # type: ignore[misc]
+    chosen = cand.logprobs_result.chosen_candidates  # type: ignore[union-attr]
+    assert len(chosen) == reply.usage_metadata.candidates_token_count  # type: ignore[union-attr]
+    assert cand.avg_logprobs == pytest.approx(sum(c.log_probability for c in chosen) / len(chosen))
+    tops = cand.logprobs_result.top_candidates  # type: ignore[union-attr]
+    assert all(len(step.candidates) == 2 for step in tops)
+    streamed = client.models.generate_content_stream(model="smollm2", contents="Hi", config=config)
+    chunks = [c for c in streamed if c.candidates and c.candidates[0].logprobs_result]
+    tokens = [
+        t.token
+        for c in chunks
+        for t in c.candidates[0].logprobs_result.chosen_candidates  # type: ignore[index,union-attr]
+    ]
+    assert "".join(tokens) == "".join(c.text or "" for c in chunks)
+    plain = client.models.generate_content(
+        model="smollm2", contents="Hi", config=types.GenerateContentConfig(max_output_tokens=4)
+    )
+    assert plain.candidates[0].logprobs_result is None  # type: ignore[index]

@@ -6,7 +6,13 @@ from typing import Any
 
 from tokenyard.backends import sse
 from tokenyard.gateway.chats.assemble import Assembly
-from tokenyard.gateway.gemini.translate import FINISH, error_body, function_call, usage_metadata
+from tokenyard.gateway.gemini.translate import (
+    FINISH,
+    error_body,
+    function_call,
+    logprobs_result,
+    usage_metadata,
+)
 
 
 class StreamWriter:
@@ -23,11 +29,13 @@ class StreamWriter:
         """The events for one chat chunk (b"" for none)."""
         self.whole.add(data)
         self.id = self.whole.head.get("id", "")
-        texts = [
-            {"content": {"role": "model", "parts": [{"text": delta}]}, "index": c.get("index", 0)}
-            for c in data.get("choices") or ()
-            if (delta := (c.get("delta") or {}).get("content"))
-        ]
+        texts = []
+        for c in data.get("choices") or ():
+            if delta := (c.get("delta") or {}).get("content"):
+                text = {"content": {"role": "model", "parts": [{"text": delta}]}}
+                if tokens := (c.get("logprobs") or {}).get("content"):  # this chunk's tokens'
+                    text["logprobsResult"] = logprobs_result(tokens)
+                texts.append({**text, "index": c.get("index", 0)})
         return self._event(texts) if texts else b""
 
     def finish(self) -> bytes:

@@ -368,17 +368,36 @@ def function_call(call: dict[str, Any]) -> dict[str, Any]:
     return {"functionCall": {"id": call.get("id"), "name": function.get("name", ""), "args": args}}
 
 
+def logprobs_result(tokens: list[dict[str, Any]]) -> dict[str, Any]:
+    """Chat's logprobs of some tokens (`{token, logprob, top_logprobs}` each) → Gemini's
+    `logprobsResult`: the chosen token and the top candidates of each step."""
+
+    def scored(entry: dict[str, Any]) -> dict[str, Any]:
+        return {"token": entry.get("token", ""), "logProbability": entry.get("logprob")}
+
+    return {
+        "chosenCandidates": [scored(t) for t in tokens],
+        "topCandidates": [
+            {"candidates": [scored(top) for top in t.get("top_logprobs") or ()]} for t in tokens
+        ],
+    }
+
+
 def candidate(choice: dict[str, Any]) -> dict[str, Any]:
     message = choice.get("message") or {}
     parts: list[dict[str, Any]] = []
     if message.get("content"):
         parts.append({"text": message["content"]})
     parts += [function_call(call) for call in message.get("tool_calls") or ()]
-    return {
+    out = {
         "content": {"role": "model", "parts": parts},
         "finishReason": FINISH.get(choice.get("finish_reason") or "stop", "OTHER"),
         "index": choice.get("index", 0),
     }
+    if tokens := (choice.get("logprobs") or {}).get("content"):  # responseLogprobs asked them
+        out["avgLogprobs"] = sum(t.get("logprob") or 0.0 for t in tokens) / len(tokens)
+        out["logprobsResult"] = logprobs_result(tokens)
+    return out
 
 
 def gemini_reply(reply: dict[str, Any], model: str) -> dict[str, Any]:
