@@ -6,6 +6,7 @@ import json
 import pytest
 
 from tests.backends.conftest import control, stats
+from tokenyard.backends.anthropic_messages import EventWriter, message_reply
 from tokenyard.backends.anthropic_wire import ChunkWriter, StreamError, chat_reply, error_reply
 from tokenyard.backends.anthropic_wire import messages_request as translate
 from tokenyard.backends.base import BackendUnavailable, UpstreamBroken, UpstreamCall
@@ -179,6 +180,35 @@ def test_reply_translation_text_tools_and_usage():
 def test_finish_reasons(stop, finish):
     message = {"content": [{"type": "text", "text": "x"}], "stop_reason": stop, "usage": {}}
     assert chat_reply(message, "m")["choices"][0]["finish_reason"] == finish
+
+
+def test_the_stop_sequence_that_fired_is_kept_both_ways():
+    """Anthropic's stop_sequence becomes the chat choice's stop_reason (vLLM's field, as the engine
+    gives it), and back: an Anthropic client learns which of its stop sequences fired, whole and
+    streamed, whatever model answered."""
+    message = {
+        "content": [{"type": "text", "text": "x"}],
+        "stop_reason": "stop_sequence",
+        "stop_sequence": "END",
+        "usage": {},
+    }
+    choice = chat_reply(message, "m")["choices"][0]
+    assert (choice["finish_reason"], choice["stop_reason"]) == ("stop", "END")
+    reply = message_reply({"choices": [{**choice, "message": {"content": "x"}}]}, "m")
+    assert (reply["stop_reason"], reply["stop_sequence"]) == ("stop_sequence", "END")
+    writer = ChunkWriter("m", include_usage=False)
+    final = {"delta": {"stop_reason": "stop_sequence", "stop_sequence": "END"}, "usage": {}}
+    writer.write("message_delta", final)
+    (last,) = sse_events(writer.write("message_stop", {}))
+    assert last["choices"][0]["stop_reason"] == "END"
+    events = EventWriter("m")
+    events.chunk({"id": "1", "choices": [{**last["choices"][0], "delta": {"content": "x"}}]})
+    closing = events.finish().decode()
+    assert '"stop_reason":"stop_sequence","stop_sequence":"END"' in closing
+    # a stop token id (the engine's stop_token_ids) or EOS is an end of turn
+    for other in (7, None):
+        plain = message_reply({"choices": [{"finish_reason": "stop", "stop_reason": other}]}, "m")
+        assert (plain["stop_reason"], plain["stop_sequence"]) == ("end_turn", None)
 
 
 @pytest.mark.parametrize(

@@ -648,3 +648,29 @@ def test_an_answer_goes_on_from_the_assistants_last_message(server, client):
         )
     assert err.value.body["param"] == "continue_final_message"
     wait_idle(url, core)
+
+
+def test_a_choice_says_which_stop_ended_it(server, client):
+    """vLLM's stop_reason: the stop string or stop token id that ended a choice, null for the
+    length cap (what the gateway turns into Anthropic's stop_sequence)."""
+    url, core = server
+    ask = {"model": "smollm2", "prompt": "Count: one, two, three,", "temperature": 0}
+    free = client.completions.create(**ask, max_tokens=6)
+    assert free.choices[0].finish_reason == "length"
+    assert free.choices[0].model_extra["stop_reason"] is None
+    word = free.choices[0].text.split(",")[0]  # the first word the model writes
+    by_string = client.completions.create(**ask, max_tokens=6, stop=["zzz", word])
+    assert by_string.choices[0].finish_reason == "stop"
+    assert by_string.choices[0].model_extra["stop_reason"] == word
+    forced = core.tokenizer.encode(" banana")[0]  # logit_bias makes it the first token
+    by_token = client.chat.completions.create(
+        model="smollm2",
+        messages=MESSAGES,
+        max_tokens=6,
+        logit_bias={str(forced): 100},
+        extra_body={"stop_token_ids": [forced]},
+        stream=True,
+    )
+    last = [c for c in by_token if c.choices][-1].choices[0]
+    assert last.finish_reason == "stop" and last.model_extra["stop_reason"] == forced
+    wait_idle(url, core)

@@ -262,3 +262,25 @@ def test_gemini_clients_get_the_tokens_logprobs(engine: str, start_gateway: Any,
         model="smollm2", contents="Hi", config=types.GenerateContentConfig(max_output_tokens=4)
     )
     assert plain.candidates[0].logprobs_result is None  # type: ignore[index]
+
+
+def test_anthropic_clients_learn_which_stop_sequence_fired(
+    engine: str, start_gateway: Any, team: Any
+) -> None:
+    gw = start_gateway(engine_urls=f"smollm2={engine}")
+    _, key = team()
+    claude = anthropic.Anthropic(base_url=gw.url, api_key=key, max_retries=0)
+    ask: dict[str, Any] = {
+        "model": "smollm2",
+        "max_tokens": 12,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": "Count from one to ten."}],
+    }
+    free = claude.messages.create(**ask)
+    assert (free.stop_reason, free.stop_sequence) in (("max_tokens", None), ("end_turn", None))
+    word = free.content[0].text.split()[0]  # the first word the model writes: it will stop there
+    stopped = claude.messages.create(**ask, stop_sequences=["zzz", word])
+    assert (stopped.stop_reason, stopped.stop_sequence) == ("stop_sequence", word)
+    with claude.messages.stream(**ask, stop_sequences=[word]) as stream:
+        final = stream.get_final_message()
+    assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", word)

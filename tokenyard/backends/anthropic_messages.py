@@ -194,10 +194,20 @@ def message_reply(reply: dict[str, Any], model: str) -> dict[str, Any]:
         "role": "assistant",
         "model": model,
         "content": content,
-        "stop_reason": STOP.get(choice.get("finish_reason") or "stop", "end_turn"),
-        "stop_sequence": None,
+        **stopped(choice),
         "usage": anthropic_usage(reply.get("usage")),
     }
+
+
+def stopped(choice: dict[str, Any]) -> dict[str, Any]:
+    """Anthropic's stop_reason and stop_sequence for a finished chat choice: a stop string the
+    choice names as its `stop_reason` (vLLM's field, which the engine and the Anthropic backend
+    give) is a `stop_sequence`."""
+    matched = choice.get("stop_reason")
+    if choice.get("finish_reason") == "stop" and isinstance(matched, str):
+        return {"stop_reason": "stop_sequence", "stop_sequence": matched}
+    reason = STOP.get(choice.get("finish_reason") or "stop", "end_turn")
+    return {"stop_reason": reason, "stop_sequence": None}
 
 
 def error_body(status: int, message: str) -> dict[str, Any]:
@@ -226,7 +236,9 @@ class EventWriter:
     block: int = -1  # index of the open content block (-1: none)
     block_kind: str = ""  # text, or tool_use
     tools: dict[int, int] = field(default_factory=dict)  # OpenAI tool call index → block index
-    stop: str = "end_turn"
+    stop: dict[str, Any] = field(
+        default_factory=lambda: {"stop_reason": "end_turn", "stop_sequence": None}
+    )
     usage: dict[str, Any] | None = None
 
     def _start(self, openai_id: str) -> bytes:
@@ -288,15 +300,14 @@ class EventWriter:
                         "content_block_delta", {"index": self.tools[index], "delta": json_delta}
                     )
             if choice.get("finish_reason"):
-                self.stop = STOP.get(choice["finish_reason"], "end_turn")
+                self.stop = stopped(choice)
         return out
 
     def finish(self) -> bytes:
         """The message's end: the open block closed, the stop reason and the usage."""
         out = (b"" if self.started else self._start("")) + self._close()
         usage = anthropic_usage(self.usage) if self.usage else {"output_tokens": 0}
-        delta = {"stop_reason": self.stop, "stop_sequence": None}
-        out += event("message_delta", {"delta": delta, "usage": usage})
+        out += event("message_delta", {"delta": self.stop, "usage": usage})
         return out + event("message_stop", {})
 
     def failed(self, status: int, message: str) -> bytes:

@@ -237,6 +237,8 @@ def chat_reply(message: dict[str, Any], model: str) -> dict[str, Any]:
                 "message": reply,
                 "logprobs": None,
                 "finish_reason": FINISH.get(message.get("stop_reason") or "", "stop"),
+                # vLLM's field: the stop string that ended it, for Anthropic's clients
+                "stop_reason": message.get("stop_sequence"),
             }
         ],
         "usage": usage(message.get("usage") or {}),
@@ -282,9 +284,12 @@ class ChunkWriter:
     tools: dict[int, int] = field(default_factory=dict)  # content block index → tool call index
     usage: dict[str, Any] = field(default_factory=dict)
     finish: str = "stop"
+    stop_sequence: str | None = None  # the stop string that ended the message
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+        if finish is not None:
+            choice["stop_reason"] = self.stop_sequence
         return sse.data(
             {
                 "id": self.id,
@@ -325,6 +330,7 @@ class ChunkWriter:
             stop = (data.get("delta") or {}).get("stop_reason")
             if stop:
                 self.finish = FINISH.get(stop, "stop")
+                self.stop_sequence = (data.get("delta") or {}).get("stop_sequence")
             self.usage.update({k: v for k, v in (data.get("usage") or {}).items() if v is not None})
             return b""
         if kind == "message_stop":

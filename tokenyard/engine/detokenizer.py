@@ -13,6 +13,7 @@ class IncrementalText:
     text: str = ""  # everything decoded so far
     emitted: int = 0  # characters of text already released
     stopped: bool = False
+    matched: str | None = None  # the stop string that ended the text
     _prefix_offset: int = 0
     _read_offset: int = 0
     _hold: int = field(init=False)
@@ -34,9 +35,11 @@ class IncrementalText:
         if self.stop and not self.stopped:
             # a stop string can only start where it could still overlap new text
             search_from = max(0, self.emitted - self._hold)
-            hits = [i for i in (self.text.find(s, search_from) for s in self.stop) if i >= 0]
+            found = [(self.text.find(s, search_from), s) for s in self.stop]
+            hits = [(i, s) for i, s in found if i >= 0]
             if hits:
-                self.text = self.text[: min(hits)]
+                at, self.matched = min(hits, key=lambda hit: hit[0])
+                self.text = self.text[:at]
                 self.stopped = True
                 final = True
         end = len(self.text) if final else max(self.emitted, len(self.text) - self._hold)

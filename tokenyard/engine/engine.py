@@ -238,13 +238,15 @@ class LLMEngine:
             grammar_done = self.constraints.accept(seq.seq_id, token)
             if is_eos or token in params.stop_token_ids or grammar_done:
                 finish = "stop"
+                if not is_eos and token in params.stop_token_ids:
+                    out.stop_reason = token
             else:
                 out.text += text.add(
                     lambda ids: self.tokenizer.decode(ids, params.skip_special_tokens),
                     seq.output_ids,
                 )
                 if text.stopped:
-                    finish = "stop"
+                    finish, out.stop_reason = "stop", text.matched
             if finish is None and (
                 len(seq.output_ids) >= params.max_tokens or seq.num_tokens >= self.max_model_len
             ):

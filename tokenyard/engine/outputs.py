@@ -53,4 +53,6 @@ class RequestOutput:
     # its first output, where the request scores its prompt: the prompt's tokens after the first
     prompt_logprobs: list[Sampled] | None = None
     finish_reason: str | None = None  # stop | length | cancelled | error
+    # vLLM's: the stop string or stop token id that ended it (None: EOS, or another reason)
+    stop_reason: str | int | None = None
     stats: SeqStats | None = None  # set with finish_reason

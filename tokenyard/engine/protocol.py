@@ -640,6 +640,7 @@ class Choice:
         self.sampled: list[Sampled] = []
         self.prompt_logprobs: list[Sampled] | None = None  # where the request scored its prompt
         self.finish_reason: str | None = None
+        self.stop_reason: str | int | None = None
         self.stats: SeqStats | None = None
 
     def add(self, out: RequestOutput) -> None:
@@ -649,6 +650,7 @@ class Choice:
         self.sampled += out.logprobs
         if out.finish_reason is not None:
             self.finish_reason, self.stats = out.finish_reason, out.stats
+            self.stop_reason = out.stop_reason
 
 
 def created() -> int:

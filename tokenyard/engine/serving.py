@@ -123,6 +123,7 @@ class ChatChoices:
             "delta": delta,
             "logprobs": self._logprobs(out.logprobs),
             "finish_reason": reason,
+            **_stop_reason(out.finish_reason, out.stop_reason),
         }
 
     def final(self, index: int, choice: Choice) -> dict:
@@ -140,7 +141,14 @@ class ChatChoices:
             "message": message,
             "logprobs": self._logprobs(choice.sampled),
             "finish_reason": reason,
+            **_stop_reason(choice.finish_reason, choice.stop_reason),
         }
+
+
+def _stop_reason(finish_reason: str | None, stop_reason: str | int | None) -> dict:
+    """vLLM's `stop_reason` on a finished choice: the stop string or stop token id that ended
+    it, null for EOS or another reason (what Anthropic's `stop_sequence` is made from)."""
+    return {} if finish_reason is None else {"stop_reason": stop_reason}
 
 
 class TextChoices:
@@ -196,6 +204,7 @@ class TextChoices:
             "text": prompt + out.text,
             "logprobs": self._logprobs(index, scored + out.logprobs),
             "finish_reason": out.finish_reason,
+            **_stop_reason(out.finish_reason, out.stop_reason),
         }
 
     def final(self, index: int, choice: Choice) -> dict:
@@ -205,6 +214,7 @@ class TextChoices:
             "text": prompt + "".join(choice.text),
             "logprobs": self._logprobs(index, scored + choice.sampled),
             "finish_reason": choice.finish_reason,
+            **_stop_reason(choice.finish_reason, choice.stop_reason),
         }
 
 
