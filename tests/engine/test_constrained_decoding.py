@@ -190,6 +190,24 @@ def test_unenforceable_schema_features_are_refused_by_name(engine_factory, schem
     assert not engine.has_work()
 
 
+@pytest.mark.parametrize(
+    "constraint",
+    [
+        Constraint("grammar", "root ::= root", "guided_grammar"),
+        Constraint.json_schema({"enum": []}, "guided_json"),
+    ],
+)
+def test_a_grammar_of_no_text_is_refused(engine_factory, constraint):
+    """It compiles, but no token could start the output: refused up front, rather than a step
+    whose every token is forbidden."""
+    engine = engine_factory(**PLAIN)
+    request = GenerationRequest("empty", [1, 2, 3], SamplingParams(constraint=constraint))
+    with pytest.raises(RequestError) as caught:
+        engine.add_request(request)
+    assert caught.value.param == constraint.param and caught.value.code == "invalid_schema"
+    assert not engine.has_work()
+
+
 def test_enforced_features_pass_the_check():
     schema = {
         "type": "object",

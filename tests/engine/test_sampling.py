@@ -127,3 +127,18 @@ def test_text_is_held_back_only_as_long_as_a_stop_could_start():
 def test_no_stop_strings_release_everything_at_once():
     out, _ = feed([], [1, 2, 5])
     assert out[:3] == ["Hel", "lo, wo", "ing"]
+
+
+def test_a_row_whose_grammar_forbids_every_token_ends_at_eos():
+    """A dead end of a grammar used to make sampling raise (every probability 0), which failed
+    the step and every request in it; the row ends at EOS and its neighbours sample as before."""
+    from tokenyard.engine.constraints import Masks
+
+    x = logits(rows=2)
+    bitmask = torch.full((2, (V + 31) // 32), -1, dtype=torch.int32)  # every token allowed
+    bitmask[0] = 0  # row 0: none
+    sampler = Sampler((EOS,), torch.device("cpu"))
+    seqs = [make_seq(0, temperature=1.0, seed=3), make_seq(1, temperature=0.0)]
+    out = sampler.verify(x.clone(), seqs, [[], []], Masks(bitmask, [0, 1], unpack=True))
+    assert out[0][0].token_id == EOS
+    assert out[1][0].token_id == x[1].argmax().item()

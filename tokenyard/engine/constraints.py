@@ -190,10 +190,19 @@ class Constraints:
         except (RuntimeError, ValueError) as exc:  # xgrammar's own refusals
             # its last line, without the time and the C++ source it came from
             raise SchemaError(_XGR_PREFIX.sub("", str(exc).strip().splitlines()[-1])) from None
+        if not self._opens(compiled):
+            raise SchemaError("it matches no text at all (no token may start the output)")
         self._compiled[constraint] = compiled
         if len(self._compiled) > _CACHE_SIZE:
             self._compiled.popitem(last=False)
         return compiled
+
+    def _opens(self, compiled: xgr.CompiledGrammar) -> bool:
+        """Whether some token may start the output. A grammar of no text (`root ::= root`, a
+        schema no value meets) compiles, but would forbid every token of its rows."""
+        bitmask = xgr.allocate_token_bitmask(1, self.vocab_size)
+        xgr.GrammarMatcher(compiled).fill_next_token_bitmask(bitmask, 0)
+        return bool(bitmask.any())
 
     # ------------------------------------------------------------ per sequence
 

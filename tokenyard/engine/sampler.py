@@ -56,6 +56,11 @@ class Sampler:
                 self._penalize(logits[row], seq, draft[:i])
         if masks is not None:
             masks.apply(logits)
+            # a grammar that forbids every token of a row (a dead end no check caught) ends that
+            # sequence at EOS rather than failing the step, and every request in it, on a NaN
+            stuck = ~torch.isfinite(logits).any(dim=-1)
+            if stuck.any():
+                logits[stuck, self.eos_token_ids[0]] = 0.0
         need_logprobs = any(s.request.params.logprobs is not None for s in seqs)
         logprobs = torch.log_softmax(logits, dim=-1) if need_logprobs else None
         greedy = logits.argmax(dim=-1).tolist()
