@@ -148,6 +148,11 @@ def test_completions_with_several_prompts_and_stop(client):
     )
     assert [c.index for c in out.choices] == [0, 1]
     assert all(c.text for c in out.choices)
+    scored = client.completions.create(
+        model="smollm2", prompt=["The capital of France is", "1, 2,"], max_tokens=3, logprobs=1, n=2
+    )
+    for choice in scored.choices:  # each choice's offsets run from its own start
+        assert choice.logprobs.text_offset[0] == 0 and len(choice.logprobs.tokens) >= 1
     stopped = client.completions.create(
         model="smollm2", prompt="1, 2, 3, 4,", max_tokens=16, temperature=0, stop=["7"]
     )

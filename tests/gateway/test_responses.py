@@ -275,3 +275,36 @@ def test_malformed_requests_are_400s_naming_the_field(capabilities_gw: Gateway, 
             missing.status_code == 404
             and missing.json()["error"]["param"] == "previous_response_id"
         )
+
+
+def test_logprobs_of_a_last_token_without_text_still_reach_a_delta() -> None:
+    """The end of turn has a logprob but no text: it goes out in a delta of no text, so the
+    deltas' logprobs add up to the done event's (and to the whole response's)."""
+    from tokenyard.gateway.responses.events import EventWriter
+    from tokenyard.gateway.responses.translate import Turn
+
+    writer = EventWriter(Turn("resp_1", 0, {}, [], {}, {}, store=False))
+
+    def chunk(text: str, token: str) -> dict[str, Any]:
+        entry = {"token": token, "logprob": -0.5, "bytes": [], "top_logprobs": []}
+        return {
+            "choices": [{"index": 0, "delta": {"content": text}, "logprobs": {"content": [entry]}}]
+        }
+
+    raw = writer.chunk(chunk("Hi", "Hi")) + writer.chunk(chunk("", "<|im_end|>"))
+    response, end = writer.finish()
+    events = [
+        json.loads(line[6:])
+        for line in (raw + end).decode().splitlines()
+        if line.startswith("data: ")
+    ]
+    deltas = [
+        lp["token"]
+        for e in events
+        if e["type"] == "response.output_text.delta"
+        for lp in e["logprobs"]
+    ]
+    (done,) = [e for e in events if e["type"] == "response.output_text.done"]
+    assert deltas == [lp["token"] for lp in done["logprobs"]] == ["Hi", "<|im_end|>"]
+    assert done["text"] == "Hi"
+    assert response["output"][0]["content"][0]["logprobs"] == done["logprobs"]

@@ -167,9 +167,8 @@ class TextChoices:
     ):
         self.tokenizer, self.n, self.prompts = tokenizer, n, prompts
         self.logprobs, self.top = logprobs is not None, logprobs or 0
-        total = n * len(prompts or [()])
-        self.offsets = [0] * total
-        self.unechoed = set(range(total)) if prompts else set()
+        self.offsets: dict[int, int] = {}  # per choice index: where its next token's text starts
+        self.unechoed = set(range(n * len(prompts))) if prompts else set()
 
     def _echo(self, index: int, scored: list[Sampled] | None) -> tuple[str, list[Sampled]]:
         """The prompt's text and tokens, once per choice (its first chunk); its first token has
@@ -189,7 +188,7 @@ class TextChoices:
     def _logprobs(self, index: int, sampled: list[Sampled]) -> dict | None:
         if not self.logprobs:
             return None
-        out = completion_logprobs(sampled, self.tokenizer.token_text, self.offsets[index])
+        out = completion_logprobs(sampled, self.tokenizer.token_text, self.offsets.get(index, 0))
         if out["tokens"]:
             self.offsets[index] = out["text_offset"][-1] + len(out["tokens"][-1])
         return out
@@ -443,6 +442,7 @@ class OpenAIServing:
             "timings": timings(stats),
         }
         if body.prompt_logprobs is not None:  # vLLM's extension: per choice, chat's at the top
+            chat = isinstance(body, ChatRequest)  # one prompt: its scores once
             scored = [
                 vllm_prompt_logprobs(
                     prompts[i // n],
@@ -450,9 +450,9 @@ class OpenAIServing:
                     body.prompt_logprobs,
                     self.tokenizer.token_text,
                 )
-                for i, c in enumerate(done)
+                for i, c in enumerate(done[:1] if chat else done)
             ]
-            if isinstance(body, ChatRequest):
+            if chat:
                 response["prompt_logprobs"] = scored[0]
             else:
                 for choice, prompt_scores in zip(response["choices"], scored, strict=True):

@@ -129,15 +129,19 @@ class EventWriter:
     def _close_text(self) -> bytes:
         if self.text is None:
             return b""
+        # logprobs of last tokens with no text of their own (the end of turn) go in a delta of
+        # no text, so that the deltas' logprobs still add up to the done event's
+        out = self._text("") if self.unsent else b""
         index, text = self.message_index, "".join(self.text)
-        logprobs, self.logprobs, self.unsent = self.logprobs + self.unsent, [], []
+        logprobs, self.logprobs = self.logprobs, []
         self.text = None
         item = self.turn.output[index] = message_item(
             self.turn.output[index]["id"], text, "completed", logprobs
         )
         where = {"item_id": item["id"], "output_index": index, "content_index": 0}
         return (
-            self._event("response.output_text.done", **where, text=text, logprobs=logprobs)
+            out
+            + self._event("response.output_text.done", **where, text=text, logprobs=logprobs)
             + self._event("response.content_part.done", **where, part=item["content"][0])
             + self._event("response.output_item.done", output_index=index, item=item)
         )
