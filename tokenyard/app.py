@@ -41,7 +41,7 @@ from tokenyard.gateway.auth import Authenticator
 from tokenyard.gateway.chats.controller import ChatCompletionsController
 from tokenyard.gateway.chats.service import ChatService
 from tokenyard.gateway.chats.store import ChatStore
-from tokenyard.gateway.controllers import CompletionsController, OpsController
+from tokenyard.gateway.controllers import CompletionsController, OpsController, RerankController
 from tokenyard.gateway.gemini.caches import CachesController
 from tokenyard.gateway.gemini.controller import GeminiController
 from tokenyard.gateway.messages import MessagesController
@@ -248,6 +248,7 @@ def create_app(settings: Settings | None = None) -> Litestar:
         route_handlers=[
             ChatCompletionsController,
             CompletionsController,
+            RerankController,
             ResponsesController,
             ConversationsController,
             PromptsController,

@@ -3,10 +3,12 @@ server (`tokenyard embeddings`, all-MiniLM-L6-v2), with quotas, settling and the
 
 import concurrent.futures
 import os
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import cohere
 import httpx
 import msgspec
 import numpy as np
@@ -245,7 +247,9 @@ def test_batch_lines_of_embeddings(embed_gateway: Any, team: Any, sql: Any) -> N
 
 def test_fuzz_the_embeddings_server(embeddings_server: str) -> None:
     """The embeddings server's own routes, drawn from its document: no 5xx, OpenAI's error shape."""
-    assert {"POST /v1/embeddings"} <= set(fuzz(embeddings_server, 15))
+    assert {"POST /v1/embeddings", "POST /v1/rerank", "POST /v2/rerank"} <= set(
+        fuzz(embeddings_server, 15)
+    )
 
 
 def test_an_embedding_asked_again_comes_from_the_response_cache(
@@ -266,6 +270,12 @@ def test_an_embedding_asked_again_comes_from_the_response_cache(
         )
         vectors = [[d.embedding for d in reply.parse().data] for reply in (first, again)]
         assert vectors[0] == vectors[1]
+        # so is a ranking
+        ask = {"model": EMBED, "query": "cats", "documents": TEXTS}
+        headers = {"authorization": f"Bearer {client.api_key}"}
+        ranked = [httpx.post(gw.url + "/v1/rerank", headers=headers, json=ask) for _ in range(2)]
+        assert [r.headers["x-tokenyard-cache"] for r in ranked] == ["miss", "hit"]
+        assert ranked[0].json()["results"] == ranked[1].json()["results"]
     finally:
         gw.stop()
 
@@ -295,3 +305,146 @@ def test_geminis_embed_content_matches_sentence_transformers(
         json={"requests": [{"content": {"parts": [{"inlineData": {"data": "AA=="}}]}}]},
     )
     assert mixed.status_code == 400 and mixed.json()["error"]["status"] == "INVALID_ARGUMENT"
+
+
+QUERY = "Where do cats like to sleep?"
+DOCUMENTS = [
+    "Quarterly revenue grew by four percent.",
+    "Cats often sleep on warm windowsills in the afternoon.",
+    "The train to Lyon leaves at nine.",
+    "A kitten naps wherever the sun falls.",
+]
+
+
+def _relevance(reference: Any, query: str, documents: list[str]) -> np.ndarray:
+    """Cosine similarity of each document's sentence-transformers embedding to the query's."""
+    vectors = reference.encode([query, *documents], normalize_embeddings=True)
+    return vectors[1:] @ vectors[0]
+
+
+def test_cohere_sdks_rerank_through_the_gateway(
+    embed_gateway: Any, team: Any, reference: Any, redis_server: Any, sql: Any
+) -> None:
+    """Cohere's v2 client (/v2/rerank) and v1 client (/v1/rerank) against the embedding model:
+    documents ranked by their cosine similarity to the query, as sentence-transformers computes
+    it; billed the tokens the model read."""
+    name, key = team()
+    v2 = cohere.ClientV2(api_key=key, base_url=embed_gateway.url)
+    got = v2.rerank(model=EMBED, query=QUERY, documents=DOCUMENTS, top_n=2)
+    expected = _relevance(reference, QUERY, DOCUMENTS)
+    order = np.argsort(-expected)
+    assert [r.index for r in got.results] == order[:2].tolist() and order[0] in (1, 3)
+    for result in got.results:
+        assert abs(result.relevance_score - expected[result.index]) < 1e-4
+
+    v1 = cohere.Client(api_key=key, base_url=embed_gateway.url)
+    every = v1.rerank(
+        model=EMBED,
+        query=QUERY,
+        documents=[{"text": d} for d in DOCUMENTS],
+        return_documents=True,
+    )
+    assert [r.index for r in every.results] == order.tolist()
+    assert [r.document.text for r in every.results] == [DOCUMENTS[i] for i in order]
+
+    # settled from the server's usage: the query once and every document, twice
+    tokens = sum(len(reference.tokenizer.tokenize(t)) for t in [QUERY, *DOCUMENTS])
+    r = redis_sync.Redis.from_url(redis_server.url + "/1")
+    wait_until(lambda: reservations(r, name)["leases"] == 0, 5, "leases released")
+    assert day_tokens(r, name) == 2 * tokens
+
+    def records() -> list[UsageRecord]:
+        with sqlmodel.Session(sql) as session:
+            query = sqlmodel.select(UsageRecord).where(UsageRecord.team == name)
+            return list(session.exec(query))
+
+    wait_until(lambda: len(records()) == 2, 10, "two usage records")
+    assert {(r.model, r.status, r.prompt_tokens) for r in records()} == {(EMBED, 200, tokens)}
+
+    # Cohere's truncation of long documents: each read up to max_tokens_per_doc tokens
+    short = v2.rerank(model=EMBED, query=QUERY, documents=DOCUMENTS, max_tokens_per_doc=2)
+    assert short.model_extra["usage"]["prompt_tokens"] == len(
+        reference.tokenizer.tokenize(QUERY)
+    ) + 2 * len(DOCUMENTS)
+
+
+def test_bad_rerank_requests_are_openai_errors(
+    embed_gateway: Any, team: Any, redis_server: Any
+) -> None:
+    name, key = team()
+    url = embed_gateway.url + "/v1/rerank"
+    headers = {"authorization": f"Bearer {key}"}
+    body = {"model": EMBED, "query": QUERY, "documents": DOCUMENTS}
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"query": ""}, "query"),
+        ({"documents": []}, "documents"),
+        ({"documents": ["x"] * 1001}, "documents"),
+        ({"documents": [7]}, "documents"),
+        ({"top_n": 0}, "top_n"),
+        ({"max_tokens_per_doc": -1}, "max_tokens_per_doc"),
+    ]
+    for change, param in cases:
+        reply = httpx.post(url, headers=headers, json={**body, **change})
+        assert reply.status_code == 400, (change, reply.text)
+        error = reply.json()["error"]
+        assert (error["type"], error["param"]) == ("invalid_request_error", param), change
+    # a chat model does not rank: the 404 of a model that does not serve the endpoint
+    reply = httpx.post(url, headers=headers, json={**body, "model": MODEL})
+    assert reply.status_code == 404 and "serves chat and completions only" in reply.text
+    assert reservations(redis_server.client(), name)["leases"] == 0
+    # the embedding model that ranks says so in its card
+    card = httpx.get(embed_gateway.url + f"/v1/models/{EMBED}", headers=headers).json()
+    assert card["rerank"] is True and card["kind"] == "embedding"
+
+
+def test_a_rerank_server_behind_an_openai_style_base_url(
+    embeddings_server: str,
+    upstream: str,
+    base_env: dict[str, str],
+    data_dir: Path,
+    team: Any,
+    tmp_path: Path,
+) -> None:
+    """A model of kind "rerank" at an OpenAI-style base URL (a vLLM, Infinity or Jina server; here
+    the embeddings server's own /v1/rerank) is sent the request with the catalog's key, its reply
+    named by the catalog id; an embedding model that does not rank is refused before any call."""
+    key_env = f"RERANK_KEY_{uuid.uuid4().hex[:8].upper()}"
+    catalog = tmp_path / "catalog.toml"
+    catalog.write_text(
+        (HERE / "embeddings_catalog.toml").read_text()
+        + f"""
+[[models]]
+id = "ranker"
+provider = "openai"
+kind = "rerank"
+upstream_model = "{EMBED}"
+base_urls = ["{embeddings_server}/v1"]
+api_key_env = "{key_env}"
+price = {{ input = 1.0 }}
+
+[[models]]
+id = "plain-embedder"
+provider = "openai"
+kind = "embedding"
+base_urls = ["{embeddings_server}/v1"]
+api_key_env = "{key_env}"
+"""
+    )
+    more = {"TOKENYARD_CATALOG": str(catalog), key_env: "sk-upstream"}
+    gw = _embedding_gateway(embeddings_server, upstream, base_env, data_dir, **more)
+    try:
+        _, key = team()
+        client = cohere.ClientV2(api_key=key, base_url=gw.url)
+        got = client.rerank(model="ranker", query=QUERY, documents=DOCUMENTS, top_n=1)
+        assert got.results[0].index in (1, 3)
+        raw = httpx.post(
+            gw.url + "/v1/rerank",
+            headers={"authorization": f"Bearer {key}"},
+            json={"model": "ranker", "query": QUERY, "documents": DOCUMENTS[:1]},
+        )
+        assert raw.status_code == 200 and raw.json()["model"] == "ranker"
+        with pytest.raises(cohere.NotFoundError) as err:
+            client.rerank(model="plain-embedder", query=QUERY, documents=DOCUMENTS)
+        assert "serves embeddings only" in str(err.value.body)
+    finally:
+        gw.stop()

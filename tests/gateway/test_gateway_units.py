@@ -15,6 +15,7 @@ from tokenyard.gateway import metrics
 from tokenyard.gateway.dispatch import Dispatch, Saturation
 from tokenyard.gateway.response_cache import ResponseCache, mode_of
 from tokenyard.gateway.sizing import MAX_PROMPT_OVERHEAD, PromptOverhead, kv_pages
+from tokenyard.gateway.streaming import reply_decoder
 from tokenyard.gateway.validation import Kind, estimate_prompt_sizes, parse
 from tokenyard.router.policy import Route
 from tokenyard.tenancy.policy import TeamPolicy
@@ -30,6 +31,19 @@ def test_estimates_and_pages() -> None:
     assert kv_pages(10, 22, 1, 16) == 2
     assert kv_pages(10, 23, 2, 16) == 6  # each choice holds its own blocks
     assert kv_pages(10, 23, 1, 0) == 0  # not a paged engine
+    # a ranking reads each document with the query (a cross-encoder's cost), and generates nothing
+    ranked = parse(
+        b'{"model": "m", "query": "abcd", "documents": ["abcdefgh", {"text": "ab"}]}', "rerank"
+    )
+    assert (ranked.prompt_sizes, ranked.max_tokens, ranked.stream) == ([3, 2], 0, False)
+
+
+def test_usage_of_a_server_that_reports_only_its_total() -> None:
+    """Jina's and vLLM's rerank replies count what was read as total_tokens alone."""
+    got = reply_decoder.decode(b'{"results": [], "usage": {"total_tokens": 42}}')
+    assert got.usage is not None and (got.usage.prompt, got.usage.completion) == (42, 0)
+    chat = b'{"usage": {"prompt_tokens": 5, "completion_tokens": 7, "total_tokens": 12}}'
+    assert reply_decoder.decode(chat).usage.prompt == 5  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize(
@@ -66,6 +80,9 @@ def test_estimates_and_pages() -> None:
             "metadata",
         ),
         (b'{"model": "m", "input": "x", "user": "\\u0000"}', "embedding", "user"),
+        (b'{"model": "m", "query": "", "documents": ["x"]}', "rerank", "query"),
+        (b'{"model": "m", "query": "q", "documents": [null]}', "rerank", "documents"),
+        (b'{"model": "m", "query": "q", "documents": ["x"], "top_n": 0}', "rerank", "top_n"),
         (
             b'{"model": "m", "messages": [{"role": "user", "content": [{"text": 5}]}]}',
             "chat",

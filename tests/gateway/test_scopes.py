@@ -33,6 +33,8 @@ ASK = {"model": MODEL, "messages": [{"role": "user", "content": "hi #chunks=1 #s
         ("/v1/messages/count_tokens", "completions"),
         ("/v1/messages/batches/msgbatch_1/results", "batch"),
         ("/v1/embeddings", "embeddings"),
+        ("/v1/rerank", "embeddings"),
+        ("/v2/rerank", "embeddings"),
         ("/v1/moderations", "moderations"),
         ("/v1/files/file-1/content", "batch"),
         ("/v1/batches", "batch"),

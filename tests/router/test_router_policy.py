@@ -152,6 +152,7 @@ def test_catalog_rejects_bad_files(tmp_path: Path) -> None:
         "alias naming a model": f'{TWO}aliases = ["b"]\n',
         "alias of two models": TWO.replace('"a"\n', '"a"\naliases = ["x"]\n') + 'aliases = ["x"]\n',
         "alias auto": '[[models]]\nid = "a"\nprovider = "openai"\naliases = ["auto"]\n',
+        "a chat model ranking": '[[models]]\nid = "a"\nprovider = "openai"\nrerank = true\n',
     }
     for what, text in bad.items():
         path = tmp_path / "c.toml"

@@ -1,6 +1,7 @@
 """The embeddings server: OpenAI's `POST /v1/embeddings` over one sentence-embedding model, with
-dynamic batching (embeddings/batcher.py), plus the `/health` and `/load` the gateway's engine
-backend polls (it treats this server as one more self-hosted replica: docs/engine-protocol.md).
+dynamic batching (embeddings/batcher.py), reranking by the same model (`/v1/rerank` and
+`/v2/rerank`: embeddings/rerank.py), plus the `/health` and `/load` the gateway's engine backend
+polls (it treats this server as one more self-hosted replica: docs/engine-protocol.md).
 
 Inputs: a string, a list of strings, a token-id list or a list of them (the model's own WordPiece
 ids), at most MAX_INPUTS; `encoding_format` float or base64 (little-endian float32, as OpenAI's);
@@ -11,7 +12,7 @@ and compute seconds the request took, which billing prices a self-hosted model b
 
 import base64
 import logging
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 from litestar import Litestar, Request, Response, get, post
@@ -24,11 +25,13 @@ from tokenyard.core.errors import (
     internal_error_handler,
 )
 from tokenyard.core.openapi import json_body, openapi_config
+from tokenyard.embeddings import rerank
 from tokenyard.embeddings.batcher import Batcher
 from tokenyard.embeddings.model import MiniLM
 
 log = logging.getLogger("tokenyard.embeddings")
 MAX_INPUTS = 2048  # OpenAI's limit per request
+_S = TypeVar("_S", bound=msgspec.Struct)
 
 
 class EmbeddingsRequest(msgspec.Struct, kw_only=True):
@@ -42,6 +45,13 @@ class EmbeddingsRequest(msgspec.Struct, kw_only=True):
 
 def _bad(message: str, param: str | None = "input") -> GatewayError:
     return GatewayError(400, message, param=param)
+
+
+def _decoded(raw: bytes, struct: type[_S]) -> _S:
+    try:
+        return msgspec.json.decode(raw, type=struct)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise _bad(str(exc), None) from None
 
 
 def _is_ids(items: list[Any]) -> bool:
@@ -84,10 +94,7 @@ def create_app(model: MiniLM, max_batch: int, max_wait_s: float, name: str) -> L
 
     @post("/v1/embeddings", status_code=200, operation_class=json_body(EmbeddingsRequest))
     async def embeddings(request: Request) -> Response[bytes]:
-        try:
-            req = msgspec.json.decode(await request.body(), type=EmbeddingsRequest)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise _bad(str(exc), None) from None
+        req = _decoded(await request.body(), EmbeddingsRequest)
         if req.dimensions is not None and req.dimensions != model.dimensions:
             raise _bad(
                 f"this model's embeddings have {model.dimensions} dimensions and cannot be "
@@ -106,6 +113,19 @@ def create_app(model: MiniLM, max_batch: int, max_wait_s: float, name: str) -> L
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
             "timings": {"queue": result.queue_s, "compute": result.compute_s},
         }
+        return Response(msgspec.json.encode(body), media_type="application/json")
+
+    @post(
+        ["/v1/rerank", "/v2/rerank"],
+        status_code=200,
+        operation_class=json_body(rerank.RerankRequest),
+    )
+    async def rerank_documents(request: Request) -> Response[bytes]:
+        req = _decoded(await request.body(), rerank.RerankRequest)
+        docs = rerank.texts(req)
+        ids = rerank.inputs(req, model.tokenize([req.query, *docs]))
+        result = await batcher.embed(ids)
+        body = rerank.reply(req, docs, result)
         return Response(msgspec.json.encode(body), media_type="application/json")
 
     @get("/health")
@@ -132,7 +152,7 @@ def create_app(model: MiniLM, max_batch: int, max_wait_s: float, name: str) -> L
         await batcher.stop()
 
     return Litestar(
-        route_handlers=[embeddings, health, load],
+        route_handlers=[embeddings, rerank_documents, health, load],
         on_startup=[startup],
         on_shutdown=[shutdown],
         exception_handlers={

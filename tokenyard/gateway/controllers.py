@@ -18,7 +18,12 @@ from tokenyard.core.metrics import exposition
 from tokenyard.core.openapi import json_body
 from tokenyard.core.settings import Settings
 from tokenyard.gateway.proxy import Proxy
-from tokenyard.gateway.validation import CompletionRequest, EmbeddingRequest, query_int
+from tokenyard.gateway.validation import (
+    CompletionRequest,
+    EmbeddingRequest,
+    RerankRequest,
+    query_int,
+)
 from tokenyard.router.catalog import ModelEntry
 from tokenyard.router.policy import AUTO
 from tokenyard.tenancy.policy import TeamPolicy
@@ -124,7 +129,8 @@ def _model_card(entry: ModelEntry, upstream: Upstream | None) -> dict[str, Any]:
         "ready": bool(info and info.ready),
         "circuit": info.circuit if info else None,
         "max_model_len": (info.max_model_len if info else 0) or entry.max_context,
-        "kind": entry.kind,  # chat, or embedding (/v1/embeddings)
+        "kind": entry.kind,  # chat, embedding (/v1/embeddings) or rerank (/v1/rerank)
+        "rerank": entry.serves("rerank"),
         "capability": entry.capability,
         "supports": msgspec.to_builtins(entry.supports),  # what requests it can honour
         "tiers": list(entry.tiers),
@@ -132,6 +138,15 @@ def _model_card(entry: ModelEntry, upstream: Upstream | None) -> dict[str, Any]:
         "fallbacks": list(entry.fallbacks),
         "aliases": list(entry.aliases),  # other names requests may use for it
     }
+
+
+class RerankController(Controller):
+    """Cohere's, Jina's and vLLM's rerank: /v1/rerank, and /v2/rerank where Cohere's v2 client
+    sends it (the same body)."""
+
+    @post(["/v1/rerank", "/v2/rerank"], status_code=200, operation_class=json_body(RerankRequest))
+    async def rerank(self, request: Request, proxy: NamedDependency[Proxy]) -> Response:
+        return await proxy.handle(request, "rerank")
 
 
 class OpsController(Controller):

@@ -57,7 +57,7 @@ from tokenyard.gateway.stream_body import Settling, StreamBody
 from tokenyard.gateway.streaming import SSE_HEADERS, reply_decoder
 from tokenyard.gateway.tracing import NO_TRACE, RequestTrace, Tracing
 from tokenyard.gateway.unmasking import Unmasker
-from tokenyard.gateway.validation import Kind, Parsed, client_request_id, parse
+from tokenyard.gateway.validation import GENERATING, Kind, Parsed, client_request_id, parse
 from tokenyard.router.policy import NoRoute, Route, Router, Unsupported, prefix_text
 from tokenyard.tenancy.limits import TIERS
 from tokenyard.tenancy.policy import TeamPolicy
@@ -67,6 +67,7 @@ PATHS = {
     "chat": "/v1/chat/completions",
     "completion": "/v1/completions",
     "embedding": "/v1/embeddings",
+    "rerank": "/v1/rerank",
 }
 
 
@@ -132,7 +133,7 @@ class _Call:
             encoded = msgspec.json.encode(native)
             return UpstreamCall(RESPONSES_PATH, encoded, self.headers, prefix_text(self.body))
         body = {**self.body, "model": info.name}
-        if self.kind != "embedding":  # an embedding generates nothing: no output cap
+        if self.kind in GENERATING:  # an embedding or a ranking generates nothing: no output cap
             body[info.max_tokens_param] = self.max_tokens
         encoded = msgspec.json.encode(body)
         return UpstreamCall(PATHS[self.kind], encoded, self.headers, prefix_text(body))
@@ -303,7 +304,7 @@ class Proxy:
                 parsed.body,
                 policy,
                 tier,
-                "embedding" if kind == "embedding" else "chat",
+                "chat" if kind in GENERATING else kind,
                 prompt_tokens=max(parsed.prompt_sizes, default=0),
             )
         except NoRoute as exc:
@@ -396,7 +397,7 @@ class Proxy:
             access_log.attach_usage(request.scope, event)
         try:
             check = None
-            if self.safety is not None and kind != "embedding":
+            if self.safety is not None and kind in GENERATING:
                 screen = await self.safety.screen(
                     policy.team, request_id, parsed.model, parsed.end_user
                 )

@@ -23,7 +23,7 @@ from redis.exceptions import RedisError
 
 from tokenyard.backends.base import UpstreamReply, UpstreamStream
 from tokenyard.gateway import metrics
-from tokenyard.gateway.validation import Kind, Parsed
+from tokenyard.gateway.validation import GENERATING, Kind, Parsed
 from tokenyard.tenancy.policy import TeamPolicy
 
 log = logging.getLogger("tokenyard.gateway")
@@ -65,9 +65,9 @@ def mode_of(cache_control: str | None) -> Mode:
 
 
 def _deterministic(kind: Kind, body: dict[str, Any]) -> bool:
-    """Whether asking again would give the same answer: an embedding; a completion decoded
-    greedily or with a seed of the client's."""
-    if kind == "embedding":
+    """Whether asking again would give the same answer: an embedding or a ranking; a completion
+    decoded greedily or with a seed of the client's."""
+    if kind not in GENERATING:
         return True
     return body.get("temperature") == 0 or body.get("seed") is not None
 

@@ -16,6 +16,8 @@ _KINDS = (
     ("/v1/conversations", "completions"),
     ("/v1/prompts", "completions"),  # the Responses API's reusable prompts
     ("/v1/embeddings", "embeddings"),
+    ("/v1/rerank", "embeddings"),  # retrieval, as embeddings are
+    ("/v2/rerank", "embeddings"),
     ("/v1/moderations", "moderations"),
     ("/v1/batches", "batch"),
     ("/v1/batch", "batch"),  # the inline batch, and the team's webhook secret

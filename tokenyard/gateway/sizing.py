@@ -60,7 +60,9 @@ def max_tokens_for(
             400,
             f"the prompt (about {prompt} tokens) does not fit the context limit of {context}",
             code="context_length_exceeded",
-            param=next((p for p in ("messages", "input") if p in parsed.body), "prompt"),
+            param=next(
+                (p for p in ("messages", "input", "documents") if p in parsed.body), "prompt"
+            ),
         )
     if parsed.max_tokens is None:  # unset: as much as the caps allow
         return min_set(token_cap, context - prompt if context else 0) or 256

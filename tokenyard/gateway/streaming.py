@@ -32,10 +32,14 @@ class UsageIn(msgspec.Struct):
     input_tokens: int = 0
     output_tokens: int = 0
     input_tokens_details: _Details | None = None
+    # all a rerank server (Jina's, vLLM's) reports: what it read
+    total_tokens: int = 0
 
     @property
     def prompt(self) -> int:
-        return self.prompt_tokens or self.input_tokens
+        return (
+            self.prompt_tokens or self.input_tokens or max(0, self.total_tokens - self.completion)
+        )
 
     @property
     def completion(self) -> int:

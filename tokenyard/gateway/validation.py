@@ -30,6 +30,7 @@ MAX_CHOICES = 128
 MAX_CLIENT_ID = 128
 MAX_END_USER = 128  # characters of an end-user id kept with the usage
 MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit per embeddings request
+MAX_RERANK_DOCUMENTS = 1000  # Cohere's limit per rerank request
 # a client's own request id (OpenAI's X-Client-Request-Id): printable ASCII without spaces, so it
 # can never break a header, a log line or a SQL index
 _CLIENT_ID = re.compile(rf"[\x21-\x7e]{{1,{MAX_CLIENT_ID}}}")
@@ -121,7 +122,31 @@ class EmbeddingRequest(msgspec.Struct, kw_only=True):
     request_id: str | None = None
 
 
-Kind = Literal["chat", "completion", "embedding"]
+class RerankDocument(msgspec.Struct):
+    text: str
+
+
+class RerankRequest(msgspec.Struct, kw_only=True):
+    """A rerank request in the shape Cohere's, Jina's and vLLM's APIs share, as far as the gateway
+    checks it."""
+
+    model: str
+    query: Annotated[str, msgspec.Meta(min_length=1)]
+    documents: Annotated[
+        list[str | RerankDocument], msgspec.Meta(min_length=1, max_length=MAX_RERANK_DOCUMENTS)
+    ]
+    top_n: Positive | None = None
+    return_documents: bool = False
+    max_tokens_per_doc: Positive | None = None
+    user: Label | None = None
+    tier: Tier | None = None
+    priority: Tier | None = None
+    request_id: str | None = None
+
+
+Kind = Literal["chat", "completion", "embedding", "rerank"]
+# the kinds that generate text: the others read their inputs, and have no output cap
+GENERATING = ("chat", "completion")
 
 
 @dataclass
@@ -263,6 +288,8 @@ def parse(raw: bytes, kind: Kind) -> Parsed:
         raise _bad("request body must be a JSON object", None)
     if kind == "embedding":
         return _parse_embedding(body)
+    if kind == "rerank":
+        return _parse_rerank(body)
     struct = ChatRequest if kind == "chat" else CompletionRequest
     req = convert(body, struct)
 
@@ -329,6 +356,23 @@ def _parse_embedding(body: dict[str, Any]) -> Parsed:
     sizes = estimate_prompt_sizes(req.input, "input")
     if len(sizes) > MAX_EMBEDDING_INPUTS:
         raise _bad(f"input holds at most {MAX_EMBEDDING_INPUTS} items", "input")
+    return _reading(body, req, sizes)
+
+
+def _parse_rerank(body: dict[str, Any]) -> Parsed:
+    """A rerank request: each document is read with the query, as a cross-encoder reads them (an
+    embedding model reads the query once: the settled usage says what was read)."""
+    req = convert(body, RerankRequest)
+    query = math.ceil(len(req.query.encode()) / 4)
+    texts = [d if isinstance(d, str) else d.text for d in req.documents]
+    sizes = [query + math.ceil(len(t.encode()) / 4) for t in texts]
+    return _reading(body, req, sizes)
+
+
+def _reading(
+    body: dict[str, Any], req: EmbeddingRequest | RerankRequest, sizes: list[int]
+) -> Parsed:
+    """The Parsed of a request that reads its inputs and generates nothing."""
     for field in ("tier", "priority", "request_id"):
         body.pop(field, None)
     return Parsed(

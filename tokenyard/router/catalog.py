@@ -20,8 +20,9 @@ Provider = Literal["self-hosted", "openai", "anthropic"]
 Tier = Literal["interactive", "batch"]
 # what the tokenyard engine does for any model it serves (constrained decoding: tools, schemas)
 ENGINE_SUPPORTS = Supports(tools=True, structured_outputs=True, logprobs=True)
-# what a model serves: chat (and legacy) completions, or embeddings (/v1/embeddings)
-Kind = Literal["chat", "embedding"]
+# what a model serves: chat (and legacy) completions, embeddings (/v1/embeddings), or rankings of
+# documents for a query (/v1/rerank: a cross-encoder's server, or Cohere's API)
+Kind = Literal["chat", "embedding", "rerank"]
 Fraction = Annotated[float, msgspec.Meta(ge=0, le=1)]
 
 
@@ -62,6 +63,8 @@ class ModelEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     id: str
     provider: Provider
     kind: Kind = "chat"
+    # an embedding model whose server also ranks documents by their embeddings (ours does)
+    rerank: bool = False
     upstream_model: str = ""  # the provider's name for it; empty: the id
     # self-hosted: one URL per engine replica; commercial: the API base (…/v1 for OpenAI)
     base_urls: tuple[str, ...] = ()
@@ -98,6 +101,9 @@ class ModelEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     @property
     def api_key(self) -> str:
         return os.environ.get(self.api_key_env, "") if self.api_key_env else ""
+
+    def serves(self, kind: Kind) -> bool:
+        return self.kind == kind or (kind == "rerank" and self.kind == "embedding" and self.rerank)
 
     @property
     def configured(self) -> bool:
@@ -140,6 +146,8 @@ class Catalog:
             unknown = [f for f in m.fallbacks if f not in self.models or f == m.id]
             if unknown:
                 raise CatalogError(f"{m.id}: unknown fallbacks {unknown}")
+            if m.rerank and m.kind != "embedding":
+                raise CatalogError(f"{m.id}: only an embedding model reranks by its embeddings")
         self.aliases = {alias: m.id for m in spec.models for alias in m.aliases}
         named = [alias for m in spec.models for alias in m.aliases]
         clash = sorted({a for a in named if a in self.models or a == "auto" or named.count(a) > 1})

@@ -22,6 +22,8 @@ from tokenyard.router.quality import QualityCurve, cheapest_clearing
 from tokenyard.router.scorer import RouteScore
 
 AUTO = "auto"
+# what a model of each kind serves, as a refusal names it
+ENDPOINTS = {"chat": "chat and completions", "embedding": "embeddings", "rerank": "reranking"}
 log = logging.getLogger(__name__)
 
 
@@ -153,7 +155,7 @@ class Router:
         return (
             (not team.models or entry.id in team.models)
             and tier in entry.tiers
-            and entry.kind == kind
+            and entry.serves(kind)
             and (ask is None or refusal(ask, entry.id, entry.provider, entry.supports) is None)
             and not (entry.max_context and prompt_tokens >= entry.max_context)
         )
@@ -177,9 +179,9 @@ class Router:
             entry = self.catalog.get(model)
             if entry is None or (team.models and model not in team.models):
                 raise NoRoute(f"the model {model!r} does not exist or you do not have access to it")
-            if entry.kind != kind:
-                endpoint = "embeddings" if entry.kind == "embedding" else "chat and completions"
-                raise NoRoute(f"the model {model!r} serves {endpoint} only")
+            if not entry.serves(kind):
+                serves = ENDPOINTS[entry.kind] + (" and reranking" if entry.rerank else "")
+                raise NoRoute(f"the model {model!r} serves {serves} only")
             if tier not in entry.tiers:
                 raise NoRoute(f"the model {model!r} does not serve the {tier} tier")
             found = refusal(ask, entry.id, entry.provider, entry.supports) if ask else None
