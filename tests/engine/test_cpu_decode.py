@@ -19,18 +19,38 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def make_engine(dtype: str, dense_copy: bool | None = None) -> LLMEngine:
-    return LLMEngine(
-        EngineConfig(
-            device="cpu", dtype=dtype, quantization="auto", num_blocks=64, dense_copy=dense_copy
-        )
+def make_engine(dtype: str, dense_copy: bool | None = None, kv: str = "auto") -> LLMEngine:
+    config = EngineConfig(
+        device="cpu",
+        dtype=dtype,
+        quantization="auto",
+        num_blocks=64,
+        dense_copy=dense_copy,
+        kv_cache_dtype=kv,
     )
+    return LLMEngine(config)
 
 
-# bf16 with the copies that AMX CPUs keep, whatever this CPU is
-@pytest.fixture(scope="module", params=[("float32", None), ("bfloat16", True)])
+# bf16 with the copies that AMX CPUs keep, whatever this CPU is; an int8 KV pool (its rows
+# quantized by the compiled writer and by kv_cache.quantize_rows alike)
+@pytest.fixture(
+    scope="module",
+    params=[("float32", None), ("bfloat16", True), ("bfloat16", None, "int8")],
+    ids=["float32", "bfloat16", "int8 pool"],
+)
 def engine(request) -> LLMEngine:
     return make_engine(*request.param)
+
+
+def pool_tensors(engine: LLMEngine) -> list[torch.Tensor]:
+    """Every tensor of the KV pool: each layer's [2, ...] tensor, or its int8 pools' parts."""
+    tensors = []
+    for cache in engine.runner.kv_caches:
+        if isinstance(cache, torch.Tensor):
+            tensors.append(cache)
+        else:
+            tensors += [t for pool in cache for t in (pool.values, pool.scales)]
+    return tensors
 
 
 @pytest.fixture(scope="module")
@@ -44,8 +64,11 @@ def step(engine: LLMEngine, lengths: list[int], chunks: list[tuple[int, int]] = 
     cached before them): random K/V in the pool, each sequence its own blocks. Its inputs and
     attention metadata."""
     torch.manual_seed(len(lengths) + len(chunks))
-    for cache in engine.runner.kv_caches:
-        cache.normal_()
+    for tensor in pool_tensors(engine):
+        if tensor.dtype == torch.int8:
+            tensor.copy_(torch.randint_like(tensor, -127, 128))
+        else:
+            tensor.normal_().abs_()  # scales are positive (K/V of a float pool any sign is fine)
     bs, slices, positions, first = engine.block_size, [], [], 0
     for new, cached in [(1, n) for n in lengths] + list(chunks):
         width = (cached + new) // bs + 1
@@ -85,19 +108,19 @@ def assert_same_bits(engine: LLMEngine, lengths: list[int], chunks: list[tuple[i
     assert decoder is not None
     ids, positions, meta = step(engine, lengths, chunks)
     assert decoder.serves(len(ids))
-    before = [c.clone() for c in engine.runner.kv_caches]
+    before = [t.clone() for t in pool_tensors(engine)]
     with torch.inference_mode():
         expected = engine.runner.model(
             ids, positions, engine.runner.kv_caches, engine.runner.attention, meta
         )
-        written = [c.clone() for c in engine.runner.kv_caches]
-        for cache, saved in zip(engine.runner.kv_caches, before, strict=True):
-            cache.copy_(saved)
+        written = [t.clone() for t in pool_tensors(engine)]
+        for tensor, saved in zip(pool_tensors(engine), before, strict=True):
+            tensor.copy_(saved)
         hidden = decoder(ids, positions, meta)
     assert torch.equal(hidden, expected)
-    for cache, reference, saved in zip(engine.runner.kv_caches, written, before, strict=True):
-        assert torch.equal(cache, reference)
-        assert not torch.equal(cache, saved)  # this layer's K/V was written
+    for tensor, reference, saved in zip(pool_tensors(engine), written, before, strict=True):
+        assert torch.equal(tensor, reference)
+        assert not torch.equal(tensor, saved)  # this layer's K/V was written
     return hidden
 
 
@@ -144,8 +167,8 @@ def test_same_bits_with_lora_adapters(engine, tmp_path, whole_step):
 def test_it_takes_the_steps_the_modules_run_on_the_kernels(engine, uncopied):
     """Where the layers keep bf16 copies, only steps smaller than those the copies serve; without
     copies (fp32, or bf16 without AMX), any step below the one that dequantizes the weights."""
-    copied = engine.runner.dtype == torch.bfloat16
-    assert (engine.runner.model.layers[0].mlp.down_proj.copy is not None) == copied
+    copied = engine.runner.model.layers[0].mlp.down_proj.copy is not None
+    assert copied == (engine.config.dense_copy is True)
     largest = COPY_ROWS - 1 if copied else DENSE_ROWS - 1
     assert engine.runner.cpu_decoder.serves(largest)
     assert not engine.runner.cpu_decoder.serves(largest + 1)

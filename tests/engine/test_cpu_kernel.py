@@ -9,6 +9,7 @@ import torch
 from tokenyard.engine import attention as attention_module
 from tokenyard.engine.attention import KernelAttention, SeqSlice, TorchAttention, make_attention
 from tokenyard.engine.cpu_kernels import paged_attention
+from tokenyard.engine.kv_cache import Int8Pool, quantize_rows
 
 BS = 16
 CPU = torch.device("cpu")
@@ -115,6 +116,48 @@ def test_a_short_chunk_alone_matches_reference(kernel, dtype, length, chunk):
     assert (ours.float() - ref.float()).abs().max().item() < tol
 
 
+def _int8(pool: torch.Tensor) -> Int8Pool:
+    return Int8Pool(*quantize_rows(pool))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("dim", "q_heads", "kv_heads"), [(64, 9, 3), (128, 32, 8)])
+def test_kernel_over_an_int8_pool_matches_reference(kernel, dtype, dim, q_heads, kv_heads):
+    """An int8 pool: decodes (split ones too), a short chunk as decode rows and a prefill chunk,
+    the kernel backend against the reference's SDPA over the dequantized blocks; both write the
+    step's K/V quantized the same way. The result is near what a float pool of the same values
+    gives: the pool's rounding is small."""
+    rng = random.Random(dim + q_heads)
+    decode_lengths = [1, BS, BS + 1, 700, 40]
+    short, prefill = (5, 2 * BS + 3), (30, 50)
+    lengths = [*decode_lengths, sum(short), sum(prefill)]
+    tables, k_float, v_float = _pool(rng, lengths, kv_heads, dim, dtype)
+    slices = [SeqSlice(t, n - 1, 1) for t, n in zip(tables, decode_lengths, strict=False)]
+    slices += [
+        SeqSlice(tables[-2], short[1], short[0]),
+        SeqSlice(tables[-1], prefill[1], prefill[0]),
+    ]
+    tokens = len(decode_lengths) + short[0] + prefill[0]
+    q, k, v = (torch.randn(tokens, h, dim, dtype=dtype) for h in (q_heads, kv_heads, kv_heads))
+    outs = []
+    for backend in (TorchAttention(BS, CPU), KernelAttention(BS, CPU, kernel, False)):
+        keys, values = _int8(k_float), _int8(v_float)
+        meta = backend.build_metadata(slices, len(decode_lengths))
+        outs.append((backend.forward(q, k, v, keys, values, meta), keys, values))
+    (ref, ref_k, ref_v), (ours, our_k, our_v) = outs
+    for a, b in ((ref_k, our_k), (ref_v, our_v)):
+        assert torch.equal(a.values, b.values) and torch.equal(a.scales, b.scales)
+    written = torch.cat([torch.tensor(t[:2]) for t in tables])  # some slots were written
+    assert not torch.equal(ref_k.values[written], _int8(k_float).values[written])
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    assert (ours.float() - ref.float()).abs().max().item() < tol
+    # against a float pool holding the same keys and values before quantizing
+    backend = TorchAttention(BS, CPU)
+    meta = backend.build_metadata(slices, len(decode_lengths))
+    exact = backend.forward(q, k, v, k_float.clone(), v_float.clone(), meta)
+    assert (ours.float() - exact.float()).abs().max().item() < 0.05
+
+
 @pytest.mark.parametrize(("dim", "q_heads", "kv_heads"), [(64, 9, 3), (128, 32, 8), (64, 4, 4)])
 def test_prefill_kernel_matches_reference(prefill_kernel, dim, q_heads, kv_heads):
     """Every prefill chunk of a step in one call: fresh prompts, chunks after cached context, a
@@ -210,6 +253,11 @@ def test_kernel_refuses_what_it_cannot_run(kernel):
         kernel.paged_decode(q, cache, cache, tables.long(), lengths, 0.125)
     with pytest.raises(RuntimeError, match=r"\[B, Hq, 64\|128\]"):
         kernel.paged_decode(torch.randn(2, 9, 80), cache, cache, tables, lengths, 0.125)
+    values, scales = quantize_rows(cache)
+    with pytest.raises(RuntimeError, match="both scales"):
+        kernel.paged_decode(q, values, values, tables, lengths, 0.125)
+    with pytest.raises(RuntimeError, match="float32"):
+        kernel.paged_decode(q, values, values, tables, lengths, 0.125, scales, scales[:, :1])
 
 
 def test_prefill_kernel_refuses_what_it_cannot_run(prefill_kernel):

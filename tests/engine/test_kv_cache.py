@@ -1,6 +1,19 @@
-"""Block pool, prefix sharing, ref counts and LRU reuse of cached blocks."""
+"""Block pool, prefix sharing, ref counts and LRU reuse of cached blocks; the int8 pool's rows."""
 
-from tokenyard.engine.kv_cache import BlockManager, BlockTable
+import pytest
+import torch
+
+from tokenyard.engine.attention import make_attention
+from tokenyard.engine.config import EngineConfig, ModelConfig
+from tokenyard.engine.engine import LLMEngine
+from tokenyard.engine.kv_cache import (
+    BlockManager,
+    BlockTable,
+    Int8Pool,
+    blocks_for_budget,
+    kv_pool,
+    quantize_rows,
+)
 
 BS = 4
 
@@ -71,3 +84,55 @@ def test_adopting_idle_cached_blocks_counts_against_free_space():
     assert len(matched) == 2
     assert m.can_adopt(matched, 9)  # 2 cached + 1 new = 3 blocks
     assert not m.can_adopt(matched, 13)  # would need a 4th
+
+
+SMOLLM2 = ModelConfig(
+    vocab_size=49152,
+    hidden_size=576,
+    intermediate_size=1536,
+    num_layers=30,
+    num_heads=9,
+    num_kv_heads=3,
+    head_dim=64,
+    rms_norm_eps=1e-5,
+    rope_theta=100000.0,
+    max_position_embeddings=8192,
+    tie_word_embeddings=True,
+)
+
+
+def test_int8_rows_round_to_their_scale():
+    """Each row's largest magnitude maps to 127; every value is off by at most half a step; a row
+    of zeros has scale 0 and stays zeros; values never leave [-127, 127]."""
+    torch.manual_seed(0)
+    rows = torch.randn(50, 3, 64) * torch.logspace(-3, 3, 50).view(50, 1, 1)
+    rows[7, 1] = 0
+    values, scales = quantize_rows(rows)
+    assert values.dtype == torch.int8 and scales.shape == (50, 3)
+    assert values.abs().amax(-1)[scales > 0].eq(127).all()
+    assert scales[7, 1] == 0 and not values[7, 1].any()
+    error = (values.float() * scales.unsqueeze(-1) - rows).abs()
+    assert (error <= scales.unsqueeze(-1) / 2 * (1 + 1e-5) + 1e-30).all()
+
+
+def test_an_int8_pool_holds_more_tokens_in_the_same_memory():
+    """68 bytes a row (64 values and a scale) against 128 for bf16 and 256 for fp32."""
+    bf16 = blocks_for_budget(SMOLLM2, 16, torch.bfloat16, 1.0)
+    int8 = blocks_for_budget(SMOLLM2, 16, torch.bfloat16, 1.0, int8=True)
+    fp32 = blocks_for_budget(SMOLLM2, 16, torch.float32, 1.0)
+    assert int8 / bf16 == pytest.approx(128 / 68, rel=1e-3)
+    assert int8 / fp32 == pytest.approx(256 / 68, rel=1e-3)
+    (k, v), *_ = kv_pool(SMOLLM2, 4, 16, torch.bfloat16, "cpu", int8=True)
+    assert isinstance(k, Int8Pool) and k.values.shape == (4, 16, 3, 64)
+    assert k.values.dtype == torch.int8 and v.scales.shape == (4, 16, 3)
+    bytes_per_block = sum(t.nbytes for t in (k.values, k.scales, v.values, v.scales)) // 4
+    assert bytes_per_block == 2 * 16 * 3 * 68
+
+
+def test_an_int8_pool_is_refused_where_it_cannot_run():
+    """flash-attn reads pools in the model's dtype: CUDA refuses an int8 one before importing it;
+    an unknown pool dtype is refused at start."""
+    with pytest.raises(ValueError, match="CPU feature"):
+        make_attention(torch.device("cuda"), 0, 64, torch.bfloat16, True, int8_kv=True)
+    with pytest.raises(ValueError, match="kv_cache_dtype"):
+        LLMEngine(EngineConfig(device="cpu", kv_cache_dtype="fp8", num_blocks=4))

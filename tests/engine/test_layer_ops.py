@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from tokenyard.engine.cpu_kernels import layer_ops, layer_ops_for
+from tokenyard.engine.kv_cache import quantize_rows
 from tokenyard.engine.lora import Part, _add
 from tokenyard.engine.model import RMSNorm, apply_rotary
 
@@ -109,6 +110,32 @@ def test_rotary_to_cache_rotates_and_writes_the_pool(dtype):
         OPS.rotary_to_cache_(
             qkv, heads, kv_heads, cos, sin, k_pool, v_pool, torch.tensor([0, 1, 20])
         )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rotary_to_cache_quantizes_into_an_int8_pool(dtype):
+    """Into an int8 pool, the rotated K and V rows go as kv_cache.quantize_rows rounds them, bit
+    for bit (the module path quantizes with it), a scale per (slot, head); a zero row's is 0."""
+    torch.manual_seed(3)
+    tokens, heads, kv_heads, dim = 4, 9, 3, 64
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * dim, dtype=dtype) * 5
+    qkv[1, -dim:] = 0  # one V row of zeros
+    angles = torch.rand(tokens, 1, dim) * 6
+    cos, sin = angles.cos().to(dtype), angles.sin().to(dtype)
+    q, k, v = qkv.clone().split([heads * dim, kv_heads * dim, kv_heads * dim], dim=-1)
+    q, k = apply_rotary(q.view(tokens, heads, dim), k.view(tokens, kv_heads, dim), cos, sin)
+    pools = [torch.zeros(12, kv_heads, dim, dtype=torch.int8) for _ in range(2)]
+    scales = [torch.zeros(12, kv_heads) for _ in range(2)]
+    slots = torch.tensor([3, 11, 0, 5])
+    out = OPS.rotary_to_cache_(qkv, heads, kv_heads, cos, sin, *pools, slots, *scales)
+    assert torch.equal(out, q)
+    for rows, pool, scale in ((k, pools[0], scales[0]), (v, pools[1], scales[1])):
+        values, expected = quantize_rows(rows.reshape(tokens, kv_heads, dim))
+        assert torch.equal(pool[slots], values) and torch.equal(scale[slots], expected)
+        assert pool[slots].abs().amax(-1).ge(126).sum() >= tokens * kv_heads - 1
+    assert scales[1][11, -1] == 0 and not pools[1][11, -1].any()
+    with pytest.raises(RuntimeError, match="scales"):
+        OPS.rotary_to_cache_(qkv, heads, kv_heads, cos, sin, *pools, slots)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -42,6 +42,12 @@ CASES = [
     ("int8", "float32", DENSE_CHUNK, 0.01),
     ("int4", "float32", DENSE_CHUNK, 0.05),
 ]
+# an int8 KV pool on top of the shipped weights: every chunk after the first reads the earlier
+# ones' K/V quantized (decode rows through the kernel, prefill chunks through SDPA)
+INT8_KV_CASES = [
+    ("float32", KERNEL_CHUNK, 0.015),
+    ("bfloat16", PREFILL_CHUNK, 0.015),
+]
 
 
 def perplexity(engine: LLMEngine, ids: list[int]) -> float:
@@ -58,13 +64,16 @@ def text_ids(gguf_path) -> list[int]:
     return Tokenizer.load(gguf_path, ()).encode(TEXT.read_text())
 
 
-def make_engine(quantization: str, dtype: str = "float32", chunk: int = DENSE_CHUNK) -> LLMEngine:
+def make_engine(
+    quantization: str, dtype: str = "float32", chunk: int = DENSE_CHUNK, kv: str = "auto"
+) -> LLMEngine:
     config = EngineConfig(
         device="cpu",
         dtype=dtype,
         quantization=quantization,
         num_blocks=96,
         max_num_batched_tokens=chunk,
+        kv_cache_dtype=kv,
     )
     return LLMEngine(config)
 
@@ -107,3 +116,13 @@ def test_perplexity_close_to_fp32(text_ids, fp32_perplexity, quantization, dtype
     ppl = perplexity(make_engine(quantization, dtype, chunk), text_ids)
     assert 1.0 < fp32_perplexity < 50.0  # the model reads English
     assert abs(ppl / fp32_perplexity - 1) <= bound, (ppl, fp32_perplexity)
+
+
+@pytest.mark.parametrize(("dtype", "chunk", "bound"), INT8_KV_CASES)
+def test_perplexity_over_an_int8_kv_pool(text_ids, fp32_perplexity, dtype, chunk, bound):
+    """The shipped weights over an int8 pool: within `bound` of fp32, and within half a percent
+    of the same engine over a pool in the model's dtype (what the pool's rounding costs)."""
+    plain = perplexity(make_engine("auto", dtype, chunk), text_ids)
+    int8 = perplexity(make_engine("auto", dtype, chunk, kv="int8"), text_ids)
+    assert abs(int8 / fp32_perplexity - 1) <= bound, (int8, fp32_perplexity)
+    assert abs(int8 / plain - 1) <= 0.005, (int8, plain)

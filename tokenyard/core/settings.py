@@ -45,6 +45,7 @@ class Settings(BaseSettings):
     engine_cpu_kernel: bool = True  # attention and layer ops compiled for CPU (else PyTorch)
     engine_block_size: int = 0  # 0: the device's default (16 on CPU, 256 with flash-attn)
     engine_kv_cache_gib: float = 1.0
+    engine_kv_cache_dtype: str = "auto"  # auto (the model's dtype) | int8 (CPU)
     engine_max_batched_tokens: int = 512
     engine_max_seqs: int = 64
     engine_prefix_caching: bool = True

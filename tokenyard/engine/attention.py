@@ -1,7 +1,8 @@
 """Attention over the paged KV layout: one interface; backends for CPU (compiled decode and bf16
 prefill kernels, else PyTorch alone) and CUDA (flash-attn).
 
-The KV pool of a layer is `[num_blocks, block_size, num_kv_heads, head_dim]` for K and for V.
+The KV pool of a layer is `[num_blocks, block_size, num_kv_heads, head_dim]` for K and for V,
+in the model's dtype or in int8 with a scale per row (kv_cache.Int8Pool; CPU backends only).
 A step's tokens are flattened into one batch: decodes first (one token each), then prefill chunks.
 """
 
@@ -13,6 +14,10 @@ import torch
 import torch.nn.functional as F
 
 from tokenyard.engine.cpu_kernels import HEAD_DIMS, paged_attention
+from tokenyard.engine.kv_cache import Int8Pool, quantize_rows
+
+# one layer's K or V pool: [num_blocks, block_size, Hkv, D] in the model's dtype, or int8
+Pool = torch.Tensor | Int8Pool
 
 # chunks up to this long (a speculating sequence's 1 + n tokens) attend with fp32 probabilities,
 # as a lone decode has them: bf16 ones break greedy near-ties away from the output without
@@ -150,17 +155,29 @@ class TorchAttention:
         return out
 
     @staticmethod
-    def _write_kv(k, v, k_cache, v_cache, meta: AttentionMetadata) -> None:
-        heads, dim = k_cache.shape[2:]
-        k_cache.view(-1, heads, dim).index_copy_(0, meta.slot_mapping, k)
-        v_cache.view(-1, heads, dim).index_copy_(0, meta.slot_mapping, v)
+    def _write_kv(k, v, k_cache: Pool, v_cache: Pool, meta: AttentionMetadata) -> None:
+        for rows, pool in ((k, k_cache), (v, v_cache)):
+            if isinstance(pool, Int8Pool):
+                values, scales = quantize_rows(rows)
+                heads = pool.scales.shape[-1]
+                pool.values.view(-1, *values.shape[1:]).index_copy_(0, meta.slot_mapping, values)
+                pool.scales.view(-1, heads).index_copy_(0, meta.slot_mapping, scales)
+            else:
+                pool.view(-1, *pool.shape[2:]).index_copy_(0, meta.slot_mapping, rows)
+
+    @staticmethod
+    def _gather(pool: Pool, blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The pool's blocks [len(blocks), block_size, Hkv, D], in `dtype`."""
+        if isinstance(pool, Int8Pool):
+            values = pool.values.index_select(0, blocks).float()
+            return (values * pool.scales.index_select(0, blocks).unsqueeze(-1)).to(dtype)
+        return pool.index_select(0, blocks)
 
     def _prefill(self, q, k_cache, v_cache, meta: AttentionMetadata, out: torch.Tensor) -> None:
-        heads, dim = k_cache.shape[2:]
         for q_start, q_end, blocks, context in meta.prefills:
             num_new = q_end - q_start
-            keys = k_cache.index_select(0, blocks).view(-1, heads, dim)[:context]
-            values = v_cache.index_select(0, blocks).view(-1, heads, dim)[:context]
+            keys = self._gather(k_cache, blocks, q.dtype).flatten(0, 1)[:context]
+            values = self._gather(v_cache, blocks, q.dtype).flatten(0, 1)[:context]
             mask = None
             if num_new != context:  # a later chunk: its queries see every earlier token
                 rows = torch.arange(context - num_new, context, device=q.device)
@@ -177,11 +194,11 @@ class TorchAttention:
             )[0].transpose(0, 1)
 
     def _decode(self, q, k_cache, v_cache, meta: AttentionMetadata, out: torch.Tensor) -> None:
-        heads, dim = k_cache.shape[2:]
         for first, end, blocks, mask in meta.decodes:
             n = end - first
-            keys = k_cache.index_select(0, blocks.flatten()).view(n, -1, heads, dim)
-            values = v_cache.index_select(0, blocks.flatten()).view(n, -1, heads, dim)
+            keys = self._gather(k_cache, blocks.flatten(), q.dtype)
+            keys = keys.view(n, -1, *keys.shape[2:])
+            values = self._gather(v_cache, blocks.flatten(), q.dtype).view(keys.shape)
             out[first:end] = F.scaled_dot_product_attention(
                 q[first:end].unsqueeze(2),
                 keys.transpose(1, 2),
@@ -208,9 +225,15 @@ class KernelAttention(TorchAttention):
         if meta.num_decodes < q.shape[0]:
             return super().attend(q, k_cache, v_cache, meta)
         # decodes only (most steps): the kernel's output is the result, no copy into a buffer
-        return self.kernel.paged_decode(
-            q, k_cache, v_cache, meta.block_tables, meta.context_lens, q.shape[-1] ** -0.5
-        )
+        return self._kernel_decode(q, k_cache, v_cache, meta)
+
+    def _kernel_decode(self, q, k_cache: Pool, v_cache: Pool, meta: AttentionMetadata):
+        tables, lens, scale = meta.block_tables, meta.context_lens, q.shape[-1] ** -0.5
+        if isinstance(k_cache, Int8Pool):
+            assert isinstance(v_cache, Int8Pool)
+            pools = (k_cache.values, v_cache.values, tables, lens, scale)
+            return self.kernel.paged_decode(q, *pools, k_cache.scales, v_cache.scales)
+        return self.kernel.paged_decode(q, k_cache, v_cache, tables, lens, scale)
 
     @staticmethod
     def _num_short(slices: list[SeqSlice]) -> int:
@@ -273,9 +296,7 @@ class KernelAttention(TorchAttention):
     def _decode(self, q, k_cache, v_cache, meta: AttentionMetadata, out: torch.Tensor) -> None:
         n = meta.num_decodes
         if n:
-            out[:n] = self.kernel.paged_decode(
-                q[:n], k_cache, v_cache, meta.block_tables, meta.context_lens, q.shape[-1] ** -0.5
-            )
+            out[:n] = self._kernel_decode(q[:n], k_cache, v_cache, meta)
 
 
 class FlashAttention:
@@ -327,16 +348,26 @@ class FlashAttention:
 
 
 def make_attention(
-    device: torch.device, block_size: int, head_dim: int, dtype: torch.dtype, cpu_kernel: bool
+    device: torch.device,
+    block_size: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    cpu_kernel: bool,
+    int8_kv: bool = False,
 ) -> TorchAttention | FlashAttention:
     """flash-attn on CUDA; on CPU the compiled kernels where they build (and `cpu_kernel`: decode
-    always, prefill for bf16 on CPUs with bf16 dot products), else PyTorch alone. block_size 0
-    takes the backend's default."""
+    always, prefill for bf16 on CPUs with bf16 dot products and a bf16 pool), else PyTorch alone.
+    block_size 0 takes the backend's default. `int8_kv`: the pool is int8 (CPU only: flash-attn
+    reads a pool in the model's dtype)."""
     if device.type == "cuda":
+        if int8_kv:
+            raise ValueError("an int8 KV cache is a CPU feature: flash-attn reads bf16 pools")
         return FlashAttention(block_size or FlashAttention.default_block_size, device)
     block_size = block_size or TorchAttention.default_block_size
     kernel = paged_attention() if cpu_kernel and head_dim in HEAD_DIMS else None
     if kernel is None:
         return TorchAttention(block_size, device)
-    prefill = dtype == torch.bfloat16 and hasattr(kernel, "paged_prefill")
+    # the prefill kernel reads bf16 tiles: over an int8 pool, long chunks go through SDPA on the
+    # dequantized blocks and short ones as decode rows
+    prefill = dtype == torch.bfloat16 and hasattr(kernel, "paged_prefill") and not int8_kv
     return KernelAttention(block_size, device, kernel, prefill)

@@ -35,6 +35,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--block-size", type=int, default=s.engine_block_size)
     p.add_argument("--kv-cache-gib", type=float, default=s.engine_kv_cache_gib)
+    p.add_argument(
+        "--kv-cache-dtype",
+        choices=("auto", "int8"),
+        default=s.engine_kv_cache_dtype,
+        help="auto: the model's dtype | int8: a scale per row, ~1.9x the tokens of bf16 (CPU)",
+    )
     p.add_argument("--num-blocks", type=int, default=0, help="KV blocks (overrides --kv-cache-gib)")
     p.add_argument("--max-batched-tokens", type=int, default=s.engine_max_batched_tokens)
     p.add_argument("--max-seqs", type=int, default=s.engine_max_seqs)
@@ -93,6 +99,7 @@ def run(args: argparse.Namespace) -> None:
         cpu_kernel=not args.no_cpu_kernel,
         block_size=args.block_size,
         kv_cache_gib=args.kv_cache_gib,
+        kv_cache_dtype=args.kv_cache_dtype,
         num_blocks=args.num_blocks,
         max_num_batched_tokens=args.max_batched_tokens,
         max_num_seqs=args.max_seqs,

@@ -20,7 +20,8 @@ from types import ModuleType
 
 import torch
 
-from tokenyard.engine.attention import AttentionMetadata, KernelAttention
+from tokenyard.engine.attention import AttentionMetadata, KernelAttention, Pool
+from tokenyard.engine.kv_cache import Int8Pool, LayerKV
 from tokenyard.engine.model import LlamaModel
 from tokenyard.engine.quantized_linear import COPY_ROWS, DENSE_ROWS, QuantizedLinear
 
@@ -28,24 +29,32 @@ from tokenyard.engine.quantized_linear import COPY_ROWS, DENSE_ROWS, QuantizedLi
 @dataclass
 class _Layer:
     """One decoder layer as this path calls it: norm weights, the projections' kernel calls, and
-    the layer's K and V pools, whole and as [slots, kv heads, head dim] views for the writes."""
+    the layer's K and V pools, whole and as [slots, kv heads, head dim] views for the writes (an
+    int8 pool's scales as [slots, kv heads])."""
 
     input_norm: torch.Tensor
     qkv: Callable[[torch.Tensor], torch.Tensor]
-    k_cache: torch.Tensor
-    v_cache: torch.Tensor
+    k_cache: Pool
+    v_cache: Pool
     k_slots: torch.Tensor
     v_slots: torch.Tensor
+    k_scales: torch.Tensor | None
+    v_scales: torch.Tensor | None
     o: Callable[[torch.Tensor], torch.Tensor]
     post_norm: torch.Tensor
     gate_up: Callable[[torch.Tensor], torch.Tensor]
     down: Callable[[torch.Tensor], torch.Tensor]
 
 
+def _slots(pool: Pool, kv_heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """A pool's rows as [slots, kv heads, head dim], and an int8 pool's scales [slots, kv heads]."""
+    if isinstance(pool, Int8Pool):
+        return pool.values.view(-1, kv_heads, head_dim), pool.scales.view(-1, kv_heads)
+    return pool.view(-1, kv_heads, head_dim), None
+
+
 class CpuDecoder:
-    def __init__(
-        self, model: LlamaModel, attention: KernelAttention, kv_caches: list[torch.Tensor]
-    ):
+    def __init__(self, model: LlamaModel, attention: KernelAttention, kv_caches: list[LayerKV]):
         config = model.config
         self.model = model
         self.ops: ModuleType = model.norm.ops
@@ -61,15 +70,19 @@ class CpuDecoder:
         self.layers = []  # looked up once here rather than at every step
         for layer, cache in zip(model.layers, kv_caches, strict=True):
             attn, mlp = layer.self_attn, layer.mlp
-            k_cache, v_cache = cache.unbind(0)
+            k_cache, v_cache = cache[0], cache[1]
+            k_slots, k_scales = _slots(k_cache, self.kv_heads, self.head_dim)
+            v_slots, v_scales = _slots(v_cache, self.kv_heads, self.head_dim)
             self.layers.append(
                 _Layer(
                     layer.input_layernorm.weight,
                     attn.qkv_proj.multiply,
                     k_cache,
                     v_cache,
-                    k_cache.view(-1, self.kv_heads, self.head_dim),
-                    v_cache.view(-1, self.kv_heads, self.head_dim),
+                    k_slots,
+                    v_slots,
+                    k_scales,
+                    v_scales,
                     attn.o_proj.multiply,
                     layer.post_attention_layernorm.weight,
                     mlp.gate_up_proj.multiply,
@@ -118,7 +131,16 @@ class CpuDecoder:
             if lora:
                 lora.apply(i, "qkv", h, qkv)
             q = ops.rotary_to_cache_(
-                qkv, self.heads, self.kv_heads, cos, sin, layer.k_slots, layer.v_slots, slots
+                qkv,
+                self.heads,
+                self.kv_heads,
+                cos,
+                sin,
+                layer.k_slots,
+                layer.v_slots,
+                slots,
+                layer.k_scales,
+                layer.v_scales,
             )
             out = self.attend(q, layer.k_cache, layer.v_cache, meta).view(n, -1)
             o = layer.o(out)

@@ -14,18 +14,64 @@ import torch
 from tokenyard.engine.config import ModelConfig
 
 
+@dataclass
+class Int8Pool:
+    """One layer's K (or V) pool in int8: `values` [num_blocks, block_size, Hkv, D] and a scale per
+    slot and head, `scales` [num_blocks, block_size, Hkv] fp32: a row is `values * scale`, its
+    largest magnitude at 127 (llama.cpp's q8_0 cache, one block per head row). Half the bytes of
+    bf16 for D = 64 (68 against 128 a row), so the same memory holds ~1.9x the tokens."""
+
+    values: torch.Tensor
+    scales: torch.Tensor
+
+
+# a layer's K and V pools: one [2, num_blocks, block_size, Hkv, D] tensor in the model's dtype, or
+# two int8 pools
+LayerKV = torch.Tensor | tuple[Int8Pool, Int8Pool]
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[..., D] rows → int8 values and fp32 scales [...]: symmetric, the row's absolute maximum at
+    127. The compiled writer (layer_ops.cpp `rotary_to_cache_`) rounds the same way, bit for bit:
+    scale = max * (1/127), values = round-half-even(x * (1/scale))."""
+    x = x.float()
+    scales = x.abs().amax(-1) * (1 / 127)
+    inverse = torch.where(scales > 0, 1 / scales, torch.zeros_like(scales))
+    values = (x * inverse.unsqueeze(-1)).round().clamp(-127, 127).to(torch.int8)
+    return values, scales
+
+
 def kv_pool(
-    config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device
-) -> list[torch.Tensor]:
-    """Per layer one tensor [2 (K, V), num_blocks, block_size, num_kv_heads, head_dim]."""
-    shape = (2, num_blocks, block_size, config.num_kv_heads, config.head_dim)
-    return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+    config: ModelConfig,
+    num_blocks: int,
+    block_size: int,
+    dtype: torch.dtype,
+    device,
+    int8: bool = False,
+) -> list[LayerKV]:
+    """Per layer one tensor [2 (K, V), num_blocks, block_size, num_kv_heads, head_dim], or with
+    `int8` a pair of Int8Pool."""
+    shape = (num_blocks, block_size, config.num_kv_heads, config.head_dim)
+    if not int8:
+        return [
+            torch.zeros((2, *shape), dtype=dtype, device=device) for _ in range(config.num_layers)
+        ]
+
+    def pool() -> Int8Pool:
+        return Int8Pool(
+            torch.zeros(shape, dtype=torch.int8, device=device),
+            torch.zeros(shape[:-1], dtype=torch.float32, device=device),
+        )
+
+    return [(pool(), pool()) for _ in range(config.num_layers)]
 
 
-def blocks_for_budget(config: ModelConfig, block_size: int, dtype: torch.dtype, gib: float) -> int:
-    per_block = 2 * config.num_layers * block_size * config.num_kv_heads * config.head_dim
-    per_block *= torch.finfo(dtype).bits // 8
-    return max(1, int(gib * 2**30) // per_block)
+def blocks_for_budget(
+    config: ModelConfig, block_size: int, dtype: torch.dtype, gib: float, int8: bool = False
+) -> int:
+    rows = 2 * config.num_layers * block_size * config.num_kv_heads
+    row_bytes = config.head_dim + 4 if int8 else config.head_dim * torch.finfo(dtype).bits // 8
+    return max(1, int(gib * 2**30) // (rows * row_bytes))
 
 
 NO_HASH = -1

@@ -15,6 +15,7 @@ from torch.nn import functional as F
 
 from tokenyard.engine.attention import AttentionMetadata
 from tokenyard.engine.config import ModelConfig
+from tokenyard.engine.kv_cache import LayerKV
 from tokenyard.engine.lora import LoraStep
 from tokenyard.engine.quant import QuantizedTensor
 from tokenyard.engine.quantized_linear import QuantizedEmbedding, QuantizedLinear, kernel_layout
@@ -187,7 +188,7 @@ class LlamaModel(nn.Module):
         self,
         input_ids: torch.Tensor,  # [T]
         positions: torch.Tensor,  # [T]
-        kv_caches: list[torch.Tensor],  # per layer: [2, num_blocks, block_size, Hkv, D]
+        kv_caches: list[LayerKV],  # per layer: K and V pools (engine/kv_cache.py)
         backend,
         meta: AttentionMetadata,
     ) -> torch.Tensor:

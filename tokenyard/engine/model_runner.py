@@ -106,19 +106,23 @@ class ModelRunner:
                 if isinstance(layer, QuantizedLinear):
                     layer.keep_dense_copy()
         huge_pages.gather([layer.weight for layer in quantized])
+        if config.kv_cache_dtype not in ("auto", "int8"):
+            raise ValueError(f"kv_cache_dtype must be auto or int8, not {config.kv_cache_dtype!r}")
+        int8_kv = config.kv_cache_dtype == "int8"
         self.attention = make_attention(
             self.device,
             config.block_size,
             self.model_config.head_dim,
             self.dtype,
             config.cpu_kernel,
+            int8_kv,
         )
         self.block_size = self.attention.block_size
         self.num_blocks = config.num_blocks or blocks_for_budget(
-            self.model_config, self.block_size, self.dtype, config.kv_cache_gib
+            self.model_config, self.block_size, self.dtype, config.kv_cache_gib, int8_kv
         )
         self.kv_caches = kv_pool(
-            self.model_config, self.num_blocks, self.block_size, self.dtype, self.device
+            self.model_config, self.num_blocks, self.block_size, self.dtype, self.device, int8_kv
         )
         self.adapters = Adapters(
             self.model_config,

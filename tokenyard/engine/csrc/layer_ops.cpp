@@ -199,21 +199,50 @@ void rotary_(torch::Tensor q, torch::Tensor k, torch::Tensor cos, torch::Tensor 
   });
 }
 
+// a K or V row of d values into an int8 pool row and its scale, as kv_cache.quantize_rows rounds
+// (the same fp32 operations in the same order, so both give the same bits)
+template <typename T>
+void quantize_row(const T* src, int64_t d, int8_t* dst, float* scale) {
+  float top = 0.f;
+  for (int64_t i = 0; i < d; ++i) top = std::max(top, std::fabs(static_cast<float>(src[i])));
+  const float s = top * (1.f / 127.f);
+  const float inverse = s > 0.f ? 1.f / s : 0.f;
+  for (int64_t i = 0; i < d; ++i) {
+    const float v = std::nearbyint(static_cast<float>(src[i]) * inverse);
+    dst[i] = static_cast<int8_t>(std::clamp(v, -127.f, 127.f));
+  }
+  *scale = s;
+}
+
 // the fused projection's output [T, (Hq + 2 Hk) D] → rotated q (a [T, Hq, D] view of it); its
 // rotated K and V rows are written into the pool views k_slots, v_slots [slots, Hk, D] at
-// slots [T] (int64): a decode step's split, rotary and two index_copy_ in one call
+// slots [T] (int64): a decode step's split, rotary and two index_copy_ in one call. An int8 pool
+// (k_slots and v_slots int8) takes its rows quantized, their scales into k_scales, v_scales
+// [slots, Hk] fp32.
 torch::Tensor rotary_to_cache_(torch::Tensor qkv, int64_t q_heads, int64_t kv_heads,
                                torch::Tensor cos, torch::Tensor sin, torch::Tensor k_slots,
-                               torch::Tensor v_slots, torch::Tensor slots) {
+                               torch::Tensor v_slots, torch::Tensor slots,
+                               c10::optional<torch::Tensor> k_scales,
+                               c10::optional<torch::Tensor> v_scales) {
   TORCH_CHECK(k_slots.dim() == 3 && k_slots.is_contiguous() && v_slots.is_contiguous() &&
                   k_slots.sizes() == v_slots.sizes() && k_slots.size(1) == kv_heads,
               "k_slots and v_slots must be contiguous [slots, kv_heads, D]");
+  const bool int8 = k_slots.scalar_type() == torch::kInt8;
   const int64_t d = k_slots.size(2), tokens = qkv.size(0), width = qkv.size(1);
   TORCH_CHECK(qkv.dim() == 2 && qkv.is_contiguous() && width == (q_heads + 2 * kv_heads) * d,
               "qkv must be contiguous [T, (q_heads + 2 kv_heads) * D]");
   TORCH_CHECK(d % (2 * L) == 0, "the head size must be a multiple of ", 2 * L);
-  TORCH_CHECK(k_slots.dtype() == qkv.dtype() && v_slots.dtype() == qkv.dtype(),
-              "the pool must be in qkv's dtype");
+  if (int8) {
+    TORCH_CHECK(v_slots.scalar_type() == torch::kInt8 && k_scales && v_scales &&
+                    k_scales->scalar_type() == torch::kFloat32 &&
+                    v_scales->scalar_type() == torch::kFloat32 && k_scales->is_contiguous() &&
+                    v_scales->is_contiguous() && k_scales->sizes() == k_slots.sizes().slice(0, 2) &&
+                    v_scales->sizes() == k_scales->sizes(),
+                "an int8 pool needs int8 K and V and contiguous fp32 scales [slots, kv_heads]");
+  } else {
+    TORCH_CHECK(k_slots.dtype() == qkv.dtype() && v_slots.dtype() == qkv.dtype(),
+                "the pool must be in qkv's dtype (or int8)");
+  }
   TORCH_CHECK(slots.dim() == 1 && slots.size(0) == tokens && slots.scalar_type() == torch::kInt64,
               "slots must be [T] int64");
   TORCH_CHECK(cos.is_contiguous() && sin.is_contiguous() && cos.numel() == tokens * d &&
@@ -232,8 +261,18 @@ torch::Tensor rotary_to_cache_(torch::Tensor qkv, int64_t q_heads, int64_t kv_he
     const int64_t kv_row = kv_heads * d;
     for (int64_t t = 0; t < tokens; ++t) {
       const T* row = x + t * width + q_heads * d;
-      std::memcpy(k_slots.data_ptr<T>() + slot[t] * kv_row, row, kv_row * sizeof(T));
-      std::memcpy(v_slots.data_ptr<T>() + slot[t] * kv_row, row + kv_row, kv_row * sizeof(T));
+      if (!int8) {
+        std::memcpy(k_slots.data_ptr<T>() + slot[t] * kv_row, row, kv_row * sizeof(T));
+        std::memcpy(v_slots.data_ptr<T>() + slot[t] * kv_row, row + kv_row, kv_row * sizeof(T));
+        continue;
+      }
+      for (int64_t h = 0; h < kv_heads; ++h) {
+        const int64_t at = slot[t] * kv_heads + h;
+        quantize_row(row + h * d, d, k_slots.data_ptr<int8_t>() + at * d,
+                     k_scales->data_ptr<float>() + at);
+        quantize_row(row + kv_row + h * d, d, v_slots.data_ptr<int8_t>() + at * d,
+                     v_scales->data_ptr<float>() + at);
+      }
     }
   });
   return qkv.narrow(1, 0, q_heads * d).view({tokens, q_heads, d});
@@ -374,7 +413,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rms_norm", &rms_norm, no_gil, "RMSNorm of x (or of x + residual, also returned)");
   m.def("rotary_", &rotary_, no_gil, "rotary embedding of q and k, in place");
   m.def("rotary_to_cache_", &rotary_to_cache_, no_gil,
-        "rotary in place on a fused QKV output, its K and V written into the pool; returns q");
+        "rotary in place on a fused QKV output, its K and V written into the pool; returns q",
+        py::arg("qkv"), py::arg("q_heads"), py::arg("kv_heads"), py::arg("cos"), py::arg("sin"),
+        py::arg("k_slots"), py::arg("v_slots"), py::arg("slots"), py::arg("k_scales") = py::none(),
+        py::arg("v_scales") = py::none());
   m.def("silu_mul", &silu_mul, no_gil, "SiLU(gate) * up from the fused gate_up projection");
   m.def("lora_add_", &lora_add_, no_gil,
         "y[rows, offset:offset+n] += (x[rows] a^T) b, one part of a LoRA adapter, in place");

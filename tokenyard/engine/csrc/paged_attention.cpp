@@ -2,13 +2,18 @@
 // read in place through the block table (no gather into a contiguous copy), every sequence and KV
 // head of a step in one call. Each cached K/V row is read once for all the query heads that share
 // it (GQA); sums are in fp32. Built with -ffast-math (vectorized exp; inputs are always finite).
+// The pool is in q's dtype, or int8 with a scale per (slot, KV head): a key's scale multiplies its
+// dot products, a value's its probability, so rows are never dequantized in memory.
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
 
+#include <immintrin.h>
+
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -35,6 +40,27 @@ inline void load_row(const at::BFloat16* src, vec* dst) {
 }
 
 typedef int32_t index_vec __attribute__((vector_size(L * sizeof(int32_t))));
+// int8 rows widen exactly to fp32 (their scale is applied by the caller). GCC's generic
+// conversion of an int8 vector came out one lane at a time (2.3x the time of a bf16 pool per
+// decode), so the widening is written with the CPU's own sign extension and conversion
+template <int64_t D>
+inline void load_row(const int8_t* src, vec* dst) {
+  for (int64_t c = 0; c < D / L; ++c) {
+#if defined(__AVX512F__)
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + c * L));
+    const __m512 wide = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+    std::memcpy(&dst[c], &wide, sizeof wide);
+#elif defined(__AVX2__)
+    for (int64_t half = 0; half < 2; ++half) {
+      const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + c * L + 8 * half));
+      const __m256 wide = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+      std::memcpy(reinterpret_cast<float*>(&dst[c]) + 8 * half, &wide, sizeof wide);
+    }
+#else
+    for (int64_t l = 0; l < L; ++l) dst[c][l] = static_cast<float>(src[c * L + l]);
+#endif
+  }
+}
 
 // Sums of the lanes of L vectors at once (a token's products with q, L tokens): pairs of vectors
 // fold into one in log2(L) rounds, each round halving the lanes one vector's partial sums take
@@ -77,11 +103,14 @@ inline vec reduce_lanes(vec* v) {
 // second thread saves
 constexpr int64_t MIN_PART = 64;
 
-template <typename T, int64_t D>
-void decode(const T* q, const T* k_cache, const T* v_cache, const int32_t* tables,
-            const int32_t* lens, T* out, int64_t batch, int64_t q_heads, int64_t kv_heads,
-            int64_t block_size, int64_t max_blocks, float scale) {
+// T: q's and the output's type; P: the pool's (T, or int8 with k_scales and v_scales)
+template <typename T, typename P, int64_t D>
+void decode(const T* q, const P* k_cache, const P* v_cache, const float* k_scales,
+            const float* v_scales, const int32_t* tables, const int32_t* lens, T* out,
+            int64_t batch, int64_t q_heads, int64_t kv_heads, int64_t block_size,
+            int64_t max_blocks, float scale) {
   constexpr int64_t C = D / L;
+  constexpr bool scaled = std::is_same_v<P, int8_t>;
   const int64_t group = q_heads / kv_heads;
   const int64_t row = kv_heads * D;  // one token's K (or V): every KV head's, side by side
   // Work items are sequences: a thread reads each token's K (then V) row for every KV head at
@@ -106,12 +135,12 @@ void decode(const T* q, const T* k_cache, const T* v_cache, const int32_t* table
       const int64_t hi = std::min(len, lo + span), n_tokens = hi - lo;
       if (n_tokens <= 0) continue;  // a short sequence in a split step: its totals stay 0
       const int32_t* table = tables + b * max_blocks;
-      // calls fn(j, row of token lo + j) for the part's tokens, walking its blocks
-      auto each_row = [&](const T* cache, auto fn) {
+      // calls fn(j, pool slot of token lo + j) for the part's tokens, walking its blocks
+      auto each_slot = [&](auto fn) {
         for (int64_t first = lo; first < hi;) {
           const int64_t offset = first % block_size, n = std::min(block_size - offset, hi - first);
-          const T* base = cache + (table[first / block_size] * block_size + offset) * row;
-          for (int64_t t = 0; t < n; ++t) fn(first - lo + t, base + t * row);
+          const int64_t base = table[first / block_size] * block_size + offset;
+          for (int64_t t = 0; t < n; ++t) fn(first - lo + t, base + t);
           first += n;
         }
       };
@@ -135,7 +164,8 @@ void decode(const T* q, const T* k_cache, const T* v_cache, const int32_t* table
         done += waiting;
         waiting = 0;
       };
-      each_row(k_cache, [&](int64_t, const T* keys) {
+      each_slot([&](int64_t, int64_t slot) {
+        const P* keys = k_cache + slot * row;
         for (int64_t kv = 0; kv < kv_heads; ++kv) {
           vec k[C];
           load_row<D>(keys + kv * D, k);
@@ -143,6 +173,7 @@ void decode(const T* q, const T* k_cache, const T* v_cache, const int32_t* table
             const vec* qh = &qv[h * C];
             vec s = qh[0] * k[0];
             for (int64_t c = 1; c < C; ++c) s += qh[c] * k[c];
+            if constexpr (scaled) s *= k_scales[slot * kv_heads + kv];
             partial[h * L + bit_reverse(waiting)] = s;
           }
         }
@@ -160,12 +191,15 @@ void decode(const T* q, const T* k_cache, const T* v_cache, const int32_t* table
       }
       vec* acc = &sums[slot * C];
       for (int64_t c = 0; c < q_heads * C; ++c) acc[c] = vec{};
-      each_row(v_cache, [&](int64_t j, const T* values) {
+      each_slot([&](int64_t j, int64_t slot) {
+        const P* values = v_cache + slot * row;
         for (int64_t kv = 0; kv < kv_heads; ++kv) {
           vec v[C];
           load_row<D>(values + kv * D, v);
+          float weight = 1.f;
+          if constexpr (scaled) weight = v_scales[slot * kv_heads + kv];
           for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
-            const float p = scores[h * n_tokens + j];
+            const float p = scores[h * n_tokens + j] * weight;
             for (int64_t c = 0; c < C; ++c) acc[h * C + c] += p * v[c];
           }
         }
@@ -196,34 +230,66 @@ void decode(const T* q, const T* k_cache, const T* v_cache, const int32_t* table
   });
 }
 
-template <typename T, int64_t D>
+// scales: the int8 pool's k_scales and v_scales (undefined tensors for a pool in q's dtype)
+template <typename T, typename P, int64_t D>
 void run(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-         const torch::Tensor& tables, const torch::Tensor& lens, torch::Tensor& out, float scale) {
-  decode<T, D>(q.data_ptr<T>(), k_cache.data_ptr<T>(), v_cache.data_ptr<T>(),
-               tables.data_ptr<int32_t>(), lens.data_ptr<int32_t>(), out.data_ptr<T>(), q.size(0),
-               q.size(1), k_cache.size(2), k_cache.size(1), tables.size(1), scale);
+         const torch::Tensor& k_scales, const torch::Tensor& v_scales, const torch::Tensor& tables,
+         const torch::Tensor& lens, torch::Tensor& out, float scale) {
+  const float* ks = k_scales.defined() ? k_scales.data_ptr<float>() : nullptr;
+  const float* vs = v_scales.defined() ? v_scales.data_ptr<float>() : nullptr;
+  decode<T, P, D>(q.data_ptr<T>(), k_cache.data_ptr<P>(), v_cache.data_ptr<P>(), ks, vs,
+                  tables.data_ptr<int32_t>(), lens.data_ptr<int32_t>(), out.data_ptr<T>(),
+                  q.size(0), q.size(1), k_cache.size(2), k_cache.size(1), tables.size(1), scale);
+}
+
+template <typename T, typename P>
+void run(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+         const torch::Tensor& k_scales, const torch::Tensor& v_scales, const torch::Tensor& tables,
+         const torch::Tensor& lens, torch::Tensor& out, float scale) {
+  if (q.size(2) == 64)
+    run<T, P, 64>(q, k_cache, v_cache, k_scales, v_scales, tables, lens, out, scale);
+  else
+    run<T, P, 128>(q, k_cache, v_cache, k_scales, v_scales, tables, lens, out, scale);
 }
 
 template <typename T>
 void run(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-         const torch::Tensor& tables, const torch::Tensor& lens, torch::Tensor& out, float scale) {
-  if (q.size(2) == 64)
-    run<T, 64>(q, k_cache, v_cache, tables, lens, out, scale);
+         const torch::Tensor& k_scales, const torch::Tensor& v_scales, const torch::Tensor& tables,
+         const torch::Tensor& lens, torch::Tensor& out, float scale) {
+  if (k_cache.scalar_type() == torch::kInt8)
+    run<T, int8_t>(q, k_cache, v_cache, k_scales, v_scales, tables, lens, out, scale);
   else
-    run<T, 128>(q, k_cache, v_cache, tables, lens, out, scale);
+    run<T, T>(q, k_cache, v_cache, k_scales, v_scales, tables, lens, out, scale);
 }
 
-// q: [B, Hq, D]; k_cache, v_cache: [num_blocks, block_size, Hkv, D]; block_tables: [B, W] int32;
+// q: [B, Hq, D]; k_cache, v_cache: [num_blocks, block_size, Hkv, D] in q's dtype, or int8 with
+// k_scales, v_scales [num_blocks, block_size, Hkv] fp32; block_tables: [B, W] int32;
 // context_lens: [B] int32 (each >= 1); D is 64 or 128. Returns [B, Hq, D].
 torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                           torch::Tensor block_tables, torch::Tensor context_lens, double scale) {
+                           torch::Tensor block_tables, torch::Tensor context_lens, double scale,
+                           c10::optional<torch::Tensor> k_scales_opt,
+                           c10::optional<torch::Tensor> v_scales_opt) {
   TORCH_CHECK(q.dim() == 3 && (q.size(2) == 64 || q.size(2) == 128), "q must be [B, Hq, 64|128]");
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() &&
                   k_cache.size(3) == q.size(2),
               "the caches must be [num_blocks, block_size, Hkv, head_dim]");
   TORCH_CHECK(q.size(1) % k_cache.size(2) == 0, "query heads must be a multiple of KV heads");
-  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() && v_cache.scalar_type() == q.scalar_type(),
-              "q and the caches must share a dtype");
+  torch::Tensor k_scales, v_scales;
+  if (k_cache.scalar_type() == torch::kInt8) {
+    TORCH_CHECK(v_cache.scalar_type() == torch::kInt8 && k_scales_opt && v_scales_opt,
+                "an int8 pool needs int8 K and V and both scales");
+    k_scales = k_scales_opt->contiguous();
+    v_scales = v_scales_opt->contiguous();
+    TORCH_CHECK(k_scales.scalar_type() == torch::kFloat32 &&
+                    v_scales.scalar_type() == torch::kFloat32 &&
+                    k_scales.sizes() == k_cache.sizes().slice(0, 3) &&
+                    v_scales.sizes() == k_scales.sizes(),
+                "scales must be [num_blocks, block_size, Hkv] float32");
+  } else {
+    TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() &&
+                    v_cache.scalar_type() == q.scalar_type(),
+                "q and the caches must share a dtype (or the caches be int8)");
+  }
   TORCH_CHECK(block_tables.scalar_type() == torch::kInt32 &&
                   context_lens.scalar_type() == torch::kInt32 &&
                   block_tables.size(0) == q.size(0) && context_lens.size(0) == q.size(0),
@@ -236,9 +302,10 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
   auto out = torch::empty_like(q);
   const auto scale_f = static_cast<float>(scale);
   if (q.scalar_type() == torch::kFloat32)
-    run<float>(q, k_cache, v_cache, block_tables, context_lens, out, scale_f);
+    run<float>(q, k_cache, v_cache, k_scales, v_scales, block_tables, context_lens, out, scale_f);
   else if (q.scalar_type() == torch::kBFloat16)
-    run<at::BFloat16>(q, k_cache, v_cache, block_tables, context_lens, out, scale_f);
+    run<at::BFloat16>(q, k_cache, v_cache, k_scales, v_scales, block_tables, context_lens, out,
+                      scale_f);
   else
     TORCH_CHECK(false, "paged_decode takes float32 or bfloat16");
   return out;
@@ -257,7 +324,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // the kernels touch no Python object: other threads (the server's event loop, the grammar
   // worker) run Python while they compute
   const auto no_gil = py::call_guard<py::gil_scoped_release>();
-  m.def("paged_decode", &paged_decode, no_gil, "decode attention over a paged KV cache (CPU)");
+  m.def("paged_decode", &paged_decode, no_gil, "decode attention over a paged KV cache (CPU)",
+        py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("block_tables"),
+        py::arg("context_lens"), py::arg("scale"), py::arg("k_scales") = py::none(),
+        py::arg("v_scales") = py::none());
 #if defined(__AVX512BF16__)
   m.def("paged_prefill", &paged_prefill, no_gil,
         "causal prefill attention over a paged KV cache (bf16; exact: fp32 probabilities)",
