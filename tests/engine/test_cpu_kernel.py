@@ -120,27 +120,34 @@ def _int8(pool: torch.Tensor) -> Int8Pool:
     return Int8Pool(*quantize_rows(pool))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("dtype", "prefill"),
+    [(torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)],
+    ids=["fp32", "bf16 decode rows", "bf16 prefill kernel"],
+)
 @pytest.mark.parametrize(("dim", "q_heads", "kv_heads"), [(64, 9, 3), (128, 32, 8)])
-def test_kernel_over_an_int8_pool_matches_reference(kernel, dtype, dim, q_heads, kv_heads):
-    """An int8 pool: decodes (split ones too), a short chunk as decode rows and a prefill chunk,
-    the kernel backend against the reference's SDPA over the dequantized blocks; both write the
-    step's K/V quantized the same way. The result is near what a float pool of the same values
-    gives: the pool's rounding is small."""
+def test_kernel_over_an_int8_pool_matches_reference(kernel, dtype, prefill, dim, q_heads, kv_heads):
+    """An int8 pool: decodes (split ones too), a short chunk and a prefill chunk (as decode rows,
+    or through the bf16 prefill kernel, which dequantizes its tiles), the kernel backend against
+    the reference's SDPA over the dequantized blocks; both write the step's K/V quantized the same
+    way. The result is near what a float pool of the same values gives: the pool's rounding is
+    small."""
+    if prefill and not hasattr(kernel, "paged_prefill"):
+        pytest.skip("no bf16 prefill kernel: this CPU lacks AVX512-BF16")
     rng = random.Random(dim + q_heads)
     decode_lengths = [1, BS, BS + 1, 700, 40]
-    short, prefill = (5, 2 * BS + 3), (30, 50)
-    lengths = [*decode_lengths, sum(short), sum(prefill)]
+    short, chunk = (5, 2 * BS + 3), (30, 50)
+    lengths = [*decode_lengths, sum(short), sum(chunk)]
     tables, k_float, v_float = _pool(rng, lengths, kv_heads, dim, dtype)
     slices = [SeqSlice(t, n - 1, 1) for t, n in zip(tables, decode_lengths, strict=False)]
     slices += [
         SeqSlice(tables[-2], short[1], short[0]),
-        SeqSlice(tables[-1], prefill[1], prefill[0]),
+        SeqSlice(tables[-1], chunk[1], chunk[0]),
     ]
-    tokens = len(decode_lengths) + short[0] + prefill[0]
+    tokens = len(decode_lengths) + short[0] + chunk[0]
     q, k, v = (torch.randn(tokens, h, dim, dtype=dtype) for h in (q_heads, kv_heads, kv_heads))
     outs = []
-    for backend in (TorchAttention(BS, CPU), KernelAttention(BS, CPU, kernel, False)):
+    for backend in (TorchAttention(BS, CPU), KernelAttention(BS, CPU, kernel, prefill)):
         keys, values = _int8(k_float), _int8(v_float)
         meta = backend.build_metadata(slices, len(decode_lengths))
         outs.append((backend.forward(q, k, v, keys, values, meta), keys, values))
@@ -273,6 +280,9 @@ def test_prefill_kernel_refuses_what_it_cannot_run(prefill_kernel):
         run(q, cache, cache, tables, starts.long(), lengths, 0.125)
     with pytest.raises(RuntimeError, match="end at q's length"):
         run(q, cache, cache, tables, torch.tensor([0, 2], dtype=torch.int32), lengths, 0.125)
+    values, scales = quantize_rows(cache)
+    with pytest.raises(RuntimeError, match="both scales"):
+        run(q, values, values, tables, starts, lengths, 0.125)
 
 
 def test_backend_choice(kernel, monkeypatch):

@@ -208,6 +208,18 @@ class TorchAttention:
             ).squeeze(2)
 
 
+def _kernel_pools(k_cache: Pool, v_cache: Pool) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """A layer's pools as the kernels take them: the tensors, and an int8 pool's scales."""
+    if isinstance(k_cache, Int8Pool):
+        assert isinstance(v_cache, Int8Pool)
+        return (
+            k_cache.values,
+            v_cache.values,
+            {"k_scales": k_cache.scales, "v_scales": v_cache.scales},
+        )
+    return k_cache, v_cache, {}
+
+
 class KernelAttention(TorchAttention):
     """CPU backend: one call of the compiled kernel (engine/csrc) decodes every sequence, reading
     K/V in place through the block tables; with `prefill` (bf16, a CPU with bf16 dot products),
@@ -228,12 +240,9 @@ class KernelAttention(TorchAttention):
         return self._kernel_decode(q, k_cache, v_cache, meta)
 
     def _kernel_decode(self, q, k_cache: Pool, v_cache: Pool, meta: AttentionMetadata):
-        tables, lens, scale = meta.block_tables, meta.context_lens, q.shape[-1] ** -0.5
-        if isinstance(k_cache, Int8Pool):
-            assert isinstance(v_cache, Int8Pool)
-            pools = (k_cache.values, v_cache.values, tables, lens, scale)
-            return self.kernel.paged_decode(q, *pools, k_cache.scales, v_cache.scales)
-        return self.kernel.paged_decode(q, k_cache, v_cache, tables, lens, scale)
+        keys, values, scales = _kernel_pools(k_cache, v_cache)
+        lens, scale = meta.context_lens, q.shape[-1] ** -0.5
+        return self.kernel.paged_decode(q, keys, values, meta.block_tables, lens, scale, **scales)
 
     @staticmethod
     def _num_short(slices: list[SeqSlice]) -> int:
@@ -277,13 +286,14 @@ class KernelAttention(TorchAttention):
             return super()._prefill(q, k_cache, v_cache, meta, out)
         scale = q.shape[-1] ** -0.5
         first, split = meta.num_decodes, meta.num_decodes + meta.num_short
+        keys, values, scales = _kernel_pools(k_cache, v_cache)
         if meta.short_batch:
             out[first:split] = self.kernel.paged_prefill(
-                q[first:split], k_cache, v_cache, *meta.short_batch, scale, exact=True
+                q[first:split], keys, values, *meta.short_batch, scale, exact=True, **scales
             )
         if meta.prefill_batch:
             out[split:] = self.kernel.paged_prefill(
-                q[split:], k_cache, v_cache, *meta.prefill_batch, scale
+                q[split:], keys, values, *meta.prefill_batch, scale, **scales
             )
 
     def _decode_metadata(self, decodes: list[SeqSlice], meta: AttentionMetadata) -> None:
@@ -356,7 +366,7 @@ def make_attention(
     int8_kv: bool = False,
 ) -> TorchAttention | FlashAttention:
     """flash-attn on CUDA; on CPU the compiled kernels where they build (and `cpu_kernel`: decode
-    always, prefill for bf16 on CPUs with bf16 dot products and a bf16 pool), else PyTorch alone.
+    always, prefill for bf16 on CPUs with bf16 dot products), else PyTorch alone.
     block_size 0 takes the backend's default. `int8_kv`: the pool is int8 (CPU only: flash-attn
     reads a pool in the model's dtype)."""
     if device.type == "cuda":
@@ -367,7 +377,5 @@ def make_attention(
     kernel = paged_attention() if cpu_kernel and head_dim in HEAD_DIMS else None
     if kernel is None:
         return TorchAttention(block_size, device)
-    # the prefill kernel reads bf16 tiles: over an int8 pool, long chunks go through SDPA on the
-    # dequantized blocks and short ones as decode rows
-    prefill = dtype == torch.bfloat16 and hasattr(kernel, "paged_prefill") and not int8_kv
+    prefill = dtype == torch.bfloat16 and hasattr(kernel, "paged_prefill")
     return KernelAttention(block_size, device, kernel, prefill)

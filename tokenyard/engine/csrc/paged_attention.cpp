@@ -317,7 +317,9 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
 // prefill_attention.cpp: built only where the CPU has bf16 dot products
 torch::Tensor paged_prefill(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                             torch::Tensor block_tables, torch::Tensor starts,
-                            torch::Tensor context_lens, double scale, bool exact);
+                            torch::Tensor context_lens, double scale, bool exact,
+                            c10::optional<torch::Tensor> k_scales,
+                            c10::optional<torch::Tensor> v_scales);
 #endif
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -332,6 +334,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("paged_prefill", &paged_prefill, no_gil,
         "causal prefill attention over a paged KV cache (bf16; exact: fp32 probabilities)",
         py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("block_tables"),
-        py::arg("starts"), py::arg("context_lens"), py::arg("scale"), py::arg("exact") = false);
+        py::arg("starts"), py::arg("context_lens"), py::arg("scale"), py::arg("exact") = false,
+        py::arg("k_scales") = py::none(), py::arg("v_scales") = py::none());
 #endif
 }

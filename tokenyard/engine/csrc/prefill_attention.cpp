@@ -11,7 +11,8 @@
 // step of few items (a speculating sequence's 1 + n tokens over its context: 3 items for 2
 // threads here) cuts each run's key tiles into parts that run apart, their running max, sum of
 // exps and unnormalized sums merged in (3), as flash-decoding does. P is rounded to bf16 for the
-// P.V product, as flash attention does on GPUs and PyTorch's CPU kernel does for bf16.
+// P.V product, as flash attention does on GPUs and PyTorch's CPU kernel does for bf16. An int8
+// pool's tiles are dequantized to bf16 (each row times its scale) as they are packed.
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
@@ -123,6 +124,30 @@ inline void tile_rows(const uint16_t* cache, const int32_t* table, int64_t block
   }
 }
 
+// the same rows from an int8 pool: each dequantized (times its scale, rounded to bf16) into `local`
+// [KT, D]; keys past the context read ZERO_ROW as above
+template <int64_t D>
+inline void dequantized_rows(const int8_t* cache, const float* scales, const int32_t* table,
+                             int64_t block_size, int64_t kv_heads, int64_t head, int64_t first,
+                             int64_t keys, uint16_t* local, const uint16_t** rows) {
+  int64_t block = first / block_size, offset = first % block_size;
+  for (int64_t n = 0; n < KT; ++n) {
+    rows[n] = ZERO_ROW;
+    if (first + n < keys) {
+      const int64_t at = (table[block] * block_size + offset) * kv_heads + head;
+      const __m512 scale = _mm512_set1_ps(scales[at]);
+      for (int64_t c = 0; c < D; c += 16) {
+        const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(cache + at * D + c));
+        const __m512 x = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)), scale);
+        const __m256bh h = _mm512_cvtneps_pbh(x);
+        std::memcpy(local + n * D + c, &h, sizeof h);
+      }
+      rows[n] = local + n * D;
+    }
+    if (++offset == block_size) offset = 0, ++block;
+  }
+}
+
 // c[j] = (r[0][j], ..., r[15][j]): a 16 x 16 transpose of 32-bit words in registers (pairs of
 // words, then pairs of pairs, within 128-bit lanes; then the lanes)
 inline void transpose16(const __m512i (&r)[16], __m512i (&c)[16]) {
@@ -174,11 +199,12 @@ void pack_values(const uint16_t* const* rows, uint32_t* vp) {
     }
 }
 
+// k_cache, v_cache: bf16, or int8 with k_scales and v_scales (null for bf16)
 template <int64_t D, bool EXACT>
-void prefill(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache,
-             const int32_t* tables, const int32_t* starts, const int32_t* context_lens,
-             uint16_t* out, int64_t seqs, int64_t q_heads, int64_t kv_heads, int64_t block_size,
-             int64_t max_blocks, float scale) {
+void prefill(const uint16_t* q, const void* k_cache, const void* v_cache, const float* k_scales,
+             const float* v_scales, const int32_t* tables, const int32_t* starts,
+             const int32_t* context_lens, uint16_t* out, int64_t seqs, int64_t q_heads,
+             int64_t kv_heads, int64_t block_size, int64_t max_blocks, float scale) {
   const int64_t group = q_heads / kv_heads, row = kv_heads * D, tile_words = KT * D / 2;
   // pass 1: pack every key tile of every (sequence, KV head)
   std::vector<int64_t> tile_base(seqs + 1, 0);  // first tile of each sequence (per head)
@@ -196,9 +222,18 @@ void prefill(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache
       const int32_t* table = tables + s * max_blocks;
       const int64_t first_key = (t - tile_base[s]) * KT;
       const uint16_t* rows[KT];
-      tile_rows(k_cache + h * D, table, block_size, row, first_key, context_lens[s], rows);
+      alignas(64) uint16_t local[KT * D];  // an int8 tile's rows in bf16
+      auto read = [&](const void* cache, const float* scales) {
+        if (scales == nullptr)
+          tile_rows(static_cast<const uint16_t*>(cache) + h * D, table, block_size, row, first_key,
+                    context_lens[s], rows);
+        else
+          dequantized_rows<D>(static_cast<const int8_t*>(cache), scales, table, block_size,
+                              kv_heads, h, first_key, context_lens[s], local, rows);
+      };
+      read(k_cache, k_scales);
       pack_keys<D>(rows, packed_k.get() + i * tile_words);
-      tile_rows(v_cache + h * D, table, block_size, row, first_key, context_lens[s], rows);
+      read(v_cache, v_scales);
       pack_values<D>(rows, packed_v.get() + i * tile_words);
     }
   });
@@ -324,16 +359,31 @@ void prefill(const uint16_t* q, const uint16_t* k_cache, const uint16_t* v_cache
 
 // q: [T, Hq, D] bf16, the new tokens of every sequence back to back; k_cache, v_cache:
 // [num_blocks, block_size, Hkv, D] bf16 holding every sequence's context, the new tokens
-// included; block_tables: [S, W] int32; starts: [S + 1] int32 (sequence s's rows of q are
+// included (or int8, with k_scales and v_scales [num_blocks, block_size, Hkv] fp32); block_tables: [S, W] int32; starts: [S + 1] int32 (sequence s's rows of q are
 // [starts[s], starts[s+1])); context_lens: [S] int32. Query j of sequence s sits at position
 // context_lens[s] - (its new tokens) + j and sees keys 0..that position. Returns [T, Hq, D].
 torch::Tensor paged_prefill(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                             torch::Tensor block_tables, torch::Tensor starts,
-                            torch::Tensor context_lens, double scale, bool exact) {
+                            torch::Tensor context_lens, double scale, bool exact,
+                            c10::optional<torch::Tensor> k_scales_opt,
+                            c10::optional<torch::Tensor> v_scales_opt) {
   TORCH_CHECK(q.dim() == 3 && (q.size(2) == 64 || q.size(2) == 128), "q must be [T, Hq, 64|128]");
-  TORCH_CHECK(q.scalar_type() == torch::kBFloat16 && k_cache.scalar_type() == torch::kBFloat16 &&
-                  v_cache.scalar_type() == torch::kBFloat16,
-              "paged_prefill takes bfloat16 q and caches");
+  const bool int8 = k_cache.scalar_type() == torch::kInt8;
+  const auto pool = int8 ? torch::kInt8 : torch::kBFloat16;
+  TORCH_CHECK(q.scalar_type() == torch::kBFloat16 && k_cache.scalar_type() == pool &&
+                  v_cache.scalar_type() == pool,
+              "paged_prefill takes bfloat16 q and caches (or int8 caches)");
+  torch::Tensor k_scales, v_scales;
+  if (int8) {
+    TORCH_CHECK(k_scales_opt && v_scales_opt, "an int8 pool needs both scales");
+    k_scales = k_scales_opt->contiguous();
+    v_scales = v_scales_opt->contiguous();
+    TORCH_CHECK(k_scales.scalar_type() == torch::kFloat32 &&
+                    v_scales.scalar_type() == torch::kFloat32 &&
+                    k_scales.sizes() == k_cache.sizes().slice(0, 3) &&
+                    v_scales.sizes() == k_scales.sizes(),
+                "scales must be [num_blocks, block_size, Hkv] float32");
+  }
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() &&
                   k_cache.size(3) == q.size(2) && q.size(1) % k_cache.size(2) == 0,
               "the caches must be [num_blocks, block_size, Hkv, head_dim], Hq a multiple of Hkv");
@@ -352,8 +402,10 @@ torch::Tensor paged_prefill(torch::Tensor q, torch::Tensor k_cache, torch::Tenso
   TORCH_CHECK(starts[-1].item<int32_t>() == q.size(0), "starts must end at q's length");
   auto out = torch::empty_like(q);
   auto ptr = [](const torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr()); };
+  const float* ks = int8 ? k_scales.data_ptr<float>() : nullptr;
+  const float* vs = int8 ? v_scales.data_ptr<float>() : nullptr;
   auto run = [&](auto fn) {
-    fn(ptr(q), ptr(k_cache), ptr(v_cache), block_tables.data_ptr<int32_t>(),
+    fn(ptr(q), k_cache.data_ptr(), v_cache.data_ptr(), ks, vs, block_tables.data_ptr<int32_t>(),
        starts.data_ptr<int32_t>(), context_lens.data_ptr<int32_t>(), ptr(out), block_tables.size(0),
        q.size(1), k_cache.size(2), k_cache.size(1), block_tables.size(1),
        static_cast<float>(scale));
