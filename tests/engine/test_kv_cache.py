@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from tests.engine.conftest import run_to_completion
 from tokenyard.engine.attention import make_attention
 from tokenyard.engine.config import EngineConfig, ModelConfig
 from tokenyard.engine.engine import LLMEngine
@@ -14,6 +15,7 @@ from tokenyard.engine.kv_cache import (
     kv_pool,
     quantize_rows,
 )
+from tokenyard.engine.sequence import GenerationRequest, SamplingParams
 
 BS = 4
 
@@ -136,3 +138,21 @@ def test_an_int8_pool_is_refused_where_it_cannot_run():
         make_attention(torch.device("cuda"), 0, 64, torch.bfloat16, True, int8_kv=True)
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         LLMEngine(EngineConfig(device="cpu", kv_cache_dtype="fp8", num_blocks=4))
+
+
+def test_cached_prompts_are_shared_only_under_the_same_salt(engine_factory):
+    """vLLM's cache_salt: a prompt cached under one salt is not found under another, nor without
+    one; under its own salt it is (the gateway salts each team's requests)."""
+    engine = engine_factory()
+    prompt = list(range(2000, 2100))  # 100 tokens: 6 whole blocks of 16 can be cached
+
+    def cached(request_id: str, salt: str | None) -> int:
+        request = GenerationRequest(
+            request_id, prompt, SamplingParams(max_tokens=1, temperature=0), cache_salt=salt
+        )
+        return run_to_completion(engine, [request])[request_id][-1].stats.cached_tokens
+
+    assert cached("a1", "team-a") == 0
+    assert cached("b1", "team-b") == 0
+    assert cached("plain1", None) == 0
+    assert (cached("a2", "team-a"), cached("b2", "team-b"), cached("plain2", None)) == (96, 96, 96)

@@ -243,6 +243,7 @@ ONE_TOKEN_AT_LEAST = {"model": "smollm2", "messages": MESSAGES, "max_tokens": 4,
             None,
         ),
         ({"messages": MESSAGES}, 400, "model", None),
+        ({**ONE_TOKEN_AT_LEAST, "cache_salt": ""}, 400, "cache_salt", None),
         # a prediction is text, at most MAX_PREDICTION_CHARS of it
         (
             {**ONE_TOKEN_AT_LEAST, "prediction": {"type": "file", "content": "x"}},

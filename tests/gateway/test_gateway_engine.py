@@ -1,6 +1,7 @@
 """The gateway in front of the real engine server (`tokenyard engine --model smollm2`)."""
 
 import time
+import uuid
 from typing import Any
 
 import anthropic
@@ -284,3 +285,41 @@ def test_anthropic_clients_learn_which_stop_sequence_fired(
     with claude.messages.stream(**ask, stop_sequences=[word]) as stream:
         final = stream.get_final_message()
     assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", word)
+
+
+def test_teams_do_not_share_cached_prompts(engine: str, start_gateway: Any, team: Any) -> None:
+    """A prompt another team sent is not in this team's prefix cache (its usage would say so, and
+    its first token would come sooner): each team's requests reach the engine with a salt of their
+    team. A client's own cache_salt narrows sharing within its team; the shared scope lets teams
+    share."""
+
+    def cached(gw: Any, key: str, text: str, **extra: str) -> int:
+        reply = gw.client(key).chat.completions.create(
+            model="smollm2",
+            messages=[{"role": "user", "content": text}],
+            max_tokens=1,
+            extra_body=extra or None,
+        )
+        return reply.usage.prompt_tokens_details.cached_tokens
+
+    def prompt() -> str:
+        return f"{uuid.uuid4()} " + "Tell me about the long history of tea in China. " * 8
+
+    a, b = team()[1], team()[1]
+    gw = start_gateway(engine_urls=f"smollm2={engine}")
+    text = prompt()
+    assert cached(gw, a, text) == 0
+    assert cached(gw, a, text) > 0
+    assert cached(gw, b, text) == 0
+    assert cached(gw, a, text, cache_salt="alice") == 0
+    assert cached(gw, a, text, cache_salt="alice") > 0
+    assert cached(gw, b, text, cache_salt="alice") == 0  # a salt is namespaced by its team
+    with pytest.raises(openai.BadRequestError) as err:
+        cached(gw, a, text, cache_salt="")
+    assert err.value.body["param"] == "cache_salt"
+
+    shared = start_gateway(engine_urls=f"smollm2={engine}", gateway_prefix_cache_scope="shared")
+    text = prompt()
+    # the system prompt's block may be cached already, from any request without a salt
+    first = cached(shared, a, text)
+    assert cached(shared, b, text) > first

@@ -13,6 +13,7 @@ from tokenyard.backends.registry import Backends
 from tokenyard.core.errors import GatewayError
 from tokenyard.gateway import metrics
 from tokenyard.gateway.dispatch import Dispatch, Saturation
+from tokenyard.gateway.isolation import cache_salt
 from tokenyard.gateway.response_cache import ResponseCache, mode_of
 from tokenyard.gateway.sizing import MAX_PROMPT_OVERHEAD, PromptOverhead, kv_pages
 from tokenyard.gateway.streaming import reply_decoder
@@ -263,3 +264,19 @@ def test_which_requests_share_a_response_cache_entry() -> None:
         "refresh",
         "skip",
     )
+
+
+def test_prefix_cache_salts_are_per_team_and_namespace_the_clients() -> None:
+    """Each team its own salt; a client's salt narrows it within the team and never equals another
+    team's; the shared scope salts only requests that ask; a bad salt is a 400 naming it."""
+    team_a, team_b = cache_salt("team", "a", None), cache_salt("team", "b", None)
+    assert team_a and team_b and team_a != team_b
+    assert cache_salt("team", "a", None) == team_a  # stable: a team's requests share
+    alice_a, alice_b = cache_salt("team", "a", "alice"), cache_salt("shared", "b", "alice")
+    assert len({team_a, alice_a, alice_b}) == 3
+    assert cache_salt("shared", "a", "alice") == alice_a  # the scope only decides the unsalted
+    assert cache_salt("shared", "a", None) is None
+    for bad in ("", "x" * 257, 7, ["a"]):
+        with pytest.raises(GatewayError) as err:
+            cache_salt("team", "a", bad)
+        assert err.value.param == "cache_salt" and err.value.status == 400

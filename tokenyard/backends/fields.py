@@ -88,6 +88,12 @@ FIELDS: dict[str, Rule] = {
         note="an end-user id, no effect on the output (Anthropic: metadata.user_id)",
     ),
     "safety_identifier": Rule(CHAT, (H, P, H), note="as user (Anthropic: its metadata.user_id)"),
+    "cache_salt": Rule(
+        BOTH,
+        (H, H, H),
+        note="vLLM's: the engine's cached prompts shared only within the team, and with this "
+        "salt; the gateway's own (gateway/isolation.py), never sent to a provider",
+    ),
     "prompt_cache_key": Rule(
         CHAT, (H, P, R), note="engine: picks the replica (prefix affinity), as OpenAI routes by it"
     ),

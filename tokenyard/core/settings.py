@@ -6,6 +6,7 @@ import logging
 import os
 import re
 from functools import lru_cache
+from typing import Literal
 
 from dotenv import dotenv_values
 from pydantic import Field, SecretStr, field_validator, model_validator
@@ -89,6 +90,10 @@ class Settings(BaseSettings):
     # deterministic requests' answers kept in Redis this long (gateway/response_cache.py); 0: off
     gateway_cache_ttl_s: float = 0.0
     gateway_cache_max_bytes: int = 1024 * 1024  # larger answers are not kept
+    # which requests share the engine's prefix cache: a team's only (a hit shows in the usage and
+    # the time to the first token, so a shared cache tells one team what another sent), or all
+    # (gateway/isolation.py)
+    gateway_prefix_cache_scope: Literal["team", "shared"] = "team"
     gateway_max_tokens: int = 4096  # platform cap on max_tokens (also the default when unset)
     gateway_max_context: int = 0  # platform cap on prompt + max_tokens; 0: the model's window
     gateway_max_concurrency: int = 0  # platform-wide requests in flight; 0: unlimited

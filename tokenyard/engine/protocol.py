@@ -5,7 +5,7 @@ import re
 import time
 import uuid
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -13,6 +13,9 @@ from tokenyard.engine.constraints import Constraint
 from tokenyard.engine.outputs import RequestError, RequestOutput, Sampled, SeqStats
 from tokenyard.engine.sequence import Priority, SamplingParams
 from tokenyard.engine.tool_formats.base import ToolFormat
+
+# a cache salt's length at most (vLLM sets none; a salt names a group of requests, it is no text)
+MAX_CACHE_SALT = 256
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):
@@ -80,6 +83,8 @@ class _Common(msgspec.Struct, kw_only=True):
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
+    # only requests of the same salt share cached prompt blocks (the gateway sets one per team)
+    cache_salt: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_CACHE_SALT)] | None = None
     # tokenyard: what the gateway also sends as headers (x-tenant, x-priority, x-request-id)
     tenant: str | None = None
     priority: str | None = None

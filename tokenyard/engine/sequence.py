@@ -60,6 +60,10 @@ class GenerationRequest:
     # the output the client expects (OpenAI's Predicted Outputs): drafts come from it first
     prediction: list[int] = field(default_factory=list)
     adapter: LoraAdapter | None = None  # the LoRA adapter it runs with; None: the base model
+    # vLLM's cache_salt: only requests of the same salt share prefix-cache blocks (a hit makes
+    # the first token come sooner and is counted in the usage, so a shared cache tells one
+    # tenant what another sent); None shares with every request without one
+    cache_salt: str | None = None
 
 
 class SeqStatus(enum.Enum):
@@ -119,9 +123,11 @@ class Sequence:
     @property
     def cache_root(self) -> int:
         """Where its prefix hashes start: K/V computed through an adapter differ from the base
-        model's for the same tokens, so each adapter has a prefix cache of its own."""
-        adapter = self.request.adapter
-        return NO_HASH if adapter is None else adapter.cache_root
+        model's for the same tokens, so each adapter has a prefix cache of its own; a cache salt
+        starts a chain of its own within it."""
+        adapter, salt = self.request.adapter, self.request.cache_salt
+        root = NO_HASH if adapter is None else adapter.cache_root
+        return root if salt is None else hash((root, "salt", salt))
 
     @property
     def priority(self) -> Priority:

@@ -382,6 +382,7 @@ class OpenAIServing:
             speculative=body.speculative,
             prediction=self._prediction(body),
             adapter=adapter,
+            cache_salt=body.cache_salt,
         )
         self.core.validate(gen)
         return gen

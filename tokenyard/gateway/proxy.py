@@ -34,6 +34,7 @@ from tokenyard.gateway import access_log, metrics, refusals, request_ids
 from tokenyard.gateway.admission import Admission
 from tokenyard.gateway.auth import Authenticator, authorization_of
 from tokenyard.gateway.dispatch import Dispatch, Saturation
+from tokenyard.gateway.isolation import cache_salt
 from tokenyard.gateway.quotas import LeaseKeeper, Quotas, Reservation
 from tokenyard.gateway.response_cache import (
     Lookup,
@@ -125,6 +126,7 @@ class _Call:
     # a Responses API request as OpenAI takes it: OpenAI's models get it as is (their own
     # /v1/responses), every other model `body`, its translation onto chat
     responses: dict[str, Any] | None = None
+    salt: str | None = None  # the engine's prefix-cache salt (gateway/isolation.py)
 
     def to(self, upstream: Upstream) -> UpstreamCall:
         info = upstream.info
@@ -135,6 +137,8 @@ class _Call:
         body = {**self.body, "model": info.name}
         if self.kind in GENERATING:  # an embedding or a ranking generates nothing: no output cap
             body[info.max_tokens_param] = self.max_tokens
+        if self.salt is not None and info.provider == "self-hosted":
+            body["cache_salt"] = self.salt
         encoded = msgspec.json.encode(body)
         return UpstreamCall(PATHS[self.kind], encoded, self.headers, prefix_text(body))
 
@@ -331,6 +335,10 @@ class Proxy:
         """Route, reserve, forward. `request`: the HTTP request (None for the batch worker);
         `hang_up`: how the caller of a non-streamed request says it is gone."""
         refuse_blocked(policy, parsed)
+        salt = None
+        if kind in GENERATING:  # the gateway's own field: never sent on as the client wrote it
+            asked = parsed.body.pop("cache_salt", None)
+            salt = cache_salt(self.settings.gateway_prefix_cache_scope, policy.team, asked)
         # a Responses API request answered natively by OpenAI is not a chat reply: never cached
         lookup = None
         if responses is None:
@@ -361,6 +369,7 @@ class Proxy:
             },
             max_tokens,
             responses,
+            salt,
         )
         res.trace, trace.settling = trace, True
         self.keeper.active[lease_id] = res
