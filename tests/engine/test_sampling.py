@@ -142,3 +142,29 @@ def test_a_row_whose_grammar_forbids_every_token_ends_at_eos():
     out = sampler.verify(x.clone(), seqs, [[], []], Masks(bitmask, [0, 1], unpack=True))
     assert out[0][0].token_id == EOS
     assert out[1][0].token_id == x[1].argmax().item()
+
+
+def test_allowed_tokens_and_bad_words_shape_every_draw():
+    """allowed_token_ids: only those are drawn; bad_words: a one-token word never, a longer one's
+    last token only right after the rest of it; every token banned: the row ends at EOS."""
+    allowed = draw({"temperature": 2.0, "seed": 5, "allowed_token_ids": [3, 17, 40]}, n=40)
+    assert set(allowed) <= {3, 17, 40} and len(set(allowed)) > 1
+    greedy = logits(seed=0)[0].argmax().item()
+    sampler = Sampler((EOS,), torch.device("cpu"))
+    banned = make_seq(temperature=0.0, bad_words_ids=[[greedy]])
+    assert sampler(logits(seed=0), [banned])[0].token_id != greedy
+    prefix = make_seq(temperature=0.0, output=(9, 11), bad_words_ids=[[11, greedy]])
+    assert sampler(logits(seed=0), [prefix])[0].token_id != greedy
+    other = make_seq(temperature=0.0, output=(11, 9), bad_words_ids=[[11, greedy]])
+    assert sampler(logits(seed=0), [other])[0].token_id == greedy
+    stuck = make_seq(temperature=0.7, allowed_token_ids=[4], bad_words_ids=[[4]])
+    assert sampler(logits(seed=0), [stuck])[0].token_id == EOS
+
+
+def test_a_kept_stop_string_ends_the_text():
+    text = IncrementalText(["END"], include_stop=True)
+    pieces = ["Hello E", "N", "D and more"]
+    out = "".join(
+        text.add(lambda ids: "".join(pieces[i] for i in ids), list(range(n + 1))) for n in range(3)
+    )
+    assert out + text.flush() == "Hello END" and text.matched == "END"

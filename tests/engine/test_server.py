@@ -1,6 +1,7 @@
 """The engine's HTTP server, driven by the official openai SDK and raw HTTP."""
 
 import asyncio
+import re
 import socket
 import threading
 import time
@@ -177,6 +178,90 @@ def test_vllm_extras_are_accepted(client):
     assert out.usage.completion_tokens == 5
 
 
+def test_vllms_allowed_tokens_bad_words_and_kept_stop_strings(server, client):
+    """allowed_token_ids: every token from the list; bad_words: a word the greedy answer had is
+    never generated again, however it would be spelled; include_stop_str_in_output: the stop
+    string ends the text instead of being cut; return_tokens_as_token_ids: logprobs name ids."""
+    tokenizer = server[1].tokenizer.hf
+    ask = {"model": "smollm2", "messages": MESSAGES, "max_tokens": 12, "temperature": 0}
+    allowed = tokenizer.encode(" red green blue", add_special_tokens=False)
+    extra = {"allowed_token_ids": allowed, "return_tokens_as_token_ids": True}
+    only = client.chat.completions.create(**ask, logprobs=True, extra_body=extra)
+    named = [t.token for t in only.choices[0].logprobs.content]
+    ids = [int(t.removeprefix("token_id:")) for t in named]
+    assert len(ids) == 12 and set(ids) <= set(allowed), named
+
+    plain = client.chat.completions.create(**ask).choices[0].message.content
+    word = next(w.strip(".,!:;") for w in plain.split() if len(w.strip(".,!:;")) > 3)
+    banned = client.chat.completions.create(**ask, extra_body={"bad_words": [word]})
+    text = banned.choices[0].message.content
+    assert re.search(rf"\b{re.escape(word)}\b", text) is None, (word, plain, text)
+
+    stop = plain.split()[1]
+    cut = client.chat.completions.create(**ask, stop=[stop])
+    kept = client.chat.completions.create(
+        **ask, stop=[stop], extra_body={"include_stop_str_in_output": True}
+    )
+    assert cut.choices[0].finish_reason == kept.choices[0].finish_reason == "stop"
+    assert kept.choices[0].message.content == cut.choices[0].message.content + stop
+
+    scored = client.completions.create(
+        model="smollm2",
+        prompt="Hello",
+        max_tokens=3,
+        temperature=0,
+        logprobs=2,
+        extra_body={"return_tokens_as_token_ids": True},
+    )
+    tokens = scored.choices[0].logprobs.tokens
+    assert all(t.startswith("token_id:") for t in tokens), tokens
+    tops = scored.choices[0].logprobs.top_logprobs
+    assert all(k.startswith("token_id:") for top in tops for k in top)
+
+
+def test_vllms_prompt_truncation_and_an_unopened_turn(server, client):
+    """truncate_prompt_tokens: only the prompt's last k tokens are read (usage counts k);
+    add_generation_prompt false: the template's text ends with the last message; it cannot be
+    combined with continue_final_message."""
+    url, _ = server
+    long = client.completions.create(
+        model="smollm2", prompt="one two three four five six seven eight", max_tokens=1
+    )
+    short = client.completions.create(
+        model="smollm2",
+        prompt="one two three four five six seven eight",
+        max_tokens=1,
+        echo=True,
+        extra_body={"truncate_prompt_tokens": 3},
+    )
+    assert long.usage.prompt_tokens > 3 and short.usage.prompt_tokens == 3
+    assert short.choices[0].text.startswith(" six seven eight")  # the echo is what was read
+
+    def count(**extra) -> int:
+        body = {"model": "smollm2", "messages": MESSAGES, **extra}
+        return httpx.post(f"{url}/tokenize", json=body).json()["count"]
+
+    opened = client.chat.completions.create(model="smollm2", messages=MESSAGES, max_tokens=1)
+    unopened = client.chat.completions.create(
+        model="smollm2",
+        messages=MESSAGES,
+        max_tokens=1,
+        extra_body={"add_generation_prompt": False},
+    )
+    assert opened.usage.prompt_tokens == count()
+    assert unopened.usage.prompt_tokens == count(add_generation_prompt=False) < count()
+    both = httpx.post(
+        f"{url}/v1/chat/completions",
+        json={
+            "model": "smollm2",
+            "messages": [*MESSAGES, {"role": "assistant", "content": "Red"}],
+            "continue_final_message": True,
+            "add_generation_prompt": True,
+        },
+    )
+    assert both.status_code == 400 and both.json()["error"]["param"] == "add_generation_prompt"
+
+
 ONE_TOKEN_AT_LEAST = {"model": "smollm2", "messages": MESSAGES, "max_tokens": 4, "min_tokens": 1}
 
 
@@ -244,6 +329,10 @@ ONE_TOKEN_AT_LEAST = {"model": "smollm2", "messages": MESSAGES, "max_tokens": 4,
         ),
         ({"messages": MESSAGES}, 400, "model", None),
         ({**ONE_TOKEN_AT_LEAST, "cache_salt": ""}, 400, "cache_salt", None),
+        ({**ONE_TOKEN_AT_LEAST, "allowed_token_ids": []}, 400, "allowed_token_ids", None),
+        ({**ONE_TOKEN_AT_LEAST, "allowed_token_ids": [10**9]}, 400, "allowed_token_ids", None),
+        ({**ONE_TOKEN_AT_LEAST, "bad_words": [" "]}, 400, "bad_words", None),
+        ({**ONE_TOKEN_AT_LEAST, "truncate_prompt_tokens": 0}, 400, "truncate_prompt_tokens", None),
         # a prediction is text, at most MAX_PREDICTION_CHARS of it
         (
             {**ONE_TOKEN_AT_LEAST, "prediction": {"type": "file", "content": "x"}},

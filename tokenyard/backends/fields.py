@@ -143,6 +143,20 @@ FIELDS: dict[str, Rule] = {
         (H, R, H),
         note="vLLM's: the answer goes on from the last, assistant message (Anthropic: its prefill)",
     ),
+    "allowed_token_ids": Rule(BOTH, (H, R, R), note="vLLM's: only these token ids are sampled"),
+    "bad_words": Rule(BOTH, (H, R, R), inert=([],), note="vLLM's: words never generated"),
+    "include_stop_str_in_output": Rule(
+        BOTH, (H, R, R), inert=(False,), note="vLLM's: the stop string stays at the text's end"
+    ),
+    "truncate_prompt_tokens": Rule(
+        BOTH, (H, R, R), note="vLLM's: only the prompt's last k tokens are read"
+    ),
+    "return_tokens_as_token_ids": Rule(
+        BOTH, (H, R, R), inert=(False,), note='vLLM\'s: logprobs name tokens "token_id:N"'
+    ),
+    "add_generation_prompt": Rule(
+        CHAT, (H, R, R), inert=(True,), note="vLLM's: false leaves the assistant's turn unopened"
+    ),
     "prompt_logprobs": Rule(
         BOTH, (H, R, R), needs="logprobs", note="vLLM's: each prompt token's logprob, rank, top k"
     ),

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 @dataclass
 class IncrementalText:
     stop: list[str]
+    include_stop: bool = False  # the stop string that ends the text stays in it (vLLM's option)
     text: str = ""  # everything decoded so far
     emitted: int = 0  # characters of text already released
     stopped: bool = False
@@ -39,7 +40,7 @@ class IncrementalText:
             hits = [(i, s) for i, s in found if i >= 0]
             if hits:
                 at, self.matched = min(hits, key=lambda hit: hit[0])
-                self.text = self.text[:at]
+                self.text = self.text[: at + (len(self.matched) if self.include_stop else 0)]
                 self.stopped = True
                 final = True
         end = len(self.text) if final else max(self.emitted, len(self.text) - self._hold)

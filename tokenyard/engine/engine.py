@@ -104,6 +104,7 @@ class LLMEngine:
         for param, tokens in (
             ("logit_bias", params.logit_bias),
             ("stop_token_ids", params.stop_token_ids),
+            ("allowed_token_ids", params.allowed_token_ids),
         ):
             if any(not 0 <= token < vocab for token in tokens):
                 raise RequestError(f"{param}: token ids must be in [0, {vocab})", param)
@@ -131,7 +132,9 @@ class LLMEngine:
         ]
         self._requests[request.request_id] = seqs
         for seq in seqs:
-            self._texts[seq.seq_id] = IncrementalText(list(request.params.stop))
+            self._texts[seq.seq_id] = IncrementalText(
+                list(request.params.stop), request.params.include_stop_str_in_output
+            )
             self.constraints.start(seq.seq_id, request.params.constraint)
         self.scheduler.add_choices(seqs)
         self._publish_load()

@@ -83,6 +83,11 @@ class _Common(msgspec.Struct, kw_only=True):
     ignore_eos: bool = False
     stop_token_ids: list[int] | None = None
     skip_special_tokens: bool = True
+    allowed_token_ids: list[int] | None = None  # only these may be sampled
+    bad_words: list[str] | None = None  # words never generated (each as it starts a word or not)
+    include_stop_str_in_output: bool = False  # the stop string that ended the text stays in it
+    truncate_prompt_tokens: int | None = None  # only the prompt's last k tokens are read
+    return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:N", not their text
     # only requests of the same salt share cached prompt blocks (the gateway sets one per team)
     cache_salt: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_CACHE_SALT)] | None = None
     # tokenyard: what the gateway also sends as headers (x-tenant, x-priority, x-request-id)
@@ -118,6 +123,9 @@ class ChatRequest(_Common, kw_only=True):
     # vLLM's: the answer goes on from the last message, the assistant's (what Anthropic calls a
     # prefill), instead of opening a turn of its own
     continue_final_message: bool = False
+    # vLLM's: false leaves the assistant's turn unopened (the template's text ends with the last
+    # message); None: opened unless continue_final_message
+    add_generation_prompt: bool | None = None
 
 
 class CompletionRequest(_Common, kw_only=True):
@@ -157,6 +165,7 @@ class UnloadAdapterRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=T
 
 MAX_N = 16
 MAX_STOPS = 16
+MAX_BAD_WORDS = 128
 MAX_TOP_LOGPROBS = 20
 # a predicted output longer than any context would be is a mistake, and tokenizing it costs
 MAX_PREDICTION_CHARS = 200_000
@@ -183,6 +192,11 @@ def _check(ok: bool, param: str, message: str) -> None:
         raise RequestError(f"{param}: {message}", param)
 
 
+def truncated(ids: list[int], keep: int | None) -> list[int]:
+    """vLLM's truncate_prompt_tokens: the prompt's last `keep` tokens (all of them where None)."""
+    return ids if keep is None or len(ids) <= keep else ids[-keep:]
+
+
 def sampling_params(req: _Common, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
     _check(req.n >= 1 and req.n <= MAX_N, "n", f"must be between 1 and {MAX_N}")
     _check(max_tokens is None or max_tokens >= 1, "max_tokens", "must be at least 1")
@@ -207,6 +221,19 @@ def sampling_params(req: _Common, max_tokens: int | None, logprobs: int | None) 
     stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     _check(len(stops) <= MAX_STOPS, "stop", f"at most {MAX_STOPS} stop sequences")
     _check(all(stops), "stop", "stop sequences must not be empty")
+    _check(
+        req.allowed_token_ids is None or req.allowed_token_ids,
+        "allowed_token_ids",
+        "must not be empty",
+    )
+    bad_words = req.bad_words or []
+    _check(len(bad_words) <= MAX_BAD_WORDS, "bad_words", f"at most {MAX_BAD_WORDS} words")
+    _check(all(w.strip() for w in bad_words), "bad_words", "words must not be empty")
+    _check(
+        req.truncate_prompt_tokens is None or req.truncate_prompt_tokens >= 1,
+        "truncate_prompt_tokens",
+        "must be at least 1",
+    )
     bias = req.logit_bias or {}
     _check(all(k.isdigit() for k in bias), "logit_bias", "keys must be token ids")
     _check(
@@ -245,6 +272,8 @@ def sampling_params(req: _Common, max_tokens: int | None, logprobs: int | None) 
         prompt_logprobs=req.prompt_logprobs,
         skip_special_tokens=req.skip_special_tokens,
         logit_bias={int(k): v for k, v in bias.items()},
+        allowed_token_ids=list(req.allowed_token_ids or []),
+        include_stop_str_in_output=req.include_stop_str_in_output,
     )
 
 

@@ -56,8 +56,10 @@ class Sampler:
                 self._penalize(logits[row], seq, draft[:i])
         if masks is not None:
             masks.apply(logits)
-            # a grammar that forbids every token of a row (a dead end no check caught) ends that
-            # sequence at EOS rather than failing the step, and every request in it, on a NaN
+        if masks is not None or any(s.request.params.allowed_token_ids for s in seqs):
+            # a grammar, or allowed tokens all banned, that forbids every token of a row (a dead
+            # end no check caught) ends that sequence at EOS rather than failing the step, and
+            # every request in it, on a NaN
             stuck = ~torch.isfinite(logits).any(dim=-1)
             if stuck.any():
                 logits[stuck, self.eos_token_ids[0]] = 0.0
@@ -98,6 +100,14 @@ class Sampler:
         if params.logit_bias:
             ids = torch.tensor(list(params.logit_bias), device=self.device)
             logits[ids] += torch.tensor(list(params.logit_bias.values()), device=self.device)
+        if params.allowed_token_ids:
+            allowed = torch.tensor(params.allowed_token_ids, device=self.device)
+            kept = logits[allowed]
+            logits.fill_(-float("inf"))
+            logits[allowed] = kept
+        for bad in params.bad_words_ids:
+            if len(bad) == 1 or output[len(output) - len(bad) + 1 :] == bad[:-1]:
+                logits[bad[-1]] = -float("inf")
         if len(output) < params.min_tokens:
             banned = list(params.stop_token_ids)
             if not params.ignore_eos:

@@ -39,6 +39,11 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     logit_bias: dict[int, float] = field(default_factory=dict)  # added to the token's logit
+    # vLLM's: only these tokens may be sampled (empty: any); token sequences never generated
+    # (the last token of one is banned where the output ends with the ones before it)
+    allowed_token_ids: list[int] = field(default_factory=list)
+    bad_words_ids: list[list[int]] = field(default_factory=list)
+    include_stop_str_in_output: bool = False  # the stop string that ended the text stays in it
     constraint: Constraint | None = None  # the grammar the output must match (constraints.py)
 
     @property

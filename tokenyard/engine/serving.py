@@ -2,7 +2,7 @@
 outputs a streamed or a whole response (the routes that call this are engine/server.py's)."""
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Protocol
 
@@ -43,6 +43,7 @@ from tokenyard.engine.protocol import (
     parse_priority,
     timings,
     tool_use,
+    truncated,
     usage,
     vllm_prompt_logprobs,
 )
@@ -95,14 +96,16 @@ class ChatChoices:
         tools: bool,
         logprobs: bool,
         legacy: bool = False,
+        token_text: Callable[[int], str] | None = None,
     ):
         self.tokenizer, self.tool_format = tokenizer, tool_format
         self.tools, self.logprobs = tools, logprobs
+        self.token_text = token_text or tokenizer.token_text  # how logprobs name a token
         self.legacy = legacy  # answer calls as the deprecated `function_call`
         self.calls: dict[int, ToolCalls] = {}
 
     def _logprobs(self, sampled: list[Sampled]) -> dict | None:
-        return chat_logprobs(sampled, self.tokenizer.token_text) if self.logprobs else None
+        return chat_logprobs(sampled, self.token_text) if self.logprobs else None
 
     def opening(self, n: int) -> list[dict] | None:
         delta = {"role": "assistant", "content": ""}
@@ -164,8 +167,10 @@ class TextChoices:
         logprobs: int | None,
         n: int,
         prompts: list[tuple[str, list[int]]] | None,
+        token_text: Callable[[int], str] | None = None,
     ):
         self.tokenizer, self.n, self.prompts = tokenizer, n, prompts
+        self.token_text = token_text or tokenizer.token_text  # how logprobs name a token
         self.logprobs, self.top = logprobs is not None, logprobs or 0
         self.offsets: dict[int, int] = {}  # per choice index: where its next token's text starts
         self.unechoed = set(range(n * len(prompts))) if prompts else set()
@@ -188,7 +193,7 @@ class TextChoices:
     def _logprobs(self, index: int, sampled: list[Sampled]) -> dict | None:
         if not self.logprobs:
             return None
-        out = completion_logprobs(sampled, self.tokenizer.token_text, self.offsets.get(index, 0))
+        out = completion_logprobs(sampled, self.token_text, self.offsets.get(index, 0))
         if out["tokens"]:
             self.offsets[index] = out["text_offset"][-1] + len(out["tokens"][-1])
         return out
@@ -247,10 +252,15 @@ class OpenAIServing:
         legacy = body.functions is not None
         body = legacy_functions(body)
         tools = tool_use(body)
-        params = chat_params(body, tools, self.tool_format)
-        prompt = self.chat_prompt(body, tools)
+        params = self._with_bad_words(chat_params(body, tools, self.tool_format), body)
+        prompt = truncated(self.chat_prompt(body, tools), body.truncate_prompt_tokens)
         choices = ChatChoices(
-            self.tokenizer, self.tool_format, bool(tools.tools), params.logprobs is not None, legacy
+            self.tokenizer,
+            self.tool_format,
+            bool(tools.tools),
+            params.logprobs is not None,
+            legacy,
+            self._token_text(body),
         )
         return await self._respond(request, body, [prompt], params, choices, adapter)
 
@@ -258,6 +268,11 @@ class OpenAIServing:
         """The conversation's token ids as the model reads them: its chat template, with the tools
         where the template writes them (else in the system prompt, as the tool format does)."""
         last = body.messages[-1].role if body.messages else None
+        if body.continue_final_message and body.add_generation_prompt:
+            raise RequestError(
+                "add_generation_prompt and continue_final_message cannot both be true (as vLLM's)",
+                "add_generation_prompt",
+            )
         if body.continue_final_message and last != "assistant":
             raise RequestError(
                 "continue_final_message needs the last message to be the assistant's, for the "
@@ -276,7 +291,29 @@ class OpenAIServing:
             messages,
             tools.tools if self.native_tools and tools.tools else None,
             continue_final=body.continue_final_message,
+            open_turn=body.add_generation_prompt is not False,
         )
+
+    def _with_bad_words(
+        self, params: SamplingParams, body: ChatRequest | CompletionRequest
+    ) -> SamplingParams:
+        """vLLM's bad_words as token sequences: each word as it is spelled at the start of the
+        text and after a space (a word's tokens differ with the space before it)."""
+        if not body.bad_words:
+            return params
+        sequences: list[list[int]] = []
+        for word in body.bad_words:
+            for spelled in (word.lstrip(), " " + word.lstrip()):
+                ids = self.tokenizer.hf.encode(spelled, add_special_tokens=False)
+                if ids and ids not in sequences:
+                    sequences.append(ids)
+        return replace(params, bad_words_ids=sequences)
+
+    def _token_text(self, body: ChatRequest | CompletionRequest) -> Callable[[int], str]:
+        """How logprobs name a token: its text, or vLLM's "token_id:N"."""
+        if body.return_tokens_as_token_ids:
+            return lambda token_id: f"token_id:{token_id}"
+        return self.tokenizer.token_text
 
     def models(self) -> list[dict]:
         """/v1/models: the base model, then each adapter with the base as its parent (vLLM's
@@ -347,16 +384,22 @@ class OpenAIServing:
 
     async def completion(self, request: Request, body: CompletionRequest) -> Response | Stream:
         adapter = self.check_model(body.model)
-        params = completion_params(body)
+        params = self._with_bad_words(completion_params(body), body)
         given = completion_prompts(body)
-        prompts = [p if isinstance(p, list) else self.tokenizer.encode(p) for p in given]
+        whole = [p if isinstance(p, list) else self.tokenizer.encode(p) for p in given]
+        prompts = [truncated(ids, body.truncate_prompt_tokens) for ids in whole]
         echoed = None
-        if body.echo:  # a prompt given as token ids is echoed as their text
+        if body.echo:  # a prompt given as token ids (or cut short) is echoed as its tokens' text
             echoed = [
-                (p if isinstance(p, str) else self.tokenizer.decode(ids, False), ids)
-                for p, ids in zip(given, prompts, strict=True)
+                (
+                    p
+                    if isinstance(p, str) and len(kept) == len(ids)
+                    else self.tokenizer.decode(kept, False),
+                    kept,
+                )
+                for p, ids, kept in zip(given, whole, prompts, strict=True)
             ]
-        choices = TextChoices(self.tokenizer, body.logprobs, body.n, echoed)
+        choices = TextChoices(self.tokenizer, body.logprobs, body.n, echoed, self._token_text(body))
         return await self._respond(request, body, prompts, params, choices, adapter)
 
     def _generation_request(
@@ -449,7 +492,7 @@ class OpenAIServing:
                     prompts[i // n],
                     c.prompt_logprobs or [],
                     body.prompt_logprobs,
-                    self.tokenizer.token_text,
+                    self._token_text(body),
                 )
                 for i, c in enumerate(done[:1] if chat else done)
             ]

@@ -23,14 +23,19 @@ class Tokenizer:
         return self.hf.encode(text)
 
     def apply_chat_template(
-        self, messages: list[dict], tools: list[dict] | None = None, continue_final: bool = False
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        continue_final: bool = False,
+        open_turn: bool = True,
     ) -> list[int]:
-        """The conversation as the model reads it, opening the assistant's turn; or, with
-        `continue_final`, ending inside the last (assistant) message, for the model to go on."""
+        """The conversation as the model reads it, opening the assistant's turn (unless not
+        `open_turn`); or, with `continue_final`, ending inside the last (assistant) message, for
+        the model to go on."""
         text = self.hf.apply_chat_template(
             messages,
             tools=tools,
-            add_generation_prompt=not continue_final,
+            add_generation_prompt=open_turn and not continue_final,
             continue_final_message=continue_final,
             tokenize=False,
         )
