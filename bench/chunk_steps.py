@@ -19,23 +19,28 @@ from tokenyard.engine.config import EngineConfig
 from tokenyard.engine.engine import LLMEngine
 
 
-def step_ms(engine: LLMEngine, context: int, rows: int, steps: int = 20) -> float:
-    runner = engine.runner
-    table = list(range(1, 1 + -(-context // runner.block_size)))
-    ids = torch.randint(0, engine.model_config.vocab_size, (rows,))
-    positions = torch.arange(context - rows, context)
-    best = float("inf")
-    for _ in range(3):
-        # a one-token step is a decode; more tokens are a chunk after its cached context
-        slices = [SeqSlice(table, context - rows, rows)]
-        meta = runner.attention.build_metadata(slices, 1 if rows == 1 else 0)
-        with torch.inference_mode():
+def best_step_ms(engine: LLMEngine, ids, positions, meta, steps: int) -> float:
+    """The best of 3 runs of `steps` steps (forward pass and LM head) of the same inputs, in ms."""
+    runner, best = engine.runner, float("inf")
+    with torch.inference_mode():
+        for _ in range(3):
             runner.forward(ids, positions, meta)
             start = time.perf_counter()
             for _ in range(steps):
                 runner.model.logits(runner.forward(ids, positions, meta))
             best = min(best, (time.perf_counter() - start) / steps * 1e3)
     return best
+
+
+def step_ms(engine: LLMEngine, context: int, rows: int, steps: int = 20) -> float:
+    runner = engine.runner
+    table = list(range(1, 1 + -(-context // runner.block_size)))
+    ids = torch.randint(0, engine.model_config.vocab_size, (rows,))
+    positions = torch.arange(context - rows, context)
+    # a one-token step is a decode; more tokens are a chunk after its cached context
+    slices = [SeqSlice(table, context - rows, rows)]
+    meta = runner.attention.build_metadata(slices, 1 if rows == 1 else 0)
+    return best_step_ms(engine, ids, positions, meta, steps)
 
 
 def main() -> None:

@@ -10,9 +10,9 @@ random token ids and random pool contents (the timing does not depend on them); 
 """
 
 import argparse
-import time
 
 import torch
+from chunk_steps import best_step_ms
 from engine_vs_llamacpp import cpu_flags
 
 from tokenyard.engine.attention import SeqSlice
@@ -30,15 +30,7 @@ def step_ms(engine: LLMEngine, batch: int, context: int, steps: int = 10) -> flo
     meta = runner.attention.build_metadata(slices, batch)
     ids = torch.randint(0, engine.model_config.vocab_size, (batch,))
     positions = torch.full((batch,), context - 1)
-    best = float("inf")
-    with torch.inference_mode():
-        for _ in range(3):
-            runner.forward(ids, positions, meta)
-            start = time.perf_counter()
-            for _ in range(steps):
-                runner.model.logits(runner.forward(ids, positions, meta))
-            best = min(best, (time.perf_counter() - start) / steps * 1e3)
-    return best
+    return best_step_ms(engine, ids, positions, meta, steps)
 
 
 def main() -> None:

@@ -8,11 +8,14 @@
 
 #include <ATen/Parallel.h>
 
+#include "int8_pool.h"
+
 #include <immintrin.h>
 
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -276,15 +279,7 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
   TORCH_CHECK(q.size(1) % k_cache.size(2) == 0, "query heads must be a multiple of KV heads");
   torch::Tensor k_scales, v_scales;
   if (k_cache.scalar_type() == torch::kInt8) {
-    TORCH_CHECK(v_cache.scalar_type() == torch::kInt8 && k_scales_opt && v_scales_opt,
-                "an int8 pool needs int8 K and V and both scales");
-    k_scales = k_scales_opt->contiguous();
-    v_scales = v_scales_opt->contiguous();
-    TORCH_CHECK(k_scales.scalar_type() == torch::kFloat32 &&
-                    v_scales.scalar_type() == torch::kFloat32 &&
-                    k_scales.sizes() == k_cache.sizes().slice(0, 3) &&
-                    v_scales.sizes() == k_scales.sizes(),
-                "scales must be [num_blocks, block_size, Hkv] float32");
+    std::tie(k_scales, v_scales) = int8_pool_scales(k_cache, v_cache, k_scales_opt, v_scales_opt);
   } else {
     TORCH_CHECK(k_cache.scalar_type() == q.scalar_type() &&
                     v_cache.scalar_type() == q.scalar_type(),

@@ -16,10 +16,13 @@
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
+#include "int8_pool.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <tuple>
 #include <vector>
 
 #if defined(__AVX512BF16__)
@@ -374,16 +377,8 @@ torch::Tensor paged_prefill(torch::Tensor q, torch::Tensor k_cache, torch::Tenso
                   v_cache.scalar_type() == pool,
               "paged_prefill takes bfloat16 q and caches (or int8 caches)");
   torch::Tensor k_scales, v_scales;
-  if (int8) {
-    TORCH_CHECK(k_scales_opt && v_scales_opt, "an int8 pool needs both scales");
-    k_scales = k_scales_opt->contiguous();
-    v_scales = v_scales_opt->contiguous();
-    TORCH_CHECK(k_scales.scalar_type() == torch::kFloat32 &&
-                    v_scales.scalar_type() == torch::kFloat32 &&
-                    k_scales.sizes() == k_cache.sizes().slice(0, 3) &&
-                    v_scales.sizes() == k_scales.sizes(),
-                "scales must be [num_blocks, block_size, Hkv] float32");
-  }
+  if (int8)
+    std::tie(k_scales, v_scales) = int8_pool_scales(k_cache, v_cache, k_scales_opt, v_scales_opt);
   TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() &&
                   k_cache.size(3) == q.size(2) && q.size(1) % k_cache.size(2) == 0,
               "the caches must be [num_blocks, block_size, Hkv, head_dim], Hq a multiple of Hkv");
