@@ -244,6 +244,23 @@ def test_batch_lines_of_embeddings(embed_gateway: Any, team: Any, sql: Any) -> N
     wait_until(lambda: len(records()) == 2, 10, "the batch's usage records")
     assert {(r.tier, r.model) for r in records()} == {("batch", EMBED)}
 
+    # a corpus reranked at the batch tier: the same lines with /v1/rerank
+    ranking = {"url": "/v1/rerank", "method": "POST", "custom_id": "r0"}
+    ranking["body"] = {"model": EMBED, "query": "a cat on a mat", "documents": TEXTS[::-1]}
+    uploaded = client.files.create(
+        file=("rerank.jsonl", msgspec.json.encode(ranking) + b"\n"), purpose="batch"
+    )
+    batch = client.batches.create(
+        input_file_id=uploaded.id,
+        endpoint="/v1/rerank",  # type: ignore[arg-type]
+        completion_window="24h",
+    )
+    wait_until(lambda: client.batches.retrieve(batch.id).status == "completed", 60, "reranked")
+    done = client.batches.retrieve(batch.id)
+    (line,) = client.files.content(done.output_file_id).content.splitlines()
+    results = msgspec.json.decode(line)["response"]["body"]["results"]
+    assert [r["index"] for r in results] == [1, 0]  # the cat sentence first
+
 
 def test_fuzz_the_embeddings_server(embeddings_server: str) -> None:
     """The embeddings server's own routes, drawn from its document: no 5xx, OpenAI's error shape."""

@@ -15,6 +15,7 @@ ENDPOINTS = {
     "/v1/chat/completions": "chat",
     "/v1/completions": "completion",
     "/v1/embeddings": "embedding",
+    "/v1/rerank": "rerank",  # not OpenAI's: a corpus reranked at the batch tier's price
 }
 MAX_CUSTOM_ID = 512  # characters: it is stored in SQL and echoed in every output line
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")  # PostgreSQL refuses a NUL in a text column

@@ -27,7 +27,7 @@ class BatchJob(SQLModel, table=True):
     id: str = Field(primary_key=True)  # batch_…
     team: str = Field(index=True)
     key_prefix: str  # the creating key's visible prefix, for billing attribution
-    endpoint: str  # /v1/chat/completions, /v1/completions or /v1/embeddings
+    endpoint: str  # /v1/chat/completions, /v1/completions, /v1/embeddings or /v1/rerank
     input_file_id: str | None = None  # None: the inline form (POST /v1/batch)
     completion_window: str = "24h"
     status: str = Field(index=True)  # OpenAI's batch states
