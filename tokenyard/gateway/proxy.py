@@ -336,13 +336,16 @@ class Proxy:
         `hang_up`: how the caller of a non-streamed request says it is gone."""
         refuse_blocked(policy, parsed)
         salt = None
-        if kind in GENERATING:  # the gateway's own field: never sent on as the client wrote it
-            asked = parsed.body.pop("cache_salt", None)
+        if kind in GENERATING:
+            asked = parsed.body.get("cache_salt")
             salt = cache_salt(self.settings.gateway_prefix_cache_scope, policy.team, asked)
-        # a Responses API request answered natively by OpenAI is not a chat reply: never cached
+        # a Responses API request answered natively by OpenAI is not a chat reply: never cached.
+        # A client's cache_salt is part of the key: its answers stay apart as its prompts do
         lookup = None
         if responses is None:
             lookup = self.cache.lookup(kind, policy, parsed, cache_mode)
+        if kind in GENERATING:  # the gateway's own field: never sent on as the client wrote it
+            parsed.body.pop("cache_salt", None)
         with trace.span("route", **{"tokenyard.model": parsed.model}) as span:
             route, upstream = self.pick(kind, policy, parsed, tier)
             span.set_attribute("tokenyard.route.decision", _decision(route))
