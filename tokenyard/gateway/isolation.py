@@ -4,10 +4,10 @@ A prompt whose start another request left in the cache is read faster, and its u
 many of its tokens were cached: whoever shares a cache learns whether a prompt was sent before.
 Across teams that tells one team what another sent, so by default (scope `team`,
 `TOKENYARD_GATEWAY_PREFIX_CACHE_SCOPE`) every request reaches the engine with a salt of its team,
-and requests share cached blocks only within a team. A client may narrow that further with its own `cache_salt` (per end user,
-per conversation): its salt is namespaced by the team too, so no team can name another's. `shared`
-lets every request without a salt of its own share (a deployment of one team, or of teams that
-trust each other). Commercial providers never see the field: they keep their own caches per
+and requests share cached blocks only within a team. A client may narrow that further with its
+own `cache_salt` (per end user, per conversation): its salt is namespaced by the team too, so no
+team can name another's. `shared` lets every request without a salt of its own share (a deployment
+of one team, or of teams that trust each other). Commercial providers never see the field: they keep their own caches per
 account.
 """
 
