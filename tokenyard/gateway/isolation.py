@@ -7,8 +7,8 @@ Across teams that tells one team what another sent, so by default (scope `team`,
 and requests share cached blocks only within a team. A client may narrow that further with its
 own `cache_salt` (per end user, per conversation): its salt is namespaced by the team too, so no
 team can name another's. `shared` lets every request without a salt of its own share (a deployment
-of one team, or of teams that trust each other). Commercial providers never see the field: they keep their own caches per
-account.
+of one team, or of teams that trust each other). Commercial providers never see the field: they
+keep their own caches per account.
 """
 
 import hashlib
