@@ -85,6 +85,7 @@ class Server:
 
     def __init__(self, name: str, cmd: list[str], port: int) -> None:
         self.name, self.url = name, f"http://127.0.0.1:{port}"
+        CACHE.mkdir(parents=True, exist_ok=True)  # the logs' place, llama.cpp built or not
         log = open(CACHE / f"{name.split()[0]}.log", "w")  # noqa: SIM115 (closed with the process)
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 600
