@@ -31,15 +31,17 @@ def make_engine(dtype: str, dense_copy: bool | None = None, kv: str = "auto") ->
     return LLMEngine(config)
 
 
-# bf16 with the copies that AMX CPUs keep, whatever this CPU is; an int8 KV pool (its rows
-# quantized by the compiled writer and by kv_cache.quantize_rows alike)
-@pytest.fixture(
-    scope="module",
-    params=[("float32", None), ("bfloat16", True), ("bfloat16", None, "int8")],
-    ids=["float32", "bfloat16", "int8 pool"],
-)
+# bf16 with the copies that AMX CPUs keep, whatever this CPU is
+@pytest.fixture(scope="module", params=[("float32", None), ("bfloat16", True)])
 def engine(request) -> LLMEngine:
     return make_engine(*request.param)
+
+
+@pytest.fixture(scope="module")
+def int8_pool() -> LLMEngine:
+    """bf16 over an int8 KV pool, its rows quantized by the compiled writer and by
+    kv_cache.quantize_rows alike."""
+    return make_engine("bfloat16", kv="int8")
 
 
 def pool_tensors(engine: LLMEngine) -> list[torch.Tensor]:
@@ -94,6 +96,13 @@ def step(engine: LLMEngine, lengths: list[int], chunks: list[tuple[int, int]] = 
 )
 def test_same_bits_as_the_modules(engine, lengths, chunks):
     assert_same_bits(engine, lengths, chunks)
+
+
+@pytest.mark.parametrize(
+    "lengths, chunks", [([5, 300, 16, 129], []), ([20], [(2, 45), (9, 130)]), ([], [(300, 0)])]
+)
+def test_same_bits_over_an_int8_pool(int8_pool, lengths, chunks):
+    assert_same_bits(int8_pool, lengths, chunks)
 
 
 @pytest.mark.parametrize(
@@ -167,8 +176,8 @@ def test_same_bits_with_lora_adapters(engine, tmp_path, whole_step):
 def test_it_takes_the_steps_the_modules_run_on_the_kernels(engine, uncopied):
     """Where the layers keep bf16 copies, only steps smaller than those the copies serve; without
     copies (fp32, or bf16 without AMX), any step below the one that dequantizes the weights."""
-    copied = engine.runner.model.layers[0].mlp.down_proj.copy is not None
-    assert copied == (engine.config.dense_copy is True)
+    copied = engine.runner.dtype == torch.bfloat16
+    assert (engine.runner.model.layers[0].mlp.down_proj.copy is not None) == copied
     largest = COPY_ROWS - 1 if copied else DENSE_ROWS - 1
     assert engine.runner.cpu_decoder.serves(largest)
     assert not engine.runner.cpu_decoder.serves(largest + 1)

@@ -43,11 +43,9 @@ CASES = [
     ("int4", "float32", DENSE_CHUNK, 0.05),
 ]
 # an int8 KV pool on top of the shipped weights: every chunk after the first reads the earlier
-# ones' K/V quantized (decode rows through the kernel, prefill chunks through SDPA)
-INT8_KV_CASES = [
-    ("float32", KERNEL_CHUNK, 0.015),
-    ("bfloat16", PREFILL_CHUNK, 0.015),
-]
+# ones' K/V quantized (through the decode kernel; the bf16 prefill kernel's reading of such a pool
+# is held to the reference in test_cpu_kernel.py)
+INT8_KV_CASES = [("float32", KERNEL_CHUNK, 0.015)]
 
 
 def perplexity(engine: LLMEngine, ids: list[int]) -> float:
