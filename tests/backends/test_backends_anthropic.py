@@ -9,7 +9,12 @@ from tests.backends.conftest import control, stats
 from tokenyard.backends.anthropic_messages import EventWriter, message_reply
 from tokenyard.backends.anthropic_wire import ChunkWriter, StreamError, chat_reply, error_reply
 from tokenyard.backends.anthropic_wire import messages_request as translate
-from tokenyard.backends.base import BackendUnavailable, UpstreamBroken, UpstreamCall
+from tokenyard.backends.base import (
+    BackendUnavailable,
+    UpstreamBroken,
+    UpstreamCall,
+    context_exceeded,
+)
 from tokenyard.core.errors import GatewayError
 
 CHAT = "/v1/chat/completions"
@@ -228,6 +233,35 @@ def test_error_translation(status, kind, want_status, want_type):
     assert json.loads(body) == {
         "error": {"message": "nope", "type": want_type, "param": None, "code": kind}
     }
+
+
+def _openai_error(message: str, code: str | None = None, kind: str = "invalid_request_error"):
+    return json.dumps({"error": {"message": message, "type": kind, "code": code}}).encode()
+
+
+def test_refusals_saying_the_prompt_is_too_long_are_told_apart():
+    """What sends a request on to a model's context fallbacks: each server's way of saying the
+    prompt does not fit, Anthropic's as its backend translates it; not other refusals."""
+    too_long = {"type": "invalid_request_error", "message": "prompt is too long: 201 > 200 maximum"}
+    anthropic = error_reply(400, json.dumps({"type": "error", "error": too_long}).encode())
+    assert context_exceeded(*anthropic)
+    for body in (
+        _openai_error(
+            "This model's maximum context length is 8192 tokens.", "context_length_exceeded"
+        ),
+        _openai_error("This model's maximum context length is 2048 tokens. However, you requested"),
+        _openai_error(
+            "the request exceeds the available context size", None, "exceed_context_size_error"
+        ),
+    ):
+        assert context_exceeded(400, body)
+        assert not context_exceeded(500, body)
+    refused = error_reply(
+        400, json.dumps({"type": "error", "error": {**too_long, "message": "no"}}).encode()
+    )
+    assert not context_exceeded(*refused)
+    for body in (_openai_error("max_tokens must be at least 1"), b"<html>", b"[]", b'{"error": 3}'):
+        assert not context_exceeded(400, body)
 
 
 def test_stream_chunk_sequence_with_a_tool_call():

@@ -11,6 +11,7 @@ Usage: prompt_tokens = whitespace-separated words of the prompt, completion_toke
 POST /tokenize counts the same words.
 GET /stats tells what it saw (active, cancelled, completed streams; last request's headers);
 POST /control {"waiting": N} sets the queue depth /load reports.
+A prompt of more words than --max-model-len is refused, as OpenAI refuses one too long for it.
 
 Run: python tests/gateway/fake_upstream.py --port P [--model NAME] [--block-size B]
 """
@@ -156,6 +157,15 @@ def make_app(model: str, block_size: int, max_model_len: int) -> Any:
         if "status" in directives:
             error = {"message": "refused", "type": "invalid_request_error", "param": None}
             return await send_json(send, int(directives["status"]), {"error": error})
+        if len(text.split()) > max_model_len and path.endswith("completions"):
+            error = {  # as OpenAI and vLLM word it: each word is a token here
+                "message": f"This model's maximum context length is {max_model_len} tokens. "
+                f"However, your messages resulted in {len(text.split())} tokens.",
+                "type": "invalid_request_error",
+                "param": "messages",
+                "code": "context_length_exceeded",
+            }
+            return await send_json(send, 400, {"error": error})
         if path == "/tokenize":  # the words its usage would count
             count = len(text.split())
             tokens = {"count": count, "max_model_len": max_model_len, "tokens": [0] * count}

@@ -11,7 +11,14 @@ import httpx
 import openai
 import pytest
 
-from tests.gateway.conftest import HERE, Process, free_port, upstream_stats, wait_until
+from tests.gateway.conftest import (
+    HERE,
+    Process,
+    free_port,
+    reservations,
+    upstream_stats,
+    wait_until,
+)
 from tokenyard.gateway.quotas import platform_model_rpm, platform_model_tpm
 from tokenyard.router.classifier import ComplexityClassifier
 from tokenyard.tenancy import keys
@@ -342,3 +349,76 @@ def test_every_teams_limit_on_a_model_is_shared_and_overflows_too(
     assert err.value.code == "platform_model_requests_per_minute"
     assert "on model 'strong'" in err.value.message
     assert 50 <= int(err.value.response.headers["retry-after"]) <= 60
+
+
+def test_a_prompt_too_long_for_its_model_goes_to_its_context_fallback(
+    start_gateway: Any, team: Any, redis_server: Any, tmp_path: Path
+) -> None:
+    """LiteLLM's context_window_fallbacks: a prompt the model's window cannot hold goes to the
+    wider model, whether the gateway's estimate says so (nothing is sent to the narrow one) or
+    the upstream's own refusal does (the estimate missed; streamed or not, the client sees the
+    wider model's answer). A team that may not use the wider model gets the refusal."""
+    urls, procs = {}, []
+    for name, window in (("narrow", 64), ("wide", 4096)):
+        port = free_port()
+        command = [sys.executable, str(HERE / "fake_upstream.py"), "--port", str(port)]
+        command += ["--model", name, "--max-model-len", str(window)]
+        procs.append(Process(command, {}, tmp_path / f"{name}.log"))
+        urls[name] = f"http://127.0.0.1:{port}"
+    try:
+        for url in urls.values():
+            wait_until(lambda u=url: httpx.get(u + "/health").status_code == 200, 20, "fake engine")
+        path = tmp_path / "catalog.toml"
+        path.write_text(
+            '[[models]]\nid = "narrow"\nprovider = "self-hosted"\ncontext_fallbacks = ["wide"]\n'
+            '[[models]]\nid = "wide"\nprovider = "self-hosted"\n'
+        )
+        spec = ",".join(f"{name}={url}" for name, url in urls.items())
+        gw = start_gateway(catalog=str(path), engine_urls=spec)
+        name, key = team()
+        client = gw.client(key)
+        assert _ask(client, "narrow", EASY).headers["x-tokenyard-model"] == "narrow"
+        card = client.models.retrieve("narrow").model_extra or {}
+        assert card["context_fallbacks"] == ["wide"] and card["fallbacks"] == []
+        sent = upstream_stats(urls["narrow"])["requests"]
+        long = " ".join(["elephants"] * 40)  # ~100 tokens by its bytes: over 64
+        reply = _ask(client, "narrow", long)
+        assert reply.headers["x-tokenyard-model"] == "wide"
+        assert reply.parse().model == "wide"
+        assert upstream_stats(urls["narrow"])["requests"] == sent
+        dense = " ".join(["a"] * 80)  # ~60 tokens by its bytes, 81 words (tokens) upstream
+        for stream in (False, True):
+            reply = client.chat.completions.with_raw_response.create(
+                model="narrow",
+                messages=[{"role": "user", "content": dense + " #chunks=2"}],
+                max_tokens=4,
+                stream=stream,
+            )
+            assert reply.headers["x-tokenyard-model"] == "wide"
+            body = reply.parse()
+            text = (
+                "".join(c.choices[0].delta.content or "" for c in body if c.choices)
+                if stream
+                else body.choices[0].message.content
+            )
+            assert text == "tok tok "
+        assert upstream_stats(urls["narrow"])["requests"] == sent + 2  # refused there, twice
+        metrics = httpx.get(gw.url + "/metrics").text
+        assert (
+            'tokenyard_router_overflows_total{model="narrow",reason="context_window"} 3.0'
+            in metrics
+        )
+        r = redis_server.client()
+        wait_until(lambda: reservations(r, name)["leases"] == 0, 5, "leases released")
+        # a team that may not use the wide model: the narrow model's refusal, as without fallbacks
+        _, only = team(models=["narrow"])
+        with pytest.raises(openai.BadRequestError) as refused:
+            _ask(gw.client(only), "narrow", long)
+        assert refused.value.code == "context_length_exceeded"
+        with pytest.raises(openai.BadRequestError) as refused:
+            _ask(gw.client(only), "narrow", dense)
+        assert refused.value.code == "context_length_exceeded"
+        assert "maximum context length is 64" in refused.value.message
+    finally:
+        for proc in procs:
+            proc.stop()

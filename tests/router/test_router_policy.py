@@ -153,6 +153,8 @@ def test_catalog_rejects_bad_files(tmp_path: Path) -> None:
         "alias of two models": TWO.replace('"a"\n', '"a"\naliases = ["x"]\n') + 'aliases = ["x"]\n',
         "alias auto": '[[models]]\nid = "a"\nprovider = "openai"\naliases = ["auto"]\n',
         "a chat model ranking": '[[models]]\nid = "a"\nprovider = "openai"\nrerank = true\n',
+        "unknown context fallback": f'{TWO}context_fallbacks = ["zz"]\n',
+        "itself as context fallback": f'{TWO}context_fallbacks = ["b"]\n',
     }
     for what, text in bad.items():
         path = tmp_path / "c.toml"
@@ -185,6 +187,28 @@ def test_explicit_model_chain_respects_team_and_tier(catalog: Catalog) -> None:
         router.route("mini", chat(EASY), Team(), "batch")
     with pytest.raises(NoRoute):
         router.route("nope", chat(EASY), Team(), "interactive")
+
+
+def test_context_fallbacks_are_a_route_apart_held_to_the_team_and_tier(tmp_path: Path) -> None:
+    """A model's context fallbacks (with their own fallbacks) are kept beside its chain, not in
+    it: load and outages never reach them; only the models the team may use, on its tier, that
+    serve the request, a model of the chain included."""
+    path = tmp_path / "c.toml"
+    wide = 'fallbacks = ["mini"]\ncontext_fallbacks = ["big"]'
+    path.write_text(CATALOG.replace('fallbacks = ["mini"]', wide) + "max_context = 1000\n")
+    router = Router(Catalog.load(path), Scorer(ComplexityClassifier.load))
+    route = router.route("tiny", chat(EASY), Team(), "interactive")
+    assert route.candidates == ("tiny", "mini")
+    assert route.wider == ("big", "bigger", "mini")  # big's chain, tiny itself left out
+    widened = route.widened()
+    assert (widened.candidates, widened.wider, widened.asked) == (route.wider, (), "tiny")
+    assert router.route("tiny", chat(EASY), Team(models=("tiny", "bigger")), "batch").wider == (
+        "bigger",
+    )
+    assert router.route("tiny", chat(EASY), Team(models=("tiny",)), "interactive").wider == ()
+    # one whose window is known too small for the prompt is left out (bigger's: 1,000)
+    long = router.route("tiny", chat(EASY), Team(), "interactive", prompt_tokens=5000)
+    assert long.wider == ("big", "mini")
 
 
 def test_auto_sends_easy_prompts_cheap_and_hard_ones_up(

@@ -92,6 +92,32 @@ class BackendUnavailable(GatewayError):
     reached the client, so the gateway may try the next model of the route."""
 
 
+# how servers say a prompt does not fit the model's window where they give no code of OpenAI's:
+# Anthropic ("prompt is too long: ... maximum"), vLLM ("maximum context length is ..."),
+# llama.cpp's server ("exceeds the available context size"), Gemini ("input token count ...
+# exceeds the maximum number of tokens")
+CONTEXT_WORDS = (
+    "maximum context length",
+    "prompt is too long",
+    "exceeds the available context size",
+    "input token count",
+)
+CONTEXT_CODES = ("context_length_exceeded", "exceed_context_size_error")
+
+
+def context_exceeded(status: int, body: bytes) -> bool:
+    """Whether an upstream's refusal (an OpenAI-shaped error, as every backend answers) says the
+    prompt and its output cap do not fit the model's context window."""
+    if status not in (400, 413):
+        return False
+    try:
+        error = json.loads(body).get("error") or {}
+        text, code = str(error.get("message", "")).lower(), (error.get("code"), error.get("type"))
+    except (ValueError, AttributeError):
+        return False
+    return any(c in CONTEXT_CODES for c in code) or any(w in text for w in CONTEXT_WORDS)
+
+
 class BufferedStream:
     """A streamed request the upstream refused: status >= 400 and a JSON error body, no SSE."""
 

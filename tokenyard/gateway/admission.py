@@ -5,6 +5,7 @@ candidate that takes the request instead.
 """
 
 import os
+from dataclasses import dataclass
 
 from tokenyard.backends.base import ModelInfo, Upstream
 from tokenyard.core.errors import GatewayError
@@ -27,6 +28,18 @@ def _model_limit_reason(code: str) -> str:
         if code.startswith(whose + "_"):
             return whose + "_model_limit"
     return "team_model_limit"
+
+
+@dataclass
+class Admitted:
+    """A request sized and reserved: the route it is on (widened where the model first chosen
+    could not hold it), the upstream that takes it, its output cap and its prompts' sizes."""
+
+    res: Reservation
+    route: Route
+    upstream: Upstream
+    max_tokens: int
+    prompts: list[int]
 
 
 class Admission:
@@ -52,12 +65,12 @@ class Admission:
         parsed: Parsed,
         tier: str,
         trace: RequestTrace,
-    ) -> tuple[Reservation, Upstream, int, list[int]]:
-        """Size the request for `upstream` and reserve it: the reservation, the upstream, the
-        max_tokens it gets and the prompts' sizes. Where the team's or the key's own limit on that
-        model refuses it, or every team's limit on it (the catalog's), the route's next usable
-        candidate takes it (an overflow, as for a saturated one); one of those whose context
-        cannot hold the request is passed over."""
+    ) -> Admitted:
+        """Size the request for `upstream` and reserve it. Where the team's or the key's own limit
+        on that model refuses it, or every team's limit on it (the catalog's), the route's next
+        usable candidate takes it (an overflow, as for a saturated one); one of those whose
+        context cannot hold the request is passed over. Where the model first chosen cannot hold
+        it, its context fallbacks take it (an overflow with reason `context_window`)."""
         index, first = route.candidates.index(upstream.info.name), None
         while True:
             info, sized = upstream.info, False
@@ -82,15 +95,19 @@ class Admission:
                         info.name,
                         self.platform_limits(info.name),
                     )
-                return res, upstream, max_tokens, prompts
+                return Admitted(res, route, upstream, max_tokens, prompts)
             except GatewayError as exc:
                 limited = sized and exc.code in MODEL_LIMIT_CODES  # a limit on this model
                 too_small = not sized and first is not None  # a candidate overflowed to
-                if not (limited or too_small):
+                widen = not sized and first is None and bool(route.wider)
+                if not (limited or too_small or widen):
                     raise  # another limit, or the model first chosen cannot hold the request
                 if limited:
                     metrics.OVERFLOWS.labels(info.name, _model_limit_reason(exc.code or "")).inc()
                 first = first or exc  # the model first chosen is the one to name
+                if widen:
+                    metrics.OVERFLOWS.labels(info.name, "context_window").inc()
+                    route, index = route.widened(), -1
                 found = self.dispatch.next_open(route, tier, index + 1)
                 if found is None:
                     raise first from None

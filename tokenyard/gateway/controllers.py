@@ -136,6 +136,7 @@ def _model_card(entry: ModelEntry, upstream: Upstream | None) -> dict[str, Any]:
         "tiers": list(entry.tiers),
         "pricing": msgspec.to_builtins(entry.price),
         "fallbacks": list(entry.fallbacks),
+        "context_fallbacks": list(entry.context_fallbacks),  # for prompts its window cannot hold
         "aliases": list(entry.aliases),  # other names requests may use for it
     }
 

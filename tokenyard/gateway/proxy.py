@@ -24,6 +24,7 @@ from tokenyard.backends.base import (
     UpstreamCall,
     UpstreamReply,
     UpstreamStream,
+    context_exceeded,
 )
 from tokenyard.backends.registry import Backends
 from tokenyard.core.errors import GatewayError
@@ -147,6 +148,15 @@ def _unmasker(check: InputCheck | None) -> Unmasker | None:
     """What puts the prompt's masked personal data back in the reply (None: nothing masked)."""
     masked = check.screen.masked if check is not None else None
     return Unmasker(masked) if masked else None
+
+
+class ContextExceeded(Exception):
+    """The upstream refused the prompt as too long for its window (the gateway's estimate said it
+    fitted) before anything reached the client: the route's context fallbacks may take it."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__("context window exceeded")
+        self.status, self.body = status, body
 
 
 def _decision(route: Route) -> str:
@@ -353,9 +363,8 @@ class Proxy:
             span.set_attribute("tokenyard.route.served", upstream.info.name)
             if route.score is not None:
                 span.set_attribute("tokenyard.route.score", route.score)
-        res, upstream, max_tokens, prompts = await self.admission.reserve(
-            route, upstream, policy, parsed, tier, trace
-        )
+        admitted = await self.admission.reserve(route, upstream, policy, parsed, tier, trace)
+        res, route, upstream = admitted.res, admitted.route, admitted.upstream
         lease_id = res.lease_id
         body = parsed.body
         body.pop("max_tokens", None)  # the cap goes in per model (_Call.to)
@@ -370,7 +379,7 @@ class Proxy:
                 "x-priority": tier,
                 "x-request-id": request_id,
             },
-            max_tokens,
+            admitted.max_tokens,
             responses,
             salt,
         )
@@ -399,8 +408,8 @@ class Proxy:
             tier=tier,
             stream=parsed.stream,
             # the overhead is learned from single prompts only
-            prompt_estimate=parsed.prompt_tokens if len(prompts) == 1 else None,
-            prompt_reserved=sum(prompts),
+            prompt_estimate=parsed.prompt_tokens if len(admitted.prompts) == 1 else None,
+            prompt_reserved=sum(admitted.prompts),
             ts=time.time(),
             key_prefix=policy.key_prefix,  # the authenticated key's (a batch job's creator's)
             route_features=route.features,
@@ -468,7 +477,9 @@ class Proxy:
         lookup: Lookup | None = None,
     ) -> Response:
         """Send the request to `upstream`; while a backend fails before its first byte, try the
-        route's next usable candidate (nothing has reached the client yet)."""
+        route's next usable candidate (nothing has reached the client yet). Where the upstream
+        refuses the prompt as too long for its window, the route's context fallbacks take it;
+        with none usable, the upstream's refusal is the answer."""
         index = route.candidates.index(upstream.info.name)
         while True:
             event.model_served = headers["x-tokenyard-model"] = upstream.info.name
@@ -487,11 +498,20 @@ class Proxy:
                     started,
                     check,
                     lookup,
+                    widen=bool(route.wider),
                 )
-            except BackendUnavailable:
+            except (BackendUnavailable, ContextExceeded) as exc:
+                widening = isinstance(exc, ContextExceeded)
+                if widening:
+                    metrics.OVERFLOWS.labels(upstream.info.name, "context_window").inc()
+                    route, index = route.widened(), -1
                 found = await self.admission.fail_over(
                     route, res, parsed, call.max_tokens, event.tier, index + 1
                 )
+                if found is None and widening:
+                    return await self._refused(
+                        res, upstream, event, started, exc.status, exc.body, headers
+                    )
                 if found is None:
                     raise
                 metrics.FALLBACKS.labels(upstream.info.name, found[1].info.name).inc()
@@ -509,7 +529,10 @@ class Proxy:
         started: float,
         check: "InputCheck | None" = None,
         lookup: Lookup | None = None,
+        widen: bool = False,
     ) -> Response:
+        """One upstream's answer. `widen`: the route has context fallbacks, so a refusal that says
+        the prompt is too long for this model's window raises ContextExceeded instead."""
         hit = lookup.entry if lookup is not None else None
         if lookup is not None:
             headers["x-tokenyard-cache"] = lookup.header
@@ -525,6 +548,8 @@ class Proxy:
                 check, source, res, upstream, event, started, charge=hit is None
             )
             res.trace.end_upstream(reply.status)
+            if widen and context_exceeded(reply.status, reply.body):
+                raise ContextExceeded(reply.status, reply.body)
             body = reply.body
             if check is not None and reply.status == 200:  # the output check, on the whole reply
                 filtered = filter_reply(body, check.screen.watch_output)
@@ -560,11 +585,10 @@ class Proxy:
         if stream.status != 200:
             res.trace.end_upstream(stream.status)
             refusal = await stream.read_all()
-            await self.settlement.settle(
-                res, upstream.info.name, Usage(), event, started, status=stream.status
-            )
-            return Response(
-                refusal, status_code=stream.status, media_type="application/json", headers=headers
+            if widen and context_exceeded(stream.status, refusal):
+                raise ContextExceeded(stream.status, refusal)
+            return await self._refused(
+                res, upstream, event, started, stream.status, refusal, headers
             )
         # from here on the body settles, however the stream ends
         watch = check.screen.watch_output() if check is not None else None
@@ -573,6 +597,22 @@ class Proxy:
         if lookup is not None and hit is None:  # its events are kept if it ends whole
             body_iter.stream = body_iter.recording = Recording(stream, self.cache.max_bytes, lookup)
         return Stream(body_iter, media_type="text/event-stream", headers={**headers, **SSE_HEADERS})
+
+    async def _refused(
+        self,
+        res: Reservation,
+        upstream: Upstream,
+        event: UsageEvent,
+        started: float,
+        status: int,
+        body: bytes,
+        headers: dict[str, str],
+    ) -> Response:
+        """An upstream's refusal (a JSON error) as the answer, settled with nothing used."""
+        await self.settlement.settle(
+            res, upstream.info.name, Usage(), event, started, status=status
+        )
+        return Response(body, status_code=status, media_type="application/json", headers=headers)
 
     async def _screened(
         self,

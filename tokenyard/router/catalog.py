@@ -82,6 +82,10 @@ class ModelEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     quality_reference: str = ""
     tiers: tuple[Tier, ...] = ("interactive", "batch")
     fallbacks: tuple[str, ...] = ()  # tried in order when this model is saturated or down
+    # models with larger windows, tried in order (each with its own fallbacks) only when this
+    # model's context window cannot hold a request (LiteLLM's context_window_fallbacks): a long
+    # prompt goes to a bigger, dearer model, but load and outages never send traffic there
+    context_fallbacks: tuple[str, ...] = ()
     # requests and tokens per minute of every team's together (a provider's limits on the
     # platform's account, a replica set's capacity); past them, its fallbacks take requests;
     # 0: none
@@ -143,9 +147,10 @@ class Catalog:
         if "auto" in self.models:
             raise CatalogError('"auto" is the router, not a model id')
         for m in spec.models:
-            unknown = [f for f in m.fallbacks if f not in self.models or f == m.id]
-            if unknown:
-                raise CatalogError(f"{m.id}: unknown fallbacks {unknown}")
+            for field in ("fallbacks", "context_fallbacks"):
+                unknown = [f for f in getattr(m, field) if f not in self.models or f == m.id]
+                if unknown:
+                    raise CatalogError(f"{m.id}: unknown {field} {unknown}")
             if m.rerank and m.kind != "embedding":
                 raise CatalogError(f"{m.id}: only an embedding model reranks by its embeddings")
         self.aliases = {alias: m.id for m in spec.models for alias in m.aliases}

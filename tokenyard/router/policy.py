@@ -10,8 +10,8 @@ allowed for the team and serve the request's tier; the gateway then skips the on
 """
 
 import logging
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from tokenyard.backends.fields import Ask, Refusal, ask_of, refusal
@@ -36,6 +36,12 @@ class Route:
     confidence: float | None = None  # how sure the classifier is (0: far from its training data)
     features: str | None = None  # auto: the router's view of the prompt, kept for feedback
     predicted_quality: float | None = None  # auto under a quality bar: the chosen model's, 0-1
+    # the first candidate's context fallbacks (with theirs), for a request its window cannot hold
+    wider: tuple[str, ...] = ()
+
+    def widened(self) -> "Route":
+        """The route of a request found too long for the first candidate's context window."""
+        return replace(self, candidates=self.wider, wider=())
 
 
 class TeamRouting(Protocol):
@@ -187,7 +193,10 @@ class Router:
             found = refusal(ask, entry.id, entry.provider, entry.supports) if ask else None
             if found:
                 raise Unsupported(found)
-            return Route(model, self._chain(model, team, tier, kind, ask, prompt_tokens))
+            chain = self._chain(model, team, tier, kind, ask, prompt_tokens)
+            return Route(
+                model, chain, wider=self._wider(chain, team, tier, kind, ask, prompt_tokens)
+            )
         able = self._able(team, tier, kind, ask, prompt_tokens)
         prompt = prompt_text(body)
         scored = self.scorer.route_score(prompt)
@@ -204,6 +213,7 @@ class Router:
             scored.confidence,
             features,
             predicted,
+            self._wider(candidates, team, tier, kind, ask, prompt_tokens),
         )
 
     def _able(
@@ -294,6 +304,27 @@ class Router:
             for m in entries
             if m.id == model or self._eligible(m, team, tier, kind, ask, prompt_tokens)
         )
+
+    def _wider(
+        self,
+        candidates: Sequence[str],
+        team: TeamRouting,
+        tier: str,
+        kind: Kind,
+        ask: Ask | None,
+        prompt_tokens: int,
+    ) -> tuple[str, ...]:
+        """The first candidate's context fallbacks, each followed by its own fallbacks, that can
+        serve the request (a model may be a fallback of both kinds: widened, the route is these
+        alone)."""
+        first, wider = candidates[0], []
+        for head in self.catalog.models[first].context_fallbacks:
+            for model in self.catalog.chain(head):
+                fresh = model not in wider and model != first
+                entry = self.catalog.models[model]
+                if fresh and self._eligible(entry, team, tier, kind, ask, prompt_tokens):
+                    wider.append(model)
+        return tuple(wider)
 
     def _threshold(self, team: TeamRouting) -> float:
         if team.auto_threshold is not None:
