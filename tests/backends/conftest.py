@@ -105,7 +105,13 @@ async def make_upstream(
     monkeypatch.setenv(KEY_ENV, "sk-test-secret")
     built: list[Upstream] = []
 
-    def make(provider: str, urls: list[str], model_id: str = "m", **settings: Any) -> Upstream:
+    def make(
+        provider: str,
+        urls: list[str],
+        model_id: str = "m",
+        own: dict[str, Any] | None = None,  # the catalog entry's own fields (timeouts, tries)
+        **settings: Any,
+    ) -> Upstream:
         entry = ModelEntry(
             id=model_id,
             provider=provider,  # type: ignore[arg-type]
@@ -114,6 +120,7 @@ async def make_upstream(
             ),
             base_urls=tuple(urls),
             api_key_env="" if provider == "self-hosted" else KEY_ENV,
+            **(own or {}),
         )
         upstream = build_upstream(entry, redis, fast_settings(**settings))
         built.append(upstream)

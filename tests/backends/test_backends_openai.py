@@ -184,6 +184,26 @@ async def test_read_timeout_before_any_byte_is_unavailable(make_upstream, openai
     assert stats(openai_url)["requests"] == 2
 
 
+async def test_a_models_own_timeouts_and_tries_replace_the_platforms(make_upstream, openai_url):
+    """The catalog's per-model waits and tries (LiteLLM's per-deployment timeout, stream_timeout,
+    num_retries) win over the platform's settings; a model that sets none keeps those."""
+    own = {"read_timeout_s": 0.2, "first_token_timeout_s": 0.2, "retry_attempts": 2}
+    hasty = make_upstream("openai", [openai_url + "/v1"], own=own, backend_retry_attempts=3)
+    control(openai_url, reset=True)
+    with pytest.raises(BackendUnavailable):
+        await hasty.complete(call("sleepy #delay=0.5"))
+    assert stats(openai_url)["requests"] == 2
+    started = time.monotonic()
+    with pytest.raises(BackendUnavailable):
+        await read_stream(hasty, call("slow #first_byte_delay=0.5", stream=True))
+    assert time.monotonic() - started < 0.8  # two tries of 0.2 s, not the platform's 2 s
+    patient = make_upstream("openai", [openai_url + "/v1"], model_id="p")
+    assert (await patient.complete(call("sleepy #delay=0.5"))).status == 200
+    raw = await read_stream(patient, call("slow #first_byte_delay=0.5", stream=True))
+    assert b"[DONE]" in raw
+    assert stats(openai_url)["requests"] == 6
+
+
 async def test_a_stream_cut_mid_way_is_broken_never_retried_never_duplicated(
     make_upstream, openai_url
 ):

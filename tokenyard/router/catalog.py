@@ -24,6 +24,7 @@ ENGINE_SUPPORTS = Supports(tools=True, structured_outputs=True, logprobs=True)
 # documents for a query (/v1/rerank: a cross-encoder's server, or Cohere's API)
 Kind = Literal["chat", "embedding", "rerank"]
 Fraction = Annotated[float, msgspec.Meta(ge=0, le=1)]
+Seconds = Annotated[float, msgspec.Meta(ge=0)]
 
 
 class Price(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -94,6 +95,12 @@ class ModelEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # the request field that caps its output: OpenAI's reasoning models (o-series, GPT-5) refuse
     # max_tokens and take max_completion_tokens only
     max_tokens_param: Literal["max_tokens", "max_completion_tokens"] = "max_tokens"
+    # this model's own waits and tries, where the platform's (TOKENYARD_BACKEND_*) do not suit it
+    # (LiteLLM's per-deployment timeout, stream_timeout, num_retries): a reasoning model thinks
+    # for minutes before its first token; a slow provider deserves fewer tries. 0: the platform's
+    first_token_timeout_s: Seconds = 0.0
+    read_timeout_s: Seconds = 0.0
+    retry_attempts: Annotated[int, msgspec.Meta(ge=0, le=10)] = 0
     # other names requests may use for it (a retired model's, a provider's dated snapshot's), so
     # clients keep working while the operator moves the name to another model
     aliases: tuple[str, ...] = ()

@@ -15,15 +15,16 @@ from tokenyard.core.settings import Settings
 from tokenyard.router.catalog import Catalog, ModelEntry
 
 
-def retry_policy(settings: Settings) -> RetryPolicy:
+def retry_policy(settings: Settings, entry: ModelEntry) -> RetryPolicy:
+    """The platform's timeouts and tries, where the model sets none of its own."""
     return RetryPolicy(
-        attempts=settings.backend_retry_attempts,
+        attempts=entry.retry_attempts or settings.backend_retry_attempts,
         backoff_s=settings.backend_retry_backoff_s,
         backoff_max_s=settings.backend_retry_backoff_max_s,
         retry_after_max_s=settings.backend_retry_after_max_s,
         connect_timeout_s=settings.backend_connect_timeout_s,
-        first_token_timeout_s=settings.backend_first_token_timeout_s,
-        read_timeout_s=settings.backend_read_timeout_s,
+        first_token_timeout_s=entry.first_token_timeout_s or settings.backend_first_token_timeout_s,
+        read_timeout_s=entry.read_timeout_s or settings.backend_read_timeout_s,
     )
 
 
@@ -48,7 +49,7 @@ def build_upstream(entry: ModelEntry, redis: Redis, settings: Settings) -> Upstr
         max_model_len=entry.max_context,
         max_tokens_param=entry.max_tokens_param,
     )
-    policy = retry_policy(settings)
+    policy = retry_policy(settings, entry)
     guard = Guard(info, policy, Breaker(entry.id, redis, breaker_config(settings)))
     if entry.provider == "self-hosted":
         return EngineUpstream(
