@@ -58,6 +58,11 @@ def openai_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+def azure_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from _server(HERE / "fake_azure.py", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
 def anthropic_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     yield from _server(HERE / "fake_anthropic.py", tmp_path_factory)
 

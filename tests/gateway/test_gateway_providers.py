@@ -118,6 +118,42 @@ def test_openai_and_anthropic_models_serve_through_the_gateway(
     wait_until(lambda: reservations(redis_server.client(), name) == idle, 2, "leases released")
 
 
+def test_an_azure_deployment_serves_every_client_through_the_gateway(
+    start_gateway: Any, team: Any, providers: dict[str, str], redis_server: Any, tmp_path: Path
+) -> None:
+    """Azure OpenAI through the gateway: its stream's opening chunk of no choices (the prompt's
+    content filters) and its annotations neither break OpenAI's clients nor the translation for
+    Anthropic's; usage settles as for OpenAI."""
+    server, url = start_server(BACKENDS / "fake_azure.py", tmp_path / "azure.log")
+    try:
+        extra = f"""
+[[models]]
+id = "azure-4o"
+provider = "azure"
+base_urls = ["{url}/openai/deployments/prod-4o"]
+api_version = "2024-10-21"
+api_key_env = "{OPENAI_KEY}"
+price = {{ input = 2.5, output = 10.0 }}
+"""
+        gateway = _gateway(start_gateway, providers, tmp_path, extra)
+        name, key = team()
+        client = gateway.client(key)
+        reply = client.chat.completions.create(model="azure-4o", messages=CHAT)
+        assert reply.model == "azure-4o" and reply.choices[0].message.content == "w0 w1 w2 "
+        assert reply.usage is not None and reply.usage.completion_tokens == 3
+        chunks = list(client.chat.completions.create(model="azure-4o", messages=CHAT, stream=True))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "w0 w1 w2 "
+        assert stats(url)["deployment"] == "prod-4o"
+        claude = anthropic.Anthropic(base_url=gateway.url, api_key=key, max_retries=0)
+        with claude.messages.stream(model="azure-4o", max_tokens=8, messages=CHAT) as stream:
+            assert "".join(stream.text_stream) == "w0 w1 w2 "
+            assert stream.get_final_message().usage.output_tokens == 3
+        idle = {"leases": 0, "pages": 0, "platform_leases": 0}
+        wait_until(lambda: reservations(redis_server.client(), name) == idle, 2, "leases released")
+    finally:
+        server.stop()
+
+
 def test_failure_before_first_byte_falls_back_and_the_breaker_cycles(
     gw: Any, team: Any, providers: dict[str, str]
 ) -> None:

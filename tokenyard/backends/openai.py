@@ -85,15 +85,22 @@ async def renamed_events(chunks: AsyncIterator[bytes], model: str) -> AsyncItera
 
 
 class OpenAIUpstream:
-    def __init__(self, info: ModelInfo, upstream_model: str, api: ApiClient, guard: Guard) -> None:
+    """OpenAI's API, or Azure OpenAI's (the same wire at a deployment's URL): `query` is what
+    every path takes after it (Azure's `?api-version=…`)."""
+
+    def __init__(
+        self, info: ModelInfo, upstream_model: str, api: ApiClient, guard: Guard, query: str = ""
+    ) -> None:
         self.info = info
         self._model = upstream_model
         self._api = api
         self._guard = guard
+        self._query = query
 
     def _prepare(self, call: UpstreamCall) -> tuple[str, bytes]:
         body = request_body(msgspec.json.decode(call.body), self._model)
-        return call.path.removeprefix("/v1"), body  # the base URL ends in /v1
+        # the base URL ends in /v1 (Azure's: …/openai/v1, or the deployment's own)
+        return call.path.removeprefix("/v1") + self._query, body
 
     async def complete(self, call: UpstreamCall) -> UpstreamReply:
         path, body = self._prepare(call)
@@ -116,7 +123,9 @@ class OpenAIUpstream:
         native = msgspec.json.decode(call.body)
         body = {k: v for k, v in native.items() if k in COUNTED} | {"model": self._model}
         response = await self._guard.run(
-            lambda: self._api.post("/responses/input_tokens", msgspec.json.encode(body)),
+            lambda: self._api.post(
+                "/responses/input_tokens" + self._query, msgspec.json.encode(body)
+            ),
             call.headers.get("x-tenant", ""),
         )
         if response.status == 200:

@@ -52,12 +52,17 @@ class Retryable(Exception):
 
 
 def retry_after(headers: Mapping[str, str]) -> float | None:
-    """Retry-After in seconds (an HTTP date is ignored: the backoff applies)."""
-    try:
-        value = float(headers.get("retry-after", ""))
-    except ValueError:
-        return None
-    return value if value >= 0 else None
+    """The wait an upstream asks for, in seconds: OpenAI's and Azure's `retry-after-ms` where
+    present (finer than whole seconds), else Retry-After in seconds (an HTTP date is ignored: the
+    backoff applies)."""
+    for name, scale in (("retry-after-ms", 1e-3), ("retry-after", 1.0)):
+        try:
+            value = float(headers.get(name, ""))
+        except ValueError:
+            continue
+        if value >= 0 and math.isfinite(value):
+            return value * scale
+    return None
 
 
 def check_status(status: int, headers: Mapping[str, str]) -> None:

@@ -12,11 +12,13 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from tokenyard.backends.fields import Provider as Wire
 from tokenyard.backends.fields import Supports
 from tokenyard.core.settings import Settings
 
 DEFAULT_CATALOG = Path(__file__).parent / "catalog.toml"
-Provider = Literal["self-hosted", "openai", "anthropic"]
+# azure: Azure OpenAI, OpenAI's API at a deployment's URL with an `api-key` header
+Provider = Literal["self-hosted", "openai", "anthropic", "azure"]
 Tier = Literal["interactive", "batch"]
 # what the tokenyard engine does for any model it serves (constrained decoding: tools, schemas)
 ENGINE_SUPPORTS = Supports(tools=True, structured_outputs=True, logprobs=True)
@@ -70,6 +72,9 @@ class ModelEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # self-hosted: one URL per engine replica; commercial: the API base (…/v1 for OpenAI)
     base_urls: tuple[str, ...] = ()
     api_key_env: str = ""  # commercial: the environment variable holding the key
+    # Azure OpenAI with a deployment's URL (…/openai/deployments/NAME): the api-version its
+    # requests name; empty with the v1 API's base URL (…/openai/v1), which takes none
+    api_version: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9.\-]*$")] = ""
     price: Price = Price()  # list price
     # self-hosted: what one replica costs per hour, spread over the requests by engine time
     usd_per_hour: float = 0.0
@@ -112,6 +117,12 @@ class ModelEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     @property
     def api_key(self) -> str:
         return os.environ.get(self.api_key_env, "") if self.api_key_env else ""
+
+    @property
+    def wire(self) -> Wire:
+        """The API it speaks, which decides how each request field fares (backends/fields.py):
+        Azure OpenAI's is OpenAI's."""
+        return "openai" if self.provider == "azure" else self.provider
 
     def serves(self, kind: Kind) -> bool:
         return self.kind == kind or (kind == "rerank" and self.kind == "embedding" and self.rerank)
@@ -158,6 +169,9 @@ class Catalog:
                 unknown = [f for f in getattr(m, field) if f not in self.models or f == m.id]
                 if unknown:
                     raise CatalogError(f"{m.id}: unknown {field} {unknown}")
+            deployment = any("/openai/deployments/" in url for url in m.base_urls)
+            if m.provider == "azure" and deployment and not m.api_version:
+                raise CatalogError(f"{m.id}: an Azure deployment's URL needs its api_version")
             if m.rerank and m.kind != "embedding":
                 raise CatalogError(f"{m.id}: only an embedding model reranks by its embeddings")
         self.aliases = {alias: m.id for m in spec.models for alias in m.aliases}

@@ -162,7 +162,7 @@ class Router:
             (not team.models or entry.id in team.models)
             and tier in entry.tiers
             and entry.serves(kind)
-            and (ask is None or refusal(ask, entry.id, entry.provider, entry.supports) is None)
+            and (ask is None or refusal(ask, entry.id, entry.wire, entry.supports) is None)
             and not (entry.max_context and prompt_tokens >= entry.max_context)
         )
 
@@ -190,7 +190,7 @@ class Router:
                 raise NoRoute(f"the model {model!r} serves {serves} only")
             if tier not in entry.tiers:
                 raise NoRoute(f"the model {model!r} does not serve the {tier} tier")
-            found = refusal(ask, entry.id, entry.provider, entry.supports) if ask else None
+            found = refusal(ask, entry.id, entry.wire, entry.supports) if ask else None
             if found:
                 raise Unsupported(found)
             chain = self._chain(model, team, tier, kind, ask, prompt_tokens)
@@ -230,7 +230,7 @@ class Router:
         able = [m for m in usable if self._eligible(m, team, tier, kind, ask, prompt_tokens)]
         if not able:  # the cheapest model says what it cannot do
             first = usable[0]
-            found = refusal(ask, first.id, first.provider, first.supports) if ask else None
+            found = refusal(ask, first.id, first.wire, first.supports) if ask else None
             if not found:
                 raise NoRoute(f"no model this team may use fits a prompt of {prompt_tokens} tokens")
             raise Unsupported(found)

@@ -67,6 +67,10 @@ def build_upstream(entry: ModelEntry, redis: Redis, settings: Settings) -> Upstr
         auth = {"authorization": f"Bearer {entry.api_key}"}
         api = ApiClient(base, auth, policy, connections)
         return OpenAIUpstream(info, entry.name_upstream, api, guard)
+    if entry.provider == "azure":  # its deployments take the key in their own header
+        api = ApiClient(base, {"api-key": entry.api_key}, policy, connections)
+        query = f"?api-version={entry.api_version}" if entry.api_version else ""
+        return OpenAIUpstream(info, entry.name_upstream, api, guard, query)
     api = ApiClient(base, anthropic_headers(entry.api_key), policy, connections)
     return AnthropicUpstream(info, entry.name_upstream, api, guard)
 
