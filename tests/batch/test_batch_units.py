@@ -13,7 +13,7 @@ from tokenyard.batch.models import BatchRequest
 from tokenyard.batch.worker import BatchWorker, _Running
 from tokenyard.core.db import get_engine
 from tokenyard.core.settings import Settings
-from tokenyard.gateway.proxy import Proxy
+from tokenyard.gateway.exchange import complete_unless_gone
 
 CHAT = "/v1/chat/completions"
 
@@ -145,7 +145,7 @@ class _Proxy:
 
     async def run_detached(self, *args: object) -> tuple[int, bytes, str]:
         hang_up = args[-1]
-        reply = await Proxy._complete_unless_gone(self, hang_up, self.upstream, None)  # type: ignore[arg-type]
+        reply = await complete_unless_gone(hang_up, self.upstream, None)  # type: ignore[arg-type]
         self.settling.set()
         await self.settled.wait()
         return 200, reply, "fake"

@@ -157,10 +157,13 @@ def make_app(model: str, block_size: int, max_model_len: int) -> Any:
         if "status" in directives:
             error = {"message": "refused", "type": "invalid_request_error", "param": None}
             return await send_json(send, int(directives["status"]), {"error": error})
-        if len(text.split()) > max_model_len and path.endswith("completions"):
+        # each prompt of a list runs in its own context
+        prompts = body.get("prompt") if isinstance(body.get("prompt"), list) else [text]
+        longest = max((len(str(p).split()) for p in prompts), default=0)
+        if longest > max_model_len and path.endswith("completions"):
             error = {  # as OpenAI and vLLM word it: each word is a token here
                 "message": f"This model's maximum context length is {max_model_len} tokens. "
-                f"However, your messages resulted in {len(text.split())} tokens.",
+                f"However, your messages resulted in {longest} tokens.",
                 "type": "invalid_request_error",
                 "param": "messages",
                 "code": "context_length_exceeded",

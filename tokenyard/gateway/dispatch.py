@@ -1,7 +1,7 @@
 """Which of a route's candidates takes a request now: the first that is configured, ready, with
 its circuit closed and not saturated. Skipping one for load or an open circuit is an overflow
 (counted); a backend that fails before its first byte hands the request to the next usable one
-(`Proxy._forward`), and none usable is a 503 with Retry-After."""
+(`Exchange.forward`), and none usable is a 503 with Retry-After."""
 
 from dataclasses import dataclass
 

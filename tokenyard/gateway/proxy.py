@@ -1,6 +1,7 @@
-"""One completion request's walk: auth → checks → reserve → upstream → relay → settle. Its
-steps live beside it: admission (sizing, reserving, overflow and fail-over: gateway/admission.py),
-the stream's body (gateway/stream_body.py), settlement (gateway/settlement.py).
+"""One completion request's walk: auth → checks → route → reserve → upstream → relay → settle.
+Its steps live beside it: admission (sizing, reserving, overflow and fail-over:
+gateway/admission.py), the exchange with the route's upstreams (gateway/exchange.py), the
+stream's body (gateway/stream_body.py), settlement (gateway/settlement.py).
 
 Every path that reserved settles exactly once, including refusals by the upstream, upstream
 failures, and clients that hang up mid-stream (settling then runs in a task of its own, outside the
@@ -8,23 +9,13 @@ cancelled response).
 """
 
 import asyncio
-import contextlib
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
-import msgspec
 from litestar import Request, Response
-from litestar.response import Stream
 
 from tokenyard.backends.base import (
-    BackendUnavailable,
     Upstream,
-    UpstreamCall,
-    UpstreamReply,
-    UpstreamStream,
-    context_exceeded,
 )
 from tokenyard.backends.registry import Backends
 from tokenyard.core.errors import GatewayError
@@ -35,55 +26,27 @@ from tokenyard.gateway import access_log, metrics, refusals, request_ids
 from tokenyard.gateway.admission import Admission
 from tokenyard.gateway.auth import Authenticator, authorization_of
 from tokenyard.gateway.dispatch import Dispatch, Saturation
+from tokenyard.gateway.exchange import Call, Exchange, HangUp
 from tokenyard.gateway.isolation import cache_salt
-from tokenyard.gateway.quotas import LeaseKeeper, Quotas, Reservation
+from tokenyard.gateway.quotas import LeaseKeeper, Quotas
 from tokenyard.gateway.response_cache import (
-    Lookup,
     Mode,
-    Recording,
-    Replay,
     ResponseCache,
     mode_of,
 )
 from tokenyard.gateway.screening import (
-    CONTENT_FILTER,
     InputCheck,
-    blocked_error,
-    filter_reply,
     input_text,
     scrub,
 )
-from tokenyard.gateway.settlement import Settlement, usage_of
+from tokenyard.gateway.settlement import Settlement
 from tokenyard.gateway.sizing import PromptOverhead
-from tokenyard.gateway.stream_body import Settling, StreamBody
-from tokenyard.gateway.streaming import SSE_HEADERS, reply_decoder
+from tokenyard.gateway.stream_body import Settling
 from tokenyard.gateway.tracing import NO_TRACE, RequestTrace, Tracing
-from tokenyard.gateway.unmasking import Unmasker
 from tokenyard.gateway.validation import GENERATING, Kind, Parsed, client_request_id, parse
-from tokenyard.router.policy import NoRoute, Route, Router, Unsupported, prefix_text
+from tokenyard.router.policy import NoRoute, Route, Router, Unsupported
 from tokenyard.tenancy.limits import TIERS
 from tokenyard.tenancy.policy import TeamPolicy
-
-RESPONSES_PATH = "/v1/responses"
-PATHS = {
-    "chat": "/v1/chat/completions",
-    "completion": "/v1/completions",
-    "embedding": "/v1/embeddings",
-    "rerank": "/v1/rerank",
-}
-
-
-# Returns when whoever waits for a non-streamed reply hangs up: an HTTP client disconnecting, or
-# the batch worker yielding a request to interactive traffic
-HangUp = Callable[[], Awaitable[None]]
-
-
-T = TypeVar("T")
-
-
-async def _ready(reply: T) -> T:
-    """A reply (or stream) already in hand, awaited where an upstream call would be."""
-    return reply
 
 
 def disconnect_of(request: Request) -> HangUp:
@@ -113,50 +76,6 @@ def refuse_blocked(policy: TeamPolicy, parsed: Parsed) -> None:
             code="end_user_blocked",
             param="safety_identifier" if "safety_identifier" in parsed.body else "user",
         )
-
-
-@dataclass
-class _Call:
-    """A request before it is addressed to a model: the body is encoded per attempt, with the
-    model that attempt goes to."""
-
-    kind: Kind
-    body: dict[str, Any]  # without the output cap, which each model names its own way
-    headers: dict[str, str]
-    max_tokens: int
-    # a Responses API request as OpenAI takes it: OpenAI's models get it as is (their own
-    # /v1/responses), every other model `body`, its translation onto chat
-    responses: dict[str, Any] | None = None
-    salt: str | None = None  # the engine's prefix-cache salt (gateway/isolation.py)
-
-    def to(self, upstream: Upstream) -> UpstreamCall:
-        info = upstream.info
-        if self.responses is not None and info.provider == "openai":
-            native = {**self.responses, "model": info.name, "max_output_tokens": self.max_tokens}
-            encoded = msgspec.json.encode(native)
-            return UpstreamCall(RESPONSES_PATH, encoded, self.headers, prefix_text(self.body))
-        body = {**self.body, "model": info.name}
-        if self.kind in GENERATING:  # an embedding or a ranking generates nothing: no output cap
-            body[info.max_tokens_param] = self.max_tokens
-        if self.salt is not None and info.provider == "self-hosted":
-            body["cache_salt"] = self.salt
-        encoded = msgspec.json.encode(body)
-        return UpstreamCall(PATHS[self.kind], encoded, self.headers, prefix_text(body))
-
-
-def _unmasker(check: InputCheck | None) -> Unmasker | None:
-    """What puts the prompt's masked personal data back in the reply (None: nothing masked)."""
-    masked = check.screen.masked if check is not None else None
-    return Unmasker(masked) if masked else None
-
-
-class ContextExceeded(Exception):
-    """The upstream refused the prompt as too long for its window (the gateway's estimate said it
-    fitted) before anything reached the client: the route's context fallbacks may take it."""
-
-    def __init__(self, status: int, body: bytes) -> None:
-        super().__init__("context window exceeded")
-        self.status, self.body = status, body
 
 
 def _decision(route: Route) -> str:
@@ -198,6 +117,7 @@ class Proxy:
         self.admission = Admission(settings, quotas, self.dispatch, router.catalog, self.overhead)
         self._tasks: set[asyncio.Task[None]] = set()
         self.settling = Settling(self.settlement, self.cache, self.spawn)
+        self.exchange = Exchange(self.admission, self.settlement, self.cache, self.settling)
 
     async def handle(
         self,
@@ -208,7 +128,7 @@ class Proxy:
     ) -> Response:
         """An HTTP request's walk. `body`: one the gateway built in place of the request's own
         (the Responses API's translation onto chat), walked the same way; `responses`: the
-        Responses API request itself, for OpenAI's models (`_Call.responses`)."""
+        Responses API request itself, for OpenAI's models (`exchange.Call.responses`)."""
         trace = self.tracing.begin(request_ids.request_id(request.scope), kind)
         try:
             return await self._handle(request, kind, body, responses, trace)
@@ -367,10 +287,10 @@ class Proxy:
         res, route, upstream = admitted.res, admitted.route, admitted.upstream
         lease_id = res.lease_id
         body = parsed.body
-        body.pop("max_tokens", None)  # the cap goes in per model (_Call.to)
+        body.pop("max_tokens", None)  # the cap goes in per model (Call.to)
         if parsed.stream:  # the gateway settles from the usage chunk, so always ask for it
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
-        call = _Call(
+        call = Call(
             kind,
             body,
             {
@@ -427,7 +347,7 @@ class Proxy:
                 check = None if screen is None else InputCheck(screen, input_text(parsed.body))
             if lookup is not None:
                 await self.cache.find(lookup)
-            return await self._forward(
+            return await self.exchange.forward(
                 hang_up, route, upstream, call, parsed, res, event, headers, started, check, lookup
             )
         except BaseException as exc:
@@ -438,224 +358,6 @@ class Proxy:
             model = served.info.name
             self.spawn(self.settlement.settle(res, model, Usage(), event, started, status=status))
             raise
-
-    async def _complete_unless_gone(
-        self, hang_up: HangUp, upstream: Upstream, call: UpstreamCall
-    ) -> UpstreamReply:
-        """The upstream's whole reply, unless the client hangs up first: then the upstream call is
-        dropped at once, so the engine frees the sequence instead of finishing it for nobody."""
-        task = asyncio.current_task()
-        assert task is not None
-
-        async def watch() -> None:
-            await hang_up()
-            task.cancel()
-
-        watcher = asyncio.get_running_loop().create_task(watch())
-        try:
-            return await upstream.complete(call)
-        except asyncio.CancelledError:
-            if not (watcher.done() and not watcher.cancelled()):
-                raise  # cancelled from elsewhere
-            task.uncancel()
-            raise GatewayError(499, "the client closed the request", code="client_closed") from None
-        finally:
-            watcher.cancel()
-
-    async def _forward(
-        self,
-        hang_up: HangUp,
-        route: Route,
-        upstream: Upstream,
-        call: "_Call",
-        parsed: Parsed,
-        res: Reservation,
-        event: UsageEvent,
-        headers: dict[str, str],
-        started: float,
-        check: "InputCheck | None" = None,
-        lookup: Lookup | None = None,
-    ) -> Response:
-        """Send the request to `upstream`; while a backend fails before its first byte, try the
-        route's next usable candidate (nothing has reached the client yet). Where the upstream
-        refuses the prompt as too long for its window, the route's context fallbacks take it;
-        with none usable, the upstream's refusal is the answer."""
-        index = route.candidates.index(upstream.info.name)
-        while True:
-            event.model_served = headers["x-tokenyard-model"] = upstream.info.name
-            if parsed.dropped:  # truncation "auto" dropped the oldest turns for this model
-                headers["x-tokenyard-truncated"] = str(parsed.dropped)
-            res.trace.begin_upstream(upstream.info.name, parsed.stream)
-            try:
-                return await self._send(
-                    hang_up,
-                    upstream,
-                    call.to(upstream),
-                    parsed,
-                    res,
-                    event,
-                    headers,
-                    started,
-                    check,
-                    lookup,
-                    widen=bool(route.wider),
-                )
-            except (BackendUnavailable, ContextExceeded) as exc:
-                widening = isinstance(exc, ContextExceeded)
-                if widening:
-                    metrics.OVERFLOWS.labels(upstream.info.name, "context_window").inc()
-                    route, index = route.widened(), -1
-                found = await self.admission.fail_over(
-                    route, res, parsed, call.max_tokens, event.tier, index + 1
-                )
-                if found is None and widening:
-                    return await self._refused(
-                        res, upstream, event, started, exc.status, exc.body, headers
-                    )
-                if found is None:
-                    raise
-                metrics.FALLBACKS.labels(upstream.info.name, found[1].info.name).inc()
-                index, upstream, call.max_tokens = found
-
-    async def _send(
-        self,
-        hang_up: HangUp,
-        upstream: Upstream,
-        call: UpstreamCall,
-        parsed: Parsed,
-        res: Reservation,
-        event: UsageEvent,
-        headers: dict[str, str],
-        started: float,
-        check: "InputCheck | None" = None,
-        lookup: Lookup | None = None,
-        widen: bool = False,
-    ) -> Response:
-        """One upstream's answer. `widen`: the route has context fallbacks, so a refusal that says
-        the prompt is too long for this model's window raises ContextExceeded instead."""
-        hit = lookup.entry if lookup is not None else None
-        if lookup is not None:
-            headers["x-tokenyard-cache"] = lookup.header
-        if hit is not None:  # the same request's answer again: no upstream call, no charge
-            event.model_served = headers["x-tokenyard-model"] = hit.model
-            event.cache_hit = True
-        if not parsed.stream:
-            if hit is not None:
-                source = _ready(UpstreamReply(200, hit.body, hit.content_type))
-            else:
-                source = self._complete_unless_gone(hang_up, upstream, call)
-            reply = await self._screened(
-                check, source, res, upstream, event, started, charge=hit is None
-            )
-            res.trace.end_upstream(reply.status)
-            if widen and context_exceeded(reply.status, reply.body):
-                raise ContextExceeded(reply.status, reply.body)
-            body = reply.body
-            if check is not None and reply.status == 200:  # the output check, on the whole reply
-                filtered = filter_reply(body, check.screen.watch_output)
-                if filtered is not None:
-                    body = filtered
-                    headers["x-tokenyard-guard"] = "output-blocked"
-            got = None
-            if reply.status == 200:
-                with contextlib.suppress(msgspec.DecodeError):
-                    got = reply_decoder.decode(reply.body)
-            usage = Usage()  # a cached answer: nothing was used upstream
-            if got is not None and hit is None:
-                usage = usage_of(got.usage, event.prompt_reserved, 0)
-                event.timings = got.timings
-            event.finish_reason = got.finish_reason if got else None
-            if body is not reply.body:
-                event.finish_reason = CONTENT_FILTER
-            elif hit is None and lookup is not None and reply.status == 200:
-                await self.cache.keep(lookup, upstream.info.name, reply)
-            await self.settlement.settle(
-                res, upstream.info.name, usage, event, started, status=reply.status
-            )
-            if (unmask := _unmasker(check)) is not None and reply.status == 200:
-                body = unmask.reply(body)
-            return Response(
-                body,
-                status_code=reply.status,
-                media_type=reply.content_type,
-                headers=headers,
-            )
-        opening = upstream.open_stream(call) if hit is None else _ready(Replay(hit.body))
-        stream: UpstreamStream = await self._screened(check, opening, res, upstream, event, started)
-        if stream.status != 200:
-            res.trace.end_upstream(stream.status)
-            refusal = await stream.read_all()
-            if widen and context_exceeded(stream.status, refusal):
-                raise ContextExceeded(stream.status, refusal)
-            return await self._refused(
-                res, upstream, event, started, stream.status, refusal, headers
-            )
-        # from here on the body settles, however the stream ends
-        watch = check.screen.watch_output() if check is not None else None
-        body_iter = StreamBody(self.settling, stream, parsed, res, upstream, event, started, watch)
-        body_iter.unmask = _unmasker(check)
-        if lookup is not None and hit is None:  # its events are kept if it ends whole
-            body_iter.stream = body_iter.recording = Recording(stream, self.cache.max_bytes, lookup)
-        return Stream(body_iter, media_type="text/event-stream", headers={**headers, **SSE_HEADERS})
-
-    async def _refused(
-        self,
-        res: Reservation,
-        upstream: Upstream,
-        event: UsageEvent,
-        started: float,
-        status: int,
-        body: bytes,
-        headers: dict[str, str],
-    ) -> Response:
-        """An upstream's refusal (a JSON error) as the answer, settled with nothing used."""
-        await self.settlement.settle(
-            res, upstream.info.name, Usage(), event, started, status=status
-        )
-        return Response(body, status_code=status, media_type="application/json", headers=headers)
-
-    async def _screened(
-        self,
-        check: "InputCheck | None",
-        call: Any,
-        res: Reservation,
-        upstream: Upstream,
-        event: UsageEvent,
-        started: float,
-        charge: bool = True,
-    ) -> Any:
-        """Await the upstream `call` (a whole reply, or a stream opening), the input verdict in
-        parallel: the call starts first, the prompt is classified while the upstream works, and
-        nothing is returned (so nothing reaches the client) before the verdict. A blocked prompt
-        cancels the call and refuses with 400 content_policy_violation; the team is charged only
-        what the upstream reported (a reply that was already whole; `charge` False: a cached
-        one, nothing), else nothing."""
-        if check is None:
-            return await call
-        task = asyncio.ensure_future(call)
-        await asyncio.sleep(0)  # the upstream call starts: its request goes out first
-        try:
-            verdict = await check.verdict()
-        except BaseException:
-            task.cancel()
-            raise
-        if not verdict.blocked:
-            return await task
-        task.cancel()
-        usage = Usage()
-        await asyncio.wait({task})  # done already, or cancelled now
-        got = None if task.cancelled() or task.exception() else task.result()
-        if isinstance(got, UpstreamReply):
-            if got.status == 200 and charge:
-                with contextlib.suppress(msgspec.DecodeError):
-                    reported = reply_decoder.decode(got.body).usage
-                    usage = usage_of(reported, event.prompt_reserved, 0)
-        elif got is not None:  # a stream that opened: nothing read from it, nothing to charge
-            await got.aclose()
-        event.finish_reason = CONTENT_FILTER
-        event.error = "content_policy_violation"
-        await self.settlement.settle(res, upstream.info.name, usage, event, started, status=400)
-        raise blocked_error(verdict)
 
     def spawn(self, coro: Any) -> "asyncio.Task[Any]":
         task = asyncio.get_running_loop().create_task(coro)

@@ -16,8 +16,9 @@ import msgspec
 
 from tokenyard.backends.base import UpstreamCall
 from tokenyard.core.errors import GatewayError
+from tokenyard.gateway.exchange import RESPONSES_PATH
 from tokenyard.gateway.metering import metered
-from tokenyard.gateway.proxy import RESPONSES_PATH, Proxy, refuse_blocked
+from tokenyard.gateway.proxy import Proxy, refuse_blocked
 from tokenyard.gateway.validation import parse
 from tokenyard.tenancy.policy import TeamPolicy
 
