@@ -173,7 +173,7 @@ async def _run_and_yield(monkeypatch: pytest.MonkeyPatch, after_reply: bool) -> 
     task = asyncio.create_task(worker._execute(request, hung_up))
     if after_reply:
         proxy.upstream.reply.set()
-        await proxy.settling.wait()
+        await asyncio.wait_for(proxy.settling.wait(), 5)  # a failed request never sets it
         hung_up.set()  # the worker yields it while the gateway settles the reply
         await asyncio.sleep(0.01)
         proxy.settled.set()

@@ -128,6 +128,22 @@ async def complete_unless_gone(
         watcher.cancel()
 
 
+@dataclass
+class Pending:
+    """A request on its way, as each attempt at it sees it: who waits for it (`hang_up`), what it
+    asked, its reservation and usage record, the response's headers, when it started, the input
+    check racing the upstream call, and its response-cache lookup."""
+
+    hang_up: HangUp
+    parsed: Parsed
+    res: Reservation
+    event: UsageEvent
+    headers: dict[str, str]
+    started: float
+    check: InputCheck | None = None
+    lookup: Lookup | None = None
+
+
 class Exchange:
     def __init__(
         self,
@@ -141,91 +157,52 @@ class Exchange:
         self.cache = cache
         self.settling = settling
 
-    async def forward(
-        self,
-        hang_up: HangUp,
-        route: Route,
-        upstream: Upstream,
-        call: Call,
-        parsed: Parsed,
-        res: Reservation,
-        event: UsageEvent,
-        headers: dict[str, str],
-        started: float,
-        check: "InputCheck | None" = None,
-        lookup: Lookup | None = None,
-    ) -> Response:
+    async def forward(self, p: Pending, route: Route, upstream: Upstream, call: Call) -> Response:
         """Send the request to `upstream`; while a backend fails before its first byte, try the
         route's next usable candidate (nothing has reached the client yet). Where the upstream
         refuses the prompt as too long for its window, the route's context fallbacks take it;
         with none usable, the upstream's refusal is the answer."""
         index = route.candidates.index(upstream.info.name)
         while True:
-            event.model_served = headers["x-tokenyard-model"] = upstream.info.name
-            if parsed.dropped:  # truncation "auto" dropped the oldest turns for this model
-                headers["x-tokenyard-truncated"] = str(parsed.dropped)
-            res.trace.begin_upstream(upstream.info.name, parsed.stream)
+            p.event.model_served = p.headers["x-tokenyard-model"] = upstream.info.name
+            if p.parsed.dropped:  # truncation "auto" dropped the oldest turns for this model
+                p.headers["x-tokenyard-truncated"] = str(p.parsed.dropped)
+            p.res.trace.begin_upstream(upstream.info.name, p.parsed.stream)
             try:
-                return await self._send(
-                    hang_up,
-                    upstream,
-                    call.to(upstream),
-                    parsed,
-                    res,
-                    event,
-                    headers,
-                    started,
-                    check,
-                    lookup,
-                    widen=bool(route.wider),
-                )
+                return await self._send(p, upstream, call.to(upstream), widen=bool(route.wider))
             except (BackendUnavailable, ContextExceeded) as exc:
                 widening = isinstance(exc, ContextExceeded)
                 if widening:
                     metrics.OVERFLOWS.labels(upstream.info.name, "context_window").inc()
                     route, index = route.widened(), -1
                 found = await self.admission.fail_over(
-                    route, res, parsed, call.max_tokens, event.tier, index + 1
+                    route, p.res, p.parsed, call.max_tokens, p.event.tier, index + 1
                 )
                 if found is None and widening:
-                    return await self._refused(
-                        res, upstream, event, started, exc.status, exc.body, headers
-                    )
+                    return await self._refused(p, upstream, exc.status, exc.body)
                 if found is None:
                     raise
                 metrics.FALLBACKS.labels(upstream.info.name, found[1].info.name).inc()
                 index, upstream, call.max_tokens = found
 
     async def _send(
-        self,
-        hang_up: HangUp,
-        upstream: Upstream,
-        call: UpstreamCall,
-        parsed: Parsed,
-        res: Reservation,
-        event: UsageEvent,
-        headers: dict[str, str],
-        started: float,
-        check: "InputCheck | None" = None,
-        lookup: Lookup | None = None,
-        widen: bool = False,
+        self, p: Pending, upstream: Upstream, call: UpstreamCall, widen: bool = False
     ) -> Response:
         """One upstream's answer. `widen`: the route has context fallbacks, so a refusal that says
         the prompt is too long for this model's window raises ContextExceeded instead."""
+        res, event, headers, check, lookup = p.res, p.event, p.headers, p.check, p.lookup
         hit = lookup.entry if lookup is not None else None
         if lookup is not None:
             headers["x-tokenyard-cache"] = lookup.header
         if hit is not None:  # the same request's answer again: no upstream call, no charge
             event.model_served = headers["x-tokenyard-model"] = hit.model
             event.cache_hit = True
-        if not parsed.stream:
+        if not p.parsed.stream:
             if hit is not None:
                 source = _ready(UpstreamReply(200, hit.body, hit.content_type))
             else:
-                source = complete_unless_gone(hang_up, upstream, call)
-            reply = await self._screened(
-                check, source, res, upstream, event, started, charge=hit is None
-            )
+                source = complete_unless_gone(p.hang_up, upstream, call)
+            reply = await self._screened(p, source, upstream, charge=hit is None)
             res.trace.end_upstream(reply.status)
             if widen and context_exceeded(reply.status, reply.body):
                 raise ContextExceeded(reply.status, reply.body)
@@ -249,7 +226,7 @@ class Exchange:
             elif hit is None and lookup is not None and reply.status == 200:
                 await self.cache.keep(lookup, upstream.info.name, reply)
             await self.settlement.settle(
-                res, upstream.info.name, usage, event, started, status=reply.status
+                res, upstream.info.name, usage, event, p.started, status=reply.status
             )
             if (unmask := _unmasker(check)) is not None and reply.status == 200:
                 body = unmask.reply(body)
@@ -260,48 +237,32 @@ class Exchange:
                 headers=headers,
             )
         opening = upstream.open_stream(call) if hit is None else _ready(Replay(hit.body))
-        stream: UpstreamStream = await self._screened(check, opening, res, upstream, event, started)
+        stream: UpstreamStream = await self._screened(p, opening, upstream)
         if stream.status != 200:
             res.trace.end_upstream(stream.status)
             refusal = await stream.read_all()
             if widen and context_exceeded(stream.status, refusal):
                 raise ContextExceeded(stream.status, refusal)
-            return await self._refused(
-                res, upstream, event, started, stream.status, refusal, headers
-            )
+            return await self._refused(p, upstream, stream.status, refusal)
         # from here on the body settles, however the stream ends
         watch = check.screen.watch_output() if check is not None else None
-        body_iter = StreamBody(self.settling, stream, parsed, res, upstream, event, started, watch)
+        body_iter = StreamBody(
+            self.settling, stream, p.parsed, res, upstream, event, p.started, watch
+        )
         body_iter.unmask = _unmasker(check)
         if lookup is not None and hit is None:  # its events are kept if it ends whole
             body_iter.stream = body_iter.recording = Recording(stream, self.cache.max_bytes, lookup)
         return Stream(body_iter, media_type="text/event-stream", headers={**headers, **SSE_HEADERS})
 
-    async def _refused(
-        self,
-        res: Reservation,
-        upstream: Upstream,
-        event: UsageEvent,
-        started: float,
-        status: int,
-        body: bytes,
-        headers: dict[str, str],
-    ) -> Response:
+    async def _refused(self, p: Pending, upstream: Upstream, status: int, body: bytes) -> Response:
         """An upstream's refusal (a JSON error) as the answer, settled with nothing used."""
         await self.settlement.settle(
-            res, upstream.info.name, Usage(), event, started, status=status
+            p.res, upstream.info.name, Usage(), p.event, p.started, status=status
         )
-        return Response(body, status_code=status, media_type="application/json", headers=headers)
+        return Response(body, status_code=status, media_type="application/json", headers=p.headers)
 
     async def _screened(
-        self,
-        check: "InputCheck | None",
-        call: Any,
-        res: Reservation,
-        upstream: Upstream,
-        event: UsageEvent,
-        started: float,
-        charge: bool = True,
+        self, p: Pending, call: Any, upstream: Upstream, charge: bool = True
     ) -> Any:
         """Await the upstream `call` (a whole reply, or a stream opening), the input verdict in
         parallel: the call starts first, the prompt is classified while the upstream works, and
@@ -309,12 +270,12 @@ class Exchange:
         cancels the call and refuses with 400 content_policy_violation; the team is charged only
         what the upstream reported (a reply that was already whole; `charge` False: a cached
         one, nothing), else nothing."""
-        if check is None:
+        if p.check is None:
             return await call
         task = asyncio.ensure_future(call)
         await asyncio.sleep(0)  # the upstream call starts: its request goes out first
         try:
-            verdict = await check.verdict()
+            verdict = await p.check.verdict()
         except BaseException:
             task.cancel()
             raise
@@ -328,10 +289,12 @@ class Exchange:
             if got.status == 200 and charge:
                 with contextlib.suppress(msgspec.DecodeError):
                     reported = reply_decoder.decode(got.body).usage
-                    usage = usage_of(reported, event.prompt_reserved, 0)
+                    usage = usage_of(reported, p.event.prompt_reserved, 0)
         elif got is not None:  # a stream that opened: nothing read from it, nothing to charge
             await got.aclose()
-        event.finish_reason = CONTENT_FILTER
-        event.error = "content_policy_violation"
-        await self.settlement.settle(res, upstream.info.name, usage, event, started, status=400)
+        p.event.finish_reason = CONTENT_FILTER
+        p.event.error = "content_policy_violation"
+        await self.settlement.settle(
+            p.res, upstream.info.name, usage, p.event, p.started, status=400
+        )
         raise blocked_error(verdict)

@@ -26,7 +26,7 @@ from tokenyard.gateway import access_log, metrics, refusals, request_ids
 from tokenyard.gateway.admission import Admission
 from tokenyard.gateway.auth import Authenticator, authorization_of
 from tokenyard.gateway.dispatch import Dispatch, Saturation
-from tokenyard.gateway.exchange import Call, Exchange, HangUp
+from tokenyard.gateway.exchange import Call, Exchange, HangUp, Pending
 from tokenyard.gateway.isolation import cache_salt
 from tokenyard.gateway.quotas import LeaseKeeper, Quotas
 from tokenyard.gateway.response_cache import (
@@ -347,9 +347,8 @@ class Proxy:
                 check = None if screen is None else InputCheck(screen, input_text(parsed.body))
             if lookup is not None:
                 await self.cache.find(lookup)
-            return await self.exchange.forward(
-                hang_up, route, upstream, call, parsed, res, event, headers, started, check, lookup
-            )
+            pending = Pending(hang_up, parsed, res, event, headers, started, check, lookup)
+            return await self.exchange.forward(pending, route, upstream, call)
         except BaseException as exc:
             # a no-op if the response already settled (or its stream body owns settling); a task
             # of its own because a cancelled request would cancel an await here as well

@@ -181,6 +181,10 @@ class Router:
         the first one a named model cannot) and whose context fits `prompt_tokens` (an estimate;
         0: unknown; a named model's own window is checked by the gateway)."""
         ask = ask_of(body) if kind == "chat" else None
+
+        def fits(entry: ModelEntry) -> bool:  # a fallback of either kind can take the request
+            return self._eligible(entry, team, tier, kind, ask, prompt_tokens)
+
         if model != AUTO:
             entry = self.catalog.get(model)
             if entry is None or (team.models and model not in team.models):
@@ -193,15 +197,13 @@ class Router:
             found = refusal(ask, entry.id, entry.wire, entry.supports) if ask else None
             if found:
                 raise Unsupported(found)
-            chain = self._chain(model, team, tier, kind, ask, prompt_tokens)
-            return Route(
-                model, chain, wider=self._wider(chain, team, tier, kind, ask, prompt_tokens)
-            )
+            chain = self._chain(model, fits)
+            return Route(model, chain, wider=self._wider(chain, fits))
         able = self._able(team, tier, kind, ask, prompt_tokens)
         prompt = prompt_text(body)
         scored = self.scorer.route_score(prompt)
         pool, escalated, predicted = self._choose(able, scored.score, team)
-        candidates = list(self._chain(pool[0].id, team, tier, kind, ask, prompt_tokens))
+        candidates = list(self._chain(pool[0].id, fits))
         # after the chosen model's own fallbacks, the rest of its class by price
         candidates += [m.id for m in pool if m.id not in candidates]
         features = self.scorer.features(prompt, "strong" if escalated else "weak", scored)
@@ -213,7 +215,7 @@ class Router:
             scored.confidence,
             features,
             predicted,
-            self._wider(candidates, team, tier, kind, ask, prompt_tokens),
+            self._wider(candidates, fits),
         )
 
     def _able(
@@ -289,40 +291,21 @@ class Router:
             return None
         return rated[cheapest_clearing([q for _, q in rated], bar)]
 
-    def _chain(
-        self,
-        model: str,
-        team: TeamRouting,
-        tier: str,
-        kind: Kind,
-        ask: Ask | None,
-        prompt_tokens: int,
-    ) -> tuple[str, ...]:
+    def _chain(self, model: str, fits: Callable[[ModelEntry], bool]) -> tuple[str, ...]:
+        """The model, then those of its fallbacks (transitively) that can take the request."""
         entries = (self.catalog.models[m] for m in self.catalog.chain(model))
-        return tuple(
-            m.id
-            for m in entries
-            if m.id == model or self._eligible(m, team, tier, kind, ask, prompt_tokens)
-        )
+        return tuple(m.id for m in entries if m.id == model or fits(m))
 
     def _wider(
-        self,
-        candidates: Sequence[str],
-        team: TeamRouting,
-        tier: str,
-        kind: Kind,
-        ask: Ask | None,
-        prompt_tokens: int,
+        self, candidates: Sequence[str], fits: Callable[[ModelEntry], bool]
     ) -> tuple[str, ...]:
         """The first candidate's context fallbacks, each followed by its own fallbacks, that can
-        serve the request (a model may be a fallback of both kinds: widened, the route is these
+        take the request (a model may be a fallback of both kinds: widened, the route is these
         alone)."""
         first, wider = candidates[0], []
         for head in self.catalog.models[first].context_fallbacks:
             for model in self.catalog.chain(head):
-                fresh = model not in wider and model != first
-                entry = self.catalog.models[model]
-                if fresh and self._eligible(entry, team, tier, kind, ask, prompt_tokens):
+                if model not in wider and model != first and fits(self.catalog.models[model]):
                     wider.append(model)
         return tuple(wider)
 
