@@ -4,6 +4,7 @@ model reported."""
 
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -59,21 +60,30 @@ quality_reference = "gpt-4-1106-preview"
     return path
 
 
+@contextmanager
+def fake_engines(logs: Path, windows: dict[str, int]) -> Iterator[dict[str, str]]:
+    """A fake engine per model, each with its context window; their URLs, once all are up."""
+    urls, procs = {}, []
+    for name, window in windows.items():
+        port = free_port()
+        command = [sys.executable, str(HERE / "fake_upstream.py"), "--port", str(port)]
+        command += ["--model", name, "--max-model-len", str(window)]
+        procs.append(Process(command, {}, logs / f"{name}.log"))
+        urls[name] = f"http://127.0.0.1:{port}"
+    try:
+        for url in urls.values():
+            wait_until(lambda u=url: httpx.get(u + "/health").status_code == 200, 20, "fake engine")
+        yield urls
+    finally:
+        for proc in procs:
+            proc.stop()
+
+
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """Two fake engines, one per model."""
-    logs = tmp_path_factory.mktemp("engines")
-    urls, procs = {}, []
-    for name in ("cheap", "strong"):
-        port = free_port()
-        command = [sys.executable, str(HERE / "fake_upstream.py"), "--port", str(port)]
-        procs.append(Process([*command, "--model", name], {}, logs / f"{name}.log"))
-        urls[name] = f"http://127.0.0.1:{port}"
-    for url in urls.values():
-        wait_until(lambda u=url: httpx.get(u + "/health").status_code == 200, 20, "fake engine")
-    yield urls
-    for proc in procs:
-        proc.stop()
+    with fake_engines(tmp_path_factory.mktemp("engines"), {"cheap": 2048, "strong": 2048}) as urls:
+        yield urls
 
 
 @pytest.fixture
@@ -358,16 +368,7 @@ def test_a_prompt_too_long_for_its_model_goes_to_its_context_fallback(
     wider model, whether the gateway's estimate says so (nothing is sent to the narrow one) or
     the upstream's own refusal does (the estimate missed; streamed or not, the client sees the
     wider model's answer). A team that may not use the wider model gets the refusal."""
-    urls, procs = {}, []
-    for name, window in (("narrow", 64), ("wide", 4096)):
-        port = free_port()
-        command = [sys.executable, str(HERE / "fake_upstream.py"), "--port", str(port)]
-        command += ["--model", name, "--max-model-len", str(window)]
-        procs.append(Process(command, {}, tmp_path / f"{name}.log"))
-        urls[name] = f"http://127.0.0.1:{port}"
-    try:
-        for url in urls.values():
-            wait_until(lambda u=url: httpx.get(u + "/health").status_code == 200, 20, "fake engine")
+    with fake_engines(tmp_path, {"narrow": 64, "wide": 4096}) as urls:
         path = tmp_path / "catalog.toml"
         path.write_text(
             '[[models]]\nid = "narrow"\nprovider = "self-hosted"\ncontext_fallbacks = ["wide"]\n'
@@ -419,6 +420,3 @@ def test_a_prompt_too_long_for_its_model_goes_to_its_context_fallback(
             _ask(gw.client(only), "narrow", dense)
         assert refused.value.code == "context_length_exceeded"
         assert "maximum context length is 64" in refused.value.message
-    finally:
-        for proc in procs:
-            proc.stop()
