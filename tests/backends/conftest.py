@@ -103,12 +103,24 @@ def fast_settings(**overrides: Any) -> Settings:
 
 
 @pytest.fixture
-async def make_upstream(
-    redis: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[Any]:
+async def build_entry(redis: aioredis.Redis) -> AsyncIterator[Any]:
+    """build_entry(entry, **settings): a catalog entry's backend, closed after the test."""
+    built: list[Upstream] = []
+
+    def build(entry: ModelEntry, **settings: Any) -> Upstream:
+        upstream = build_upstream(entry, redis, fast_settings(**settings))
+        built.append(upstream)
+        return upstream
+
+    yield build
+    for upstream in built:
+        await upstream.aclose()
+
+
+@pytest.fixture
+def make_upstream(build_entry: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     """Build a backend through the factory: make_upstream(provider, urls, **settings)."""
     monkeypatch.setenv(KEY_ENV, "sk-test-secret")
-    built: list[Upstream] = []
 
     def make(
         provider: str,
@@ -127,10 +139,6 @@ async def make_upstream(
             api_key_env="" if provider == "self-hosted" else KEY_ENV,
             **(own or {}),
         )
-        upstream = build_upstream(entry, redis, fast_settings(**settings))
-        built.append(upstream)
-        return upstream
+        return build_entry(entry, **settings)
 
-    yield make
-    for upstream in built:
-        await upstream.aclose()
+    return make

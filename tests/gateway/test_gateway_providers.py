@@ -4,6 +4,7 @@ model, the breaker opens, half-opens and closes across requests, and a stream cu
 an error event instead of a second answer."""
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -134,6 +135,25 @@ base_urls = ["{url}/openai/deployments/prod-4o"]
 api_version = "2024-10-21"
 api_key_env = "{OPENAI_KEY}"
 price = {{ input = 2.5, output = 10.0 }}
+
+[[models]]
+id = "any-4o"
+provider = "azure"
+price = {{ input = 2.5, output = 10.0 }}
+
+[[models.deployments]]
+name = "eu"
+base_url = "{url}/openai/deployments/prod-4o"
+api_version = "2024-10-21"
+api_key_env = "{OPENAI_KEY}"
+
+[[models.deployments]]
+name = "us"
+provider = "openai"
+base_url = "{providers["openai"]}/v1"
+api_key_env = "{OPENAI_KEY}"
+upstream_model = "gpt-4o"
+weight = 1e6
 """
         gateway = _gateway(start_gateway, providers, tmp_path, extra)
         name, key = team()
@@ -148,6 +168,22 @@ price = {{ input = 2.5, output = 10.0 }}
         with claude.messages.stream(model="azure-4o", max_tokens=8, messages=CHAT) as stream:
             assert "".join(stream.text_stream) == "w0 w1 w2 "
             assert stream.get_final_message().usage.output_tokens == 3
+        # a model at two deployments: OpenAI's (all traffic by weight) asks for 30 s, Azure's
+        # answers at once, and the client never hears of it, nor of another model
+        at_azure = stats(url)["requests"]
+        control(providers["openai"], fail_next=1, status=429, retry_after=30)
+        for i in range(3):
+            started = time.monotonic()
+            reply = client.chat.completions.with_raw_response.create(
+                model="any-4o", messages=[{"role": "user", "content": f"hi {i} #chunks=2"}]
+            )
+            assert reply.headers["x-tokenyard-model"] == "any-4o"
+            assert reply.parse().model == "any-4o" and time.monotonic() - started < 3
+        assert (stats(providers["openai"])["requests"], stats(url)["requests"]) == (1, at_azure + 3)
+        metrics = httpx.get(gateway.url + "/metrics").text
+        series = "tokenyard_backend_deployment_requests_total"
+        assert f'{series}{{backend="any-4o",deployment="us",outcome="retried"}} 1.0' in metrics
+        assert f'{series}{{backend="any-4o",deployment="eu",outcome="answered"}} 3.0' in metrics
         idle = {"leases": 0, "pages": 0, "platform_leases": 0}
         wait_until(lambda: reservations(redis_server.client(), name) == idle, 2, "leases released")
     finally:

@@ -15,7 +15,7 @@ from tokenyard.backends.anthropic_wire import (
     error_reply,
 )
 from tokenyard.backends.anthropic_wire import messages_request as translate
-from tokenyard.backends.api import ApiClient, Opened, Reply
+from tokenyard.backends.api import Opened, Reply
 from tokenyard.backends.base import (
     BufferedStream,
     LiveStream,
@@ -26,7 +26,8 @@ from tokenyard.backends.base import (
     UpstreamStream,
     counted,
 )
-from tokenyard.backends.retry import Guard, Retryable
+from tokenyard.backends.deployments import Deployment, Deployments
+from tokenyard.backends.retry import Retryable
 from tokenyard.core.errors import GatewayError
 
 PATH = "/v1/messages"
@@ -49,12 +50,14 @@ async def _translated(first: bytes, rest: AsyncIterator[bytes], name: str) -> As
         raise UpstreamBroken(f"{name}: {exc}") from exc
 
 
+def _body(message: dict[str, Any], at: Deployment) -> bytes:
+    return json.dumps({**message, "model": at.model}).encode()
+
+
 class AnthropicUpstream:
-    def __init__(self, info: ModelInfo, upstream_model: str, api: ApiClient, guard: Guard) -> None:
+    def __init__(self, info: ModelInfo, deployments: Deployments) -> None:
         self.info = info
-        self._model = upstream_model
-        self._api = api
-        self._guard = guard
+        self._deployments = deployments
 
     def _prepare(self, call: UpstreamCall) -> tuple[dict[str, Any], bool]:
         if call.path != "/v1/chat/completions":
@@ -66,24 +69,28 @@ class AnthropicUpstream:
             )
         body: dict[str, Any] = json.loads(call.body)
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        return translate(body, self._model), include_usage
+        # the model's name is each deployment's own, set as it is sent
+        return translate(body, ""), include_usage
 
     async def count_tokens(self, call: UpstreamCall) -> UpstreamReply | None:
         message, _ = self._prepare(call)
-        body = json.dumps({k: v for k, v in message.items() if k in COUNTED}).encode()
-        response = await self._guard.run(
-            lambda: self._api.post(COUNT_PATH, body), call.headers.get("x-tenant", "")
-        )
+        counted_fields = {k: v for k, v in message.items() if k in COUNTED}
+
+        async def send(at: Deployment) -> Reply:
+            return await at.api.post(COUNT_PATH, _body(counted_fields, at))
+
+        response = await self._deployments.call(send, call.headers.get("x-tenant", ""))
         if response.status == 200:
             return counted(int(response.json()["input_tokens"]))
         return UpstreamReply(*error_reply(response.status, response.body), "application/json")
 
     async def complete(self, call: UpstreamCall) -> UpstreamReply:
         message, _ = self._prepare(call)
-        body = json.dumps(message).encode()
-        response = await self._guard.run(
-            lambda: self._api.post(PATH, body), call.headers.get("x-tenant", "")
-        )
+
+        async def send(at: Deployment) -> Reply:
+            return await at.api.post(PATH, _body(message, at))
+
+        response = await self._deployments.call(send, call.headers.get("x-tenant", ""))
         if response.status == 200:
             reply = chat_reply(response.json(), self.info.name)
             return UpstreamReply(200, json.dumps(reply).encode(), "application/json")
@@ -92,16 +99,17 @@ class AnthropicUpstream:
 
     async def open_stream(self, call: UpstreamCall) -> UpstreamStream:
         message, include_usage = self._prepare(call)
-        body = json.dumps(message).encode()
 
-        async def attempt() -> tuple[Opened, bytes, AsyncIterator[bytes]] | BufferedStream:
-            opened = await self._api.open(PATH, body)
+        async def send(
+            at: Deployment,
+        ) -> tuple[Opened, bytes, AsyncIterator[bytes]] | BufferedStream:
+            opened = await at.api.open(PATH, _body(message, at))
             if isinstance(opened, Reply):
                 return BufferedStream(*error_reply(opened.status, opened.body))
             writer = ChunkWriter(self.info.name, include_usage)
             chunks = chat_chunks(sse.events(opened.chunks()), writer)
             try:  # an `error` event in place of message_start is a refusal, retried if 429/5xx
-                async with asyncio.timeout(self._api.policy.first_token_timeout_s):
+                async with asyncio.timeout(at.api.policy.first_token_timeout_s):
                     first = await anext(chunks)
             except StreamError as exc:
                 await opened.aclose()
@@ -113,16 +121,20 @@ class AnthropicUpstream:
                 raise Retryable(f"no first event: {exc!r}") from exc
             return opened, first, chunks
 
-        result = await self._guard.run(attempt, call.headers.get("x-tenant", ""))
+        deployments = self._deployments
+        at, result = await deployments.run(send, call.headers.get("x-tenant", ""))
         if isinstance(result, BufferedStream):
+            deployments.release(at)
             return result
         opened, first, chunks = result
         return LiveStream(
-            _translated(first, chunks, self.info.name), opened.aclose, self._guard.failed
+            _translated(first, chunks, self.info.name),
+            deployments.closer(at, opened.aclose),
+            lambda: deployments.broken(at),
         )
 
     async def refresh(self) -> None:
-        await self._guard.refresh()
+        await self._deployments.refresh()
 
     async def aclose(self) -> None:
-        await self._api.aclose()
+        await self._deployments.aclose()

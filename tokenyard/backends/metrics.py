@@ -22,3 +22,10 @@ RETRIES = Counter(
     ["backend", "reason"],
     registry=REGISTRY,
 )
+DEPLOYMENT_REQUESTS = Counter(
+    "tokenyard_backend_deployment_requests_total",
+    "Attempts at each deployment of a commercial model: answered (any status but 429/5xx) or "
+    "retried elsewhere or later",
+    ["backend", "deployment", "outcome"],
+    registry=REGISTRY,
+)

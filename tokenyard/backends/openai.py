@@ -8,7 +8,7 @@ from typing import Any
 import msgspec
 
 from tokenyard.backends import sse
-from tokenyard.backends.api import ApiClient, Opened
+from tokenyard.backends.api import Opened, Reply
 from tokenyard.backends.base import (
     BufferedStream,
     LiveStream,
@@ -18,7 +18,7 @@ from tokenyard.backends.base import (
     UpstreamStream,
     counted,
 )
-from tokenyard.backends.retry import Guard
+from tokenyard.backends.deployments import Deployment, Deployments
 
 # the platform's extensions and vLLM's sampling extras: OpenAI rejects unknown fields
 DROPPED = frozenset(
@@ -85,28 +85,25 @@ async def renamed_events(chunks: AsyncIterator[bytes], model: str) -> AsyncItera
 
 
 class OpenAIUpstream:
-    """OpenAI's API, or Azure OpenAI's (the same wire at a deployment's URL): `query` is what
-    every path takes after it (Azure's `?api-version=…`)."""
+    """OpenAI's API, or Azure OpenAI's (the same wire at a deployment's URL), at one or more
+    deployments."""
 
-    def __init__(
-        self, info: ModelInfo, upstream_model: str, api: ApiClient, guard: Guard, query: str = ""
-    ) -> None:
+    def __init__(self, info: ModelInfo, deployments: Deployments) -> None:
         self.info = info
-        self._model = upstream_model
-        self._api = api
-        self._guard = guard
-        self._query = query
+        self._deployments = deployments
 
-    def _prepare(self, call: UpstreamCall) -> tuple[str, bytes]:
-        body = request_body(msgspec.json.decode(call.body), self._model)
+    @staticmethod
+    def _path(call_path: str, deployment: Deployment) -> str:
         # the base URL ends in /v1 (Azure's: …/openai/v1, or the deployment's own)
-        return call.path.removeprefix("/v1") + self._query, body
+        return call_path.removeprefix("/v1") + deployment.query
 
     async def complete(self, call: UpstreamCall) -> UpstreamReply:
-        path, body = self._prepare(call)
-        response = await self._guard.run(
-            lambda: self._api.post(path, body), call.headers.get("x-tenant", "")
-        )
+        native = msgspec.json.decode(call.body)
+
+        async def send(at: Deployment) -> Reply:
+            return await at.api.post(self._path(call.path, at), request_body(native, at.model))
+
+        response = await self._deployments.call(send, call.headers.get("x-tenant", ""))
         content = response.body
         if response.status == 200:
             content = renamed(content, self.info.name)
@@ -121,30 +118,36 @@ class OpenAIUpstream:
         if call.path != "/v1/responses":
             return None
         native = msgspec.json.decode(call.body)
-        body = {k: v for k, v in native.items() if k in COUNTED} | {"model": self._model}
-        response = await self._guard.run(
-            lambda: self._api.post(
-                "/responses/input_tokens" + self._query, msgspec.json.encode(body)
-            ),
-            call.headers.get("x-tenant", ""),
-        )
+        counted_fields = {k: v for k, v in native.items() if k in COUNTED}
+
+        async def send(at: Deployment) -> Reply:
+            body = msgspec.json.encode(counted_fields | {"model": at.model})
+            return await at.api.post("/responses/input_tokens" + at.query, body)
+
+        response = await self._deployments.call(send, call.headers.get("x-tenant", ""))
         if response.status == 200:
             return counted(int(response.json()["input_tokens"]))
         return UpstreamReply(response.status, response.body, "application/json")
 
     async def open_stream(self, call: UpstreamCall) -> UpstreamStream:
-        path, body = self._prepare(call)
-        opened = await self._guard.run(
-            lambda: self._api.open(path, body), call.headers.get("x-tenant", "")
-        )
+        native = msgspec.json.decode(call.body)
+
+        async def send(at: Deployment) -> Opened | Reply:
+            return await at.api.open(self._path(call.path, at), request_body(native, at.model))
+
+        deployments = self._deployments
+        at, opened = await deployments.run(send, call.headers.get("x-tenant", ""))
         if not isinstance(opened, Opened):
+            deployments.release(at)
             return BufferedStream(opened.status, opened.body)
         return LiveStream(
-            renamed_events(opened.chunks(), self.info.name), opened.aclose, self._guard.failed
+            renamed_events(opened.chunks(), self.info.name),
+            deployments.closer(at, opened.aclose),
+            lambda: deployments.broken(at),
         )
 
     async def refresh(self) -> None:
-        await self._guard.refresh()
+        await self._deployments.refresh()
 
     async def aclose(self) -> None:
-        await self._api.aclose()
+        await self._deployments.aclose()

@@ -147,7 +147,9 @@ class Settings(BaseSettings):
     backend_breaker_window_s: float = 30.0
     backend_breaker_open_s: float = 30.0  # open this long, then one half-open probe is let through
     backend_breaker_probe_s: float = 60.0  # a probe that never reports frees its lock after this
-    backend_replica_cooldown_s: float = 5.0  # an engine replica that failed is skipped this long
+    # an engine replica or a deployment of a commercial model that failed is skipped this long
+    # (a deployment's 429 for as long as its Retry-After asks)
+    backend_replica_cooldown_s: float = 5.0
     # prefix affinity keeps a prompt prefix on its replica while that replica's load is within this
     # of the least loaded (load: waiting requests + KV share in use + requests sent since its poll)
     backend_affinity_margin: float = 2.0

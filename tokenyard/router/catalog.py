@@ -9,6 +9,7 @@ import os
 import tomllib
 from pathlib import Path
 from typing import Annotated, Literal
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -27,6 +28,8 @@ ENGINE_SUPPORTS = Supports(tools=True, structured_outputs=True, logprobs=True)
 Kind = Literal["chat", "embedding", "rerank"]
 Fraction = Annotated[float, msgspec.Meta(ge=0, le=1)]
 Seconds = Annotated[float, msgspec.Meta(ge=0)]
+# Azure's api-version goes into every request's query string: nothing that could end or extend it
+ApiVersion = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9.\-]*$")]
 
 
 class Price(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -62,6 +65,36 @@ class Price(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return (3 * self.input + self.output) / 4
 
 
+def wire_of(provider: Provider) -> Wire:
+    """Azure OpenAI speaks OpenAI's API."""
+    return "openai" if provider == "azure" else provider
+
+
+class DeploymentEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One place a commercial model is served: an Azure region's deployment, another account or
+    project with its own key and rate limits (LiteLLM's deployments of one model name). A model
+    with several takes each request at one, by weight and load (backends/deployments.py)."""
+
+    base_url: str
+    api_key_env: str
+    # default: the model's; openai and azure may share a model (both speak OpenAI's wire)
+    provider: Provider | None = None
+    upstream_model: str = ""  # default: the model's
+    api_version: ApiVersion = ""
+    # its share of requests when the model is idle (say, in proportion to its tokens-per-minute
+    # quota); under load, requests go where the fewest are in flight per unit of weight
+    weight: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    name: str = ""  # in logs and metrics; default: the URL's host
+
+    @property
+    def api_key(self) -> str:
+        return os.environ.get(self.api_key_env, "")
+
+    @property
+    def label(self) -> str:
+        return self.name or urlsplit(self.base_url).netloc or self.base_url
+
+
 class ModelEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     id: str
     provider: Provider
@@ -74,7 +107,10 @@ class ModelEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     api_key_env: str = ""  # commercial: the environment variable holding the key
     # Azure OpenAI with a deployment's URL (…/openai/deployments/NAME): the api-version its
     # requests name; empty with the v1 API's base URL (…/openai/v1), which takes none
-    api_version: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9.\-]*$")] = ""
+    api_version: ApiVersion = ""
+    # commercial: where else it is served, in place of base_urls/api_key_env/api_version; the
+    # deployments whose keys are set share its requests
+    deployments: tuple[DeploymentEntry, ...] = ()
     price: Price = Price()  # list price
     # self-hosted: what one replica costs per hour, spread over the requests by engine time
     usd_per_hour: float = 0.0
@@ -115,14 +151,33 @@ class ModelEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         return self.upstream_model or self.id
 
     @property
-    def api_key(self) -> str:
-        return os.environ.get(self.api_key_env, "") if self.api_key_env else ""
+    def all_deployments(self) -> tuple[DeploymentEntry, ...]:
+        """Commercial: every deployment, its provider, model name and api-version filled in (one
+        from base_urls/api_key_env where it lists none)."""
+        if self.provider == "self-hosted":
+            return ()
+        listed = self.deployments
+        if not listed and self.base_urls and self.api_key_env:
+            own = DeploymentEntry(self.base_urls[0], self.api_key_env, api_version=self.api_version)
+            listed = (own,)
+        return tuple(
+            msgspec.structs.replace(
+                d,
+                provider=d.provider or self.provider,
+                upstream_model=d.upstream_model or self.name_upstream,
+            )
+            for d in listed
+        )
+
+    @property
+    def live_deployments(self) -> tuple[DeploymentEntry, ...]:
+        """The deployments whose API keys are in the environment."""
+        return tuple(d for d in self.all_deployments if d.api_key)
 
     @property
     def wire(self) -> Wire:
-        """The API it speaks, which decides how each request field fares (backends/fields.py):
-        Azure OpenAI's is OpenAI's."""
-        return "openai" if self.provider == "azure" else self.provider
+        """The API it speaks, which decides how each request field fares (backends/fields.py)."""
+        return wire_of(self.provider)
 
     def serves(self, kind: Kind) -> bool:
         return self.kind == kind or (kind == "rerank" and self.kind == "embedding" and self.rerank)
@@ -132,7 +187,7 @@ class ModelEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         """Whether the platform can call it at all: replicas known, or the API key present."""
         if self.provider == "self-hosted":
             return bool(self.base_urls)
-        return bool(self.base_urls) and bool(self.api_key)
+        return bool(self.live_deployments)
 
 
 class AutoRouting(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -169,9 +224,7 @@ class Catalog:
                 unknown = [f for f in getattr(m, field) if f not in self.models or f == m.id]
                 if unknown:
                     raise CatalogError(f"{m.id}: unknown {field} {unknown}")
-            deployment = any("/openai/deployments/" in url for url in m.base_urls)
-            if m.provider == "azure" and deployment and not m.api_version:
-                raise CatalogError(f"{m.id}: an Azure deployment's URL needs its api_version")
+            _check_deployments(m)
             if m.rerank and m.kind != "embedding":
                 raise CatalogError(f"{m.id}: only an embedding model reranks by its embeddings")
         self.aliases = {alias: m.id for m in spec.models for alias in m.aliases}
@@ -210,6 +263,25 @@ class Catalog:
 
     def by_price(self) -> list[ModelEntry]:
         return sorted(self.models.values(), key=lambda m: (m.price.blended, -m.capability))
+
+
+def _check_deployments(m: ModelEntry) -> None:
+    if m.deployments and (m.provider == "self-hosted" or m.base_urls or m.api_key_env):
+        raise CatalogError(
+            f"{m.id}: deployments replace base_urls and api_key_env (a self-hosted model's "
+            "replicas are its base_urls)"
+        )
+    if m.provider != "self-hosted" and len(m.base_urls) > 1:
+        raise CatalogError(f"{m.id}: one base URL per commercial model; several are deployments")
+    labels = [d.label for d in m.all_deployments]
+    if len(set(labels)) != len(labels):
+        raise CatalogError(f"{m.id}: deployments need distinct names (or hosts): {labels}")
+    for d in m.all_deployments:
+        assert d.provider is not None  # filled in from the model's
+        if d.provider == "self-hosted" or wire_of(d.provider) != m.wire:
+            raise CatalogError(f"{m.id}: deployment {d.label} speaks {d.provider}, not {m.wire}")
+        if d.provider == "azure" and "/openai/deployments/" in d.base_url and not d.api_version:
+            raise CatalogError(f"{m.id}: an Azure deployment's URL needs its api_version")
 
 
 def parse_engine_urls(spec: str, default_model: str) -> dict[str, tuple[str, ...]]:

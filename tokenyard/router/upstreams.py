@@ -7,12 +7,13 @@ from tokenyard.backends.anthropic import headers as anthropic_headers
 from tokenyard.backends.api import ApiClient
 from tokenyard.backends.base import ModelInfo, Upstream
 from tokenyard.backends.breaker import Breaker, BreakerConfig
+from tokenyard.backends.deployments import Deployment, Deployments
 from tokenyard.backends.engine import EngineUpstream
 from tokenyard.backends.openai import OpenAIUpstream
 from tokenyard.backends.registry import Backends
 from tokenyard.backends.retry import Guard, RetryPolicy
 from tokenyard.core.settings import Settings
-from tokenyard.router.catalog import Catalog, ModelEntry
+from tokenyard.router.catalog import Catalog, DeploymentEntry, ModelEntry
 
 
 def retry_policy(settings: Settings, entry: ModelEntry) -> RetryPolicy:
@@ -39,10 +40,23 @@ def breaker_config(settings: Settings) -> BreakerConfig:
     )
 
 
+def _auth(deployment: DeploymentEntry) -> dict[str, str]:
+    key = deployment.api_key
+    if deployment.provider == "azure":  # its deployments take the key in their own header
+        return {"api-key": key}
+    if deployment.provider == "anthropic":
+        return anthropic_headers(key)
+    return {"authorization": f"Bearer {key}"}
+
+
+def _deployment(d: DeploymentEntry, policy: RetryPolicy, connections: int) -> Deployment:
+    query = f"?api-version={d.api_version}" if d.api_version else ""
+    api = ApiClient(d.base_url, _auth(d), policy, connections)
+    return Deployment(d.label, api, d.upstream_model, query, d.weight)
+
+
 def build_upstream(entry: ModelEntry, redis: Redis, settings: Settings) -> Upstream:
     """The backend for a configured catalog entry (`entry.configured`)."""
-    if not entry.base_urls:
-        raise ValueError(f"{entry.id}: no base_urls")
     info = ModelInfo(
         name=entry.id,
         provider=entry.provider,
@@ -52,6 +66,8 @@ def build_upstream(entry: ModelEntry, redis: Redis, settings: Settings) -> Upstr
     policy = retry_policy(settings, entry)
     guard = Guard(info, policy, Breaker(entry.id, redis, breaker_config(settings)))
     if entry.provider == "self-hosted":
+        if not entry.base_urls:
+            raise ValueError(f"{entry.id}: no base_urls")
         return EngineUpstream(
             info,
             entry.base_urls,
@@ -60,19 +76,15 @@ def build_upstream(entry: ModelEntry, redis: Redis, settings: Settings) -> Upstr
             affinity_margin=settings.backend_affinity_margin,
             affinity_chars=settings.backend_affinity_chars,
         )
-    guard.set_reachable(bool(entry.api_key))
-    base = entry.base_urls[0]
     connections = settings.backend_max_connections
-    if entry.provider == "openai":
-        auth = {"authorization": f"Bearer {entry.api_key}"}
-        api = ApiClient(base, auth, policy, connections)
-        return OpenAIUpstream(info, entry.name_upstream, api, guard)
-    if entry.provider == "azure":  # its deployments take the key in their own header
-        api = ApiClient(base, {"api-key": entry.api_key}, policy, connections)
-        query = f"?api-version={entry.api_version}" if entry.api_version else ""
-        return OpenAIUpstream(info, entry.name_upstream, api, guard, query)
-    api = ApiClient(base, anthropic_headers(entry.api_key), policy, connections)
-    return AnthropicUpstream(info, entry.name_upstream, api, guard)
+    live = [_deployment(d, policy, connections) for d in entry.live_deployments]
+    if not live:
+        raise ValueError(f"{entry.id}: no deployment with its API key set")
+    guard.set_reachable(True)
+    deployments = Deployments(live, guard, settings.backend_replica_cooldown_s)
+    if entry.provider == "anthropic":
+        return AnthropicUpstream(info, deployments)
+    return OpenAIUpstream(info, deployments)
 
 
 def build_backends(catalog: Catalog, redis: Redis, settings: Settings) -> Backends:

@@ -1,0 +1,206 @@
+"""A commercial model at several deployments (an Azure resource's and OpenAI's own API here): the
+catalog's checks, each request at one deployment by weight and load, a deployment that refuses
+or is down skipped at once for its Retry-After or cooldown while the other answers, and a
+stream's share of load held until it closes."""
+
+import random
+import time
+import tomllib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from tests.backends.conftest import KEY_ENV, control, free_port, stats
+from tests.backends.test_backends_openai import call, read_stream
+from tokenyard.backends.api import ApiClient
+from tokenyard.backends.base import ModelInfo, Upstream, UpstreamBroken
+from tokenyard.backends.deployments import Deployment, Deployments
+from tokenyard.backends.retry import Guard, RetryPolicy
+from tokenyard.router.catalog import Catalog, CatalogError, CatalogFile, DeploymentEntry, ModelEntry
+
+VERSION = "2024-10-21"
+
+
+def catalog(**model: Any) -> Catalog:
+    entry = {"id": "gpt-4o", "provider": "openai", **model}
+    return Catalog(msgspec.convert({"models": [entry]}, CatalogFile))
+
+
+def test_the_catalog_takes_deployments_and_refuses_what_cannot_be_served(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    eu = {"base_url": "https://eu.example/openai/deployments/4o", "api_key_env": "EU_KEY"}
+    us = {"base_url": "https://api.example/v1", "api_key_env": "US_KEY", "provider": "openai"}
+    model = catalog(provider="azure", deployments=[{**eu, "api_version": VERSION}, us])
+    entry = model.models["gpt-4o"]
+    assert [(d.label, d.provider, d.upstream_model) for d in entry.all_deployments] == [
+        ("eu.example", "azure", "gpt-4o"),
+        ("api.example", "openai", "gpt-4o"),
+    ]
+    assert not entry.configured  # no key set
+    monkeypatch.setenv("US_KEY", "k")
+    assert entry.configured and [d.label for d in entry.live_deployments] == ["api.example"]
+    one = catalog(base_urls=["https://api.example/v1"], api_key_env="US_KEY")
+    assert [d.base_url for d in one.models["gpt-4o"].live_deployments] == ["https://api.example/v1"]
+
+    refused = {
+        "replace base_urls": {"base_urls": ["https://x/v1"], "deployments": [us]},
+        "self-hosted": {"provider": "self-hosted", "deployments": [us]},
+        "speaks anthropic": {"deployments": [us, {**eu, "provider": "anthropic"}]},
+        "needs its api_version": {"provider": "azure", "deployments": [eu]},
+        "distinct names": {"deployments": [us, {**us, "weight": 2}]},
+        "one base URL": {"base_urls": ["https://a/v1", "https://b/v1"], "api_key_env": "K"},
+    }
+    for why, fields in refused.items():
+        with pytest.raises(CatalogError, match=why):
+            catalog(**fields)
+    with pytest.raises(msgspec.ValidationError):  # a weight of 0 would never be picked
+        msgspec.convert({**us, "weight": 0}, DeploymentEntry)
+
+
+def deployments(*weights: float, seed: int = 0) -> Deployments:
+    api = ApiClient("http://127.0.0.1:9", {}, RetryPolicy(), 1)  # never called
+    made = [Deployment(f"d{i}", api, "m", weight=w) for i, w in enumerate(weights)]
+    return Deployments(made, Guard(ModelInfo("m"), RetryPolicy()), rng=random.Random(seed))
+
+
+def shares(pool: Deployments, picks: int = 4000, **pick: Any) -> dict[str, float]:
+    counts: dict[str, int] = {}
+    for _ in range(picks):
+        name = pool.pick(**pick).name
+        counts[name] = counts.get(name, 0) + 1
+    return {name: n / picks for name, n in counts.items()}
+
+
+def test_idle_deployments_share_by_weight_and_busy_ones_by_load() -> None:
+    pool = deployments(3, 1)
+    idle = shares(pool)
+    assert 0.72 < idle["d0"] < 0.78  # 3:1, four thousand draws
+    pool.all[0].in_flight = 12  # 4 a unit of weight against none: the idle one takes nearly all
+    assert shares(pool)["d1"] > 0.95
+    pool.all[1].in_flight = 4  # equally busy for their weights: by weight again
+    assert 0.72 < shares(pool)["d0"] < 0.78
+
+
+def test_a_pick_passes_over_tried_and_cooling_deployments() -> None:
+    pool = deployments(1, 1, 1)
+    assert set(shares(pool, 200, tried={"d0"})) == {"d1", "d2"}
+    pool.all[1].down_until = time.monotonic() + 60
+    assert set(shares(pool, 200, tried={"d0"})) == {"d2"}
+    assert set(shares(pool, 200, tried={"d0", "d2"})) == {"d0", "d2"}  # all tried: any not cooling
+    for d in pool.all:
+        d.down_until = time.monotonic() + 60
+    pool.all[2].down_until = time.monotonic() + 5
+    assert set(shares(pool, 50)) == {"d2"}  # all cooling: the one back soonest
+
+
+@pytest.fixture
+def group(
+    build_entry: Any, monkeypatch: pytest.MonkeyPatch, openai_url: str, azure_url: str
+) -> Callable[..., Upstream]:
+    """A model at an Azure deployment and at OpenAI's API: group(openai=dict(…), azure=dict(…))
+    with each deployment's own catalog fields."""
+    monkeypatch.setenv(KEY_ENV, "sk-test-secret")
+    for url in (openai_url, azure_url):
+        control(url, reset=True)
+
+    def make(openai: dict[str, Any] | None = None, azure: dict[str, Any] | None = None, **s: Any):
+        azure_at = {
+            "base_url": azure_url + "/openai/deployments/prod-4o",
+            "provider": "azure",
+            "api_version": VERSION,
+            "name": "azure",
+        }
+        openai_at = {
+            "base_url": openai_url + "/v1",
+            "provider": "openai",
+            "upstream_model": "gpt-4o-2024-08-06",
+            "name": "openai",
+        }
+        places = (
+            DeploymentEntry(**{**azure_at, **(azure or {})}, api_key_env=KEY_ENV),
+            DeploymentEntry(**{**openai_at, **(openai or {})}, api_key_env=KEY_ENV),
+        )
+        return build_entry(ModelEntry(id="gpt-4o", provider="azure", deployments=places), **s)
+
+    return make
+
+
+async def test_requests_spread_over_deployments_each_called_its_own_way(
+    group: Any, openai_url: str, azure_url: str
+) -> None:
+    upstream = group()
+    for i in range(16):
+        reply = await upstream.complete(call(f"hello {i} #chunks=2"))
+        assert reply.status == 200 and msgspec.json.decode(reply.body)["model"] == "gpt-4o"
+    at_openai, at_azure = stats(openai_url), stats(azure_url)
+    assert at_openai["requests"] + at_azure["requests"] == 16
+    assert at_openai["requests"] >= 2 and at_azure["requests"] >= 2  # 2^-15 odds of a miss
+    assert at_openai["last_body"]["model"] == "gpt-4o-2024-08-06"
+    assert at_openai["last_headers"]["authorization"] == "Bearer sk-test-secret"
+    assert (at_azure["deployment"], at_azure["api_version"]) == ("prod-4o", VERSION)
+    # (the Azure fake answers 401 to a request without its api-key header)
+
+
+async def test_a_rate_limited_deployment_is_skipped_at_once_for_its_retry_after(
+    group: Any, openai_url: str, azure_url: str
+) -> None:
+    # all traffic to OpenAI's deployment while idle, until it answers 429 asking for 30 s
+    upstream = group(azure={"weight": 1e-6}, backend_retry_after_max_s=30)
+    control(openai_url, fail_next=1, status=429, retry_after=30)
+    started = time.monotonic()
+    reply = await upstream.complete(call("hello #chunks=2"))
+    assert reply.status == 200 and time.monotonic() - started < 3  # no 30 s wait: Azure took it
+    assert (stats(openai_url)["requests"], stats(azure_url)["requests"]) == (1, 1)
+    raw = await read_stream(upstream, call("again #chunks=2", stream=True))
+    assert b"w1" in raw
+    assert (stats(openai_url)["requests"], stats(azure_url)["requests"]) == (1, 2)  # cooling
+    assert upstream.info.ready and upstream.info.circuit == "closed"
+
+
+async def test_a_deployment_that_is_down_costs_no_request_its_failure(group: Any) -> None:
+    dead = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
+    upstream = group(openai={"base_url": dead}, azure={"weight": 1e-6})
+    for i in range(4):
+        reply = await upstream.complete(call(f"hi {i} #chunks=2"))
+        assert reply.status == 200
+    pool = upstream._deployments  # type: ignore[attr-defined]
+    assert pool.all[1].down_until > time.monotonic()  # cooling after its one refused connection
+
+
+async def test_a_stream_holds_its_share_of_load_until_it_closes(group: Any) -> None:
+    upstream = group()
+    pool = upstream._deployments  # type: ignore[attr-defined]
+    stream = await upstream.open_stream(call("long #chunks=3", stream=True))
+    assert sorted(d.in_flight for d in pool.all) == [0, 1]
+    assert b"w2" in b"".join([chunk async for chunk in stream.chunks()])
+    await stream.aclose()
+    await stream.aclose()  # once only
+    refused = await upstream.open_stream(call("no #status=400", stream=True))
+    assert refused.status == 400
+    assert [d.in_flight for d in pool.all] == [0, 0]
+
+
+async def test_a_broken_stream_cools_its_deployment_not_the_model(group: Any) -> None:
+    upstream = group(azure={"weight": 1e-6})
+    pool = upstream._deployments  # type: ignore[attr-defined]
+    with pytest.raises(UpstreamBroken):
+        await read_stream(upstream, call("cut #chunks=5 #cut=2", stream=True))
+    assert pool.all[1].down_until > time.monotonic() and pool.all[0].down_until == 0
+    assert upstream.info.circuit == "closed"  # Azure's deployment can still take requests
+
+
+def test_the_documented_example_is_a_valid_catalog(monkeypatch: pytest.MonkeyPatch) -> None:
+    text = (Path(__file__).parents[2] / "docs" / "backends.md").read_text()
+    example = next(b for b in text.split("```toml")[1:] if "[[models.deployments]]" in b)
+    spec = msgspec.convert(tomllib.loads(example.split("```")[0]), CatalogFile)
+    monkeypatch.setenv("AZURE_EU_KEY", "k")
+    monkeypatch.setenv("OPENAI_API_KEY", "k")
+    live = Catalog(spec).models["gpt-4o"].live_deployments
+    assert [(d.label, d.provider, d.weight) for d in live] == [
+        ("eu", "azure", 3),
+        ("openai", "openai", 1),
+    ]

@@ -1,0 +1,139 @@
+"""Where a commercial model's requests go: one or more deployments of it (Azure regions, accounts
+with their own keys and rate limits), each over its own pooled client.
+
+Each attempt picks a deployment by weight and load: the least `(in flight + e) / weight`, with e
+drawn from Exp(1) per deployment and pick. Idle, that is a draw in proportion to the weights (the
+least of exponentials scaled by weights falls to each with probability weight / total); busy, the
+requests in flight outweigh the draw and the least loaded per unit of weight wins. A deployment
+that fails before the first byte (429, 5xx, connection, first-token timeout) is skipped for its
+Retry-After, or `cooldown_s` without one, and the attempt moves to another at once; only when none
+is left does the model's backoff apply. The model's breaker hears of a failure only once its tries
+are spent, or when a stream breaks and no other deployment can take requests: one region down is
+not the model down.
+"""
+
+import random
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from tokenyard.backends.api import ApiClient
+from tokenyard.backends.base import log
+from tokenyard.backends.metrics import DEPLOYMENT_REQUESTS
+from tokenyard.backends.retry import Guard, Retryable
+
+T = TypeVar("T")
+COOLDOWN_MAX_S = 300.0  # a Retry-After longer than this is the provider's quota reset, not a pause
+
+
+@dataclass
+class Deployment:
+    name: str  # in logs and metrics: never the key
+    api: ApiClient
+    model: str  # the provider's name for the model there
+    query: str = ""  # what every path takes after it (Azure's ?api-version=…)
+    weight: float = 1.0
+    in_flight: int = 0  # this process's requests on it now
+    down_until: float = 0.0
+
+    def cooling(self, now: float) -> bool:
+        return self.down_until > now
+
+
+class Deployments:
+    def __init__(
+        self,
+        deployments: list[Deployment],
+        guard: Guard,
+        cooldown_s: float = 5.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        if not deployments:
+            raise ValueError(f"{guard.name}: no deployments")
+        self.all = deployments
+        self.guard = guard
+        self._cooldown_s = cooldown_s
+        self._rng = rng or random.Random()
+
+    def pick(self, tried: set[str] | None = None) -> Deployment:
+        """Among those not tried for this request and not cooling down, else those not cooling
+        down, else the one back soonest."""
+        now = time.monotonic()
+        fresh = [d for d in self.all if d.name not in (tried or ()) and not d.cooling(now)]
+        ready = fresh or [d for d in self.all if not d.cooling(now)]
+        if not ready:
+            return min(self.all, key=lambda d: d.down_until)
+        return min(ready, key=lambda d: (d.in_flight + self._rng.expovariate(1.0)) / d.weight)
+
+    async def run(
+        self, send: Callable[[Deployment], Awaitable[T]], team: str = ""
+    ) -> tuple[Deployment, T]:
+        """`send` at one deployment after another, within the model's tries; the deployment that
+        answered counts the request as in flight until `release`."""
+        tried: set[str] = set()
+
+        async def attempt() -> tuple[Deployment, T]:
+            deployment = self.pick(tried)
+            tried.add(deployment.name)
+            deployment.in_flight += 1
+            try:
+                result = await send(deployment)
+            except Retryable as exc:
+                deployment.in_flight -= 1
+                self._cool(deployment, exc.retry_after, exc.reason)
+                DEPLOYMENT_REQUESTS.labels(self.guard.name, deployment.name, "retried").inc()
+                now = time.monotonic()
+                if any(d.name not in tried and not d.cooling(now) for d in self.all):
+                    # another deployment can take it now: its wait is not this one's
+                    raise Retryable(exc.reason, exc.status, 0.0) from exc
+                raise
+            except BaseException:
+                deployment.in_flight -= 1
+                raise
+            DEPLOYMENT_REQUESTS.labels(self.guard.name, deployment.name, "answered").inc()
+            return deployment, result
+
+        return await self.guard.run(attempt, team)
+
+    async def call(self, send: Callable[[Deployment], Awaitable[T]], team: str = "") -> T:
+        """`run` for a whole reply: in flight only while it is read."""
+        deployment, result = await self.run(send, team)
+        self.release(deployment)
+        return result
+
+    def release(self, deployment: Deployment) -> None:
+        deployment.in_flight -= 1
+
+    def closer(
+        self, deployment: Deployment, close: Callable[[], Awaitable[None]]
+    ) -> Callable[[], Awaitable[None]]:
+        """A stream's close that also ends its share of the deployment's load."""
+
+        async def closed() -> None:
+            try:
+                await close()
+            finally:
+                self.release(deployment)
+
+        return closed
+
+    async def broken(self, deployment: Deployment) -> None:
+        """A stream from it broke after its first byte."""
+        self._cool(deployment, None, "a stream broke")
+        now = time.monotonic()
+        if not any(not d.cooling(now) for d in self.all):
+            await self.guard.failed()
+
+    def _cool(self, deployment: Deployment, retry_after: float | None, why: str) -> None:
+        wait = min(COOLDOWN_MAX_S, self._cooldown_s if retry_after is None else retry_after)
+        name = self.guard.name
+        log.warning("%s at %s failed, skipped %.1fs: %s", name, deployment.name, wait, why)
+        deployment.down_until = time.monotonic() + wait
+
+    async def refresh(self) -> None:
+        await self.guard.refresh()
+
+    async def aclose(self) -> None:
+        for deployment in self.all:
+            await deployment.api.aclose()
