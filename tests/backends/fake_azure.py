@@ -4,8 +4,9 @@ expect them:
 - a deployment's routes, POST /openai/deployments/{name}/chat/completions (and /completions),
   need `?api-version=`; Azure answers 404 "Resource not found" without it. The v1 API,
   POST /openai/v1/chat/completions, takes none, and the deployment's name as `model`;
-- the key comes in an `api-key` header (the v1 API also takes `Authorization: Bearer`); without
-  one, 401 in Azure's error shape;
+- the key comes in an `api-key` header (the v1 API also takes `Authorization: Bearer`), or a
+  Microsoft Entra ID token in `Authorization: Bearer` on any route (those fake_entra.py issues,
+  `entra.…`); without either, 401 in Azure's error shape;
 - replies carry Azure's content-filter annotations (`prompt_filter_results`, each choice's
   `content_filter_results`), and a stream opens with a chunk of no choices that holds the prompt's
   (model "", as Azure sends it);
@@ -72,9 +73,8 @@ def make_app() -> Any:
             return await send_json(send, 404, _error(404, "Resource not found"))
         if deployment is not None and "api-version" not in query:
             return await send_json(send, 404, _error(404, "Resource not found"))
-        key = headers.get("api-key") or (
-            headers.get("authorization", "").removeprefix("Bearer ") if v1 else ""
-        )
+        bearer = headers.get("authorization", "").removeprefix("Bearer ")
+        key = headers.get("api-key") or (bearer if v1 or bearer.startswith("entra.") else "")
         if not key:
             message = "Access denied due to invalid subscription key or wrong API endpoint."
             return await send_json(send, 401, _error(401, message))

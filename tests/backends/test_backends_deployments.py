@@ -53,10 +53,29 @@ def test_the_catalog_takes_deployments_and_refuses_what_cannot_be_served(
         "needs its api_version": {"provider": "azure", "deployments": [eu]},
         "distinct names": {"deployments": [us, {**us, "weight": 2}]},
         "one base URL": {"base_urls": ["https://a/v1", "https://b/v1"], "api_key_env": "K"},
+        "not both": {"deployments": [{**us, "entra": {}}]},
+        "api_key_env or entra": {"deployments": [{"base_url": "https://x/v1"}]},
+        "Azure only": {"deployments": [{**us, "api_key_env": "", "entra": {}}]},
+        "together": {
+            "provider": "azure",
+            "deployments": [
+                {**eu, "api_key_env": "", "api_version": VERSION, "entra": {"tenant_id": "t"}}
+            ],
+        },
     }
     for why, fields in refused.items():
         with pytest.raises(CatalogError, match=why):
             catalog(**fields)
+    # keys turned off: Entra ID, from the environment's identity or a service principal whose
+    # secret must be set
+    entra = {**eu, "api_key_env": "", "api_version": VERSION}
+    sp = {"tenant_id": "t", "client_id": "c", "client_secret_env": "SP_SECRET"}
+    azure = catalog(provider="azure", deployments=[{**entra, "entra": {}}])
+    assert azure.models["gpt-4o"].configured
+    azure = catalog(provider="azure", deployments=[{**entra, "entra": sp}])
+    assert not azure.models["gpt-4o"].configured
+    monkeypatch.setenv("SP_SECRET", "s")
+    assert azure.models["gpt-4o"].configured
     with pytest.raises(msgspec.ValidationError):  # a weight of 0 would never be picked
         msgspec.convert({**us, "weight": 0}, DeploymentEntry)
 

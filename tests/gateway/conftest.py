@@ -190,11 +190,13 @@ def capabilities_gw(
 
 @pytest.fixture
 def start_gateway(base_env: dict[str, str], tmp_path: Path) -> Iterator[Any]:
-    """Start extra gateways with settings of their own; stopped after the test."""
+    """Start extra gateways with settings of their own (and `extra_env`, variables of other
+    names); stopped after the test."""
     started: list[Gateway] = []
 
-    def start(**settings: str) -> Gateway:
-        env = {**base_env, **{f"TOKENYARD_{k.upper()}": v for k, v in settings.items()}}
+    def start(extra_env: dict[str, str] | None = None, **settings: str) -> Gateway:
+        env = {**base_env, **(extra_env or {})}
+        env |= {f"TOKENYARD_{k.upper()}": v for k, v in settings.items()}
         gw = Gateway(env, tmp_path / f"gateway-{len(started)}.log")
         started.append(gw)
         return gw

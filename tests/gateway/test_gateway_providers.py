@@ -1,9 +1,14 @@
-"""Commercial models through the gateway, against local servers that speak OpenAI's and Anthropic's
-wire protocols: the served model is named, a failure before the first byte falls back to the next
-model, the breaker opens, half-opens and closes across requests, and a stream cut mid-way ends with
-an error event instead of a second answer."""
+"""Commercial models through the gateway, against local servers that speak OpenAI's, Anthropic's,
+Azure OpenAI's and Entra ID's wire protocols: the served model is named, a failure before the first
+byte falls back to the next model (or, for a model at several deployments, moves to another
+deployment), the breaker opens, half-opens and closes across requests, a stream cut mid-way ends
+with an error event instead of a second answer, and Azure deployments take keys or Entra ID
+tokens."""
 
 import json
+import os
+import ssl
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,10 +18,11 @@ import anthropic
 import httpx
 import openai
 import pytest
+import trustme
 
 from tests.backends.conftest import HERE as BACKENDS
 from tests.backends.conftest import control, start_server, stats
-from tests.gateway.conftest import reservations, wait_until
+from tests.gateway.conftest import Process, free_port, reservations, wait_until
 from tokenyard.gateway.quotas import TeamKeys
 
 # start_gateway(name=…) sets TOKENYARD_<NAME>: the keys reach the gateway's environment that way
@@ -38,8 +44,16 @@ def gw(start_gateway: Any, providers: dict[str, str], tmp_path: Path) -> Any:
     return _gateway(start_gateway, providers, tmp_path)
 
 
-def _gateway(start_gateway: Any, providers: dict[str, str], tmp_path: Path, extra: str = "") -> Any:
-    """A gateway over the two providers; `extra`: more TOML lines for claude-fake."""
+def _gateway(
+    start_gateway: Any,
+    providers: dict[str, str],
+    tmp_path: Path,
+    extra: str = "",
+    extra_env: dict[str, str] | None = None,
+    **settings: str,
+) -> Any:
+    """A gateway over the two providers; `extra`: more TOML lines for claude-fake (or more
+    models); `extra_env` and `settings`: the gateway's own."""
     for url in providers.values():
         control(url, reset=True)
     catalog = tmp_path / "catalog.toml"
@@ -74,6 +88,7 @@ price = {{ input = 0.8, cached_input = 0.08, cache_write_input = 1.0, output = 4
         + extra
     )
     return start_gateway(
+        extra_env,
         catalog=str(catalog),
         test_openai_key="sk-test-openai",
         test_anthropic_key="sk-ant-test",
@@ -81,6 +96,7 @@ price = {{ input = 0.8, cached_input = 0.08, cache_write_input = 1.0, output = 4
         backend_retry_backoff_s="0.01",
         backend_breaker_failures="2",
         backend_breaker_open_s="1",
+        **settings,
     )
 
 
@@ -119,7 +135,7 @@ def test_openai_and_anthropic_models_serve_through_the_gateway(
     wait_until(lambda: reservations(redis_server.client(), name) == idle, 2, "leases released")
 
 
-def test_an_azure_deployment_serves_every_client_through_the_gateway(
+def test_azure_serves_every_client_and_shares_a_model_with_openai(
     start_gateway: Any, team: Any, providers: dict[str, str], redis_server: Any, tmp_path: Path
 ) -> None:
     """Azure OpenAI through the gateway: its stream's opening chunk of no choices (the prompt's
@@ -184,6 +200,106 @@ weight = 1e6
         series = "tokenyard_backend_deployment_requests_total"
         assert f'{series}{{backend="any-4o",deployment="us",outcome="retried"}} 1.0' in metrics
         assert f'{series}{{backend="any-4o",deployment="eu",outcome="answered"}} 3.0' in metrics
+        idle = {"leases": 0, "pages": 0, "platform_leases": 0}
+        wait_until(lambda: reservations(redis_server.client(), name) == idle, 2, "leases released")
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def entra(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """A fake Entra ID token endpoint over HTTPS (azure-identity takes no other), and the file of
+    the certificate authority that signed its certificate."""
+    folder = tmp_path_factory.mktemp("entra")
+    ca = trustme.CA()
+    served = ca.issue_cert("127.0.0.1")
+    ca.cert_pem.write_to_path(folder / "ca.pem")
+    served.private_key_pem.write_to_path(folder / "key.pem")
+    served.cert_chain_pems[0].write_to_path(folder / "cert.pem")
+    port = free_port()
+    command = [sys.executable, str(BACKENDS / "fake_entra.py"), "--port", str(port)]
+    command += ["--certfile", str(folder / "cert.pem"), "--keyfile", str(folder / "key.pem")]
+    server = Process(command, dict(os.environ), folder / "server.log")
+    url = f"https://127.0.0.1:{port}"
+    trusted = ssl.create_default_context(cafile=folder / "ca.pem")
+    wait_until(lambda: httpx.get(url + "/health", verify=trusted).status_code == 200, 20, "entra")
+    yield url, folder / "ca.pem"
+    server.stop()
+
+
+def test_azure_deployments_without_keys_take_entra_id_tokens(
+    start_gateway: Any,
+    team: Any,
+    providers: dict[str, str],
+    entra: tuple[str, Path],
+    redis_server: Any,
+    tmp_path: Path,
+) -> None:
+    """Three Azure models with keys turned off: the identity the environment gives (a service
+    principal in AZURE_* variables), one the catalog names, one whose secret is wrong. Each token
+    is fetched once over TLS and sent as a bearer token; a refused one is a 503, not a crash."""
+    login, ca = entra
+    server, url = start_server(BACKENDS / "fake_azure.py", tmp_path / "azure.log")
+    try:
+        where = f"""provider = "azure"
+base_urls = ["{url}/openai/deployments/prod-4o"]
+api_version = "2024-10-21"
+price = {{ input = 2.5, output = 10.0 }}"""
+        extra = f"""
+[[models]]
+id = "azure-env"
+{where}
+entra = {{}}
+
+[[models]]
+id = "azure-sp"
+{where}
+entra = {{ tenant_id = "contoso", client_id = "sp", client_secret_env = "TOKENYARD_TEST_SP" }}
+
+[[models]]
+id = "azure-bad"
+{where}
+entra = {{ tenant_id = "contoso", client_id = "typo", client_secret_env = "TOKENYARD_TEST_BAD" }}
+"""
+        environment = {
+            "SSL_CERT_FILE": str(ca),  # the fake login host's authority, trusted
+            "AZURE_AUTHORITY_HOST": login,
+            "AZURE_TENANT_ID": "fabrikam",
+            "AZURE_CLIENT_ID": "gateway",
+            "AZURE_CLIENT_SECRET": "env-secret",
+        }
+        gateway = _gateway(
+            start_gateway,
+            providers,
+            tmp_path,
+            extra,
+            environment,
+            test_sp="sp-secret",
+            test_bad="wrong",
+        )
+        name, key = team()
+        client = gateway.client(key)
+        for model, token in (
+            ("azure-env", "entra.fabrikam.gateway."),
+            ("azure-sp", "entra.contoso.sp."),
+        ):
+            for _ in range(2):
+                reply = client.chat.completions.create(model=model, messages=CHAT)
+                assert reply.model == model and reply.choices[0].message.content == "w0 w1 w2 "
+                assert stats(url)["last_headers"]["authorization"].startswith("Bearer " + token)
+            chunks = list(client.chat.completions.create(model=model, messages=CHAT, stream=True))
+            assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        with pytest.raises(openai.APIStatusError) as refused:
+            client.chat.completions.create(model="azure-bad", messages=CHAT)
+        assert refused.value.status_code == 503
+        assert refused.value.body["code"] == "upstream_unavailable"  # type: ignore[index]
+        grants = httpx.get(login + "/stats", verify=ssl.create_default_context(cafile=ca)).json()
+        asked = [(g["tenant"], g["client_id"], g["client_secret"]) for g in grants["grants"]]
+        # one token per identity for its six requests; the wrong secret asked once per try
+        assert asked[:2] == [("fabrikam", "gateway", "env-secret"), ("contoso", "sp", "sp-secret")]
+        assert set(asked[2:]) == {("contoso", "typo", "wrong")}
+        scopes = {(g["scope"], g["grant_type"]) for g in grants["grants"]}
+        assert scopes == {("https://cognitiveservices.azure.com/.default", "client_credentials")}
         idle = {"leases": 0, "pages": 0, "platform_leases": 0}
         wait_until(lambda: reservations(redis_server.client(), name) == idle, 2, "leases released")
     finally:

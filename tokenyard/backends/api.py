@@ -11,7 +11,7 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import aiohttp
 
@@ -56,11 +56,25 @@ class Opened:
             self.response.close()
 
 
+class TokenSource(Protocol):
+    """Bearer tokens that expire (backends/entra.py): asked for each request, cached inside."""
+
+    async def token(self) -> str: ...
+
+    async def aclose(self) -> None: ...
+
+
 class ApiClient:
     def __init__(
-        self, base_url: str, headers: dict[str, str], policy: RetryPolicy, max_connections: int
+        self,
+        base_url: str,
+        headers: dict[str, str],
+        policy: RetryPolicy,
+        max_connections: int,
+        tokens: TokenSource | None = None,
     ) -> None:
         self.policy = policy
+        self._tokens = tokens
         self._base = base_url.rstrip("/")
         self._headers = {**headers, "content-type": "application/json"}
         self._timeout = aiohttp.ClientTimeout(
@@ -81,10 +95,14 @@ class ApiClient:
             )
         return self._session
 
+    async def _auth(self) -> dict[str, str] | None:
+        return {"authorization": f"Bearer {await self._tokens.token()}"} if self._tokens else None
+
     async def post(self, path: str, body: bytes) -> Reply:
         """A whole reply; a refusal other than 429/5xx is returned as it is."""
+        auth = await self._auth()
         try:
-            async with self._client().post(self._base + path, data=body) as response:
+            async with self._client().post(self._base + path, data=body, headers=auth) as response:
                 reply = Reply(response.status, response.headers, await response.read())
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise Retryable(f"{type(exc).__name__}: {exc}") from exc
@@ -97,7 +115,8 @@ class ApiClient:
         response: aiohttp.ClientResponse | None = None
         try:
             async with asyncio.timeout(self.policy.first_token_timeout_s):
-                response = await self._client().post(self._base + path, data=body)
+                auth = await self._auth()
+                response = await self._client().post(self._base + path, data=body, headers=auth)
                 if response.status != 200:
                     reply = Reply(response.status, response.headers, await response.read())
                     response.release()
@@ -118,3 +137,5 @@ class ApiClient:
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
+        if self._tokens is not None:
+            await self._tokens.aclose()

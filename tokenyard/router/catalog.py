@@ -70,13 +70,29 @@ def wire_of(provider: Provider) -> Wire:
     return "openai" if provider == "azure" else provider
 
 
+class EntraAuth(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """Azure: bearer tokens from Microsoft Entra ID in place of a key (backends/entra.py). All three
+    set: that service principal; none: the identity the environment gives (DefaultAzureCredential:
+    AZURE_* variables, Kubernetes workload identity, a managed identity)."""
+
+    tenant_id: str = ""
+    client_id: str = ""
+    client_secret_env: str = ""  # the environment variable holding the client secret
+
+    @property
+    def ready(self) -> bool:
+        """Its secret is in the environment, where it names one."""
+        return not self.client_secret_env or bool(os.environ.get(self.client_secret_env))
+
+
 class DeploymentEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """One place a commercial model is served: an Azure region's deployment, another account or
     project with its own key and rate limits (LiteLLM's deployments of one model name). A model
     with several takes each request at one, by weight and load (backends/deployments.py)."""
 
     base_url: str
-    api_key_env: str
+    api_key_env: str = ""
+    entra: EntraAuth | None = None  # azure: Entra ID tokens in place of api_key_env
     # default: the model's; openai and azure may share a model (both speak OpenAI's wire)
     provider: Provider | None = None
     upstream_model: str = ""  # default: the model's
@@ -88,7 +104,13 @@ class DeploymentEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     @property
     def api_key(self) -> str:
-        return os.environ.get(self.api_key_env, "")
+        return os.environ.get(self.api_key_env, "") if self.api_key_env else ""
+
+    @property
+    def live(self) -> bool:
+        """Whether it can be called: its key or its Entra ID secret is in the environment (without
+        a secret of its own, whether the environment gives an identity shows at the first call)."""
+        return self.entra.ready if self.entra is not None else bool(self.api_key)
 
     @property
     def label(self) -> str:
@@ -105,6 +127,7 @@ class ModelEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # self-hosted: one URL per engine replica; commercial: the API base (…/v1 for OpenAI)
     base_urls: tuple[str, ...] = ()
     api_key_env: str = ""  # commercial: the environment variable holding the key
+    entra: EntraAuth | None = None  # azure: Entra ID tokens in place of api_key_env
     # Azure OpenAI with a deployment's URL (…/openai/deployments/NAME): the api-version its
     # requests name; empty with the v1 API's base URL (…/openai/v1), which takes none
     api_version: ApiVersion = ""
@@ -157,8 +180,10 @@ class ModelEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if self.provider == "self-hosted":
             return ()
         listed = self.deployments
-        if not listed and self.base_urls and self.api_key_env:
-            own = DeploymentEntry(self.base_urls[0], self.api_key_env, api_version=self.api_version)
+        if not listed and self.base_urls and (self.api_key_env or self.entra):
+            own = DeploymentEntry(
+                self.base_urls[0], self.api_key_env, self.entra, api_version=self.api_version
+            )
             listed = (own,)
         return tuple(
             msgspec.structs.replace(
@@ -171,8 +196,8 @@ class ModelEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
     @property
     def live_deployments(self) -> tuple[DeploymentEntry, ...]:
-        """The deployments whose API keys are in the environment."""
-        return tuple(d for d in self.all_deployments if d.api_key)
+        """The deployments it can call (`DeploymentEntry.live`)."""
+        return tuple(d for d in self.all_deployments if d.live)
 
     @property
     def wire(self) -> Wire:
@@ -266,9 +291,9 @@ class Catalog:
 
 
 def _check_deployments(m: ModelEntry) -> None:
-    if m.deployments and (m.provider == "self-hosted" or m.base_urls or m.api_key_env):
+    if m.deployments and (m.provider == "self-hosted" or m.base_urls or m.api_key_env or m.entra):
         raise CatalogError(
-            f"{m.id}: deployments replace base_urls and api_key_env (a self-hosted model's "
+            f"{m.id}: deployments replace base_urls, api_key_env and entra (a self-hosted model's "
             "replicas are its base_urls)"
         )
     if m.provider != "self-hosted" and len(m.base_urls) > 1:
@@ -282,6 +307,15 @@ def _check_deployments(m: ModelEntry) -> None:
             raise CatalogError(f"{m.id}: deployment {d.label} speaks {d.provider}, not {m.wire}")
         if d.provider == "azure" and "/openai/deployments/" in d.base_url and not d.api_version:
             raise CatalogError(f"{m.id}: an Azure deployment's URL needs its api_version")
+        if (d.entra is not None) == bool(d.api_key_env):
+            raise CatalogError(f"{m.id}: deployment {d.label} needs api_key_env or entra, not both")
+        if d.entra is not None and d.provider != "azure":
+            raise CatalogError(f"{m.id}: entra authenticates to Azure only, not {d.provider}")
+        named = [d.entra.tenant_id, d.entra.client_id, d.entra.client_secret_env] if d.entra else []
+        if any(named) and not all(named):
+            raise CatalogError(
+                f"{m.id}: entra needs tenant_id, client_id and client_secret_env together"
+            )
 
 
 def parse_engine_urls(spec: str, default_model: str) -> dict[str, tuple[str, ...]]:

@@ -9,6 +9,7 @@ from tokenyard.backends.base import ModelInfo, Upstream
 from tokenyard.backends.breaker import Breaker, BreakerConfig
 from tokenyard.backends.deployments import Deployment, Deployments
 from tokenyard.backends.engine import EngineUpstream
+from tokenyard.backends.entra import EntraTokens
 from tokenyard.backends.openai import OpenAIUpstream
 from tokenyard.backends.registry import Backends
 from tokenyard.backends.retry import Guard, RetryPolicy
@@ -42,6 +43,8 @@ def breaker_config(settings: Settings) -> BreakerConfig:
 
 def _auth(deployment: DeploymentEntry) -> dict[str, str]:
     key = deployment.api_key
+    if deployment.entra is not None:  # a bearer token with each request (ApiClient's tokens)
+        return {}
     if deployment.provider == "azure":  # its deployments take the key in their own header
         return {"api-key": key}
     if deployment.provider == "anthropic":
@@ -51,7 +54,11 @@ def _auth(deployment: DeploymentEntry) -> dict[str, str]:
 
 def _deployment(d: DeploymentEntry, policy: RetryPolicy, connections: int) -> Deployment:
     query = f"?api-version={d.api_version}" if d.api_version else ""
-    api = ApiClient(d.base_url, _auth(d), policy, connections)
+    entra = d.entra
+    tokens = (
+        EntraTokens(entra.tenant_id, entra.client_id, entra.client_secret_env) if entra else None
+    )
+    api = ApiClient(d.base_url, _auth(d), policy, connections, tokens)
     return Deployment(d.label, api, d.upstream_model, query, d.weight)
 
 
@@ -79,7 +86,7 @@ def build_upstream(entry: ModelEntry, redis: Redis, settings: Settings) -> Upstr
     connections = settings.backend_max_connections
     live = [_deployment(d, policy, connections) for d in entry.live_deployments]
     if not live:
-        raise ValueError(f"{entry.id}: no deployment with its API key set")
+        raise ValueError(f"{entry.id}: no deployment with its API key set or Entra ID")
     guard.set_reachable(True)
     deployments = Deployments(live, guard, settings.backend_replica_cooldown_s)
     if entry.provider == "anthropic":
