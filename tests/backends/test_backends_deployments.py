@@ -186,13 +186,13 @@ async def test_a_deployment_that_is_down_costs_no_request_its_failure(group: Any
     for i in range(4):
         reply = await upstream.complete(call(f"hi {i} #chunks=2"))
         assert reply.status == 200
-    pool = upstream._deployments  # type: ignore[attr-defined]
+    pool = upstream.deployments  # type: ignore[attr-defined]
     assert pool.all[1].down_until > time.monotonic()  # cooling after its one refused connection
 
 
 async def test_a_stream_holds_its_share_of_load_until_it_closes(group: Any) -> None:
     upstream = group()
-    pool = upstream._deployments  # type: ignore[attr-defined]
+    pool = upstream.deployments  # type: ignore[attr-defined]
     stream = await upstream.open_stream(call("long #chunks=3", stream=True))
     assert sorted(d.in_flight for d in pool.all) == [0, 1]
     assert b"w2" in b"".join([chunk async for chunk in stream.chunks()])
@@ -205,7 +205,7 @@ async def test_a_stream_holds_its_share_of_load_until_it_closes(group: Any) -> N
 
 async def test_a_broken_stream_cools_its_deployment_not_the_model(group: Any) -> None:
     upstream = group(azure={"weight": 1e-6})
-    pool = upstream._deployments  # type: ignore[attr-defined]
+    pool = upstream.deployments  # type: ignore[attr-defined]
     with pytest.raises(UpstreamBroken):
         await read_stream(upstream, call("cut #chunks=5 #cut=2", stream=True))
     assert pool.all[1].down_until > time.monotonic() and pool.all[0].down_until == 0

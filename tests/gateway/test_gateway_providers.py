@@ -7,6 +7,7 @@ tokens."""
 
 import json
 import os
+import re
 import ssl
 import sys
 import time
@@ -20,6 +21,7 @@ import openai
 import pytest
 import trustme
 
+from tests.admin_ui.conftest import sign_in
 from tests.backends.conftest import HERE as BACKENDS
 from tests.backends.conftest import control, start_server, stats
 from tests.gateway.conftest import Process, free_port, reservations, wait_until
@@ -27,6 +29,7 @@ from tokenyard.gateway.quotas import TeamKeys
 
 # start_gateway(name=…) sets TOKENYARD_<NAME>: the keys reach the gateway's environment that way
 OPENAI_KEY, ANTHROPIC_KEY = "TOKENYARD_TEST_OPENAI_KEY", "TOKENYARD_TEST_ANTHROPIC_KEY"
+ADMIN = "pw-" + os.urandom(6).hex()
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +174,9 @@ api_key_env = "{OPENAI_KEY}"
 upstream_model = "gpt-4o"
 weight = 1e6
 """
-        gateway = _gateway(start_gateway, providers, tmp_path, extra)
+        gateway = _gateway(
+            start_gateway, providers, tmp_path, extra, admin_user="owner", admin_password=ADMIN
+        )
         name, key = team()
         client = gateway.client(key)
         reply = client.chat.completions.create(model="azure-4o", messages=CHAT)
@@ -200,6 +205,12 @@ weight = 1e6
         series = "tokenyard_backend_deployment_requests_total"
         assert f'{series}{{backend="any-4o",deployment="us",outcome="retried"}} 1.0' in metrics
         assert f'{series}{{backend="any-4o",deployment="eu",outcome="answered"}} 3.0' in metrics
+        # the operator's status page shows where each deployment stands
+        status = sign_in(gateway.url, "owner", ADMIN).get("/admin/status").text
+        rows = re.findall(
+            r"<td>(eu|us)</td>\s*<td class=\"num\">0</td>\s*<td class=\"(\w+)\">", status
+        )
+        assert sorted(rows) == [("eu", "ok"), ("us", "bad")]
         idle = {"leases": 0, "pages": 0, "platform_leases": 0}
         wait_until(lambda: reservations(redis_server.client(), name) == idle, 2, "leases released")
     finally:

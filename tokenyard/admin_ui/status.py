@@ -1,11 +1,14 @@
 """Live status: each model's backend (readiness, circuit breaker), its engine replicas' load and
-prefix-cache hit rate, and the platform's 429s by limit over the last hour.
+prefix-cache hit rate, its deployments (commercial models: requests this gateway process has in
+flight at each, and which are skipped after a failure), and the platform's 429s by limit over the
+last hour.
 
 Replicas are asked directly (`/load`, `/metrics`) with a short timeout, so the page shows the
 engines' state now, including `running`, which the gateway's own polling does not keep.
 """
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 
 import httpx
@@ -31,12 +34,20 @@ class ReplicaStatus:
 
 
 @dataclass
+class DeploymentStatus:
+    name: str
+    in_flight: int  # this gateway process's requests there now
+    skipped_s: float  # how much longer it is passed over after a failure; 0: taking requests
+
+
+@dataclass
 class ModelStatus:
     name: str
     provider: str
     ready: bool
     circuit: str
     replicas: list[ReplicaStatus] = field(default_factory=list)
+    deployments: list[DeploymentStatus] = field(default_factory=list)
 
 
 def hit_rate(metrics_text: str) -> float | None:
@@ -81,6 +92,12 @@ async def collect(proxy: Proxy) -> tuple[list[ModelStatus], dict[str, int]]:
             models.append(model)
             for replica in getattr(upstream, "replicas", ()):  # self-hosted engines only
                 lookups.append((model, _replica(client, replica.url)))
+            deployments = getattr(upstream, "deployments", None)  # commercial models only
+            now = time.monotonic()
+            model.deployments = [
+                DeploymentStatus(d.name, d.in_flight, max(0.0, d.down_until - now))
+                for d in (deployments.all if deployments else ())
+            ]
         found = await asyncio.gather(*(lookup for _, lookup in lookups))
     for (model, _), replica in zip(lookups, found, strict=True):
         model.replicas.append(replica)

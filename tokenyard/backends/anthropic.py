@@ -57,7 +57,7 @@ def _body(message: dict[str, Any], at: Deployment) -> bytes:
 class AnthropicUpstream:
     def __init__(self, info: ModelInfo, deployments: Deployments) -> None:
         self.info = info
-        self._deployments = deployments
+        self.deployments = deployments
 
     def _prepare(self, call: UpstreamCall) -> tuple[dict[str, Any], bool]:
         if call.path != "/v1/chat/completions":
@@ -79,7 +79,7 @@ class AnthropicUpstream:
         async def send(at: Deployment) -> Reply:
             return await at.api.post(COUNT_PATH, _body(counted_fields, at))
 
-        response = await self._deployments.call(send, call.headers.get("x-tenant", ""))
+        response = await self.deployments.call(send, call.headers.get("x-tenant", ""))
         if response.status == 200:
             return counted(int(response.json()["input_tokens"]))
         return UpstreamReply(*error_reply(response.status, response.body), "application/json")
@@ -90,7 +90,7 @@ class AnthropicUpstream:
         async def send(at: Deployment) -> Reply:
             return await at.api.post(PATH, _body(message, at))
 
-        response = await self._deployments.call(send, call.headers.get("x-tenant", ""))
+        response = await self.deployments.call(send, call.headers.get("x-tenant", ""))
         if response.status == 200:
             reply = chat_reply(response.json(), self.info.name)
             return UpstreamReply(200, json.dumps(reply).encode(), "application/json")
@@ -121,7 +121,7 @@ class AnthropicUpstream:
                 raise Retryable(f"no first event: {exc!r}") from exc
             return opened, first, chunks
 
-        deployments = self._deployments
+        deployments = self.deployments
         at, result = await deployments.run(send, call.headers.get("x-tenant", ""))
         if isinstance(result, BufferedStream):
             deployments.release(at)
@@ -134,7 +134,7 @@ class AnthropicUpstream:
         )
 
     async def refresh(self) -> None:
-        await self._deployments.refresh()
+        await self.deployments.refresh()
 
     async def aclose(self) -> None:
-        await self._deployments.aclose()
+        await self.deployments.aclose()

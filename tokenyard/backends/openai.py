@@ -90,7 +90,7 @@ class OpenAIUpstream:
 
     def __init__(self, info: ModelInfo, deployments: Deployments) -> None:
         self.info = info
-        self._deployments = deployments
+        self.deployments = deployments
 
     @staticmethod
     def _path(call_path: str, deployment: Deployment) -> str:
@@ -103,7 +103,7 @@ class OpenAIUpstream:
         async def send(at: Deployment) -> Reply:
             return await at.api.post(self._path(call.path, at), request_body(native, at.model))
 
-        response = await self._deployments.call(send, call.headers.get("x-tenant", ""))
+        response = await self.deployments.call(send, call.headers.get("x-tenant", ""))
         content = response.body
         if response.status == 200:
             content = renamed(content, self.info.name)
@@ -124,7 +124,7 @@ class OpenAIUpstream:
             body = msgspec.json.encode(counted_fields | {"model": at.model})
             return await at.api.post("/responses/input_tokens" + at.query, body)
 
-        response = await self._deployments.call(send, call.headers.get("x-tenant", ""))
+        response = await self.deployments.call(send, call.headers.get("x-tenant", ""))
         if response.status == 200:
             return counted(int(response.json()["input_tokens"]))
         return UpstreamReply(response.status, response.body, "application/json")
@@ -135,7 +135,7 @@ class OpenAIUpstream:
         async def send(at: Deployment) -> Opened | Reply:
             return await at.api.open(self._path(call.path, at), request_body(native, at.model))
 
-        deployments = self._deployments
+        deployments = self.deployments
         at, opened = await deployments.run(send, call.headers.get("x-tenant", ""))
         if not isinstance(opened, Opened):
             deployments.release(at)
@@ -147,7 +147,7 @@ class OpenAIUpstream:
         )
 
     async def refresh(self) -> None:
-        await self._deployments.refresh()
+        await self.deployments.refresh()
 
     async def aclose(self) -> None:
-        await self._deployments.aclose()
+        await self.deployments.aclose()
