@@ -16,7 +16,7 @@ import pytest
 from tests.backends.conftest import KEY_ENV, control, free_port, stats
 from tests.backends.test_backends_openai import call, read_stream
 from tokenyard.backends.api import ApiClient
-from tokenyard.backends.base import ModelInfo, Upstream, UpstreamBroken
+from tokenyard.backends.base import BackendUnavailable, ModelInfo, Upstream, UpstreamBroken
 from tokenyard.backends.deployments import Deployment, Deployments
 from tokenyard.backends.retry import Guard, RetryPolicy
 from tokenyard.router.catalog import Catalog, CatalogError, CatalogFile, DeploymentEntry, ModelEntry
@@ -114,6 +114,17 @@ def test_a_pick_passes_over_tried_and_cooling_deployments() -> None:
         d.down_until = time.monotonic() + 60
     pool.all[2].down_until = time.monotonic() + 5
     assert set(shares(pool, 50)) == {"d2"}  # all cooling: the one back soonest
+
+
+def test_a_request_bound_to_tags_goes_only_to_deployments_carrying_them_all() -> None:
+    pool = deployments(1, 1000)
+    pool.all[0].tags, pool.all[1].tags = frozenset({"eu", "zero-retention"}), frozenset({"us"})
+    assert set(shares(pool, 200, tags=frozenset({"eu"}))) == {"d0"}
+    assert set(shares(pool, 200, tags=frozenset({"eu", "zero-retention"}))) == {"d0"}
+    pool.all[0].down_until = time.monotonic() + 60  # cooling: still never the US one
+    assert set(shares(pool, 50, tried={"d0"}, tags=frozenset({"eu"}))) == {"d0"}
+    with pytest.raises(BackendUnavailable, match="no deployment your team may use"):
+        pool.pick(tags=frozenset({"eu", "us"}))
 
 
 @pytest.fixture

@@ -82,6 +82,7 @@ def test_teams_lifecycle(admin: Any) -> None:
         "webhook_url": None,
         "model_limits": None,
         "scopes": None,
+        "deployment_tags": None,
         "disabled": False,
         "created_at": None,
     }
@@ -93,6 +94,15 @@ def test_teams_lifecycle(admin: Any) -> None:
     assert (patched["rpm"], patched["tpm"], patched["models"]) == (None, 1000, MODEL)
     per_user = api.patch(f"/teams/{name}", json={"user_rpm": 3, "user_usd_per_day": 0.25}).json()
     assert (per_user["user_rpm"], per_user["user_usd_per_day"], per_user["tpm"]) == (3, 0.25, 1000)
+    # deployment tags: each once, sorted, as the catalog spells them
+    bound = api.patch(f"/teams/{name}", json={"deployment_tags": ["zero-retention", "eu", "eu"]})
+    assert bound.json()["deployment_tags"] == "eu,zero-retention"
+    refused = api.patch(f"/teams/{name}", json={"deployment_tags": "EU!"})
+    assert refused.status_code == 400 and "deployment_tags" in refused.json()["error"]["message"]
+    assert (
+        api.patch(f"/teams/{name}", json={"deployment_tags": None}).json()["deployment_tags"]
+        is None
+    )
     # 2**63 overflowed SQL's integers (a 500); above 2**53 the quota script's numbers lose counts
     too_big = ({"batch_tokens_per_day": 2**63}, {"tpm": 2**53 + 1}, {"usd_per_day": 1e300})
     negative = ({"rpm": -1}, {"user_tpm": -5})

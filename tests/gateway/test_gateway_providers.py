@@ -165,6 +165,7 @@ name = "eu"
 base_url = "{url}/openai/deployments/prod-4o"
 api_version = "2024-10-21"
 api_key_env = "{OPENAI_KEY}"
+tags = ["eu"]
 
 [[models.deployments]]
 name = "us"
@@ -173,6 +174,7 @@ base_url = "{providers["openai"]}/v1"
 api_key_env = "{OPENAI_KEY}"
 upstream_model = "gpt-4o"
 weight = 1e6
+tags = ["us"]
 """
         gateway = _gateway(
             start_gateway, providers, tmp_path, extra, admin_user="owner", admin_password=ADMIN
@@ -189,6 +191,18 @@ weight = 1e6
         with claude.messages.stream(model="azure-4o", max_tokens=8, messages=CHAT) as stream:
             assert "".join(stream.text_stream) == "w0 w1 w2 "
             assert stream.get_final_message().usage.output_tokens == 3
+        # a team bound to deployments tagged eu: never OpenAI's, whatever its weight, and no
+        # model without one
+        _, eu_key = team(deployment_tags="eu")
+        eu_client = gateway.client(eu_key)
+        for i in range(2):
+            asked = [{"role": "user", "content": f"eu {i} #chunks=2"}]
+            assert (
+                eu_client.chat.completions.create(model="any-4o", messages=asked).model == "any-4o"
+            )
+        assert stats(providers["openai"])["requests"] == 0
+        with pytest.raises(openai.NotFoundError, match="no deployment tagged eu"):
+            eu_client.chat.completions.create(model="gpt-fake", messages=CHAT)
         # a model at two deployments: OpenAI's (all traffic by weight) asks for 30 s, Azure's
         # answers at once, and the client never hears of it, nor of another model
         at_azure = stats(url)["requests"]
@@ -204,7 +218,7 @@ weight = 1e6
         metrics = httpx.get(gateway.url + "/metrics").text
         series = "tokenyard_backend_deployment_requests_total"
         assert f'{series}{{backend="any-4o",deployment="us",outcome="retried"}} 1.0' in metrics
-        assert f'{series}{{backend="any-4o",deployment="eu",outcome="answered"}} 3.0' in metrics
+        assert f'{series}{{backend="any-4o",deployment="eu",outcome="answered"}} 5.0' in metrics
         # the operator's status page shows where each deployment stands
         status = sign_in(gateway.url, "owner", ADMIN).get("/admin/status").text
         rows = re.findall(

@@ -50,6 +50,7 @@ class Team:
     auto_threshold: float | None = 2.0  # never escalate: auto picks the cheapest able model
     strong_share: float | None = None
     auto_quality: float | None = None
+    deployment_tags: frozenset[str] = frozenset()
 
 
 class NoScorer:

@@ -73,6 +73,7 @@ class Team:
     auto_threshold: float | None = None
     strong_share: float | None = None
     auto_quality: float | None = None
+    deployment_tags: frozenset[str] = frozenset()
 
 
 @pytest.fixture
@@ -187,6 +188,42 @@ def test_explicit_model_chain_respects_team_and_tier(catalog: Catalog) -> None:
         router.route("mini", chat(EASY), Team(), "batch")
     with pytest.raises(NoRoute):
         router.route("nope", chat(EASY), Team(), "interactive")
+
+
+def test_a_team_bound_to_deployment_tags_routes_only_to_models_with_such_a_deployment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`deployment_tags`: a model serves the team only where a deployment it can call carries them
+    all (a self-hosted model, where the model does): named, in chains and for auto."""
+    monkeypatch.setenv("TEST_POLICY_OPENAI_KEY", "sk-test")
+    monkeypatch.setenv("TEST_POLICY_ANTHROPIC_KEY", "sk-ant-test")
+    path = tmp_path / "c.toml"
+    tagged = CATALOG.replace(
+        'quality_reference = "ref-tiny"', 'quality_reference = "ref-tiny"\ntags = ["eu", "onprem"]'
+    ).replace(
+        'id = "bigger"\nprovider = "openai"\nbase_urls = ["http://127.0.0.1:2/v1"]\n'
+        'api_key_env = "TEST_POLICY_OPENAI_KEY"',
+        'id = "bigger"\nprovider = "openai"\ndeployments = [\n'
+        '  { base_url = "http://127.0.0.1:4/v1", api_key_env = "TEST_POLICY_OPENAI_KEY", '
+        'tags = ["us"] },\n'
+        '  { base_url = "http://127.0.0.1:5/v1", api_key_env = "TEST_EU_KEY", tags = ["eu"] },\n]',
+    )
+    path.write_text(tagged)
+    router = Router(Catalog.load(path), Scorer(ComplexityClassifier.load))
+    eu = Team(deployment_tags=frozenset({"eu"}))
+    # the EU deployment of "bigger" has no key set: only the self-hosted model is in the EU
+    assert router.route("big", chat(EASY), Team(), "interactive").candidates[:2] == (
+        "big",
+        "bigger",
+    )
+    with pytest.raises(NoRoute, match="no deployment tagged eu"):
+        router.route("big", chat(EASY), eu, "interactive")
+    assert router.route("tiny", chat(EASY), eu, "interactive").candidates == ("tiny",)
+    assert router.route(AUTO, chat(HARD), eu, "interactive").candidates == ("tiny",)
+    monkeypatch.setenv("TEST_EU_KEY", "sk-eu")
+    assert router.route("bigger", chat(EASY), eu, "interactive").candidates == ("bigger",)
+    both = Team(deployment_tags=frozenset({"eu", "onprem"}))
+    assert router.route(AUTO, chat(HARD), both, "interactive").candidates == ("tiny",)
 
 
 def test_context_fallbacks_are_a_route_apart_held_to_the_team_and_tier(tmp_path: Path) -> None:

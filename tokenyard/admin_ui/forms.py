@@ -55,6 +55,10 @@ LABELS: dict[str, tuple[str, str]] = {
         "Endpoints",
         f"the kinds its keys may call, of {', '.join(SCOPES)}; blank: every kind",
     ),
+    "deployment_tags": (
+        "Deployment tags",
+        "e.g. eu — only deployments the catalog tags with every one serve the team; blank: any",
+    ),
 }
 
 

@@ -79,7 +79,7 @@ class AnthropicUpstream:
         async def send(at: Deployment) -> Reply:
             return await at.api.post(COUNT_PATH, _body(counted_fields, at))
 
-        response = await self.deployments.call(send, call.headers.get("x-tenant", ""))
+        response = await self.deployments.reply(send, call)
         if response.status == 200:
             return counted(int(response.json()["input_tokens"]))
         return UpstreamReply(*error_reply(response.status, response.body), "application/json")
@@ -90,7 +90,7 @@ class AnthropicUpstream:
         async def send(at: Deployment) -> Reply:
             return await at.api.post(PATH, _body(message, at))
 
-        response = await self.deployments.call(send, call.headers.get("x-tenant", ""))
+        response = await self.deployments.reply(send, call)
         if response.status == 200:
             reply = chat_reply(response.json(), self.info.name)
             return UpstreamReply(200, json.dumps(reply).encode(), "application/json")
@@ -122,7 +122,7 @@ class AnthropicUpstream:
             return opened, first, chunks
 
         deployments = self.deployments
-        at, result = await deployments.run(send, call.headers.get("x-tenant", ""))
+        at, result = await deployments.run(send, call)
         if isinstance(result, BufferedStream):
             deployments.release(at)
             return result

@@ -42,6 +42,8 @@ class UpstreamCall:
     # the prompt's start (router.policy.prefix_text), from the body the gateway already parsed:
     # engine replicas are picked by it, so requests sharing a cached prefix meet on one replica
     prefix: str = ""
+    # the team's deployment_tags: a commercial model's deployments that lack any are never called
+    tags: frozenset[str] = frozenset()
 
 
 @dataclass

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from tokenyard.backends.api import ApiClient
-from tokenyard.backends.base import log
+from tokenyard.backends.base import BackendUnavailable, UpstreamCall, log
 from tokenyard.backends.metrics import DEPLOYMENT_REQUESTS
 from tokenyard.backends.retry import Guard, Retryable
 
@@ -34,6 +34,7 @@ class Deployment:
     model: str  # the provider's name for the model there
     query: str = ""  # what every path takes after it (Azure's ?api-version=…)
     weight: float = 1.0
+    tags: frozenset[str] = frozenset()  # what it is ("eu"): a team may require some
     in_flight: int = 0  # this process's requests on it now
     down_until: float = 0.0
 
@@ -56,25 +57,39 @@ class Deployments:
         self._cooldown_s = cooldown_s
         self._rng = rng or random.Random()
 
-    def pick(self, tried: set[str] | None = None) -> Deployment:
-        """Among those not tried for this request and not cooling down, else those not cooling
-        down, else the one back soonest."""
+    def allowed(self, tags: frozenset[str]) -> list[Deployment]:
+        """The deployments that carry every one of a request's required tags."""
+        found = [d for d in self.all if tags <= d.tags]
+        if not found:  # the router routes such a team elsewhere: a catalog changed under it
+            raise BackendUnavailable(
+                503,
+                f"model {self.guard.name!r} has no deployment your team may use",
+                code="no_allowed_deployment",
+            )
+        return found
+
+    def pick(self, tried: set[str] | None = None, tags: frozenset[str] = frozenset()) -> Deployment:
+        """Of those carrying the request's tags: those not tried for it and not cooling down,
+        else those not cooling down, else the one back soonest."""
         now = time.monotonic()
-        fresh = [d for d in self.all if d.name not in (tried or ()) and not d.cooling(now)]
-        ready = fresh or [d for d in self.all if not d.cooling(now)]
+        allowed = self.allowed(tags)
+        fresh = [d for d in allowed if d.name not in (tried or ()) and not d.cooling(now)]
+        ready = fresh or [d for d in allowed if not d.cooling(now)]
         if not ready:
-            return min(self.all, key=lambda d: d.down_until)
+            return min(allowed, key=lambda d: d.down_until)
         return min(ready, key=lambda d: (d.in_flight + self._rng.expovariate(1.0)) / d.weight)
 
     async def run(
-        self, send: Callable[[Deployment], Awaitable[T]], team: str = ""
+        self, send: Callable[[Deployment], Awaitable[T]], call: UpstreamCall
     ) -> tuple[Deployment, T]:
-        """`send` at one deployment after another, within the model's tries; the deployment that
-        answered counts the request as in flight until `release`."""
+        """`send` at one deployment after another (of those carrying the call's tags), within the
+        model's tries; the deployment that answered counts the request as in flight until
+        `release`."""
         tried: set[str] = set()
+        tags = call.tags
 
         async def attempt() -> tuple[Deployment, T]:
-            deployment = self.pick(tried)
+            deployment = self.pick(tried, tags)
             tried.add(deployment.name)
             deployment.in_flight += 1
             try:
@@ -84,7 +99,7 @@ class Deployments:
                 self._cool(deployment, exc.retry_after, exc.reason)
                 DEPLOYMENT_REQUESTS.labels(self.guard.name, deployment.name, "retried").inc()
                 now = time.monotonic()
-                if any(d.name not in tried and not d.cooling(now) for d in self.all):
+                if any(d.name not in tried and not d.cooling(now) for d in self.allowed(tags)):
                     # another deployment can take it now: its wait is not this one's
                     raise Retryable(exc.reason, exc.status, 0.0) from exc
                 raise
@@ -94,11 +109,11 @@ class Deployments:
             DEPLOYMENT_REQUESTS.labels(self.guard.name, deployment.name, "answered").inc()
             return deployment, result
 
-        return await self.guard.run(attempt, team)
+        return await self.guard.run(attempt, call.headers.get("x-tenant", ""))
 
-    async def call(self, send: Callable[[Deployment], Awaitable[T]], team: str = "") -> T:
+    async def reply(self, send: Callable[[Deployment], Awaitable[T]], call: UpstreamCall) -> T:
         """`run` for a whole reply: in flight only while it is read."""
-        deployment, result = await self.run(send, team)
+        deployment, result = await self.run(send, call)
         self.release(deployment)
         return result
 

@@ -103,7 +103,7 @@ class OpenAIUpstream:
         async def send(at: Deployment) -> Reply:
             return await at.api.post(self._path(call.path, at), request_body(native, at.model))
 
-        response = await self.deployments.call(send, call.headers.get("x-tenant", ""))
+        response = await self.deployments.reply(send, call)
         content = response.body
         if response.status == 200:
             content = renamed(content, self.info.name)
@@ -124,7 +124,7 @@ class OpenAIUpstream:
             body = msgspec.json.encode(counted_fields | {"model": at.model})
             return await at.api.post("/responses/input_tokens" + at.query, body)
 
-        response = await self.deployments.call(send, call.headers.get("x-tenant", ""))
+        response = await self.deployments.reply(send, call)
         if response.status == 200:
             return counted(int(response.json()["input_tokens"]))
         return UpstreamReply(response.status, response.body, "application/json")
@@ -136,7 +136,7 @@ class OpenAIUpstream:
             return await at.api.open(self._path(call.path, at), request_body(native, at.model))
 
         deployments = self.deployments
-        at, opened = await deployments.run(send, call.headers.get("x-tenant", ""))
+        at, opened = await deployments.run(send, call)
         if not isinstance(opened, Opened):
             deployments.release(at)
             return BufferedStream(opened.status, opened.body)

@@ -74,6 +74,8 @@ class TeamLimits(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     model_limits: dict[str, dict[str, int]] | UnsetType | None = UNSET
     # the kinds of endpoint its keys may call (["embeddings"], or "completions,batch"); null: all
     scopes: list[str] | str | UnsetType | None = UNSET
+    # the tags every deployment serving it must carry (["eu"]); null: any deployment
+    deployment_tags: list[str] | str | UnsetType | None = UNSET
 
 
 class NewTeam(TeamLimits, kw_only=True, forbid_unknown_fields=True):

@@ -302,6 +302,7 @@ class Proxy:
             admitted.max_tokens,
             responses,
             salt,
+            policy.deployment_tags,
         )
         res.trace, trace.settling = trace, True
         self.keeper.active[lease_id] = res

@@ -60,11 +60,14 @@ async def count_tokens(
     route, upstream = proxy.pick("chat", policy, parsed, "interactive")
     name = upstream.info.name
     headers = {"x-tenant": policy.team, "x-request-id": request_id}
+    tags = policy.deployment_tags  # the prompt goes only where the team's requests may
     if native is not None and upstream.info.provider == "openai":
-        call = UpstreamCall(RESPONSES_PATH, msgspec.json.encode({**native, "model": name}), headers)
+        encoded = msgspec.json.encode({**native, "model": name})
+        call = UpstreamCall(RESPONSES_PATH, encoded, headers, tags=tags)
     else:
         body = {**parsed.body, "model": name}
-        call = UpstreamCall("/v1/chat/completions", msgspec.json.encode(body), headers)
+        encoded = msgspec.json.encode(body)
+        call = UpstreamCall("/v1/chat/completions", encoded, headers, tags=tags)
     async with metered(
         proxy.settlement,
         policy,

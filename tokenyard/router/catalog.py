@@ -7,6 +7,7 @@ environment stays in the catalog as unavailable: listed by `/v1/models`, never r
 
 import os
 import tomllib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
@@ -16,6 +17,7 @@ import msgspec
 from tokenyard.backends.fields import Provider as Wire
 from tokenyard.backends.fields import Supports
 from tokenyard.core.settings import Settings
+from tokenyard.tenancy.limits import TAG
 
 DEFAULT_CATALOG = Path(__file__).parent / "catalog.toml"
 # azure: Azure OpenAI, OpenAI's API at a deployment's URL with an `api-key` header
@@ -28,6 +30,9 @@ ENGINE_SUPPORTS = Supports(tools=True, structured_outputs=True, logprobs=True)
 Kind = Literal["chat", "embedding", "rerank"]
 Fraction = Annotated[float, msgspec.Meta(ge=0, le=1)]
 Seconds = Annotated[float, msgspec.Meta(ge=0)]
+# what a deployment is, for teams that may use only some (tenancy's deployment_tags): "eu",
+# "zero-retention", "hipaa"
+Tag = Annotated[str, msgspec.Meta(pattern=f"^{TAG.pattern}$")]
 # Azure's api-version goes into every request's query string: nothing that could end or extend it
 ApiVersion = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9.\-]*$")]
 
@@ -101,6 +106,9 @@ class DeploymentEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # quota); under load, requests go where the fewest are in flight per unit of weight
     weight: Annotated[float, msgspec.Meta(gt=0)] = 1.0
     name: str = ""  # in logs and metrics; default: the URL's host
+    # where it is and what it promises (with the model's own): a team whose deployment_tags are
+    # not all among them never has a request sent there
+    tags: tuple[Tag, ...] = ()
 
     @property
     def api_key(self) -> str:
@@ -168,6 +176,9 @@ class ModelEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # other names requests may use for it (a retired model's, a provider's dated snapshot's), so
     # clients keep working while the operator moves the name to another model
     aliases: tuple[str, ...] = ()
+    # what every deployment (self-hosted: every replica) of it is: "eu", "zero-retention"; a team
+    # with deployment_tags uses only deployments that carry them all
+    tags: tuple[Tag, ...] = ()
 
     @property
     def name_upstream(self) -> str:
@@ -190,6 +201,7 @@ class ModelEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                 d,
                 provider=d.provider or self.provider,
                 upstream_model=d.upstream_model or self.name_upstream,
+                tags=tuple(dict.fromkeys(self.tags + d.tags)),
             )
             for d in listed
         )
@@ -198,6 +210,14 @@ class ModelEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     def live_deployments(self) -> tuple[DeploymentEntry, ...]:
         """The deployments it can call (`DeploymentEntry.live`)."""
         return tuple(d for d in self.all_deployments if d.live)
+
+    def serves_tags(self, required: Iterable[str]) -> bool:
+        """Whether a team that requires these tags can use it: every one is the model's
+        (self-hosted) or some callable deployment's."""
+        need = set(required)
+        if not need or self.provider == "self-hosted":
+            return need <= set(self.tags)
+        return any(need <= set(d.tags) for d in self.live_deployments)
 
     @property
     def wire(self) -> Wire:

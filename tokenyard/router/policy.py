@@ -59,6 +59,9 @@ class TeamRouting(Protocol):
     @property
     def auto_quality(self) -> float | None: ...
 
+    @property
+    def deployment_tags(self) -> frozenset[str]: ...  # every deployment serving it carries these
+
 
 class NoRoute(Exception):
     """No model in the catalog can serve the request: unknown, not allowed, or not for this tier."""
@@ -160,6 +163,7 @@ class Router:
         it sets and with room for the prompt."""
         return (
             (not team.models or entry.id in team.models)
+            and entry.serves_tags(team.deployment_tags)
             and tier in entry.tiers
             and entry.serves(kind)
             and (ask is None or refusal(ask, entry.id, entry.wire, entry.supports) is None)
@@ -194,6 +198,9 @@ class Router:
                 raise NoRoute(f"the model {model!r} serves {serves} only")
             if tier not in entry.tiers:
                 raise NoRoute(f"the model {model!r} does not serve the {tier} tier")
+            if not entry.serves_tags(team.deployment_tags):
+                tags = ", ".join(sorted(team.deployment_tags))
+                raise NoRoute(f"the model {model!r} has no deployment tagged {tags} for your team")
             found = refusal(ask, entry.id, entry.wire, entry.supports) if ask else None
             if found:
                 raise Unsupported(found)

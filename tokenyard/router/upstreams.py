@@ -59,7 +59,7 @@ def _deployment(d: DeploymentEntry, policy: RetryPolicy, connections: int) -> De
         EntraTokens(entra.tenant_id, entra.client_id, entra.client_secret_env) if entra else None
     )
     api = ApiClient(d.base_url, _auth(d), policy, connections, tokens)
-    return Deployment(d.label, api, d.upstream_model, query, d.weight)
+    return Deployment(d.label, api, d.upstream_model, query, d.weight, frozenset(d.tags))
 
 
 def build_upstream(entry: ModelEntry, redis: Redis, settings: Settings) -> Upstream:

@@ -2,6 +2,7 @@
 light for the CLI parser."""
 
 import math
+import re
 from typing import Any
 
 TIERS = ("interactive", "batch")
@@ -41,6 +42,11 @@ LIMIT_FIELDS: dict[str, type] = {
     # the kinds of endpoint the team may call (SCOPES, comma-separated; unset: every kind), as
     # OpenAI's restricted keys: a search service's key that can only embed, say
     "scopes": str,
+    # the tags every deployment that serves the team must carry (the catalog's `tags`: "eu",
+    # "zero-retention"; comma-separated; unset: any deployment): data residency and the
+    # providers' terms a team is bound to, kept by routing; models without such a deployment are
+    # never its routes
+    "deployment_tags": str,
 }
 
 # the limits a key may have of its own, beside its team's (a subset of the team's fields)
@@ -57,6 +63,10 @@ KEY_LIMIT_FIELDS = (
 # the kinds of endpoint a team or a key may be restricted to (gateway/scopes.py says which paths
 # each covers); listing the models is open to every key
 SCOPES = ("completions", "embeddings", "moderations", "batch", "usage", "feedback")
+
+# a deployment tag, in the catalog and a team's deployment_tags
+TAG = re.compile(r"[a-z0-9][a-z0-9_.-]{0,39}")
+MAX_TAGS = 16
 
 # the fields that are receivers' URLs, set by the operator ('' clears one)
 URL_FIELDS = ("alert_url", "webhook_url")
@@ -116,20 +126,44 @@ def model_limits_text(value: dict[str, dict[str, int]] | None) -> str:
     )
 
 
+def _items(value: Any) -> set[str] | None:
+    """A list as given (a list of strings, or "a, b"), its items stripped; None: not a list."""
+    given = value.split(",") if isinstance(value, str) else (value or [])
+    if not isinstance(given, list) or not all(isinstance(s, str) for s in given):
+        return None
+    return {s.strip() for s in given if s.strip()}
+
+
 def scopes_text(value: str | list[str] | None) -> str | None:
     """Scopes as given (a list, or "completions, embeddings") as stored: each once, in SCOPES'
     order, comma-separated; None for none (every kind)."""
-    given = value.split(",") if isinstance(value, str) else (value or [])
-    wanted = {s.strip() for s in given}
+    wanted = _items(value) or set()
     return ",".join(s for s in SCOPES if s in wanted) or None
 
 
 def scopes_problem(value: Any) -> str | None:
-    given = value.split(",") if isinstance(value, str) else value
-    if not isinstance(given, list) or not all(isinstance(s, str) for s in given):
+    given = _items(value)
+    if given is None:
         return f"must list some of {', '.join(SCOPES)}"
-    if unknown := sorted({s.strip() for s in given if s.strip()} - set(SCOPES)):
+    if unknown := sorted(given - set(SCOPES)):
         return f"names no scope {', '.join(unknown)}: the scopes are {', '.join(SCOPES)}"
+    return None
+
+
+def tags_text(value: str | list[str] | None) -> str | None:
+    """Deployment tags as given, as stored: sorted, each once, comma-separated; None for none."""
+    return ",".join(sorted(_items(value) or ())) or None
+
+
+def tags_problem(value: Any) -> str | None:
+    given = _items(value)
+    if given is None:
+        return "must list deployment tags, e.g. eu, zero-retention"
+    if bad := sorted(t for t in given if not TAG.fullmatch(t)):
+        rule = "lower-case letters, digits, '_', '.' or '-'"
+        return f"has tags the catalog cannot name ({', '.join(bad)}): {rule}"
+    if len(given) > MAX_TAGS:
+        return f"lists more than {MAX_TAGS} tags"
     return None
 
 
@@ -155,6 +189,8 @@ def problem(name: str, value: Any) -> str | None:
         return model_limits_problem(value)
     if name == "scopes":
         return scopes_problem(value)
+    if name == "deployment_tags":
+        return tags_problem(value)
     if name == "default_tier":
         return None if value in TIERS else f"must be one of {', '.join(TIERS)}"
     if isinstance(value, bool) or not isinstance(value, int if kind is int else (int, float)):
@@ -204,4 +240,6 @@ LIMIT_HELP: dict[str, str] = {
     "none)",
     "scopes": f"comma-separated kinds of endpoint that may be called, of {', '.join(SCOPES)} "
     "(default: every kind; '' on update: every kind)",
+    "deployment_tags": "comma-separated tags every deployment serving the team must carry, e.g. "
+    "'eu' (the catalog's tags; default: any deployment; '' on update: any)",
 }

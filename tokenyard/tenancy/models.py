@@ -67,6 +67,8 @@ class Team(SQLModel, table=True):
     model_limits: dict[str, dict[str, int]] | None = Field(default=None, sa_type=JSON)
     # the kinds of endpoint the team's keys may call (tenancy/limits.py SCOPES; None: every kind)
     scopes: str | None = None
+    # the tags every deployment serving the team must carry (the catalog's; None: any deployment)
+    deployment_tags: str | None = None
     # a disabled team's keys are refused (its keys, limits and usage are kept, to enable it again)
     disabled: bool = False
     created_at: datetime = Field(default_factory=_now)

@@ -48,6 +48,8 @@ class TeamPolicy(msgspec.Struct, frozen=True):
     model_limits: dict[str, tuple[int, int]] = {}
     key_model_limits: dict[str, tuple[int, int]] = {}
     scopes: tuple[str, ...] = ()  # the kinds of endpoint the key may call (): every kind
+    # the tags every deployment serving the team must carry (): any deployment
+    deployment_tags: frozenset[str] = frozenset()
 
     def allows(self, scope: str | None) -> bool:
         """Whether the key may call an endpoint of `scope` (None: one open to every key)."""
@@ -99,6 +101,7 @@ def policy_of(team: Team, key: ApiKey | None = None, blocked: Iterable[str] = ()
         model_limits=_pairs(team.model_limits),
         key_model_limits=_pairs(key.model_limits) if key else {},
         scopes=scopes,
+        deployment_tags=frozenset(model_list(team.deployment_tags or "")),
     )
 
 

@@ -15,7 +15,7 @@ from sqlmodel import Session, select
 from tokenyard.tenancy.changes import SYSTEM, TEAM_FIELDS, changed, given, record, snapshot
 from tokenyard.tenancy.errors import AlreadyExists, ManagementError, OperatorsChoice
 from tokenyard.tenancy.keys import active_key_hashes
-from tokenyard.tenancy.limits import LIMIT_FIELDS, URL_FIELDS, problem, scopes_text
+from tokenyard.tenancy.limits import LIMIT_FIELDS, URL_FIELDS, problem, scopes_text, tags_text
 from tokenyard.tenancy.lookups import find_blocks, find_team
 from tokenyard.tenancy.models import ApiKey, Team
 
@@ -35,6 +35,8 @@ def _apply(team: Team, limits: dict[str, Any]) -> None:
             value = ",".join(value)
         if name == "scopes":
             value = scopes_text(value)
+        if name == "deployment_tags":
+            value = tags_text(value)
         if name in (*URL_FIELDS, "model_limits") and not value:  # '' or {} clears it
             value = None
         if name == "webhook_url" and value != team.webhook_url:
