@@ -203,6 +203,7 @@ tags = ["us"]
         assert stats(providers["openai"])["requests"] == 0
         with pytest.raises(openai.NotFoundError, match="no deployment tagged eu"):
             eu_client.chat.completions.create(model="gpt-fake", messages=CHAT)
+        assert [m.id for m in eu_client.models.list().data] == ["any-4o", "auto"]
         # a model at two deployments: OpenAI's (all traffic by weight) asks for 30 s, Azure's
         # answers at once, and the client never hears of it, nor of another model
         at_azure = stats(url)["requests"]

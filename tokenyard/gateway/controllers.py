@@ -75,11 +75,12 @@ class CompletionsController(Controller):
 
 
 def team_models(proxy: Proxy, policy: TeamPolicy) -> list[dict[str, Any]]:
-    """The models the calling team may use, cheapest first, then "auto"."""
+    """The models the calling team may use (allowed, with a deployment its tags allow), cheapest
+    first, then "auto"."""
     data = [
         _model_card(m, proxy.backends.get(m.id))
         for m in proxy.router.catalog.by_price()
-        if not policy.models or m.id in policy.models
+        if (not policy.models or m.id in policy.models) and m.serves_tags(policy.deployment_tags)
     ]
     if data:  # "auto" routes among the models the team may use
         data.append({"id": AUTO, "object": "model", "created": 0, "owned_by": "tokenyard"})
