@@ -1,8 +1,9 @@
 """A commercial model at several deployments (an Azure resource's and OpenAI's own API here): the
-catalog's checks, each request at one deployment by weight and load, a deployment that refuses
-or is down skipped at once for its Retry-After or cooldown while the other answers, and a
-stream's share of load held until it closes."""
+catalog's checks, each request at one deployment by weight, load, prompt prefix and the team's
+deployment tags, a deployment that refuses or is down skipped at once for its Retry-After or
+cooldown while the other answers, and a stream's share of load held until it closes."""
 
+import json
 import random
 import time
 import tomllib
@@ -14,9 +15,15 @@ import msgspec
 import pytest
 
 from tests.backends.conftest import KEY_ENV, control, free_port, stats
-from tests.backends.test_backends_openai import call, read_stream
+from tests.backends.test_backends_openai import CHAT, call, read_stream
 from tokenyard.backends.api import ApiClient
-from tokenyard.backends.base import BackendUnavailable, ModelInfo, Upstream, UpstreamBroken
+from tokenyard.backends.base import (
+    BackendUnavailable,
+    ModelInfo,
+    Upstream,
+    UpstreamBroken,
+    UpstreamCall,
+)
 from tokenyard.backends.deployments import Deployment, Deployments
 from tokenyard.backends.retry import Guard, RetryPolicy
 from tokenyard.router.catalog import Catalog, CatalogError, CatalogFile, DeploymentEntry, ModelEntry
@@ -127,6 +134,20 @@ def test_a_request_bound_to_tags_goes_only_to_deployments_carrying_them_all() ->
         pool.pick(tags=frozenset({"eu", "us"}))
 
 
+def test_a_prompt_prefix_keeps_to_its_home_deployment_while_its_load_allows() -> None:
+    pool = deployments(3, 1)
+    homes = {pool.pick(prefix="system prompt 7").name for _ in range(20)}
+    assert len(homes) == 1  # one prefix, one deployment: its prompt cache there
+    spread: dict[str, int] = {}
+    for i in range(2000):
+        name = pool.pick(prefix=f"system prompt {i}").name
+        spread[name] = spread.get(name, 0) + 1
+    assert 0.72 < spread["d0"] / 2000 < 0.78  # homes in proportion to the weights
+    home = pool.all[0] if homes == {"d0"} else pool.all[1]
+    home.in_flight = int(3 * home.weight)  # 3 a unit of weight over the other's 0: past the margin
+    assert pool.pick(prefix="system prompt 7").name != home.name
+
+
 @pytest.fixture
 def group(
     build_entry: Any, monkeypatch: pytest.MonkeyPatch, openai_url: str, azure_url: str
@@ -199,6 +220,20 @@ async def test_a_deployment_that_is_down_costs_no_request_its_failure(group: Any
         assert reply.status == 200
     pool = upstream.deployments  # type: ignore[attr-defined]
     assert pool.all[1].down_until > time.monotonic()  # cooling after its one refused connection
+
+
+async def test_requests_sharing_a_system_prompt_meet_at_one_deployment(
+    group: Any, openai_url: str, azure_url: str
+) -> None:
+    upstream = group()
+    for i in range(6):
+        system = {"role": "system", "content": "You answer as a ship's log."}
+        body = {"model": "m", "messages": [system, {"role": "user", "content": f"q{i} #chunks=2"}]}
+        reply = await upstream.complete(
+            UpstreamCall(CHAT, json.dumps(body).encode(), {}, "You answer as a ship's log.")
+        )
+        assert reply.status == 200
+    assert sorted((stats(openai_url)["requests"], stats(azure_url)["requests"])) == [0, 6]
 
 
 async def test_a_stream_holds_its_share_of_load_until_it_closes(group: Any) -> None:

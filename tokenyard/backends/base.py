@@ -6,8 +6,10 @@ provider speaks, a backend answers in OpenAI's shapes: a `chat.completion` body,
 `chat.completion.chunk`s ending with a usage chunk (and `timings` where the engine measured them).
 """
 
+import hashlib
 import json
 import logging
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -15,6 +17,15 @@ from typing import Protocol
 from tokenyard.core.errors import GatewayError
 
 log = logging.getLogger("tokenyard.backends")
+
+
+def rendezvous(key: bytes, name: str, weight: float = 1.0) -> float:
+    """Weighted rendezvous hashing: of the places (engine replicas, deployments) that could serve
+    a prompt prefix (`key`), the one of the highest score is its home; over many prefixes each
+    place is home to a share in proportion to its weight, and removing one moves only its own."""
+    digest = hashlib.blake2b(key + name.encode(), digest_size=8).digest()
+    uniform = (int.from_bytes(digest, "big") + 1) / (2**64 + 1)  # in (0, 1)
+    return weight / -math.log(uniform)
 
 
 class UpstreamBroken(Exception):

@@ -4,7 +4,11 @@ with their own keys and rate limits), each over its own pooled client.
 Each attempt picks a deployment by weight and load: the least `(in flight + e) / weight`, with e
 drawn from Exp(1) per deployment and pick. Idle, that is a draw in proportion to the weights (the
 least of exponentials scaled by weights falls to each with probability weight / total); busy, the
-requests in flight outweigh the draw and the least loaded per unit of weight wins. A deployment
+requests in flight outweigh the draw and the least loaded per unit of weight wins. Requests that
+share a prompt prefix (the first message, or the client's `prompt_cache_key`) go instead to one
+home deployment, chosen by weighted rendezvous hashing, while its load per unit of weight is
+within `affinity_margin` of the least loaded's: OpenAI's and Azure's prompt caches are each
+deployment's own, and a cached prefix is billed at a fraction of its price. A deployment
 that fails before the first byte (429, 5xx, connection, first-token timeout) is skipped for its
 Retry-After, or `cooldown_s` without one, and the attempt moves to another at once; only when none
 is left does the model's backoff apply. The model's breaker hears of a failure only once its tries
@@ -19,7 +23,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from tokenyard.backends.api import ApiClient
-from tokenyard.backends.base import BackendUnavailable, UpstreamCall, log
+from tokenyard.backends.base import BackendUnavailable, UpstreamCall, log, rendezvous
 from tokenyard.backends.metrics import DEPLOYMENT_REQUESTS
 from tokenyard.backends.retry import Guard, Retryable
 
@@ -41,6 +45,10 @@ class Deployment:
     def cooling(self, now: float) -> bool:
         return self.down_until > now
 
+    @property
+    def load(self) -> float:
+        return self.in_flight / self.weight
+
 
 class Deployments:
     def __init__(
@@ -48,6 +56,8 @@ class Deployments:
         deployments: list[Deployment],
         guard: Guard,
         cooldown_s: float = 5.0,
+        affinity_margin: float = 2.0,
+        affinity_chars: int = 256,
         rng: random.Random | None = None,
     ) -> None:
         if not deployments:
@@ -55,6 +65,8 @@ class Deployments:
         self.all = deployments
         self.guard = guard
         self._cooldown_s = cooldown_s
+        self._margin = affinity_margin
+        self._chars = affinity_chars
         self._rng = rng or random.Random()
 
     def allowed(self, tags: frozenset[str]) -> list[Deployment]:
@@ -68,15 +80,26 @@ class Deployments:
             )
         return found
 
-    def pick(self, tried: set[str] | None = None, tags: frozenset[str] = frozenset()) -> Deployment:
+    def pick(
+        self,
+        tried: set[str] | None = None,
+        tags: frozenset[str] = frozenset(),
+        prefix: str = "",
+    ) -> Deployment:
         """Of those carrying the request's tags: those not tried for it and not cooling down,
-        else those not cooling down, else the one back soonest."""
+        else those not cooling down, else the one back soonest; among them the prefix's home
+        while its load allows, else by weight and load."""
         now = time.monotonic()
         allowed = self.allowed(tags)
         fresh = [d for d in allowed if d.name not in (tried or ()) and not d.cooling(now)]
         ready = fresh or [d for d in allowed if not d.cooling(now)]
         if not ready:
             return min(allowed, key=lambda d: d.down_until)
+        if prefix and len(ready) > 1:
+            key = prefix[: self._chars].encode()
+            home = max(ready, key=lambda d: rendezvous(key, d.name, d.weight))
+            if home.load <= min(d.load for d in ready) + self._margin:
+                return home
         return min(ready, key=lambda d: (d.in_flight + self._rng.expovariate(1.0)) / d.weight)
 
     async def run(
@@ -89,7 +112,7 @@ class Deployments:
         tags = call.tags
 
         async def attempt() -> tuple[Deployment, T]:
-            deployment = self.pick(tried, tags)
+            deployment = self.pick(tried, tags, call.prefix)
             tried.add(deployment.name)
             deployment.in_flight += 1
             try:

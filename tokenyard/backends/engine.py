@@ -9,7 +9,6 @@ counts a failure only once retries are spent, or when a stream breaks and no oth
 """
 
 import asyncio
-import hashlib
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
@@ -26,6 +25,7 @@ from tokenyard.backends.base import (
     UpstreamStream,
     counted,
     log,
+    rendezvous,
 )
 from tokenyard.backends.http import HttpError, HttpPool, HttpResponse
 from tokenyard.backends.retry import Guard, Retryable, check_status
@@ -61,9 +61,6 @@ class Replica:
     @property
     def load(self) -> float:
         return self.waiting + self.in_flight + self.kv_usage
-
-    def weight(self, key: bytes) -> bytes:
-        return hashlib.blake2b(key + self.url.encode(), digest_size=8).digest()
 
 
 class EngineUpstream:
@@ -104,7 +101,7 @@ class EngineUpstream:
         least = min(candidates, key=lambda r: r.load)
         if prefix and len(candidates) > 1:
             key = prefix[: self._chars].encode()
-            home = max(candidates, key=lambda r: r.weight(key))
+            home = max(candidates, key=lambda r: rendezvous(key, r.url))
             if home.load <= least.load + self._margin:
                 return home
         return least

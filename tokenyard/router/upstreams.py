@@ -88,7 +88,13 @@ def build_upstream(entry: ModelEntry, redis: Redis, settings: Settings) -> Upstr
     if not live:
         raise ValueError(f"{entry.id}: no deployment with its API key set or Entra ID")
     guard.set_reachable(True)
-    deployments = Deployments(live, guard, settings.backend_replica_cooldown_s)
+    deployments = Deployments(
+        live,
+        guard,
+        settings.backend_replica_cooldown_s,
+        settings.backend_affinity_margin,
+        settings.backend_affinity_chars,
+    )
     if entry.provider == "anthropic":
         return AnthropicUpstream(info, deployments)
     return OpenAIUpstream(info, deployments)
