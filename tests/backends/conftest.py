@@ -2,6 +2,7 @@
 engine replicas (tests/gateway/fake_upstream.py), each a process on a free port."""
 
 import os
+import ssl
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 import redis.asyncio as aioredis
+import trustme
 
 from tests.gateway.conftest import Process, RedisServer, free_port, wait_until
 from tokenyard.backends.base import Upstream
@@ -60,6 +62,37 @@ def openai_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def azure_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     yield from _server(HERE / "fake_azure.py", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def vertex_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from _server(HERE / "fake_vertex.py", tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def token_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """Fake Entra ID and Google token endpoints over HTTPS (azure-identity takes no other), and
+    the file of the certificate authority that signed its certificate."""
+    folder = tmp_path_factory.mktemp("tokens")
+    ca = trustme.CA()
+    served = ca.issue_cert("127.0.0.1")
+    ca.cert_pem.write_to_path(folder / "ca.pem")
+    served.private_key_pem.write_to_path(folder / "key.pem")
+    served.cert_chain_pems[0].write_to_path(folder / "cert.pem")
+    port = free_port()
+    command = [sys.executable, str(HERE / "fake_tokens.py"), "--port", str(port)]
+    command += ["--certfile", str(folder / "cert.pem"), "--keyfile", str(folder / "key.pem")]
+    server = Process(command, dict(os.environ), folder / "server.log")
+    url = f"https://127.0.0.1:{port}"
+    wait_until(lambda: grants(url, folder / "ca.pem") is not None, 20, "token server")
+    yield url, folder / "ca.pem"
+    server.stop()
+
+
+def grants(url: str, ca: Path) -> list[dict[str, Any]]:
+    """The grants a token server saw, in order."""
+    trusted = ssl.create_default_context(cafile=ca)
+    return httpx.get(url + "/stats", verify=trusted).json()["grants"]
 
 
 @pytest.fixture(scope="session")

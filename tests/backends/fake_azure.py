@@ -5,7 +5,7 @@ expect them:
   need `?api-version=`; Azure answers 404 "Resource not found" without it. The v1 API,
   POST /openai/v1/chat/completions, takes none, and the deployment's name as `model`;
 - the key comes in an `api-key` header (the v1 API also takes `Authorization: Bearer`), or a
-  Microsoft Entra ID token in `Authorization: Bearer` on any route (those fake_entra.py issues,
+  Microsoft Entra ID token in `Authorization: Bearer` on any route (those fake_tokens.py issues,
   `entra.…`); without either, 401 in Azure's error shape;
 - replies carry Azure's content-filter annotations (`prompt_filter_results`, each choice's
   `content_filter_results`), and a stream opens with a chunk of no choices that holds the prompt's
@@ -29,7 +29,7 @@ if not __package__:  # run as a script: make `tests` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests.backends import fake_openai
-from tests.backends.fake_common import main, send_json
+from tests.backends.fake_common import main, send_json, stats_with
 
 SNAPSHOT = "gpt-4o-2024-08-06"
 _DEPLOYMENT = re.compile(r"^/openai/deployments/([^/]+)(/(?:chat/)?completions)$")
@@ -63,7 +63,7 @@ def make_app() -> Any:
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["path"] in ("/health", "/stats", "/control"):
             if scope.get("path") == "/stats":
-                return await _stats(inner, scope, receive, send, seen)
+                return await stats_with(inner, scope, receive, send, seen)
             return await inner(scope, receive, send)
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         query = parse_qs(scope.get("query_string", b"").decode())
@@ -111,18 +111,6 @@ def make_app() -> Any:
         await inner(inner_scope, receive, azure_send)
 
     return app
-
-
-async def _stats(inner: Any, scope: Any, receive: Any, send: Any, seen: dict[str, str]) -> None:
-    """fake_openai's figures, with the deployment and api-version the last request named."""
-    captured: list[dict[str, Any]] = []
-
-    async def keep(message: dict[str, Any]) -> None:
-        captured.append(message)
-
-    await inner(scope, receive, keep)
-    figures = msgspec.json.decode(b"".join(m.get("body", b"") for m in captured[1:]))
-    await send_json(send, 200, {**figures, **seen})
 
 
 if __name__ == "__main__":

@@ -178,6 +178,20 @@ def make_asgi(handler: Handler, error: ErrorShape, prompt: Callable[[dict[str, A
     return app
 
 
+async def stats_with(
+    inner: Any, scope: Any, receive: Any, send: Send, extra: dict[str, str]
+) -> None:
+    """A wrapped fake's /stats (`inner`'s figures) with the wrapper's own added."""
+    captured: list[dict[str, Any]] = []
+
+    async def keep(message: dict[str, Any]) -> None:
+        captured.append(message)
+
+    await inner(scope, receive, keep)
+    figures = msgspec.json.decode(b"".join(m.get("body", b"") for m in captured[1:]))
+    await send_json(send, 200, {**figures, **extra})
+
+
 async def pace(d: Directives, sent: int) -> None:
     """Before a streamed event: the #delay, and the #cut after `sent` events."""
     if d.cut is not None and sent >= d.cut:

@@ -8,8 +8,6 @@ tokens."""
 import json
 import os
 import re
-import ssl
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,12 +17,17 @@ import anthropic
 import httpx
 import openai
 import pytest
-import trustme
 
 from tests.admin_ui.conftest import sign_in
 from tests.backends.conftest import HERE as BACKENDS
-from tests.backends.conftest import control, start_server, stats
-from tests.gateway.conftest import Process, free_port, reservations, wait_until
+from tests.backends.conftest import (
+    control,
+    grants,
+    start_server,
+    stats,
+    token_server,  # noqa: F401 - a fixture
+)
+from tests.gateway.conftest import reservations, wait_until
 from tokenyard.gateway.quotas import TeamKeys
 
 # start_gateway(name=…) sets TOKENYARD_<NAME>: the keys reach the gateway's environment that way
@@ -232,39 +235,18 @@ tags = ["us"]
         server.stop()
 
 
-@pytest.fixture(scope="module")
-def entra(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
-    """A fake Entra ID token endpoint over HTTPS (azure-identity takes no other), and the file of
-    the certificate authority that signed its certificate."""
-    folder = tmp_path_factory.mktemp("entra")
-    ca = trustme.CA()
-    served = ca.issue_cert("127.0.0.1")
-    ca.cert_pem.write_to_path(folder / "ca.pem")
-    served.private_key_pem.write_to_path(folder / "key.pem")
-    served.cert_chain_pems[0].write_to_path(folder / "cert.pem")
-    port = free_port()
-    command = [sys.executable, str(BACKENDS / "fake_entra.py"), "--port", str(port)]
-    command += ["--certfile", str(folder / "cert.pem"), "--keyfile", str(folder / "key.pem")]
-    server = Process(command, dict(os.environ), folder / "server.log")
-    url = f"https://127.0.0.1:{port}"
-    trusted = ssl.create_default_context(cafile=folder / "ca.pem")
-    wait_until(lambda: httpx.get(url + "/health", verify=trusted).status_code == 200, 20, "entra")
-    yield url, folder / "ca.pem"
-    server.stop()
-
-
 def test_azure_deployments_without_keys_take_entra_id_tokens(
     start_gateway: Any,
     team: Any,
     providers: dict[str, str],
-    entra: tuple[str, Path],
+    token_server: tuple[str, Path],  # noqa: F811 - the fixture imported above
     redis_server: Any,
     tmp_path: Path,
 ) -> None:
     """Three Azure models with keys turned off: the identity the environment gives (a service
     principal in AZURE_* variables), one the catalog names, one whose secret is wrong. Each token
     is fetched once over TLS and sent as a bearer token; a refused one is a 503, not a crash."""
-    login, ca = entra
+    login, ca = token_server
     server, url = start_server(BACKENDS / "fake_azure.py", tmp_path / "azure.log")
     try:
         where = f"""provider = "azure"
@@ -319,12 +301,12 @@ entra = {{ tenant_id = "contoso", client_id = "typo", client_secret_env = "TOKEN
             client.chat.completions.create(model="azure-bad", messages=CHAT)
         assert refused.value.status_code == 503
         assert refused.value.body["code"] == "upstream_unavailable"  # type: ignore[index]
-        grants = httpx.get(login + "/stats", verify=ssl.create_default_context(cafile=ca)).json()
-        asked = [(g["tenant"], g["client_id"], g["client_secret"]) for g in grants["grants"]]
+        seen = grants(login, ca)
+        asked = [(g["tenant"], g["client_id"], g["client_secret"]) for g in seen]
         # one token per identity for its six requests; the wrong secret asked once per try
         assert asked[:2] == [("fabrikam", "gateway", "env-secret"), ("contoso", "sp", "sp-secret")]
         assert set(asked[2:]) == {("contoso", "typo", "wrong")}
-        scopes = {(g["scope"], g["grant_type"]) for g in grants["grants"]}
+        scopes = {(g["scope"], g["grant_type"]) for g in seen}
         assert scopes == {("https://cognitiveservices.azure.com/.default", "client_credentials")}
         idle = {"leases": 0, "pages": 0, "platform_leases": 0}
         wait_until(lambda: reservations(redis_server.client(), name) == idle, 2, "leases released")

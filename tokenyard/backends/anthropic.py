@@ -32,6 +32,9 @@ from tokenyard.core.errors import GatewayError
 
 PATH = "/v1/messages"
 COUNT_PATH = "/v1/messages/count_tokens"
+# Vertex AI: the model in the path, the API version in the body (Anthropic's Vertex client's)
+VERTEX_MODELS = "/publishers/anthropic/models/"
+VERTEX_VERSION = "vertex-2023-10-16"
 # what Anthropic's count_tokens takes of a Messages request (it refuses the rest, max_tokens too)
 COUNTED = ("model", "messages", "system", "tools", "tool_choice", "thinking")
 VERSION = "2023-06-01"
@@ -50,8 +53,23 @@ async def _translated(first: bytes, rest: AsyncIterator[bytes], name: str) -> As
         raise UpstreamBroken(f"{name}: {exc}") from exc
 
 
-def _body(message: dict[str, Any], at: Deployment) -> bytes:
-    return json.dumps({**message, "model": at.model}).encode()
+def _messages(message: dict[str, Any], at: Deployment) -> tuple[str, bytes]:
+    """Where a Messages request goes at this deployment, and its body."""
+    if not at.vertex:
+        return PATH, json.dumps({**message, "model": at.model}).encode()
+    verb = "streamRawPredict" if message.get("stream") else "rawPredict"
+    body = {k: v for k, v in message.items() if k != "model"}
+    body["anthropic_version"] = VERTEX_VERSION
+    return f"{VERTEX_MODELS}{at.model}:{verb}", json.dumps(body).encode()
+
+
+def _count(message: dict[str, Any], at: Deployment) -> tuple[str, bytes]:
+    """Where a token count goes at this deployment, and its body."""
+    counted_fields = {k: v for k, v in message.items() if k in COUNTED} | {"model": at.model}
+    if not at.vertex:
+        return COUNT_PATH, json.dumps(counted_fields).encode()
+    body = counted_fields | {"anthropic_version": VERTEX_VERSION}
+    return f"{VERTEX_MODELS}count-tokens:rawPredict", json.dumps(body).encode()
 
 
 class AnthropicUpstream:
@@ -74,10 +92,9 @@ class AnthropicUpstream:
 
     async def count_tokens(self, call: UpstreamCall) -> UpstreamReply | None:
         message, _ = self._prepare(call)
-        counted_fields = {k: v for k, v in message.items() if k in COUNTED}
 
         async def send(at: Deployment) -> Reply:
-            return await at.api.post(COUNT_PATH, _body(counted_fields, at))
+            return await at.api.post(*_count(message, at))
 
         response = await self.deployments.reply(send, call)
         if response.status == 200:
@@ -88,7 +105,7 @@ class AnthropicUpstream:
         message, _ = self._prepare(call)
 
         async def send(at: Deployment) -> Reply:
-            return await at.api.post(PATH, _body(message, at))
+            return await at.api.post(*_messages(message, at))
 
         response = await self.deployments.reply(send, call)
         if response.status == 200:
@@ -103,7 +120,7 @@ class AnthropicUpstream:
         async def send(
             at: Deployment,
         ) -> tuple[Opened, bytes, AsyncIterator[bytes]] | BufferedStream:
-            opened = await at.api.open(PATH, _body(message, at))
+            opened = await at.api.open(*_messages(message, at))
             if isinstance(opened, Reply):
                 return BufferedStream(*error_reply(opened.status, opened.body))
             writer = ChunkWriter(self.info.name, include_usage)

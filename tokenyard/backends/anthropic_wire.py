@@ -255,7 +255,8 @@ def error_reply(status: int, raw: bytes) -> tuple[int, bytes]:
 
 
 def _error(error: dict[str, Any], status: int) -> tuple[int, bytes]:
-    kind = error.get("type", "")
+    # Anthropic's error type; Google Cloud's status where Vertex AI itself refused
+    kind = error.get("type") or error.get("status") or ""
     fallback = "server_error" if status >= 500 else "invalid_request_error"
     status, openai_type = ERRORS.get(kind, (status, fallback))
     if status == 529:  # Anthropic's "overloaded" has no standard status; OpenAI clients know 503

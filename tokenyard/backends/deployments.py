@@ -39,6 +39,7 @@ class Deployment:
     query: str = ""  # what every path takes after it (Azure's ?api-version=…)
     weight: float = 1.0
     tags: frozenset[str] = frozenset()  # what it is ("eu"): a team may require some
+    vertex: bool = False  # Anthropic's API as Google Cloud's Vertex AI serves it
     in_flight: int = 0  # this process's requests on it now
     down_until: float = 0.0
 

@@ -20,8 +20,9 @@ from tokenyard.core.settings import Settings
 from tokenyard.tenancy.limits import TAG
 
 DEFAULT_CATALOG = Path(__file__).parent / "catalog.toml"
-# azure: Azure OpenAI, OpenAI's API at a deployment's URL with an `api-key` header
-Provider = Literal["self-hosted", "openai", "anthropic", "azure"]
+# azure: Azure OpenAI, OpenAI's API at a deployment's URL with an `api-key` header; vertex:
+# Anthropic's models on Google Cloud's Vertex AI, their Messages API under Google's addresses
+Provider = Literal["self-hosted", "openai", "anthropic", "azure", "vertex"]
 Tier = Literal["interactive", "batch"]
 # what the tokenyard engine does for any model it serves (constrained decoding: tools, schemas)
 ENGINE_SUPPORTS = Supports(tools=True, structured_outputs=True, logprobs=True)
@@ -71,8 +72,8 @@ class Price(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 def wire_of(provider: Provider) -> Wire:
-    """Azure OpenAI speaks OpenAI's API."""
-    return "openai" if provider == "azure" else provider
+    """Azure OpenAI speaks OpenAI's API; Vertex AI's Anthropic models, Anthropic's."""
+    return {"azure": "openai", "vertex": "anthropic"}.get(provider, provider)  # type: ignore[return-value]
 
 
 class EntraAuth(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -117,7 +118,10 @@ class DeploymentEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     @property
     def live(self) -> bool:
         """Whether it can be called: its key or its Entra ID secret is in the environment (without
-        a secret of its own, whether the environment gives an identity shows at the first call)."""
+        a secret of its own, and on Vertex AI, whether the environment gives an identity shows at
+        the first call)."""
+        if self.provider == "vertex":
+            return True
         return self.entra.ready if self.entra is not None else bool(self.api_key)
 
     @property
@@ -191,7 +195,8 @@ class ModelEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if self.provider == "self-hosted":
             return ()
         listed = self.deployments
-        if not listed and self.base_urls and (self.api_key_env or self.entra):
+        keyless = self.provider == "vertex"  # Google Cloud's own credentials
+        if not listed and self.base_urls and (self.api_key_env or self.entra or keyless):
             own = DeploymentEntry(
                 self.base_urls[0], self.api_key_env, self.entra, api_version=self.api_version
             )
@@ -327,7 +332,11 @@ def _check_deployments(m: ModelEntry) -> None:
             raise CatalogError(f"{m.id}: deployment {d.label} speaks {d.provider}, not {m.wire}")
         if d.provider == "azure" and "/openai/deployments/" in d.base_url and not d.api_version:
             raise CatalogError(f"{m.id}: an Azure deployment's URL needs its api_version")
-        if (d.entra is not None) == bool(d.api_key_env):
+        if d.provider == "vertex" and (d.entra is not None or d.api_key_env):
+            raise CatalogError(
+                f"{m.id}: Vertex AI takes Google Cloud's credentials, not api_key_env or entra"
+            )
+        if d.provider != "vertex" and (d.entra is not None) == bool(d.api_key_env):
             raise CatalogError(f"{m.id}: deployment {d.label} needs api_key_env or entra, not both")
         if d.entra is not None and d.provider != "azure":
             raise CatalogError(f"{m.id}: entra authenticates to Azure only, not {d.provider}")

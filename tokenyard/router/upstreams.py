@@ -4,12 +4,13 @@ from redis.asyncio import Redis
 
 from tokenyard.backends.anthropic import AnthropicUpstream
 from tokenyard.backends.anthropic import headers as anthropic_headers
-from tokenyard.backends.api import ApiClient
+from tokenyard.backends.api import ApiClient, TokenSource
 from tokenyard.backends.base import ModelInfo, Upstream
 from tokenyard.backends.breaker import Breaker, BreakerConfig
 from tokenyard.backends.deployments import Deployment, Deployments
 from tokenyard.backends.engine import EngineUpstream
 from tokenyard.backends.entra import EntraTokens
+from tokenyard.backends.google_auth import GoogleTokens
 from tokenyard.backends.openai import OpenAIUpstream
 from tokenyard.backends.registry import Backends
 from tokenyard.backends.retry import Guard, RetryPolicy
@@ -43,8 +44,8 @@ def breaker_config(settings: Settings) -> BreakerConfig:
 
 def _auth(deployment: DeploymentEntry) -> dict[str, str]:
     key = deployment.api_key
-    if deployment.entra is not None:  # a bearer token with each request (ApiClient's tokens)
-        return {}
+    if deployment.entra is not None or deployment.provider == "vertex":
+        return {}  # a bearer token with each request (ApiClient's tokens)
     if deployment.provider == "azure":  # its deployments take the key in their own header
         return {"api-key": key}
     if deployment.provider == "anthropic":
@@ -54,12 +55,18 @@ def _auth(deployment: DeploymentEntry) -> dict[str, str]:
 
 def _deployment(d: DeploymentEntry, policy: RetryPolicy, connections: int) -> Deployment:
     query = f"?api-version={d.api_version}" if d.api_version else ""
-    entra = d.entra
-    tokens = (
-        EntraTokens(entra.tenant_id, entra.client_id, entra.client_secret_env) if entra else None
-    )
-    api = ApiClient(d.base_url, _auth(d), policy, connections, tokens)
-    return Deployment(d.label, api, d.upstream_model, query, d.weight, frozenset(d.tags))
+    api = ApiClient(d.base_url, _auth(d), policy, connections, _tokens(d))
+    vertex = d.provider == "vertex"
+    return Deployment(d.label, api, d.upstream_model, query, d.weight, frozenset(d.tags), vertex)
+
+
+def _tokens(d: DeploymentEntry) -> TokenSource | None:
+    """Where a deployment that takes no key gets its bearer tokens."""
+    if d.provider == "vertex":
+        return GoogleTokens()
+    if d.entra is not None:
+        return EntraTokens(d.entra.tenant_id, d.entra.client_id, d.entra.client_secret_env)
+    return None
 
 
 def build_upstream(entry: ModelEntry, redis: Redis, settings: Settings) -> Upstream:
@@ -95,7 +102,7 @@ def build_upstream(entry: ModelEntry, redis: Redis, settings: Settings) -> Upstr
         settings.backend_affinity_margin,
         settings.backend_affinity_chars,
     )
-    if entry.provider == "anthropic":
+    if entry.wire == "anthropic":
         return AnthropicUpstream(info, deployments)
     return OpenAIUpstream(info, deployments)
 

@@ -8,10 +8,12 @@ token of that form on a deployment's routes, as Azure takes Entra ID tokens ther
 of "wrong" is refused. GET /stats: every grant asked for (tenant, client_id, client_secret, scope,
 grant_type), in order. GET /health: 200.
 
-Run: python tests/backends/fake_entra.py --port P --certfile CERT --keyfile KEY
+Run: python tests/backends/fake_tokens.py --port P --certfile CERT --keyfile KEY
 """
 
 import argparse
+import base64
+import json
 from typing import Any
 from urllib.parse import parse_qs
 
@@ -41,7 +43,14 @@ def make_app() -> Any:
             form = {k: v[0] for k, v in parse_qs(body.decode()).items()}
             tenant = path.split("/")[1]
             grants.append({"tenant": tenant, **form})
-            if not path.endswith("/oauth2/v2.0/token"):
+            if path == "/token":  # Google's: the claims of the signed assertion
+                claims = form.get("assertion", "..").split(".")[1]
+                padded = claims + "=" * (-len(claims) % 4)
+                grants[-1] = {"grant_type": form.get("grant_type", "")}
+                grants[-1] |= json.loads(base64.urlsafe_b64decode(padded))
+                reply = {"token_type": "Bearer", "expires_in": 3599}
+                reply["access_token"] = f"ya29.fake.{len(grants)}"
+            elif not path.endswith("/oauth2/v2.0/token"):
                 status, reply = 404, {"error": "not_found"}
             elif form.get("client_secret") == "wrong":
                 status, reply = (
@@ -63,7 +72,7 @@ def make_app() -> Any:
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="a fake Entra ID token endpoint for tests")
+    parser = argparse.ArgumentParser(description="fake OAuth token endpoints for tests")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--certfile", required=True)
     parser.add_argument("--keyfile", required=True)
