@@ -265,10 +265,10 @@ def test_a_database_from_before_migrations_is_adopted(tmp_path: Path) -> None:
     with Session(engine) as session:
         session.add(Team(name="kept"))
         session.commit()
-    with engine.begin() as conn:  # the columns added since then (migrations 0004, 0009-0034)
+    with engine.begin() as conn:  # the columns added since then (migrations 0004, 0009-0036)
         added = ("webhook_secret", "disabled", "auto_quality", "cache_ttl_s", "user_rpm")
         later = ("user_tpm", "user_usd_per_day", "usd_per_month", "alert_url", "model_limits")
-        later += ("webhook_url", "scopes", "webhook_url_by_team")
+        later += ("webhook_url", "scopes", "webhook_url_by_team", "deployment_tags")
         for column in (*added, *later):
             conn.execute(text(f"ALTER TABLE team DROP COLUMN {column}"))
         added = ("name", "expires_at", "models", "rpm", "tpm", "usd_per_day", "concurrency")
