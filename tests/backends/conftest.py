@@ -69,6 +69,18 @@ def vertex_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     yield from _server(HERE / "fake_vertex.py", tmp_path_factory)
 
 
+# the key pair and API key the fake Bedrock knows
+AWS_KEYS = {"access": "AKIDFAKEBEDROCK", "secret": "fake/secret/key", "api_key": "bedrock-api-key"}
+
+
+@pytest.fixture(scope="session")
+def bedrock_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    keys = ["--access-key", AWS_KEYS["access"], "--secret-key", AWS_KEYS["secret"]]
+    yield from _server(
+        HERE / "fake_bedrock.py", tmp_path_factory, *keys, "--api-key", AWS_KEYS["api_key"]
+    )
+
+
 @pytest.fixture(scope="session")
 def token_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     """Fake Entra ID and Google token endpoints over HTTPS (azure-identity takes no other), and

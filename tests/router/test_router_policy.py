@@ -145,7 +145,7 @@ def test_an_alias_is_the_model_it_names(tmp_path: Path) -> None:
 def test_catalog_rejects_bad_files(tmp_path: Path) -> None:
     bad = {
         "unknown fallback": '[[models]]\nid = "a"\nprovider = "openai"\nfallbacks = ["zz"]\n',
-        "bad provider": '[[models]]\nid = "a"\nprovider = "bedrock"\n',
+        "bad provider": '[[models]]\nid = "a"\nprovider = "watsonx"\n',
         "duplicate id": '[[models]]\nid = "a"\nprovider = "openai"\n' * 2,
         "auto as a model": '[[models]]\nid = "auto"\nprovider = "openai"\n',
         "unknown field": '[[models]]\nid = "a"\nprovider = "openai"\nprize = 3\n',

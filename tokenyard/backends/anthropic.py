@@ -1,12 +1,18 @@
 """Anthropic's Messages API as a backend: OpenAI chat requests in, OpenAI replies and chunks out
-(translation in anthropic_wire.py). Anthropic has no text completions: /v1/completions is a 400."""
+(translation in anthropic_wire.py; Anthropic's own API, Vertex AI's and Bedrock's in
+anthropic_clouds.py). Anthropic has no text completions: /v1/completions is a 400."""
 
 import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from tokenyard.backends import sse
+from tokenyard.backends.anthropic_clouds import (
+    count_request,
+    counted_tokens,
+    messages_request,
+    stream_events,
+)
 from tokenyard.backends.anthropic_wire import (
     ChunkWriter,
     StreamError,
@@ -30,13 +36,6 @@ from tokenyard.backends.deployments import Deployment, Deployments
 from tokenyard.backends.retry import Retryable
 from tokenyard.core.errors import GatewayError
 
-PATH = "/v1/messages"
-COUNT_PATH = "/v1/messages/count_tokens"
-# Vertex AI: the model in the path, the API version in the body (Anthropic's Vertex client's)
-VERTEX_MODELS = "/publishers/anthropic/models/"
-VERTEX_VERSION = "vertex-2023-10-16"
-# what Anthropic's count_tokens takes of a Messages request (it refuses the rest, max_tokens too)
-COUNTED = ("model", "messages", "system", "tools", "tool_choice", "thinking")
 VERSION = "2023-06-01"
 
 
@@ -51,25 +50,6 @@ async def _translated(first: bytes, rest: AsyncIterator[bytes], name: str) -> As
             yield chunk
     except (StreamError, json.JSONDecodeError) as exc:
         raise UpstreamBroken(f"{name}: {exc}") from exc
-
-
-def _messages(message: dict[str, Any], at: Deployment) -> tuple[str, bytes]:
-    """Where a Messages request goes at this deployment, and its body."""
-    if not at.vertex:
-        return PATH, json.dumps({**message, "model": at.model}).encode()
-    verb = "streamRawPredict" if message.get("stream") else "rawPredict"
-    body = {k: v for k, v in message.items() if k != "model"}
-    body["anthropic_version"] = VERTEX_VERSION
-    return f"{VERTEX_MODELS}{at.model}:{verb}", json.dumps(body).encode()
-
-
-def _count(message: dict[str, Any], at: Deployment) -> tuple[str, bytes]:
-    """Where a token count goes at this deployment, and its body."""
-    counted_fields = {k: v for k, v in message.items() if k in COUNTED} | {"model": at.model}
-    if not at.vertex:
-        return COUNT_PATH, json.dumps(counted_fields).encode()
-    body = counted_fields | {"anthropic_version": VERTEX_VERSION}
-    return f"{VERTEX_MODELS}count-tokens:rawPredict", json.dumps(body).encode()
 
 
 class AnthropicUpstream:
@@ -94,18 +74,18 @@ class AnthropicUpstream:
         message, _ = self._prepare(call)
 
         async def send(at: Deployment) -> Reply:
-            return await at.api.post(*_count(message, at))
+            return await at.api.post(*count_request(message, at.cloud, at.model))
 
         response = await self.deployments.reply(send, call)
         if response.status == 200:
-            return counted(int(response.json()["input_tokens"]))
+            return counted(counted_tokens(response.json()))
         return UpstreamReply(*error_reply(response.status, response.body), "application/json")
 
     async def complete(self, call: UpstreamCall) -> UpstreamReply:
         message, _ = self._prepare(call)
 
         async def send(at: Deployment) -> Reply:
-            return await at.api.post(*_messages(message, at))
+            return await at.api.post(*messages_request(message, at.cloud, at.model))
 
         response = await self.deployments.reply(send, call)
         if response.status == 200:
@@ -120,11 +100,11 @@ class AnthropicUpstream:
         async def send(
             at: Deployment,
         ) -> tuple[Opened, bytes, AsyncIterator[bytes]] | BufferedStream:
-            opened = await at.api.open(*_messages(message, at))
+            opened = await at.api.open(*messages_request(message, at.cloud, at.model))
             if isinstance(opened, Reply):
                 return BufferedStream(*error_reply(opened.status, opened.body))
             writer = ChunkWriter(self.info.name, include_usage)
-            chunks = chat_chunks(sse.events(opened.chunks()), writer)
+            chunks = chat_chunks(stream_events(at.cloud, opened.chunks()), writer)
             try:  # an `error` event in place of message_start is a refusal, retried if 429/5xx
                 async with asyncio.timeout(at.api.policy.first_token_timeout_s):
                     first = await anext(chunks)

@@ -246,10 +246,14 @@ def chat_reply(message: dict[str, Any], model: str) -> dict[str, Any]:
 
 
 def error_reply(status: int, raw: bytes) -> tuple[int, bytes]:
-    """An Anthropic error response → (HTTP status, OpenAI error body)."""
+    """An Anthropic error response → (HTTP status, OpenAI error body); also Vertex AI's own
+    (`{"error": {"code", "message", "status"}}`) and Bedrock's (`{"message"}`)."""
     try:
-        error = json.loads(raw).get("error") or {}
-    except (json.JSONDecodeError, AttributeError):
+        parsed = json.loads(raw)
+        error = parsed.get("error") or (
+            {"message": parsed["message"]} if "message" in parsed else {}
+        )
+    except (json.JSONDecodeError, AttributeError, TypeError):
         error = {}
     return _error(error, status)
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import aiohttp
+from yarl import URL
 
 from tokenyard.backends.base import UpstreamBroken
 from tokenyard.backends.retry import Retryable, RetryPolicy, check_status
@@ -56,12 +57,26 @@ class Opened:
             self.response.close()
 
 
-class TokenSource(Protocol):
-    """Bearer tokens that expire (backends/entra.py): asked for each request, cached inside."""
+class RequestAuth(Protocol):
+    """What proves each request's sender where a fixed header cannot: a bearer token that expires
+    (Entra ID, Google Cloud), or a signature over the request itself (AWS Signature V4)."""
 
-    async def token(self) -> str: ...
+    async def headers(self, url: str, body: bytes) -> dict[str, str]: ...
 
     async def aclose(self) -> None: ...
+
+
+class BearerTokens:
+    """A RequestAuth that sends `token()` as `Authorization: Bearer`."""
+
+    async def token(self) -> str:
+        raise NotImplementedError
+
+    async def headers(self, url: str, body: bytes) -> dict[str, str]:
+        return {"authorization": f"Bearer {await self.token()}"}
+
+    async def aclose(self) -> None:
+        return None
 
 
 class ApiClient:
@@ -71,10 +86,10 @@ class ApiClient:
         headers: dict[str, str],
         policy: RetryPolicy,
         max_connections: int,
-        tokens: TokenSource | None = None,
+        auth: RequestAuth | None = None,
     ) -> None:
         self.policy = policy
-        self._tokens = tokens
+        self._auth = auth
         self._base = base_url.rstrip("/")
         self._headers = {**headers, "content-type": "application/json"}
         self._timeout = aiohttp.ClientTimeout(
@@ -95,14 +110,21 @@ class ApiClient:
             )
         return self._session
 
-    async def _auth(self) -> dict[str, str] | None:
-        return {"authorization": f"Bearer {await self._tokens.token()}"} if self._tokens else None
+    async def _signed(self, url: str, body: bytes) -> dict[str, str] | None:
+        return await self._auth.headers(url, body) if self._auth else None
+
+    @staticmethod
+    def _as_sent(url: str) -> URL:
+        # sent as written: yarl would otherwise decode a path's %3A (Bedrock's model ids hold
+        # ':'), and a request signed over one path would go out with another
+        return URL(url, encoded=True)
 
     async def post(self, path: str, body: bytes) -> Reply:
         """A whole reply; a refusal other than 429/5xx is returned as it is."""
-        auth = await self._auth()
+        url = self._base + path
+        auth = await self._signed(url, body)
         try:
-            async with self._client().post(self._base + path, data=body, headers=auth) as response:
+            async with self._client().post(self._as_sent(url), data=body, headers=auth) as response:
                 reply = Reply(response.status, response.headers, await response.read())
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise Retryable(f"{type(exc).__name__}: {exc}") from exc
@@ -115,8 +137,9 @@ class ApiClient:
         response: aiohttp.ClientResponse | None = None
         try:
             async with asyncio.timeout(self.policy.first_token_timeout_s):
-                auth = await self._auth()
-                response = await self._client().post(self._base + path, data=body, headers=auth)
+                url = self._base + path
+                auth = await self._signed(url, body)
+                response = await self._client().post(self._as_sent(url), data=body, headers=auth)
                 if response.status != 200:
                     reply = Reply(response.status, response.headers, await response.read())
                     response.release()
@@ -137,5 +160,5 @@ class ApiClient:
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
-        if self._tokens is not None:
-            await self._tokens.aclose()
+        if self._auth is not None:
+            await self._auth.aclose()

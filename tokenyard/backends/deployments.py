@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from tokenyard.backends.anthropic_clouds import Cloud
 from tokenyard.backends.api import ApiClient
 from tokenyard.backends.base import BackendUnavailable, UpstreamCall, log, rendezvous
 from tokenyard.backends.metrics import DEPLOYMENT_REQUESTS
@@ -39,7 +40,7 @@ class Deployment:
     query: str = ""  # what every path takes after it (Azure's ?api-version=…)
     weight: float = 1.0
     tags: frozenset[str] = frozenset()  # what it is ("eu"): a team may require some
-    vertex: bool = False  # Anthropic's API as Google Cloud's Vertex AI serves it
+    cloud: Cloud = ""  # Anthropic's API as Vertex AI or Bedrock serves it; "": as it is
     in_flight: int = 0  # this process's requests on it now
     down_until: float = 0.0
 

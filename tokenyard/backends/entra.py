@@ -13,6 +13,7 @@ import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING
 
+from tokenyard.backends.api import BearerTokens
 from tokenyard.backends.retry import Retryable
 
 if TYPE_CHECKING:
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 SCOPE = "https://cognitiveservices.azure.com/.default"
 
 
-class EntraTokens:
+class EntraTokens(BearerTokens):
     """Bearer tokens for Azure OpenAI, from one credential."""
 
     def __init__(

@@ -11,12 +11,13 @@ expiry; every other request reuses the token held.
 import asyncio
 from typing import Any
 
+from tokenyard.backends.api import BearerTokens
 from tokenyard.backends.retry import Retryable
 
 SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 
 
-class GoogleTokens:
+class GoogleTokens(BearerTokens):
     """Bearer tokens for Vertex AI, from Application Default Credentials."""
 
     def __init__(self) -> None:

@@ -20,9 +20,10 @@ from tokenyard.core.settings import Settings
 from tokenyard.tenancy.limits import TAG
 
 DEFAULT_CATALOG = Path(__file__).parent / "catalog.toml"
-# azure: Azure OpenAI, OpenAI's API at a deployment's URL with an `api-key` header; vertex:
-# Anthropic's models on Google Cloud's Vertex AI, their Messages API under Google's addresses
-Provider = Literal["self-hosted", "openai", "anthropic", "azure", "vertex"]
+# azure: Azure OpenAI, OpenAI's API at a deployment's URL with an `api-key` header; vertex and
+# bedrock: Anthropic's models on Google Cloud's Vertex AI and on Amazon Bedrock, their Messages API
+# under those clouds' addresses
+Provider = Literal["self-hosted", "openai", "anthropic", "azure", "vertex", "bedrock"]
 Tier = Literal["interactive", "batch"]
 # what the tokenyard engine does for any model it serves (constrained decoding: tools, schemas)
 ENGINE_SUPPORTS = Supports(tools=True, structured_outputs=True, logprobs=True)
@@ -36,6 +37,7 @@ Seconds = Annotated[float, msgspec.Meta(ge=0)]
 Tag = Annotated[str, msgspec.Meta(pattern=f"^{TAG.pattern}$")]
 # Azure's api-version goes into every request's query string: nothing that could end or extend it
 ApiVersion = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9.\-]*$")]
+Region = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9-]*$")]
 
 
 class Price(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -72,8 +74,13 @@ class Price(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 def wire_of(provider: Provider) -> Wire:
-    """Azure OpenAI speaks OpenAI's API; Vertex AI's Anthropic models, Anthropic's."""
-    return {"azure": "openai", "vertex": "anthropic"}.get(provider, provider)  # type: ignore[return-value]
+    """Azure OpenAI speaks OpenAI's API; Vertex AI's and Bedrock's Anthropic models, Anthropic's."""
+    wires = {"azure": "openai", "vertex": "anthropic", "bedrock": "anthropic"}
+    return wires.get(provider, provider)  # type: ignore[return-value]
+
+
+# providers whose requests carry the cloud's own credentials, found where the platform runs
+KEYLESS = ("vertex", "bedrock")
 
 
 class EntraAuth(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -103,6 +110,7 @@ class DeploymentEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     provider: Provider | None = None
     upstream_model: str = ""  # default: the model's
     api_version: ApiVersion = ""
+    region: Region = ""  # bedrock: the AWS region its requests are signed for
     # its share of requests when the model is idle (say, in proportion to its tokens-per-minute
     # quota); under load, requests go where the fewest are in flight per unit of weight
     weight: Annotated[float, msgspec.Meta(gt=0)] = 1.0
@@ -120,7 +128,7 @@ class DeploymentEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         """Whether it can be called: its key or its Entra ID secret is in the environment (without
         a secret of its own, and on Vertex AI, whether the environment gives an identity shows at
         the first call)."""
-        if self.provider == "vertex":
+        if self.provider in KEYLESS and not self.api_key_env:
             return True
         return self.entra.ready if self.entra is not None else bool(self.api_key)
 
@@ -143,6 +151,8 @@ class ModelEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # Azure OpenAI with a deployment's URL (…/openai/deployments/NAME): the api-version its
     # requests name; empty with the v1 API's base URL (…/openai/v1), which takes none
     api_version: ApiVersion = ""
+    # bedrock: the AWS region its requests are signed for (SigV4), as its base URL's
+    region: Region = ""
     # commercial: where else it is served, in place of base_urls/api_key_env/api_version; the
     # deployments whose keys are set share its requests
     deployments: tuple[DeploymentEntry, ...] = ()
@@ -195,10 +205,14 @@ class ModelEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if self.provider == "self-hosted":
             return ()
         listed = self.deployments
-        keyless = self.provider == "vertex"  # Google Cloud's own credentials
+        keyless = self.provider in KEYLESS  # the cloud's own credentials
         if not listed and self.base_urls and (self.api_key_env or self.entra or keyless):
             own = DeploymentEntry(
-                self.base_urls[0], self.api_key_env, self.entra, api_version=self.api_version
+                self.base_urls[0],
+                self.api_key_env,
+                self.entra,
+                api_version=self.api_version,
+                region=self.region,
             )
             listed = (own,)
         return tuple(
@@ -336,7 +350,12 @@ def _check_deployments(m: ModelEntry) -> None:
             raise CatalogError(
                 f"{m.id}: Vertex AI takes Google Cloud's credentials, not api_key_env or entra"
             )
-        if d.provider != "vertex" and (d.entra is not None) == bool(d.api_key_env):
+        if d.provider == "bedrock" and (d.entra is not None or not d.region):
+            raise CatalogError(
+                f"{m.id}: Bedrock needs its region (signed with AWS's credentials, or a Bedrock "
+                "API key in api_key_env), not entra"
+            )
+        if d.provider not in KEYLESS and (d.entra is not None) == bool(d.api_key_env):
             raise CatalogError(f"{m.id}: deployment {d.label} needs api_key_env or entra, not both")
         if d.entra is not None and d.provider != "azure":
             raise CatalogError(f"{m.id}: entra authenticates to Azure only, not {d.provider}")

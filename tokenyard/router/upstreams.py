@@ -4,7 +4,9 @@ from redis.asyncio import Redis
 
 from tokenyard.backends.anthropic import AnthropicUpstream
 from tokenyard.backends.anthropic import headers as anthropic_headers
-from tokenyard.backends.api import ApiClient, TokenSource
+from tokenyard.backends.anthropic_clouds import Cloud
+from tokenyard.backends.api import ApiClient, RequestAuth
+from tokenyard.backends.aws_auth import AwsSigV4
 from tokenyard.backends.base import ModelInfo, Upstream
 from tokenyard.backends.breaker import Breaker, BreakerConfig
 from tokenyard.backends.deployments import Deployment, Deployments
@@ -44,8 +46,10 @@ def breaker_config(settings: Settings) -> BreakerConfig:
 
 def _auth(deployment: DeploymentEntry) -> dict[str, str]:
     key = deployment.api_key
-    if deployment.entra is not None or deployment.provider == "vertex":
-        return {}  # a bearer token with each request (ApiClient's tokens)
+    if not key:  # a token or a signature with each request (ApiClient's auth)
+        return {}
+    if deployment.provider == "bedrock":  # a Bedrock API key
+        return {"authorization": f"Bearer {key}"}
     if deployment.provider == "azure":  # its deployments take the key in their own header
         return {"api-key": key}
     if deployment.provider == "anthropic":
@@ -55,15 +59,20 @@ def _auth(deployment: DeploymentEntry) -> dict[str, str]:
 
 def _deployment(d: DeploymentEntry, policy: RetryPolicy, connections: int) -> Deployment:
     query = f"?api-version={d.api_version}" if d.api_version else ""
-    api = ApiClient(d.base_url, _auth(d), policy, connections, _tokens(d))
-    vertex = d.provider == "vertex"
-    return Deployment(d.label, api, d.upstream_model, query, d.weight, frozenset(d.tags), vertex)
+    api = ApiClient(d.base_url, _auth(d), policy, connections, _signer(d))
+    cloud: Cloud = d.provider if d.provider in ("vertex", "bedrock") else ""  # type: ignore[assignment]
+    tags = frozenset(d.tags)
+    return Deployment(d.label, api, d.upstream_model, query, d.weight, tags, cloud)
 
 
-def _tokens(d: DeploymentEntry) -> TokenSource | None:
-    """Where a deployment that takes no key gets its bearer tokens."""
+def _signer(d: DeploymentEntry) -> RequestAuth | None:
+    """What proves a deployment's requests where it takes no fixed key."""
+    if d.api_key_env:
+        return None
     if d.provider == "vertex":
         return GoogleTokens()
+    if d.provider == "bedrock":
+        return AwsSigV4(d.region)
     if d.entra is not None:
         return EntraTokens(d.entra.tenant_id, d.entra.client_id, d.entra.client_secret_env)
     return None

@@ -1,0 +1,224 @@
+"""A fake Amazon Bedrock serving Anthropic's models: Anthropic's Messages API (fake_anthropic.py
+answers) under Bedrock's addresses and framing, as botocore's `bedrock-runtime` client (boto3's)
+and Anthropic's AnthropicBedrock client expect them:
+- POST /model/{modelId}/invoke (a whole reply, JSON), /model/{modelId}/invoke-with-response-stream
+  (AWS event-stream frames, each `chunk` event's payload `{"bytes": base64 of one Anthropic
+  event}`), /model/{modelId}/count-tokens (`{"input": {"invokeModel": {"body": base64 of the
+  invoke body}}}` → `{"inputTokens": n}`);
+- every request signed with AWS Signature V4 for the service `bedrock`, checked against the key
+  pair the fake is started with (`--access-key`, `--secret-key`), or carrying a Bedrock API key
+  (`--api-key`) as `Authorization: Bearer`; else 403, as Bedrock refuses;
+- the body names `anthropic_version` "bedrock-2023-05-31", and neither `model` nor `stream` (the
+  path says both); else 400 ValidationException;
+- refusals as Bedrock words them: `{"message"}` with `x-amzn-ErrorType` (429 ThrottlingException,
+  400 ValidationException, 503 ServiceUnavailableException, 500 InternalServerException); an
+  error inside a stream is an exception frame.
+
+GET /stats adds `model`, `verb`, `auth` ("sigv4" or "bearer") and `region` (the signature's) of
+the last request to fake_anthropic's figures.
+
+Run: python tests/backends/fake_bedrock.py --port P --access-key AK --secret-key SK [--api-key K]
+"""
+
+import argparse
+import base64
+import binascii
+import hmac
+import re
+import sys
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote
+
+import msgspec
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
+
+if not __package__:  # run as a script: make `tests` importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tests.backends import fake_anthropic
+from tests.backends.fake_common import read_body, send_json, stats_with
+
+VERSION = "bedrock-2023-05-31"
+_ROUTE = re.compile(r"^/model/([^/]+)/(invoke|invoke-with-response-stream|count-tokens)$")
+_SIGNED = re.compile(
+    r"Credential=([^/]+)/\d+/([^/]+)/bedrock/aws4_request, "
+    r"SignedHeaders=([^,]+), Signature=([0-9a-f]+)"
+)
+EXCEPTIONS = {
+    429: "ThrottlingException",
+    400: "ValidationException",
+    503: "ServiceUnavailableException",
+}
+STREAM_EXCEPTIONS = {
+    "rate_limit_error": "throttlingException",
+    "overloaded_error": "serviceUnavailableException",
+}
+
+
+def frame(headers: dict[str, str], payload: bytes) -> bytes:
+    """One AWS event-stream message: a prelude of lengths and its CRC, string headers, the payload,
+    the CRC of all of it."""
+    encoded = b"".join(
+        bytes([len(k)]) + k.encode() + b"\x07" + len(v.encode()).to_bytes(2, "big") + v.encode()
+        for k, v in headers.items()
+    )
+    prelude = (16 + len(encoded) + len(payload)).to_bytes(4, "big") + len(encoded).to_bytes(
+        4, "big"
+    )
+    message = prelude + binascii.crc32(prelude).to_bytes(4, "big") + encoded + payload
+    return message + binascii.crc32(message).to_bytes(4, "big")
+
+
+def event_frame(event: bytes) -> bytes:
+    payload = msgspec.json.encode({"bytes": base64.b64encode(event).decode()})
+    kinds = {":event-type": "chunk", ":content-type": "application/json", ":message-type": "event"}
+    return frame(kinds, payload)
+
+
+def _refusal(status: int, message: str) -> tuple[int, dict[str, Any], dict[str, str]]:
+    name = EXCEPTIONS.get(
+        status, "InternalServerException" if status >= 500 else "AccessDeniedException"
+    )
+    return status, {"message": message}, {"x-amzn-errortype": name}
+
+
+def make_app(access_key: str, secret_key: str, api_key: str = "") -> Any:
+    inner = fake_anthropic.make_app()
+    seen: dict[str, str] = {"model": "", "verb": "", "auth": "", "region": ""}
+
+    def verify(scope: dict[str, Any], headers: dict[str, str], body: bytes) -> str | None:
+        """How the request proved its sender ("sigv4", "bearer"), or None."""
+        authorization = headers.get("authorization", "")
+        if api_key and authorization == f"Bearer {api_key}":
+            return "bearer"
+        signed = _SIGNED.search(authorization)
+        if signed is None or signed.group(1) != access_key:
+            return None
+        region, names, signature = signed.group(2), signed.group(3), signed.group(4)
+        url = f"http://{headers['host']}{scope['raw_path'].decode()}"
+        request = AWSRequest(
+            "POST", url, data=body, headers={n: headers[n] for n in names.split(";")}
+        )
+        request.context["timestamp"] = headers["x-amz-date"]
+        token = headers.get("x-amz-security-token")
+        signer = SigV4Auth(Credentials(access_key, secret_key, token), "bedrock", region)
+        expected = signer.signature(
+            signer.string_to_sign(request, signer.canonical_request(request)), request
+        )
+        seen["region"] = region
+        return "sigv4" if hmac.compare_digest(expected, signature) else None
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or scope["path"] in ("/health", "/control"):
+            return await inner(scope, receive, send)
+        if scope["path"] == "/stats":
+            return await stats_with(inner, scope, receive, send, seen)
+        route = _ROUTE.match(scope["raw_path"].decode())
+        headers = {k.decode(): v.decode() for k, v in scope["headers"]}
+        raw = await read_body(receive)
+        if route is None:
+            return await send_json(send, *_refusal(404, "Not found"))
+        how = verify(scope, headers, raw)
+        if how is None:
+            message = "The request signature we calculated does not match the one you provided."
+            return await send_json(send, *_refusal(403, message))
+        model, verb = unquote(route.group(1)), route.group(2)
+        body = msgspec.json.decode(raw)
+        if verb == "count-tokens":
+            body = msgspec.json.decode(base64.b64decode(body["input"]["invokeModel"]["body"]))
+        if body.pop("anthropic_version", None) != VERSION or "model" in body or "stream" in body:
+            message = "Malformed input request: extraneous key, or no anthropic_version"
+            return await send_json(send, *_refusal(400, message))
+        seen.update(model=model, verb=verb, auth=how)
+        if verb == "count-tokens":
+            body = {
+                k: v for k, v in body.items() if k in ("messages", "system", "tools", "tool_choice")
+            }
+        inner_body = {**body, "model": model} | (
+            {"stream": True} if verb.endswith("stream") else {}
+        )
+        path = "/v1/messages/count_tokens" if verb == "count-tokens" else "/v1/messages"
+        inner_headers = [(b"x-api-key", b"inner"), (b"anthropic-version", b"2023-06-01")]
+        inner_headers.append((b"content-type", b"application/json"))
+        await _relay(
+            inner, {**scope, "path": path, "headers": inner_headers}, inner_body, verb, send
+        )
+
+    return app
+
+
+async def _relay(
+    inner: Any, scope: dict[str, Any], body: dict[str, Any], verb: str, send: Any
+) -> None:
+    """fake_anthropic's answer, as Bedrock gives it."""
+    payload = msgspec.json.encode(body)
+    given = False
+
+    async def replay() -> dict[str, Any]:
+        nonlocal given
+        if given:
+            return {"type": "http.disconnect"}
+        given = True
+        return {"type": "http.request", "body": payload, "more_body": False}
+
+    status, pending, streaming = 200, b"", False
+
+    async def bedrock_send(message: dict[str, Any]) -> None:
+        nonlocal status, pending, streaming
+        if message["type"] == "http.response.start":
+            status = message["status"]
+            streaming = status == 200 and verb == "invoke-with-response-stream"
+            if streaming:
+                kind = [(b"content-type", b"application/vnd.amazon.eventstream")]
+                await send({"type": "http.response.start", "status": 200, "headers": kind})
+            return
+        pending += message.get("body", b"")
+        if not streaming:
+            if message.get("more_body"):
+                return
+            answer = msgspec.json.decode(pending)
+            if status != 200:
+                error = answer.get("error") or {}
+                code = 503 if status == 529 else status
+                return await send_json(send, *_refusal(code, error.get("message", "refused")))
+            if verb == "count-tokens":
+                answer = {"inputTokens": answer["input_tokens"]}
+            return await send_json(send, 200, answer)
+        *events, pending = pending.split(b"\n\n")
+        out = b""
+        for block in events:
+            data = next(
+                (line[6:] for line in block.split(b"\n") if line.startswith(b"data: ")), b""
+            )
+            event = msgspec.json.decode(data) if data else {}
+            if event.get("type") == "error":
+                kind = STREAM_EXCEPTIONS.get(event["error"]["type"], "internalServerException")
+                headers = {":message-type": "exception", ":exception-type": kind}
+                out += frame(headers, msgspec.json.encode({"message": event["error"]["message"]}))
+            elif event.get("type") != "ping":
+                out += event_frame(data)
+        await send(
+            {
+                "type": "http.response.body",
+                "body": out,
+                "more_body": message.get("more_body", False),
+            }
+        )
+
+    await inner(scope, replay, bedrock_send)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description="a fake Amazon Bedrock for tests")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--access-key", required=True)
+    parser.add_argument("--secret-key", required=True)
+    parser.add_argument("--api-key", default="")
+    args = parser.parse_args()
+    import uvicorn
+
+    app = make_app(args.access_key, args.secret_key, args.api_key)
+    uvicorn.run(app, host="127.0.0.1", port=args.port, access_log=False, log_level="critical")
