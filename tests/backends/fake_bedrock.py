@@ -39,7 +39,7 @@ if not __package__:  # run as a script: make `tests` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests.backends import fake_anthropic
-from tests.backends.fake_common import read_body, send_json, stats_with
+from tests.backends.fake_common import read_body, replayed, send_json, stats_with
 
 VERSION = "bedrock-2023-05-31"
 _ROUTE = re.compile(r"^/model/([^/]+)/(invoke|invoke-with-response-stream|count-tokens)$")
@@ -154,16 +154,6 @@ async def _relay(
     inner: Any, scope: dict[str, Any], body: dict[str, Any], verb: str, send: Any
 ) -> None:
     """fake_anthropic's answer, as Bedrock gives it."""
-    payload = msgspec.json.encode(body)
-    given = False
-
-    async def replay() -> dict[str, Any]:
-        nonlocal given
-        if given:
-            return {"type": "http.disconnect"}
-        given = True
-        return {"type": "http.request", "body": payload, "more_body": False}
-
     status, pending, streaming = 200, b"", False
 
     async def bedrock_send(message: dict[str, Any]) -> None:
@@ -208,7 +198,7 @@ async def _relay(
             }
         )
 
-    await inner(scope, replay, bedrock_send)
+    await inner(scope, replayed(msgspec.json.encode(body)), bedrock_send)
 
 
 if __name__ == "__main__":

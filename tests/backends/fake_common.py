@@ -178,6 +178,20 @@ def make_asgi(handler: Handler, error: ErrorShape, prompt: Callable[[dict[str, A
     return app
 
 
+def replayed(payload: bytes) -> Receive:
+    """An ASGI receive that gives a body already read (rewritten by a wrapping fake), once."""
+    given = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal given
+        if given:
+            return {"type": "http.disconnect"}
+        given = True
+        return {"type": "http.request", "body": payload, "more_body": False}
+
+    return receive
+
+
 async def stats_with(
     inner: Any, scope: Any, receive: Any, send: Send, extra: dict[str, str]
 ) -> None:

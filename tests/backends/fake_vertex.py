@@ -25,7 +25,7 @@ if not __package__:  # run as a script: make `tests` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from tests.backends import fake_anthropic
-from tests.backends.fake_common import main, read_body, send_json, stats_with
+from tests.backends.fake_common import main, read_body, replayed, send_json, stats_with
 
 VERSION = "vertex-2023-10-16"
 _ROUTE = re.compile(
@@ -68,16 +68,7 @@ def make_app() -> Any:
         path = "/v1/messages/count_tokens" if counting else "/v1/messages"
         inner_headers = [(k, v) for k, v in scope["headers"] if k != b"authorization"]
         inner_headers += [(b"x-api-key", token.encode()), (b"anthropic-version", b"2023-06-01")]
-        payload = msgspec.json.encode(inner_body)
-        sent = False
-
-        async def replay() -> dict[str, Any]:
-            nonlocal sent
-            if sent:
-                return {"type": "http.disconnect"}
-            sent = True
-            return {"type": "http.request", "body": payload, "more_body": False}
-
+        replay = replayed(msgspec.json.encode(inner_body))
         await inner({**scope, "path": path, "headers": inner_headers}, replay, send)
 
     return app

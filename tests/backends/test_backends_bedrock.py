@@ -55,6 +55,17 @@ def test_the_fake_speaks_bedrock_as_botocore_does(bedrock_url: str) -> None:
     assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
 
 
+def bedrock_model(url: str, **own: Any) -> ModelEntry:
+    return ModelEntry(
+        id="haiku-bedrock",
+        provider="bedrock",
+        upstream_model=MODEL,
+        base_urls=(url,),
+        region="us-west-2",
+        **own,
+    )
+
+
 @pytest.fixture
 def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
     """The key pair in the environment, as AWS's credential chain reads it first."""
@@ -68,13 +79,7 @@ async def test_the_backend_signs_each_request_with_the_environments_credentials(
     build_entry: Any, bedrock_url: str, aws_env: None
 ) -> None:
     control(bedrock_url, reset=True)
-    entry = ModelEntry(
-        id="haiku-bedrock",
-        provider="bedrock",
-        upstream_model=MODEL,
-        base_urls=(bedrock_url,),
-        region="us-west-2",
-    )
+    entry = bedrock_model(bedrock_url)
     assert entry.configured  # no key: AWS's credentials, found at the first request
     upstream = build_entry(entry)
     reply = await upstream.complete(call("hi #chunks=2"))
@@ -100,15 +105,8 @@ async def test_a_bedrock_api_key_goes_as_a_bearer_token(
 ) -> None:
     control(bedrock_url, reset=True)
     monkeypatch.setenv(KEY_ENV, AWS_KEYS["api_key"])
-    entry = ModelEntry(
-        id="haiku-bedrock",
-        provider="bedrock",
-        upstream_model=MODEL,
-        base_urls=(bedrock_url,),
-        region="us-west-2",
-        api_key_env=KEY_ENV,
-    )
-    reply = await build_entry(entry).complete(call("hi #chunks=2"))
+    upstream = build_entry(bedrock_model(bedrock_url, api_key_env=KEY_ENV))
+    reply = await upstream.complete(call("hi #chunks=2"))
     assert reply.status == 200 and stats(bedrock_url)["auth"] == "bearer"
 
 
