@@ -4,6 +4,7 @@ the path, event-stream frames), then the platform's backend talks to it, signing
 credentials AWS's chain finds in the environment, or with a Bedrock API key."""
 
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import botocore.session
@@ -12,7 +13,10 @@ import pytest
 from botocore.exceptions import ClientError
 
 from tests.backends.conftest import AWS_KEYS, KEY_ENV, control, stats
+from tests.backends.fake_bedrock import event_frame
 from tests.backends.test_backends_openai import call, events, read_stream
+from tokenyard.backends.anthropic_clouds import bedrock_events
+from tokenyard.backends.anthropic_wire import StreamError
 from tokenyard.backends.base import UpstreamBroken
 from tokenyard.router.catalog import Catalog, CatalogError, CatalogFile, ModelEntry
 
@@ -108,6 +112,20 @@ async def test_a_bedrock_api_key_goes_as_a_bearer_token(
     upstream = build_entry(bedrock_model(bedrock_url, api_key_env=KEY_ENV))
     reply = await upstream.complete(call("hi #chunks=2"))
     assert reply.status == 200 and stats(bedrock_url)["auth"] == "bearer"
+
+
+async def test_a_corrupted_frame_is_the_streams_error() -> None:
+    good = event_frame(b'{"type": "ping"}')
+    bad = good[:-1] + bytes([good[-1] ^ 1])  # the message's CRC no longer adds up
+
+    async def chunks() -> AsyncIterator[bytes]:
+        yield good
+        yield bad
+
+    events = bedrock_events(chunks())
+    assert (await anext(events)).data == b'{"type": "ping"}'
+    with pytest.raises(StreamError):
+        await anext(events)
 
 
 def test_bedrock_needs_its_region() -> None:

@@ -81,12 +81,16 @@ async def bedrock_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[sse.Even
     """AWS event-stream frames (botocore's parser: length-prefixed, CRC-checked) → the Anthropic
     events they carry, base64 in a `chunk` event's `bytes`; an exception frame is the stream's
     error, as Anthropic's `error` event would be."""
-    from botocore.eventstream import EventStreamBuffer  # with the signer: only Bedrock loads it
+    from botocore.eventstream import EventStreamBuffer, ParserError  # only Bedrock loads it
 
     frames = EventStreamBuffer()
     async for data in chunks:
         frames.add_data(data)
-        for frame in frames:
+        try:
+            parsed = list(frames)
+        except ParserError as exc:  # a frame cut or corrupted: its CRC or lengths do not add up
+            raise StreamError({"type": "api_error", "message": f"event stream: {exc}"}) from exc
+        for frame in parsed:
             kind = frame.headers.get(":message-type")
             payload = json.loads(frame.payload or b"{}")
             if kind == "event" and "bytes" in payload:
