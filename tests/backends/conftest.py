@@ -1,6 +1,7 @@
 """Backend test fixtures: a real Redis server, the fake OpenAI and Anthropic servers and two fake
 engine replicas (tests/gateway/fake_upstream.py), each a process on a free port."""
 
+import json
 import os
 import ssl
 import sys
@@ -12,6 +13,8 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 import trustme
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import rsa
 
 from tests.gateway.conftest import Process, RedisServer, free_port, wait_until
 from tokenyard.backends.base import Upstream
@@ -99,6 +102,28 @@ def token_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str
     wait_until(lambda: grants(url, folder / "ca.pem") is not None, 20, "token server")
     yield url, folder / "ca.pem"
     server.stop()
+
+
+def write_service_account(folder: Path, token_uri: str) -> tuple[Path, str]:
+    """A Google service account's key file as Google issues them, its token endpoint `token_uri`:
+    its path and the account's email."""
+    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    ).decode()
+    email = f"gateway-{os.urandom(3).hex()}@proj.iam.gserviceaccount.com"
+    info = {
+        "type": "service_account",
+        "project_id": "proj",
+        "private_key_id": "k1",
+        "private_key": pem,
+        "client_email": email,
+        "client_id": "1",
+        "token_uri": token_uri,
+    }
+    path = folder / "service-account.json"
+    path.write_text(json.dumps(info))
+    return path, email
 
 
 def grants(url: str, ca: Path) -> list[dict[str, Any]]:

@@ -4,7 +4,6 @@ platform's backend talks to it with an access token google-auth gets for a servi
 key file in GOOGLE_APPLICATION_CREDENTIALS, its token endpoint the fake over TLS): the model in
 the path, Vertex's API version in the body, replies translated to OpenAI's shapes as Anthropic's."""
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +11,8 @@ import anthropic
 import httpx
 import msgspec
 import pytest
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import rsa
 
-from tests.backends.conftest import control, grants, stats
+from tests.backends.conftest import control, grants, stats, write_service_account
 from tests.backends.test_backends_openai import call, events, read_stream
 from tokenyard.router.catalog import Catalog, CatalogError, CatalogFile, ModelEntry
 
@@ -50,27 +47,10 @@ def test_the_fake_speaks_vertex_as_the_sdk_does(vertex_url: str) -> None:
 def service_account(
     token_server: tuple[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> str:
-    """A service account's key file as Google issues them, its token endpoint the fake's; found
-    by Application Default Credentials. Returns its email."""
+    """A service account's key file, found by Application Default Credentials; its email."""
     login, ca = token_server
-    key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
-    pem = key.private_bytes(
-        serialization.Encoding.PEM,
-        serialization.PrivateFormat.PKCS8,
-        serialization.NoEncryption(),
-    ).decode()
-    email = f"gateway-{tmp_path.name[-6:]}@proj.iam.gserviceaccount.com"
-    info = {
-        "type": "service_account",
-        "project_id": "proj",
-        "private_key_id": "k1",
-        "private_key": pem,
-        "client_email": email,
-        "client_id": "1",
-        "token_uri": login + "/token",
-    }
-    (tmp_path / "sa.json").write_text(json.dumps(info))
-    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "sa.json"))
+    path, email = write_service_account(tmp_path, login + "/token")
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(path))
     monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(ca))  # google-auth's transport is `requests`
     return email
 

@@ -19,14 +19,18 @@ import openai
 import pytest
 
 from tests.admin_ui.conftest import sign_in
-from tests.backends.conftest import HERE as BACKENDS
 from tests.backends.conftest import (
+    AWS_KEYS,
+    bedrock_url,  # noqa: F401 - a fixture
     control,
     grants,
     start_server,
     stats,
     token_server,  # noqa: F401 - a fixture
+    vertex_url,  # noqa: F401 - a fixture
+    write_service_account,
 )
+from tests.backends.conftest import HERE as BACKENDS
 from tests.gateway.conftest import reservations, wait_until
 from tokenyard.gateway.quotas import TeamKeys
 
@@ -109,6 +113,12 @@ price = {{ input = 0.8, cached_input = 0.08, cache_write_input = 1.0, output = 4
 CHAT = [{"role": "user", "content": "Say something #chunks=3"}]
 
 
+def settled(redis_server: Any, team: str) -> None:
+    """The team's requests gave back every lease (commercial models hold no KV pages)."""
+    idle = {"leases": 0, "pages": 0, "platform_leases": 0}
+    wait_until(lambda: reservations(redis_server.client(), team) == idle, 2, "leases released")
+
+
 def test_openai_and_anthropic_models_serve_through_the_gateway(
     gw: Any, team: Any, redis_server: Any
 ) -> None:
@@ -137,8 +147,7 @@ def test_openai_and_anthropic_models_serve_through_the_gateway(
     assert models["gpt-fake"].owned_by == "openai" and models["gpt-fake"].model_extra["ready"]
     assert models["claude-fake"].model_extra["circuit"] == "closed"
     # settled: commercial models hold no KV pages, and give their leases back like any other
-    idle = {"leases": 0, "pages": 0, "platform_leases": 0}
-    wait_until(lambda: reservations(redis_server.client(), name) == idle, 2, "leases released")
+    settled(redis_server, name)
 
 
 def test_azure_serves_every_client_and_shares_a_model_with_openai(
@@ -229,8 +238,7 @@ tags = ["us"]
             r"<td>(eu|us)</td>\s*<td class=\"num\">0</td>\s*<td class=\"(\w+)\">", status
         )
         assert sorted(rows) == [("eu", "ok"), ("us", "bad")]
-        idle = {"leases": 0, "pages": 0, "platform_leases": 0}
-        wait_until(lambda: reservations(redis_server.client(), name) == idle, 2, "leases released")
+        settled(redis_server, name)
     finally:
         server.stop()
 
@@ -308,10 +316,70 @@ entra = {{ tenant_id = "contoso", client_id = "typo", client_secret_env = "TOKEN
         assert set(asked[2:]) == {("contoso", "typo", "wrong")}
         scopes = {(g["scope"], g["grant_type"]) for g in seen}
         assert scopes == {("https://cognitiveservices.azure.com/.default", "client_credentials")}
-        idle = {"leases": 0, "pages": 0, "platform_leases": 0}
-        wait_until(lambda: reservations(redis_server.client(), name) == idle, 2, "leases released")
+        settled(redis_server, name)
     finally:
         server.stop()
+
+
+def test_anthropics_models_on_vertex_and_bedrock_serve_every_client(
+    start_gateway: Any,
+    team: Any,
+    providers: dict[str, str],
+    token_server: tuple[str, Path],  # noqa: F811 - the fixtures imported above
+    vertex_url: str,  # noqa: F811
+    bedrock_url: str,  # noqa: F811
+    redis_server: Any,
+    tmp_path: Path,
+) -> None:
+    """One gateway, Anthropic's models at Google Cloud and at AWS, neither with a key: a service
+    account's token for one, requests signed with the environment's AWS credentials for the
+    other. OpenAI's client (whole and streamed) and Anthropic's (stream, token count) get the
+    same answers as from Anthropic itself, and usage settles."""
+    login, ca = token_server
+    account, _ = write_service_account(tmp_path, login + "/token")
+    for url in (vertex_url, bedrock_url):
+        control(url, reset=True)
+    extra = f"""
+[[models]]
+id = "claude-vertex"
+provider = "vertex"
+upstream_model = "claude-sonnet-4@20250514"
+base_urls = ["{vertex_url}/v1/projects/proj/locations/us-east5"]
+price = {{ input = 3.0, output = 15.0 }}
+
+[[models]]
+id = "claude-bedrock"
+provider = "bedrock"
+upstream_model = "anthropic.claude-3-5-haiku-20241022-v1:0"
+base_urls = ["{bedrock_url}"]
+region = "us-west-2"
+price = {{ input = 0.8, output = 4.0 }}
+"""
+    environment = {
+        "GOOGLE_APPLICATION_CREDENTIALS": str(account),
+        "REQUESTS_CA_BUNDLE": str(ca),
+        "AWS_ACCESS_KEY_ID": AWS_KEYS["access"],
+        "AWS_SECRET_ACCESS_KEY": AWS_KEYS["secret"],
+    }
+    gateway = _gateway(start_gateway, providers, tmp_path, extra, environment)
+    name, key = team()
+    client = gateway.client(key)
+    claude = anthropic.Anthropic(base_url=gateway.url, api_key=key, max_retries=0)
+    for model, fake in (("claude-vertex", vertex_url), ("claude-bedrock", bedrock_url)):
+        reply = client.chat.completions.create(model=model, messages=CHAT)
+        assert reply.model == model and reply.choices[0].message.content == "w0 w1 w2 "
+        assert reply.usage is not None and reply.usage.completion_tokens == 3
+        chunks = list(client.chat.completions.create(model=model, messages=CHAT, stream=True))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "w0 w1 w2 "
+        with claude.messages.stream(model=model, max_tokens=8, messages=CHAT) as stream:
+            assert "".join(stream.text_stream) == "w0 w1 w2 "
+        counted = claude.messages.with_raw_response.count_tokens(model=model, messages=CHAT)
+        assert counted.parse().input_tokens == 3  # "Say something #chunks=3": the fake's words
+        assert counted.headers["x-tokenyard-token-count"] == "exact"
+        assert stats(fake)["model"] != ""
+    assert stats(vertex_url)["token"].startswith("ya29.fake.")
+    assert stats(bedrock_url)["auth"] == "sigv4"
+    settled(redis_server, name)
 
 
 def test_failure_before_first_byte_falls_back_and_the_breaker_cycles(
