@@ -110,21 +110,18 @@ class ApiClient:
             )
         return self._session
 
-    async def _signed(self, url: str, body: bytes) -> dict[str, str] | None:
-        return await self._auth.headers(url, body) if self._auth else None
-
-    @staticmethod
-    def _as_sent(url: str) -> URL:
+    async def _post(self, path: str, body: bytes) -> aiohttp.ClientResponse:
+        """The request sent, with its per-request auth (a token, a signature) where it has one."""
+        url = self._base + path
+        auth = await self._auth.headers(url, body) if self._auth else None
         # sent as written: yarl would otherwise decode a path's %3A (Bedrock's model ids hold
         # ':'), and a request signed over one path would go out with another
-        return URL(url, encoded=True)
+        return await self._client().post(URL(url, encoded=True), data=body, headers=auth)
 
     async def post(self, path: str, body: bytes) -> Reply:
         """A whole reply; a refusal other than 429/5xx is returned as it is."""
-        url = self._base + path
-        auth = await self._signed(url, body)
         try:
-            async with self._client().post(self._as_sent(url), data=body, headers=auth) as response:
+            async with await self._post(path, body) as response:
                 reply = Reply(response.status, response.headers, await response.read())
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise Retryable(f"{type(exc).__name__}: {exc}") from exc
@@ -137,9 +134,7 @@ class ApiClient:
         response: aiohttp.ClientResponse | None = None
         try:
             async with asyncio.timeout(self.policy.first_token_timeout_s):
-                url = self._base + path
-                auth = await self._signed(url, body)
-                response = await self._client().post(self._as_sent(url), data=body, headers=auth)
+                response = await self._post(path, body)
                 if response.status != 200:
                     reply = Reply(response.status, response.headers, await response.read())
                     response.release()

@@ -126,8 +126,8 @@ class DeploymentEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     @property
     def live(self) -> bool:
         """Whether it can be called: its key or its Entra ID secret is in the environment (without
-        a secret of its own, and on Vertex AI, whether the environment gives an identity shows at
-        the first call)."""
+        a secret of its own, and on Vertex AI and Bedrock, whether the environment gives an
+        identity shows at the first call)."""
         if self.provider in KEYLESS and not self.api_key_env:
             return True
         return self.entra.ready if self.entra is not None else bool(self.api_key)

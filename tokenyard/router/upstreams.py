@@ -48,13 +48,11 @@ def _auth(deployment: DeploymentEntry) -> dict[str, str]:
     key = deployment.api_key
     if not key:  # a token or a signature with each request (ApiClient's auth)
         return {}
-    if deployment.provider == "bedrock":  # a Bedrock API key
-        return {"authorization": f"Bearer {key}"}
     if deployment.provider == "azure":  # its deployments take the key in their own header
         return {"api-key": key}
     if deployment.provider == "anthropic":
         return anthropic_headers(key)
-    return {"authorization": f"Bearer {key}"}
+    return {"authorization": f"Bearer {key}"}  # OpenAI's keys, and Bedrock's API keys
 
 
 def _deployment(d: DeploymentEntry, policy: RetryPolicy, connections: int) -> Deployment:
