@@ -72,6 +72,12 @@ def vertex_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     yield from _server(HERE / "fake_vertex.py", tmp_path_factory)
 
 
+@pytest.fixture(scope="session")
+def gemini_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Google's Gemini API at both doors: AI Studio (/v1beta/models/…) and Vertex AI (/v1/…)."""
+    yield from _server(HERE / "fake_gemini.py", tmp_path_factory)
+
+
 # the key pair and API key the fake Bedrock knows
 AWS_KEYS = {"access": "AKIDFAKEBEDROCK", "secret": "fake/secret/key", "api_key": "bedrock-api-key"}
 
@@ -124,6 +130,18 @@ def write_service_account(folder: Path, token_uri: str) -> tuple[Path, str]:
     path = folder / "service-account.json"
     path.write_text(json.dumps(info))
     return path, email
+
+
+@pytest.fixture
+def service_account(
+    token_server: tuple[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> str:
+    """A service account's key file, found by Application Default Credentials; its email."""
+    login, ca = token_server
+    path, email = write_service_account(tmp_path, login + "/token")
+    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(path))
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(ca))  # google-auth's transport is `requests`
+    return email
 
 
 def grants(url: str, ca: Path) -> list[dict[str, Any]]:

@@ -12,7 +12,7 @@ import httpx
 import msgspec
 import pytest
 
-from tests.backends.conftest import control, grants, stats, write_service_account
+from tests.backends.conftest import control, grants, stats
 from tests.backends.test_backends_openai import call, events, read_stream
 from tokenyard.router.catalog import Catalog, CatalogError, CatalogFile, ModelEntry
 
@@ -41,18 +41,6 @@ def test_the_fake_speaks_vertex_as_the_sdk_does(vertex_url: str) -> None:
     assert unsigned.status_code == 401 and unsigned.json()["error"]["status"] == "UNAUTHENTICATED"
     named = httpx.post(route, json={**body, "model": MODEL}, headers={"authorization": "Bearer t"})
     assert named.status_code == 400  # Vertex names the model by the path alone
-
-
-@pytest.fixture
-def service_account(
-    token_server: tuple[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> str:
-    """A service account's key file, found by Application Default Credentials; its email."""
-    login, ca = token_server
-    path, email = write_service_account(tmp_path, login + "/token")
-    monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(path))
-    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(ca))  # google-auth's transport is `requests`
-    return email
 
 
 async def test_the_backend_calls_vertex_with_a_service_accounts_token(

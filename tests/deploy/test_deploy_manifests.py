@@ -33,7 +33,7 @@ CRD_MODELS = {
     ("monitoring.coreos.com/v1", "ServiceMonitor"): monitoring.ServiceMonitor,
 }
 # environment variables the manifests may set that are not TOKENYARD_* settings
-FOREIGN_ENV = {"OPENAI_API_KEY", "ANTHROPIC_API_KEY", "POSTGRES_PASSWORD"}
+FOREIGN_ENV = {"OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY", "POSTGRES_PASSWORD"}
 POSTGRES_IMAGE_ENV = {"POSTGRES_USER", "POSTGRES_DB", "POSTGRES_PASSWORD", "PGDATA"}
 
 

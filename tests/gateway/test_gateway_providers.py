@@ -23,6 +23,7 @@ from tests.backends.conftest import (
     AWS_KEYS,
     bedrock_url,  # noqa: F401 - a fixture
     control,
+    gemini_url,  # noqa: F401 - a fixture
     grants,
     start_server,
     stats,
@@ -31,6 +32,7 @@ from tests.backends.conftest import (
     write_service_account,
 )
 from tests.backends.conftest import HERE as BACKENDS
+from tests.backends.test_backends_gemini import WEATHER
 from tests.gateway.conftest import reservations, wait_until
 from tokenyard.gateway.quotas import TeamKeys
 
@@ -379,6 +381,77 @@ price = {{ input = 0.8, output = 4.0 }}
         assert stats(fake)["model"] != ""
     assert stats(vertex_url)["token"].startswith("ya29.fake.")
     assert stats(bedrock_url)["auth"] == "sigv4"
+    settled(redis_server, name)
+
+
+def test_gemini_serves_every_client_with_its_tool_calls_and_usage(
+    start_gateway: Any,
+    team: Any,
+    providers: dict[str, str],
+    gemini_url: str,  # noqa: F811 - the fixture imported above
+    redis_server: Any,
+    tmp_path: Path,
+) -> None:
+    """A Gemini 3 model at Google AI Studio: OpenAI's client gets its answers whole and streamed,
+    and a tool call whose id carries the thought signature Gemini needs back in the next turn;
+    Google's own client (through the gateway's Gemini front) and Anthropic's count tokens with
+    Gemini's countTokens; Gemini's own block is OpenAI's content_policy_violation; usage
+    settles."""
+    control(gemini_url, reset=True)
+    extra = f"""
+[[models]]
+id = "gemini-fake"
+provider = "gemini"
+upstream_model = "gemini-3-pro-preview"
+base_urls = ["{gemini_url}/v1beta"]
+api_key_env = "TOKENYARD_TEST_GEMINI_KEY"
+price = {{ input = 2.0, output = 12.0 }}
+supports = {{ tools = true, structured_outputs = true, reasoning = true }}
+"""
+    gateway = _gateway(start_gateway, providers, tmp_path, extra, test_gemini_key="gm-test")
+    name, key = team()
+    client = gateway.client(key)
+    reply = client.chat.completions.create(
+        model="gemini-fake", messages=CHAT, reasoning_effort="low"
+    )
+    assert reply.model == "gemini-fake" and reply.choices[0].message.content == "w0 w1 w2 "
+    sent = stats(gemini_url)
+    assert sent["key"] == "gm-test" and sent["model"] == "gemini-3-pro-preview"
+    assert sent["last_body"]["generationConfig"]["thinkingConfig"] == {"thinkingBudget": 1024}
+    chunks = list(
+        client.chat.completions.create(
+            model="gemini-fake", messages=CHAT, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "w0 w1 w2 "
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3
+
+    ask: list[Any] = [{"role": "user", "content": "Weather in Paris? #tool"}]
+    called = client.chat.completions.create(model="gemini-fake", messages=ask, tools=[WEATHER])
+    message = called.choices[0].message
+    assert called.choices[0].finish_reason == "tool_calls" and message.tool_calls
+    answer = {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "21C"}
+    history = [*ask, message.model_dump(exclude_none=True), answer]
+    done = client.chat.completions.create(model="gemini-fake", messages=history, tools=[WEATHER])
+    assert done.choices[0].message.content == "w0 w1 w2 w3 w4 "  # the fake took the signature
+
+    google = gateway.gemini(key)  # held: the SDK's client closes its connections when dropped
+    assert google.models.generate_content(model="gemini-fake", contents="hi #chunks=2").text == (
+        "w0 w1 "
+    )
+    counted = google.models.count_tokens(model="gemini-fake", contents="one two three")
+    assert counted.total_tokens == 3 and stats(gemini_url)["verb"] == "countTokens"
+    claude = anthropic.Anthropic(base_url=gateway.url, api_key=key, max_retries=0)
+    raw = claude.messages.with_raw_response.count_tokens(
+        model="gemini-fake", messages=[{"role": "user", "content": "four five"}]
+    )
+    assert raw.parse().input_tokens == 2 and raw.headers["x-tokenyard-token-count"] == "exact"
+
+    with pytest.raises(openai.BadRequestError) as blocked:
+        client.chat.completions.create(
+            model="gemini-fake", messages=[{"role": "user", "content": "x #blocked"}]
+        )
+    assert blocked.value.code == "content_policy_violation"
     settled(redis_server, name)
 
 

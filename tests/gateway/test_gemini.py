@@ -9,22 +9,8 @@ import httpx
 import pytest
 from google.genai import errors, types
 
+from tests.backends.test_backends_gemini_fake import MANUAL, WEATHER
 from tests.gateway.conftest import Gateway, upstream_stats
-
-WEATHER = types.Tool(
-    function_declarations=[
-        types.FunctionDeclaration(
-            name="get_weather",
-            description="The weather in a city",
-            parameters=types.Schema(
-                type=types.Type.OBJECT,
-                properties={"city": types.Schema(type=types.Type.STRING)},
-                required=["city"],
-            ),
-        )
-    ]
-)
-MANUAL = types.AutomaticFunctionCallingConfig(disable=True)
 
 
 def test_text_whole_and_what_reaches_the_model(gateway: Gateway, team: Any, upstream: str) -> None:

@@ -108,11 +108,11 @@ HARD = (
 def test_shipped_catalog_loads_and_commercial_models_without_keys_are_unconfigured(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    for var in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
+    for var in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY"):
         monkeypatch.delenv(var, raising=False)
     catalog = load_catalog(Settings(engine_urls="", catalog=""))
     by_provider = {m.provider for m in catalog.models.values()}
-    assert by_provider == {"self-hosted", "openai", "anthropic"}
+    assert by_provider == {"self-hosted", "openai", "anthropic", "gemini"}
     configured = {m.id for m in catalog.models.values() if m.configured}
     # the local engine and embeddings server fill in the self-hosted replicas
     assert configured == {"smollm2", "all-minilm-l6-v2"}

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokenyard.backends import sse
-from tokenyard.backends.base import error_body
+from tokenyard.backends.base import StreamRefusal, error_body
 from tokenyard.core.errors import GatewayError
 
 # Anthropic requires max_tokens; the gateway always sets it, this is for direct callers
@@ -269,13 +269,12 @@ def _error(error: dict[str, Any], status: int) -> tuple[int, bytes]:
     return status, error_body(message, openai_type, code=kind or None)
 
 
-class StreamError(Exception):
+class StreamError(StreamRefusal):
     """An `error` event in an Anthropic stream."""
 
     def __init__(self, error: dict[str, Any]) -> None:
-        super().__init__(error.get("message", "stream error"))
+        super().__init__(*_error(error, 500))
         self.kind = error.get("type", "api_error")
-        self.status, self.body = _error(error, 500)
 
 
 @dataclass

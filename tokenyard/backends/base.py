@@ -32,6 +32,17 @@ class UpstreamBroken(Exception):
     """The upstream failed after the response started (connection lost mid-stream)."""
 
 
+class StreamRefusal(Exception):
+    """A refusal inside a 200 stream (Anthropic's `error` event, Gemini's error object), in
+    OpenAI's shape: before the stream's first token it is the request's answer (retried when 429
+    or 5xx), after it the stream's break."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(f"refused in the stream with {status}")
+        self.status = status
+        self.body = body
+
+
 @dataclass
 class ModelInfo:
     name: str

@@ -18,13 +18,20 @@ not the model down.
 
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
 from tokenyard.backends.anthropic_clouds import Cloud
 from tokenyard.backends.api import ApiClient
-from tokenyard.backends.base import BackendUnavailable, UpstreamCall, log, rendezvous
+from tokenyard.backends.base import (
+    BackendUnavailable,
+    LiveStream,
+    ModelInfo,
+    UpstreamCall,
+    log,
+    rendezvous,
+)
 from tokenyard.backends.metrics import DEPLOYMENT_REQUESTS
 from tokenyard.backends.retry import Guard, Retryable
 
@@ -158,6 +165,16 @@ class Deployments:
 
         return closed
 
+    def stream(
+        self,
+        deployment: Deployment,
+        source: AsyncIterator[bytes],
+        close: Callable[[], Awaitable[None]],
+    ) -> LiveStream:
+        """A stream from it whose first bytes arrived: in flight until closed; a break after
+        those bytes cools it."""
+        return LiveStream(source, self.closer(deployment, close), lambda: self.broken(deployment))
+
     async def broken(self, deployment: Deployment) -> None:
         """A stream from it broke after its first byte."""
         self._cool(deployment, None, "a stream broke")
@@ -177,3 +194,17 @@ class Deployments:
     async def aclose(self) -> None:
         for deployment in self.all:
             await deployment.api.aclose()
+
+
+class DeployedUpstream:
+    """What every commercial backend is: a model at its deployments."""
+
+    def __init__(self, info: ModelInfo, deployments: Deployments) -> None:
+        self.info = info
+        self.deployments = deployments
+
+    async def refresh(self) -> None:
+        await self.deployments.refresh()
+
+    async def aclose(self) -> None:
+        await self.deployments.aclose()

@@ -11,14 +11,12 @@ from tokenyard.backends import sse
 from tokenyard.backends.api import Opened, Reply
 from tokenyard.backends.base import (
     BufferedStream,
-    LiveStream,
-    ModelInfo,
     UpstreamCall,
     UpstreamReply,
     UpstreamStream,
     counted,
 )
-from tokenyard.backends.deployments import Deployment, Deployments
+from tokenyard.backends.deployments import DeployedUpstream, Deployment
 
 # the platform's extensions and vLLM's sampling extras: OpenAI rejects unknown fields
 DROPPED = frozenset(
@@ -84,13 +82,9 @@ async def renamed_events(chunks: AsyncIterator[bytes], model: str) -> AsyncItera
             yield b"data: " + renamed(event.data, model) + b"\n\n"
 
 
-class OpenAIUpstream:
+class OpenAIUpstream(DeployedUpstream):
     """OpenAI's API, or Azure OpenAI's (the same wire at a deployment's URL), at one or more
     deployments."""
-
-    def __init__(self, info: ModelInfo, deployments: Deployments) -> None:
-        self.info = info
-        self.deployments = deployments
 
     @staticmethod
     def _path(call_path: str, deployment: Deployment) -> str:
@@ -140,14 +134,6 @@ class OpenAIUpstream:
         if not isinstance(opened, Opened):
             deployments.release(at)
             return BufferedStream(opened.status, opened.body)
-        return LiveStream(
-            renamed_events(opened.chunks(), self.info.name),
-            deployments.closer(at, opened.aclose),
-            lambda: deployments.broken(at),
+        return deployments.stream(
+            at, renamed_events(opened.chunks(), self.info.name), opened.aclose
         )
-
-    async def refresh(self) -> None:
-        await self.deployments.refresh()
-
-    async def aclose(self) -> None:
-        await self.deployments.aclose()

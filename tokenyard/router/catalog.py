@@ -22,8 +22,9 @@ from tokenyard.tenancy.limits import TAG
 DEFAULT_CATALOG = Path(__file__).parent / "catalog.toml"
 # azure: Azure OpenAI, OpenAI's API at a deployment's URL with an `api-key` header; vertex and
 # bedrock: Anthropic's models on Google Cloud's Vertex AI and on Amazon Bedrock, their Messages API
-# under those clouds' addresses
-Provider = Literal["self-hosted", "openai", "anthropic", "azure", "vertex", "bedrock"]
+# under those clouds' addresses; gemini: Google's Gemini API (AI Studio with a key; a deployment
+# with provider vertex serves a Gemini model from Vertex AI)
+Provider = Literal["self-hosted", "openai", "anthropic", "azure", "vertex", "bedrock", "gemini"]
 Tier = Literal["interactive", "batch"]
 # what the tokenyard engine does for any model it serves (constrained decoding: tools, schemas)
 ENGINE_SUPPORTS = Supports(tools=True, structured_outputs=True, logprobs=True)
@@ -77,6 +78,12 @@ def wire_of(provider: Provider) -> Wire:
     """Azure OpenAI speaks OpenAI's API; Vertex AI's and Bedrock's Anthropic models, Anthropic's."""
     wires = {"azure": "openai", "vertex": "anthropic", "bedrock": "anthropic"}
     return wires.get(provider, provider)  # type: ignore[return-value]
+
+
+def serves_wire(provider: Provider, wire: Wire) -> bool:
+    """Whether a deployment of this provider can serve a model speaking `wire`: Vertex AI serves
+    Google's own Gemini models as well as Anthropic's."""
+    return wire_of(provider) == wire or (provider == "vertex" and wire == "gemini")
 
 
 # providers whose requests carry the cloud's own credentials, found where the platform runs
@@ -342,7 +349,7 @@ def _check_deployments(m: ModelEntry) -> None:
         raise CatalogError(f"{m.id}: deployments need distinct names (or hosts): {labels}")
     for d in m.all_deployments:
         assert d.provider is not None  # filled in from the model's
-        if d.provider == "self-hosted" or wire_of(d.provider) != m.wire:
+        if d.provider == "self-hosted" or not serves_wire(d.provider, m.wire):
             raise CatalogError(f"{m.id}: deployment {d.label} speaks {d.provider}, not {m.wire}")
         if d.provider == "azure" and "/openai/deployments/" in d.base_url and not d.api_version:
             raise CatalogError(f"{m.id}: an Azure deployment's URL needs its api_version")

@@ -2,7 +2,7 @@
 
 from redis.asyncio import Redis
 
-from tokenyard.backends.anthropic import AnthropicUpstream
+from tokenyard.backends.anthropic import AnthropicWire
 from tokenyard.backends.anthropic import headers as anthropic_headers
 from tokenyard.backends.anthropic_clouds import Cloud
 from tokenyard.backends.api import ApiClient, RequestAuth
@@ -12,10 +12,13 @@ from tokenyard.backends.breaker import Breaker, BreakerConfig
 from tokenyard.backends.deployments import Deployment, Deployments
 from tokenyard.backends.engine import EngineUpstream
 from tokenyard.backends.entra import EntraTokens
+from tokenyard.backends.gemini import GeminiWire
+from tokenyard.backends.gemini import headers as gemini_headers
 from tokenyard.backends.google_auth import GoogleTokens
 from tokenyard.backends.openai import OpenAIUpstream
 from tokenyard.backends.registry import Backends
 from tokenyard.backends.retry import Guard, RetryPolicy
+from tokenyard.backends.translated import TranslatedUpstream
 from tokenyard.core.settings import Settings
 from tokenyard.router.catalog import Catalog, DeploymentEntry, ModelEntry
 
@@ -52,6 +55,8 @@ def _auth(deployment: DeploymentEntry) -> dict[str, str]:
         return {"api-key": key}
     if deployment.provider == "anthropic":
         return anthropic_headers(key)
+    if deployment.provider == "gemini":
+        return gemini_headers(key)
     return {"authorization": f"Bearer {key}"}  # OpenAI's keys, and Bedrock's API keys
 
 
@@ -110,7 +115,9 @@ def build_upstream(entry: ModelEntry, redis: Redis, settings: Settings) -> Upstr
         settings.backend_affinity_chars,
     )
     if entry.wire == "anthropic":
-        return AnthropicUpstream(info, deployments)
+        return TranslatedUpstream(info, deployments, AnthropicWire())
+    if entry.wire == "gemini":
+        return TranslatedUpstream(info, deployments, GeminiWire())
     return OpenAIUpstream(info, deployments)
 
 

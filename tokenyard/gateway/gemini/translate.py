@@ -10,31 +10,15 @@ import json
 import re
 from typing import Any
 
+from tokenyard.backends.gemini_wire import FINISH as GEMINI_FINISH
+from tokenyard.backends.gemini_wire import STATUS
 from tokenyard.core.errors import GatewayError, refusal_message
 
-# OpenAI finish reason → Gemini's (a call of a function ends "STOP" there)
-FINISH = {
-    "stop": "STOP",
-    "length": "MAX_TOKENS",
-    "content_filter": "SAFETY",
+# OpenAI finish reason → Gemini's: the first Gemini reason the backend reads as it (a call of a
+# function ends "STOP" there)
+FINISH = {openai: gemini for gemini, openai in reversed(GEMINI_FINISH.items())} | {
     "tool_calls": "STOP",
     "function_call": "STOP",
-}
-# HTTP status → google.rpc code name, as Google's APIs name each error
-STATUS = {
-    400: "INVALID_ARGUMENT",
-    401: "UNAUTHENTICATED",
-    403: "PERMISSION_DENIED",
-    404: "NOT_FOUND",
-    409: "ABORTED",
-    413: "INVALID_ARGUMENT",
-    429: "RESOURCE_EXHAUSTED",
-    499: "CANCELLED",
-    500: "INTERNAL",
-    501: "UNIMPLEMENTED",
-    502: "UNAVAILABLE",
-    503: "UNAVAILABLE",
-    504: "DEADLINE_EXCEEDED",
 }
 _MODES = {"AUTO": "auto", "NONE": "none", "ANY": "required"}
 # generationConfig → chat fields that take the value as it is

@@ -1,0 +1,49 @@
+"""Google's Gemini API as a backend (translation in gemini_wire.py), run by translated.py: Google
+AI Studio with an API key (`x-goog-api-key`), or Vertex AI with Google Cloud's credentials (the
+model under /publishers/google/models/)."""
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from tokenyard.backends import gemini_wire, sse
+from tokenyard.backends.deployments import Deployment
+
+
+def headers(api_key: str) -> dict[str, str]:
+    return {"x-goog-api-key": api_key}
+
+
+def _cloud(at: Deployment) -> gemini_wire.Cloud:
+    return "vertex" if at.cloud == "vertex" else ""
+
+
+class GeminiWire:
+    def translate(self, body: dict[str, Any]) -> dict[str, Any]:
+        return gemini_wire.generate_request(body)
+
+    def request(self, native: dict[str, Any], at: Deployment, stream: bool) -> tuple[str, bytes]:
+        verb = "streamGenerateContent" if stream else "generateContent"
+        return gemini_wire.path(_cloud(at), at.model, verb), json.dumps(native).encode()
+
+    def count_request(self, native: dict[str, Any], at: Deployment) -> tuple[str, bytes]:
+        body = gemini_wire.count_request(native, _cloud(at), at.model)
+        return gemini_wire.path(_cloud(at), at.model, "countTokens"), json.dumps(body).encode()
+
+    def counted(self, reply: Any) -> int:
+        return int(reply["totalTokens"])
+
+    def reply(self, reply: Any, model: str) -> tuple[int, bytes]:
+        refused = gemini_wire.blocked(reply)
+        if refused is not None:
+            return refused
+        return 200, json.dumps(gemini_wire.chat_reply(reply, model)).encode()
+
+    def error(self, status: int, raw: bytes) -> tuple[int, bytes]:
+        return gemini_wire.error_reply(status, raw)
+
+    def chunks(
+        self, at: Deployment, raw: AsyncIterator[bytes], model: str, include_usage: bool
+    ) -> AsyncIterator[bytes]:
+        writer = gemini_wire.ChunkWriter(model, include_usage)
+        return gemini_wire.chat_chunks(sse.events(raw), writer)
