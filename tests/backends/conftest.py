@@ -82,6 +82,15 @@ def gemini_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 AWS_KEYS = {"access": "AKIDFAKEBEDROCK", "secret": "fake/secret/key", "api_key": "bedrock-api-key"}
 
 
+@pytest.fixture
+def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The key pair in the environment, as AWS's credential chain reads it first."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", AWS_KEYS["access"])
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", AWS_KEYS["secret"])
+    for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+
+
 @pytest.fixture(scope="session")
 def bedrock_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     keys = ["--access-key", AWS_KEYS["access"], "--secret-key", AWS_KEYS["secret"]]

@@ -1,31 +1,36 @@
 """A fake Amazon Bedrock serving Anthropic's models: Anthropic's Messages API (fake_anthropic.py
 answers) under Bedrock's addresses and framing, as botocore's `bedrock-runtime` client (boto3's)
-and Anthropic's AnthropicBedrock client expect them:
+and Anthropic's AnthropicBedrock client expect them; and Bedrock's Converse API for any model
+(fake_converse.py answers):
 - POST /model/{modelId}/invoke (a whole reply, JSON), /model/{modelId}/invoke-with-response-stream
   (AWS event-stream frames, each `chunk` event's payload `{"bytes": base64 of one Anthropic
   event}`), /model/{modelId}/count-tokens (`{"input": {"invokeModel": {"body": base64 of the
   invoke body}}}` → `{"inputTokens": n}`);
+- POST /model/{modelId}/converse and /model/{modelId}/converse-stream, the Converse API (its
+  bodies, checks, replies and directives: fake_converse.py);
 - every request signed with AWS Signature V4 for the service `bedrock`, checked against the key
   pair the fake is started with (`--access-key`, `--secret-key`), or carrying a Bedrock API key
   (`--api-key`) as `Authorization: Bearer`; else 403, as Bedrock refuses;
-- the body names `anthropic_version` "bedrock-2023-05-31", and neither `model` nor `stream` (the
-  path says both); else 400 ValidationException;
+- an invoke body names `anthropic_version` "bedrock-2023-05-31", and neither `model` nor `stream`
+  (the path says both); else 400 ValidationException;
 - refusals as Bedrock words them: `{"message"}` with `x-amzn-ErrorType` (429 ThrottlingException,
-  400 ValidationException, 503 ServiceUnavailableException, 500 InternalServerException); an
-  error inside a stream is an exception frame.
+  400 ValidationException, 403 AccessDeniedException, 404 ResourceNotFoundException, 503
+  ServiceUnavailableException, 500 InternalServerException); an error inside a stream is an
+  exception frame.
 
+Both APIs share one fake_common state: /control's faults, request counts and #times apply to either.
 GET /stats adds `model`, `verb`, `auth` ("sigv4" or "bearer") and `region` (the signature's) of
-the last request to fake_anthropic's figures.
+the last request to fake_common's figures (`last_body`: a Converse body as sent).
 
 Run: python tests/backends/fake_bedrock.py --port P --access-key AK --secret-key SK [--api-key K]
 """
 
 import argparse
 import base64
-import binascii
 import hmac
 import re
 import sys
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
@@ -38,38 +43,36 @@ from botocore.credentials import Credentials
 if not __package__:  # run as a script: make `tests` importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tests.backends import fake_anthropic
-from tests.backends.fake_common import read_body, replayed, send_json, stats_with
+from tests.backends import fake_anthropic, fake_converse
+from tests.backends.fake_common import (
+    Directives,
+    Send,
+    make_asgi,
+    read_body,
+    replayed,
+    send_json,
+    stats_with,
+)
+from tests.backends.fake_converse import frame, refusal
 
 VERSION = "bedrock-2023-05-31"
-_ROUTE = re.compile(r"^/model/([^/]+)/(invoke|invoke-with-response-stream|count-tokens)$")
+CONVERSE = ("converse", "converse-stream")
+_ROUTE = re.compile(
+    r"^/model/([^/]+)/(invoke|invoke-with-response-stream|count-tokens|converse|converse-stream)$"
+)
 _SIGNED = re.compile(
     r"Credential=([^/]+)/\d+/([^/]+)/bedrock/aws4_request, "
     r"SignedHeaders=([^,]+), Signature=([0-9a-f]+)"
 )
-EXCEPTIONS = {
-    429: "ThrottlingException",
-    400: "ValidationException",
-    503: "ServiceUnavailableException",
-}
 STREAM_EXCEPTIONS = {
     "rate_limit_error": "throttlingException",
     "overloaded_error": "serviceUnavailableException",
 }
 
 
-def frame(headers: dict[str, str], payload: bytes) -> bytes:
-    """One AWS event-stream message: a prelude of lengths and its CRC, string headers, the payload,
-    the CRC of all of it."""
-    encoded = b"".join(
-        bytes([len(k)]) + k.encode() + b"\x07" + len(v.encode()).to_bytes(2, "big") + v.encode()
-        for k, v in headers.items()
-    )
-    prelude = (16 + len(encoded) + len(payload)).to_bytes(4, "big") + len(encoded).to_bytes(
-        4, "big"
-    )
-    message = prelude + binascii.crc32(prelude).to_bytes(4, "big") + encoded + payload
-    return message + binascii.crc32(message).to_bytes(4, "big")
+# whether the request in hand is a Converse one: the shared fake_common app reads its prompt and
+# words its refusals by it (a context variable: one per request's task)
+_CONVERSING: ContextVar[bool] = ContextVar("conversing", default=False)
 
 
 def event_frame(event: bytes) -> bytes:
@@ -78,15 +81,37 @@ def event_frame(event: bytes) -> bytes:
     return frame(kinds, payload)
 
 
-def _refusal(status: int, message: str) -> tuple[int, dict[str, Any], dict[str, str]]:
-    name = EXCEPTIONS.get(
-        status, "InternalServerException" if status >= 500 else "AccessDeniedException"
-    )
-    return status, {"message": message}, {"x-amzn-errortype": name}
+def _prompt(body: Any) -> str:
+    conversing = _CONVERSING.get()
+    return (fake_converse.prompt_text if conversing else fake_anthropic.prompt_text)(body)
+
+
+def _error(status: int, message: str) -> dict[str, Any]:
+    return (fake_converse.error if _CONVERSING.get() else fake_anthropic.error)(status, message)
+
+
+async def _handle(path: str, body: Any, headers: dict[str, str], d: Directives, send: Send) -> None:
+    answer = fake_converse.handle if _CONVERSING.get() else fake_anthropic.handle
+    await answer(path, body, headers, d, send)
+
+
+def _named(send: Send) -> Send:
+    """`send` giving each refusal the exception's name, as the shared app's own (#status, /control
+    faults, a body that is not JSON) lack it."""
+
+    async def named(message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start" and message["status"] != 200:
+            headers = [h for h in message["headers"] if h[0] != b"x-amzn-errortype"]
+            name = fake_converse.exception_name(message["status"]).encode()
+            message = {**message, "headers": [*headers, (b"x-amzn-errortype", name)]}
+        await send(message)
+
+    return named
 
 
 def make_app(access_key: str, secret_key: str, api_key: str = "") -> Any:
-    inner = fake_anthropic.make_app()
+    # one fake_common app for both APIs, so faults, counts and /stats are shared
+    inner = make_asgi(_handle, _error, _prompt)
     seen: dict[str, str] = {"model": "", "verb": "", "auth": "", "region": ""}
 
     def verify(scope: dict[str, Any], headers: dict[str, str], body: bytes) -> str | None:
@@ -120,18 +145,22 @@ def make_app(access_key: str, secret_key: str, api_key: str = "") -> Any:
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         raw = await read_body(receive)
         if route is None:
-            return await send_json(send, *_refusal(404, "Not found"))
+            return await send_json(send, *refusal(404, "Not found"))
         how = verify(scope, headers, raw)
         if how is None:
             message = "The request signature we calculated does not match the one you provided."
-            return await send_json(send, *_refusal(403, message))
+            return await send_json(send, *refusal(403, message))
         model, verb = unquote(route.group(1)), route.group(2)
+        _CONVERSING.set(verb in CONVERSE)
+        if verb in CONVERSE:  # the body as sent: fake_converse reads it as Bedrock does
+            seen.update(model=model, verb=verb, auth=how)
+            return await inner(scope, replayed(raw), _named(send))
         body = msgspec.json.decode(raw)
         if verb == "count-tokens":
             body = msgspec.json.decode(base64.b64decode(body["input"]["invokeModel"]["body"]))
         if body.pop("anthropic_version", None) != VERSION or "model" in body or "stream" in body:
             message = "Malformed input request: extraneous key, or no anthropic_version"
-            return await send_json(send, *_refusal(400, message))
+            return await send_json(send, *refusal(400, message))
         seen.update(model=model, verb=verb, auth=how)
         if verb == "count-tokens":
             body = {
@@ -173,7 +202,7 @@ async def _relay(
             if status != 200:
                 error = answer.get("error") or {}
                 code = 503 if status == 529 else status
-                return await send_json(send, *_refusal(code, error.get("message", "refused")))
+                return await send_json(send, *refusal(code, error.get("message", "refused")))
             if verb == "count-tokens":
                 answer = {"inputTokens": answer["input_tokens"]}
             return await send_json(send, 200, answer)

@@ -70,15 +70,6 @@ def bedrock_model(url: str, **own: Any) -> ModelEntry:
     )
 
 
-@pytest.fixture
-def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The key pair in the environment, as AWS's credential chain reads it first."""
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", AWS_KEYS["access"])
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", AWS_KEYS["secret"])
-    for name in ("AWS_SESSION_TOKEN", "AWS_PROFILE"):
-        monkeypatch.delenv(name, raising=False)
-
-
 async def test_the_backend_signs_each_request_with_the_environments_credentials(
     build_entry: Any, bedrock_url: str, aws_env: None
 ) -> None:

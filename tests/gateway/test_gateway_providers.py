@@ -323,7 +323,7 @@ entra = {{ tenant_id = "contoso", client_id = "typo", client_secret_env = "TOKEN
         server.stop()
 
 
-def test_anthropics_models_on_vertex_and_bedrock_serve_every_client(
+def test_models_on_vertex_and_bedrock_serve_every_client(
     start_gateway: Any,
     team: Any,
     providers: dict[str, str],
@@ -336,7 +336,8 @@ def test_anthropics_models_on_vertex_and_bedrock_serve_every_client(
     """One gateway, Anthropic's models at Google Cloud and at AWS, neither with a key: a service
     account's token for one, requests signed with the environment's AWS credentials for the
     other. OpenAI's client (whole and streamed) and Anthropic's (stream, token count) get the
-    same answers as from Anthropic itself, and usage settles."""
+    same answers as from Anthropic itself, and from Llama on Bedrock through Converse; usage
+    settles."""
     login, ca = token_server
     account, _ = write_service_account(tmp_path, login + "/token")
     for url in (vertex_url, bedrock_url):
@@ -356,6 +357,14 @@ upstream_model = "anthropic.claude-3-5-haiku-20241022-v1:0"
 base_urls = ["{bedrock_url}"]
 region = "us-west-2"
 price = {{ input = 0.8, output = 4.0 }}
+
+[[models]]
+id = "llama-bedrock"
+provider = "bedrock-converse"
+upstream_model = "us.meta.llama3-3-70b-instruct-v1:0"
+base_urls = ["{bedrock_url}"]
+region = "us-west-2"
+price = {{ input = 0.72, output = 0.72 }}
 """
     environment = {
         "GOOGLE_APPLICATION_CREDENTIALS": str(account),
@@ -381,6 +390,16 @@ price = {{ input = 0.8, output = 4.0 }}
         assert stats(fake)["model"] != ""
     assert stats(vertex_url)["token"].startswith("ya29.fake.")
     assert stats(bedrock_url)["auth"] == "sigv4"
+    # any other model on Bedrock, through Converse: the same answers to both clients
+    reply = client.chat.completions.create(model="llama-bedrock", messages=CHAT)
+    assert (
+        reply.choices[0].message.content == "w0 w1 w2 " and stats(bedrock_url)["verb"] == "converse"
+    )
+    with claude.messages.stream(model="llama-bedrock", max_tokens=8, messages=CHAT) as stream:
+        assert "".join(stream.text_stream) == "w0 w1 w2 "
+    assert stats(bedrock_url)["verb"] == "converse-stream"
+    counted = claude.messages.with_raw_response.count_tokens(model="llama-bedrock", messages=CHAT)
+    assert counted.headers["x-tokenyard-token-count"] == "estimate"
     settled(redis_server, name)
 
 

@@ -146,7 +146,7 @@ def test_values_that_ask_for_nothing_are_never_refused() -> None:
 
 def test_every_openai_field_has_a_treatment_for_every_backend_kind() -> None:
     for name, rule in FIELDS.items():
-        assert len(rule.treatment) == 4, name
+        assert len(rule.treatment) == 5, name
         assert rule.endpoints, name
     # fields once accepted and dropped are in the table, refused by the engine or Anthropic
     for name in ("logit_bias", "suffix", "best_of", "service_tier", "echo"):
@@ -154,7 +154,7 @@ def test_every_openai_field_has_a_treatment_for_every_backend_kind() -> None:
     # vLLM's fields that shape the answer: never dropped by a commercial API unread
     for name in ("structured_outputs", "guided_choice", "guided_regex", "prompt_logprobs"):
         assert FIELDS[name].by("self-hosted") == "honoured", name
-        for commercial in ("openai", "anthropic", "gemini"):
+        for commercial in ("openai", "anthropic", "gemini", "converse"):
             assert FIELDS[name].by(commercial) == "refused", (name, commercial)
     able = Supports(structured_outputs=True, logprobs=True)
     asked = ask_of({"messages": [], "guided_choice": ["a", "b"]})

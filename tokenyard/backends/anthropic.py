@@ -23,6 +23,8 @@ def headers(api_key: str) -> dict[str, str]:
 
 
 class AnthropicWire:
+    counts = True
+
     def translate(self, body: dict[str, Any]) -> dict[str, Any]:
         return translate(body, "")  # the model's name is each deployment's own, set as it is sent
 

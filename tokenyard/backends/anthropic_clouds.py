@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Literal
 from urllib.parse import quote
 
-from tokenyard.backends import sse
+from tokenyard.backends import aws_stream, sse
 from tokenyard.backends.anthropic_wire import StreamError
 
 Cloud = Literal["", "vertex", "bedrock"]  # "": Anthropic's own API
@@ -78,25 +78,14 @@ def stream_events(cloud: Cloud, chunks: AsyncIterator[bytes]) -> AsyncIterator[s
 
 
 async def bedrock_events(chunks: AsyncIterator[bytes]) -> AsyncIterator[sse.Event]:
-    """AWS event-stream frames (botocore's parser: length-prefixed, CRC-checked) → the Anthropic
-    events they carry, base64 in a `chunk` event's `bytes`; an exception frame is the stream's
-    error, as Anthropic's `error` event would be."""
-    from botocore.eventstream import EventStreamBuffer, ParserError  # only Bedrock loads it
-
-    frames = EventStreamBuffer()
-    async for data in chunks:
-        frames.add_data(data)
-        try:
-            parsed = list(frames)
-        except ParserError as exc:  # a frame cut or corrupted: its CRC or lengths do not add up
-            raise StreamError({"type": "api_error", "message": f"event stream: {exc}"}) from exc
-        for frame in parsed:
-            kind = frame.headers.get(":message-type")
-            payload = json.loads(frame.payload or b"{}")
-            if kind == "event" and "bytes" in payload:
-                yield sse.Event("", base64.b64decode(payload["bytes"]))
-            elif kind in ("exception", "error"):
-                name = frame.headers.get(":exception-type") or frame.headers.get(":error-code", "")
-                message = payload.get("message") or frame.headers.get(":error-message", name)
-                error_type = BEDROCK_ERRORS.get(name, "api_error")
-                raise StreamError({"type": error_type, "message": message})
+    """AWS event-stream frames → the Anthropic events they carry, base64 in a `chunk` event's
+    `bytes`; an exception frame is the stream's error, as Anthropic's `error` event would be."""
+    try:
+        async for frame in aws_stream.frames(chunks):
+            if frame.kind == "event" and "bytes" in frame.payload:
+                yield sse.Event("", base64.b64decode(frame.payload["bytes"]))
+            elif frame.kind in ("exception", "error"):
+                error_type = BEDROCK_ERRORS.get(frame.name, "api_error")
+                raise StreamError({"type": error_type, "message": frame.message})
+    except aws_stream.FrameError as exc:
+        raise StreamError({"type": "api_error", "message": str(exc)}) from exc

@@ -16,10 +16,10 @@ from typing import Any, Literal
 
 import msgspec
 
-Provider = Literal["self-hosted", "openai", "anthropic", "gemini"]
+Provider = Literal["self-hosted", "openai", "anthropic", "gemini", "converse"]
 Endpoint = Literal["chat", "completion"]
 Treatment = Literal["honoured", "passed", "refused"]
-PROVIDERS: tuple[Provider, ...] = ("self-hosted", "openai", "anthropic", "gemini")
+PROVIDERS: tuple[Provider, ...] = ("self-hosted", "openai", "anthropic", "gemini", "converse")
 
 
 class Supports(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -42,8 +42,8 @@ R: Treatment = "refused"
 @dataclass(frozen=True)
 class Rule:
     endpoints: tuple[Endpoint, ...]
-    # per provider: self-hosted (the engine), openai, anthropic, gemini
-    treatment: tuple[Treatment, Treatment, Treatment, Treatment]
+    # per provider: self-hosted (the engine), openai, anthropic, gemini, converse (Bedrock's)
+    treatment: tuple[Treatment, Treatment, Treatment, Treatment, Treatment]
     needs: Capability | None = None
     inert: tuple[Any, ...] = ()  # values that ask for nothing (besides null and false)
     note: str = ""
@@ -57,132 +57,151 @@ CHAT: tuple[Endpoint, ...] = ("chat",)
 LEGACY: tuple[Endpoint, ...] = ("completion",)
 
 FIELDS: dict[str, Rule] = {
-    "model": Rule(BOTH, (H, H, H, H)),
+    "model": Rule(BOTH, (H, H, H, H, H)),
     "messages": Rule(
         CHAT,
-        (H, H, H, H),
+        (H, H, H, H, H),
         note="image parts need image_input; audio and file parts pass to OpenAI only",
     ),
-    "prompt": Rule(LEGACY, (H, P, R, R), note="Anthropic and Gemini have no text completions"),
-    "max_tokens": Rule(BOTH, (H, H, H, H), note="sent under the name each model takes"),
-    "max_completion_tokens": Rule(CHAT, (H, H, H, H)),
-    "stream": Rule(BOTH, (H, H, H, H)),
-    "stream_options": Rule(BOTH, (H, H, H, H)),
-    "temperature": Rule(BOTH, (H, P, H, H), note="Anthropic: capped at 1"),
-    "top_p": Rule(BOTH, (H, P, H, H)),
-    "stop": Rule(BOTH, (H, P, H, H)),
-    "n": Rule(BOTH, (H, P, R, H), inert=(1,)),
-    "seed": Rule(BOTH, (H, P, R, H)),
-    "presence_penalty": Rule(BOTH, (H, P, R, H), inert=(0,)),
-    "frequency_penalty": Rule(BOTH, (H, P, R, H), inert=(0,)),
-    "logit_bias": Rule(BOTH, (H, P, R, R), inert=({},)),
-    "logprobs": Rule(BOTH, (H, P, R, H), needs="logprobs"),
-    "top_logprobs": Rule(CHAT, (H, P, R, H), needs="logprobs"),
-    "response_format": Rule(
-        CHAT, (H, P, R, H), needs="structured_outputs", inert=({"type": "text"},)
+    "prompt": Rule(
+        LEGACY, (H, P, R, R, R), note="only OpenAI's API and the engine have text completions"
     ),
-    "tools": Rule(CHAT, (H, P, H, H), needs="tools", inert=([],)),
-    "tool_choice": Rule(CHAT, (H, P, H, H), needs="tools"),
-    "parallel_tool_calls": Rule(CHAT, (H, P, H, R), needs="tools", inert=(True,)),
+    "max_tokens": Rule(BOTH, (H, H, H, H, H), note="sent under the name each model takes"),
+    "max_completion_tokens": Rule(CHAT, (H, H, H, H, H)),
+    "stream": Rule(BOTH, (H, H, H, H, H)),
+    "stream_options": Rule(BOTH, (H, H, H, H, H)),
+    "temperature": Rule(BOTH, (H, P, H, H, H), note="Anthropic: capped at 1"),
+    "top_p": Rule(BOTH, (H, P, H, H, H)),
+    "stop": Rule(BOTH, (H, P, H, H, H)),
+    "n": Rule(BOTH, (H, P, R, H, R), inert=(1,)),
+    "seed": Rule(BOTH, (H, P, R, H, R)),
+    "presence_penalty": Rule(BOTH, (H, P, R, H, R), inert=(0,)),
+    "frequency_penalty": Rule(BOTH, (H, P, R, H, R), inert=(0,)),
+    "logit_bias": Rule(BOTH, (H, P, R, R, R), inert=({},)),
+    "logprobs": Rule(BOTH, (H, P, R, H, R), needs="logprobs"),
+    "top_logprobs": Rule(CHAT, (H, P, R, H, R), needs="logprobs"),
+    "response_format": Rule(
+        CHAT, (H, P, R, H, R), needs="structured_outputs", inert=({"type": "text"},)
+    ),
+    "tools": Rule(CHAT, (H, P, H, H, H), needs="tools", inert=([],)),
+    "tool_choice": Rule(
+        CHAT, (H, P, H, H, H), needs="tools", note="Bedrock's Converse: none is a 400"
+    ),
+    "parallel_tool_calls": Rule(CHAT, (H, P, H, R, R), needs="tools", inert=(True,)),
     "user": Rule(
         BOTH,
-        (H, P, H, H),
-        note="an end-user id, no effect on the output (Anthropic: metadata.user_id; Gemini: "
-        "the gateway's per-user limits only)",
+        (H, P, H, H, H),
+        note="an end-user id, no effect on the output (Anthropic: metadata.user_id; Gemini, "
+        "Converse: the gateway's per-user limits only)",
     ),
-    "safety_identifier": Rule(CHAT, (H, P, H, H), note="as user (Anthropic: its metadata.user_id)"),
+    "safety_identifier": Rule(
+        CHAT, (H, P, H, H, H), note="as user (Anthropic: its metadata.user_id)"
+    ),
     "cache_salt": Rule(
         BOTH,
-        (H, H, H, H),
+        (H, H, H, H, H),
         note="vLLM's: the engine's cached prompts shared only within the team, and with this "
         "salt; the gateway's own (gateway/isolation.py), never sent to a provider",
     ),
     "prompt_cache_key": Rule(
         CHAT,
-        (H, P, R, R),
+        (H, P, R, R, R),
         note="engine: picks the replica (prefix affinity), as OpenAI routes by it",
     ),
     "reasoning_effort": Rule(
         CHAT,
-        (R, P, R, H),
+        (R, P, R, H, R),
         needs="reasoning",
         note="Gemini: a thinking budget (none 0, low 1,024, medium 8,192, high 24,576 tokens)",
     ),
     "store": Rule(
         CHAT,
-        (H, H, H, H),
+        (H, H, H, H, H),
         note="stored by the gateway, for the team (GET /v1/chat/completions); never sent upstream",
     ),
     "metadata": Rule(
-        CHAT, (H, P, H, H), note="the team's labels, recorded with the usage (billing)"
+        CHAT, (H, P, H, H, H), note="the team's labels, recorded with the usage (billing)"
     ),
-    "service_tier": Rule(BOTH, (R, P, R, R), inert=("auto", "default")),
-    "modalities": Rule(CHAT, (R, P, R, R), inert=(["text"],)),
-    "audio": Rule(CHAT, (R, P, R, R)),
+    "service_tier": Rule(BOTH, (R, P, R, R, R), inert=("auto", "default")),
+    "modalities": Rule(CHAT, (R, P, R, R, R), inert=(["text"],)),
+    "audio": Rule(CHAT, (R, P, R, R, R)),
     "prediction": Rule(
-        CHAT, (H, P, R, R), note="engine: the predicted output's tokens are its speculative drafts"
+        CHAT,
+        (H, P, R, R, R),
+        note="engine: the predicted output's tokens are its speculative drafts",
     ),
-    "web_search_options": Rule(CHAT, (R, P, R, R)),
-    "verbosity": Rule(CHAT, (R, P, R, R)),
-    "moderation": Rule(CHAT, (R, P, R, R)),
-    "prompt_cache_retention": Rule(CHAT, (R, P, R, R)),
-    "prompt_cache_options": Rule(CHAT, (R, P, R, R)),
+    "web_search_options": Rule(CHAT, (R, P, R, R, R)),
+    "verbosity": Rule(CHAT, (R, P, R, R, R)),
+    "moderation": Rule(CHAT, (R, P, R, R, R)),
+    "prompt_cache_retention": Rule(CHAT, (R, P, R, R, R)),
+    "prompt_cache_options": Rule(CHAT, (R, P, R, R, R)),
     "functions": Rule(
-        CHAT, (H, P, R, R), needs="tools", note="deprecated: use tools (engine: as tools, one call)"
+        CHAT,
+        (H, P, R, R, R),
+        needs="tools",
+        note="deprecated: use tools (engine: as tools, one call)",
     ),
     "function_call": Rule(
         CHAT,
-        (H, P, R, R),
+        (H, P, R, R, R),
         needs="tools",
         note="deprecated: use tool_choice (engine: answered as function_call)",
     ),
     "echo": Rule(
         LEGACY,
-        (H, P, R, R),
+        (H, P, R, R, R),
         note="engine: the prompt opens the text, with logprobs its tokens scored; max_tokens 0: "
         "nothing generated",
     ),
-    "suffix": Rule(LEGACY, (R, P, R, R), inert=("",)),
+    "suffix": Rule(LEGACY, (R, P, R, R, R), inert=("",)),
     "best_of": Rule(
         LEGACY,
-        (H, P, R, R),
+        (H, P, R, R, R),
         inert=(1,),
         note="engine: the n candidates of highest mean token logprob; every candidate billed",
     ),
     # vLLM's
     "continue_final_message": Rule(
         CHAT,
-        (H, R, H, R),
+        (H, R, H, R, R),
         note="vLLM's: the answer goes on from the last, assistant message (Anthropic: its prefill)",
     ),
-    "allowed_token_ids": Rule(BOTH, (H, R, R, R), note="vLLM's: only these token ids are sampled"),
-    "bad_words": Rule(BOTH, (H, R, R, R), inert=([],), note="vLLM's: words never generated"),
+    "allowed_token_ids": Rule(
+        BOTH, (H, R, R, R, R), note="vLLM's: only these token ids are sampled"
+    ),
+    "bad_words": Rule(BOTH, (H, R, R, R, R), inert=([],), note="vLLM's: words never generated"),
     "include_stop_str_in_output": Rule(
-        BOTH, (H, R, R, R), inert=(False,), note="vLLM's: the stop string stays at the text's end"
+        BOTH,
+        (H, R, R, R, R),
+        inert=(False,),
+        note="vLLM's: the stop string stays at the text's end",
     ),
     "truncate_prompt_tokens": Rule(
-        BOTH, (H, R, R, R), note="vLLM's: only the prompt's last k tokens are read"
+        BOTH, (H, R, R, R, R), note="vLLM's: only the prompt's last k tokens are read"
     ),
     "return_tokens_as_token_ids": Rule(
-        BOTH, (H, R, R, R), inert=(False,), note='vLLM\'s: logprobs name tokens "token_id:N"'
+        BOTH, (H, R, R, R, R), inert=(False,), note='vLLM\'s: logprobs name tokens "token_id:N"'
     ),
     "add_generation_prompt": Rule(
-        CHAT, (H, R, R, R), inert=(True,), note="vLLM's: false leaves the assistant's turn unopened"
+        CHAT,
+        (H, R, R, R, R),
+        inert=(True,),
+        note="vLLM's: false leaves the assistant's turn unopened",
     ),
     "prompt_logprobs": Rule(
         BOTH,
-        (H, R, R, R),
+        (H, R, R, R, R),
         needs="logprobs",
         note="vLLM's: each prompt token's logprob, rank, top k",
     ),
     "structured_outputs": Rule(
         BOTH,
-        (H, R, R, R),
+        (H, R, R, R, R),
         needs="structured_outputs",
         note="vLLM's: json, regex, choice, grammar (EBNF) or json_object",
     ),
     **{
-        name: Rule(BOTH, (H, R, R, R), needs="structured_outputs", note=f"vLLM's older {what}")
+        name: Rule(BOTH, (H, R, R, R, R), needs="structured_outputs", note=f"vLLM's older {what}")
         for name, what in (
             ("guided_json", "structured_outputs.json"),
             ("guided_regex", "structured_outputs.regex"),
@@ -238,7 +257,7 @@ class Refusal:
 
 def refusal(ask: Ask, model: str, provider: Provider, supports: Supports) -> Refusal | None:
     """Why `model` cannot honour the request (None: it can)."""
-    if ask.endpoint == "completion" and provider in ("anthropic", "gemini"):
+    if ask.endpoint == "completion" and provider in ("anthropic", "gemini", "converse"):
         return Refusal(
             "model", f"model {model!r} serves only /v1/chat/completions", "unsupported_endpoint"
         )
@@ -259,8 +278,8 @@ def refusal(ask: Ask, model: str, provider: Provider, supports: Supports) -> Ref
 
 def markdown_table() -> str:
     """The table as docs/gateway.md shows it (a test keeps the two equal)."""
-    head = "| field | endpoints | needs | engine | OpenAI | Anthropic | Gemini | note |"
-    rows = [head, "|---|---|---|---|---|---|---|---|"]
+    head = "| field | endpoints | needs | engine | OpenAI | Anthropic | Gemini | Converse | note |"
+    rows = [head, "|---|---|---|---|---|---|---|---|---|"]
     for name, rule in FIELDS.items():
         endpoints = ", ".join("chat" if e == "chat" else "completions" for e in rule.endpoints)
         cells = [f"`{name}`", endpoints, rule.needs or "", *rule.treatment, rule.note]

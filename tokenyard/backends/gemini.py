@@ -19,6 +19,8 @@ def _cloud(at: Deployment) -> gemini_wire.Cloud:
 
 
 class GeminiWire:
+    counts = True
+
     def translate(self, body: dict[str, Any]) -> dict[str, Any]:
         return gemini_wire.generate_request(body)
 

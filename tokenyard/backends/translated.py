@@ -37,6 +37,9 @@ class Wire(Protocol):
         """The path (below the deployment's base URL) and body of a generation."""
         ...
 
+    # whether the API counts a request's input tokens (if not, the gateway estimates them)
+    counts: bool
+
     def count_request(self, native: dict[str, Any], at: Deployment) -> tuple[str, bytes]:
         """The path and body of a count of the request's input tokens."""
         ...
@@ -89,6 +92,8 @@ class TranslatedUpstream(DeployedUpstream):
 
     async def count_tokens(self, call: UpstreamCall) -> UpstreamReply | None:
         native, _ = self._prepare(call)
+        if not self.wire.counts:
+            return None
 
         async def send(at: Deployment) -> Reply:
             return await at.api.post(*self.wire.count_request(native, at))

@@ -23,8 +23,11 @@ DEFAULT_CATALOG = Path(__file__).parent / "catalog.toml"
 # azure: Azure OpenAI, OpenAI's API at a deployment's URL with an `api-key` header; vertex and
 # bedrock: Anthropic's models on Google Cloud's Vertex AI and on Amazon Bedrock, their Messages API
 # under those clouds' addresses; gemini: Google's Gemini API (AI Studio with a key; a deployment
-# with provider vertex serves a Gemini model from Vertex AI)
-Provider = Literal["self-hosted", "openai", "anthropic", "azure", "vertex", "bedrock", "gemini"]
+# with provider vertex serves a Gemini model from Vertex AI); bedrock-converse: any model on
+# Amazon Bedrock (Llama, Mistral, Nova, ...) through its Converse API
+Provider = Literal[
+    "self-hosted", "openai", "anthropic", "azure", "vertex", "bedrock", "gemini", "bedrock-converse"
+]
 Tier = Literal["interactive", "batch"]
 # what the tokenyard engine does for any model it serves (constrained decoding: tools, schemas)
 ENGINE_SUPPORTS = Supports(tools=True, structured_outputs=True, logprobs=True)
@@ -76,7 +79,12 @@ class Price(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 def wire_of(provider: Provider) -> Wire:
     """Azure OpenAI speaks OpenAI's API; Vertex AI's and Bedrock's Anthropic models, Anthropic's."""
-    wires = {"azure": "openai", "vertex": "anthropic", "bedrock": "anthropic"}
+    wires = {
+        "azure": "openai",
+        "vertex": "anthropic",
+        "bedrock": "anthropic",
+        "bedrock-converse": "converse",
+    }
     return wires.get(provider, provider)  # type: ignore[return-value]
 
 
@@ -87,7 +95,9 @@ def serves_wire(provider: Provider, wire: Wire) -> bool:
 
 
 # providers whose requests carry the cloud's own credentials, found where the platform runs
-KEYLESS = ("vertex", "bedrock")
+KEYLESS = ("vertex", "bedrock", "bedrock-converse")
+# Amazon Bedrock's: each request signed for its region (SigV4), or a Bedrock API key
+AWS = ("bedrock", "bedrock-converse")
 
 
 class EntraAuth(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -117,7 +127,7 @@ class DeploymentEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     provider: Provider | None = None
     upstream_model: str = ""  # default: the model's
     api_version: ApiVersion = ""
-    region: Region = ""  # bedrock: the AWS region its requests are signed for
+    region: Region = ""  # Bedrock's: the AWS region its requests are signed for
     # its share of requests when the model is idle (say, in proportion to its tokens-per-minute
     # quota); under load, requests go where the fewest are in flight per unit of weight
     weight: Annotated[float, msgspec.Meta(gt=0)] = 1.0
@@ -357,7 +367,7 @@ def _check_deployments(m: ModelEntry) -> None:
             raise CatalogError(
                 f"{m.id}: Vertex AI takes Google Cloud's credentials, not api_key_env or entra"
             )
-        if d.provider == "bedrock" and (d.entra is not None or not d.region):
+        if d.provider in AWS and (d.entra is not None or not d.region):
             raise CatalogError(
                 f"{m.id}: Bedrock needs its region (signed with AWS's credentials, or a Bedrock "
                 "API key in api_key_env), not entra"

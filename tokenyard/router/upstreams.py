@@ -9,6 +9,7 @@ from tokenyard.backends.api import ApiClient, RequestAuth
 from tokenyard.backends.aws_auth import AwsSigV4
 from tokenyard.backends.base import ModelInfo, Upstream
 from tokenyard.backends.breaker import Breaker, BreakerConfig
+from tokenyard.backends.converse import ConverseWire
 from tokenyard.backends.deployments import Deployment, Deployments
 from tokenyard.backends.engine import EngineUpstream
 from tokenyard.backends.entra import EntraTokens
@@ -20,7 +21,7 @@ from tokenyard.backends.registry import Backends
 from tokenyard.backends.retry import Guard, RetryPolicy
 from tokenyard.backends.translated import TranslatedUpstream
 from tokenyard.core.settings import Settings
-from tokenyard.router.catalog import Catalog, DeploymentEntry, ModelEntry
+from tokenyard.router.catalog import AWS, Catalog, DeploymentEntry, ModelEntry
 
 
 def retry_policy(settings: Settings, entry: ModelEntry) -> RetryPolicy:
@@ -74,7 +75,7 @@ def _signer(d: DeploymentEntry) -> RequestAuth | None:
         return None
     if d.provider == "vertex":
         return GoogleTokens()
-    if d.provider == "bedrock":
+    if d.provider in AWS:
         return AwsSigV4(d.region)
     if d.entra is not None:
         return EntraTokens(d.entra.tenant_id, d.entra.client_id, d.entra.client_secret_env)
@@ -118,6 +119,8 @@ def build_upstream(entry: ModelEntry, redis: Redis, settings: Settings) -> Upstr
         return TranslatedUpstream(info, deployments, AnthropicWire())
     if entry.wire == "gemini":
         return TranslatedUpstream(info, deployments, GeminiWire())
+    if entry.wire == "converse":
+        return TranslatedUpstream(info, deployments, ConverseWire())
     return OpenAIUpstream(info, deployments)
 
 
