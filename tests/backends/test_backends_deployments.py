@@ -3,6 +3,7 @@ catalog's checks, each request at one deployment by weight, load, prompt prefix 
 deployment tags, a deployment that refuses or is down skipped at once for its Retry-After or
 cooldown while the other answers, and a stream's share of load held until it closes."""
 
+import asyncio
 import json
 import random
 import time
@@ -269,3 +270,60 @@ def test_the_documented_example_is_a_valid_catalog(monkeypatch: pytest.MonkeyPat
         ("eu", "azure", 3),
         ("openai", "openai", 1),
     ]
+
+
+async def _fresh_minute(redis: Any) -> None:
+    """No counts left from other tests, and not so near a minute's end that the window turns
+    over during the test (the limits count in Redis's own minutes)."""
+    seconds = int((await redis.time())[0])
+    if seconds % 60 > 54:
+        await asyncio.sleep(61 - seconds % 60)
+    keys = [k async for k in redis.scan_iter("ty:deployment:*")]
+    if keys:
+        await redis.delete(*keys)
+
+
+def _counted(content: str, tokens: int = 10) -> UpstreamCall:
+    c = call(content)
+    return UpstreamCall(c.path, c.body, c.headers, tokens=tokens)
+
+
+async def test_a_deployment_at_its_rpm_is_passed_over_by_every_gateway(
+    group: Any, redis: Any, openai_url: str, azure_url: str
+) -> None:
+    """Azure's deployment takes two requests a minute (its quota); the rest go to OpenAI's before
+    Azure could answer 429, and a second gateway sees the same counts."""
+    await _fresh_minute(redis)
+    upstream = group(azure={"rpm": 2}, openai={"weight": 1e-6})
+    for i in range(5):
+        assert (await upstream.complete(_counted(f"hi {i} #chunks=1"))).status == 200
+    assert (stats(azure_url)["requests"], stats(openai_url)["requests"]) == (2, 3)
+    other_gateway = group(azure={"rpm": 2}, openai={"weight": 1e-6})
+    assert (await other_gateway.complete(_counted("again #chunks=1"))).status == 200
+    assert (stats(azure_url)["requests"], stats(openai_url)["requests"]) == (2, 4)
+
+
+async def test_tokens_per_minute_count_the_prompt_and_the_cap(
+    group: Any, redis: Any, openai_url: str, azure_url: str
+) -> None:
+    await _fresh_minute(redis)
+    upstream = group(azure={"tpm": 1000}, openai={"weight": 1e-6})
+    # a request larger than the whole limit still goes in a fresh minute (else it never could)
+    assert (await upstream.complete(_counted("big #chunks=1", tokens=5000))).status == 200
+    assert (await upstream.complete(_counted("small #chunks=1", tokens=10))).status == 200
+    assert (stats(azure_url)["requests"], stats(openai_url)["requests"]) == (1, 1)
+
+
+async def test_every_deployment_full_is_a_rate_limit_until_the_next_minute(
+    group: Any, redis: Any, openai_url: str, azure_url: str
+) -> None:
+    await _fresh_minute(redis)
+    upstream = group(azure={"rpm": 1}, openai={"rpm": 1})
+    for i in range(2):
+        assert (await upstream.complete(_counted(f"hi {i} #chunks=1"))).status == 200
+    with pytest.raises(BackendUnavailable) as full:
+        await upstream.complete(_counted("one more"))
+    assert full.value.status == 429 and full.value.code == "upstream_rate_limited"
+    assert full.value.retry_after is not None and 1 <= full.value.retry_after <= 60
+    assert stats(azure_url)["requests"] + stats(openai_url)["requests"] == 2  # nothing sent
+    assert upstream.info.circuit == "closed"  # a limit of ours, not the model failing

@@ -474,6 +474,49 @@ supports = {{ tools = true, structured_outputs = true, reasoning = true }}
     settled(redis_server, name)
 
 
+def test_a_deployments_tpm_counts_each_requests_prompt_and_cap(
+    start_gateway: Any, team: Any, providers: dict[str, str], redis_server: Any, tmp_path: Path
+) -> None:
+    """An Azure deployment with 300 tokens a minute, preferred: the first request (its prompt and
+    its 200-token cap) fits, the second would pass the quota, so OpenAI's deployment answers it
+    before Azure could refuse it."""
+    server, url = start_server(BACKENDS / "fake_azure.py", tmp_path / "azure.log")
+    try:
+        extra = f"""
+[[models]]
+id = "quota-4o"
+provider = "azure"
+price = {{ input = 2.5, output = 10.0 }}
+
+[[models.deployments]]
+name = "azure"
+base_url = "{url}/openai/deployments/prod-4o"
+api_version = "2024-10-21"
+api_key_env = "{OPENAI_KEY}"
+tpm = 300
+weight = 1e6
+
+[[models.deployments]]
+name = "openai"
+provider = "openai"
+base_url = "{providers["openai"]}/v1"
+api_key_env = "{OPENAI_KEY}"
+"""
+        gateway = _gateway(start_gateway, providers, tmp_path, extra)
+        redis = redis_server.client()
+        if int(redis.time()[0]) % 60 > 54:  # the window would turn over mid-test
+            time.sleep(61 - int(redis.time()[0]) % 60)
+        name, key = team()
+        client = gateway.client(key)
+        for _ in range(2):
+            reply = client.chat.completions.create(model="quota-4o", messages=CHAT, max_tokens=200)
+            assert reply.choices[0].message.content == "w0 w1 w2 "
+        assert (stats(url)["requests"], stats(providers["openai"])["requests"]) == (1, 1)
+        settled(redis_server, name)
+    finally:
+        server.stop()
+
+
 def test_failure_before_first_byte_falls_back_and_the_breaker_cycles(
     gw: Any, team: Any, providers: dict[str, str]
 ) -> None:

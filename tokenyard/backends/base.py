@@ -66,6 +66,9 @@ class UpstreamCall:
     prefix: str = ""
     # the team's deployment_tags: a commercial model's deployments that lack any are never called
     tags: frozenset[str] = frozenset()
+    # what a deployment's tokens-per-minute limit counts for it: the prompt's estimate and the
+    # output cap, over all choices
+    tokens: int = 0
 
 
 @dataclass

@@ -32,6 +32,7 @@ from tokenyard.backends.base import (
     log,
     rendezvous,
 )
+from tokenyard.backends.deployment_limits import DeploymentLimits
 from tokenyard.backends.metrics import DEPLOYMENT_REQUESTS
 from tokenyard.backends.retry import Guard, Retryable
 
@@ -48,6 +49,8 @@ class Deployment:
     weight: float = 1.0
     tags: frozenset[str] = frozenset()  # what it is ("eu"): a team may require some
     cloud: Cloud = ""  # Anthropic's API as Vertex AI or Bedrock serves it; "": as it is
+    rpm: int = 0  # its own requests and tokens per minute (deployment_limits.py); 0: none
+    tpm: int = 0
     in_flight: int = 0  # this process's requests on it now
     down_until: float = 0.0
 
@@ -68,6 +71,7 @@ class Deployments:
         affinity_margin: float = 2.0,
         affinity_chars: int = 256,
         rng: random.Random | None = None,
+        limits: DeploymentLimits | None = None,
     ) -> None:
         if not deployments:
             raise ValueError(f"{guard.name}: no deployments")
@@ -77,6 +81,7 @@ class Deployments:
         self._margin = affinity_margin
         self._chars = affinity_chars
         self._rng = rng or random.Random()
+        self._limits = limits
 
     def allowed(self, tags: frozenset[str]) -> list[Deployment]:
         """The deployments that carry every one of a request's required tags."""
@@ -94,12 +99,16 @@ class Deployments:
         tried: set[str] | None = None,
         tags: frozenset[str] = frozenset(),
         prefix: str = "",
-    ) -> Deployment:
-        """Of those carrying the request's tags: those not tried for it and not cooling down,
-        else those not cooling down, else the one back soonest; among them the prefix's home
-        while its load allows, else by weight and load."""
+        full: frozenset[str] = frozenset(),
+    ) -> Deployment | None:
+        """Of those carrying the request's tags and not `full` (at their limits this minute):
+        those not tried for it and not cooling down, else those not cooling down, else the one
+        back soonest; among them the prefix's home while its load allows, else by weight and
+        load. None: every one is full."""
         now = time.monotonic()
-        allowed = self.allowed(tags)
+        allowed = [d for d in self.allowed(tags) if d.name not in full]
+        if not allowed:
+            return None
         fresh = [d for d in allowed if d.name not in (tried or ()) and not d.cooling(now)]
         ready = fresh or [d for d in allowed if not d.cooling(now)]
         if not ready:
@@ -121,7 +130,7 @@ class Deployments:
         tags = call.tags
 
         async def attempt() -> tuple[Deployment, T]:
-            deployment = self.pick(tried, tags, call.prefix)
+            deployment = await self._take(call, tried)
             tried.add(deployment.name)
             deployment.in_flight += 1
             try:
@@ -142,6 +151,32 @@ class Deployments:
             return deployment, result
 
         return await self.guard.run(attempt, call.headers.get("x-tenant", ""))
+
+    async def _take(self, call: UpstreamCall, tried: set[str]) -> Deployment:
+        """The deployment the attempt goes to, counted against its own limits: one at them is
+        passed over for the others; when all are, the model is rate limited until the next
+        minute (its fallbacks take the request)."""
+        full: set[str] = set()
+        wait = 60
+        while True:
+            deployment = self.pick(tried, call.tags, call.prefix, frozenset(full))
+            if deployment is None:
+                raise BackendUnavailable(
+                    429,
+                    f"model {self.guard.name!r} is at its deployments' rate limits",
+                    code="upstream_rate_limited",
+                    retry_after=wait,
+                )
+            if self._limits is None or not (deployment.rpm or deployment.tpm):
+                return deployment
+            left = await self._limits.take(
+                deployment.name, deployment.rpm, deployment.tpm, call.tokens
+            )
+            if not left:
+                return deployment
+            DEPLOYMENT_REQUESTS.labels(self.guard.name, deployment.name, "full").inc()
+            full.add(deployment.name)
+            wait = min(wait, left)
 
     async def reply(self, send: Callable[[Deployment], Awaitable[T]], call: UpstreamCall) -> T:
         """`run` for a whole reply: in flight only while it is read."""

@@ -24,8 +24,8 @@ RETRIES = Counter(
 )
 DEPLOYMENT_REQUESTS = Counter(
     "tokenyard_backend_deployment_requests_total",
-    "Attempts at each deployment of a commercial model: answered (any status but 429/5xx) or "
-    "retried elsewhere or later",
+    "Attempts at each deployment of a commercial model: answered (any status but 429/5xx), "
+    "retried elsewhere or later, or passed over at its own rpm/tpm (full)",
     ["backend", "deployment", "outcome"],
     registry=REGISTRY,
 )

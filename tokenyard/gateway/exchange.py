@@ -74,6 +74,7 @@ class Call:
     responses: dict[str, Any] | None = None
     salt: str | None = None  # the engine's prefix-cache salt (gateway/isolation.py)
     tags: frozenset[str] = frozenset()  # the team's deployment_tags
+    tokens: int = 0  # the prompt's estimate and the output cap: a deployment's tpm counts them
 
     def to(self, upstream: Upstream) -> UpstreamCall:
         info = upstream.info
@@ -81,14 +82,17 @@ class Call:
             native = {**self.responses, "model": info.name, "max_output_tokens": self.max_tokens}
             encoded = msgspec.json.encode(native)
             prefix = prefix_text(self.body)
-            return UpstreamCall(RESPONSES_PATH, encoded, self.headers, prefix, self.tags)
+            return UpstreamCall(
+                RESPONSES_PATH, encoded, self.headers, prefix, self.tags, self.tokens
+            )
         body = {**self.body, "model": info.name}
         if self.kind in GENERATING:  # an embedding or a ranking generates nothing: no output cap
             body[info.max_tokens_param] = self.max_tokens
         if self.salt is not None and info.provider == "self-hosted":
             body["cache_salt"] = self.salt
         encoded = msgspec.json.encode(body)
-        return UpstreamCall(PATHS[self.kind], encoded, self.headers, prefix_text(body), self.tags)
+        prefix = prefix_text(body)
+        return UpstreamCall(PATHS[self.kind], encoded, self.headers, prefix, self.tags, self.tokens)
 
 
 def _unmasker(check: InputCheck | None) -> Unmasker | None:

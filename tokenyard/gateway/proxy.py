@@ -303,6 +303,7 @@ class Proxy:
             responses,
             salt,
             policy.deployment_tags,
+            parsed.prompt_tokens + admitted.max_tokens * parsed.choices,
         )
         res.trace, trace.settling = trace, True
         self.keeper.active[lease_id] = res

@@ -131,6 +131,10 @@ class DeploymentEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # its share of requests when the model is idle (say, in proportion to its tokens-per-minute
     # quota); under load, requests go where the fewest are in flight per unit of weight
     weight: Annotated[float, msgspec.Meta(gt=0)] = 1.0
+    # its own requests and tokens per minute (an Azure deployment's quota), every gateway's
+    # together: at either, it is passed over until the next minute; 0: none
+    rpm: Annotated[int, msgspec.Meta(ge=0)] = 0
+    tpm: Annotated[int, msgspec.Meta(ge=0)] = 0
     name: str = ""  # in logs and metrics; default: the URL's host
     # where it is and what it promises (with the model's own): a team whose deployment_tags are
     # not all among them never has a request sent there

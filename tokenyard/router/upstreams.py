@@ -10,6 +10,7 @@ from tokenyard.backends.aws_auth import AwsSigV4
 from tokenyard.backends.base import ModelInfo, Upstream
 from tokenyard.backends.breaker import Breaker, BreakerConfig
 from tokenyard.backends.converse import ConverseWire
+from tokenyard.backends.deployment_limits import DeploymentLimits
 from tokenyard.backends.deployments import Deployment, Deployments
 from tokenyard.backends.engine import EngineUpstream
 from tokenyard.backends.entra import EntraTokens
@@ -66,7 +67,7 @@ def _deployment(d: DeploymentEntry, policy: RetryPolicy, connections: int) -> De
     api = ApiClient(d.base_url, _auth(d), policy, connections, _signer(d))
     cloud: Cloud = d.provider if d.provider in ("vertex", "bedrock") else ""  # type: ignore[assignment]
     tags = frozenset(d.tags)
-    return Deployment(d.label, api, d.upstream_model, query, d.weight, tags, cloud)
+    return Deployment(d.label, api, d.upstream_model, query, d.weight, tags, cloud, d.rpm, d.tpm)
 
 
 def _signer(d: DeploymentEntry) -> RequestAuth | None:
@@ -108,12 +109,14 @@ def build_upstream(entry: ModelEntry, redis: Redis, settings: Settings) -> Upstr
     if not live:
         raise ValueError(f"{entry.id}: no deployment with its API key set or Entra ID")
     guard.set_reachable(True)
+    limited = any(d.rpm or d.tpm for d in live)
     deployments = Deployments(
         live,
         guard,
         settings.backend_replica_cooldown_s,
         settings.backend_affinity_margin,
         settings.backend_affinity_chars,
+        limits=DeploymentLimits(entry.id, redis) if limited else None,
     )
     if entry.wire == "anthropic":
         return TranslatedUpstream(info, deployments, AnthropicWire())
