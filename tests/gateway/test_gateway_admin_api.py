@@ -15,7 +15,7 @@ import pytest
 from sqlmodel import Session
 
 from tests.fuzzing import fuzz
-from tests.gateway.conftest import MODEL, TOKENYARD, Gateway, wait_until
+from tests.gateway.conftest import MODEL, TOKENYARD, Gateway, free_port, wait_until
 from tokenyard.tenancy.models import TeamEvent
 
 ADMIN_KEY = "adm-" + uuid.uuid4().hex
@@ -50,6 +50,36 @@ def test_the_admin_key_is_required(admin: Any, gateway: Any) -> None:
     # a gateway without an admin key has the admin API off
     off = httpx.get(gateway.url + "/v1/admin/teams", headers={"authorization": "Bearer x"})
     assert off.status_code == 403 and off.json()["error"]["code"] == "admin_off"
+
+
+def test_models_are_checked_at_each_replica_by_the_api_and_the_command(
+    admin: Any, base_env: dict[str, str], upstream: str
+) -> None:
+    """Each configured model's replicas (here the fake engine) sent the smallest real request,
+    once: by the admin API and by `tokenyard models check`, which exits 1 when one fails."""
+    reply = admin.api.post("/models/check", json={})
+    assert reply.status_code == 200
+    (check,) = reply.json()["data"]
+    assert (check["model"], check["at"], check["ok"], check["status"]) == (
+        MODEL,
+        upstream,
+        True,
+        200,
+    )
+    assert check["latency_ms"] > 0 and check["error"] == ""
+    missing = admin.api.post("/models/check", json={"models": ["nope"]})
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+    assert httpx.post(admin.url + "/v1/admin/models/check").status_code == 401
+    done = subprocess.run(
+        [*TOKENYARD, "models", "check", "--json"], env=base_env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert [(c["model"], c["ok"]) for c in json.loads(done.stdout)] == [(MODEL, True)]
+    dead = {**base_env, "TOKENYARD_ENGINE_URLS": f"{MODEL}=http://127.0.0.1:{free_port()}"}
+    failed = subprocess.run(
+        [*TOKENYARD, "models", "check"], env=dead, capture_output=True, text=True
+    )
+    assert failed.returncode == 1 and "FAILED" in failed.stdout
 
 
 def test_teams_lifecycle(admin: Any) -> None:

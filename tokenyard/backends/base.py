@@ -12,9 +12,12 @@ import logging
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from tokenyard.core.errors import GatewayError
+
+if TYPE_CHECKING:  # checks.py builds on retry.py, which builds on this module
+    from tokenyard.backends.checks import Check
 
 log = logging.getLogger("tokenyard.backends")
 
@@ -109,6 +112,11 @@ class Upstream(Protocol):
 
     async def refresh(self) -> None:
         """Re-read readiness and load; called periodically."""
+        ...
+
+    async def check(self, kind: str) -> "list[Check]":
+        """Each place it is served (deployment, replica) tried once with the smallest real
+        request of `kind` (backends/checks.py)."""
         ...
 
     async def aclose(self) -> None: ...

@@ -16,11 +16,12 @@ are spent, or when a stream breaks and no other deployment can take requests: on
 not the model down.
 """
 
+import asyncio
 import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from tokenyard.backends.anthropic_clouds import Cloud
 from tokenyard.backends.api import ApiClient
@@ -32,6 +33,7 @@ from tokenyard.backends.base import (
     log,
     rendezvous,
 )
+from tokenyard.backends.checks import PINGS, Check, check
 from tokenyard.backends.deployment_limits import DeploymentLimits
 from tokenyard.backends.metrics import DEPLOYMENT_REQUESTS
 from tokenyard.backends.retry import Guard, Retryable
@@ -237,6 +239,27 @@ class DeployedUpstream:
     def __init__(self, info: ModelInfo, deployments: Deployments) -> None:
         self.info = info
         self.deployments = deployments
+
+    def ping(self, at: Deployment, path: str, body: dict[str, Any]) -> tuple[str, bytes]:
+        """The path and body of an OpenAI request (`path`, `body`) as `at` takes it."""
+        raise NotImplementedError
+
+    def refusal(self, status: int, raw: bytes) -> tuple[int, bytes]:
+        """A refusal in OpenAI's shape (the provider's own, translated where it has another)."""
+        return status, raw
+
+    async def check(self, kind: str) -> list[Check]:
+        """Each deployment tried once with the smallest request of `kind` (backends/checks.py)."""
+        path, body = PINGS[kind]
+
+        async def one(at: Deployment) -> Check:
+            async def send() -> tuple[int, bytes]:
+                reply = await at.api.post(*self.ping(at, path, body))
+                return reply.status, self.refusal(reply.status, reply.body)[1]
+
+            return await check(self.info.name, at.name, send)
+
+        return list(await asyncio.gather(*(one(at) for at in self.deployments.all)))
 
     async def refresh(self) -> None:
         await self.deployments.refresh()

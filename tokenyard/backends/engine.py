@@ -27,8 +27,11 @@ from tokenyard.backends.base import (
     log,
     rendezvous,
 )
+from tokenyard.backends.checks import PINGS, Check, check
 from tokenyard.backends.http import HttpError, HttpPool, HttpResponse
 from tokenyard.backends.retry import Guard, Retryable, check_status
+
+JSON = {"content-type": "application/json"}
 
 
 class _Load(msgspec.Struct):
@@ -214,6 +217,23 @@ class EngineUpstream:
                 await self._guard.failed()
 
         return LiveStream(source(), close, broken)
+
+    async def check(self, kind: str) -> list[Check]:
+        """Each replica tried once with the smallest request of `kind` (backends/checks.py)."""
+        path, body = PINGS[kind]
+        encoded = msgspec.json.encode({**body, "model": self.info.name})
+
+        async def one(replica: Replica) -> Check:
+            async def send() -> tuple[int, bytes]:
+                try:
+                    response = await replica.http.request("POST", path, encoded, JSON)
+                    return response.status, await response.read()
+                except HttpError as exc:
+                    raise Retryable(f"{replica.url}: {exc}") from exc
+
+            return await check(self.info.name, replica.url, send)
+
+        return list(await asyncio.gather(*(one(r) for r in self.replicas)))
 
     async def _poll(self, replica: Replica) -> None:
         try:

@@ -91,6 +91,9 @@ class OpenAIUpstream(DeployedUpstream):
         # the base URL ends in /v1 (Azure's: …/openai/v1, or the deployment's own)
         return call_path.removeprefix("/v1") + deployment.query
 
+    def ping(self, at: Deployment, path: str, body: dict[str, Any]) -> tuple[str, bytes]:
+        return self._path(path, at), request_body(body, at.model)
+
     async def complete(self, call: UpstreamCall) -> UpstreamReply:
         native = msgspec.json.decode(call.body)
 

@@ -90,6 +90,12 @@ class TranslatedUpstream(DeployedUpstream):
     def _refused(self, status: int, raw: bytes) -> UpstreamReply:
         return UpstreamReply(*self.wire.error(status, raw), "application/json")
 
+    def ping(self, at: Deployment, path: str, body: dict[str, Any]) -> tuple[str, bytes]:
+        return self.wire.request(self.wire.translate(body), at, stream=False)  # chat only
+
+    def refusal(self, status: int, raw: bytes) -> tuple[int, bytes]:
+        return self.wire.error(status, raw)
+
     async def count_tokens(self, call: UpstreamCall) -> UpstreamReply | None:
         native, _ = self._prepare(call)
         if not self.wire.counts:

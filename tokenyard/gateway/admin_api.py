@@ -26,8 +26,10 @@ from tokenyard.core.errors import GatewayError
 from tokenyard.core.openapi import json_body
 from tokenyard.core.operator_keys import require_admin
 from tokenyard.core.settings import Settings
+from tokenyard.gateway.proxy import Proxy
 from tokenyard.gateway.quotas import Quotas
 from tokenyard.gateway.validation import decode_json
+from tokenyard.router.upstreams import check_models
 from tokenyard.tenancy import events
 from tokenyard.tenancy.changes import MAX_LISTED, change_record
 from tokenyard.tenancy.end_users import block_record
@@ -211,10 +213,27 @@ async def _existing(tenancy: Tenancy, name: str) -> Team:
     return team
 
 
+class ModelsToCheck(msgspec.Struct, forbid_unknown_fields=True):
+    models: list[str] = msgspec.field(default_factory=list)  # empty: every configured model
+
+
 class AdminController(Controller):
     path = "/v1/admin"
     guards = (_admin_only,)
     dependencies = {"actor": Provide(_actor, sync_to_thread=False)}  # noqa: RUF012 - Litestar's
+
+    @post("/models/check", status_code=200, operation_class=json_body(ModelsToCheck))
+    async def check_models(
+        self, request: Request, proxy: NamedDependency[Proxy]
+    ) -> Response[bytes]:
+        """Each configured model's deployments or replicas sent the smallest real request, once
+        (router/upstreams.py check_models): which answer, how fast, and why not."""
+        asked = _body(await request.body() or b"{}", ModelsToCheck)
+        try:
+            checks = await check_models(proxy.router.catalog, proxy.backends, asked.models)
+        except ValueError as exc:
+            raise GatewayError(404, str(exc), code="model_not_found", param="models") from None
+        return _json({"object": "list", "data": [asdict(c) for c in checks]})
 
     @get("/teams")
     async def list_teams(self, tenancy: NamedDependency[Tenancy]) -> Response[bytes]:

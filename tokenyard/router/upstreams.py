@@ -1,5 +1,8 @@
 """One Upstream per catalog entry, by provider, with its retries and its breaker."""
 
+import asyncio
+from collections.abc import Iterable
+
 from redis.asyncio import Redis
 
 from tokenyard.backends.anthropic import AnthropicWire
@@ -9,6 +12,7 @@ from tokenyard.backends.api import ApiClient, RequestAuth
 from tokenyard.backends.aws_auth import AwsSigV4
 from tokenyard.backends.base import ModelInfo, Upstream
 from tokenyard.backends.breaker import Breaker, BreakerConfig
+from tokenyard.backends.checks import Check
 from tokenyard.backends.converse import ConverseWire
 from tokenyard.backends.deployment_limits import DeploymentLimits
 from tokenyard.backends.deployments import Deployment, Deployments
@@ -133,3 +137,19 @@ def build_backends(catalog: Catalog, redis: Redis, settings: Settings) -> Backen
         m.id: build_upstream(m, redis, settings) for m in catalog.models.values() if m.configured
     }
     return Backends(upstreams)
+
+
+async def check_models(
+    catalog: Catalog, backends: Backends, names: Iterable[str] = ()
+) -> list[Check]:
+    """Every configured model's places (or those of the models `names` names), each tried once
+    with the smallest request of its kind, all at once (backends/checks.py). ValueError names
+    the models that are not configured."""
+    wanted = list(dict.fromkeys(catalog.resolve(n) for n in names)) or list(backends.upstreams)
+    unknown = [n for n in wanted if backends.get(n) is None]
+    if unknown:
+        raise ValueError(f"no such model configured: {', '.join(unknown)}")
+    found = await asyncio.gather(
+        *(backends.upstreams[n].check(catalog.models[n].kind) for n in wanted)
+    )
+    return [one for checks in found for one in checks]
