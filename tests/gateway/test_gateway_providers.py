@@ -453,6 +453,23 @@ supports = {{ tools = true, structured_outputs = true, reasoning = true }}
     history = [*ask, message.model_dump(exclude_none=True), answer]
     done = client.chat.completions.create(model="gemini-fake", messages=history, tools=[WEATHER])
     assert done.choices[0].message.content == "w0 w1 w2 w3 w4 "  # the fake took the signature
+    # the Responses API (Codex, the Agents SDK) on Gemini: translated onto chat, tools included
+    response = client.responses.create(model="gemini-fake", input="Say hi #chunks=2")
+    assert response.output_text == "w0 w1 " and response.usage is not None
+    weather = {
+        "type": "function",
+        "name": "weather",
+        "parameters": WEATHER["function"]["parameters"],
+    }
+    asked = client.responses.create(model="gemini-fake", input="Paris? #tool", tools=[weather])
+    (called,) = [item for item in asked.output if item.type == "function_call"]
+    answered = client.responses.create(
+        model="gemini-fake",
+        previous_response_id=asked.id,
+        input=[{"type": "function_call_output", "call_id": called.call_id, "output": "21C"}],
+        tools=[weather],
+    )
+    assert answered.output_text == "w0 w1 w2 w3 w4 "  # the signature survived the stored turn
 
     google = gateway.gemini(key)  # held: the SDK's client closes its connections when dropped
     assert google.models.generate_content(model="gemini-fake", contents="hi #chunks=2").text == (
