@@ -2,7 +2,8 @@
 wire format (chunks with `usage: null` and a last `choices: []` usage chunk when
 stream_options.include_usage, then `data: [DONE]`; tool calls; errors as {"error": {...}}); and
 POST /v1/responses, whole or as its typed events (a message, or a function call with #tool), and
-its input-token count (POST /v1/responses/input_tokens).
+its input-token count (POST /v1/responses/input_tokens); POST /v1/images/generations (gpt-image's
+shape: base64 images and their usage in tokens).
 
 Like OpenAI it refuses a request without `Authorization: Bearer …` (401) and one with a field it
 does not know (400 "Unrecognized request argument supplied: top_k"). Faults and output follow the
@@ -50,7 +51,16 @@ KNOWN = {
     "/v1/responses/input_tokens": {"model", "input", "previous_response_id", "tools", "text"}
     | {"reasoning", "truncation", "instructions", "personality", "conversation", "tool_choice"}
     | {"parallel_tool_calls"},
+    # CreateImageRequest in OpenAI's OpenAPI document
+    "/v1/images/generations": {"model", "prompt", "n", "size", "quality", "response_format"}
+    | {"style", "user", "background", "moderation", "output_format", "output_compression"}
+    | {"partial_images", "stream"},
 }
+# a 1x1 PNG: what every generated image is here
+PIXEL = (
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwAD"
+    "hgGAWjR9awAAAABJRU5ErkJggg=="
+)
 ERROR_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 404: "not_found_error"}
 ERROR_TYPES |= {429: "rate_limit_exceeded"}
 ARGUMENTS = '{"city": "Paris"}'
@@ -86,6 +96,18 @@ def _usage(body: dict[str, Any], d: Directives) -> dict[str, Any]:
     }
 
 
+def _images(body: dict[str, Any]) -> dict[str, Any]:
+    """gpt-image's answer: each image base64, and its usage in tokens (the prompt's words in;
+    an image's tokens out, 272 for a small one, as gpt-image-1 counts a 1024x1024 low-quality
+    image)."""
+    n = int(body.get("n") or 1)
+    prompt = len(str(body.get("prompt", "")).split())
+    usage = {"input_tokens": prompt, "output_tokens": 272 * n, "total_tokens": prompt + 272 * n}
+    usage["input_tokens_details"] = {"text_tokens": prompt, "image_tokens": 0}
+    images = [{"b64_json": PIXEL} for _ in range(n)]
+    return {"created": int(time.time()), "data": images, "usage": usage}
+
+
 async def handle(
     path: str,
     body: dict[str, Any],
@@ -103,6 +125,8 @@ async def handle(
         return await send_json(send, 400, error(400, message, unknown[0]))
     if path == "/v1/responses":
         return await _responses(body, d, send)
+    if path == "/v1/images/generations":
+        return await send_json(send, 200, _images(body))
     if path == "/v1/responses/input_tokens":  # the words a response's usage would count
         count = {"object": "response.input_tokens", "input_tokens": len(prompt_text(body).split())}
         return await send_json(send, 200, count)

@@ -5,6 +5,7 @@ deployment), the breaker opens, half-opens and closes across requests, a stream 
 with an error event instead of a second answer, and Azure deployments take keys or Entra ID
 tokens."""
 
+import base64
 import json
 import os
 import re
@@ -34,7 +35,11 @@ from tests.backends.conftest import (
 from tests.backends.conftest import HERE as BACKENDS
 from tests.backends.test_backends_gemini import WEATHER
 from tests.gateway.conftest import reservations, wait_until
+from tests.guard.conftest import Texts, classifier, texts  # noqa: F401 - fixtures
 from tokenyard.gateway.quotas import TeamKeys
+from tokenyard.guard import store
+from tokenyard.guard.policy import DEFAULT, apply, parse_change
+from tokenyard.tenancy import keys
 
 # start_gateway(name=…) sets TOKENYARD_<NAME>: the keys reach the gateway's environment that way
 OPENAI_KEY, ANTHROPIC_KEY = "TOKENYARD_TEST_OPENAI_KEY", "TOKENYARD_TEST_ANTHROPIC_KEY"
@@ -88,6 +93,15 @@ base_urls = ["{providers["openai"]}/v1"]
 api_key_env = "{OPENAI_KEY}"
 price = {{ input = 1.1, cached_input = 0.275, output = 4.4 }}
 max_tokens_param = "max_completion_tokens"
+
+[[models]]
+id = "image-fake"
+provider = "openai"
+kind = "image"
+upstream_model = "gpt-image-1"
+base_urls = ["{providers["openai"]}/v1"]
+api_key_env = "{OPENAI_KEY}"
+price = {{ input = 5.0, output = 40.0 }}
 
 [[models]]
 id = "claude-fake"
@@ -731,6 +745,67 @@ def test_anthropic_cache_writes_are_reported_and_charged_their_own_price(
     premium = (plain * 0.8 + 3 * 0.08 + 4 * 1.0 + usage.completion_tokens * 4.0) / 1e6
     chat = logged()[-1]  # the chat request, the older
     assert chat["cost_usd"] == pytest.approx(premium) and chat["cache_write_tokens"] == 4
+
+
+def test_images_are_generated_screened_limited_and_charged_by_their_tokens(
+    gw: Any,
+    team: Any,
+    providers: dict[str, str],
+    sql: Any,
+    texts: Texts,  # noqa: F811 - the fixture imported above
+) -> None:
+    """OpenAI's image generation through the gateway: the SDK gets its images, the request is
+    charged for the image tokens the provider reports at the model's output price, an image model
+    serves nothing else and a chat model no images, a prompt the team's guard policy blocks and a
+    key without the `images` scope are refused before anything is sent."""
+    name, key = team()
+    client = gw.client(key)
+    made = client.images.with_raw_response.generate(
+        model="image-fake", prompt="a red fox in snow", n=2, size="1024x1024", quality="low"
+    )
+    assert made.headers["x-tokenyard-model"] == "image-fake"
+    images = made.parse()
+    assert (
+        len(images.data) == 2 and base64.b64decode(images.data[0].b64_json or "")[:4] == b"\x89PNG"
+    )
+    sent = stats(providers["openai"])
+    assert sent["last_path"] == "/v1/images/generations"
+    assert sent["last_body"] == {
+        "model": "gpt-image-1",
+        "prompt": "a red fox in snow",
+        "n": 2,
+        "size": "1024x1024",
+        "quality": "low",
+    }
+
+    def logged() -> list[dict[str, Any]]:
+        answer = httpx.get(
+            gw.url + "/v1/usage/requests", headers={"authorization": f"Bearer {key}"}
+        )
+        return answer.json()["data"]
+
+    wait_until(lambda: len(logged()) == 1, 10, "the request recorded")
+    (record,) = logged()
+    assert (record["prompt_tokens"], record["completion_tokens"]) == (5, 544)
+    assert record["cost_usd"] == pytest.approx((5 * 5.0 + 544 * 40.0) / 1e6)
+    with pytest.raises(openai.NotFoundError, match="image generation only"):
+        client.chat.completions.create(model="image-fake", messages=CHAT)
+    with pytest.raises(openai.NotFoundError, match="chat and completions only"):
+        client.images.generate(model="gpt-fake", prompt="a fox")
+    with pytest.raises(openai.BadRequestError):
+        client.images.generate(model="image-fake", prompt="")
+    requests_before = stats(providers["openai"])["requests"]
+    restricted = keys.create_key(sql, name, limits={"scopes": "completions"}).key
+    with pytest.raises(openai.PermissionDeniedError) as refused:
+        gw.client(restricted).images.generate(model="image-fake", prompt="a fox")
+    assert refused.value.code == "insufficient_scope"
+    assert stats(providers["openai"])["requests"] == requests_before
+    store.write_policy(sql, name, apply(DEFAULT, [parse_change("input.*=block")]))
+    with pytest.raises(openai.BadRequestError) as blocked:
+        client.images.generate(model="image-fake", prompt=texts.harmful)
+    assert blocked.value.code == "content_policy_violation"
+    # the verdict came before the call: no image was begun (and paid for) at the provider
+    assert stats(providers["openai"])["requests"] == requests_before
 
 
 def test_token_counts_go_to_each_providers_own_counting_route(

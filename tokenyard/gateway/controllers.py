@@ -21,6 +21,7 @@ from tokenyard.gateway.proxy import Proxy
 from tokenyard.gateway.validation import (
     CompletionRequest,
     EmbeddingRequest,
+    ImageRequest,
     RerankRequest,
     query_int,
 )
@@ -45,6 +46,10 @@ class CompletionsController(Controller):
     @post("/embeddings", status_code=200, operation_class=json_body(EmbeddingRequest))
     async def embeddings(self, request: Request, proxy: NamedDependency[Proxy]) -> Response:
         return await proxy.handle(request, "embedding")
+
+    @post("/images/generations", status_code=200, operation_class=json_body(ImageRequest))
+    async def images(self, request: Request, proxy: NamedDependency[Proxy]) -> Response:
+        return await proxy.handle(request, "image")
 
     @get("/models")
     async def models(

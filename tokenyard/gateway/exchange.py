@@ -44,6 +44,7 @@ PATHS = {
     "completion": "/v1/completions",
     "embedding": "/v1/embeddings",
     "rerank": "/v1/rerank",
+    "image": "/v1/images/generations",
 }
 
 
@@ -275,22 +276,34 @@ class Exchange:
         nothing is returned (so nothing reaches the client) before the verdict. A blocked prompt
         cancels the call and refuses with 400 content_policy_violation; the team is charged only
         what the upstream reported (a reply that was already whole; `charge` False: a cached
-        one, nothing), else nothing."""
+        one, nothing), else nothing. A check asked `first` (an image's prompt) is answered before
+        the call is made, and a blocked prompt is never sent."""
         if p.check is None:
             return await call
-        task = asyncio.ensure_future(call)
-        await asyncio.sleep(0)  # the upstream call starts: its request goes out first
-        try:
-            verdict = await p.check.verdict()
-        except BaseException:
+        if p.check.first:
+            try:
+                verdict = await p.check.verdict()
+            except BaseException:
+                call.close()
+                raise
+            if not verdict.blocked:
+                return await call
+            call.close()  # never sent
+            got = None
+        else:
+            task = asyncio.ensure_future(call)
+            await asyncio.sleep(0)  # the upstream call starts: its request goes out first
+            try:
+                verdict = await p.check.verdict()
+            except BaseException:
+                task.cancel()
+                raise
+            if not verdict.blocked:
+                return await task
             task.cancel()
-            raise
-        if not verdict.blocked:
-            return await task
-        task.cancel()
+            await asyncio.wait({task})  # done already, or cancelled now
+            got = None if task.cancelled() or task.exception() else task.result()
         usage = Usage()
-        await asyncio.wait({task})  # done already, or cancelled now
-        got = None if task.cancelled() or task.exception() else task.result()
         if isinstance(got, UpstreamReply):
             if got.status == 200 and charge:
                 with contextlib.suppress(msgspec.DecodeError):

@@ -43,7 +43,14 @@ from tokenyard.gateway.settlement import Settlement
 from tokenyard.gateway.sizing import PromptOverhead
 from tokenyard.gateway.stream_body import Settling
 from tokenyard.gateway.tracing import NO_TRACE, RequestTrace, Tracing
-from tokenyard.gateway.validation import GENERATING, Kind, Parsed, client_request_id, parse
+from tokenyard.gateway.validation import (
+    GENERATING,
+    SCREENED,
+    Kind,
+    Parsed,
+    client_request_id,
+    parse,
+)
 from tokenyard.router.policy import NoRoute, Route, Router, Unsupported
 from tokenyard.tenancy.limits import TIERS
 from tokenyard.tenancy.policy import TeamPolicy
@@ -340,13 +347,14 @@ class Proxy:
             access_log.attach_usage(request.scope, event)
         try:
             check = None
-            if self.safety is not None and kind in GENERATING:
+            if self.safety is not None and kind in SCREENED:
                 screen = await self.safety.screen(
                     policy.team, request_id, parsed.model, parsed.end_user
                 )
                 if screen is not None:  # personal data masked before anything is sent
                     await scrub(screen, body, responses)
-                check = None if screen is None else InputCheck(screen, input_text(parsed.body))
+                text = input_text(parsed.body)
+                check = None if screen is None else InputCheck(screen, text, kind == "image")
             if lookup is not None:
                 await self.cache.find(lookup)
             pending = Pending(hang_up, parsed, res, event, headers, started, check, lookup)

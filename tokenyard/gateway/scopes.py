@@ -19,6 +19,7 @@ _KINDS = (
     ("/v1/rerank", "embeddings"),  # retrieval, as embeddings are
     ("/v2/rerank", "embeddings"),
     ("/v1/moderations", "moderations"),
+    ("/v1/images", "images"),
     ("/v1/batches", "batch"),
     ("/v1/batch", "batch"),  # the inline batch, and the team's webhook secret
     ("/v1/files", "batch"),

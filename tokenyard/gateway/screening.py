@@ -95,9 +95,12 @@ async def scrub(screen: RequestScreen, *bodies: dict[str, Any] | None) -> None:
 class InputCheck:
     """One request's input verdict, asked for once however many backends the request tries."""
 
-    def __init__(self, screen: RequestScreen, text: str) -> None:
+    def __init__(self, screen: RequestScreen, text: str, first: bool = False) -> None:
         self.screen = screen
         self.text = text
+        # the verdict before the upstream call, not beside it: where what a cancelled call still
+        # costs (an image begun) outweighs the classifier's milliseconds
+        self.first = first
         self._verdict: Verdict | None = None
 
     async def verdict(self) -> Verdict:

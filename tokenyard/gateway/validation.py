@@ -144,9 +144,25 @@ class RerankRequest(msgspec.Struct, kw_only=True):
     request_id: str | None = None
 
 
-Kind = Literal["chat", "completion", "embedding", "rerank"]
+class ImageRequest(msgspec.Struct, kw_only=True):
+    """OpenAI's image generation request, as far as the gateway checks it (the provider checks
+    the rest: sizes, qualities and formats differ by model)."""
+
+    model: str
+    prompt: Annotated[str, msgspec.Meta(min_length=1, max_length=32000)]
+    n: Annotated[int, msgspec.Meta(ge=1, le=10)] = 1
+    stream: Literal[False] = False  # partial images are not relayed
+    user: Label | None = None
+    tier: Tier | None = None
+    priority: Tier | None = None
+    request_id: str | None = None
+
+
+Kind = Literal["chat", "completion", "embedding", "rerank", "image"]
 # the kinds that generate text: the others read their inputs, and have no output cap
 GENERATING = ("chat", "completion")
+# the kinds whose prompt the guard reads before it goes upstream
+SCREENED = (*GENERATING, "image")
 
 
 @dataclass
@@ -290,6 +306,8 @@ def parse(raw: bytes, kind: Kind) -> Parsed:
         return _parse_embedding(body)
     if kind == "rerank":
         return _parse_rerank(body)
+    if kind == "image":
+        return _parse_image(body)
     struct = ChatRequest if kind == "chat" else CompletionRequest
     req = convert(body, struct)
 
@@ -369,10 +387,21 @@ def _parse_rerank(body: dict[str, Any]) -> Parsed:
     return _reading(body, req, sizes)
 
 
+def _parse_image(body: dict[str, Any]) -> Parsed:
+    """An image request: its prompt is read; what is generated (images' tokens, where the model
+    counts them) is settled from the reply's usage, with no output cap to reserve."""
+    req = convert(body, ImageRequest)
+    return _reading(body, req, [math.ceil(len(req.prompt.encode()) / 4)], req.n)
+
+
 def _reading(
-    body: dict[str, Any], req: EmbeddingRequest | RerankRequest, sizes: list[int]
+    body: dict[str, Any],
+    req: EmbeddingRequest | RerankRequest | ImageRequest,
+    sizes: list[int],
+    n: int = 1,
 ) -> Parsed:
-    """The Parsed of a request that reads its inputs and generates nothing."""
+    """The Parsed of a request that reads its inputs and generates no text, so has no output
+    cap: an embedding, a ranking, `n` images."""
     for field in ("tier", "priority", "request_id"):
         body.pop(field, None)
     return Parsed(
@@ -382,7 +411,7 @@ def _reading(
         include_usage=False,
         prompt_sizes=sizes,
         max_tokens=0,
-        n=1,
+        n=n,
         tier=req.tier or req.priority,
         client_request_id=client_request_id(req.request_id, "request_id"),
         end_user=end_user(req.user),

@@ -31,9 +31,10 @@ Provider = Literal[
 Tier = Literal["interactive", "batch"]
 # what the tokenyard engine does for any model it serves (constrained decoding: tools, schemas)
 ENGINE_SUPPORTS = Supports(tools=True, structured_outputs=True, logprobs=True)
-# what a model serves: chat (and legacy) completions, embeddings (/v1/embeddings), or rankings of
-# documents for a query (/v1/rerank: a cross-encoder's server, or Cohere's API)
-Kind = Literal["chat", "embedding", "rerank"]
+# what a model serves: chat (and legacy) completions, embeddings (/v1/embeddings), rankings of
+# documents for a query (/v1/rerank: a cross-encoder's server, or Cohere's API), or images from a
+# prompt (/v1/images/generations: OpenAI's or Azure's image models)
+Kind = Literal["chat", "embedding", "rerank", "image"]
 Fraction = Annotated[float, msgspec.Meta(ge=0, le=1)]
 Seconds = Annotated[float, msgspec.Meta(ge=0)]
 # what a deployment is, for teams that may use only some (tenancy's deployment_tags): "eu",

@@ -23,7 +23,12 @@ from tokenyard.router.scorer import RouteScore
 
 AUTO = "auto"
 # what a model of each kind serves, as a refusal names it
-ENDPOINTS = {"chat": "chat and completions", "embedding": "embeddings", "rerank": "reranking"}
+ENDPOINTS = {
+    "chat": "chat and completions",
+    "embedding": "embeddings",
+    "rerank": "reranking",
+    "image": "image generation",
+}
 log = logging.getLogger(__name__)
 
 
