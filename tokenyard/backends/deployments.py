@@ -13,7 +13,8 @@ that fails before the first byte (429, 5xx, connection, first-token timeout) is 
 Retry-After, or `cooldown_s` without one, and the attempt moves to another at once; only when none
 is left does the model's backoff apply. The model's breaker hears of a failure only once its tries
 are spent, or when a stream breaks and no other deployment can take requests: one region down is
-not the model down.
+not the model down. A deployment with its own rpm or tpm is passed over while this minute's
+counts, shared in Redis by every gateway (deployment_limits.py), say it is full.
 """
 
 import asyncio
