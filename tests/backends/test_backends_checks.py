@@ -78,6 +78,13 @@ async def test_every_model_or_those_named_and_engine_replicas(
             base_urls=(openai_url + "/v1",),
             api_key_env=KEY_ENV,
         ),
+        ModelEntry(  # never checked: the smallest image costs cents
+            id="draw",
+            provider="openai",
+            kind="image",
+            base_urls=(openai_url + "/v1",),
+            api_key_env=KEY_ENV,
+        ),
     )
     catalog = Catalog(CatalogFile(models=models))
     backends = Backends({m.id: build_entry(m) for m in models})
@@ -93,5 +100,6 @@ async def test_every_model_or_those_named_and_engine_replicas(
     assert embed.status == 404 and "/v1/embeddings" in embed.error
     named = await check_models(catalog, backends, ["mini-latest"])  # an alias names its model
     assert [c.model for c in named] == ["mini"]
-    with pytest.raises(ValueError, match="nope"):
-        await check_models(catalog, backends, ["nope"])
+    for not_checked in ("nope", "draw"):
+        with pytest.raises(ValueError, match=not_checked):
+            await check_models(catalog, backends, [not_checked])

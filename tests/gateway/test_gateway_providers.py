@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 
-from tests.admin_ui.conftest import sign_in
+from tests.admin_ui.conftest import csrf_of, sign_in
 from tests.backends.conftest import (
     AWS_KEYS,
     bedrock_url,  # noqa: F401 - a fixture
@@ -533,7 +533,9 @@ provider = "openai"
 base_url = "{providers["openai"]}/v1"
 api_key_env = "{OPENAI_KEY}"
 """
-        gateway = _gateway(start_gateway, providers, tmp_path, extra)
+        gateway = _gateway(
+            start_gateway, providers, tmp_path, extra, admin_user="owner", admin_password=ADMIN
+        )
         redis = redis_server.client()
         if int(redis.time()[0]) % 60 > 54:  # the window would turn over mid-test
             time.sleep(61 - int(redis.time()[0]) % 60)
@@ -544,6 +546,19 @@ api_key_env = "{OPENAI_KEY}"
             assert reply.choices[0].message.content == "w0 w1 w2 "
         assert (stats(url)["requests"], stats(providers["openai"])["requests"]) == (1, 1)
         settled(redis_server, name)
+        # the operator sees the quota's use this minute, and checks every deployment on request
+        operator = sign_in(gateway.url, "owner", ADMIN)
+        page = operator.get("/admin/status")
+        used = re.search(r"([\d,]+) of 300 tokens", page.text)
+        assert used is not None and 200 < int(used.group(1).replace(",", "")) <= 300
+        before = stats(url)["requests"]
+        checked = operator.post("/admin/status/check", data={"csrf": csrf_of(page)})
+        assert checked.status_code == 200
+        rows = re.findall(
+            r"<td>quota-4o</td>\s*<td>(\w+)</td>\s*<td class=\"(\w+)\">", checked.text
+        )
+        assert sorted(rows) == [("azure", "ok"), ("openai", "ok")]
+        assert stats(url)["requests"] == before + 1  # the check asked it, its limit aside
     finally:
         server.stop()
 

@@ -8,12 +8,15 @@ engines' state now, including `running`, which the gateway's own polling does no
 """
 
 import asyncio
+import contextlib
 import time
 from dataclasses import dataclass, field
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
+from redis.exceptions import RedisError
 
+from tokenyard.backends.deployment_limits import DeploymentLimits
 from tokenyard.gateway import refusals
 from tokenyard.gateway.proxy import Proxy
 
@@ -38,6 +41,10 @@ class DeploymentStatus:
     name: str
     in_flight: int  # this gateway process's requests there now
     skipped_s: float  # how much longer it is passed over after a failure; 0: taking requests
+    rpm: int = 0  # its own limits (0: none), and what every gateway counted this minute
+    tpm: int = 0
+    requests: int = 0
+    tokens: int = 0
 
 
 @dataclass
@@ -81,6 +88,14 @@ async def _replica(client: httpx.AsyncClient, url: str) -> ReplicaStatus:
     return status
 
 
+async def _counted(found: list[DeploymentStatus], limits: DeploymentLimits) -> None:
+    """This minute's counts of the deployments that have limits of their own."""
+    for d in found:
+        if d.rpm or d.tpm:
+            with contextlib.suppress(RedisError):  # the page shows what it can
+                d.requests, d.tokens = await limits.used(d.name)
+
+
 async def collect(proxy: Proxy) -> tuple[list[ModelStatus], dict[str, int]]:
     """Every configured model's status, and the 429s per limit code in the last hour."""
     models: list[ModelStatus] = []
@@ -95,9 +110,11 @@ async def collect(proxy: Proxy) -> tuple[list[ModelStatus], dict[str, int]]:
             deployments = getattr(upstream, "deployments", None)  # commercial models only
             now = time.monotonic()
             model.deployments = [
-                DeploymentStatus(d.name, d.in_flight, max(0.0, d.down_until - now))
+                DeploymentStatus(d.name, d.in_flight, max(0.0, d.down_until - now), d.rpm, d.tpm)
                 for d in (deployments.all if deployments else ())
             ]
+            if deployments is not None and deployments.limits is not None:
+                await _counted(model.deployments, deployments.limits)
         found = await asyncio.gather(*(lookup for _, lookup in lookups))
     for (model, _), replica in zip(lookups, found, strict=True):
         model.replicas.append(replica)

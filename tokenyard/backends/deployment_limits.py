@@ -18,6 +18,7 @@ WINDOW_TTL_S = 120  # a minute's counts outlive it, for the requests that stradd
 class DeploymentLimits:
     def __init__(self, model: str, redis: Redis) -> None:
         self._base = f"ty:deployment:{{{model}}}"
+        self._redis = redis
         self._script = redis.register_script(_SCRIPT)
 
     async def take(self, deployment: str, rpm: int, tpm: int, tokens: int) -> int:
@@ -32,3 +33,11 @@ class DeploymentLimits:
             log.warning("deployment limits unavailable, not applied: %s", exc)
             return 0
         return 0 if int(taken) else max(1, int(wait))
+
+    async def used(self, deployment: str) -> tuple[int, int]:
+        """Its requests and tokens counted this minute (Redis's), for the status page."""
+        seconds, _ = await self._redis.time()
+        counts = await self._redis.hmget(
+            f"{self._base}:{deployment}:{int(seconds) // 60}", "r", "t"
+        )
+        return int(counts[0] or 0), int(counts[1] or 0)

@@ -84,7 +84,7 @@ class Deployments:
         self._margin = affinity_margin
         self._chars = affinity_chars
         self._rng = rng or random.Random()
-        self._limits = limits
+        self.limits = limits
 
     def allowed(self, tags: frozenset[str]) -> list[Deployment]:
         """The deployments that carry every one of a request's required tags."""
@@ -170,9 +170,9 @@ class Deployments:
                     code="upstream_rate_limited",
                     retry_after=wait,
                 )
-            if self._limits is None or not (deployment.rpm or deployment.tpm):
+            if self.limits is None or not (deployment.rpm or deployment.tpm):
                 return deployment
-            left = await self._limits.take(
+            left = await self.limits.take(
                 deployment.name, deployment.rpm, deployment.tpm, call.tokens
             )
             if not left:

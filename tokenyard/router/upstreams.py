@@ -12,7 +12,7 @@ from tokenyard.backends.api import ApiClient, RequestAuth
 from tokenyard.backends.aws_auth import AwsSigV4
 from tokenyard.backends.base import ModelInfo, Upstream
 from tokenyard.backends.breaker import Breaker, BreakerConfig
-from tokenyard.backends.checks import Check
+from tokenyard.backends.checks import PINGS, Check
 from tokenyard.backends.converse import ConverseWire
 from tokenyard.backends.deployment_limits import DeploymentLimits
 from tokenyard.backends.deployments import Deployment, Deployments
@@ -143,12 +143,15 @@ async def check_models(
     catalog: Catalog, backends: Backends, names: Iterable[str] = ()
 ) -> list[Check]:
     """Every configured model's places (or those of the models `names` names), each tried once
-    with the smallest request of its kind, all at once (backends/checks.py). ValueError names
-    the models that are not configured."""
-    wanted = list(dict.fromkeys(catalog.resolve(n) for n in names)) or list(backends.upstreams)
-    unknown = [n for n in wanted if backends.get(n) is None]
+    with the smallest request of its kind, all at once (backends/checks.py). Image models are
+    left out: the smallest image still costs cents. ValueError names the models that are not
+    configured, or not checked."""
+    asked = list(dict.fromkeys(catalog.resolve(n) for n in names))
+    checked = [n for n in backends.upstreams if catalog.models[n].kind in PINGS]
+    wanted = asked or checked
+    unknown = [n for n in wanted if n not in checked]
     if unknown:
-        raise ValueError(f"no such model configured: {', '.join(unknown)}")
+        raise ValueError(f"no such model configured, or not checked: {', '.join(unknown)}")
     found = await asyncio.gather(
         *(backends.upstreams[n].check(catalog.models[n].kind) for n in wanted)
     )
