@@ -119,7 +119,12 @@ async def handle(
     if count:  # the words a message's usage would count (without the cache directive's split)
         return await send_json(send, 200, {"input_tokens": len(prompt_text(body).split())})
     tools = body.get("tools") or []
-    tool = tools[0]["name"] if d.tool and tools else None
+    # a tool_choice of `tool` or `any` makes the model call one, as Anthropic's models must
+    choice = body.get("tool_choice") or {}
+    forced = choice.get("name") if choice.get("type") == "tool" else None
+    if choice.get("type") == "any" and tools:
+        forced = tools[0]["name"]
+    tool = forced or (tools[0]["name"] if d.tool and tools else None)
     pieces = [f"w{i} " for i in range(d.chunks)]
     stop = "tool_use" if tool else "end_turn"
     message = {

@@ -13,9 +13,10 @@ toolResult outside the user's or answering no toolUse of the turn just before, t
 toolChoice naming no tool. Refusals are `{"message"}` with `x-amzn-errortype`.
 
 A reply is `{"output": {"message"}, "stopReason", "usage", "metrics"}`: the text "w0 w1 … " and
-with #tool a toolUse of the first tool. A stream is event-stream frames, each payload the event's
-JSON as is: messageStart, contentBlockDelta per text piece, contentBlockStop, (#tool:
-contentBlockStart, toolUse input deltas, contentBlockStop), messageStop, metadata.
+with #tool (or a toolChoice of `tool` or `any`) a toolUse of the first tool (or the one named).
+A stream is event-stream frames, each payload the event's JSON as is: messageStart,
+contentBlockDelta per text piece, contentBlockStop, (#tool: contentBlockStart, toolUse input
+deltas, contentBlockStop), messageStop, metadata.
 
 Directives: fake_common's (#status, #retry_after, #times, #first_byte_delay, #delay, #chunks,
 #cut, #cached, #written, #tool, #stream_error), from the text blocks of system and messages, and
@@ -452,7 +453,10 @@ async def handle(path: str, body: Any, headers: dict[str, str], d: Directives, s
         return await send_json(send, *refusal(400, str(why)))
     text = prompt_text(body)
     named = _STOP.findall(text)
-    tool = tools[0] if d.tool and tools else None
+    # a toolChoice of `tool` or `any` makes the model call one, as Bedrock's models must
+    choice = ((body.get("toolConfig") or {}).get("toolChoice")) or {}
+    forced = (choice.get("tool") or {}).get("name") or (tools[0] if "any" in choice else None)
+    tool = forced or (tools[0] if d.tool and tools else None)
     stop = named[-1] if named else "tool_use" if tool else "end_turn"
     pieces = [f"w{i} " for i in range(d.chunks)]
     usage = _usage(len(text.split()), d, d.chunks)

@@ -7,7 +7,13 @@ import pytest
 
 from tests.backends.conftest import control, stats
 from tokenyard.backends.anthropic_messages import EventWriter, message_reply
-from tokenyard.backends.anthropic_wire import ChunkWriter, StreamError, chat_reply, error_reply
+from tokenyard.backends.anthropic_wire import (
+    ANSWER_TOOL,
+    ChunkWriter,
+    StreamError,
+    chat_reply,
+    error_reply,
+)
 from tokenyard.backends.anthropic_wire import messages_request as translate
 from tokenyard.backends.base import (
     BackendUnavailable,
@@ -132,12 +138,88 @@ def test_images_and_default_max_tokens():
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("n", 2), ("logprobs", True), ("response_format", {"type": "json_object"})],
+    [
+        ("n", 2),
+        ("logprobs", True),
+        # a JSON answer rides on a forced tool: the request's own tools cannot ride beside it
+        ("tools", [{"type": "function", "function": {"name": "f"}}]),
+    ],
 )
 def test_unsupported_parameters_are_a_400_naming_them(field, value):
+    json_answer = {"response_format": {"type": "json_object"}} if field == "tools" else {}
+    body = {"messages": [{"role": "user", "content": "x"}], field: value, **json_answer}
     with pytest.raises(GatewayError) as err:
-        translate({"messages": [{"role": "user", "content": "x"}], field: value}, "c")
+        translate(body, "c")
     assert err.value.status == 400 and err.value.param == field
+
+
+def test_a_json_answer_is_a_forced_tool_and_its_input_the_content():
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    wanted = {"type": "json_schema", "json_schema": {"name": "place", "schema": schema}}
+    out = translate(
+        {"messages": [{"role": "user", "content": "x"}], "response_format": wanted}, "c"
+    )
+    assert out["tools"] == [
+        {
+            "name": ANSWER_TOOL,
+            "description": "Answer the user, in exactly this JSON structure.",
+            "input_schema": schema,
+        }
+    ]
+    assert out["tool_choice"] == {"type": "tool", "name": ANSWER_TOOL}
+    loose = translate(
+        {
+            "messages": [{"role": "user", "content": "x"}],
+            "response_format": {"type": "json_object"},
+        },
+        "c",
+    )
+    assert loose["tools"][0]["input_schema"] == {"type": "object"}
+    message = {
+        "id": "msg_1",
+        "content": [
+            {"type": "text", "text": "Here it is:"},
+            {"type": "tool_use", "id": "tu", "name": ANSWER_TOOL, "input": {"city": "Oslo"}},
+        ],
+        "stop_reason": "tool_use",
+        "usage": {"input_tokens": 3, "output_tokens": 4},
+    }
+    choice = chat_reply(message, "m", json_answer=True)["choices"][0]
+    assert (
+        choice["message"]["content"] == '{"city": "Oslo"}' and "tool_calls" not in choice["message"]
+    )
+    assert choice["finish_reason"] == "stop"
+    # a model that answered in text despite the forced tool: its text is what there is
+    plain = {**message, "content": [{"type": "text", "text": "{}"}], "stop_reason": "end_turn"}
+    assert chat_reply(plain, "m", json_answer=True)["choices"][0]["message"]["content"] == "{}"
+    # streamed: the tool's input deltas are the content; the preamble is not the answer
+    writer = ChunkWriter("m", include_usage=False, json_answer=True)
+    events = [
+        ("message_start", {"message": {"id": "m1", "usage": {}}}),
+        ("content_block_delta", {"index": 0, "delta": {"type": "text_delta", "text": "Sure:"}}),
+        (
+            "content_block_start",
+            {"index": 1, "content_block": {"type": "tool_use", "id": "t", "name": ANSWER_TOOL}},
+        ),
+        (
+            "content_block_delta",
+            {"index": 1, "delta": {"type": "input_json_delta", "partial_json": '{"city"'}},
+        ),
+        (
+            "content_block_delta",
+            {"index": 1, "delta": {"type": "input_json_delta", "partial_json": ': "Oslo"}'}},
+        ),
+        ("message_delta", {"delta": {"stop_reason": "tool_use"}, "usage": {"output_tokens": 4}}),
+        ("message_stop", {}),
+    ]
+    out = b"".join(writer.write(kind, data) for kind, data in events)
+    chunks = [
+        json.loads(line[6:]) for line in out.decode().split("\n") if line.startswith("data: {")
+    ]
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    assert text == '{"city": "Oslo"}'
+    assert all("tool_calls" not in c["choices"][0]["delta"] for c in chunks)
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
 
 
 def test_reply_translation_text_tools_and_usage():
@@ -385,6 +467,29 @@ async def test_stream_against_the_fake(make_upstream, anthropic_url):
     assert chunks[-2]["choices"][0]["finish_reason"] == "tool_calls"
     assert chunks[-1]["usage"]["completion_tokens"] == 2
     assert raw.endswith(b"data: [DONE]\n\n")
+
+
+async def test_a_json_answer_against_the_fake_whole_and_streamed(make_upstream, anthropic_url):
+    """The forced answer tool goes out (the fake, as Anthropic's models, must call it), and its
+    input comes back as the message's content, whole or in deltas."""
+    upstream = make_upstream("anthropic", [anthropic_url])
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    wanted = {"type": "json_schema", "json_schema": {"name": "place", "schema": schema}}
+    reply = await upstream.complete(chat("where? #chunks=2", response_format=wanted))
+    choice = json.loads(reply.body)["choices"][0]
+    assert json.loads(choice["message"]["content"]) == {"city": "Paris"}
+    assert choice["finish_reason"] == "stop" and "tool_calls" not in choice["message"]
+    sent = stats(anthropic_url)["last_body"]
+    assert sent["tool_choice"] == {"type": "tool", "name": ANSWER_TOOL}
+    assert sent["tools"][0]["input_schema"] == schema
+    stream = await upstream.open_stream(
+        chat("where? #chunks=2", stream=True, response_format=wanted)
+    )
+    chunks = sse_events(b"".join([c async for c in stream.chunks()]))
+    await stream.aclose()
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert json.loads(text) == {"city": "Paris"}  # the preamble ("w0 w1 ") is not the answer
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
 
 
 async def test_completions_endpoint_is_a_clear_400(make_upstream, anthropic_url):

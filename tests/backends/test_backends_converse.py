@@ -122,3 +122,19 @@ def test_converse_needs_its_region() -> None:
     entry = ModelEntry(id="l", provider="bedrock-converse", base_urls=("https://x.test",))
     with pytest.raises(CatalogError, match="region"):
         Catalog(CatalogFile(models=(entry,)))
+
+
+async def test_a_json_answer_through_converse(converse: Any, bedrock_url: str) -> None:
+    wanted = {"type": "json_object"}
+    reply = msgspec.json.decode(
+        (await converse.complete(call("where? #chunks=1", response_format=wanted))).body
+    )
+    assert json.loads(reply["choices"][0]["message"]["content"]) == {"city": "Paris"}
+    assert reply["choices"][0]["finish_reason"] == "stop"
+    choice = stats(bedrock_url)["last_body"]["toolConfig"]["toolChoice"]
+    assert choice == {"tool": {"name": "json_answer"}}
+    streamed = events(
+        await read_stream(converse, call("where? #chunks=1", stream=True, response_format=wanted))
+    )
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in streamed if c["choices"])
+    assert json.loads(text) == {"city": "Paris"}

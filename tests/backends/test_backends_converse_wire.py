@@ -105,7 +105,7 @@ def test_a_chat_request_becomes_a_converse_body() -> None:
         ({"tools": [TOOL], "parallel_tool_calls": False}, "parallel_tool_calls"),
         ({"n": 2}, "n"),
         ({"logprobs": True}, "logprobs"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"tools": [TOOL], "response_format": {"type": "json_object"}}, "tools"),
     ],
 )
 def test_what_converse_cannot_do_is_a_400(extra: dict[str, Any], param: str) -> None:

@@ -17,6 +17,7 @@ from typing import Any
 import anthropic
 import httpx
 import openai
+import pydantic
 import pytest
 
 from tests.admin_ui.conftest import csrf_of, sign_in
@@ -760,6 +761,41 @@ def test_anthropic_cache_writes_are_reported_and_charged_their_own_price(
     premium = (plain * 0.8 + 3 * 0.08 + 4 * 1.0 + usage.completion_tokens * 4.0) / 1e6
     chat = logged()[-1]  # the chat request, the older
     assert chat["cost_usd"] == pytest.approx(premium) and chat["cache_write_tokens"] == 4
+
+
+def test_structured_outputs_reach_anthropics_models_through_a_forced_tool(
+    start_gateway: Any, providers: dict[str, str], team: Any, tmp_path: Path
+) -> None:
+    """OpenAI's client parses a Pydantic model out of a Claude model's answer, whole and
+    streamed: the schema went out as the forced answer tool, its input came back as content."""
+
+    class Place(pydantic.BaseModel):
+        city: str
+
+    extra = f"""
+[[models]]
+id = "claude-json"
+provider = "anthropic"
+upstream_model = "claude-3-5-haiku-latest"
+base_urls = ["{providers["anthropic"]}"]
+api_key_env = "{ANTHROPIC_KEY}"
+price = {{ input = 0.8, output = 4.0 }}
+supports = {{ structured_outputs = true }}
+"""
+    gateway = _gateway(start_gateway, providers, tmp_path, extra)
+    client = gateway.client(team()[1])
+    ask: Any = [{"role": "user", "content": "Where is the Louvre?"}]
+    parsed = client.chat.completions.parse(model="claude-json", messages=ask, response_format=Place)
+    assert parsed.choices[0].message.parsed == Place(city="Paris")
+    sent = stats(providers["anthropic"])["last_body"]
+    assert sent["tools"][0]["input_schema"]["properties"] == {
+        "city": {"title": "City", "type": "string"}
+    }
+    with client.chat.completions.stream(
+        model="claude-json", messages=ask, response_format=Place
+    ) as stream:
+        final = stream.get_final_completion()
+    assert final.choices[0].message.parsed == Place(city="Paris")
 
 
 def test_images_are_generated_screened_limited_and_charged_by_their_tokens(

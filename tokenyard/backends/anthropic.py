@@ -14,6 +14,7 @@ from tokenyard.backends.anthropic_clouds import (
 from tokenyard.backends.anthropic_wire import ChunkWriter, chat_chunks, chat_reply, error_reply
 from tokenyard.backends.anthropic_wire import messages_request as translate
 from tokenyard.backends.deployments import Deployment
+from tokenyard.backends.translated import Asked
 
 VERSION = "2023-06-01"
 
@@ -37,13 +38,14 @@ class AnthropicWire:
     def counted(self, reply: Any) -> int:
         return counted_tokens(reply)
 
-    def reply(self, reply: Any, model: str) -> tuple[int, bytes]:
-        return 200, json.dumps(chat_reply(reply, model)).encode()
+    def reply(self, reply: Any, asked: Asked) -> tuple[int, bytes]:
+        return 200, json.dumps(chat_reply(reply, asked.model, asked.json_answer)).encode()
 
     def error(self, status: int, raw: bytes) -> tuple[int, bytes]:
         return error_reply(status, raw)
 
     def chunks(
-        self, at: Deployment, raw: AsyncIterator[bytes], model: str, include_usage: bool
+        self, at: Deployment, raw: AsyncIterator[bytes], asked: Asked
     ) -> AsyncIterator[bytes]:
-        return chat_chunks(stream_events(at.cloud, raw), ChunkWriter(model, include_usage))
+        writer = ChunkWriter(asked.model, asked.include_usage, asked.json_answer)
+        return chat_chunks(stream_events(at.cloud, raw), writer)

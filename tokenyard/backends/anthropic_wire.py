@@ -121,6 +121,29 @@ def _messages(messages: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]
     return "\n\n".join(s for s in system if s), turns
 
 
+# structured outputs as Anthropic's models give them on every cloud: one forced tool whose input
+# schema is the format asked, its input the answer (LiteLLM's approach; Anthropic's own
+# output_format is a beta on its API alone, and Bedrock's Converse has no other way)
+ANSWER_TOOL = "json_answer"
+
+
+def _answer_tool(wanted: dict[str, Any]) -> dict[str, Any]:
+    """The tool that carries a `response_format` of json_schema or json_object."""
+    schema: dict[str, Any] = {"type": "object"}
+    if wanted.get("type") == "json_schema":
+        schema = (wanted.get("json_schema") or {}).get("schema") or schema
+    return {
+        "name": ANSWER_TOOL,
+        "description": "Answer the user, in exactly this JSON structure.",
+        "input_schema": schema,
+    }
+
+
+def answers_in_json(body: dict[str, Any]) -> bool:
+    """Whether an OpenAI chat body asks for a JSON answer (json_schema or json_object)."""
+    return (body.get("response_format") or {}).get("type", "text") != "text"
+
+
 # OpenAI's tool_choice strings → Anthropic's tool_choice types
 TOOL_CHOICE = {"auto": "auto", "required": "any", "none": "none"}
 
@@ -145,8 +168,9 @@ def messages_request(body: dict[str, Any], model: str) -> dict[str, Any]:
         raise _bad("n > 1 is not supported by this model", "n")
     if body.get("logprobs"):
         raise _bad("logprobs are not supported by this model", "logprobs")
-    if (body.get("response_format") or {}).get("type", "text") != "text":
-        raise _bad("response_format is not supported by this model", "response_format")
+    wanted = body.get("response_format") or {}
+    if answers_in_json(body) and body.get("tools"):
+        raise _bad("response_format together with tools is not supported by this model", "tools")
     system, turns = _messages(body.get("messages") or [])
     max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
     out: dict[str, Any] = {
@@ -180,6 +204,9 @@ def messages_request(body: dict[str, Any], model: str) -> dict[str, Any]:
     choice = _tool_choice(body.get("tool_choice"), body.get("parallel_tool_calls"))
     if choice is not None:
         out["tool_choice"] = choice
+    if answers_in_json(body):
+        out["tools"] = [_answer_tool(wanted)]
+        out["tool_choice"] = {"type": "tool", "name": ANSWER_TOOL}
     if body.get("stream"):
         out["stream"] = True
     return out
@@ -212,11 +239,16 @@ def tool_call(index: int, block: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def chat_reply(message: dict[str, Any], model: str) -> dict[str, Any]:
-    """An Anthropic Message → an OpenAI chat.completion."""
+def chat_reply(message: dict[str, Any], model: str, json_answer: bool = False) -> dict[str, Any]:
+    """An Anthropic Message → an OpenAI chat.completion. `json_answer`: the request asked for a
+    JSON answer, which the answer tool's input is (the text before it, the model's preamble, is
+    not the answer)."""
     blocks = message.get("content") or []
     text = "".join(b["text"] for b in blocks if b.get("type") == "text")
     uses = [b for b in blocks if b.get("type") == "tool_use"]
+    if json_answer:
+        answer = [json.dumps(b.get("input") or {}) for b in uses if b["name"] == ANSWER_TOOL]
+        text, uses = (answer[0] if answer else text), []
     reply: dict[str, Any] = {
         "role": "assistant",
         "content": text or (None if uses else ""),
@@ -236,13 +268,18 @@ def chat_reply(message: dict[str, Any], model: str) -> dict[str, Any]:
                 "index": 0,
                 "message": reply,
                 "logprobs": None,
-                "finish_reason": FINISH.get(message.get("stop_reason") or "", "stop"),
+                "finish_reason": _finish(message.get("stop_reason"), json_answer),
                 # vLLM's field: the stop string that ended it, for Anthropic's clients
                 "stop_reason": message.get("stop_sequence"),
             }
         ],
         "usage": usage(message.get("usage") or {}),
     }
+
+
+def _finish(stop_reason: str | None, json_answer: bool) -> str:
+    finish = FINISH.get(stop_reason or "", "stop")
+    return "stop" if json_answer and finish == "tool_calls" else finish  # the answer tool's call
 
 
 def error_reply(status: int, raw: bytes) -> tuple[int, bytes]:
@@ -283,9 +320,11 @@ class ChunkWriter:
 
     model: str
     include_usage: bool
+    json_answer: bool = False  # the answer tool's input is the content (see chat_reply)
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
     tools: dict[int, int] = field(default_factory=dict)  # content block index → tool call index
+    answer: int | None = None  # the content block of the answer tool's call
     usage: dict[str, Any] = field(default_factory=dict)
     finish: str = "stop"
     stop_sequence: str | None = None  # the stop string that ended the message
@@ -313,18 +352,23 @@ class ChunkWriter:
             return self._chunk({"role": "assistant", "content": ""})
         if kind == "content_block_start":
             block = data.get("content_block") or {}
+            if self.json_answer and block.get("type") == "tool_use":
+                self.answer = data["index"] if block.get("name") == ANSWER_TOOL else self.answer
+                return b""
             if block.get("type") == "tool_use":
                 index = self.tools[data["index"]] = len(self.tools)
                 call = tool_call(index, {**block, "input": None})
                 call["function"]["arguments"] = ""
                 return self._chunk({"tool_calls": [call]})
-            if block.get("type") == "text" and block.get("text"):
+            if block.get("type") == "text" and block.get("text") and not self.json_answer:
                 return self._chunk({"content": block["text"]})
             return b""
         if kind == "content_block_delta":
             delta = data.get("delta") or {}
-            if delta.get("type") == "text_delta":
+            if delta.get("type") == "text_delta" and not self.json_answer:
                 return self._chunk({"content": delta.get("text", "")})
+            if delta.get("type") == "input_json_delta" and data.get("index") == self.answer:
+                return self._chunk({"content": delta.get("partial_json", "")})
             if delta.get("type") == "input_json_delta" and data.get("index") in self.tools:
                 arguments = {"arguments": delta.get("partial_json", "")}
                 call = {"index": self.tools[data["index"]], "function": arguments}
@@ -333,7 +377,7 @@ class ChunkWriter:
         if kind == "message_delta":
             stop = (data.get("delta") or {}).get("stop_reason")
             if stop:
-                self.finish = FINISH.get(stop, "stop")
+                self.finish = _finish(stop, self.json_answer)
                 self.stop_sequence = (data.get("delta") or {}).get("stop_sequence")
             self.usage.update({k: v for k, v in (data.get("usage") or {}).items() if v is not None})
             return b""

@@ -10,6 +10,7 @@ from urllib.parse import quote
 from tokenyard.backends import converse_wire
 from tokenyard.backends.anthropic_wire import ChunkWriter, chat_chunks, chat_reply, error_reply
 from tokenyard.backends.deployments import Deployment
+from tokenyard.backends.translated import Asked
 
 
 class ConverseWire:
@@ -29,14 +30,15 @@ class ConverseWire:
     def counted(self, reply: Any) -> int:
         raise NotImplementedError
 
-    def reply(self, reply: Any, model: str) -> tuple[int, bytes]:
+    def reply(self, reply: Any, asked: Asked) -> tuple[int, bytes]:
         message = converse_wire.anthropic_message(reply)
-        return 200, json.dumps(chat_reply(message, model)).encode()
+        return 200, json.dumps(chat_reply(message, asked.model, asked.json_answer)).encode()
 
     def error(self, status: int, raw: bytes) -> tuple[int, bytes]:
         return error_reply(status, raw)  # Bedrock's `{"message"}`, as for Anthropic's models
 
     def chunks(
-        self, at: Deployment, raw: AsyncIterator[bytes], model: str, include_usage: bool
+        self, at: Deployment, raw: AsyncIterator[bytes], asked: Asked
     ) -> AsyncIterator[bytes]:
-        return chat_chunks(converse_wire.events(raw), ChunkWriter(model, include_usage))
+        writer = ChunkWriter(asked.model, asked.include_usage, asked.json_answer)
+        return chat_chunks(converse_wire.events(raw), writer)

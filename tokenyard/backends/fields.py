@@ -81,7 +81,11 @@ FIELDS: dict[str, Rule] = {
     "logprobs": Rule(BOTH, (H, P, R, H, R), needs="logprobs"),
     "top_logprobs": Rule(CHAT, (H, P, R, H, R), needs="logprobs"),
     "response_format": Rule(
-        CHAT, (H, P, R, H, R), needs="structured_outputs", inert=({"type": "text"},)
+        CHAT,
+        (H, P, H, H, H),
+        needs="structured_outputs",
+        inert=({"type": "text"},),
+        note="Anthropic, Converse: a forced answer tool whose input is the JSON, not with tools",
     ),
     "tools": Rule(CHAT, (H, P, H, H, H), needs="tools", inert=([],)),
     "tool_choice": Rule(

@@ -8,6 +8,7 @@ from typing import Any
 
 from tokenyard.backends import gemini_wire, sse
 from tokenyard.backends.deployments import Deployment
+from tokenyard.backends.translated import Asked
 
 
 def headers(api_key: str) -> dict[str, str]:
@@ -35,17 +36,18 @@ class GeminiWire:
     def counted(self, reply: Any) -> int:
         return int(reply["totalTokens"])
 
-    def reply(self, reply: Any, model: str) -> tuple[int, bytes]:
+    def reply(self, reply: Any, asked: Asked) -> tuple[int, bytes]:
         refused = gemini_wire.blocked(reply)
         if refused is not None:
             return refused
-        return 200, json.dumps(gemini_wire.chat_reply(reply, model)).encode()
+        return 200, json.dumps(gemini_wire.chat_reply(reply, asked.model)).encode()
 
     def error(self, status: int, raw: bytes) -> tuple[int, bytes]:
         return gemini_wire.error_reply(status, raw)
 
     def chunks(
-        self, at: Deployment, raw: AsyncIterator[bytes], model: str, include_usage: bool
+        self, at: Deployment, raw: AsyncIterator[bytes], asked: Asked
     ) -> AsyncIterator[bytes]:
-        writer = gemini_wire.ChunkWriter(model, include_usage)
+        # Gemini answers in JSON by itself (responseJsonSchema): no answer tool to unwrap
+        writer = gemini_wire.ChunkWriter(asked.model, asked.include_usage)
         return gemini_wire.chat_chunks(sse.events(raw), writer)

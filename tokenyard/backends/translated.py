@@ -7,8 +7,10 @@ Such APIs have no text completions: /v1/completions is a 400."""
 import asyncio
 import json
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
+from tokenyard.backends.anthropic_wire import answers_in_json
 from tokenyard.backends.api import Opened, Reply
 from tokenyard.backends.base import (
     BufferedStream,
@@ -23,6 +25,16 @@ from tokenyard.backends.base import (
 from tokenyard.backends.deployments import DeployedUpstream, Deployment, Deployments
 from tokenyard.backends.retry import Retryable
 from tokenyard.core.errors import GatewayError
+
+
+@dataclass(frozen=True)
+class Asked:
+    """What the client's request asked of the answer's shape, which a wire's translation of the
+    reply needs beside the reply itself."""
+
+    model: str  # the catalog's name, which the answer carries
+    include_usage: bool = False  # a stream's usage chunk
+    json_answer: bool = False  # a JSON answer (response_format), where a tool carries it
 
 
 class Wire(Protocol):
@@ -46,7 +58,7 @@ class Wire(Protocol):
 
     def counted(self, reply: Any) -> int: ...
 
-    def reply(self, reply: Any, model: str) -> tuple[int, bytes]:
+    def reply(self, reply: Any, asked: Asked) -> tuple[int, bytes]:
         """A 200 reply → (status, OpenAI body): a refusal where the API says so in a 200."""
         ...
 
@@ -55,7 +67,7 @@ class Wire(Protocol):
         ...
 
     def chunks(
-        self, at: Deployment, raw: AsyncIterator[bytes], model: str, include_usage: bool
+        self, at: Deployment, raw: AsyncIterator[bytes], asked: Asked
     ) -> AsyncIterator[bytes]:
         """A 200 stream's bytes → OpenAI chunk events; StreamRefusal for a refusal within."""
         ...
@@ -75,7 +87,7 @@ class TranslatedUpstream(DeployedUpstream):
         super().__init__(info, deployments)
         self.wire = wire
 
-    def _prepare(self, call: UpstreamCall) -> tuple[dict[str, Any], bool]:
+    def _prepare(self, call: UpstreamCall) -> tuple[dict[str, Any], Asked]:
         if call.path != "/v1/chat/completions":
             raise GatewayError(
                 400,
@@ -85,7 +97,8 @@ class TranslatedUpstream(DeployedUpstream):
             )
         body: dict[str, Any] = json.loads(call.body)
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-        return self.wire.translate(body), include_usage
+        asked = Asked(self.info.name, include_usage, answers_in_json(body))
+        return self.wire.translate(body), asked
 
     def _refused(self, status: int, raw: bytes) -> UpstreamReply:
         return UpstreamReply(*self.wire.error(status, raw), "application/json")
@@ -110,20 +123,18 @@ class TranslatedUpstream(DeployedUpstream):
         return self._refused(response.status, response.body)
 
     async def complete(self, call: UpstreamCall) -> UpstreamReply:
-        native, _ = self._prepare(call)
+        native, asked = self._prepare(call)
 
         async def send(at: Deployment) -> Reply:
             return await at.api.post(*self.wire.request(native, at, stream=False))
 
         response = await self.deployments.reply(send, call)
-        if response.status == 200:
-            return UpstreamReply(
-                *self.wire.reply(response.json(), self.info.name), "application/json"
-            )
-        return self._refused(response.status, response.body)
+        if response.status != 200:
+            return self._refused(response.status, response.body)
+        return UpstreamReply(*self.wire.reply(response.json(), asked), "application/json")
 
     async def open_stream(self, call: UpstreamCall) -> UpstreamStream:
-        native, include_usage = self._prepare(call)
+        native, asked = self._prepare(call)
         wire, name = self.wire, self.info.name
 
         async def send(
@@ -132,7 +143,7 @@ class TranslatedUpstream(DeployedUpstream):
             opened = await at.api.open(*wire.request(native, at, stream=True))
             if isinstance(opened, Reply):
                 return BufferedStream(*wire.error(opened.status, opened.body))
-            chunks = wire.chunks(at, opened.chunks(), name, include_usage)
+            chunks = wire.chunks(at, opened.chunks(), asked)
             try:  # a refusal in place of the first event is the answer, retried if 429/5xx
                 async with asyncio.timeout(at.api.policy.first_token_timeout_s):
                     first = await anext(chunks)
