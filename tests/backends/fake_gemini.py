@@ -68,7 +68,7 @@ STATUSES |= {404: "NOT_FOUND", 429: "RESOURCE_EXHAUSTED", 500: "INTERNAL", 503: 
 STATUSES |= {504: "DEADLINE_EXCEEDED"}
 ARGS = {"city": "Paris"}
 RESPONSE_ID = "fake-response"
-VERBS = "generateContent|streamGenerateContent|countTokens"
+VERBS = "generateContent|streamGenerateContent|countTokens|batchEmbedContents|predict"
 _STUDIO = re.compile(rf"^/v1beta/models/([^/:]+):({VERBS})$")
 _VERTEX = re.compile(
     rf"^/v1/projects/([^/]+)/locations/([^/]+)/publishers/google/models/([^/:]+):({VERBS})$"
@@ -161,11 +161,72 @@ def prompt_text(body: Any) -> str:
         return ""
     if isinstance(body.get("generateContentRequest"), dict):
         body = body["generateContentRequest"]
+    if isinstance(body.get("requests"), list) or isinstance(body.get("instances"), list):
+        return " ".join(embedded_texts(body))
     texts = _texts(body.get("systemInstruction"))
     contents = body.get("contents")
     for content in contents if isinstance(contents, list) else []:
         texts += _texts(content)
     return " ".join(texts)
+
+
+def embedded_texts(body: dict[str, Any]) -> list[str]:
+    """The texts of an embedding request: AI Studio's batchEmbedContents (`requests[].content`)
+    or Vertex AI's predict (`instances[].content`)."""
+    if isinstance(body.get("instances"), list):
+        return [str(i.get("content", "")) for i in body["instances"] if isinstance(i, dict)]
+    asks = [r for r in body.get("requests") or [] if isinstance(r, dict)]
+    return [" ".join(_texts(r.get("content"))) for r in asks]
+
+
+def vector(text: str, size: int) -> list[float]:
+    """A made-up embedding, the same for the same text: its words' lengths, cycled and scaled."""
+    lengths = [len(w) for w in text.split()] or [0]
+    return [round(lengths[i % len(lengths)] / 10 + i / 1000, 4) for i in range(size)]
+
+
+EMBEDDING_SIZE = 8  # the fake's default outputDimensionality
+
+
+def embed(body: dict[str, Any], cloud: str, model: str) -> dict[str, Any]:
+    """batchEmbedContents (AI Studio) or predict (Vertex AI), checked as Google checks them."""
+    if cloud == "vertex":
+        _fields(body, {"instances", "parameters"}, "")
+        parameters = _fields(
+            body.get("parameters") or {}, {"outputDimensionality", "autoTruncate"}, "parameters"
+        )
+        size = int(parameters.get("outputDimensionality") or EMBEDDING_SIZE)
+        instances = body.get("instances")
+        if not isinstance(instances, list) or not instances:
+            raise Invalid("instances must be a non-empty list")
+        predictions = []
+        for i, instance in enumerate(instances):
+            fields = _fields(instance, {"content", "task_type", "title"}, f"instances[{i}]")
+            text = fields.get("content")
+            if not isinstance(text, str):
+                raise Invalid(f"instances[{i}].content must be a string")
+            statistics = {"token_count": len(text.split()), "truncated": False}
+            predictions.append(
+                {"embeddings": {"values": vector(text, size), "statistics": statistics}}
+            )
+        return {
+            "predictions": predictions,
+            "metadata": {"billableCharacterCount": sum(len(t) for t in embedded_texts(body))},
+        }
+    _fields(body, {"requests"}, "")
+    asks = body.get("requests")
+    if not isinstance(asks, list) or not asks:
+        raise Invalid("requests must be a non-empty list")
+    vectors = []
+    for i, ask in enumerate(asks):
+        known = {"model", "content", "taskType", "title", "outputDimensionality"}
+        fields = _fields(ask, known, f"requests[{i}]")
+        if fields.get("model") != f"models/{model}":
+            raise Invalid(f"requests[{i}].model must be the model of the URL (models/{model})")
+        _system(fields.get("content"))  # a Content of text parts
+        size = int(fields.get("outputDimensionality") or EMBEDDING_SIZE)
+        vectors.append({"values": vector(embedded_texts({"requests": [ask]})[0], size)})
+    return {"embeddings": vectors}
 
 
 @dataclass
@@ -682,6 +743,13 @@ def make_app() -> Any:
         if stream and parse_qs(query).get("alt") != ["sse"]:  # Google's default: a JSON array
             message = "the fake streams Server-Sent Events only: add ?alt=sse"
             return await send_json(send, 400, error(400, message))
+        if verb in ("batchEmbedContents", "predict"):
+            if (verb == "predict") != (cloud == "vertex"):  # each cloud embeds its own way
+                return await send_json(send, 404, error(404, f"Method not found: {path}"))
+            try:
+                return await send_json(send, 200, embed(body, cloud, model))
+            except Invalid as why:
+                return await send_json(send, 400, error(400, str(why)))
         try:
             if verb == "countTokens":
                 check_count(body, cloud, model)

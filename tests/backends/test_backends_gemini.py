@@ -3,7 +3,9 @@ test_backends_gemini_fake.py): Google AI Studio with a key, Vertex AI with a ser
 token; replies, streams, tool calls whose thought signatures Gemini 3 requires back, thinking
 tokens, Gemini's own safety blocks, and the faults the retry layer handles."""
 
+import base64
 import json
+import struct
 from typing import Any
 
 import msgspec
@@ -241,3 +243,51 @@ async def test_structured_outputs_logprobs_and_candidates_reach_gemini(
     assert [c["index"] for c in reply["choices"]] == [0, 1]
     tokens = reply["choices"][0]["logprobs"]["content"]
     assert len(tokens) == 2 and all(len(t["top_logprobs"]) == 2 for t in tokens)
+
+
+async def test_gemini_embeddings_at_ai_studio_and_vertex(
+    build_entry: Any, gemini_url: str, service_account: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """OpenAI's embeddings request to a Gemini embedding model: AI Studio's batchEmbedContents
+    (usage estimated: it counts none), Vertex AI's predict (its own token counts); `dimensions`
+    and base64 vectors; token ids and streaming refused."""
+    monkeypatch.setenv(KEY_ENV, "gm-key")
+    control(gemini_url, reset=True)
+    studio = ModelEntry(
+        id="embed",
+        provider="gemini",
+        kind="embedding",
+        upstream_model="gemini-embedding-001",
+        base_urls=(gemini_url + "/v1beta",),
+        api_key_env=KEY_ENV,
+    )
+    vertex = DeploymentEntry(
+        base_url=f"{gemini_url}/v1/projects/proj/locations/us-central1", provider="vertex"
+    )
+    on_vertex = msgspec.structs.replace(studio, base_urls=(), api_key_env="", deployments=(vertex,))
+    texts = ["one small text", "two"]
+    body = {"model": "embed", "input": texts, "dimensions": 4}
+    asked = UpstreamCall("/v1/embeddings", json.dumps(body).encode(), {})
+    for entry, cloud, tokens in ((studio, "studio", 5), (on_vertex, "vertex", 4)):
+        reply = msgspec.json.decode((await build_entry(entry).complete(asked)).body)
+        assert [d["index"] for d in reply["data"]] == [0, 1] and reply["model"] == "embed"
+        assert len(reply["data"][0]["embedding"]) == 4
+        assert reply["usage"] == {"prompt_tokens": tokens, "total_tokens": tokens}
+        seen = stats(gemini_url)
+        assert (seen["cloud"], seen["verb"]) == (
+            cloud,
+            "batchEmbedContents" if cloud == "studio" else "predict",
+        )
+    as_base64 = UpstreamCall(
+        "/v1/embeddings", json.dumps({**body, "encoding_format": "base64"}).encode(), {}
+    )
+    packed = msgspec.json.decode((await build_entry(studio).complete(as_base64)).body)
+    floats = struct.unpack("<4f", base64.b64decode(packed["data"][0]["embedding"]))
+    plain = msgspec.json.decode((await build_entry(studio).complete(asked)).body)
+    assert floats == pytest.approx(plain["data"][0]["embedding"], rel=1e-6)
+    ids = UpstreamCall("/v1/embeddings", json.dumps({"input": [[1, 2, 3]]}).encode(), {})
+    with pytest.raises(GatewayError) as refused:
+        await build_entry(studio).complete(ids)
+    assert refused.value.param == "input"
+    (checked,) = await build_entry(studio).check("embedding")
+    assert checked.ok, checked.error

@@ -307,7 +307,29 @@ def test_vertex_through_the_sdk(gemini_url: str) -> None:
     )
     assert counted.total_tokens == 5
     assert stats(gemini_url)["verb"] == "countTokens"
+    embedded = client.models.embed_content(
+        model="text-embedding-005",
+        contents=["one two", "three"],
+        config=types.EmbedContentConfig(output_dimensionality=3),
+    )
+    assert [len(e.values or []) for e in embedded.embeddings or []] == [3, 3]
+    assert embedded.embeddings is not None and embedded.embeddings[0].statistics is not None
+    assert embedded.embeddings[0].statistics.token_count == 2
+    assert stats(gemini_url)["verb"] == "predict"
     client.close()
     route = f"{gemini_url}/v1/projects/p/locations/r/publishers/google/models/{MODEL}:countTokens"
     raw = httpx.post(route, json=ASK, headers={"authorization": "Bearer t"})
     assert raw.json() == {"totalTokens": 2, "totalBillableCharacters": 14}  # no spaces
+
+
+def test_embeddings_through_the_sdk(studio: genai.Client, gemini_url: str) -> None:
+    embedded = studio.models.embed_content(
+        model="gemini-embedding-001",
+        contents=["one two", "three"],
+        config=types.EmbedContentConfig(output_dimensionality=4, task_type="RETRIEVAL_DOCUMENT"),
+    )
+    vectors = [e.values for e in embedded.embeddings or []]
+    assert [len(v or []) for v in vectors] == [4, 4] and vectors[0] != vectors[1]
+    seen = stats(gemini_url)
+    assert seen["verb"] == "batchEmbedContents"
+    assert seen["last_body"]["requests"][0]["model"] == "models/gemini-embedding-001"

@@ -1,14 +1,17 @@
 """Google's Gemini API as a backend (translation in gemini_wire.py), run by translated.py: Google
 AI Studio with an API key (`x-goog-api-key`), or Vertex AI with Google Cloud's credentials (the
-model under /publishers/google/models/)."""
+model under /publishers/google/models/); and Gemini's embedding models."""
 
 import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 from tokenyard.backends import gemini_wire, sse
-from tokenyard.backends.deployments import Deployment
+from tokenyard.backends.api import Reply
+from tokenyard.backends.base import UpstreamCall, UpstreamReply, UpstreamStream
+from tokenyard.backends.deployments import DeployedUpstream, Deployment
 from tokenyard.backends.translated import Asked
+from tokenyard.core.errors import GatewayError
 
 
 def headers(api_key: str) -> dict[str, str]:
@@ -51,3 +54,41 @@ class GeminiWire:
         # Gemini answers in JSON by itself (responseJsonSchema): no answer tool to unwrap
         writer = gemini_wire.ChunkWriter(asked.model, asked.include_usage)
         return gemini_wire.chat_chunks(sse.events(raw), writer)
+
+
+class GeminiEmbeddings(DeployedUpstream):
+    """Gemini's embedding models (gemini-embedding-001, text-embedding-005): OpenAI's
+    /v1/embeddings in, AI Studio's batchEmbedContents or Vertex AI's predict out."""
+
+    def ping(self, at: Deployment, path: str, body: dict[str, Any]) -> tuple[str, bytes]:
+        where, asked = gemini_wire.embed_request(body, _cloud(at), at.model)
+        return where, json.dumps(asked).encode()
+
+    def refusal(self, status: int, raw: bytes) -> tuple[int, bytes]:
+        return gemini_wire.error_reply(status, raw)
+
+    async def complete(self, call: UpstreamCall) -> UpstreamReply:
+        if call.path != "/v1/embeddings":
+            raise GatewayError(
+                400,
+                f"model {self.info.name!r} serves only /v1/embeddings",
+                code="unsupported_endpoint",
+                param="model",
+            )
+        body: dict[str, Any] = json.loads(call.body)
+        gemini_wire.embedding_inputs(body)  # refused before anything is sent
+
+        async def send(at: Deployment) -> Reply:
+            return await at.api.post(*self.ping(at, call.path, body))
+
+        response = await self.deployments.reply(send, call)
+        if response.status != 200:
+            return UpstreamReply(*self.refusal(response.status, response.body), "application/json")
+        reply = gemini_wire.embeddings_reply(response.json(), body, self.info.name)
+        return UpstreamReply(200, json.dumps(reply).encode(), "application/json")
+
+    async def open_stream(self, call: UpstreamCall) -> UpstreamStream:
+        raise GatewayError(400, "embeddings are not streamed", param="stream")
+
+    async def count_tokens(self, call: UpstreamCall) -> UpstreamReply | None:
+        return None

@@ -6,9 +6,11 @@ two directions cannot drift apart. Requests carry JSON Schema as it is (`paramet
 `responseJsonSchema`), not Gemini's older OpenAPI subset.
 """
 
+import base64
 import json
 import mimetypes
 import secrets
+import struct
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -455,3 +457,54 @@ async def chat_chunks(
         if event.data and (out := writer.write(json.loads(event.data))):
             yield out
     yield writer.end()
+
+
+def embedding_inputs(body: dict[str, Any]) -> list[str]:
+    """An OpenAI embeddings request's texts (Gemini embeds text, not token ids)."""
+    given = body.get("input")
+    texts = [given] if isinstance(given, str) else given
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+        raise _bad("Gemini embeds text: input must be a string or a list of strings", "input")
+    return texts
+
+
+def embed_request(body: dict[str, Any], cloud: Cloud, model: str) -> tuple[str, dict[str, Any]]:
+    """Where an OpenAI embeddings request goes, and its body: AI Studio's batchEmbedContents (one
+    request per text), Vertex AI's predict (one instance per text)."""
+    texts, size = embedding_inputs(body), body.get("dimensions")
+    if cloud == "vertex":
+        asked: dict[str, Any] = {"instances": [{"content": t} for t in texts]}
+        if size:
+            asked["parameters"] = {"outputDimensionality": size}
+        return path(cloud, model, "predict"), asked
+    one = {"model": f"models/{model}"} | ({"outputDimensionality": size} if size else {})
+    requests = [one | {"content": {"parts": [{"text": t}]}} for t in texts]
+    return path(cloud, model, "batchEmbedContents"), {"requests": requests}
+
+
+def embeddings_reply(reply: dict[str, Any], body: dict[str, Any], model: str) -> dict[str, Any]:
+    """Gemini's vectors → OpenAI's embeddings list. Vertex AI counts each text's tokens; AI
+    Studio does not, so its usage is the gateway's estimate (a token per 4 bytes)."""
+    if "predictions" in reply:
+        found = [p["embeddings"] for p in reply["predictions"]]
+        vectors = [f["values"] for f in found]
+        tokens = sum(int((f.get("statistics") or {}).get("token_count") or 0) for f in found)
+    else:
+        vectors = [e["values"] for e in reply["embeddings"]]
+        tokens = sum(-(-len(t.encode()) // 4) for t in embedding_inputs(body))
+    as_base64 = body.get("encoding_format") == "base64"
+    data = [
+        {
+            "object": "embedding",
+            "index": i,
+            "embedding": _packed(v) if as_base64 else v,
+        }
+        for i, v in enumerate(vectors)
+    ]
+    usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+    return {"object": "list", "data": data, "model": model, "usage": usage}
+
+
+def _packed(vector: list[float]) -> str:
+    """OpenAI's base64 encoding_format: the floats as little-endian float32, base64."""
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()

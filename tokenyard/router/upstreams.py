@@ -18,7 +18,7 @@ from tokenyard.backends.deployment_limits import DeploymentLimits
 from tokenyard.backends.deployments import Deployment, Deployments
 from tokenyard.backends.engine import EngineUpstream
 from tokenyard.backends.entra import EntraTokens
-from tokenyard.backends.gemini import GeminiWire
+from tokenyard.backends.gemini import GeminiEmbeddings, GeminiWire
 from tokenyard.backends.gemini import headers as gemini_headers
 from tokenyard.backends.google_auth import GoogleTokens
 from tokenyard.backends.openai import OpenAIUpstream
@@ -124,6 +124,8 @@ def build_upstream(entry: ModelEntry, redis: Redis, settings: Settings) -> Upstr
     )
     if entry.wire == "anthropic":
         return TranslatedUpstream(info, deployments, AnthropicWire())
+    if entry.wire == "gemini" and entry.kind == "embedding":
+        return GeminiEmbeddings(info, deployments)
     if entry.wire == "gemini":
         return TranslatedUpstream(info, deployments, GeminiWire())
     if entry.wire == "converse":
