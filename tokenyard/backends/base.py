@@ -122,6 +122,12 @@ class Upstream(Protocol):
     async def aclose(self) -> None: ...
 
 
+def serves_only(model: str, path: str) -> GatewayError:
+    """The 400 for a request at an endpoint a model does not serve."""
+    message = f"model {model!r} serves only {path}"
+    return GatewayError(400, message, code="unsupported_endpoint", param="model")
+
+
 class BackendUnavailable(GatewayError):
     """The backend failed before the first byte of its reply (after its own retries): nothing
     reached the client, so the gateway may try the next model of the route."""

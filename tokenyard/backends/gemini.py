@@ -8,7 +8,7 @@ from typing import Any
 
 from tokenyard.backends import gemini_wire, sse
 from tokenyard.backends.api import Reply
-from tokenyard.backends.base import UpstreamCall, UpstreamReply, UpstreamStream
+from tokenyard.backends.base import UpstreamCall, UpstreamReply, UpstreamStream, serves_only
 from tokenyard.backends.deployments import DeployedUpstream, Deployment
 from tokenyard.backends.translated import Asked
 from tokenyard.core.errors import GatewayError
@@ -69,12 +69,7 @@ class GeminiEmbeddings(DeployedUpstream):
 
     async def complete(self, call: UpstreamCall) -> UpstreamReply:
         if call.path != "/v1/embeddings":
-            raise GatewayError(
-                400,
-                f"model {self.info.name!r} serves only /v1/embeddings",
-                code="unsupported_endpoint",
-                param="model",
-            )
+            raise serves_only(self.info.name, "/v1/embeddings")
         body: dict[str, Any] = json.loads(call.body)
         gemini_wire.embedding_inputs(body)  # refused before anything is sent
 

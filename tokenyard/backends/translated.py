@@ -21,10 +21,10 @@ from tokenyard.backends.base import (
     UpstreamReply,
     UpstreamStream,
     counted,
+    serves_only,
 )
 from tokenyard.backends.deployments import DeployedUpstream, Deployment, Deployments
 from tokenyard.backends.retry import Retryable
-from tokenyard.core.errors import GatewayError
 
 
 @dataclass(frozen=True)
@@ -89,12 +89,7 @@ class TranslatedUpstream(DeployedUpstream):
 
     def _prepare(self, call: UpstreamCall) -> tuple[dict[str, Any], Asked]:
         if call.path != "/v1/chat/completions":
-            raise GatewayError(
-                400,
-                f"model {self.info.name!r} serves only /v1/chat/completions",
-                code="unsupported_endpoint",
-                param="model",
-            )
+            raise serves_only(self.info.name, "/v1/chat/completions")
         body: dict[str, Any] = json.loads(call.body)
         include_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         asked = Asked(self.info.name, include_usage, answers_in_json(body))
