@@ -851,9 +851,11 @@ def test_images_are_generated_screened_limited_and_charged_by_their_tokens(
         gw.client(restricted).images.generate(model="image-fake", prompt="a fox")
     assert refused.value.code == "insufficient_scope"
     assert stats(providers["openai"])["requests"] == requests_before
-    store.write_policy(sql, name, apply(DEFAULT, [parse_change("input.*=block")]))
+    # a team whose policy blocks (set before its first request: gateways cache a team's policy)
+    strict, strict_key = team()
+    store.write_policy(sql, strict, apply(DEFAULT, [parse_change("input.*=block")]))
     with pytest.raises(openai.BadRequestError) as blocked:
-        client.images.generate(model="image-fake", prompt=texts.harmful)
+        gw.client(strict_key).images.generate(model="image-fake", prompt=texts.harmful)
     assert blocked.value.code == "content_policy_violation"
     # the verdict came before the call: no image was begun (and paid for) at the provider
     assert stats(providers["openai"])["requests"] == requests_before
