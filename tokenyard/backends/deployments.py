@@ -31,6 +31,7 @@ from tokenyard.backends.base import (
     LiveStream,
     ModelInfo,
     UpstreamCall,
+    UpstreamReply,
     log,
     rendezvous,
 )
@@ -248,6 +249,10 @@ class DeployedUpstream:
     def refusal(self, status: int, raw: bytes) -> tuple[int, bytes]:
         """A refusal in OpenAI's shape (the provider's own, translated where it has another)."""
         return status, raw
+
+    def refused(self, status: int, raw: bytes) -> UpstreamReply:
+        """A refusal as the gateway's reply."""
+        return UpstreamReply(*self.refusal(status, raw), "application/json")
 
     async def check(self, kind: str) -> list[Check]:
         """Each deployment tried once with the smallest request of `kind` (backends/checks.py)."""

@@ -78,7 +78,7 @@ class GeminiEmbeddings(DeployedUpstream):
 
         response = await self.deployments.reply(send, call)
         if response.status != 200:
-            return UpstreamReply(*self.refusal(response.status, response.body), "application/json")
+            return self.refused(response.status, response.body)
         reply = gemini_wire.embeddings_reply(response.json(), body, self.info.name)
         return UpstreamReply(200, json.dumps(reply).encode(), "application/json")
 

@@ -95,9 +95,6 @@ class TranslatedUpstream(DeployedUpstream):
         asked = Asked(self.info.name, include_usage, answers_in_json(body))
         return self.wire.translate(body), asked
 
-    def _refused(self, status: int, raw: bytes) -> UpstreamReply:
-        return UpstreamReply(*self.wire.error(status, raw), "application/json")
-
     def ping(self, at: Deployment, path: str, body: dict[str, Any]) -> tuple[str, bytes]:
         return self.wire.request(self.wire.translate(body), at, stream=False)  # chat only
 
@@ -115,7 +112,7 @@ class TranslatedUpstream(DeployedUpstream):
         response = await self.deployments.reply(send, call)
         if response.status == 200:
             return counted(self.wire.counted(response.json()))
-        return self._refused(response.status, response.body)
+        return self.refused(response.status, response.body)
 
     async def complete(self, call: UpstreamCall) -> UpstreamReply:
         native, asked = self._prepare(call)
@@ -125,7 +122,7 @@ class TranslatedUpstream(DeployedUpstream):
 
         response = await self.deployments.reply(send, call)
         if response.status != 200:
-            return self._refused(response.status, response.body)
+            return self.refused(response.status, response.body)
         return UpstreamReply(*self.wire.reply(response.json(), asked), "application/json")
 
     async def open_stream(self, call: UpstreamCall) -> UpstreamStream:

@@ -280,27 +280,27 @@ class Exchange:
         the call is made, and a blocked prompt is never sent."""
         if p.check is None:
             return await call
-        if p.check.first:
-            try:
-                verdict = await p.check.verdict()
-            except BaseException:
-                call.close()
-                raise
-            if not verdict.blocked:
-                return await call
-            call.close()  # never sent
-            got = None
-        else:
-            task = asyncio.ensure_future(call)
-            await asyncio.sleep(0)  # the upstream call starts: its request goes out first
-            try:
-                verdict = await p.check.verdict()
-            except BaseException:
+        # the call starts first, its request going out while the prompt is classified; a check
+        # asked `first` is answered before the call is made
+        task = None if p.check.first else asyncio.ensure_future(call)
+        await asyncio.sleep(0)
+
+        def drop() -> None:
+            if task is None:
+                call.close()  # never sent
+            else:
                 task.cancel()
-                raise
-            if not verdict.blocked:
-                return await task
-            task.cancel()
+
+        try:
+            verdict = await p.check.verdict()
+        except BaseException:
+            drop()
+            raise
+        if not verdict.blocked:
+            return await (call if task is None else task)
+        drop()
+        got = None
+        if task is not None:
             await asyncio.wait({task})  # done already, or cancelled now
             got = None if task.cancelled() or task.exception() else task.result()
         usage = Usage()
