@@ -73,7 +73,7 @@ def test_each_bad_value_gets_its_own_message() -> None:
         "models": "not in the catalog: gpt-9",
         "model_limits": f"'big': rpm must be a whole number from 1 to {2**53}",
         "scopes": "names no scope chat: the scopes are completions, embeddings, images, "
-        "moderations, batch, usage, feedback",
+        "audio, moderations, batch, usage, feedback",
     }
     # per-model limits must name the catalog's models, each with rpm=N and/or tpm=N
     for typed, error in (

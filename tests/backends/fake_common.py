@@ -1,5 +1,5 @@
 """What the fake OpenAI and Anthropic servers share: ASGI plumbing, prompt directives, fault state,
-the control and stats endpoints, and the command line.
+the control and stats endpoints, multipart forms, and the command line.
 
 Directives are `#name=value` words in the prompt text (all messages' text, or the prompt):
   #status=C            refuse with HTTP C, in the API's error shape
@@ -21,7 +21,11 @@ the last request's body and headers, per-prompt counts. GET /health: 200.
 
 import argparse
 import asyncio
+import email.parser
+import email.policy
+import io
 import re
+import wave
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -107,6 +111,44 @@ async def read_body(receive: Receive) -> bytes:
             return b"".join(chunks)
 
 
+def form_fields(raw: bytes, content_type: str) -> dict[str, Any]:
+    """A multipart form: its text fields by name (a repeated one as a list), its file as
+    {"filename", "content_type", "size", "seconds"} (seconds: a WAV file's length, else None).
+    ValueError: not a multipart form."""
+    head = f"content-type: {content_type}\r\n\r\n".encode()
+    message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(head + raw)
+    if not message.is_multipart():
+        raise ValueError("not a multipart form")
+    fields: dict[str, Any] = {}
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        data = part.get_payload(decode=True) or b""
+        if part.get_filename() is not None:
+            seconds = None
+            try:
+                with wave.open(io.BytesIO(data)) as audio:
+                    seconds = audio.getnframes() / audio.getframerate()
+            except (wave.Error, EOFError):
+                pass
+            kind = part.get_content_type()
+            value: Any = {"filename": part.get_filename(), "content_type": kind}
+            value |= {"size": len(data), "seconds": seconds}
+        else:
+            value = data.decode()
+        if name in fields:
+            held = fields[name]
+            fields[name] = [*held, value] if isinstance(held, list) else [held, value]
+        else:
+            fields[name] = value
+    return fields
+
+
+async def send_bytes(send: Send, status: int, body: bytes, content_type: str) -> None:
+    headers = [(b"content-type", content_type.encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
 async def send_json(
     send: Send, status: int, data: Any, headers: dict[str, str] | None = None
 ) -> None:
@@ -155,10 +197,14 @@ def make_asgi(handler: Handler, error: ErrorShape, prompt: Callable[[dict[str, A
             state.fail_retry_after = control.get("retry_after")
             return await send_json(send, 200, {"fail_next": state.fail_next})
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
+        content_type = headers.get("content-type", "")
         try:
-            body = msgspec.json.decode(raw)
-        except msgspec.DecodeError:
-            return await send_json(send, 400, error(400, "the body is not valid JSON"))
+            if content_type.startswith("multipart/form-data"):
+                body = form_fields(raw, content_type)
+            else:
+                body = msgspec.json.decode(raw)
+        except (msgspec.DecodeError, ValueError):
+            return await send_json(send, 400, error(400, "the body is not valid JSON or a form"))
         state.requests += 1
         state.last_body, state.last_headers, state.last_path = body, headers, path
         text = prompt(body)

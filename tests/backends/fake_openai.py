@@ -3,7 +3,9 @@ wire format (chunks with `usage: null` and a last `choices: []` usage chunk when
 stream_options.include_usage, then `data: [DONE]`; tool calls; errors as {"error": {...}}); and
 POST /v1/responses, whole or as its typed events (a message, or a function call with #tool), and
 its input-token count (POST /v1/responses/input_tokens); POST /v1/images/generations (gpt-image's
-shape: base64 images and their usage in tokens).
+shape: base64 images and their usage in tokens); POST /v1/audio/speech (the audio alone, no
+usage) and /v1/audio/transcriptions and /translations (a multipart form with a WAV file; every
+response format; whisper-1's usage in seconds, the gpt-4o models' in tokens).
 
 Like OpenAI it refuses a request without `Authorization: Bearer …` (401) and one with a field it
 does not know (400 "Unrecognized request argument supplied: top_k"). Faults and output follow the
@@ -13,6 +15,7 @@ Run: python tests/backends/fake_openai.py --port P
 """
 
 import asyncio
+import math
 import sys
 import time
 from pathlib import Path
@@ -29,6 +32,7 @@ from tests.backends.fake_common import (
     main,
     make_asgi,
     pace,
+    send_bytes,
     send_json,
     start_sse,
     text_of,
@@ -55,7 +59,24 @@ KNOWN = {
     "/v1/images/generations": {"model", "prompt", "n", "size", "quality", "response_format"}
     | {"style", "user", "background", "moderation", "output_format", "output_compression"}
     | {"partial_images", "stream"},
+    # CreateSpeechRequest, CreateTranscriptionRequest and CreateTranslationRequest
+    "/v1/audio/speech": {"model", "input", "voice", "instructions", "response_format", "speed"}
+    | {"stream_format"},
+    "/v1/audio/transcriptions": {"file", "model", "language", "prompt", "response_format"}
+    | {"temperature", "include[]", "timestamp_granularities[]", "stream", "chunking_strategy"}
+    | {"known_speaker_names[]", "known_speaker_references[]"},
+    "/v1/audio/translations": {"file", "model", "prompt", "response_format", "temperature"},
 }
+# what each speech format's bytes start with, and its content type (OpenAI's)
+AUDIO = {
+    "mp3": (b"ID3\x04\x00\x00", "audio/mpeg"),
+    "opus": (b"OggS", "audio/ogg"),
+    "aac": (b"\xff\xf1", "audio/aac"),
+    "flac": (b"fLaC", "audio/flac"),
+    "wav": (b"RIFF", "audio/wav"),
+    "pcm": (b"", "audio/pcm"),
+}
+AUDIO_FORMATS = "['flac', 'm4a', 'mp3', 'mp4', 'mpeg', 'mpga', 'oga', 'ogg', 'wav', 'webm']"
 # a 1x1 PNG: what every generated image is here
 PIXEL = (
     "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwAD"
@@ -108,6 +129,58 @@ def _images(body: dict[str, Any]) -> dict[str, Any]:
     return {"created": int(time.time()), "data": images, "usage": usage}
 
 
+async def _speech(body: dict[str, Any], send: Send) -> None:
+    """The audio alone, as OpenAI sends it: the format's magic bytes, then a byte per character
+    of the input (so a test can tell the input's length from the audio's)."""
+    asked = body.get("response_format", "mp3")
+    if asked not in AUDIO:
+        return await send_json(send, 400, error(400, f"Invalid response_format {asked!r}"))
+    if body.get("stream_format") == "sse":
+        return await send_json(send, 400, error(400, "sse is not supported by this fake"))
+    magic, content_type = AUDIO[asked]
+    await send_bytes(send, 200, magic + b"\x00" * len(str(body.get("input", ""))), content_type)
+
+
+async def _transcribe(path: str, body: dict[str, Any], send: Send) -> None:
+    """A transcript of a WAV file in the asked format; its usage as each model family reports
+    it: whisper-1 by the audio's seconds (rounded up), the gpt-4o models in tokens (10 audio
+    tokens a second, the prompt's words as text tokens)."""
+    upload = body.get("file")
+    if not isinstance(upload, dict):
+        return await send_json(send, 400, error(400, "you must provide a file", "file"))
+    seconds = upload["seconds"]
+    if seconds is None:
+        message = f"Invalid file format. Supported formats: {AUDIO_FORMATS}"
+        return await send_json(send, 400, error(400, message, "file"))
+    text = f"the fake heard {seconds:.1f} seconds"
+    model = str(body.get("model", ""))
+    if model.startswith("whisper"):
+        usage: dict[str, Any] = {"type": "duration", "seconds": math.ceil(seconds)}
+    else:
+        audio, words = math.ceil(seconds * 10), len(str(body.get("prompt", "")).split())
+        details = {"text_tokens": words, "audio_tokens": audio}
+        output = len(text.split())
+        usage = {"type": "tokens", "input_tokens": audio + words, "input_token_details": details}
+        usage |= {"output_tokens": output, "total_tokens": audio + words + output}
+    asked = body.get("response_format", "json")
+    if asked == "json":
+        return await send_json(send, 200, {"text": text, "usage": usage})
+    if asked == "verbose_json":
+        task = "translate" if path.endswith("translations") else "transcribe"
+        segment = {"id": 0, "start": 0.0, "end": seconds, "text": text}
+        verbose = {"task": task, "language": "english", "duration": seconds, "text": text}
+        return await send_json(send, 200, {**verbose, "segments": [segment], "usage": usage})
+    end = f"00:00:{seconds:06.3f}"
+    rendered = {
+        "text": text + "\n",
+        "srt": f"1\n00:00:00,000 --> {end.replace('.', ',')}\n{text}\n\n",
+        "vtt": f"WEBVTT\n\n00:00:00.000 --> {end}\n{text}\n\n",
+    }
+    if asked not in rendered:
+        return await send_json(send, 400, error(400, f"Invalid response_format {asked!r}"))
+    await send_bytes(send, 200, rendered[asked].encode(), "text/plain; charset=utf-8")
+
+
 async def handle(
     path: str,
     body: dict[str, Any],
@@ -127,6 +200,10 @@ async def handle(
         return await _responses(body, d, send)
     if path == "/v1/images/generations":
         return await send_json(send, 200, _images(body))
+    if path == "/v1/audio/speech":
+        return await _speech(body, send)
+    if path.startswith("/v1/audio/"):
+        return await _transcribe(path, body, send)
     if path == "/v1/responses/input_tokens":  # the words a response's usage would count
         count = {"object": "response.input_tokens", "input_tokens": len(prompt_text(body).split())}
         return await send_json(send, 200, count)

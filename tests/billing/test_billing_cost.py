@@ -13,6 +13,8 @@ from tokenyard.core.usage import Usage, UsageEvent
 from tokenyard.router.catalog import Catalog, CatalogFile, ModelEntry, Price
 
 CATALOG = Catalog.load()
+# 1,000 prompt tokens (400 of them cached) and 200 completion tokens
+USED = Usage(1000, 200, 400)
 
 
 @pytest.mark.parametrize(
@@ -28,25 +30,25 @@ CATALOG = Catalog.load()
 def test_commercial_models_cost_their_list_price_cached_tokens_included(
     model: str, expected: float
 ) -> None:
-    got = costs(CATALOG.get(model), 1000, 400, 200, None)
+    got = costs(CATALOG.get(model), USED, None)
     assert got.charged == pytest.approx(expected, rel=1e-12)
     assert got.list == got.charged
     # engine timings never change a commercial model's price
-    assert costs(CATALOG.get(model), 1000, 400, 200, {"compute": 9.0}) == got
+    assert costs(CATALOG.get(model), USED, {"compute": 9.0}) == got
 
 
 def test_self_hosted_is_charged_engine_time_and_reports_list_price_beside_it() -> None:
     entry = CATALOG.get("smollm2")
     assert entry is not None and entry.provider == "self-hosted"
-    got = costs(entry, 1000, 400, 200, {"compute": 1.8})
+    got = costs(entry, USED, {"compute": 1.8})
     assert got.charged == pytest.approx(1.8 * 0.10 / 3600, rel=1e-12)
     assert got.list == pytest.approx((600 * 0.02 + 400 * 0.01 + 200 * 0.05) / 1e6, rel=1e-12)
     # an engine that reported no timings: the list price is all there is
-    assert costs(entry, 1000, 400, 200, None).charged == got.list
+    assert costs(entry, USED, None).charged == got.list
 
 
 def test_unknown_model_costs_nothing() -> None:
-    assert costs(None, 1000, 0, 1000, {"compute": 1.0}).charged == 0.0
+    assert costs(None, Usage(1000, 1000), {"compute": 1.0}).charged == 0.0
 
 
 def test_price_fills_the_event() -> None:
@@ -72,6 +74,18 @@ def test_cache_writes_are_charged_their_own_price() -> None:
     price = Pricer(Catalog(CatalogFile(models=(entry,))))
     charged = price("alpha", "c", Usage(100, 10, 40, 30, reported=True), ev)
     assert charged == premium.cost(100, 40, 10, 30) == ev.cost_usd
+
+
+def test_audio_is_charged_by_the_minute_and_by_the_character() -> None:
+    """whisper-1 costs its price per minute of audio, tts-1 its price per 1M characters spoken;
+    a model priced by tokens as well charges both."""
+    whisper = Price(audio_minute=0.006)
+    assert whisper.cost(0, 0, 0, audio_seconds=90.0) == pytest.approx(0.009)
+    tts = Price(characters=15.0)
+    assert tts.cost(0, 0, 0, characters=2000) == pytest.approx(0.03)
+    both = ModelEntry(id="a", provider="openai", price=Price(input=2.0, audio_minute=0.01))
+    got = costs(both, Usage(500, audio_seconds=30.0), None)
+    assert got.charged == pytest.approx(500 * 2.0 / 1e6 + 0.005)
 
 
 def test_event_to_row() -> None:

@@ -248,6 +248,9 @@ def test_which_requests_share_a_response_cache_entry() -> None:
     assert place(temperature=0, max_tokens=5, stream=True, stream_options={}) == streamed
     assert place("chat", TeamPolicy(team="a", cache_ttl_s=0), temperature=0) is None
     assert place("embedding", input="text") is not None
+    # an image or speech is sampled however it is asked for: never kept
+    assert place("image", prompt="a fox", temperature=0) is None
+    assert place("speech", input="hello", voice="alloy") is None
     # a client's cache_salt keeps its answers apart, as it keeps its prompts apart in the engine
     assert place(temperature=0, max_tokens=5, cache_salt="alice") not in (greedy, None)
     # the end user a request names: safety_identifier over user, bounded; embeddings too

@@ -156,6 +156,7 @@ def test_catalog_rejects_bad_files(tmp_path: Path) -> None:
         "a chat model ranking": '[[models]]\nid = "a"\nprovider = "openai"\nrerank = true\n',
         "unknown context fallback": f'{TWO}context_fallbacks = ["zz"]\n',
         "itself as context fallback": f'{TWO}context_fallbacks = ["b"]\n',
+        "audio off OpenAI's API": '[[models]]\nid = "a"\nprovider = "anthropic"\nkind = "speech"\n',
     }
     for what, text in bad.items():
         path = tmp_path / "c.toml"

@@ -110,18 +110,23 @@ class ApiClient:
             )
         return self._session
 
-    async def _post(self, path: str, body: bytes) -> aiohttp.ClientResponse:
-        """The request sent, with its per-request auth (a token, a signature) where it has one."""
+    async def _post(
+        self, path: str, body: bytes, content_type: str | None = None
+    ) -> aiohttp.ClientResponse:
+        """The request sent, with its per-request auth (a token, a signature) where it has one;
+        JSON unless its `content_type` says otherwise (a multipart form)."""
         url = self._base + path
-        auth = await self._auth.headers(url, body) if self._auth else None
+        headers = await self._auth.headers(url, body) if self._auth else {}
+        if content_type is not None:
+            headers["content-type"] = content_type
         # sent as written: yarl would otherwise decode a path's %3A (Bedrock's model ids hold
         # ':'), and a request signed over one path would go out with another
-        return await self._client().post(URL(url, encoded=True), data=body, headers=auth)
+        return await self._client().post(URL(url, encoded=True), data=body, headers=headers)
 
-    async def post(self, path: str, body: bytes) -> Reply:
+    async def post(self, path: str, body: bytes, content_type: str | None = None) -> Reply:
         """A whole reply; a refusal other than 429/5xx is returned as it is."""
         try:
-            async with await self._post(path, body) as response:
+            async with await self._post(path, body, content_type) as response:
                 reply = Reply(response.status, response.headers, await response.read())
         except (aiohttp.ClientError, TimeoutError) as exc:
             raise Retryable(f"{type(exc).__name__}: {exc}") from exc

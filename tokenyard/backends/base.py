@@ -59,9 +59,19 @@ class ModelInfo:
     max_tokens_param: str = "max_tokens"  # the field its requests cap their output with
 
 
+@dataclass(frozen=True)
+class Upload:
+    """A file sent with a request as a multipart form's `file` (audio to transcribe)."""
+
+    filename: str
+    content: bytes
+    content_type: str
+
+
 @dataclass
 class UpstreamCall:
-    path: str  # /v1/chat/completions, /v1/completions, /v1/embeddings or /v1/responses
+    path: str  # /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses, ...
+    # JSON; with an upload, the form's other fields as a JSON object
     body: bytes
     headers: dict[str, str] = field(default_factory=dict)  # x-tenant, x-priority, x-request-id
     # the prompt's start (router.policy.prefix_text), from the body the gateway already parsed:
@@ -72,6 +82,7 @@ class UpstreamCall:
     # what a deployment's tokens-per-minute limit counts for it: the prompt's estimate and the
     # output cap, over all choices
     tokens: int = 0
+    upload: Upload | None = None  # sent as a multipart form with `body`'s fields
 
 
 @dataclass

@@ -20,6 +20,7 @@ PINGS: dict[str, tuple[str, dict[str, object]]] = {
     ),
     "embedding": ("/v1/embeddings", {"input": "ping"}),
     "rerank": ("/v1/rerank", {"query": "ping", "documents": ["ping"]}),
+    "speech": ("/v1/audio/speech", {"input": ".", "voice": "alloy"}),  # one character spoken
 }
 
 

@@ -6,11 +6,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
+from urllib3 import encode_multipart_formdata
 
 from tokenyard.backends import sse
 from tokenyard.backends.api import Opened, Reply
 from tokenyard.backends.base import (
     BufferedStream,
+    Upload,
     UpstreamCall,
     UpstreamReply,
     UpstreamStream,
@@ -56,6 +58,18 @@ def request_body(body: dict[str, Any], model: str) -> bytes:
     )
 
 
+def form_body(fields: dict[str, Any], model: str, upload: Upload) -> tuple[bytes, str]:
+    """A multipart form of the fields (a list: the field repeated, as `include[]`), `model` and
+    the file; its content type names the boundary."""
+    parts: list[tuple[str, Any]] = [("model", model)]
+    for name, value in fields.items():
+        if name not in DROPPED and name != "model":
+            values = value if isinstance(value, list) else [value]
+            parts += [(name, str(v)) for v in values]
+    parts.append(("file", (upload.filename, upload.content, upload.content_type)))
+    return encode_multipart_formdata(parts)
+
+
 def renamed(payload: bytes, model: str) -> bytes:
     """A reply or chunk with `model` set to the catalog id (the provider names a dated snapshot);
     in a Responses API event, the response's."""
@@ -96,9 +110,13 @@ class OpenAIUpstream(DeployedUpstream):
 
     async def complete(self, call: UpstreamCall) -> UpstreamReply:
         native = msgspec.json.decode(call.body)
+        upload = call.upload
 
         async def send(at: Deployment) -> Reply:
-            return await at.api.post(self._path(call.path, at), request_body(native, at.model))
+            path = self._path(call.path, at)
+            if upload is None:
+                return await at.api.post(path, request_body(native, at.model))
+            return await at.api.post(path, *form_body(native, at.model, upload))
 
         response = await self.deployments.reply(send, call)
         content = response.body

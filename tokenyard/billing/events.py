@@ -46,6 +46,8 @@ def to_row(event: UsageEvent) -> dict[str, Any]:
         "cached_tokens": event.cached_tokens,
         "cache_write_tokens": event.cache_write_tokens,
         "completion_tokens": event.completion_tokens,
+        "audio_seconds": event.audio_seconds,
+        "characters": event.characters,
         "usage_reported": event.usage_reported,
         "cost_usd": event.cost_usd,
         "list_cost_usd": event.list_cost_usd,

@@ -50,6 +50,9 @@ class UsageRecord(SQLModel, table=True):
     # part of prompt_tokens too: written to the provider's prompt cache (Anthropic's premium)
     cache_write_tokens: int = 0
     completion_tokens: int = 0
+    # what an audio model was priced by: seconds transcribed, characters spoken
+    audio_seconds: float = 0.0
+    characters: int = 0
     usage_reported: bool = False  # False: the gateway's estimate (the upstream reported none)
     # what the team is charged: engine time × $/hour for self-hosted models, list price otherwise
     cost_usd: float = 0.0

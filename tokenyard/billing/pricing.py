@@ -1,7 +1,7 @@
 """What a request costs, known in memory when it settles (the request path never touches SQL).
 
 Commercial models: the catalog's list price per 1M input, cached input, cache-written input and
-output tokens.
+output tokens (audio models: per minute of audio, per 1M characters).
 Self-hosted models: the request's measured engine time (its share of each engine step's wall time,
 split by tokens processed; the engine reports it as `timings.compute`) × the replica's $/hour; the
 list-price figure is kept beside it so the two can be compared.
@@ -10,6 +10,7 @@ list-price figure is kept beside it so the two can be compared.
 from dataclasses import dataclass
 from typing import Any
 
+from tokenyard.core.usage import Usage
 from tokenyard.router.catalog import ModelEntry
 
 
@@ -19,17 +20,17 @@ class Costs:
     list: float = 0.0  # the per-token list price
 
 
-def costs(
-    entry: ModelEntry | None,
-    prompt_tokens: int,
-    cached_tokens: int,
-    completion_tokens: int,
-    timings: dict[str, Any] | None,
-    cache_write_tokens: int = 0,
-) -> Costs:
+def costs(entry: ModelEntry | None, usage: Usage, timings: dict[str, Any] | None) -> Costs:
     if entry is None:  # not in the catalog: nothing to price it by
         return Costs()
-    listed = entry.price.cost(prompt_tokens, cached_tokens, completion_tokens, cache_write_tokens)
+    listed = entry.price.cost(
+        usage.prompt_tokens,
+        usage.cached_tokens,
+        usage.completion_tokens,
+        usage.cache_write_tokens,
+        usage.audio_seconds,
+        usage.characters,
+    )
     compute = (timings or {}).get("compute")
     if entry.provider == "self-hosted" and isinstance(compute, int | float):
         return Costs(compute * entry.usd_per_hour / 3600, listed)

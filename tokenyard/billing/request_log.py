@@ -30,6 +30,8 @@ FIELDS = (
     "cached_tokens",
     "cache_write_tokens",
     "completion_tokens",
+    "audio_seconds",
+    "characters",
     "cost_usd",
     "ttft_s",
     "latency_s",

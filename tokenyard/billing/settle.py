@@ -16,14 +16,7 @@ class Pricer:
         """Put the costs (and the fields they rest on) into the usage event; count them; return
         the dollars charged."""
         entry = self.catalog.get(model)
-        priced = costs(
-            entry,
-            usage.prompt_tokens,
-            usage.cached_tokens,
-            usage.completion_tokens,
-            event.timings,
-            usage.cache_write_tokens,
-        )
+        priced = costs(entry, usage, event.timings)
         event.provider = entry.provider if entry else ""
         event.usage_reported = usage.reported
         event.cost_usd = priced.charged

@@ -19,6 +19,10 @@ class Usage:
     # premium for them (Price.cache_write_input)
     cache_write_tokens: int = 0
     reported: bool = False  # by the upstream (else the gateway's estimate)
+    # what audio models are priced by besides tokens: seconds of audio transcribed (whisper-1's
+    # per-minute price), characters of text spoken (tts-1's per-character price)
+    audio_seconds: float = 0.0
+    characters: int = 0
 
 
 class Pricer(Protocol):
@@ -49,6 +53,8 @@ class UsageEvent(msgspec.Struct):
     completion_tokens: int = 0
     cached_tokens: int = 0
     cache_write_tokens: int = 0
+    audio_seconds: float = 0.0
+    characters: int = 0
     usage_reported: bool = False
     cost_usd: float = 0.0
     list_cost_usd: float = 0.0

@@ -1,6 +1,6 @@
-"""The gateway's own routes: legacy completions, embeddings, models, health, readiness and
-metrics (chat completions: gateway/chats; the app that serves them with every other package's is
-assembled in tokenyard/app.py)."""
+"""The gateway's own routes: legacy completions, embeddings, images, audio, models, health,
+readiness and metrics (chat completions: gateway/chats; the app that serves them with every other
+package's is assembled in tokenyard/app.py)."""
 
 from typing import Any
 
@@ -15,14 +15,16 @@ from tokenyard.backends.anthropic_messages import error_body
 from tokenyard.backends.base import Upstream
 from tokenyard.core.errors import GatewayError
 from tokenyard.core.metrics import exposition
-from tokenyard.core.openapi import json_body
+from tokenyard.core.openapi import body_operation, json_body
 from tokenyard.core.settings import Settings
+from tokenyard.gateway.audio import MAX_FORM_BYTES
 from tokenyard.gateway.proxy import Proxy
 from tokenyard.gateway.validation import (
     CompletionRequest,
     EmbeddingRequest,
     ImageRequest,
     RerankRequest,
+    SpeechRequest,
     query_int,
 )
 from tokenyard.router.catalog import ModelEntry
@@ -30,6 +32,20 @@ from tokenyard.router.policy import AUTO
 from tokenyard.tenancy.policy import TeamPolicy
 
 ANTHROPIC_VERSION = "anthropic-version"  # the header Anthropic's clients send on every request
+# an audio upload's form, for the OpenAPI document (gateway/audio.py reads it; the provider
+# checks the fields it does not name)
+_AUDIO_FORM = {
+    "type": "object",
+    "required": ["file", "model"],
+    "properties": {
+        "file": {"type": "string", "format": "binary"},
+        "model": {"type": "string"},
+        "prompt": {"type": "string"},
+        "response_format": {"type": "string"},
+        "temperature": {"type": "number"},
+    },
+}
+_AUDIO = body_operation("multipart/form-data", _AUDIO_FORM)
 
 
 def _json(data: Any, status: int = 200) -> Response[bytes]:
@@ -50,6 +66,28 @@ class CompletionsController(Controller):
     @post("/images/generations", status_code=200, operation_class=json_body(ImageRequest))
     async def images(self, request: Request, proxy: NamedDependency[Proxy]) -> Response:
         return await proxy.handle(request, "image")
+
+    @post("/audio/speech", status_code=200, operation_class=json_body(SpeechRequest))
+    async def speech(self, request: Request, proxy: NamedDependency[Proxy]) -> Response:
+        return await proxy.handle(request, "speech")
+
+    @post(
+        "/audio/transcriptions",
+        status_code=200,
+        operation_class=_AUDIO,
+        request_max_body_size=MAX_FORM_BYTES,
+    )
+    async def transcriptions(self, request: Request, proxy: NamedDependency[Proxy]) -> Response:
+        return await proxy.handle(request, "transcription")
+
+    @post(
+        "/audio/translations",
+        status_code=200,
+        operation_class=_AUDIO,
+        request_max_body_size=MAX_FORM_BYTES,
+    )
+    async def translations(self, request: Request, proxy: NamedDependency[Proxy]) -> Response:
+        return await proxy.handle(request, "translation")
 
     @get("/models")
     async def models(

@@ -18,6 +18,7 @@ from litestar.response import Stream
 
 from tokenyard.backends.base import (
     BackendUnavailable,
+    Upload,
     Upstream,
     UpstreamCall,
     UpstreamReply,
@@ -31,7 +32,7 @@ from tokenyard.gateway.admission import Admission
 from tokenyard.gateway.quotas import Reservation
 from tokenyard.gateway.response_cache import Lookup, Recording, Replay, ResponseCache
 from tokenyard.gateway.screening import CONTENT_FILTER, InputCheck, blocked_error, filter_reply
-from tokenyard.gateway.settlement import Settlement, usage_of
+from tokenyard.gateway.settlement import Settlement, reply_usage, usage_of
 from tokenyard.gateway.stream_body import Settling, StreamBody
 from tokenyard.gateway.streaming import SSE_HEADERS, reply_decoder
 from tokenyard.gateway.unmasking import Unmasker
@@ -45,6 +46,9 @@ PATHS = {
     "embedding": "/v1/embeddings",
     "rerank": "/v1/rerank",
     "image": "/v1/images/generations",
+    "transcription": "/v1/audio/transcriptions",
+    "translation": "/v1/audio/translations",
+    "speech": "/v1/audio/speech",
 }
 
 
@@ -76,6 +80,7 @@ class Call:
     salt: str | None = None  # the engine's prefix-cache salt (gateway/isolation.py)
     tags: frozenset[str] = frozenset()  # the team's deployment_tags
     tokens: int = 0  # the prompt's estimate and the output cap: a deployment's tpm counts them
+    upload: Upload | None = None  # a form's file, sent with the body's fields (gateway/audio.py)
 
     def to(self, upstream: Upstream) -> UpstreamCall:
         info = upstream.info
@@ -93,7 +98,9 @@ class Call:
             body["cache_salt"] = self.salt
         encoded = msgspec.json.encode(body)
         prefix = prefix_text(body)
-        return UpstreamCall(PATHS[self.kind], encoded, self.headers, prefix, self.tags, self.tokens)
+        return UpstreamCall(
+            PATHS[self.kind], encoded, self.headers, prefix, self.tags, self.tokens, self.upload
+        )
 
 
 def _unmasker(check: InputCheck | None) -> Unmasker | None:
@@ -223,10 +230,10 @@ class Exchange:
             if reply.status == 200:
                 with contextlib.suppress(msgspec.DecodeError):
                     got = reply_decoder.decode(reply.body)
-            usage = Usage()  # a cached answer: nothing was used upstream
-            if got is not None and hit is None:
-                usage = usage_of(got.usage, event.prompt_reserved, 0)
-                event.timings = got.timings
+            usage = Usage()  # a cached answer, or a refusal: nothing was used upstream
+            if hit is None and reply.status == 200:
+                usage = reply_usage(got, event.prompt_reserved, p.parsed.metered)
+                event.timings = got.timings if got is not None else None
             event.finish_reason = got.finish_reason if got else None
             if body is not reply.body:
                 event.finish_reason = CONTENT_FILTER

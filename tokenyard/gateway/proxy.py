@@ -24,6 +24,7 @@ from tokenyard.core.settings import Settings
 from tokenyard.core.usage import Pricer, Usage, UsageEvent
 from tokenyard.gateway import access_log, metrics, refusals, request_ids
 from tokenyard.gateway.admission import Admission
+from tokenyard.gateway.audio import read_form
 from tokenyard.gateway.auth import Authenticator, authorization_of
 from tokenyard.gateway.dispatch import Dispatch, Saturation
 from tokenyard.gateway.exchange import Call, Exchange, HangUp, Pending
@@ -46,10 +47,12 @@ from tokenyard.gateway.tracing import NO_TRACE, RequestTrace, Tracing
 from tokenyard.gateway.validation import (
     GENERATING,
     SCREENED,
+    UPLOADED,
     Kind,
     Parsed,
     client_request_id,
     parse,
+    served_by,
 )
 from tokenyard.router.policy import NoRoute, Route, Router, Unsupported
 from tokenyard.tenancy.limits import TIERS
@@ -163,7 +166,10 @@ class Proxy:
         with trace.span("auth"):
             policy = await self.auth.authenticate(authorization, path=request.scope["path"])
         trace.root.set_attribute("tokenyard.team", policy.team)
-        parsed = parse(await request.body() if body is None else body, kind)
+        if body is None and kind in UPLOADED:
+            parsed = await read_form(request, kind)
+        else:
+            parsed = parse(await request.body() if body is None else body, kind)
         tier = tier_of(request.headers, parsed.tier, policy)
         # the id is always the gateway's own: unique, so billing (idempotent by it), the engine
         # and the logs can trust it; the client's id for the request is kept beside it
@@ -245,7 +251,7 @@ class Proxy:
                 parsed.body,
                 policy,
                 tier,
-                "chat" if kind in GENERATING else kind,
+                served_by(kind),
                 prompt_tokens=max(parsed.prompt_sizes, default=0),
             )
         except NoRoute as exc:
@@ -311,6 +317,7 @@ class Proxy:
             salt,
             policy.deployment_tags,
             parsed.prompt_tokens + admitted.max_tokens * parsed.choices,
+            upload=parsed.upload,
         )
         res.trace, trace.settling = trace, True
         self.keeper.active[lease_id] = res
@@ -354,7 +361,9 @@ class Proxy:
                 if screen is not None:  # personal data masked before anything is sent
                     await scrub(screen, body, responses)
                 text = input_text(parsed.body)
-                check = None if screen is None else InputCheck(screen, text, kind == "image")
+                # an image or speech is paid for once begun: its text is checked before the call
+                first = kind not in GENERATING
+                check = None if screen is None else InputCheck(screen, text, first)
             if lookup is not None:
                 await self.cache.find(lookup)
             pending = Pending(hang_up, parsed, res, event, headers, started, check, lookup)

@@ -66,10 +66,13 @@ def mode_of(cache_control: str | None) -> Mode:
 
 def _deterministic(kind: Kind, body: dict[str, Any]) -> bool:
     """Whether asking again would give the same answer: an embedding or a ranking; a completion
-    decoded greedily or with a seed of the client's."""
-    if kind not in GENERATING:
+    decoded greedily or with a seed of the client's. Never an image, audio or a transcription
+    (sampled, and too large to keep)."""
+    if kind in ("embedding", "rerank"):
         return True
-    return body.get("temperature") == 0 or body.get("seed") is not None
+    if kind in GENERATING:
+        return body.get("temperature") == 0 or body.get("seed") is not None
+    return False
 
 
 class ResponseCache:

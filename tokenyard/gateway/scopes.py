@@ -20,6 +20,7 @@ _KINDS = (
     ("/v2/rerank", "embeddings"),
     ("/v1/moderations", "moderations"),
     ("/v1/images", "images"),
+    ("/v1/audio", "audio"),
     ("/v1/batches", "batch"),
     ("/v1/batch", "batch"),  # the inline batch, and the team's webhook secret
     ("/v1/files", "batch"),

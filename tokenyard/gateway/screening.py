@@ -35,7 +35,8 @@ def input_text(body: dict[str, Any]) -> str:
         return prompt
     if isinstance(prompt, list):
         return "\n".join(p for p in prompt if isinstance(p, str))
-    return ""
+    spoken = body.get("input")  # a speech request's text
+    return spoken if isinstance(spoken, str) else ""
 
 
 def _places(body: dict[str, Any]) -> list[tuple[Any, Any]]:

@@ -8,13 +8,28 @@ from tokenyard.core.usage import Pricer, Usage, UsageEvent
 from tokenyard.gateway import metrics
 from tokenyard.gateway.quotas import LeaseKeeper, Quotas, Reservation
 from tokenyard.gateway.sizing import PromptOverhead
-from tokenyard.gateway.streaming import UsageIn
+from tokenyard.gateway.streaming import Reply, UsageIn
 
 
 def usage_of(got: UsageIn | None, fallback_prompt: int, fallback_completion: int) -> Usage:
     if got is None:  # the upstream never reported: settle the estimate
         return Usage(fallback_prompt, fallback_completion, 0)
     return Usage(got.prompt, got.completion, got.cached, got.written, reported=True)
+
+
+def reply_usage(got: Reply | None, prompt_reserved: int, metered: Usage | None) -> Usage:
+    """A whole 200 reply's usage (`got`: None where it is not JSON, as audio is): the tokens it
+    reports, else the prompt's estimate. A request that measures what its model is priced by
+    (`metered`: a speech's characters, an audio file's seconds) settles that, the seconds as the
+    reply states them where it does (whisper-1's usage, verbose_json's duration)."""
+    reported = got.usage if got is not None else None
+    if metered is None:
+        return usage_of(reported, prompt_reserved, 0) if got is not None else Usage()
+    usage = usage_of(reported, 0, 0)
+    stated = (reported.seconds if reported else 0.0) or (got.duration if got else None)
+    usage.audio_seconds = stated or metered.audio_seconds
+    usage.characters = metered.characters
+    return usage
 
 
 class Settlement:
@@ -47,6 +62,7 @@ class Settlement:
         event.completion_tokens = usage.completion_tokens
         event.cached_tokens = usage.cached_tokens
         event.cache_write_tokens = usage.cache_write_tokens
+        event.audio_seconds, event.characters = usage.audio_seconds, usage.characters
         event.e2e = elapsed
         metrics.REQUESTS.labels(model, str(status)).inc()
         metrics.LATENCY.labels(model, "1" if event.stream else "0").observe(elapsed)

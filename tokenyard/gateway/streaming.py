@@ -34,6 +34,7 @@ class UsageIn(msgspec.Struct):
     input_tokens_details: _Details | None = None
     # all a rerank server (Jina's, vLLM's) reports: what it read
     total_tokens: int = 0
+    seconds: float = 0.0  # a transcription's audio, where priced by duration (whisper-1)
 
     @property
     def prompt(self) -> int:
@@ -85,6 +86,7 @@ class Reply(msgspec.Struct):
     choices: list[_Choice] = []
     usage: UsageIn | None = None
     timings: dict[str, Any] | None = None
+    duration: float | None = None  # a transcription's audio in seconds (verbose_json)
 
     @property
     def finish_reason(self) -> str | None:

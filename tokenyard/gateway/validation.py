@@ -19,7 +19,9 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
+from tokenyard.backends.base import Upload
 from tokenyard.core.errors import GatewayError
+from tokenyard.core.usage import Usage
 
 TOKENS_PER_MESSAGE = 5  # <|im_start|>role\n … <|im_end|>\n in ChatML-style templates
 TOKENS_PER_REPLY = 3  # the assistant turn the template opens
@@ -158,11 +160,39 @@ class ImageRequest(msgspec.Struct, kw_only=True):
     request_id: str | None = None
 
 
-Kind = Literal["chat", "completion", "embedding", "rerank", "image"]
+class SpeechRequest(msgspec.Struct, kw_only=True):
+    """OpenAI's text-to-speech request, as far as the gateway checks it (voices, formats and
+    speeds are the provider's business)."""
+
+    model: str
+    input: Annotated[str, msgspec.Meta(min_length=1, max_length=4096)]
+    voice: str | dict[str, Any]
+    # the audio is relayed whole, as OpenAI's default; its SSE form (audio in base64 events) is not
+    stream_format: Literal["audio"] = "audio"
+    # the team's end user, recorded and checked as for any request; not OpenAI's field here, so
+    # never sent on
+    user: Label | None = None
+    tier: Tier | None = None
+    priority: Tier | None = None
+    request_id: str | None = None
+
+
+Kind = Literal[
+    "chat", "completion", "embedding", "rerank", "image", "transcription", "translation", "speech"
+]
 # the kinds that generate text: the others read their inputs, and have no output cap
 GENERATING = ("chat", "completion")
 # the kinds whose prompt the guard reads before it goes upstream
-SCREENED = (*GENERATING, "image")
+SCREENED = (*GENERATING, "image", "speech")
+# the kinds whose request is a multipart form with a file (gateway/audio.py reads it)
+UPLOADED = ("transcription", "translation")
+# the catalog's kind of model that serves each endpoint's kind, where the two differ
+_SERVED_BY = {"completion": "chat", "translation": "transcription"}
+
+
+def served_by(kind: Kind) -> str:
+    """The catalog kind of the models that serve an endpoint's kind."""
+    return _SERVED_BY.get(kind, kind)
 
 
 @dataclass
@@ -182,6 +212,10 @@ class Parsed:
     metadata: dict[str, str] | None = None  # the team's labels of the request, recorded with it
     truncate: bool = False  # chat with truncation "auto": the oldest turns may be dropped to fit
     dropped: int = 0  # messages truncation dropped
+    upload: Upload | None = None  # a form's file (audio to transcribe), sent on with the body
+    # what the request itself measures that its model is priced by (an audio file's seconds, a
+    # speech's characters), for replies that report no usage of their own
+    metered: Usage | None = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -308,6 +342,8 @@ def parse(raw: bytes, kind: Kind) -> Parsed:
         return _parse_rerank(body)
     if kind == "image":
         return _parse_image(body)
+    if kind == "speech":
+        return _parse_speech(body)
     struct = ChatRequest if kind == "chat" else CompletionRequest
     req = convert(body, struct)
 
@@ -394,14 +430,24 @@ def _parse_image(body: dict[str, Any]) -> Parsed:
     return _reading(body, req, [math.ceil(len(req.prompt.encode()) / 4)], req.n)
 
 
+def _parse_speech(body: dict[str, Any]) -> Parsed:
+    """A speech request: its text is read aloud, priced by its characters (OpenAI's replies are
+    the audio alone, with no usage)."""
+    req = convert(body, SpeechRequest)
+    parsed = _reading(body, req, [math.ceil(len(req.input.encode()) / 4)])
+    body.pop("user", None)
+    parsed.metered = Usage(characters=len(req.input))
+    return parsed
+
+
 def _reading(
     body: dict[str, Any],
-    req: EmbeddingRequest | RerankRequest | ImageRequest,
+    req: EmbeddingRequest | RerankRequest | ImageRequest | SpeechRequest,
     sizes: list[int],
     n: int = 1,
 ) -> Parsed:
     """The Parsed of a request that reads its inputs and generates no text, so has no output
-    cap: an embedding, a ranking, `n` images."""
+    cap: an embedding, a ranking, `n` images, speech."""
     for field in ("tier", "priority", "request_id"):
         body.pop(field, None)
     return Parsed(

@@ -32,9 +32,12 @@ Tier = Literal["interactive", "batch"]
 # what the tokenyard engine does for any model it serves (constrained decoding: tools, schemas)
 ENGINE_SUPPORTS = Supports(tools=True, structured_outputs=True, logprobs=True)
 # what a model serves: chat (and legacy) completions, embeddings (/v1/embeddings), rankings of
-# documents for a query (/v1/rerank: a cross-encoder's server, or Cohere's API), or images from a
-# prompt (/v1/images/generations: OpenAI's or Azure's image models)
-Kind = Literal["chat", "embedding", "rerank", "image"]
+# documents for a query (/v1/rerank: a cross-encoder's server, or Cohere's API), images from a
+# prompt (/v1/images/generations), text from audio (/v1/audio/transcriptions and /translations)
+# or audio from text (/v1/audio/speech): OpenAI's or Azure's image and audio models
+Kind = Literal["chat", "embedding", "rerank", "image", "transcription", "speech"]
+# the kinds only OpenAI's API serves (on OpenAI or Azure)
+OPENAI_ONLY = ("image", "transcription", "speech")
 Fraction = Annotated[float, msgspec.Meta(ge=0, le=1)]
 Seconds = Annotated[float, msgspec.Meta(ge=0)]
 # what a deployment is, for teams that may use only some (tenancy's deployment_tags): "eu",
@@ -46,7 +49,8 @@ Region = Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9-]*$")]
 
 
 class Price(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """US dollars per 1M tokens."""
+    """US dollars per 1M tokens; audio models priced otherwise by the minute of audio they
+    transcribe or by the 1M characters they speak."""
 
     input: float = 0.0
     cached_input: float = 0.0
@@ -54,6 +58,8 @@ class Price(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # prompt tokens written to the provider's prompt cache (Anthropic: 1.25x input for its
     # 5-minute cache); 0: the input price
     cache_write_input: float = 0.0
+    audio_minute: float = 0.0  # per minute of audio transcribed (whisper-1: 0.006)
+    characters: float = 0.0  # per 1M characters of text spoken (tts-1: 15.00)
 
     def cost(
         self,
@@ -61,6 +67,8 @@ class Price(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         cached_tokens: int,
         completion_tokens: int,
         cache_write_tokens: int = 0,
+        audio_seconds: float = 0.0,
+        characters: int = 0,
     ) -> float:
         """Cached and cache-written tokens are part of the prompt tokens (OpenAI's usage
         convention)."""
@@ -70,7 +78,8 @@ class Price(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             + cached_tokens * self.cached_input
             + cache_write_tokens * (self.cache_write_input or self.input)
             + completion_tokens * self.output
-        ) / 1e6
+            + characters * self.characters
+        ) / 1e6 + audio_seconds / 60 * self.audio_minute
 
     @property
     def blended(self) -> float:
@@ -313,6 +322,8 @@ class Catalog:
             _check_deployments(m)
             if m.rerank and m.kind != "embedding":
                 raise CatalogError(f"{m.id}: only an embedding model reranks by its embeddings")
+            if m.kind in OPENAI_ONLY and m.wire != "openai":
+                raise CatalogError(f"{m.id}: a model of kind {m.kind} speaks OpenAI's API")
         self.aliases = {alias: m.id for m in spec.models for alias in m.aliases}
         named = [alias for m in spec.models for alias in m.aliases]
         clash = sorted({a for a in named if a in self.models or a == "auto" or named.count(a) > 1})

@@ -28,6 +28,8 @@ ENDPOINTS = {
     "embedding": "embeddings",
     "rerank": "reranking",
     "image": "image generation",
+    "transcription": "transcriptions and translations",
+    "speech": "speech",
 }
 log = logging.getLogger(__name__)
 

@@ -146,7 +146,8 @@ async def check_models(
 ) -> list[Check]:
     """Every configured model's places (or those of the models `names` names), each tried once
     with the smallest request of its kind, all at once (backends/checks.py). Image models are
-    left out: the smallest image still costs cents. ValueError names the models that are not
+    left out (the smallest image still costs cents), and transcription models (a check would
+    upload audio). ValueError names the models that are not
     configured, or not checked."""
     asked = list(dict.fromkeys(catalog.resolve(n) for n in names))
     checked = [n for n in backends.upstreams if catalog.models[n].kind in PINGS]

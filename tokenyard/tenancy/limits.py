@@ -62,7 +62,16 @@ KEY_LIMIT_FIELDS = (
 
 # the kinds of endpoint a team or a key may be restricted to (gateway/scopes.py says which paths
 # each covers); listing the models is open to every key
-SCOPES = ("completions", "embeddings", "images", "moderations", "batch", "usage", "feedback")
+SCOPES = (
+    "completions",
+    "embeddings",
+    "images",
+    "audio",
+    "moderations",
+    "batch",
+    "usage",
+    "feedback",
+)
 
 # a deployment tag, in the catalog and a team's deployment_tags
 TAG = re.compile(r"[a-z0-9][a-z0-9_.-]{0,39}")
