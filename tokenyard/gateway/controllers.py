@@ -72,22 +72,14 @@ class CompletionsController(Controller):
         return await proxy.handle(request, "speech")
 
     @post(
-        "/audio/transcriptions",
+        ["/audio/transcriptions", "/audio/translations"],
         status_code=200,
         operation_class=_AUDIO,
         request_max_body_size=MAX_FORM_BYTES,
     )
-    async def transcriptions(self, request: Request, proxy: NamedDependency[Proxy]) -> Response:
-        return await proxy.handle(request, "transcription")
-
-    @post(
-        "/audio/translations",
-        status_code=200,
-        operation_class=_AUDIO,
-        request_max_body_size=MAX_FORM_BYTES,
-    )
-    async def translations(self, request: Request, proxy: NamedDependency[Proxy]) -> Response:
-        return await proxy.handle(request, "translation")
+    async def audio_to_text(self, request: Request, proxy: NamedDependency[Proxy]) -> Response:
+        translating = request.url.path.endswith("/translations")
+        return await proxy.handle(request, "translation" if translating else "transcription")
 
     @get("/models")
     async def models(
