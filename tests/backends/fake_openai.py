@@ -129,16 +129,26 @@ def _images(body: dict[str, Any]) -> dict[str, Any]:
     return {"created": int(time.time()), "data": images, "usage": usage}
 
 
-async def _speech(body: dict[str, Any], send: Send) -> None:
-    """The audio alone, as OpenAI sends it: the format's magic bytes, then a byte per character
-    of the input (so a test can tell the input's length from the audio's)."""
+async def _speech(body: dict[str, Any], d: Directives, send: Send) -> None:
+    """The audio alone, as OpenAI sends it, in pieces as it is made (#delay apart): the format's
+    magic bytes, then a byte per character of the input (so a test can tell the input's length
+    from the audio's), in #chunks pieces; #cut drops the connection after that many."""
     asked = body.get("response_format", "mp3")
     if asked not in AUDIO:
         return await send_json(send, 400, error(400, f"Invalid response_format {asked!r}"))
     if body.get("stream_format") == "sse":
         return await send_json(send, 400, error(400, "sse is not supported by this fake"))
     magic, content_type = AUDIO[asked]
-    await send_bytes(send, 200, magic + b"\x00" * len(str(body.get("input", ""))), content_type)
+    audio = b"\x00" * len(str(body.get("input", "")))
+    step = max(1, -(-len(audio) // d.chunks))
+    pieces = [magic, *(audio[i : i + step] for i in range(0, len(audio), step))]
+    start = [(b"content-type", content_type.encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": start})
+    for i, piece in enumerate(pieces):
+        if i:
+            await pace(d, i)
+        await send({"type": "http.response.body", "body": piece, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
 
 
 async def _transcribe(path: str, body: dict[str, Any], send: Send) -> None:
@@ -201,7 +211,7 @@ async def handle(
     if path == "/v1/images/generations":
         return await send_json(send, 200, _images(body))
     if path == "/v1/audio/speech":
-        return await _speech(body, send)
+        return await _speech(body, d, send)
     if path.startswith("/v1/audio/"):
         return await _transcribe(path, body, send)
     if path == "/v1/responses/input_tokens":  # the words a response's usage would count

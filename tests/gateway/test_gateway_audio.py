@@ -4,6 +4,7 @@ multipart forms, charged by the minute (whisper-1, by the seconds the reply stat
 file's own length) or by tokens; bad forms refused before anything is sent."""
 
 import io
+import time
 import warnings
 import wave
 from pathlib import Path
@@ -153,6 +154,39 @@ def test_speech_is_the_providers_audio_charged_by_its_characters(
     assert stats(providers["openai"])["requests"] == before  # nothing was spoken, or paid for
     settled(redis_server, name)
     settled(redis_server, strict)
+
+
+def test_speech_is_relayed_as_it_is_made_and_a_cut_is_the_clients_error(
+    gw: Any,
+    team: Any,
+    redis_server: Any,
+) -> None:
+    """Audio reaches the client as the provider makes it, not once it is whole; a provider that
+    drops the connection mid-audio drops the client's too (never a short file that looks whole),
+    and the request is still charged its characters, as the provider charges them."""
+    name, key = team()
+    said = "A long answer, read aloud. #chunks=3 #delay=0.5"
+    started = time.perf_counter()
+    with gw.client(key).audio.speech.with_streaming_response.create(
+        model="tts-fake", voice="alloy", input=said
+    ) as response:
+        assert response.headers["content-type"] == "audio/mpeg"
+        arrivals = [(time.perf_counter() - started, piece) for piece in response.iter_bytes()]
+    assert b"".join(piece for _, piece in arrivals) == b"ID3\x04\x00\x00" + b"\x00" * len(said)
+    # two half-second pauses between the provider's pieces: the first came well before the last
+    assert arrivals[-1][0] - arrivals[0][0] > 0.8
+    cut = "Cut short. #chunks=4 #cut=2"
+    url, auth = gw.url + "/v1/audio/speech", {"authorization": f"Bearer {key}"}
+    asked = {"model": "tts-fake", "voice": "alloy", "input": cut}
+    with httpx.stream("POST", url, json=asked, headers=auth, timeout=30) as streamed:
+        assert streamed.status_code == 200
+        with pytest.raises(httpx.RemoteProtocolError):
+            b"".join(streamed.iter_bytes())
+    whole, broken = records(gw, key, 2)
+    assert (whole["status"], whole["characters"]) == (200, len(said))
+    assert (broken["status"], broken["characters"]) == (502, len(cut))
+    assert broken["cost_usd"] == pytest.approx(len(cut) * TTS_PRICE / 1e6)
+    settled(redis_server, name)
 
 
 def test_transcriptions_are_forms_charged_by_the_minute_or_by_their_tokens(

@@ -59,6 +59,10 @@ class ModelInfo:
     max_tokens_param: str = "max_tokens"  # the field its requests cap their output with
 
 
+# the paths whose 200 reply is the provider's own bytes (audio), relayed as they arrive
+BYTES_PATHS = ("/v1/audio/speech",)
+
+
 @dataclass(frozen=True)
 class Upload:
     """A file sent with a request as a multipart form's `file` (audio to transcribe)."""
@@ -94,6 +98,7 @@ class UpstreamReply:
 
 class UpstreamStream(Protocol):
     status: int
+    content_type: str  # text/event-stream; a refusal's application/json; speech's audio type
 
     async def read_all(self) -> bytes:
         """The whole body: for refusals (status >= 400), which are JSON, not SSE."""
@@ -173,6 +178,8 @@ def context_exceeded(status: int, body: bytes) -> bool:
 class BufferedStream:
     """A streamed request the upstream refused: status >= 400 and a JSON error body, no SSE."""
 
+    content_type = "application/json"
+
     def __init__(self, status: int, body: bytes) -> None:
         self.status = status
         self._body = body
@@ -189,7 +196,8 @@ class BufferedStream:
 
 class LiveStream:
     """A 200 stream whose first bytes already arrived (the point of no retry). `source` raises
-    UpstreamBroken if the upstream fails later; `broken` is told (the circuit breaker counts it)."""
+    UpstreamBroken if the upstream fails later; `broken` is told (the circuit breaker counts it).
+    SSE events in OpenAI's shapes, or the provider's own bytes (`content_type`: speech's audio)."""
 
     status = 200
 
@@ -198,7 +206,9 @@ class LiveStream:
         source: AsyncIterator[bytes],
         close: Callable[[], Awaitable[None]],
         broken: Callable[[], Awaitable[None]],
+        content_type: str = "text/event-stream",
     ) -> None:
+        self.content_type = content_type
         self._source = source
         self._close: Callable[[], Awaitable[None]] | None = close
         self._broken = broken

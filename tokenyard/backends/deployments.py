@@ -209,10 +209,12 @@ class Deployments:
         deployment: Deployment,
         source: AsyncIterator[bytes],
         close: Callable[[], Awaitable[None]],
+        content_type: str = "text/event-stream",
     ) -> LiveStream:
         """A stream from it whose first bytes arrived: in flight until closed; a break after
         those bytes cools it."""
-        return LiveStream(source, self.closer(deployment, close), lambda: self.broken(deployment))
+        closing = self.closer(deployment, close)
+        return LiveStream(source, closing, lambda: self.broken(deployment), content_type)
 
     async def broken(self, deployment: Deployment) -> None:
         """A stream from it broke after its first byte."""

@@ -11,6 +11,7 @@ from urllib3 import encode_multipart_formdata
 from tokenyard.backends import sse
 from tokenyard.backends.api import Opened, Reply
 from tokenyard.backends.base import (
+    BYTES_PATHS,
     BufferedStream,
     Upload,
     UpstreamCall,
@@ -155,6 +156,9 @@ class OpenAIUpstream(DeployedUpstream):
         if not isinstance(opened, Opened):
             deployments.release(at)
             return BufferedStream(opened.status, opened.body)
+        if call.path in BYTES_PATHS:  # audio, as it is made
+            kind = opened.response.headers.get("content-type", "application/octet-stream")
+            return deployments.stream(at, opened.chunks(), opened.aclose, kind)
         return deployments.stream(
             at, renamed_events(opened.chunks(), self.info.name), opened.aclose
         )

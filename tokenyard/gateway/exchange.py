@@ -33,7 +33,7 @@ from tokenyard.gateway.quotas import Reservation
 from tokenyard.gateway.response_cache import Lookup, Recording, Replay, ResponseCache
 from tokenyard.gateway.screening import CONTENT_FILTER, InputCheck, blocked_error, filter_reply
 from tokenyard.gateway.settlement import Settlement, reply_usage, usage_of
-from tokenyard.gateway.stream_body import Settling, StreamBody
+from tokenyard.gateway.stream_body import BytesBody, Settling, StreamBody
 from tokenyard.gateway.streaming import SSE_HEADERS, reply_decoder
 from tokenyard.gateway.unmasking import Unmasker
 from tokenyard.gateway.validation import GENERATING, Kind, Parsed
@@ -211,7 +211,7 @@ class Exchange:
         if hit is not None:  # the same request's answer again: no upstream call, no charge
             event.model_served = headers["x-tokenyard-model"] = hit.model
             event.cache_hit = True
-        if not p.parsed.stream:
+        if not p.parsed.stream and not p.parsed.relayed:
             if hit is not None:
                 source = _ready(UpstreamReply(200, hit.body, hit.content_type))
             else:
@@ -259,6 +259,10 @@ class Exchange:
                 raise ContextExceeded(stream.status, refusal)
             return await self._refused(p, upstream, stream.status, refusal)
         # from here on the body settles, however the stream ends
+        if p.parsed.relayed:
+            audio = BytesBody(self.settling, stream, p.parsed, res, upstream, event, p.started)
+            unbuffered = {**headers, "x-accel-buffering": "no"}
+            return Stream(audio, media_type=stream.content_type, headers=unbuffered)
         watch = check.screen.watch_output() if check is not None else None
         body_iter = StreamBody(
             self.settling, stream, p.parsed, res, upstream, event, p.started, watch

@@ -134,6 +134,7 @@ class Recording:
         self.stream = stream
         self.lookup = lookup
         self.status = stream.status
+        self.content_type = stream.content_type
         self.limit = limit
         self.parts: list[bytes] = []
         self.size = 0  # past the limit the parts are dropped: nothing will be kept
@@ -164,6 +165,7 @@ class Replay:
     """A kept stream's events, served where the upstream's stream would be."""
 
     status = 200
+    content_type = "text/event-stream"
 
     def __init__(self, events: bytes) -> None:
         self.events = events

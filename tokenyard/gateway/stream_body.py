@@ -1,6 +1,7 @@
 """The SSE body of one streamed response: the upstream's events relayed (usage chunk, output
 check, unmasking: gateway/streaming.py), and the request settled exactly once however the stream
-ends: whole, failed, cut by the client, or dropped before it was ever read.
+ends: whole, failed, cut by the client, or dropped before it was ever read. Speech's audio is
+relayed the same way as the provider's own bytes (`BytesBody`).
 """
 
 import asyncio
@@ -10,13 +11,13 @@ from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from tokenyard.backends.base import Upstream, UpstreamReply, UpstreamStream
+from tokenyard.backends.base import Upstream, UpstreamBroken, UpstreamReply, UpstreamStream
 from tokenyard.core.safety import OutputWatch
 from tokenyard.core.usage import Usage, UsageEvent
 from tokenyard.gateway import metrics
 from tokenyard.gateway.quotas import Reservation
 from tokenyard.gateway.response_cache import Lookup, Recording, ResponseCache
-from tokenyard.gateway.settlement import Settlement, usage_of
+from tokenyard.gateway.settlement import Settlement, reply_usage, usage_of
 from tokenyard.gateway.streaming import DONE, StreamResult, relay
 from tokenyard.gateway.unmasking import Unmasker
 from tokenyard.gateway.validation import Parsed
@@ -93,9 +94,7 @@ class StreamBody:
         """What the stream used, its status, and its whole reply where the cache keeps it; the
         usage event filled in from the relay's result."""
         result, event = self.result, self.event
-        usage = Usage()  # a cached answer: nothing was used upstream
-        if not event.cache_hit:
-            usage = usage_of(result.usage, event.prompt_reserved, result.chunks)
+        usage = Usage() if event.cache_hit else self._used()  # cached: nothing used upstream
         event.timings = result.timings
         event.error = result.error
         event.finish_reason = result.finish_reason
@@ -111,6 +110,10 @@ class StreamBody:
             if result.done and not result.filtered and whole is not None:
                 kept = (self.recording.lookup, whole)
         return usage, status, kept
+
+    def _used(self) -> Usage:
+        """What the upstream used: its usage chunk, else the estimate."""
+        return usage_of(self.result.usage, self.event.prompt_reserved, self.result.chunks)
 
     async def _close_and_settle(
         self, usage: Usage, status: int, kept: tuple[Lookup, UpstreamReply] | None
@@ -129,3 +132,28 @@ class StreamBody:
         if self.settled is None:
             with contextlib.suppress(RuntimeError):  # no running loop: shutting down
                 self._finish()
+
+
+class BytesBody(StreamBody):
+    """The provider's own bytes (speech's audio) relayed as they arrive, so a client plays the
+    start while the rest is made; settled once as any stream is, by what the request measured
+    (its characters: the provider charges the whole input, however much of the audio was read)."""
+
+    async def _relay(self) -> AsyncIterator[bytes]:
+        result = self.result
+        try:
+            try:
+                async for data in self.stream.chunks():
+                    if result.first_byte is None:
+                        result.first_byte = time.perf_counter()
+                    yield data
+            except UpstreamBroken as exc:
+                result.error = str(exc)
+                await asyncio.shield(self._finish())
+                raise  # the connection drops mid-body: the client sees the audio cut short
+            await asyncio.shield(self._finish())
+        finally:
+            self._finish()
+
+    def _used(self) -> Usage:
+        return reply_usage(None, self.event.prompt_reserved, self.parsed.metered)

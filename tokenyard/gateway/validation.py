@@ -216,6 +216,8 @@ class Parsed:
     # what the request itself measures that its model is priced by (an audio file's seconds, a
     # speech's characters), for replies that report no usage of their own
     metered: Usage | None = None
+    # the reply is the provider's own bytes, relayed as they arrive (speech's audio)
+    relayed: bool = False
 
     @property
     def prompt_tokens(self) -> int:
@@ -437,6 +439,7 @@ def _parse_speech(body: dict[str, Any]) -> Parsed:
     parsed = _reading(body, req, [math.ceil(len(req.input.encode()) / 4)])
     body.pop("user", None)
     parsed.metered = Usage(characters=len(req.input))
+    parsed.relayed = True
     return parsed
 
 
