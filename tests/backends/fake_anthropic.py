@@ -10,12 +10,20 @@ documented status per type (529 overloaded_error), and `event: error` inside a s
 Like Anthropic it refuses a request without `x-api-key` (401) or `anthropic-version` (400), without
 `max_tokens`, with a role other than user/assistant, with two consecutive turns of one role (the
 strictest reading of the API, so a translation that forgets to merge them fails here), or with a
-tool_result whose tool_use_id the previous assistant turn did not use. Faults and output follow the
-prompt directives and the control endpoint described in fake_common.py.
+tool_result whose tool_use_id the previous assistant turn did not use.
+
+Extended thinking (`thinking: {"type": "enabled", "budget_tokens": N}`) as Anthropic checks it:
+N at least 1,024 and under max_tokens; no temperature other than 1, no top_k, no forced tool use;
+a thinking block sent back must carry the signature this server gave its text, and with thinking
+on, a final assistant turn that used a tool must start with its thinking block. The reply then
+starts with a thinking block (streamed as thinking_delta and signature_delta events). Faults and
+output follow the prompt directives and the control endpoint described in fake_common.py.
 
 Run: python tests/backends/fake_anthropic.py --port P
 """
 
+import base64
+import hashlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -40,6 +48,14 @@ TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permis
 TYPES |= {404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error"}
 TYPES |= {500: "api_error", 529: "overloaded_error"}
 INPUT = {"city": "Paris"}
+THOUGHT = "The user asks; I weigh it."
+
+
+def signature(thinking: str) -> str:
+    """What this server signs a thinking block's text with (Anthropic's is opaque as well)."""
+    return base64.b64encode(
+        hashlib.sha256(b"fake-anthropic:" + thinking.encode()).digest()
+    ).decode()
 
 
 def error(status: int, message: str) -> dict[str, Any]:
@@ -79,7 +95,44 @@ def invalid(body: dict[str, Any], count: bool = False) -> str | None:
             if block.get("type") == "tool_result" and block.get("tool_use_id") not in used_ids:
                 return f"messages.{i}: tool_result without a matching tool_use"
         used_ids = {b.get("id") for b in blocks if b.get("type") == "tool_use"}
+        for j, block in enumerate(blocks):
+            if block.get("type") == "thinking" and block.get("signature") != signature(
+                str(block.get("thinking"))
+            ):
+                return f"messages.{i}.content.{j}: Invalid `signature` in `thinking` block"
         previous_role = role
+    return _thinking_invalid(body) if "thinking" in body else None
+
+
+def _thinking_invalid(body: dict[str, Any]) -> str | None:
+    thinking = body["thinking"] or {}
+    if thinking.get("type") == "disabled":
+        return None
+    budget = thinking.get("budget_tokens")
+    if thinking.get("type") != "enabled" or not isinstance(budget, int) or budget < 1024:
+        return "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024"
+    if isinstance(body.get("max_tokens"), int) and budget >= body["max_tokens"]:
+        return "`max_tokens` must be greater than `thinking.budget_tokens`"
+    if body.get("temperature") not in (None, 1, 1.0):
+        return "`temperature` may only be set to 1 when thinking is enabled"
+    if body.get("top_k") is not None:
+        return "`top_k` must be unset when thinking is enabled"
+    if (body.get("tool_choice") or {}).get("type") in ("any", "tool"):
+        return "Thinking may not be enabled when tool_choice forces tool use."
+    turns = body.get("messages") or []
+    last = max((i for i, m in enumerate(turns) if m.get("role") == "assistant"), default=None)
+    if last is not None and isinstance(turns[last].get("content"), list):
+        blocks = turns[last]["content"]
+        starts = blocks[0].get("type") if blocks else None
+        if any(b.get("type") == "tool_use" for b in blocks) and starts not in (
+            "thinking",
+            "redacted_thinking",
+        ):
+            return (
+                f"messages.{last}.content.0.type: Expected `thinking` or `redacted_thinking`, "
+                f"but found `{starts}`. When `thinking` is enabled, a final `assistant` message "
+                "must start with a thinking block."
+            )
     return None
 
 
@@ -127,6 +180,8 @@ async def handle(
     tool = forced or (tools[0]["name"] if d.tool and tools else None)
     pieces = [f"w{i} " for i in range(d.chunks)]
     stop = "tool_use" if tool else "end_turn"
+    thinks = (body.get("thinking") or {}).get("type") == "enabled"
+    thought = len(THOUGHT.split()) if thinks else 0  # output tokens the thinking took
     message = {
         "id": "msg_fake",
         "type": "message",
@@ -138,30 +193,44 @@ async def handle(
     }
     if not body.get("stream"):
         content: list[dict[str, Any]] = [{"type": "text", "text": "".join(pieces)}]
+        if thinks:
+            block = {"type": "thinking", "thinking": THOUGHT, "signature": signature(THOUGHT)}
+            content.insert(0, block)
         if tool:
             content.append({"type": "tool_use", "id": "toolu_fake", "name": tool, "input": INPUT})
         reply = {**message, "content": content, "stop_reason": stop}
-        return await send_json(send, 200, {**reply, "usage": _usage(body, d, d.chunks)})
+        return await send_json(send, 200, {**reply, "usage": _usage(body, d, d.chunks + thought)})
 
     start = {**message, "usage": _usage(body, d, 1)}
     events = [_event("message_start", {"message": start})]
-    events.append(
-        _event("content_block_start", {"index": 0, "content_block": {"type": "text", "text": ""}})
-    )
+    text = 0  # the text block's index: after the thinking block, where there is one
+    if thinks:
+        text = 1
+        block = {"type": "thinking", "thinking": "", "signature": ""}
+        events.append(_event("content_block_start", {"index": 0, "content_block": block}))
+        for part in THOUGHT.partition("; "):
+            delta = {"type": "thinking_delta", "thinking": part}
+            events.append(_event("content_block_delta", {"index": 0, "delta": delta}))
+        delta = {"type": "signature_delta", "signature": signature(THOUGHT)}
+        events.append(_event("content_block_delta", {"index": 0, "delta": delta}))
+        events.append(_event("content_block_stop", {"index": 0}))
+    opened = {"index": text, "content_block": {"type": "text", "text": ""}}
+    events.append(_event("content_block_start", opened))
     events.append(_event("ping", {}))
     for piece in pieces:
         delta = {"type": "text_delta", "text": piece}
-        events.append(_event("content_block_delta", {"index": 0, "delta": delta}))
-    events.append(_event("content_block_stop", {"index": 0}))
+        events.append(_event("content_block_delta", {"index": text, "delta": delta}))
+    events.append(_event("content_block_stop", {"index": text}))
     if tool:
         block = {"type": "tool_use", "id": "toolu_fake", "name": tool, "input": {}}
-        events.append(_event("content_block_start", {"index": 1, "content_block": block}))
+        events.append(_event("content_block_start", {"index": text + 1, "content_block": block}))
         for part in ("", '{"city"', ': "Paris"}'):
             delta = {"type": "input_json_delta", "partial_json": part}
-            events.append(_event("content_block_delta", {"index": 1, "delta": delta}))
-        events.append(_event("content_block_stop", {"index": 1}))
+            events.append(_event("content_block_delta", {"index": text + 1, "delta": delta}))
+        events.append(_event("content_block_stop", {"index": text + 1}))
     final = {"delta": {"stop_reason": stop, "stop_sequence": None}}
-    events.append(_event("message_delta", {**final, "usage": {"output_tokens": d.chunks}}))
+    output = {"output_tokens": d.chunks + thought}
+    events.append(_event("message_delta", {**final, "usage": output}))
     events.append(_event("message_stop", {}))
     if d.stream_error is not None:
         failure = {"error": {"type": "overloaded_error", "message": "Overloaded"}}

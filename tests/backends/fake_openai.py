@@ -5,7 +5,8 @@ POST /v1/responses, whole or as its typed events (a message, or a function call 
 its input-token count (POST /v1/responses/input_tokens); POST /v1/images/generations (gpt-image's
 shape: base64 images and their usage in tokens); POST /v1/audio/speech (the audio alone, no
 usage) and /v1/audio/transcriptions and /translations (a multipart form with a WAV file; every
-response format; whisper-1's usage in seconds, the gpt-4o models' in tokens).
+response format; whisper-1's usage in seconds, the gpt-4o models' in tokens; the gpt-4o models'
+transcript streamed as transcript.text.delta events and a transcript.text.done with the usage).
 
 Like OpenAI it refuses a request without `Authorization: Bearer …` (401) and one with a field it
 does not know (400 "Unrecognized request argument supplied: top_k"). Faults and output follow the
@@ -173,6 +174,14 @@ async def _transcribe(path: str, body: dict[str, Any], send: Send) -> None:
         usage = {"type": "tokens", "input_tokens": audio + words, "input_token_details": details}
         usage |= {"output_tokens": output, "total_tokens": audio + words + output}
     asked = body.get("response_format", "json")
+    if body.get("stream") == "true" and not model.startswith("whisper"):  # whisper-1 ignores it
+        await start_sse(send)
+        words = text.split(" ")
+        for i, word in enumerate(words):
+            delta = {"type": "transcript.text.delta", "delta": word + " " * (i < len(words) - 1)}
+            await send({"type": "http.response.body", "body": _event(delta), "more_body": True})
+        done = {"type": "transcript.text.done", "text": text, "usage": usage}
+        return await send({"type": "http.response.body", "body": _event(done)})
     if asked == "json":
         return await send_json(send, 200, {"text": text, "usage": usage})
     if asked == "verbose_json":

@@ -548,3 +548,78 @@ async def test_a_cut_stream_is_broken_and_not_retried(make_upstream, anthropic_u
     text = [c["choices"][0]["delta"].get("content") for c in sse_events(b"".join(got))]
     assert text == ["", "w0 ", "w1 "]
     assert stats(anthropic_url)["requests"] == 1
+
+
+THINK = {"max_tokens": 3000, "reasoning_effort": "low"}
+
+
+def test_reasoning_effort_is_extended_thinking_within_anthropics_rules():
+    """A budget per effort, no temperature or top_k beside it (Anthropic refuses them with
+    thinking), none at all for "none"; a JSON answer, a forced tool or a cap at or under the
+    budget are 400s naming the field."""
+    asked = {"messages": [{"role": "user", "content": "x"}], "temperature": 0.2, "top_k": 5}
+    out = translate({**asked, **THINK, "reasoning_effort": "medium"}, "c")
+    assert out["thinking"] == {"type": "enabled", "budget_tokens": 2048}
+    assert "temperature" not in out and "top_k" not in out
+    plain = translate({**asked, **THINK, "reasoning_effort": "none"}, "c")
+    assert "thinking" not in plain and plain["temperature"] == 0.2
+    refusals = {
+        "response_format": {"response_format": {"type": "json_object"}},
+        "tool_choice": {"tools": TOOLS, "tool_choice": "required"},
+        "max_tokens": {"max_tokens": 1024},
+        "reasoning_effort": {"reasoning_effort": "maximal"},
+    }
+    for param, fields in refusals.items():
+        with pytest.raises(GatewayError) as err:
+            translate({**asked, **THINK, **fields}, "c")
+        assert (err.value.status, err.value.param) == (400, param)
+
+
+async def test_thinking_round_trips_with_its_signature_against_the_fake(
+    make_upstream, anthropic_url
+):
+    """The reply's thinking comes back as reasoning_content and thinking_blocks; sent back on the
+    assistant turn with the tool's result, the fake (as Anthropic) checks its signature; a
+    client that drops the blocks gets an answer without thinking rather than Anthropic's 400."""
+    upstream = make_upstream("anthropic", [anthropic_url])
+    question = {"role": "user", "content": "Weather in Paris? #tool"}
+    body = {"model": "c", "messages": [question], "tools": TOOLS, **THINK, "temperature": 0.3}
+    reply = await upstream.complete(UpstreamCall(CHAT, json.dumps(body).encode(), {}))
+    assert reply.status == 200, reply.body
+    got = json.loads(reply.body)
+    message = got["choices"][0]["message"]
+    sent = stats(anthropic_url)["last_body"]
+    assert sent["thinking"] == {"type": "enabled", "budget_tokens": 1024}
+    assert "temperature" not in sent
+    assert message["reasoning_content"] == "The user asks; I weigh it."
+    (block,) = message["thinking_blocks"]
+    assert block["type"] == "thinking" and block["signature"]
+    assert got["usage"]["completion_tokens"] == 5 + 6  # the text's and the thinking's
+
+    def follow_up(assistant: dict) -> UpstreamCall:
+        result = {"role": "tool", "tool_call_id": "toolu_fake", "content": "sunny"}
+        turns = [question, assistant, result]
+        return UpstreamCall(CHAT, json.dumps({**body, "messages": turns}).encode(), {})
+
+    answer = await upstream.complete(follow_up(message))
+    assert answer.status == 200, answer.body
+    assert stats(anthropic_url)["last_body"]["messages"][1]["content"][0] == block
+    forged = {**message, "thinking_blocks": [{**block, "thinking": "Something else."}]}
+    refused = await upstream.complete(follow_up(forged))
+    assert refused.status == 400 and b"signature" in refused.body
+    dropped = {k: v for k, v in message.items() if k != "thinking_blocks"}
+    unthinking = await upstream.complete(follow_up(dropped))
+    assert unthinking.status == 200, unthinking.body
+    assert "thinking" not in stats(anthropic_url)["last_body"]
+
+
+async def test_thinking_streams_as_reasoning_deltas_then_its_block(make_upstream, anthropic_url):
+    upstream = make_upstream("anthropic", [anthropic_url])
+    stream = await upstream.open_stream(chat("think #chunks=2", stream=True, **THINK))
+    chunks = sse_events(b"".join([c async for c in stream.chunks()]))
+    await stream.aclose()
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "The user asks; I weigh it."
+    (blocks,) = [d["thinking_blocks"] for d in deltas if "thinking_blocks" in d]
+    assert blocks[0]["thinking"] == "The user asks; I weigh it." and blocks[0]["signature"]
+    assert "".join(d.get("content") or "" for d in deltas) == "w0 w1 "

@@ -258,13 +258,39 @@ def test_transcriptions_are_forms_charged_by_the_minute_or_by_their_tokens(
     settled(redis_server, name)
 
 
+def test_a_streamed_transcript_arrives_as_its_events_charged_by_their_usage(
+    gw: Any,
+    team: Any,
+    providers: dict[str, str],  # noqa: F811
+    redis_server: Any,
+) -> None:
+    """A gpt-4o transcription asked with stream=true: OpenAI's client reads its delta events and
+    the done event with the usage, which settles the request (tokens; the file's seconds kept)."""
+    name, key = team()
+    events = list(
+        gw.client(key).audio.transcriptions.create(
+            model="transcribe-fake", file=("memo.wav", wav(1.5), "audio/wav"), stream=True
+        )
+    )
+    deltas = [e.delta for e in events if e.type == "transcript.text.delta"]
+    assert "".join(deltas) == "the fake heard 1.5 seconds"
+    done = events[-1]
+    assert done.type == "transcript.text.done" and done.usage is not None
+    assert stats(providers["openai"])["last_body"]["stream"] == "true"
+    (record,) = records(gw, key, 1)
+    assert (record["prompt_tokens"], record["completion_tokens"], record["stream"]) == (15, 5, True)
+    assert record["audio_seconds"] == pytest.approx(1.5)  # the 5 output tokens: the reported
+    assert record["cost_usd"] == pytest.approx((15 * 3.0 + 5 * 5.0) / 1e6)
+    settled(redis_server, name)
+
+
 def test_bad_audio_forms_are_refused_before_anything_is_sent(
     gw: Any,
     team: Any,
     providers: dict[str, str],  # noqa: F811
     redis_server: Any,
 ) -> None:
-    """No file, no model, a streamed transcription, a file over 25 MB, a second file and a model
+    """No file, no model, a streamed translation, a file over 25 MB, a second file and a model
     of another kind are the gateway's 400s (413 for the size), in OpenAI's shape; a file the
     provider cannot read is the provider's 400, charged nothing."""
     name, key = team()
@@ -280,7 +306,10 @@ def test_bad_audio_forms_are_refused_before_anything_is_sent(
 
     refused(400, "file", data={"model": "whisper-fake"})
     refused(400, "model", files={"file": audio})
-    refused(400, "stream", data={"model": "whisper-fake", "stream": "true"}, files={"file": audio})
+    translations = gw.url + "/v1/audio/translations"
+    streamed = {"model": "whisper-fake", "stream": "true"}
+    answer = httpx.post(translations, headers=auth, data=streamed, files={"file": audio})
+    assert (answer.status_code, answer.json()["error"]["param"]) == (400, "stream")
     refused(400, "tier", data={"model": "whisper-fake", "tier": "gold"}, files={"file": audio})
     two = [("file", audio), ("other", audio)]
     refused(400, "other", data={"model": "whisper-fake"}, files=two)

@@ -15,6 +15,11 @@ from tokenyard.core.errors import GatewayError
 
 # Anthropic requires max_tokens; the gateway always sets it, this is for direct callers
 DEFAULT_MAX_TOKENS = 4096
+# reasoning_effort → extended thinking's budget in tokens (LiteLLM's mapping; 1,024 is
+# Anthropic's least); "none" turns thinking off
+THINKING_BUDGET = {"minimal": 1024, "low": 1024, "medium": 2048, "high": 4096}
+# the blocks of a model's thinking, as a reply carries them and a later turn must send them back
+THINKING_BLOCKS = ("thinking", "redacted_thinking")
 
 FINISH = {
     "end_turn": "stop",
@@ -109,7 +114,9 @@ def _messages(messages: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]
             )
         elif role == "assistant":
             calls = m.get("tool_calls") or []
-            blocks = _blocks(m.get("content")) + [tool_use_block(c) for c in calls]
+            # its thinking first, as the reply gave it (LiteLLM's `thinking_blocks` field)
+            thought = [b for b in m.get("thinking_blocks") or [] if _is_thinking(b)]
+            blocks = thought + _blocks(m.get("content")) + [tool_use_block(c) for c in calls]
         elif role == "user":
             blocks = _blocks(m.get("content"))
         else:
@@ -119,6 +126,41 @@ def _messages(messages: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]
         else:
             turns.append({"role": role, "content": blocks})
     return "\n\n".join(s for s in system if s), turns
+
+
+def _is_thinking(block: Any) -> bool:
+    return isinstance(block, dict) and block.get("type") in THINKING_BLOCKS
+
+
+def _thinking(body: dict[str, Any], turns: list[dict[str, Any]], max_tokens: int) -> int | None:
+    """The thinking budget `reasoning_effort` asks for (None: no thinking), or a 400 where
+    Anthropic's rules forbid it: a JSON answer or a forced tool (thinking allows no forced tool
+    use), or an output cap that leaves no room past the budget. A request that continues a tool
+    call made without thinking, or whose thinking the client did not send back, does not think:
+    Anthropic requires a final assistant turn that used tools to start with its thinking."""
+    effort = body.get("reasoning_effort")
+    if effort in (None, "none"):
+        return None
+    if effort not in THINKING_BUDGET:
+        raise _bad(
+            f"reasoning_effort {effort!r} is not supported by this model", "reasoning_effort"
+        )
+    if answers_in_json(body):
+        why = "reasoning_effort with response_format is not supported by this model"
+        raise _bad(why, "response_format")
+    choice = body.get("tool_choice")
+    if isinstance(choice, dict) or choice == "required":
+        raise _bad("reasoning_effort allows tool_choice auto or none only", "tool_choice")
+    budget = THINKING_BUDGET[effort]
+    if max_tokens <= budget:
+        why = f"max_tokens must exceed reasoning_effort {effort!r}'s {budget} thinking tokens"
+        raise _bad(why, "max_tokens")
+    last = next((t for t in reversed(turns) if t["role"] == "assistant"), None)
+    if last is not None:
+        blocks = last["content"]
+        if any(b["type"] == "tool_use" for b in blocks) and not _is_thinking(blocks[0]):
+            return None
+    return budget
 
 
 # structured outputs as Anthropic's models give them on every cloud: one forced tool whose input
@@ -172,22 +214,26 @@ def messages_request(body: dict[str, Any], model: str) -> dict[str, Any]:
     if answers_in_json(body) and body.get("tools"):
         raise _bad("response_format together with tools is not supported by this model", "tools")
     system, turns = _messages(body.get("messages") or [])
-    max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
-    out: dict[str, Any] = {
-        "model": model,
-        "messages": turns,
-        "max_tokens": max_tokens or DEFAULT_MAX_TOKENS,
-    }
+    max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or DEFAULT_MAX_TOKENS
+    out: dict[str, Any] = {"model": model, "messages": turns, "max_tokens": max_tokens}
     if system:
         out["system"] = system
     stop = body.get("stop")
     if stop:
         out["stop_sequences"] = [stop] if isinstance(stop, str) else list(stop)
-    if body.get("temperature") is not None:
-        out["temperature"] = min(float(body["temperature"]), 1.0)  # Anthropic's range is 0..1
-    for name in ("top_p", "top_k"):
-        if body.get(name) is not None:
-            out[name] = body[name]
+    budget = _thinking(body, turns, max_tokens)
+    if budget is not None:
+        # thinking samples as the model does: Anthropic refuses a temperature or top_k with it
+        # (as OpenAI's reasoning models refuse them), and a top_p under 0.95; they are left out
+        out["thinking"] = {"type": "enabled", "budget_tokens": budget}
+        if (body.get("top_p") or 1.0) >= 0.95:
+            out["top_p"] = body.get("top_p")
+    else:
+        if body.get("temperature") is not None:
+            out["temperature"] = min(float(body["temperature"]), 1.0)  # Anthropic's: 0..1
+        for name in ("top_p", "top_k"):
+            out[name] = body.get(name)
+    out = {k: v for k, v in out.items() if v is not None}
     user = body.get("user") or body.get("safety_identifier")  # OpenAI's newer name for it
     if user:
         out["metadata"] = {"user_id": str(user)}
@@ -246,6 +292,7 @@ def chat_reply(message: dict[str, Any], model: str, json_answer: bool = False) -
     blocks = message.get("content") or []
     text = "".join(b["text"] for b in blocks if b.get("type") == "text")
     uses = [b for b in blocks if b.get("type") == "tool_use"]
+    thought = [b for b in blocks if _is_thinking(b)]
     if json_answer:
         answer = [json.dumps(b.get("input") or {}) for b in uses if b["name"] == ANSWER_TOOL]
         text, uses = (answer[0] if answer else text), []
@@ -254,6 +301,9 @@ def chat_reply(message: dict[str, Any], model: str, json_answer: bool = False) -
         "content": text or (None if uses else ""),
         "refusal": None,  # OpenAI's schema requires it
     }
+    if thought:  # its thinking, to read and to send back with a tool call's results
+        reply["reasoning_content"] = "".join(b.get("thinking", "") for b in thought)
+        reply["thinking_blocks"] = thought
     if uses:
         reply["tool_calls"] = [tool_call(i, b) for i, b in enumerate(uses)]
         for call in reply["tool_calls"]:
@@ -326,6 +376,8 @@ class ChunkWriter:
     tools: dict[int, int] = field(default_factory=dict)  # content block index → tool call index
     answer: int | None = None  # the content block of the answer tool's call
     usage: dict[str, Any] = field(default_factory=dict)
+    # the thinking block being streamed: its index, its text and signature so far
+    thinking: tuple[int, list[str], list[str]] | None = None
     finish: str = "stop"
     stop_sequence: str | None = None  # the stop string that ended the message
 
@@ -362,6 +414,10 @@ class ChunkWriter:
                 return self._chunk({"tool_calls": [call]})
             if block.get("type") == "text" and block.get("text") and not self.json_answer:
                 return self._chunk({"content": block["text"]})
+            if block.get("type") == "thinking":
+                self.thinking = (data["index"], [], [])
+            if block.get("type") == "redacted_thinking":
+                return self._chunk({"thinking_blocks": [block]})
             return b""
         if kind == "content_block_delta":
             delta = data.get("delta") or {}
@@ -373,7 +429,19 @@ class ChunkWriter:
                 arguments = {"arguments": delta.get("partial_json", "")}
                 call = {"index": self.tools[data["index"]], "function": arguments}
                 return self._chunk({"tool_calls": [call]})
-            return b""  # thinking and signature deltas have no OpenAI counterpart
+            if self.thinking is not None and delta.get("type") == "thinking_delta":
+                self.thinking[1].append(delta.get("thinking", ""))
+                return self._chunk({"reasoning_content": delta.get("thinking", "")})
+            if self.thinking is not None and delta.get("type") == "signature_delta":
+                self.thinking[2].append(delta.get("signature", ""))
+            return b""
+        if kind == "content_block_stop" and self.thinking is not None:
+            if data.get("index") != self.thinking[0]:
+                return b""
+            _, text, signed = self.thinking
+            self.thinking = None
+            block = {"type": "thinking", "thinking": "".join(text), "signature": "".join(signed)}
+            return self._chunk({"thinking_blocks": [block]})  # whole, to be sent back
         if kind == "message_delta":
             stop = (data.get("delta") or {}).get("stop_reason")
             if stop:

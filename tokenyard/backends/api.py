@@ -133,13 +133,13 @@ class ApiClient:
         check_status(reply.status, reply.headers)
         return reply
 
-    async def open(self, path: str, body: bytes) -> Opened | Reply:
+    async def open(self, path: str, body: bytes, content_type: str | None = None) -> Opened | Reply:
         """A stream up to its first bytes, within the first-token timeout; a refusal other than
         429/5xx comes back whole."""
         response: aiohttp.ClientResponse | None = None
         try:
             async with asyncio.timeout(self.policy.first_token_timeout_s):
-                response = await self._post(path, body)
+                response = await self._post(path, body, content_type)
                 if response.status != 200:
                     reply = Reply(response.status, response.headers, await response.read())
                     response.release()

@@ -114,9 +114,12 @@ FIELDS: dict[str, Rule] = {
     ),
     "reasoning_effort": Rule(
         CHAT,
-        (R, P, R, H, R),
+        (R, P, H, H, R),
         needs="reasoning",
-        note="Gemini: a thinking budget (none 0, low 1,024, medium 8,192, high 24,576 tokens)",
+        note="Anthropic: extended thinking (budget minimal and low 1,024, medium 2,048, high "
+        "4,096 tokens), its text as reasoning_content and its blocks as thinking_blocks, sent "
+        "back on the assistant turn; Gemini: a thinking budget (none 0, low 1,024, medium "
+        "8,192, high 24,576 tokens)",
     ),
     "store": Rule(
         CHAT,

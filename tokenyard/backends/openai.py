@@ -109,15 +109,21 @@ class OpenAIUpstream(DeployedUpstream):
     def ping(self, at: Deployment, path: str, body: dict[str, Any]) -> tuple[str, bytes]:
         return self._path(path, at), request_body(body, at.model)
 
+    @staticmethod
+    def _body(
+        native: dict[str, Any], call: UpstreamCall, at: Deployment
+    ) -> tuple[bytes, str | None]:
+        """The request as this deployment takes it: JSON, or a form with the call's file; and
+        its content type where it is not JSON."""
+        if call.upload is None:
+            return request_body(native, at.model), None
+        return form_body(native, at.model, call.upload)
+
     async def complete(self, call: UpstreamCall) -> UpstreamReply:
         native = msgspec.json.decode(call.body)
-        upload = call.upload
 
         async def send(at: Deployment) -> Reply:
-            path = self._path(call.path, at)
-            if upload is None:
-                return await at.api.post(path, request_body(native, at.model))
-            return await at.api.post(path, *form_body(native, at.model, upload))
+            return await at.api.post(self._path(call.path, at), *self._body(native, call, at))
 
         response = await self.deployments.reply(send, call)
         content = response.body
@@ -149,7 +155,7 @@ class OpenAIUpstream(DeployedUpstream):
         native = msgspec.json.decode(call.body)
 
         async def send(at: Deployment) -> Opened | Reply:
-            return await at.api.open(self._path(call.path, at), request_body(native, at.model))
+            return await at.api.open(self._path(call.path, at), *self._body(native, call, at))
 
         deployments = self.deployments
         at, opened = await deployments.run(send, call)

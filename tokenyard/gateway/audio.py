@@ -75,9 +75,9 @@ async def read_form(request: Request, kind: Kind) -> Parsed:
     if len(content) > MAX_AUDIO_BYTES:
         message = f"the audio file is {len(content)} bytes, over the {MAX_AUDIO_BYTES} allowed"
         raise GatewayError(413, message, code="file_too_large", param="file")
-    if str(fields.get("stream", "false")).lower() == "true":
-        message = f"streamed {kind}s are not relayed: ask without stream"
-        raise GatewayError(400, message, param="stream")
+    stream = str(fields.get("stream", "false")).lower() == "true"
+    if stream and kind == "translation":
+        raise GatewayError(400, "translations do not stream", param="stream")
     own = convert(
         {name: fields.pop(name) for name in _Own.__struct_fields__ if name in fields}, _Own
     )
@@ -87,8 +87,9 @@ async def read_form(request: Request, kind: Kind) -> Parsed:
     return Parsed(
         model=model,
         body=fields,
-        stream=False,
-        include_usage=False,
+        # its events as the provider sends them, the last (transcript.text.done) with the usage
+        stream=stream,
+        include_usage=stream,
         prompt_sizes=[prompt_tokens + math.ceil(seconds * TOKENS_PER_S)],
         max_tokens=0,
         n=1,

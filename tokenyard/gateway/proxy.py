@@ -301,7 +301,7 @@ class Proxy:
         lease_id = res.lease_id
         body = parsed.body
         body.pop("max_tokens", None)  # the cap goes in per model (Call.to)
-        if parsed.stream:  # the gateway settles from the usage chunk, so always ask for it
+        if parsed.stream and kind in GENERATING:  # settled from the usage chunk: always asked
             body["stream_options"] = {**(body.get("stream_options") or {}), "include_usage": True}
         call = Call(
             kind,

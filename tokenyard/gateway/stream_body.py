@@ -112,8 +112,12 @@ class StreamBody:
         return usage, status, kept
 
     def _used(self) -> Usage:
-        """What the upstream used: its usage chunk, else the estimate."""
-        return usage_of(self.result.usage, self.event.prompt_reserved, self.result.chunks)
+        """What the upstream used: its usage chunk, else the estimate; and what the request
+        measured (a streamed transcription's seconds)."""
+        usage = usage_of(self.result.usage, self.event.prompt_reserved, self.result.chunks)
+        if (metered := self.parsed.metered) is not None:
+            usage.audio_seconds = metered.audio_seconds
+        return usage
 
     async def _close_and_settle(
         self, usage: Usage, status: int, kept: tuple[Lookup, UpstreamReply] | None
