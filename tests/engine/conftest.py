@@ -9,6 +9,7 @@ import torch
 from tokenyard.engine.config import EngineConfig
 from tokenyard.engine.engine import LLMEngine
 from tokenyard.engine.loader import resolve_model_path
+from tokenyard.engine.packed_linear import packable
 from tokenyard.engine.sequence import GenerationRequest, SamplingParams
 
 
@@ -32,6 +33,13 @@ _ENGINES: dict[tuple, LLMEngine] = {}  # the most recently used last
 # engines kept at once: each holds its weights and a KV pool (1 GiB unless the test sizes it), so
 # keeping every configuration the suite builds reached ~16 GB; tests of one configuration run
 # together (one file), so the few latest cover nearly every reuse
+# bf16 matmuls of the whole model run on oneDNN where the CPU has AVX-512 (BW/VL/DQ) or
+# AVX-NE-CONVERT; on an AVX2-only CPU PyTorch falls back to scalar code that takes minutes a pass
+# (the engine runs fp32 there by default), so those tests wait for a CPU that has them
+needs_bf16_matmuls = pytest.mark.skipif(
+    not packable(torch.bfloat16),
+    reason="no oneDNN bf16 matmuls on this CPU (AVX2 only): the engine runs fp32 here",
+)
 KEEP_ENGINES = 3
 
 

@@ -5,7 +5,13 @@ import torch
 
 from tokenyard.engine.sequence import GenerationRequest
 
-from .conftest import assert_all_blocks_free, greedy, reference_greedy, run_to_completion
+from .conftest import (
+    assert_all_blocks_free,
+    greedy,
+    needs_bf16_matmuls,
+    reference_greedy,
+    run_to_completion,
+)
 from .prompts import SYSTEM, chat_prompts
 
 MAX_NEW = 24
@@ -93,6 +99,7 @@ def test_last_position_logits_close(engine_factory, reference, prompt_ids):
     assert_all_blocks_free(engine)
 
 
+@needs_bf16_matmuls
 def test_bf16_tracks_fp32(engine_factory, prompt_ids, expected):
     """bf16 weights and cache (the CPU default where bf16 is native): fed the fp32 reference's
     own continuation, the engine predicts the same next token at nearly every position."""

@@ -8,6 +8,7 @@ from gguf import GGMLQuantizationType
 from gguf.constants import GGML_QUANT_SIZES
 from gguf.quants import dequantize as gguf_dequantize
 
+from tests.engine.conftest import needs_bf16_matmuls
 from tokenyard.engine.cpu_kernels import QUANT_ISAS, quant_isa, quant_matmul
 from tokenyard.engine.loader import gguf_weight
 from tokenyard.engine.packed_linear import PackedLinear
@@ -180,6 +181,7 @@ def test_bf16_input_and_dense_path(kind):
 
 
 @needs_kernels
+@needs_bf16_matmuls
 def test_kept_bf16_copy_serves_larger_steps():
     """With a dense copy, bf16 steps from COPY_ROWS rows multiply the packed bf16 weight; smaller
     steps, and fp32 ones, stay on the int8 kernels."""

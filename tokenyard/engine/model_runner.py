@@ -19,7 +19,7 @@ from tokenyard.engine.loader import load_weights
 from tokenyard.engine.lora import Adapters, LoraAdapter
 from tokenyard.engine.model import LlamaModel
 from tokenyard.engine.outputs import Sampled
-from tokenyard.engine.packed_linear import pack_linears
+from tokenyard.engine.packed_linear import pack_linears, packable
 from tokenyard.engine.quantized_linear import (
     QuantizedEmbedding,
     QuantizedLinear,
@@ -101,7 +101,9 @@ class ModelRunner:
             m for m in self.model.modules() if isinstance(m, QuantizedLinear | QuantizedEmbedding)
         ]
         dense_copy = dense_copy_pays() if config.dense_copy is None else config.dense_copy
-        if dense_copy and self.dtype == torch.bfloat16:
+        # the copies are packed bf16 weights: where oneDNN cannot multiply those (AVX2-only
+        # CPUs), the kernels serve every step (packable logs why)
+        if dense_copy and self.dtype == torch.bfloat16 and packable(torch.bfloat16):
             for layer in quantized:
                 if isinstance(layer, QuantizedLinear):
                     layer.keep_dense_copy()

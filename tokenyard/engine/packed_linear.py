@@ -6,6 +6,7 @@ inside every call; for the few-row matmuls of decode steps that costs as much as
 weights through the same two ops when it freezes a model for CPU.
 """
 
+import functools
 import logging
 
 import torch
@@ -30,6 +31,21 @@ class PackedLinear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, None, "none", [None], "")
 
 
+@functools.cache
+def packable(dtype: torch.dtype) -> bool:
+    """Whether oneDNN multiplies packed weights of `dtype` on this CPU, and agrees with F.linear
+    (bf16 needs AVX-512 BW/VL/DQ or AVX-NE-CONVERT: an AVX2-only CPU has neither); one trial."""
+    weight = torch.randn(32, 64).to(dtype)
+    x = torch.randn(2, 64).to(dtype)
+    try:
+        expected = torch.nn.functional.linear(x, weight)
+        torch.testing.assert_close(PackedLinear(weight)(x), expected, rtol=1e-2, atol=1e-2)
+    except (RuntimeError, AttributeError, AssertionError) as exc:
+        log.warning("oneDNN cannot multiply %s weights here (%s)", dtype, exc)
+        return False
+    return True
+
+
 def pack_linears(module: nn.Module) -> int:
     """Swap every bias-free `nn.Linear` under `module` for a PackedLinear; the count swapped (0
     where this PyTorch build or CPU cannot run oneDNN in the weights' dtype)."""
@@ -41,12 +57,7 @@ def pack_linears(module: nn.Module) -> int:
     ]
     if not targets or targets[0][2].weight.device.type != "cpu":
         return 0
-    try:  # one trial against F.linear: fails where oneDNN lacks the dtype on this CPU
-        probe = targets[0][2]
-        x = torch.randn(2, probe.in_features, dtype=probe.weight.dtype)
-        torch.testing.assert_close(PackedLinear(probe.weight)(x), probe(x), rtol=1e-2, atol=1e-2)
-    except (RuntimeError, AttributeError, AssertionError) as exc:
-        log.warning("linear weights left unpacked (%s)", exc)
+    if not packable(targets[0][2].weight.dtype):
         return 0
     for parent, name, child in targets:
         setattr(parent, name, PackedLinear(child.weight))
