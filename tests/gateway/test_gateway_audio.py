@@ -126,6 +126,11 @@ def test_speech_is_the_providers_audio_charged_by_its_characters(
     assert first["cost_usd"] == pytest.approx(len(said) * TTS_PRICE / 1e6)
     assert (first["prompt_tokens"], first["completion_tokens"]) == (0, 0)
     assert second["characters"] == 4
+    card = client.models.retrieve("tts-fake").model_extra or {}
+    assert card["pricing"] == {"input": 0.0, "cached_input": 0.0, "output": 0.0} | {
+        "cache_write_input": 0.0,
+        "characters": TTS_PRICE,
+    }
     with pytest.raises(openai.NotFoundError, match="speech only"):
         client.chat.completions.create(
             model="tts-fake", messages=[{"role": "user", "content": "hi"}]

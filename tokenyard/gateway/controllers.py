@@ -170,7 +170,7 @@ def _model_card(entry: ModelEntry, upstream: Upstream | None) -> dict[str, Any]:
         "capability": entry.capability,
         "supports": msgspec.to_builtins(entry.supports),  # what requests it can honour
         "tiers": list(entry.tiers),
-        "pricing": msgspec.to_builtins(entry.price),
+        "pricing": entry.price.listed,
         "fallbacks": list(entry.fallbacks),
         "context_fallbacks": list(entry.context_fallbacks),  # for prompts its window cannot hold
         "aliases": list(entry.aliases),  # other names requests may use for it

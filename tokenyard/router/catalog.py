@@ -82,6 +82,13 @@ class Price(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         ) / 1e6 + audio_seconds / 60 * self.audio_minute
 
     @property
+    def listed(self) -> dict[str, float]:
+        """What a model card shows: every token price; the audio units only where they are set
+        (a chat model is not "free per character")."""
+        prices = msgspec.structs.asdict(self)
+        return {k: v for k, v in prices.items() if v or k not in ("audio_minute", "characters")}
+
+    @property
     def blended(self) -> float:
         """One number to order models by price: a 3:1 input:output mix."""
         return (3 * self.input + self.output) / 4
