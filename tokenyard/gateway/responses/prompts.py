@@ -27,7 +27,9 @@ PLACEHOLDER = re.compile(r"\{\{\s*([A-Za-z_][A-Za-z0-9_]*)\s*\}\}")
 ROLES = ("system", "developer", "user", "assistant")
 MAX_MESSAGES = 100
 MAX_TEXT = 100_000  # characters of template text in one version
-_SAVE_TRIES = 5
+# a save that loses the race for a number lost it to a save that won, so among N saves of one
+# prompt at once each needs at most N tries: 5 let the 6th of 8 at once fail on a slow machine
+_SAVE_TRIES = 32
 
 
 class Message(msgspec.Struct, forbid_unknown_fields=True):
