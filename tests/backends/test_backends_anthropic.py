@@ -6,7 +6,7 @@ import json
 import pytest
 
 from tests.backends.conftest import control, stats
-from tokenyard.backends.anthropic_messages import EventWriter, message_reply
+from tokenyard.backends.anthropic_messages import EventWriter, chat_request, message_reply
 from tokenyard.backends.anthropic_wire import (
     ANSWER_TOOL,
     ChunkWriter,
@@ -623,3 +623,105 @@ async def test_thinking_streams_as_reasoning_deltas_then_its_block(make_upstream
     (blocks,) = [d["thinking_blocks"] for d in deltas if "thinking_blocks" in d]
     assert blocks[0]["thinking"] == "The user asks; I weigh it." and blocks[0]["signature"]
     assert "".join(d.get("content") or "" for d in deltas) == "w0 w1 "
+
+
+def test_anthropics_thinking_field_sets_the_budget_to_the_token():
+    """`thinking` as the Messages API takes it (what /v1/messages sends on): its budget goes as
+    asked, a disabled one asks for nothing; without an output cap the default one leaves room past
+    the budget; beside reasoning_effort, or malformed, it is a 400 naming it."""
+    asked = {"messages": [{"role": "user", "content": "x"}], "temperature": 0.2}
+    thinking = {"type": "enabled", "budget_tokens": 5000}
+    out = translate({**asked, "max_tokens": 6000, "thinking": thinking}, "c")
+    assert out["thinking"] == thinking and "temperature" not in out
+    uncapped = translate({**asked, "thinking": thinking}, "c")
+    assert uncapped["max_tokens"] > 5000
+    off = translate({**asked, "max_tokens": 9, "thinking": {"type": "disabled"}}, "c")
+    assert "thinking" not in off and off["temperature"] == 0.2
+    for wrong in (
+        {"reasoning_effort": "low"},
+        {"thinking": {"type": "enabled", "budget_tokens": 1023}},
+        {"thinking": {"type": "enabled", "budget_tokens": True}},
+        {"thinking": {"type": "sometimes"}},
+        {"thinking": "on"},
+    ):
+        with pytest.raises(GatewayError) as err:
+            translate({"thinking": thinking, **asked, "max_tokens": 6000, **wrong}, "c")
+        assert (err.value.status, err.value.param) == (400, "thinking"), wrong
+    with pytest.raises(GatewayError) as err:
+        translate({**asked, "max_tokens": 5000, "thinking": thinking}, "c")
+    assert err.value.param == "max_tokens"
+
+
+def _blocks(raw: bytes) -> list[tuple[str, int | None, dict | None]]:
+    """Anthropic stream events: (type, block index, its delta or opening block)."""
+    found = [
+        json.loads(line[6:]) for line in raw.decode().splitlines() if line.startswith("data: ")
+    ]
+    return [(e["type"], e.get("index"), e.get("delta") or e.get("content_block")) for e in found]
+
+
+def test_the_messages_front_keeps_signed_thinking_and_shows_another_models_reasoning():
+    """/v1/messages' translation: a history's signed (and redacted) thinking blocks ride on the
+    assistant message, unsigned ones (another provider's reasoning shown earlier) are dropped; a
+    reply's reasoning_content without Anthropic's blocks is one unsigned thinking block first,
+    whole and streamed."""
+    signed = {"type": "thinking", "thinking": "hm", "signature": "sig"}
+    redacted = {"type": "redacted_thinking", "data": "opaque"}
+    unsigned = {"type": "thinking", "thinking": "elsewhere", "signature": ""}
+    turns = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": [signed, redacted, {"type": "text", "text": "a"}]},
+        {"role": "user", "content": "more"},
+        {"role": "assistant", "content": [unsigned, {"type": "text", "text": "b"}]},
+        {"role": "user", "content": "again"},
+    ]
+    thinking = {"type": "enabled", "budget_tokens": 2000}
+    chat = chat_request({"model": "m", "max_tokens": 9, "messages": turns, "thinking": thinking})
+    assert chat["thinking"] == thinking
+    assert chat["messages"][1] == {
+        "role": "assistant",
+        "content": "a",
+        "thinking_blocks": [signed, redacted],
+    }
+    assert chat["messages"][3] == {"role": "assistant", "content": "b"}
+    with pytest.raises(GatewayError):  # thinking is the assistant's alone
+        chat_request(
+            {"model": "m", "max_tokens": 9, "messages": [{"role": "user", "content": [signed]}]}
+        )
+
+    reasoned = {"content": "answer", "reasoning_content": "I think"}
+    reply = message_reply({"choices": [{"finish_reason": "stop", "message": reasoned}]}, "m")
+    assert reply["content"] == [
+        {"type": "thinking", "thinking": "I think", "signature": ""},
+        {"type": "text", "text": "answer"},
+    ]
+    writer = EventWriter("m")
+    raw = b"".join(
+        writer.chunk({"id": "1", "choices": [{"delta": delta}]})
+        for delta in ({"reasoning_content": "I "}, {"reasoning_content": "think"}, {"content": "a"})
+    )
+    events = _blocks(raw + writer.finish())
+    assert events[1:7] == [
+        ("content_block_start", 0, {"type": "thinking", "thinking": "", "signature": ""}),
+        ("content_block_delta", 0, {"type": "thinking_delta", "thinking": "I "}),
+        ("content_block_delta", 0, {"type": "thinking_delta", "thinking": "think"}),
+        ("content_block_stop", 0, None),
+        ("content_block_start", 1, {"type": "text", "text": ""}),
+        ("content_block_delta", 1, {"type": "text_delta", "text": "a"}),
+    ]
+    # Anthropic's own: the whole block closes what was streamed with its signature; a redacted
+    # block is one of its own
+    writer = EventWriter("m")
+    raw = writer.chunk({"id": "1", "choices": [{"delta": {"reasoning_content": "hm"}}]})
+    raw += writer.chunk(
+        {"id": "1", "choices": [{"delta": {"thinking_blocks": [signed, redacted]}}]}
+    )
+    events = _blocks(raw)
+    assert events[1:] == [
+        ("content_block_start", 0, {"type": "thinking", "thinking": "", "signature": ""}),
+        ("content_block_delta", 0, {"type": "thinking_delta", "thinking": "hm"}),
+        ("content_block_delta", 0, {"type": "signature_delta", "signature": "sig"}),
+        ("content_block_stop", 0, None),
+        ("content_block_start", 1, redacted),
+        ("content_block_stop", 1, None),
+    ]

@@ -101,6 +101,14 @@ def test_a_chat_request_becomes_generate_content() -> None:
     }
     # Gemini has no end-user field: the gateway's own limits read it
     assert set(out) == {"contents", "systemInstruction", "generationConfig"}
+    # Anthropic's `thinking` (what /v1/messages sends on): its budget, 0 where disabled
+    for thinking, budget in (
+        ({"type": "enabled", "budget_tokens": 3000}, 3000),
+        ({"type": "disabled"}, 0),
+    ):
+        asked = {"messages": [{"role": "user", "content": "hi"}], "thinking": thinking}
+        config = generate_request(asked)["generationConfig"]
+        assert config["thinkingConfig"] == {"thinkingBudget": budget}
     plain = generate_request({"messages": [{"role": "user", "content": "hi"}], "n": 1})
     assert plain == {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
     as_json = generate_request(
@@ -117,6 +125,8 @@ def test_a_chat_request_becomes_generate_content() -> None:
     [
         ({"parallel_tool_calls": False, "tools": [TOOL]}, "parallel_tool_calls"),
         ({"reasoning_effort": "extreme"}, "reasoning_effort"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 9}}, "thinking"),
+        ({"thinking": {"type": "disabled"}, "reasoning_effort": "low"}, "thinking"),
         ({"tool_choice": "sometimes", "tools": [TOOL]}, "tool_choice"),
     ],
 )

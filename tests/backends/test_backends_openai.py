@@ -51,6 +51,7 @@ def test_request_body_drops_platform_and_vllm_fields_and_renames_the_model():
         "repetition_penalty": 1.1,
         "min_tokens": 2,
         "ignore_eos": True,
+        "thinking": {"type": "disabled"},
         "seed": 7,
         "logprobs": True,
         "top_logprobs": 2,

@@ -763,6 +763,80 @@ def test_anthropic_cache_writes_are_reported_and_charged_their_own_price(
     assert chat["cost_usd"] == pytest.approx(premium) and chat["cache_write_tokens"] == 4
 
 
+def test_anthropics_client_thinks_through_the_gateway_and_sends_its_thinking_back(
+    start_gateway: Any, providers: dict[str, str], team: Any, tmp_path: Path
+) -> None:
+    """Anthropic's SDK asks for extended thinking on /v1/messages: the budget reaches Claude to
+    the token, the reply starts with the signed thinking block, whole and streamed (thinking and
+    signature deltas), and sent back before a tool result it is the block Claude signed (the fake
+    checks the signature). A model that cannot think refuses the field; one on OpenAI's API never
+    sees the blocks of a history that carries them."""
+    extra = f"""
+[[models]]
+id = "claude-think"
+provider = "anthropic"
+upstream_model = "claude-sonnet-4-5"
+base_urls = ["{providers["anthropic"]}"]
+api_key_env = "{ANTHROPIC_KEY}"
+price = {{ input = 3.0, output = 15.0 }}
+supports = {{ tools = true, reasoning = true }}
+"""
+    gateway = _gateway(start_gateway, providers, tmp_path, extra)
+    claude = anthropic.Anthropic(base_url=gateway.url, api_key=team()[1], max_retries=0)
+    tool = {"name": "weather", "input_schema": {"type": "object"}}
+    ask: Any = {
+        "model": "claude-think",
+        "max_tokens": 3000,
+        "thinking": {"type": "enabled", "budget_tokens": 1536},
+        "tools": [tool],
+        "messages": [{"role": "user", "content": "Weather in Paris? #tool"}],
+    }
+    message = claude.messages.create(**ask)
+    assert stats(providers["anthropic"])["last_body"]["thinking"] == ask["thinking"]
+    thought, _, use = message.content
+    assert thought.type == "thinking" and thought.signature and thought.thinking
+    assert use.type == "tool_use" and message.stop_reason == "tool_use"
+    with claude.messages.stream(**ask) as stream:
+        final = stream.get_final_message()
+    assert [b.type for b in final.content] == ["thinking", "text", "tool_use"]
+    assert final.content[0].model_dump() == thought.model_dump()
+
+    def answer(block: dict[str, Any]) -> Any:
+        turns = [
+            *ask["messages"],
+            {"role": "assistant", "content": [block, use.model_dump()]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id}]},
+        ]
+        return claude.messages.create(**{**ask, "messages": turns})
+
+    assert answer(thought.model_dump()).content[0].type == "thinking"
+    sent = stats(providers["anthropic"])["last_body"]["messages"][1]["content"][0]
+    assert sent == thought.model_dump()
+    with pytest.raises(anthropic.BadRequestError) as forged:
+        answer({**thought.model_dump(), "thinking": "Something else."})
+    assert "signature" in str(forged.value.message)
+
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        claude.messages.create(**{**ask, "model": "claude-fake"})
+    assert "thinking" in str(refused.value.message)
+    history = [
+        *ask["messages"],
+        {"role": "assistant", "content": [thought.model_dump(), {"type": "text", "text": "x"}]},
+        {"role": "user", "content": "and Rome?"},
+    ]
+    claude.messages.create(model="gpt-fake", max_tokens=50, messages=history)
+    turns = stats(providers["openai"])["last_body"]["messages"]
+    assert turns[1] == {"role": "assistant", "content": "x"}
+    # counted without an output cap: a budget past the default cap is no reason to refuse
+    big = {"type": "enabled", "budget_tokens": 8192}
+    counted = claude.messages.count_tokens(
+        model="claude-think", messages=ask["messages"], thinking=big
+    )
+    assert (
+        counted.input_tokens > 0 and stats(providers["anthropic"])["last_body"]["thinking"] == big
+    )
+
+
 def test_structured_outputs_reach_anthropics_models_through_a_forced_tool(
     start_gateway: Any, providers: dict[str, str], team: Any, tmp_path: Path
 ) -> None:

@@ -10,7 +10,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tokenyard.backends import sse
-from tokenyard.backends.anthropic_wire import ERRORS, FINISH, TOOL_CHOICE, tool_call, tool_use_block
+from tokenyard.backends.anthropic_wire import (
+    ERRORS,
+    FINISH,
+    THINKING_BLOCKS,
+    TOOL_CHOICE,
+    tool_call,
+    tool_use_block,
+)
 from tokenyard.core.errors import GatewayError, refusal_message
 
 # OpenAI finish reason → Anthropic stop reason: the first Anthropic reason that maps to it
@@ -49,7 +56,9 @@ def _image_url(source: dict[str, Any]) -> str:
 def _turn(role: str, content: Any) -> list[dict[str, Any]]:
     """One Anthropic turn → OpenAI messages: a user turn's tool results become `tool` messages
     (before its other content, as Anthropic requires them first), an assistant's tool_use blocks
-    its tool_calls; thinking blocks have no OpenAI counterpart and are dropped."""
+    its tool_calls, its thinking blocks the message's `thinking_blocks` (LiteLLM's field, which
+    the Anthropic backend sends back first). Unsigned thinking, which another provider's reasoning
+    became in a reply here, is dropped: Anthropic would refuse it, and no other model reads it."""
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
@@ -57,6 +66,7 @@ def _turn(role: str, content: Any) -> list[dict[str, Any]]:
     parts: list[dict[str, Any]] = []
     calls: list[dict[str, Any]] = []
     results: list[dict[str, Any]] = []
+    thought: list[dict[str, Any]] = []
     for block in content:
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
@@ -75,7 +85,10 @@ def _turn(role: str, content: Any) -> list[dict[str, Any]]:
             results.append(
                 {"role": "tool", "tool_call_id": str(block.get("tool_use_id", "")), "content": text}
             )
-        elif kind not in ("thinking", "redacted_thinking"):
+        elif kind in THINKING_BLOCKS and role == "assistant":
+            if block.get("signature") or block.get("data"):
+                thought.append(block)
+        else:
             raise _bad(f"content block type {kind!r} is not supported in a {role} turn")
     out = list(results)
     if calls:
@@ -85,6 +98,8 @@ def _turn(role: str, content: Any) -> list[dict[str, Any]]:
         only_text = all(p["type"] == "text" for p in parts)
         joined = "".join(p["text"] for p in parts) if only_text else parts
         out.append({"role": role, "content": joined})
+    if thought:
+        out[-1]["thinking_blocks"] = thought
     return out
 
 
@@ -136,7 +151,7 @@ def chat_request(body: Any) -> dict[str, Any]:
         out["stream_options"] = {"include_usage": True}
     if body.get("stop_sequences"):
         out["stop"] = list(body["stop_sequences"])
-    for name in ("temperature", "top_p", "top_k"):
+    for name in ("temperature", "top_p", "top_k", "thinking"):
         if body.get(name) is not None:
             out[name] = body[name]
     user = (body.get("metadata") or {}).get("user_id")
@@ -184,7 +199,7 @@ def message_reply(reply: dict[str, Any], model: str) -> dict[str, Any]:
     """An OpenAI chat.completion → an Anthropic Message."""
     choice = (reply.get("choices") or [{}])[0]
     message = choice.get("message") or {}
-    content: list[dict[str, Any]] = []
+    content = _thought(message)
     if message.get("content"):
         content.append({"type": "text", "text": message["content"]})
     content += [tool_use_block(call) for call in message.get("tool_calls") or []]
@@ -197,6 +212,16 @@ def message_reply(reply: dict[str, Any], model: str) -> dict[str, Any]:
         **stopped(choice),
         "usage": anthropic_usage(reply.get("usage")),
     }
+
+
+def _thought(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """A reply's thinking blocks: Anthropic's as its model signed them, another provider's
+    reasoning_content as one unsigned block (shown, not to be sent back)."""
+    if message.get("thinking_blocks"):
+        return list(message["thinking_blocks"])
+    if message.get("reasoning_content"):
+        return [{"type": "thinking", "thinking": message["reasoning_content"], "signature": ""}]
+    return []
 
 
 def stopped(choice: dict[str, Any]) -> dict[str, Any]:
@@ -234,7 +259,7 @@ class EventWriter:
     id: str = ""
     started: bool = False
     block: int = -1  # index of the open content block (-1: none)
-    block_kind: str = ""  # text, or tool_use
+    block_kind: str = ""  # thinking, text, or tool_use
     tools: dict[int, int] = field(default_factory=dict)  # OpenAI tool call index → block index
     stop: dict[str, Any] = field(
         default_factory=lambda: {"stop_reason": "end_turn", "stop_sequence": None}
@@ -269,6 +294,28 @@ class EventWriter:
         self.block_kind = kind
         return out + event("content_block_start", {"index": self.block, "content_block": block})
 
+    def _delta(self, delta: dict[str, Any], index: int | None = None) -> bytes:
+        at = self.block if index is None else index
+        return event("content_block_delta", {"index": at, "delta": delta})
+
+    def _thinking(self, text: str) -> bytes:
+        out = b""
+        if self.block_kind != "thinking":
+            out = self._open("thinking", {"type": "thinking", "thinking": "", "signature": ""})
+        return out + (self._delta({"type": "thinking_delta", "thinking": text}) if text else b"")
+
+    def _thought(self, block: dict[str, Any]) -> bytes:
+        """A whole thinking block, which the chat stream gives as its thinking ends: its signature
+        closes the block streamed so far (its text too, where none was streamed); a redacted one
+        is a block of its own."""
+        if block.get("type") == "redacted_thinking":
+            return self._open("redacted_thinking", dict(block)) + self._close()
+        streamed = self.block_kind == "thinking"
+        out = self._thinking("" if streamed else str(block.get("thinking", "")))
+        if block.get("signature"):
+            out += self._delta({"type": "signature_delta", "signature": block["signature"]})
+        return out + self._close()
+
     def chunk(self, data: dict[str, Any]) -> bytes:
         """The Anthropic events for one OpenAI chunk (b"" for none)."""
         self.model = data.get("model") or self.model  # the model that served it (auto's pick)
@@ -277,11 +324,14 @@ class EventWriter:
             self.usage = data["usage"]
         for choice in data.get("choices") or []:
             delta = choice.get("delta") or {}
+            if delta.get("reasoning_content"):
+                out += self._thinking(delta["reasoning_content"])
+            for block in delta.get("thinking_blocks") or []:
+                out += self._thought(block)
             if delta.get("content"):
                 if self.block_kind != "text":
                     out += self._open("text", {"type": "text", "text": ""})
-                text_delta = {"type": "text_delta", "text": delta["content"]}
-                out += event("content_block_delta", {"index": self.block, "delta": text_delta})
+                out += self._delta({"type": "text_delta", "text": delta["content"]})
             for call in delta.get("tool_calls") or []:
                 index = call.get("index", 0)
                 function = call.get("function") or {}
@@ -296,9 +346,7 @@ class EventWriter:
                     self.tools[index] = self.block
                 if function.get("arguments"):
                     json_delta = {"type": "input_json_delta", "partial_json": function["arguments"]}
-                    out += event(
-                        "content_block_delta", {"index": self.tools[index], "delta": json_delta}
-                    )
+                    out += self._delta(json_delta, self.tools[index])
             if choice.get("finish_reason"):
                 self.stop = stopped(choice)
         return out

@@ -13,11 +13,13 @@ from tokenyard.backends import sse
 from tokenyard.backends.base import StreamRefusal, error_body
 from tokenyard.core.errors import GatewayError
 
-# Anthropic requires max_tokens; the gateway always sets it, this is for direct callers
+# Anthropic requires max_tokens; the gateway always sets it, this is for direct callers and
+# token counts (past a thinking budget, where there is one)
 DEFAULT_MAX_TOKENS = 4096
 # reasoning_effort → extended thinking's budget in tokens (LiteLLM's mapping; 1,024 is
 # Anthropic's least); "none" turns thinking off
-THINKING_BUDGET = {"minimal": 1024, "low": 1024, "medium": 2048, "high": 4096}
+MIN_THINKING = 1024
+THINKING_BUDGET = {"minimal": MIN_THINKING, "low": MIN_THINKING, "medium": 2048, "high": 4096}
 # the blocks of a model's thinking, as a reply carries them and a later turn must send them back
 THINKING_BLOCKS = ("thinking", "redacted_thinking")
 
@@ -132,29 +134,59 @@ def _is_thinking(block: Any) -> bool:
     return isinstance(block, dict) and block.get("type") in THINKING_BLOCKS
 
 
-def _thinking(body: dict[str, Any], turns: list[dict[str, Any]], max_tokens: int) -> int | None:
-    """The thinking budget `reasoning_effort` asks for (None: no thinking), or a 400 where
-    Anthropic's rules forbid it: a JSON answer or a forced tool (thinking allows no forced tool
-    use), or an output cap that leaves no room past the budget. A request that continues a tool
-    call made without thinking, or whose thinking the client did not send back, does not think:
-    Anthropic requires a final assistant turn that used tools to start with its thinking."""
+def thinking_budget(body: dict[str, Any]) -> int | None:
+    """The budget in tokens of Anthropic's `thinking` field (the Messages front sends it, LiteLLM's
+    chat field too), 0 where disabled, None where the body has none; a malformed one, or one
+    beside `reasoning_effort`, is a 400."""
+    asked = body.get("thinking")
+    if asked is None:
+        return None
+    if body.get("reasoning_effort") is not None:
+        raise _bad("give thinking or reasoning_effort, not both", "thinking")
+    kind = asked.get("type") if isinstance(asked, dict) else None
+    if kind == "disabled":
+        return 0
+    budget = asked.get("budget_tokens") if kind == "enabled" else None
+    if not isinstance(budget, int) or isinstance(budget, bool) or budget < MIN_THINKING:
+        why = f"thinking is {{type: disabled}} or {{type: enabled, budget_tokens ≥ {MIN_THINKING}}}"
+        raise _bad(why, "thinking")
+    return budget
+
+
+def _budget(body: dict[str, Any]) -> tuple[int | None, str]:
+    """(the thinking budget asked, the field that asked it: `thinking` or `reasoning_effort`)."""
+    asked = thinking_budget(body)
+    if asked is not None:
+        return asked or None, "thinking"
     effort = body.get("reasoning_effort")
     if effort in (None, "none"):
-        return None
+        return None, "reasoning_effort"
     if effort not in THINKING_BUDGET:
-        raise _bad(
-            f"reasoning_effort {effort!r} is not supported by this model", "reasoning_effort"
-        )
+        why = f"reasoning_effort {effort!r} is not supported by this model"
+        raise _bad(why, "reasoning_effort")
+    return THINKING_BUDGET[effort], "reasoning_effort"
+
+
+def _thinking(
+    body: dict[str, Any], turns: list[dict[str, Any]], max_tokens: int | None
+) -> int | None:
+    """The thinking budget asked (None: no thinking), or a 400 where Anthropic's rules forbid it:
+    a JSON answer or a forced tool (thinking allows no forced tool use), or an output cap that
+    leaves no room past the budget. A request that continues a tool call made without thinking,
+    or whose thinking the client did not send back, does not think: Anthropic requires a final
+    assistant turn that used tools to start with its thinking."""
+    budget, field_name = _budget(body)
+    if budget is None:
+        return None
     if answers_in_json(body):
-        why = "reasoning_effort with response_format is not supported by this model"
-        raise _bad(why, "response_format")
+        raise _bad(
+            f"{field_name} with response_format is not supported by this model", "response_format"
+        )
     choice = body.get("tool_choice")
     if isinstance(choice, dict) or choice == "required":
-        raise _bad("reasoning_effort allows tool_choice auto or none only", "tool_choice")
-    budget = THINKING_BUDGET[effort]
-    if max_tokens <= budget:
-        why = f"max_tokens must exceed reasoning_effort {effort!r}'s {budget} thinking tokens"
-        raise _bad(why, "max_tokens")
+        raise _bad(f"{field_name} allows tool_choice auto or none only", "tool_choice")
+    if max_tokens is not None and max_tokens <= budget:
+        raise _bad(f"max_tokens must exceed the {budget} thinking tokens", "max_tokens")
     last = next((t for t in reversed(turns) if t["role"] == "assistant"), None)
     if last is not None:
         blocks = last["content"]
@@ -214,14 +246,15 @@ def messages_request(body: dict[str, Any], model: str) -> dict[str, Any]:
     if answers_in_json(body) and body.get("tools"):
         raise _bad("response_format together with tools is not supported by this model", "tools")
     system, turns = _messages(body.get("messages") or [])
-    max_tokens = body.get("max_tokens") or body.get("max_completion_tokens") or DEFAULT_MAX_TOKENS
+    max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
+    budget = _thinking(body, turns, max_tokens)
+    max_tokens = max_tokens or DEFAULT_MAX_TOKENS + (budget or 0)
     out: dict[str, Any] = {"model": model, "messages": turns, "max_tokens": max_tokens}
     if system:
         out["system"] = system
     stop = body.get("stop")
     if stop:
         out["stop_sequences"] = [stop] if isinstance(stop, str) else list(stop)
-    budget = _thinking(body, turns, max_tokens)
     if budget is not None:
         # thinking samples as the model does: Anthropic refuses a temperature or top_k with it
         # (as OpenAI's reasoning models refuse them), and a top_p under 0.95; they are left out

@@ -121,6 +121,15 @@ FIELDS: dict[str, Rule] = {
         "back on the assistant turn; Gemini: a thinking budget (none 0, low 1,024, medium "
         "8,192, high 24,576 tokens)",
     ),
+    "thinking": Rule(
+        CHAT,
+        (R, R, H, H, R),
+        needs="reasoning",
+        inert=({"type": "disabled"},),
+        note="Anthropic's extended thinking as its Messages API takes it ({type: enabled, "
+        "budget_tokens ≥ 1,024}; LiteLLM's field, and what /v1/messages sends): Anthropic to the "
+        "token, Gemini as its thinking budget; not beside reasoning_effort",
+    ),
     "store": Rule(
         CHAT,
         (H, H, H, H, H),

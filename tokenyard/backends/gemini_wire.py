@@ -18,6 +18,7 @@ from typing import Any, Literal
 from urllib.parse import quote
 
 from tokenyard.backends import sse
+from tokenyard.backends.anthropic_wire import thinking_budget
 from tokenyard.backends.base import StreamRefusal, UpstreamBroken, error_body
 from tokenyard.core.errors import GatewayError
 
@@ -226,7 +227,10 @@ def _generation(body: dict[str, Any]) -> dict[str, Any]:
         config |= {"responseMimeType": "application/json", "responseJsonSchema": schema}
     elif wanted.get("type") == "json_object":
         config["responseMimeType"] = "application/json"
-    if effort := body.get("reasoning_effort"):
+    asked = thinking_budget(body)  # Anthropic's field, as the Messages front sends it
+    if asked is not None:
+        config["thinkingConfig"] = {"thinkingBudget": asked}
+    elif effort := body.get("reasoning_effort"):
         if effort not in THINKING:
             raise _bad(
                 f"reasoning_effort {effort!r} is not one Gemini supports", "reasoning_effort"

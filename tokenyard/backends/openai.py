@@ -33,6 +33,7 @@ DROPPED = frozenset(
         "repetition_penalty",
         "min_tokens",
         "ignore_eos",
+        "thinking",  # Anthropic's: reaches an OpenAI model only as {type: disabled} (fields.py)
     }
 )
 
@@ -54,9 +55,18 @@ COUNTED = frozenset(
 
 
 def request_body(body: dict[str, Any], model: str) -> bytes:
-    return msgspec.json.encode(
-        {**{k: v for k, v in body.items() if k not in DROPPED}, "model": model}
-    )
+    out = {**{k: v for k, v in body.items() if k not in DROPPED}, "model": model}
+    if isinstance(out.get("messages"), list):
+        out["messages"] = [_unthought(m) for m in out["messages"]]
+    return msgspec.json.encode(out)
+
+
+def _unthought(message: Any) -> Any:
+    """An assistant turn without the Anthropic thinking blocks a client sends back (LiteLLM's
+    field): they are signed for Anthropic's models alone, and OpenAI's API rejects the field."""
+    if isinstance(message, dict) and "thinking_blocks" in message:
+        return {k: v for k, v in message.items() if k != "thinking_blocks"}
+    return message
 
 
 def form_body(fields: dict[str, Any], model: str, upload: Upload) -> tuple[bytes, str]:

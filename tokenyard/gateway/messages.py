@@ -44,6 +44,7 @@ class MessagesRequest(msgspec.Struct, kw_only=True):
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
+    thinking: dict[str, Any] | None = None
 
 
 class CountTokensRequest(msgspec.Struct, kw_only=True):
