@@ -24,6 +24,11 @@ Directives: fake_common's (#status, #retry_after, #times, #first_byte_delay, #de
 #cached=K: cacheReadInputTokens K, out of inputTokens (Bedrock's inputTokens leave cache reads
 out, as Anthropic's do); #written=K likewise cacheWriteInputTokens. #stream_error=K: after K
 events an exception frame (serviceUnavailableException) ends the stream.
+
+Extended thinking, for Anthropic's models alone (a model id naming `anthropic.`), as
+`additionalModelRequestFields.thinking`, with fake_anthropic.py's rules and signatures: the reply
+starts with a reasoningContent block (streamed as its text deltas, then its signature), and a
+reasoningText sent back must carry the signature given for its text.
 """
 
 import asyncio
@@ -34,6 +39,7 @@ from typing import Any
 
 import msgspec
 
+from tests.backends.fake_anthropic import THOUGHT, signature
 from tests.backends.fake_common import Directives, Send, pace, send_json
 
 EXCEPTIONS = {
@@ -397,6 +403,37 @@ def check(body: Any) -> list[str]:
     return tools
 
 
+def _thinks(body: dict[str, Any], path: str) -> bool:
+    """Whether the request asks Claude to think (refusing it as Bedrock would where the model is
+    not Claude or Anthropic's rules are broken); a reasoning block sent back must be signed."""
+    for i, message in enumerate(body["messages"]):
+        for j, block in enumerate(message["content"]):
+            text = (block.get("reasoningContent") or {}).get("reasoningText")
+            if text is not None and text.get("signature") != signature(str(text.get("text"))):
+                raise Invalid(f"messages.{i}.content.{j}: Invalid signature in reasoningContent")
+    thinking = (body.get("additionalModelRequestFields") or {}).get("thinking")
+    if thinking is None:
+        return False
+    if "anthropic." not in path:
+        raise Invalid("The model returned the following errors: extraneous key [thinking]")
+    budget = thinking.get("budget_tokens")
+    if thinking.get("type") != "enabled" or not isinstance(budget, int) or budget < 1024:
+        raise Invalid("thinking.enabled.budget_tokens: Input should be at least 1024")
+    config = body.get("inferenceConfig") or {}
+    if budget >= config.get("maxTokens", 0):
+        raise Invalid("`max_tokens` must be greater than `thinking.budget_tokens`")
+    if config.get("temperature", 1) != 1:
+        raise Invalid("`temperature` may only be set to 1 when thinking is enabled")
+    last = next((m for m in reversed(body["messages"]) if m["role"] == "assistant"), None)
+    blocks = last["content"] if last is not None else []
+    if any("toolUse" in b for b in blocks) and "reasoningContent" not in blocks[0]:
+        raise Invalid(
+            "Expected `thinking` or `redacted_thinking`: with thinking on, a final assistant "
+            "turn that used a tool must start with its thinking block."
+        )
+    return True
+
+
 # ---- answering ----------------------------------------------------------------------------------
 
 
@@ -424,9 +461,18 @@ def _exception(name: str, message: str) -> bytes:
     )
 
 
-def _events(pieces: list[str], tool: str | None, stop: str, usage: dict[str, Any]) -> list[bytes]:
+def _events(
+    pieces: list[str], tool: str | None, stop: str, usage: dict[str, Any], thinks: bool
+) -> list[bytes]:
     events = [_event("messageStart", {"role": "assistant"})]
     index = 0
+    if thinks:  # opened by its first delta, as a text block is
+        parts = [{"text": part} for part in THOUGHT.partition("; ")]
+        for part in [*parts, {"signature": signature(THOUGHT)}]:
+            delta = {"contentBlockIndex": index, "delta": {"reasoningContent": part}}
+            events.append(_event("contentBlockDelta", delta))
+        events.append(_event("contentBlockStop", {"contentBlockIndex": index}))
+        index += 1
     if pieces:  # Bedrock opens a text block with its first delta: no contentBlockStart
         for piece in pieces:
             delta = {"contentBlockIndex": index, "delta": {"text": piece}}
@@ -449,6 +495,7 @@ async def handle(path: str, body: Any, headers: dict[str, str], d: Directives, s
     """Answers a Converse request (`path` ends in /converse or /converse-stream)."""
     try:
         tools = check(body)
+        thinks = _thinks(body, path)  # the path names the model
     except Invalid as why:
         return await send_json(send, *refusal(400, str(why)))
     text = prompt_text(body)
@@ -459,17 +506,20 @@ async def handle(path: str, body: Any, headers: dict[str, str], d: Directives, s
     tool = forced or (tools[0] if d.tool and tools else None)
     stop = named[-1] if named else "tool_use" if tool else "end_turn"
     pieces = [f"w{i} " for i in range(d.chunks)]
-    usage = _usage(len(text.split()), d, d.chunks)
+    usage = _usage(len(text.split()), d, d.chunks + (len(THOUGHT.split()) if thinks else 0))
     if not path.endswith("/converse-stream"):
         if d.delay:
             await asyncio.sleep(d.delay)
         content: list[dict[str, Any]] = [{"text": "".join(pieces)}] if pieces else []
+        if thinks:
+            thought = {"text": THOUGHT, "signature": signature(THOUGHT)}
+            content.insert(0, {"reasoningContent": {"reasoningText": thought}})
         if tool is not None:
             content.append({"toolUse": {"toolUseId": TOOL_USE_ID, "name": tool, "input": INPUT}})
         reply = {"output": {"message": {"role": "assistant", "content": content}}}
         reply |= {"stopReason": stop, "usage": usage, "metrics": METRICS}
         return await send_json(send, 200, reply, {"x-amzn-requestid": REQUEST_ID})
-    events = _events(pieces, tool, stop, usage)
+    events = _events(pieces, tool, stop, usage, thinks)
     if d.stream_error is not None:
         failure = _exception("serviceUnavailableException", "The service is unavailable.")
         events = [*events[: d.stream_error], failure]

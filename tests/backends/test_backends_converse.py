@@ -10,6 +10,7 @@ import msgspec
 import pytest
 
 from tests.backends.conftest import AWS_KEYS, KEY_ENV, control, stats
+from tests.backends.fake_anthropic import THOUGHT, signature
 from tests.backends.test_backends_gemini import WEATHER
 from tests.backends.test_backends_openai import call, events, read_stream
 from tokenyard.backends.base import BackendUnavailable, UpstreamBroken, UpstreamCall
@@ -83,6 +84,53 @@ async def test_a_tool_round_trip_and_guardrails(converse: Any, bedrock_url: str)
     assert json.loads("".join(d["function"]["arguments"] for d in deltas)) == {"city": "Paris"}
     guarded = await converse.complete(call("risky #stop=guardrail_intervened"))
     assert msgspec.json.decode(guarded.body)["choices"][0]["finish_reason"] == "content_filter"
+
+
+async def test_claude_thinks_on_converse_and_its_signed_thinking_goes_back(
+    build_entry: Any, bedrock_url: str, aws_env: None, converse: Any
+) -> None:
+    """Anthropic's thinking reaches a Claude model on Converse as additionalModelRequestFields
+    (no temperature beside it); its reasoningContent comes back as reasoning_content and a signed
+    thinking block, whole and streamed, and goes back before the tool call it led to (the fake
+    checks the signature). A model that is not Claude refuses the field, as Bedrock does."""
+    control(bedrock_url, reset=True)
+    entry = ModelEntry(
+        id="claude",
+        provider="bedrock-converse",
+        upstream_model="us.anthropic.claude-sonnet-4-5-20250929-v1:0",
+        base_urls=(bedrock_url,),
+        region="us-west-2",
+    )
+    claude = build_entry(entry)
+    thinking = {"type": "enabled", "budget_tokens": 2000}
+    ask = [{"role": "user", "content": "weather in Paris? #tool"}]
+    asked = {"tools": [WEATHER], "max_tokens": 3000, "thinking": thinking}
+    reply = msgspec.json.decode((await claude.complete(_asked(ask, **asked, temperature=0.5))).body)
+    sent = stats(bedrock_url)["last_body"]
+    assert sent["additionalModelRequestFields"] == {"thinking": thinking}
+    assert "temperature" not in sent["inferenceConfig"]
+    message = reply["choices"][0]["message"]
+    assert message["reasoning_content"] == THOUGHT
+    (block,) = message["thinking_blocks"]
+    assert block == {"type": "thinking", "thinking": THOUGHT, "signature": signature(THOUGHT)}
+    answer = {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": "sunny"}
+    follow = await claude.complete(_asked([*ask, message, answer], **asked))
+    assert follow.status == 200, follow.body
+    turn = stats(bedrock_url)["last_body"]["messages"][1]["content"]
+    assert turn[0] == {
+        "reasoningContent": {"reasoningText": {"text": THOUGHT, "signature": block["signature"]}}
+    }
+    forged = {**message, "thinking_blocks": [{**block, "thinking": "Else."}]}
+    refused = await claude.complete(_asked([*ask, forged, answer], **asked))
+    assert refused.status == 400 and b"signature" in refused.body
+
+    streamed = events(await read_stream(claude, _asked(ask, **asked, stream=True)))
+    deltas = [c["choices"][0]["delta"] for c in streamed if c["choices"]]
+    assert "".join(d.get("reasoning_content") or "" for d in deltas) == THOUGHT
+    assert [d["thinking_blocks"] for d in deltas if "thinking_blocks" in d] == [[block]]
+    assert any(d.get("tool_calls") for d in deltas)
+    llama = await converse.complete(_asked(ask, **asked))
+    assert llama.status == 400 and b"thinking" in llama.body
 
 
 async def test_refusals_retries_and_broken_streams(converse: Any, bedrock_url: str) -> None:

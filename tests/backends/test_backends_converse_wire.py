@@ -228,3 +228,57 @@ async def test_stream_exceptions_and_cuts() -> None:
     )
     with pytest.raises(UpstreamBroken):  # no metadata: the stream never ended
         await _read(cut)
+
+
+async def test_reasoning_blocks_become_thinking_both_ways() -> None:
+    """reasoningContent → reasoning_content and thinking_blocks (signed, unsigned as another
+    model gives it, redacted), whole and streamed; sent back, the signed and redacted ones become
+    reasoningContent again and the unsigned one is left out (no model could check it)."""
+    signed = {"reasoningText": {"text": "hmm", "signature": "sig"}}
+    redacted = {"redactedContent": "b3BhcXVl"}
+    unsigned = {"reasoningText": {"text": "mine"}}
+    reply = {
+        "output": {
+            "message": {"content": [{"reasoningContent": r} for r in (signed, redacted, unsigned)]}
+        },
+        "stopReason": "end_turn",
+    }
+    message = chat_reply(anthropic_message(reply), "claude")["choices"][0]["message"]
+    blocks = message["thinking_blocks"]
+    assert blocks == [
+        {"type": "thinking", "thinking": "hmm", "signature": "sig"},
+        {"type": "redacted_thinking", "data": "b3BhcXVl"},
+        {"type": "thinking", "thinking": "mine", "signature": ""},
+    ]
+    assert message["reasoning_content"] == "hmmmine"
+    turns = [{"role": "user", "content": "hi"}, message, {"role": "user", "content": "more"}]
+    sent = converse_request({"messages": turns})["messages"][1]["content"]
+    assert sent[:2] == [{"reasoningContent": signed}, {"reasoningContent": redacted}]
+    assert all("mine" not in json.dumps(b) for b in sent)
+
+    def delta(index: int, reasoning: dict[str, Any]) -> bytes:
+        body = {"contentBlockIndex": index, "delta": {"reasoningContent": reasoning}}
+        return _event("contentBlockDelta", body)
+
+    raw = b"".join(
+        [
+            _event("messageStart", {"role": "assistant"}),
+            delta(0, {"text": "h"}),
+            delta(0, {"text": "mm"}),
+            delta(0, {"signature": "sig"}),
+            _event("contentBlockStop", {"contentBlockIndex": 0}),
+            delta(1, redacted),
+            _event("contentBlockStop", {"contentBlockIndex": 1}),
+            _event("contentBlockDelta", {"contentBlockIndex": 2, "delta": {"text": "Yes."}}),
+            _event("contentBlockStop", {"contentBlockIndex": 2}),
+            _event("messageStop", {"stopReason": "end_turn"}),
+            _event("metadata", {"usage": {"inputTokens": 1, "outputTokens": 9}, "metrics": {}}),
+        ]
+    )
+    deltas = [c["choices"][0]["delta"] for c in await _read(raw) if c["choices"]]
+    assert "".join(d.get("reasoning_content") or "" for d in deltas) == "hmm"
+    assert [d["thinking_blocks"] for d in deltas if "thinking_blocks" in d] == [
+        blocks[:1],
+        blocks[1:2],
+    ]
+    assert "".join(d.get("content") or "" for d in deltas) == "Yes."

@@ -127,6 +127,20 @@ price = {{ input = 0.8, cached_input = 0.08, cache_write_input = 1.0, output = 4
     )
 
 
+def _claude(providers: dict[str, str], model_id: str, supports: str) -> str:
+    """Catalog lines for one more model on the fake Anthropic, with capability flags."""
+    return f"""
+[[models]]
+id = "{model_id}"
+provider = "anthropic"
+upstream_model = "claude-sonnet-4-5"
+base_urls = ["{providers["anthropic"]}"]
+api_key_env = "{ANTHROPIC_KEY}"
+price = {{ input = 0.8, output = 4.0 }}
+supports = {{ {supports} }}
+"""
+
+
 CHAT = [{"role": "user", "content": "Say something #chunks=3"}]
 
 
@@ -771,16 +785,7 @@ def test_anthropics_client_thinks_through_the_gateway_and_sends_its_thinking_bac
     signature deltas), and sent back before a tool result it is the block Claude signed (the fake
     checks the signature). A model that cannot think refuses the field; one on OpenAI's API never
     sees the blocks of a history that carries them."""
-    extra = f"""
-[[models]]
-id = "claude-think"
-provider = "anthropic"
-upstream_model = "claude-sonnet-4-5"
-base_urls = ["{providers["anthropic"]}"]
-api_key_env = "{ANTHROPIC_KEY}"
-price = {{ input = 3.0, output = 15.0 }}
-supports = {{ tools = true, reasoning = true }}
-"""
+    extra = _claude(providers, "claude-think", "tools = true, reasoning = true")
     gateway = _gateway(start_gateway, providers, tmp_path, extra)
     claude = anthropic.Anthropic(base_url=gateway.url, api_key=team()[1], max_retries=0)
     tool = {"name": "weather", "input_schema": {"type": "object"}}
@@ -846,16 +851,7 @@ def test_structured_outputs_reach_anthropics_models_through_a_forced_tool(
     class Place(pydantic.BaseModel):
         city: str
 
-    extra = f"""
-[[models]]
-id = "claude-json"
-provider = "anthropic"
-upstream_model = "claude-3-5-haiku-latest"
-base_urls = ["{providers["anthropic"]}"]
-api_key_env = "{ANTHROPIC_KEY}"
-price = {{ input = 0.8, output = 4.0 }}
-supports = {{ structured_outputs = true }}
-"""
+    extra = _claude(providers, "claude-json", "structured_outputs = true")
     gateway = _gateway(start_gateway, providers, tmp_path, extra)
     client = gateway.client(team()[1])
     ask: Any = [{"role": "user", "content": "Where is the Louvre?"}]

@@ -15,6 +15,7 @@ from tokenyard.backends.anthropic_wire import (
     FINISH,
     THINKING_BLOCKS,
     TOOL_CHOICE,
+    signed_thinking,
     tool_call,
     tool_use_block,
 )
@@ -86,7 +87,7 @@ def _turn(role: str, content: Any) -> list[dict[str, Any]]:
                 {"role": "tool", "tool_call_id": str(block.get("tool_use_id", "")), "content": text}
             )
         elif kind in THINKING_BLOCKS and role == "assistant":
-            if block.get("signature") or block.get("data"):
+            if signed_thinking(block):
                 thought.append(block)
         else:
             raise _bad(f"content block type {kind!r} is not supported in a {role} turn")

@@ -117,7 +117,7 @@ def _messages(messages: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]
         elif role == "assistant":
             calls = m.get("tool_calls") or []
             # its thinking first, as the reply gave it (LiteLLM's `thinking_blocks` field)
-            thought = [b for b in m.get("thinking_blocks") or [] if _is_thinking(b)]
+            thought = [b for b in m.get("thinking_blocks") or [] if signed_thinking(b)]
             blocks = thought + _blocks(m.get("content")) + [tool_use_block(c) for c in calls]
         elif role == "user":
             blocks = _blocks(m.get("content"))
@@ -132,6 +132,12 @@ def _messages(messages: list[dict[str, Any]]) -> tuple[str, list[dict[str, Any]]
 
 def _is_thinking(block: Any) -> bool:
     return isinstance(block, dict) and block.get("type") in THINKING_BLOCKS
+
+
+def signed_thinking(block: Any) -> bool:
+    """A thinking block a model signed (or a redacted one): one Anthropic's models can check when
+    it is sent back. Unsigned thinking, another model's reasoning shown as such, is never sent."""
+    return _is_thinking(block) and bool(block.get("signature") or block.get("data"))
 
 
 def thinking_budget(body: dict[str, Any]) -> int | None:

@@ -44,6 +44,11 @@ def _block(block: dict[str, Any]) -> dict[str, Any] | None:
     kind = block["type"]
     if kind == "text":
         return {"text": block["text"]} if block["text"] else None
+    if kind == "thinking":  # signed: messages_request sends no other back
+        text = {"text": block["thinking"], "signature": block["signature"]}
+        return {"reasoningContent": {"reasoningText": text}}
+    if kind == "redacted_thinking":
+        return {"reasoningContent": {"redactedContent": block["data"]}}
     if kind == "image":
         source = block["source"]
         if source.get("type") != "base64" or source.get("media_type") not in FORMATS:
@@ -97,6 +102,8 @@ def converse_request(body: dict[str, Any]) -> dict[str, Any]:
         if ours in message:
             config[theirs] = message[ours]
     out["inferenceConfig"] = config
+    if message.get("thinking"):  # Anthropic's own field, which Bedrock's Claude models take
+        out["additionalModelRequestFields"] = {"thinking": message["thinking"]}
     if message.get("tools"):
         out["toolConfig"] = _tool_config(message)
     return out
@@ -117,11 +124,13 @@ def _stop(reason: str | None) -> str:
 
 
 def anthropic_message(reply: dict[str, Any]) -> dict[str, Any]:
-    """A Converse reply → the Anthropic Message it amounts to (reasoning blocks left out)."""
+    """A Converse reply → the Anthropic Message it amounts to."""
     content: list[dict[str, Any]] = []
     for block in ((reply.get("output") or {}).get("message") or {}).get("content") or ():
         if "text" in block:
             content.append({"type": "text", "text": block["text"]})
+        elif reasoning := block.get("reasoningContent"):
+            content.append(_thought(reasoning))
         elif use := block.get("toolUse"):
             tool = {"id": use["toolUseId"], "name": use["name"], "input": use.get("input") or {}}
             content.append({"type": "tool_use", **tool})
@@ -133,11 +142,57 @@ def anthropic_message(reply: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _thought(reasoning: dict[str, Any]) -> dict[str, Any]:
+    """A reasoningContent block → Anthropic's thinking block (unsigned where the model, not
+    Claude, signs none) or redacted_thinking block."""
+    if "redactedContent" in reasoning:
+        return {"type": "redacted_thinking", "data": reasoning["redactedContent"]}
+    text = reasoning.get("reasoningText") or {}
+    return {
+        "type": "thinking",
+        "thinking": text.get("text", ""),
+        "signature": text.get("signature", ""),
+    }
+
+
 def _event(kind: str, **data: Any) -> sse.Event:
     return sse.Event(kind, json.dumps({"type": kind, **data}).encode())
 
 
-def _as_anthropic(frame: aws_stream.Frame) -> list[sse.Event]:
+def _reasoning(delta: dict[str, Any], index: int, opened: set[int]) -> list[sse.Event]:
+    """A reasoningContent delta → Anthropic's thinking events: Converse opens the block with its
+    first delta, Anthropic with a content_block_start (the redacted kind carries its data)."""
+    if "redactedContent" in delta:
+        opened.add(index)
+        block = {"type": "redacted_thinking", "data": delta["redactedContent"]}
+        return [_event("content_block_start", index=index, content_block=block)]
+    events = []
+    if index not in opened:
+        opened.add(index)
+        block = {"type": "thinking", "thinking": "", "signature": ""}
+        events.append(_event("content_block_start", index=index, content_block=block))
+    if "text" in delta:
+        events.append(
+            _event(
+                "content_block_delta",
+                index=index,
+                delta={"type": "thinking_delta", "thinking": delta["text"]},
+            )
+        )
+    if "signature" in delta:
+        events.append(
+            _event(
+                "content_block_delta",
+                index=index,
+                delta={"type": "signature_delta", "signature": delta["signature"]},
+            )
+        )
+    return events
+
+
+def _as_anthropic(frame: aws_stream.Frame, opened: set[int]) -> list[sse.Event]:
+    """One frame's Anthropic events; `opened`: the reasoning blocks begun so far, whose stop
+    closes them (a text block's stop, as Anthropic's writer needs none, is dropped)."""
     event, index = frame.payload, frame.payload.get("contentBlockIndex", 0)
     if frame.name == "messageStart":
         message = {"id": secrets.token_hex(12), "usage": {}}
@@ -153,25 +208,29 @@ def _as_anthropic(frame: aws_stream.Frame) -> list[sse.Event]:
         if "toolUse" in delta:
             part = {"type": "input_json_delta", "partial_json": delta["toolUse"].get("input", "")}
             return [_event("content_block_delta", index=index, delta=part)]
+        if "reasoningContent" in delta:
+            return _reasoning(delta["reasoningContent"], index, opened)
+    if frame.name == "contentBlockStop" and index in opened:
+        return [_event("content_block_stop", index=index)]
     if frame.name == "messageStop":
         stop = {"stop_reason": _stop(event.get("stopReason")), "stop_sequence": None}
         return [_event("message_delta", delta=stop, usage={})]
     if frame.name == "metadata":  # the last event: the usage, then the message is whole
         usage = _usage(event.get("usage"))
         return [_event("message_delta", delta={}, usage=usage), _event("message_stop")]
-    return []  # block stops, reasoning deltas, events added later
+    return []  # other block stops, events added later
 
 
 async def events(chunks: AsyncIterator[bytes]) -> AsyncIterator[sse.Event]:
     """A converse-stream's frames → the Anthropic events they amount to; an exception frame is
     the stream's error, as Anthropic's `error` event would be."""
-    ended = False
+    ended, opened = False, set[int]()
     try:
         async for frame in aws_stream.frames(chunks):
             if frame.kind in ("exception", "error"):
                 kind = BEDROCK_ERRORS.get(frame.name, "api_error")
                 raise StreamError({"type": kind, "message": frame.message})
-            for event in _as_anthropic(frame):
+            for event in _as_anthropic(frame, opened):
                 ended = ended or event.name == "message_stop"
                 yield event
     except aws_stream.FrameError as exc:

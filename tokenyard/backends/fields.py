@@ -114,21 +114,22 @@ FIELDS: dict[str, Rule] = {
     ),
     "reasoning_effort": Rule(
         CHAT,
-        (R, P, H, H, R),
+        (R, P, H, H, H),
         needs="reasoning",
-        note="Anthropic: extended thinking (budget minimal and low 1,024, medium 2,048, high "
-        "4,096 tokens), its text as reasoning_content and its blocks as thinking_blocks, sent "
-        "back on the assistant turn; Gemini: a thinking budget (none 0, low 1,024, medium "
-        "8,192, high 24,576 tokens)",
+        note="Anthropic (Converse: its models on Bedrock): extended thinking (budget minimal and "
+        "low 1,024, medium 2,048, high 4,096 tokens), its text as reasoning_content and its "
+        "blocks as thinking_blocks, sent back on the assistant turn; Gemini: a thinking budget "
+        "(none 0, low 1,024, medium 8,192, high 24,576 tokens)",
     ),
     "thinking": Rule(
         CHAT,
-        (R, R, H, H, R),
+        (R, R, H, H, H),
         needs="reasoning",
         inert=({"type": "disabled"},),
         note="Anthropic's extended thinking as its Messages API takes it ({type: enabled, "
         "budget_tokens ≥ 1,024}; LiteLLM's field, and what /v1/messages sends): Anthropic to the "
-        "token, Gemini as its thinking budget; not beside reasoning_effort",
+        "token (on Bedrock's Converse too), Gemini as its thinking budget; not beside "
+        "reasoning_effort",
     ),
     "store": Rule(
         CHAT,
