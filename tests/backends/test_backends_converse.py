@@ -22,14 +22,19 @@ MODEL = "us.meta.llama3-3-70b-instruct-v1:0"
 @pytest.fixture
 def converse(build_entry: Any, bedrock_url: str, aws_env: None) -> Any:
     control(bedrock_url, reset=True)
-    entry = ModelEntry(
-        id="llama",
+    return build_entry(_model("llama", MODEL, bedrock_url))
+
+
+def _model(model_id: str, upstream: str, url: str, **extra: Any) -> ModelEntry:
+    """A catalog entry on the fake Bedrock's Converse routes."""
+    fields = {"region": "us-west-2", **extra}
+    return ModelEntry(
+        id=model_id,
         provider="bedrock-converse",
-        upstream_model=MODEL,
-        base_urls=(bedrock_url,),
-        region="us-west-2",
+        upstream_model=upstream,
+        base_urls=(url,),
+        **fields,
     )
-    return build_entry(entry)
 
 
 def _asked(messages: list[dict[str, Any]], **extra: Any) -> UpstreamCall:
@@ -94,14 +99,8 @@ async def test_claude_thinks_on_converse_and_its_signed_thinking_goes_back(
     thinking block, whole and streamed, and goes back before the tool call it led to (the fake
     checks the signature). A model that is not Claude refuses the field, as Bedrock does."""
     control(bedrock_url, reset=True)
-    entry = ModelEntry(
-        id="claude",
-        provider="bedrock-converse",
-        upstream_model="us.anthropic.claude-sonnet-4-5-20250929-v1:0",
-        base_urls=(bedrock_url,),
-        region="us-west-2",
-    )
-    claude = build_entry(entry)
+    upstream = "us.anthropic.claude-sonnet-4-5-20250929-v1:0"
+    claude = build_entry(_model("claude", upstream, bedrock_url))
     thinking = {"type": "enabled", "budget_tokens": 2000}
     ask = [{"role": "user", "content": "weather in Paris? #tool"}]
     asked = {"tools": [WEATHER], "max_tokens": 3000, "thinking": thinking}
@@ -154,13 +153,8 @@ async def test_a_bedrock_api_key_signs_nothing(
     build_entry: Any, bedrock_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(KEY_ENV, AWS_KEYS["api_key"])
-    entry = ModelEntry(
-        id="nova",
-        provider="bedrock-converse",
-        upstream_model="amazon.nova-pro-v1:0",
-        base_urls=(bedrock_url,),
-        region="us-east-1",
-        api_key_env=KEY_ENV,
+    entry = _model(
+        "nova", "amazon.nova-pro-v1:0", bedrock_url, region="us-east-1", api_key_env=KEY_ENV
     )
     reply = await build_entry(entry).complete(call("hi #chunks=1"))
     assert reply.status == 200 and stats(bedrock_url)["auth"] == "bearer"

@@ -171,22 +171,13 @@ def _reasoning(delta: dict[str, Any], index: int, opened: set[int]) -> list[sse.
         opened.add(index)
         block = {"type": "thinking", "thinking": "", "signature": ""}
         events.append(_event("content_block_start", index=index, content_block=block))
-    if "text" in delta:
-        events.append(
-            _event(
-                "content_block_delta",
-                index=index,
-                delta={"type": "thinking_delta", "thinking": delta["text"]},
-            )
-        )
-    if "signature" in delta:
-        events.append(
-            _event(
-                "content_block_delta",
-                index=index,
-                delta={"type": "signature_delta", "signature": delta["signature"]},
-            )
-        )
+    for key, kind, name in (
+        ("text", "thinking", "thinking"),
+        ("signature", "signature", "signature"),
+    ):
+        if key in delta:
+            part = {"type": f"{kind}_delta", name: delta[key]}
+            events.append(_event("content_block_delta", index=index, delta=part))
     return events
 
 
