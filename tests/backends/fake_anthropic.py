@@ -12,7 +12,8 @@ Like Anthropic it refuses a request without `x-api-key` (401) or `anthropic-vers
 strictest reading of the API, so a translation that forgets to merge them fails here), or with a
 tool_result whose tool_use_id the previous assistant turn did not use.
 
-Extended thinking (`thinking: {"type": "enabled", "budget_tokens": N}`) as Anthropic checks it:
+Extended thinking (`thinking: {"type": "enabled", "budget_tokens": N}`, or `{"type": "adaptive"}`
+with `output_config.effort`, which Opus 4.7 and Claude 5 models alone take) as Anthropic checks it:
 N at least 1,024 and under max_tokens; no temperature other than 1, no top_k, no forced tool use;
 a thinking block sent back must carry the signature this server gave its text, and with thinking
 on, a final assistant turn that used a tool must start with its thinking block. The reply then
@@ -49,6 +50,10 @@ TYPES |= {404: "not_found_error", 413: "request_too_large", 429: "rate_limit_err
 TYPES |= {500: "api_error", 529: "overloaded_error"}
 INPUT = {"city": "Paris"}
 THOUGHT = "The user asks; I weigh it."
+# models that think only adaptively, refusing a budget (Claude Opus 4.7, Claude 5), and the efforts
+# output_config takes
+ADAPTIVE_ONLY = ("claude-opus-4-7", "claude-opus-5", "claude-sonnet-5")
+EFFORTS = ("low", "medium", "high", "xhigh", "max")
 
 
 def signature(thinking: str) -> str:
@@ -106,13 +111,21 @@ def invalid(body: dict[str, Any], count: bool = False) -> str | None:
 
 def _thinking_invalid(body: dict[str, Any]) -> str | None:
     thinking = body["thinking"] or {}
+    effort = (body.get("output_config") or {}).get("effort")
+    if effort not in (None, *EFFORTS):
+        return f"output_config.effort: Input should be one of {', '.join(EFFORTS)}"
     if thinking.get("type") == "disabled":
         return None
-    budget = thinking.get("budget_tokens")
-    if thinking.get("type") != "enabled" or not isinstance(budget, int) or budget < 1024:
-        return "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024"
-    if isinstance(body.get("max_tokens"), int) and budget >= body["max_tokens"]:
-        return "`max_tokens` must be greater than `thinking.budget_tokens`"
+    if thinking.get("type") != "adaptive":
+        if any(name in str(body.get("model")) for name in ADAPTIVE_ONLY):
+            return (
+                "thinking.type.enabled is not supported for this model: use thinking.type.adaptive"
+            )
+        budget = thinking.get("budget_tokens")
+        if thinking.get("type") != "enabled" or not isinstance(budget, int) or budget < 1024:
+            return "thinking.enabled.budget_tokens: Input should be greater than or equal to 1024"
+        if isinstance(body.get("max_tokens"), int) and budget >= body["max_tokens"]:
+            return "`max_tokens` must be greater than `thinking.budget_tokens`"
     if body.get("temperature") not in (None, 1, 1.0):
         return "`temperature` may only be set to 1 when thinking is enabled"
     if body.get("top_k") is not None:
@@ -180,7 +193,7 @@ async def handle(
     tool = forced or (tools[0]["name"] if d.tool and tools else None)
     pieces = [f"w{i} " for i in range(d.chunks)]
     stop = "tool_use" if tool else "end_turn"
-    thinks = (body.get("thinking") or {}).get("type") == "enabled"
+    thinks = (body.get("thinking") or {}).get("type") in ("enabled", "adaptive")
     thought = len(THOUGHT.split()) if thinks else 0  # output tokens the thinking took
     message = {
         "id": "msg_fake",

@@ -416,12 +416,13 @@ def _thinks(body: dict[str, Any], path: str) -> bool:
         return False
     if "anthropic." not in path:
         raise Invalid("The model returned the following errors: extraneous key [thinking]")
-    budget = thinking.get("budget_tokens")
-    if thinking.get("type") != "enabled" or not isinstance(budget, int) or budget < 1024:
-        raise Invalid("thinking.enabled.budget_tokens: Input should be at least 1024")
     config = body.get("inferenceConfig") or {}
-    if budget >= config.get("maxTokens", 0):
-        raise Invalid("`max_tokens` must be greater than `thinking.budget_tokens`")
+    if thinking.get("type") != "adaptive":
+        budget = thinking.get("budget_tokens")
+        if thinking.get("type") != "enabled" or not isinstance(budget, int) or budget < 1024:
+            raise Invalid("thinking.enabled.budget_tokens: Input should be at least 1024")
+        if budget >= config.get("maxTokens", 0):
+            raise Invalid("`max_tokens` must be greater than `thinking.budget_tokens`")
     if config.get("temperature", 1) != 1:
         raise Invalid("`temperature` may only be set to 1 when thinking is enabled")
     last = next((m for m in reversed(body["messages"]) if m["role"] == "assistant"), None)

@@ -725,3 +725,26 @@ def test_the_messages_front_keeps_signed_thinking_and_shows_another_models_reaso
         ("content_block_start", 1, redacted),
         ("content_block_stop", 1, None),
     ]
+
+
+def test_adaptive_thinking_and_its_effort():
+    """{type: adaptive} and Anthropic's output_config go as asked; a model the catalog says thinks
+    adaptively (Opus 4.7 and Claude 5 refuse a budget) takes reasoning_effort as adaptive thinking
+    at that effort, a budgeted one as a budget; output_config beside reasoning_effort is a 400."""
+    asked = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 100}
+    adaptive = {"type": "adaptive"}
+    out = translate({**asked, "thinking": adaptive, "output_config": {"effort": "max"}}, "c")
+    assert (out["thinking"], out["output_config"]) == (adaptive, {"effort": "max"})
+    assert translate({**asked, "thinking": adaptive}, "c")["max_tokens"] == 100  # no budget
+    effort = translate({**asked, "reasoning_effort": "minimal"}, "c", adaptive=True)
+    assert (effort["thinking"], effort["output_config"]) == (adaptive, {"effort": "low"})
+    budgeted = translate({**asked, "max_tokens": 5000, "reasoning_effort": "high"}, "c")
+    assert budgeted["thinking"]["type"] == "enabled" and "output_config" not in budgeted
+    assert "thinking" not in translate({**asked, "reasoning_effort": "none"}, "c", adaptive=True)
+    for wrong, param in (
+        ({"reasoning_effort": "high", "output_config": {"effort": "high"}}, "output_config"),
+        ({"output_config": "high"}, "output_config"),
+    ):
+        with pytest.raises(GatewayError) as err:
+            translate({**asked, **wrong}, "c", adaptive=True)
+        assert err.value.param == param

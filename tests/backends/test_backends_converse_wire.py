@@ -282,3 +282,18 @@ async def test_reasoning_blocks_become_thinking_both_ways() -> None:
         blocks[1:2],
     ]
     assert "".join(d.get("content") or "" for d in deltas) == "Yes."
+
+
+def test_claudes_own_fields_go_beside_converses() -> None:
+    """Anthropic's thinking and output_config go as additionalModelRequestFields; a Claude model
+    that thinks adaptively takes reasoning_effort as adaptive thinking at that effort."""
+    turn = [{"role": "user", "content": "hi"}]
+    asked = {"thinking": {"type": "adaptive"}, "output_config": {"effort": "max"}}
+    out = converse_request({"messages": turn, **asked})
+    assert out["additionalModelRequestFields"] == asked
+    effort = converse_request({"messages": turn, "reasoning_effort": "medium"}, adaptive=True)
+    assert effort["additionalModelRequestFields"] == {
+        "thinking": {"type": "adaptive"},
+        "output_config": {"effort": "medium"},
+    }
+    assert "additionalModelRequestFields" not in converse_request({"messages": turn})

@@ -101,10 +101,12 @@ def test_a_chat_request_becomes_generate_content() -> None:
     }
     # Gemini has no end-user field: the gateway's own limits read it
     assert set(out) == {"contents", "systemInstruction", "generationConfig"}
-    # Anthropic's `thinking` (what /v1/messages sends on): its budget, 0 where disabled
+    # Anthropic's `thinking` (what /v1/messages sends on): its budget, 0 where disabled, dynamic
+    # where adaptive
     for thinking, budget in (
         ({"type": "enabled", "budget_tokens": 3000}, 3000),
         ({"type": "disabled"}, 0),
+        ({"type": "adaptive"}, -1),  # Gemini's dynamic thinking
     ):
         asked = {"messages": [{"role": "user", "content": "hi"}], "thinking": thinking}
         config = generate_request(asked)["generationConfig"]

@@ -34,6 +34,7 @@ from tests.backends.conftest import (
     write_service_account,
 )
 from tests.backends.conftest import HERE as BACKENDS
+from tests.backends.fake_anthropic import THOUGHT
 from tests.backends.test_backends_gemini import WEATHER
 from tests.gateway.conftest import reservations, wait_until
 from tests.guard.conftest import Texts, classifier, texts  # noqa: F401 - fixtures
@@ -840,6 +841,33 @@ def test_anthropics_client_thinks_through_the_gateway_and_sends_its_thinking_bac
     assert (
         counted.input_tokens > 0 and stats(providers["anthropic"])["last_body"]["thinking"] == big
     )
+
+    # a model that thinks only adaptively (Opus 4.7: the fake, as Anthropic, refuses a budget):
+    # the catalog says so, and reasoning_effort asks it that way; Anthropic's client asks as is
+    adaptive = _claude(providers, "claude-adaptive", "reasoning = true").replace(
+        "claude-sonnet-4-5", "claude-opus-4-7"
+    )
+    gateway = _gateway(start_gateway, providers, tmp_path, adaptive + 'thinking = "adaptive"\n')
+    key = team()[1]
+    chat = gateway.client(key).chat.completions.create(
+        model="claude-adaptive",
+        messages=[{"role": "user", "content": "hi"}],
+        reasoning_effort="high",
+    )
+    assert chat.choices[0].message.model_extra["reasoning_content"] == THOUGHT
+    sent = stats(providers["anthropic"])["last_body"]
+    assert (sent["thinking"], sent["output_config"]) == ({"type": "adaptive"}, {"effort": "high"})
+    claude = anthropic.Anthropic(base_url=gateway.url, api_key=key, max_retries=0)
+    asked: Any = {"thinking": {"type": "adaptive"}, "output_config": {"effort": "max"}}
+    message = claude.messages.create(
+        model="claude-adaptive", max_tokens=100, messages=ask["messages"], **asked
+    )
+    assert message.content[0].type == "thinking"
+    sent = stats(providers["anthropic"])["last_body"]
+    assert {k: sent[k] for k in asked} == asked
+    with pytest.raises(anthropic.BadRequestError) as budgeted:
+        claude.messages.create(**{**ask, "model": "claude-adaptive"})
+    assert "adaptive" in str(budgeted.value.message)
 
 
 def test_structured_outputs_reach_anthropics_models_through_a_forced_tool(

@@ -26,8 +26,12 @@ def headers(api_key: str) -> dict[str, str]:
 class AnthropicWire:
     counts = True
 
+    def __init__(self, adaptive: bool = False) -> None:
+        self.adaptive = adaptive  # the model thinks adaptively (catalog: thinking = "adaptive")
+
     def translate(self, body: dict[str, Any]) -> dict[str, Any]:
-        return translate(body, "")  # the model's name is each deployment's own, set as it is sent
+        # the model's name is each deployment's own, set as it is sent
+        return translate(body, "", self.adaptive)
 
     def request(self, native: dict[str, Any], at: Deployment, stream: bool) -> tuple[str, bytes]:
         return messages_request(native, at.cloud, at.model)  # `native` says whether it streams

@@ -152,7 +152,7 @@ def chat_request(body: Any) -> dict[str, Any]:
         out["stream_options"] = {"include_usage": True}
     if body.get("stop_sequences"):
         out["stop"] = list(body["stop_sequences"])
-    for name in ("temperature", "top_p", "top_k", "thinking"):
+    for name in ("temperature", "top_p", "top_k", "thinking", "output_config"):
         if body.get(name) is not None:
             out[name] = body[name]
     user = (body.get("metadata") or {}).get("user_id")

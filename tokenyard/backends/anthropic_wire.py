@@ -20,6 +20,8 @@ DEFAULT_MAX_TOKENS = 4096
 # Anthropic's least); "none" turns thinking off
 MIN_THINKING = 1024
 THINKING_BUDGET = {"minimal": MIN_THINKING, "low": MIN_THINKING, "medium": 2048, "high": 4096}
+# reasoning_effort → the effort of a model that thinks adaptively (Anthropic's output_config)
+ADAPTIVE_EFFORT = {"minimal": "low", "low": "low", "medium": "medium", "high": "high"}
 # the blocks of a model's thinking, as a reply carries them and a later turn must send them back
 THINKING_BLOCKS = ("thinking", "redacted_thinking")
 
@@ -140,49 +142,56 @@ def signed_thinking(block: Any) -> bool:
     return _is_thinking(block) and bool(block.get("signature") or block.get("data"))
 
 
-def thinking_budget(body: dict[str, Any]) -> int | None:
-    """The budget in tokens of Anthropic's `thinking` field (the Messages front sends it, LiteLLM's
-    chat field too), 0 where disabled, None where the body has none; a malformed one, or one
-    beside `reasoning_effort`, is a 400."""
+def asked_thinking(body: dict[str, Any]) -> dict[str, Any] | None:
+    """Anthropic's `thinking` field as asked (the Messages front sends it, LiteLLM's chat field
+    too), checked: {type: enabled, budget_tokens ≥ 1,024}, {type: adaptive} (the model decides,
+    as Claude Opus 4.6 and later do; Opus 4.7 and Claude 5 take no other) or {type: disabled};
+    None where the body has none. A malformed one, or one beside reasoning_effort, is a 400."""
     asked = body.get("thinking")
     if asked is None:
         return None
     if body.get("reasoning_effort") is not None:
         raise _bad("give thinking or reasoning_effort, not both", "thinking")
     kind = asked.get("type") if isinstance(asked, dict) else None
-    if kind == "disabled":
-        return 0
+    if kind in ("disabled", "adaptive"):
+        return asked
     budget = asked.get("budget_tokens") if kind == "enabled" else None
     if not isinstance(budget, int) or isinstance(budget, bool) or budget < MIN_THINKING:
-        why = f"thinking is {{type: disabled}} or {{type: enabled, budget_tokens ≥ {MIN_THINKING}}}"
+        why = (
+            "thinking is {type: adaptive}, {type: disabled} or "
+            f"{{type: enabled, budget_tokens ≥ {MIN_THINKING}}}"
+        )
         raise _bad(why, "thinking")
-    return budget
+    return asked
 
 
-def _budget(body: dict[str, Any]) -> tuple[int | None, str]:
-    """(the thinking budget asked, the field that asked it: `thinking` or `reasoning_effort`)."""
-    asked = thinking_budget(body)
+def _asked(body: dict[str, Any], adaptive: bool) -> tuple[dict[str, Any] | None, str]:
+    """(the thinking to ask of the model, None for none; the field that asked it). A model that
+    thinks adaptively takes reasoning_effort as {type: adaptive} (its effort: _effort)."""
+    asked = asked_thinking(body)
     if asked is not None:
-        return asked or None, "thinking"
+        return (None if asked["type"] == "disabled" else asked), "thinking"
     effort = body.get("reasoning_effort")
     if effort in (None, "none"):
         return None, "reasoning_effort"
     if effort not in THINKING_BUDGET:
         why = f"reasoning_effort {effort!r} is not supported by this model"
         raise _bad(why, "reasoning_effort")
-    return THINKING_BUDGET[effort], "reasoning_effort"
+    if adaptive:
+        return {"type": "adaptive"}, "reasoning_effort"
+    return {"type": "enabled", "budget_tokens": THINKING_BUDGET[effort]}, "reasoning_effort"
 
 
 def _thinking(
-    body: dict[str, Any], turns: list[dict[str, Any]], max_tokens: int | None
-) -> int | None:
-    """The thinking budget asked (None: no thinking), or a 400 where Anthropic's rules forbid it:
-    a JSON answer or a forced tool (thinking allows no forced tool use), or an output cap that
-    leaves no room past the budget. A request that continues a tool call made without thinking,
-    or whose thinking the client did not send back, does not think: Anthropic requires a final
-    assistant turn that used tools to start with its thinking."""
-    budget, field_name = _budget(body)
-    if budget is None:
+    body: dict[str, Any], turns: list[dict[str, Any]], max_tokens: int | None, adaptive: bool
+) -> dict[str, Any] | None:
+    """The thinking to ask (None: none), or a 400 where Anthropic's rules forbid it: a JSON
+    answer or a forced tool (thinking allows no forced tool use), or an output cap that leaves no
+    room past a budget. A request that continues a tool call made without thinking, or whose
+    thinking the client did not send back, does not think: Anthropic requires a final assistant
+    turn that used tools to start with its thinking."""
+    thinking, field_name = _asked(body, adaptive)
+    if thinking is None:
         return None
     if answers_in_json(body):
         raise _bad(
@@ -191,6 +200,7 @@ def _thinking(
     choice = body.get("tool_choice")
     if isinstance(choice, dict) or choice == "required":
         raise _bad(f"{field_name} allows tool_choice auto or none only", "tool_choice")
+    budget = thinking.get("budget_tokens", 0)
     if max_tokens is not None and max_tokens <= budget:
         raise _bad(f"max_tokens must exceed the {budget} thinking tokens", "max_tokens")
     last = next((t for t in reversed(turns) if t["role"] == "assistant"), None)
@@ -198,7 +208,22 @@ def _thinking(
         blocks = last["content"]
         if any(b["type"] == "tool_use" for b in blocks) and not _is_thinking(blocks[0]):
             return None
-    return budget
+    return thinking
+
+
+def _effort(body: dict[str, Any], adaptive: bool) -> dict[str, Any] | None:
+    """Anthropic's output_config (its `effort`): as the Messages front sends it, or a model that
+    thinks adaptively's from reasoning_effort."""
+    given, effort = body.get("output_config"), body.get("reasoning_effort")
+    if given is not None and effort is not None:
+        raise _bad("give output_config or reasoning_effort, not both", "output_config")
+    if given is not None:
+        if not isinstance(given, dict):
+            raise _bad("output_config must be an object", "output_config")
+        return given
+    if adaptive and effort in ADAPTIVE_EFFORT:
+        return {"effort": ADAPTIVE_EFFORT[effort]}
+    return None
 
 
 # structured outputs as Anthropic's models give them on every cloud: one forced tool whose input
@@ -242,8 +267,9 @@ def _tool_choice(choice: Any, parallel: bool | None) -> dict[str, Any] | None:
     return out
 
 
-def messages_request(body: dict[str, Any], model: str) -> dict[str, Any]:
-    """An OpenAI chat.completions body → an Anthropic Messages body."""
+def messages_request(body: dict[str, Any], model: str, adaptive: bool = False) -> dict[str, Any]:
+    """An OpenAI chat.completions body → an Anthropic Messages body; `adaptive`: the model thinks
+    adaptively (the catalog's `thinking = "adaptive"`), so reasoning_effort asks it that way."""
     if (body.get("n") or 1) > 1:
         raise _bad("n > 1 is not supported by this model", "n")
     if body.get("logprobs"):
@@ -253,18 +279,19 @@ def messages_request(body: dict[str, Any], model: str) -> dict[str, Any]:
         raise _bad("response_format together with tools is not supported by this model", "tools")
     system, turns = _messages(body.get("messages") or [])
     max_tokens = body.get("max_tokens") or body.get("max_completion_tokens")
-    budget = _thinking(body, turns, max_tokens)
-    max_tokens = max_tokens or DEFAULT_MAX_TOKENS + (budget or 0)
+    thinking = _thinking(body, turns, max_tokens, adaptive)
+    max_tokens = max_tokens or DEFAULT_MAX_TOKENS + (thinking or {}).get("budget_tokens", 0)
     out: dict[str, Any] = {"model": model, "messages": turns, "max_tokens": max_tokens}
     if system:
         out["system"] = system
     stop = body.get("stop")
     if stop:
         out["stop_sequences"] = [stop] if isinstance(stop, str) else list(stop)
-    if budget is not None:
+    out["output_config"] = _effort(body, adaptive)
+    if thinking is not None:
         # thinking samples as the model does: Anthropic refuses a temperature or top_k with it
         # (as OpenAI's reasoning models refuse them), and a top_p under 0.95; they are left out
-        out["thinking"] = {"type": "enabled", "budget_tokens": budget}
+        out["thinking"] = thinking
         if (body.get("top_p") or 1.0) >= 0.95:
             out["top_p"] = body.get("top_p")
     else:

@@ -16,8 +16,11 @@ from tokenyard.backends.translated import Asked
 class ConverseWire:
     counts = False  # Bedrock counts only some models' tokens: the gateway's estimate answers
 
+    def __init__(self, adaptive: bool = False) -> None:
+        self.adaptive = adaptive  # a Claude model that thinks adaptively (as AnthropicWire's)
+
     def translate(self, body: dict[str, Any]) -> dict[str, Any]:
-        return converse_wire.converse_request(body)
+        return converse_wire.converse_request(body, self.adaptive)
 
     def request(self, native: dict[str, Any], at: Deployment, stream: bool) -> tuple[str, bytes]:
         # a model id holds ':' ("…-v1:0"), quoted as AWS's clients quote it (and sign it)

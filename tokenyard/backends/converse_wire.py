@@ -82,9 +82,9 @@ def _tool_config(message: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def converse_request(body: dict[str, Any]) -> dict[str, Any]:
+def converse_request(body: dict[str, Any], adaptive: bool = False) -> dict[str, Any]:
     """An OpenAI chat.completions body → a Converse body (the model goes in the path)."""
-    message = anthropic_wire.messages_request(body, "")
+    message = anthropic_wire.messages_request(body, "", adaptive)
     turns = []
     for turn in message["messages"]:
         blocks = [b for b in map(_block, turn["content"]) if b is not None]
@@ -102,8 +102,10 @@ def converse_request(body: dict[str, Any]) -> dict[str, Any]:
         if ours in message:
             config[theirs] = message[ours]
     out["inferenceConfig"] = config
-    if message.get("thinking"):  # Anthropic's own field, which Bedrock's Claude models take
-        out["additionalModelRequestFields"] = {"thinking": message["thinking"]}
+    # Anthropic's own fields, which Bedrock's Claude models take beside Converse's
+    native = {k: message[k] for k in ("thinking", "output_config") if k in message}
+    if native:
+        out["additionalModelRequestFields"] = native
     if message.get("tools"):
         out["toolConfig"] = _tool_config(message)
     return out

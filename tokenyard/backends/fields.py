@@ -127,9 +127,16 @@ FIELDS: dict[str, Rule] = {
         needs="reasoning",
         inert=({"type": "disabled"},),
         note="Anthropic's extended thinking as its Messages API takes it ({type: enabled, "
-        "budget_tokens ≥ 1,024}; LiteLLM's field, and what /v1/messages sends): Anthropic to the "
-        "token (on Bedrock's Converse too), Gemini as its thinking budget; not beside "
-        "reasoning_effort",
+        "budget_tokens ≥ 1,024} or {type: adaptive}; LiteLLM's field, and what /v1/messages "
+        "sends): Anthropic as asked (on Bedrock's Converse too), Gemini as its thinking budget "
+        "(adaptive: dynamic); not beside reasoning_effort",
+    ),
+    "output_config": Rule(
+        CHAT,
+        (R, R, H, R, H),
+        needs="reasoning",
+        note="Anthropic's ({effort: low … max}, what /v1/messages sends): Anthropic, and Claude "
+        "on Converse; a model the catalog says thinks adaptively takes reasoning_effort as it",
     ),
     "store": Rule(
         CHAT,

@@ -18,7 +18,7 @@ from typing import Any, Literal
 from urllib.parse import quote
 
 from tokenyard.backends import sse
-from tokenyard.backends.anthropic_wire import thinking_budget
+from tokenyard.backends.anthropic_wire import asked_thinking
 from tokenyard.backends.base import StreamRefusal, UpstreamBroken, error_body
 from tokenyard.core.errors import GatewayError
 
@@ -227,9 +227,11 @@ def _generation(body: dict[str, Any]) -> dict[str, Any]:
         config |= {"responseMimeType": "application/json", "responseJsonSchema": schema}
     elif wanted.get("type") == "json_object":
         config["responseMimeType"] = "application/json"
-    asked = thinking_budget(body)  # Anthropic's field, as the Messages front sends it
+    asked = asked_thinking(body)  # Anthropic's field, as the Messages front sends it
     if asked is not None:
-        config["thinkingConfig"] = {"thinkingBudget": asked}
+        # adaptive: Gemini's dynamic thinking (-1), the model deciding how much, as Claude does
+        budget = {"disabled": 0, "adaptive": -1}.get(asked["type"], asked.get("budget_tokens"))
+        config["thinkingConfig"] = {"thinkingBudget": budget}
     elif effort := body.get("reasoning_effort"):
         if effort not in THINKING:
             raise _bad(

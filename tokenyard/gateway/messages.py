@@ -45,6 +45,7 @@ class MessagesRequest(msgspec.Struct, kw_only=True):
     tool_choice: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None
 
 
 class CountTokensRequest(msgspec.Struct, kw_only=True):

@@ -201,6 +201,10 @@ class ModelEntry(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # what it can do (tools, structured outputs, logprobs, image input, reasoning): requests that
     # need more are routed elsewhere or refused (backends/fields.py)
     supports: Supports = Supports()
+    # how an Anthropic model (on any cloud, Converse included) thinks: with a budget of tokens
+    # (Claude 3.7 to 4.5), or adaptively, deciding how much itself (Claude Opus 4.6 and later;
+    # Opus 4.7 and Claude 5 refuse a budget): reasoning_effort asks it in its own way
+    thinking: Literal["budget", "adaptive"] = "budget"
     capability: int = 1  # higher answers harder prompts
     # model="auto" with a quality bar: the model of the router's data whose quality curve stands
     # for this one (router/quality.py) until ratings give it its own; with neither, never chosen

@@ -122,14 +122,15 @@ def build_upstream(entry: ModelEntry, redis: Redis, settings: Settings) -> Upstr
         settings.backend_affinity_chars,
         limits=DeploymentLimits(entry.id, redis) if limited else None,
     )
+    adaptive = entry.thinking == "adaptive"
     if entry.wire == "anthropic":
-        return TranslatedUpstream(info, deployments, AnthropicWire())
+        return TranslatedUpstream(info, deployments, AnthropicWire(adaptive))
     if entry.wire == "gemini" and entry.kind == "embedding":
         return GeminiEmbeddings(info, deployments)
     if entry.wire == "gemini":
         return TranslatedUpstream(info, deployments, GeminiWire())
     if entry.wire == "converse":
-        return TranslatedUpstream(info, deployments, ConverseWire())
+        return TranslatedUpstream(info, deployments, ConverseWire(adaptive))
     return OpenAIUpstream(info, deployments)
 
 
