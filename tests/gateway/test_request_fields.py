@@ -26,6 +26,8 @@ REFUSED_BY_ENGINE = {
     "prompt_cache_retention": "24h",
     "prompt_cache_options": {"ttl": "1h"},
     "suffix": "!",
+    "thinking": {"type": "enabled", "budget_tokens": 2048},
+    "output_config": {"effort": "low"},
 }
 
 
