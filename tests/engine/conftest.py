@@ -12,6 +12,10 @@ from tokenyard.engine.loader import resolve_model_path
 from tokenyard.engine.packed_linear import packable
 from tokenyard.engine.sequence import GenerationRequest, SamplingParams
 
+from .prompts import SYSTEM, chat_prompts
+
+MAX_NEW = 24  # tokens each comparison prompt is continued by
+
 
 @pytest.fixture(scope="session")
 def gguf_path() -> str:
@@ -63,6 +67,35 @@ def engine_factory():
         return engine
 
     return make
+
+
+@pytest.fixture(scope="session")
+def prompt_ids(engine_factory) -> list[list[int]]:
+    """The 26 chat prompts the engine is compared on, from under 64 tokens to over 400; the last
+    four share a system prompt, so a mixed batch hits the prefix cache."""
+    tokenizer = engine_factory(num_blocks=2048).tokenizer
+    ids = [tokenizer.apply_chat_template(m) for m in chat_prompts()]
+    ids += [
+        tokenizer.apply_chat_template([{"role": "system", "content": SYSTEM}, *m])
+        for m in chat_prompts()[:4]
+    ]
+    return ids
+
+
+@pytest.fixture(scope="session")
+def batched_greedy(engine_factory, prompt_ids) -> list[list[int]]:
+    """The engine's greedy continuations of prompt_ids, MAX_NEW tokens each (EOS held back), all
+    in one batch on a pool that holds them at once: what test_correctness checks against
+    transformers and test_speculative against speculation (one run for both, ~20 s on a 2-core
+    AVX2 machine)."""
+    engine = engine_factory(num_blocks=2048)
+    requests = [
+        GenerationRequest(f"batched-{i}", ids, greedy(MAX_NEW, min_tokens=MAX_NEW))
+        for i, ids in enumerate(prompt_ids)
+    ]
+    out = run_to_completion(engine, requests)
+    assert_all_blocks_free(engine)
+    return [[t for o in out[r.request_id] for t in o.token_ids] for r in requests]
 
 
 @pytest.fixture(autouse=True)

@@ -6,45 +6,22 @@ import torch
 from tokenyard.engine.sequence import GenerationRequest
 
 from .conftest import (
+    MAX_NEW,
     assert_all_blocks_free,
     greedy,
     needs_bf16_matmuls,
     reference_greedy,
     run_to_completion,
 )
-from .prompts import SYSTEM, chat_prompts
-
-MAX_NEW = 24
 
 
 @pytest.fixture(scope="module")
-def prompt_ids(engine_factory):
-    tokenizer = engine_factory(num_blocks=2048).tokenizer
-    ids = [tokenizer.apply_chat_template(m) for m in chat_prompts()]
-    # shared system prompt: the mixed batch hits the prefix cache
-    ids += [
-        tokenizer.apply_chat_template([{"role": "system", "content": SYSTEM}, *m])
-        for m in chat_prompts()[:4]
-    ]
-    return ids
-
-
-@pytest.fixture(scope="module")
-def expected(engine_factory, reference, prompt_ids):
-    """transformers' greedy continuations: the engine's, all in one batch, each checked by
+def expected(reference, prompt_ids, batched_greedy):
+    """transformers' greedy continuations: the engine's batched ones, each checked by
     transformers in one pass (reference_greedy), or transformers' own where the check fails."""
-    engine = engine_factory(num_blocks=2048)
-    requests = [
-        GenerationRequest(f"candidate-{i}", ids, greedy(MAX_NEW, min_tokens=MAX_NEW))
-        for i, ids in enumerate(prompt_ids)
-    ]
-    out = run_to_completion(engine, requests)
-    candidates = [
-        [t for o in out[f"candidate-{i}"] for t in o.token_ids] for i in range(len(prompt_ids))
-    ]
     return [
         reference_greedy(reference, ids, MAX_NEW, candidate)
-        for ids, candidate in zip(prompt_ids, candidates, strict=True)
+        for ids, candidate in zip(prompt_ids, batched_greedy, strict=True)
     ]
 
 

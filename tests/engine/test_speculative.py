@@ -4,7 +4,6 @@ rollback of rejected tokens' KV slots, and the acceptance metrics."""
 import itertools
 import random
 
-import pytest
 import torch
 from prometheus_client import generate_latest
 from scipy.stats import chi2_contingency, chisquare
@@ -15,8 +14,7 @@ from tokenyard.engine.scheduler import Scheduler
 from tokenyard.engine.sequence import GenerationRequest, SamplingParams, Sequence
 from tokenyard.engine.speculative import Acceptance, NgramProposer, Speculation, draft_length
 
-from .conftest import assert_all_blocks_free, greedy, run_to_completion
-from .prompts import SYSTEM, chat_prompts
+from .conftest import MAX_NEW, assert_all_blocks_free, greedy, run_to_completion
 
 # the engine of test_correctness's mixed batch (a small pool and budget: chunked prefill,
 # prefix-cache hits and preemption all happen), speculating at every step
@@ -277,18 +275,6 @@ def test_acceptance_follows_the_drafts_and_recovers():
 # ---------------------------------------------------------------- the engine
 
 
-@pytest.fixture(scope="module")
-def prompt_ids(engine_factory):
-    """The 26 prompts of the comparison with transformers (test_correctness)."""
-    tokenizer = engine_factory(**PLAIN).tokenizer
-    ids = [tokenizer.apply_chat_template(m) for m in chat_prompts()]
-    ids += [
-        tokenizer.apply_chat_template([{"role": "system", "content": SYSTEM}, *m])
-        for m in chat_prompts()[:4]
-    ]
-    return ids
-
-
 def tokens(outputs: list) -> list[int]:
     return [t for o in outputs for t in o.token_ids]
 
@@ -298,17 +284,20 @@ def counters(engine) -> tuple[float, float]:
     return m.spec_proposed._value.get(), m.spec_accepted._value.get()
 
 
-def test_greedy_mixed_batch_is_identical_with_speculation(engine_factory, prompt_ids):
+def test_greedy_mixed_batch_is_identical_with_speculation(
+    engine_factory, prompt_ids, batched_greedy
+):
+    """The 26 prompts of the comparison with transformers, against the engine's own output
+    without speculation (all at once, PLAIN's engine)."""
     requests = [
-        GenerationRequest(f"g{i}", ids, greedy(24, min_tokens=24))
+        GenerationRequest(f"g{i}", ids, greedy(MAX_NEW, min_tokens=MAX_NEW))
         for i, ids in enumerate(prompt_ids)
     ]
-    plain = run_to_completion(engine_factory(**PLAIN), requests)
     engine = engine_factory(**SPECULATIVE)
     proposed, accepted = counters(engine)
     speculative = run_to_completion(engine, requests)
     for i, r in enumerate(requests):
-        assert tokens(speculative[r.request_id]) == tokens(plain[r.request_id]), f"prompt {i}"
+        assert tokens(speculative[r.request_id]) == batched_greedy[i], f"prompt {i}"
     proposed_now, accepted_now = counters(engine)
     assert 0 < accepted_now - accepted < proposed_now - proposed
     assert engine.scheduler.num_preemptions > 0, "the workload was meant to force a preemption"
