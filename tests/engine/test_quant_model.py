@@ -8,6 +8,7 @@ Perplexity text: tests/engine/data/alice_ch4.txt, the start of chapter IV of Lew
 """
 
 import math
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -77,18 +78,14 @@ def make_engine(
 
 
 @pytest.fixture(scope="module")
-def fp32_perplexity(text_ids) -> float:
-    return perplexity(make_engine("none"), text_ids)
+def text_perplexity(text_ids):
+    """The text's perplexity on an engine of make_engine's arguments, each configuration read
+    once in the module: the shipped weights' reading serves both their bound and the int8 pool's
+    baseline (a read is ~10 s on a 2-core AVX2 machine)."""
+    return cache(lambda *config, **options: perplexity(make_engine(*config, **options), text_ids))
 
 
-_SHIPPED = ("auto", "float32", KERNEL_CHUNK)  # decode's path on the weights as shipped
-
-
-@pytest.fixture(scope="module")
-def shipped_perplexity(text_ids) -> float:
-    """The weights as shipped through the int8 kernels: one case below, and the int8 pool's
-    baseline (one read of the text, ~10 s on a 2-core AVX2 machine)."""
-    return perplexity(make_engine(*_SHIPPED), text_ids)
+SHIPPED = ("auto", "float32", KERNEL_CHUNK)  # decode's path on the weights as shipped
 
 
 def test_gguf_as_shipped_holds_what_gguf_dequantizes(gguf_path):
@@ -118,22 +115,18 @@ def test_every_matrix_runs_quantized():
 
 
 @pytest.mark.parametrize(("quantization", "dtype", "chunk", "bound"), CASES)
-def test_perplexity_close_to_fp32(
-    request, text_ids, fp32_perplexity, quantization, dtype, chunk, bound
-):
+def test_perplexity_close_to_fp32(text_ids, text_perplexity, quantization, dtype, chunk, bound):
     assert KERNEL_CHUNK < COPY_ROWS <= PREFILL_CHUNK < DENSE_ROWS <= DENSE_CHUNK
     assert len(text_ids) > 1000
-    if (quantization, dtype, chunk) == _SHIPPED:
-        ppl = request.getfixturevalue("shipped_perplexity")
-    else:
-        ppl = perplexity(make_engine(quantization, dtype, chunk), text_ids)
-    assert 1.0 < fp32_perplexity < 50.0  # the model reads English
-    assert abs(ppl / fp32_perplexity - 1) <= bound, (ppl, fp32_perplexity)
+    ppl, fp32 = text_perplexity(quantization, dtype, chunk), text_perplexity("none")
+    assert 1.0 < fp32 < 50.0  # the model reads English
+    assert abs(ppl / fp32 - 1) <= bound, (ppl, fp32)
 
 
-def test_perplexity_over_an_int8_kv_pool(text_ids, fp32_perplexity, shipped_perplexity):
+def test_perplexity_over_an_int8_kv_pool(text_perplexity):
     """The shipped weights over an int8 pool: within INT8_KV_BOUND of fp32, and within half a
     percent of the same engine over a pool in the model's dtype (what the pool's rounding costs)."""
-    int8 = perplexity(make_engine(*_SHIPPED, kv="int8"), text_ids)
-    assert abs(int8 / fp32_perplexity - 1) <= INT8_KV_BOUND, (int8, fp32_perplexity)
-    assert abs(int8 / shipped_perplexity - 1) <= 0.005, (int8, shipped_perplexity)
+    int8, plain = text_perplexity(*SHIPPED, kv="int8"), text_perplexity(*SHIPPED)
+    fp32 = text_perplexity("none")
+    assert abs(int8 / fp32 - 1) <= INT8_KV_BOUND, (int8, fp32)
+    assert abs(int8 / plain - 1) <= 0.005, (int8, plain)
