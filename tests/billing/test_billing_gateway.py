@@ -5,7 +5,6 @@ usage API (team-scoped, admin, CSV), the report CLI and the cost counters."""
 import csv
 import io
 import json
-import subprocess
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
@@ -26,7 +25,7 @@ from tests.billing.conftest import (
     record_sums,
     records,
 )
-from tests.gateway.conftest import TOKENYARD, Gateway, wait_until
+from tests.gateway.conftest import Gateway, tokenyard, wait_until
 from tokenyard.billing.models import UsageRecord
 from tokenyard.core.usage import USAGE_STREAM
 from tokenyard.gateway.quotas import TeamKeys, day_number, month_of
@@ -117,11 +116,9 @@ def test_usage_by_end_user(gw: Gateway, team: Any, sql: Engine, billing_env: dic
     assert [(row["team"], row["user"], row["requests"]) for row in theirs] == [(other, "ann", 1)]
     everyone = users("/v1/admin/usage/users", ADMIN_KEY, "?limit=1000").json()["data"]
     assert {(other, "ann"), (name, "ann")} <= {(row["team"], row["user"]) for row in everyone}
-    report = subprocess.run(
-        [*TOKENYARD, "billing", "report", "--team", name, "--by", "user", "--limit", "2", "--csv"],
-        env=billing_env,
-        capture_output=True,
-        text=True,
+    report = tokenyard(
+        billing_env,
+        ["billing", "report", "--team", name, "--by", "user", "--limit", "2", "--csv"],
         check=True,
     ).stdout.splitlines()
     assert report[0].startswith("user,team,requests,errors,")
@@ -187,11 +184,9 @@ def test_usage_by_metadata(gw: Gateway, team: Any, sql: Engine, billing_env: dic
                 metadata=metadata,  # type: ignore[arg-type]
             )
         assert err.value.body["param"] == "metadata"  # type: ignore[index]
-    report = subprocess.run(
-        [*TOKENYARD, "billing", "report", "--team", name, "--by", "metadata", "--key", "feature"],
-        env=billing_env,
-        capture_output=True,
-        text=True,
+    report = tokenyard(
+        billing_env,
+        ["billing", "report", "--team", name, "--by", "metadata", "--key", "feature"],
         check=True,
     ).stdout.splitlines()
     assert report[0].split()[:4] == ["feature", "team", "requests", "errors"]
@@ -200,19 +195,9 @@ def test_usage_by_metadata(gw: Gateway, team: Any, sql: Engine, billing_env: dic
         ["chat", name, "2"],
         ["search", name, "2"],
     ]
-    keyless = subprocess.run(
-        [*TOKENYARD, "billing", "report", "--by", "metadata"],
-        env=billing_env,
-        capture_output=True,
-        text=True,
-    )
+    keyless = tokenyard(billing_env, ["billing", "report", "--by", "metadata"])
     assert keyless.returncode == 2 and "--key" in keyless.stderr
-    quoted_key = subprocess.run(
-        [*TOKENYARD, "billing", "report", "--by", "metadata", "--key", 'a"b'],
-        env=billing_env,
-        capture_output=True,
-        text=True,
-    )
+    quoted_key = tokenyard(billing_env, ["billing", "report", "--by", "metadata", "--key", 'a"b'])
     assert quoted_key.returncode == 2 and "double quote" in quoted_key.stderr
 
 
@@ -394,21 +379,13 @@ def test_usage_api_cli_and_metrics(gw: Gateway, team: Any, sql: Engine, billing_
     only_b = httpx.get(admin + f"?team={b}", headers={"authorization": f"Bearer {ADMIN_KEY}"})
     assert {row["team"] for row in only_b.json()["data"]} == {b}
 
-    report = subprocess.run(
-        [*TOKENYARD, "billing", "report", "--date", today, "--team", a, "--csv"],
-        env=billing_env,
-        capture_output=True,
-        text=True,
-        check=True,
+    report = tokenyard(
+        billing_env, ["billing", "report", "--date", today, "--team", a, "--csv"], check=True
     )
     assert report.stdout.splitlines()[1].startswith(f"{today},{a},{MODEL},2,0,10,0,0,10,")
     for flags in (["--csv"], []):
-        by_key = subprocess.run(
-            [*TOKENYARD, "billing", "report", "--team", b, "--by", "key", *flags],
-            env=billing_env,
-            capture_output=True,
-            text=True,
-            check=True,
+        by_key = tokenyard(
+            billing_env, ["billing", "report", "--team", b, "--by", "key", *flags], check=True
         ).stdout.splitlines()
         assert by_key[0].startswith("key") and "requests" in by_key[0]  # the header
         cells = sorted(line.replace(",", " ").split()[:4] for line in by_key[1:])
@@ -492,11 +469,7 @@ def test_the_request_log_shows_each_of_a_teams_requests(
             gw.url + "/v1/usage/requests" + bad, headers={"authorization": f"Bearer {key}"}
         )
         assert r.status_code == 400 and r.json()["error"]["param"] == bad[1:].split("=")[0]
-    cli = subprocess.run(
-        [*TOKENYARD, "billing", "requests", "--team", name, "--errors", "--json"],
-        env=billing_env,
-        capture_output=True,
-        text=True,
-        check=True,
+    cli = tokenyard(
+        billing_env, ["billing", "requests", "--team", name, "--errors", "--json"], check=True
     )
     assert [json.loads(line)["status"] for line in cli.stdout.splitlines()] == [400]

@@ -7,7 +7,6 @@ the CLI list them."""
 import concurrent.futures
 import contextlib
 import json
-import subprocess
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -22,7 +21,7 @@ from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
 from tests.billing.conftest import ADMIN_KEY, CHARGED, CHAT, MODEL, event
-from tests.gateway.conftest import TOKENYARD, Gateway, wait_until
+from tests.gateway.conftest import Gateway, tokenyard, wait_until
 from tokenyard.billing import alerts, store
 from tokenyard.billing.events import alert_rows, decoder, to_row
 from tokenyard.billing.models import BudgetAlert
@@ -135,13 +134,7 @@ def test_crossed_percents_are_recorded_sent_signed_and_listed(
     assert _listed(gw, other_key)["data"] == []
     admin = _listed(gw, ADMIN_KEY, f"/v1/admin/usage/alerts?team={name}")
     assert [a["id"] for a in admin["data"]] == [a["id"] for a in listed]
-    cli = subprocess.run(
-        [*TOKENYARD, "billing", "alerts", "--team", name, "--json"],
-        env=billing_env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    cli = tokenyard(billing_env, ["billing", "alerts", "--team", name, "--json"], check=True)
     assert [json.loads(line)["id"] for line in cli.stdout.splitlines()] == ids[1:][::-1]
 
 

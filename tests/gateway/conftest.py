@@ -10,6 +10,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from subprocess import CompletedProcess
 from typing import Any
 
 import httpx
@@ -19,6 +20,7 @@ import redis as redis_sync
 from google import genai
 from google.genai import types as genai_types
 
+from tests.zygote import Forked, zygote
 from tokenyard.core.db import get_engine
 from tokenyard.tenancy import keys, teams
 
@@ -68,10 +70,15 @@ class RedisServer:
 
 
 class Process:
+    """A server the tests start, its output (stdout and stderr) in `log`."""
+
     def __init__(self, command: list[str], env: dict[str, str], log: Path) -> None:
         self.log = log
-        self._file = open(log, "ab")  # noqa: SIM115 - lives as long as the process
-        self.proc = subprocess.Popen(command, env=env, stdout=self._file, stderr=subprocess.STDOUT)
+        self.proc = self.start(command, env)
+
+    def start(self, command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes] | Forked:
+        with open(self.log, "ab") as out:
+            return subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -81,14 +88,25 @@ class Process:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        self._file.close()
+
+
+def tokenyard(env: dict[str, str], argv: list[str], check: bool = False) -> CompletedProcess[str]:
+    """`tokenyard ARGV` run to its end, forked from the suite's zygote (tests/zygote.py), its output
+    captured as text."""
+    done = zygote().run(argv, env)
+    if check:
+        done.check_returncode()
+    return done
 
 
 class Gateway(Process):
+    """`tokenyard gateway` on a free port, forked from the suite's zygote (tests/zygote.py): the
+    same command without its 3 s of imports."""
+
     def __init__(self, env: dict[str, str], log: Path) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        super().__init__([*TOKENYARD, "gateway", "--port", str(self.port)], env, log)
+        super().__init__(["gateway", "--port", str(self.port)], env, log)
         wait_until(lambda: httpx.get(self.url + "/health").status_code == 200, 30, "gateway up")
 
     def client(self, key: str, **kwargs: Any) -> openai.OpenAI:
@@ -102,6 +120,9 @@ class Gateway(Process):
             retry_options=genai_types.HttpRetryOptions(attempts=1),
         )
         return genai.Client(api_key=key, http_options=options)
+
+    def start(self, command: list[str], env: dict[str, str]) -> Forked:
+        return zygote().spawn(command, env, self.log, self.log)
 
 
 @pytest.fixture(scope="session")

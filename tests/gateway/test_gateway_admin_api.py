@@ -15,7 +15,7 @@ import pytest
 from sqlmodel import Session
 
 from tests.fuzzing import fuzz
-from tests.gateway.conftest import MODEL, TOKENYARD, Gateway, free_port, wait_until
+from tests.gateway.conftest import MODEL, Gateway, free_port, tokenyard, wait_until
 from tokenyard.tenancy.models import TeamEvent
 
 ADMIN_KEY = "adm-" + uuid.uuid4().hex
@@ -70,15 +70,11 @@ def test_models_are_checked_at_each_replica_by_the_api_and_the_command(
     missing = admin.api.post("/models/check", json={"models": ["nope"]})
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
     assert httpx.post(admin.url + "/v1/admin/models/check").status_code == 401
-    done = subprocess.run(
-        [*TOKENYARD, "models", "check", "--json"], env=base_env, capture_output=True, text=True
-    )
+    done = tokenyard(base_env, ["models", "check", "--json"])
     assert done.returncode == 0, done.stderr
     assert [(c["model"], c["ok"]) for c in json.loads(done.stdout)] == [(MODEL, True)]
     dead = {**base_env, "TOKENYARD_ENGINE_URLS": f"{MODEL}=http://127.0.0.1:{free_port()}"}
-    failed = subprocess.run(
-        [*TOKENYARD, "models", "check"], env=dead, capture_output=True, text=True
-    )
+    failed = tokenyard(dead, ["models", "check"])
     assert failed.returncode == 1 and "FAILED" in failed.stdout
 
 
@@ -280,7 +276,7 @@ def test_the_cli_disables_teams_and_rotates_keys(admin: Any, base_env: dict[str,
     """The same operations from `tokenyard teams` and `tokenyard keys`."""
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run([*TOKENYARD, *args], env=base_env, capture_output=True, text=True)
+        done = tokenyard(base_env, [*args])
         assert done.returncode == 0, done.stderr
         return done
 
@@ -303,15 +299,10 @@ def test_the_cli_disables_teams_and_rotates_keys(admin: Any, base_env: dict[str,
     listed = json.loads(run("keys", "list", "--team", name, "--json").stdout)
     (named,) = [k for k in listed if k["name"] == "ci"]
     assert named["state"] == "active" and named["expires_at"] is not None
-    past = subprocess.run(
-        [*TOKENYARD, "keys", "create", "--team", name, "--expires-in-days", "-1"],
-        env=base_env,
-        capture_output=True,
-        text=True,
-    )
+    past = tokenyard(base_env, ["keys", "create", "--team", name, "--expires-in-days", "-1"])
     assert past.returncode == 1 and "in the future" in past.stderr
-    odd = [*TOKENYARD, "teams", "update", name, "--model-limits", f"{MODEL}: rpm=many"]
-    typo = subprocess.run(odd, env=base_env, capture_output=True, text=True)
+    odd = ["teams", "update", name, "--model-limits", f"{MODEL}: rpm=many"]
+    typo = tokenyard(base_env, [*odd])
     assert typo.returncode == 2 and f"'{MODEL}': 'rpm=many' is not rpm=N or tpm=N" in typo.stderr
     # the trail names the operating-system user who ran each command
     trail = json.loads(run("teams", "changes", name, "--json").stdout)
@@ -460,9 +451,9 @@ def test_a_key_is_changed_in_place(admin: Any, base_env: dict[str, str]) -> None
         assert api.patch(f"/keys/{made['prefix']}", json=bad).status_code == 400, bad
     assert api.patch("/keys/ty-nosuchkey0", json={"name": "x"}).status_code == 404
     # and from the CLI
-    done = subprocess.run(
+    done = tokenyard(
+        base_env,
         [
-            *TOKENYARD,
             "keys",
             "update",
             made["prefix"],
@@ -481,9 +472,6 @@ def test_a_key_is_changed_in_place(admin: Any, base_env: dict[str, str]) -> None
             "embeddings, completions",
             "--json",
         ],
-        env=base_env,
-        capture_output=True,
-        text=True,
     )
     assert done.returncode == 0, done.stderr
     (shown,) = json.loads(done.stdout)

@@ -15,9 +15,9 @@ from sqlmodel import Session, select
 
 from tests.gateway.conftest import (
     MODEL,
-    TOKENYARD,
     free_port,
     reservations,
+    tokenyard,
     upstream_stats,
     wait_until,
 )
@@ -42,9 +42,7 @@ def test_auth_errors_and_revocation(gateway: Any, team: Any, base_env: dict, red
     client = gateway.client(key)
     assert client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=4).choices
     prefix = key[:12]
-    cli = subprocess.run(
-        [*TOKENYARD, "keys", "revoke", prefix], env=base_env, capture_output=True, text=True
-    )
+    cli = tokenyard(base_env, ["keys", "revoke", prefix])
     assert cli.returncode == 0, cli.stderr
     revoked_at = time.monotonic()
     while True:  # the in-process cache may answer for at most its TTL (0.5 s)
@@ -255,7 +253,7 @@ def test_engine_down_is_503_not_ready(start_gateway: Any, team: Any) -> None:
 
 def test_teams_cli(base_env: dict) -> None:
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*TOKENYARD, *args], env=base_env, capture_output=True, text=True)
+        return tokenyard(base_env, list(args))
 
     made = run("teams", "create", "cli-team", "--rpm", "5", "--kv-pages", "40", "--models", "a,b")
     assert made.returncode == 0, made.stderr
@@ -323,7 +321,7 @@ def test_models_retrieve_and_unknown_paths(gateway: Any, team: Any) -> None:
 
 def test_operator_cli(base_env: dict, gateway: Any, redis_server: Any, sql: Any) -> None:
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*TOKENYARD, *args], env=base_env, capture_output=True, text=True)
+        return tokenyard(base_env, list(args))
 
     assert run("--version").stdout.startswith("tokenyard ")
     bare = run()

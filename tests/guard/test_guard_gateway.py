@@ -5,7 +5,6 @@ cancelled, nothing charged), a reply crossing the output policy ends with finish
 /v1/moderations answers in OpenAI's shape, metered like any request."""
 
 import json
-import subprocess
 from typing import Any
 
 import httpx
@@ -17,9 +16,9 @@ from sqlmodel import Session
 
 from tests.gateway.conftest import (
     MODEL,
-    TOKENYARD,
     day_tokens,
     reservations,
+    tokenyard,
     upstream_stats,
     wait_until,
 )
@@ -239,27 +238,17 @@ def test_moderations_through_the_sdk(gw: Any, team: Any, sql: Any, texts: Texts)
 
 def test_policy_cli_and_guard_off(start_gateway: Any, team: Any, base_env: dict[str, str]) -> None:
     name, key = team()
-    run = [*TOKENYARD, "guard", "policy"]
-    out = subprocess.run(
-        [*run, "set", name, "input.violence=block@0.7", "--json"],
-        env=base_env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    run = ["guard", "policy"]
+    out = tokenyard(base_env, [*run, "set", name, "input.violence=block@0.7", "--json"], check=True)
     rules = {(r["direction"], r["category"]): r for r in json.loads(out.stdout)["rules"]}
     assert rules[("input", "violence")]["action"] == "block"
     assert rules[("input", "violence")]["threshold"] == 0.7
-    out = subprocess.run(
-        [*run, "set", name, "input.violence=destroy"], env=base_env, capture_output=True, text=True
-    )
+    out = tokenyard(base_env, [*run, "set", name, "input.violence=destroy"])
     assert out.returncode == 1 and "action must be one of" in out.stderr
     terms = ["--term", "Project Falcon", "--term", " acme "]
-    out = subprocess.run(
+    out = tokenyard(
+        base_env,
         [*run, "set", name, "pii.email=mask", "pii.blocklist=block", *terms, "--json"],
-        env=base_env,
-        capture_output=True,
-        text=True,
         check=True,
     )
     shown = json.loads(out.stdout)
@@ -267,13 +256,7 @@ def test_policy_cli_and_guard_off(start_gateway: Any, team: Any, base_env: dict[
     pii = {r["category"]: r["action"] for r in shown["rules"] if r["direction"] == "pii"}
     assert (pii["email"], pii["blocklist"], pii["phone"]) == ("mask", "block", "off")
     assert shown["rules"][0]["direction"] == "input"  # the classifier's rules kept as they were
-    out = subprocess.run(
-        [*run, "set", name, "--term", "", "--json"],
-        env=base_env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    out = tokenyard(base_env, [*run, "set", name, "--term", "", "--json"], check=True)
     assert json.loads(out.stdout)["terms"] == []
 
     off = start_gateway(guard_enabled="false")
