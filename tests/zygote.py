@@ -4,7 +4,9 @@ The suite starts a gateway about 90 times. A fresh `tokenyard gateway` spends ab
 seconds of single-core CPU importing the project and its dependencies (2-core AVX2 EPYC); a fork of
 this process skips that and runs the same `tokenyard.cli.main` with the test's environment and
 arguments. Nothing in tokenyard reads the environment or builds state at import time, so the child
-behaves as the command would.
+behaves as the command would; dependencies may (aiohttp builds its TLS contexts from SSL_CERT_FILE
+at import), so a command whose environment differs from the zygote's outside TOKENYARD_* variables
+is not served by it (`serves`), and the suite starts it as a fresh process.
 
 Protocol, one connection per command on a Unix socket: the client sends one JSON line
 {"argv": [...], "env": {...}, "cwd": path, "stdout": path, "stderr": path, "exit": path}; the
@@ -24,6 +26,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -119,6 +122,10 @@ def serve(path: str) -> None:
             conn.sendall(f"{pid}\n".encode())
 
 
+def _outside_settings(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if not k.startswith("TOKENYARD_")}
+
+
 class Forked:
     """What the suite holds of a forked command: subprocess.Popen's pid, poll, wait and signals.
     The zygote is its parent, so the exit code arrives through a file."""
@@ -161,6 +168,7 @@ class Zygote:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.socket = folder / "zygote.sock"
+        self.environ = _outside_settings(os.environ)
         self._count = 0
         command = [sys.executable, "-m", "tests.zygote", str(self.socket)]
         root = Path(__file__).resolve().parent.parent
@@ -170,6 +178,10 @@ class Zygote:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the test zygote did not start (exit {self.proc.poll()})")
             time.sleep(0.05)
+
+    def serves(self, env: dict[str, str]) -> bool:
+        """Whether a command with this environment behaves the same forked from the zygote."""
+        return _outside_settings(env) == self.environ
 
     def _new_path(self, kind: str) -> Path:
         self._count += 1

@@ -78,3 +78,26 @@ def test_llama3_rope_scaling_matches_transformers():
     torch.testing.assert_close(ours, expected)
     unscaled = rope_inv_freq(replace(LLAMA3_8B, rope_scaling=None))
     assert not torch.allclose(ours, unscaled)  # the scaling changed the low frequencies
+
+
+def test_the_gguf_parses_into_what_gguf_reads(gguf_path):
+    """The engine's reader (plain views of the mapping, for speed) gives gguf's own reader's
+    metadata and tensors, byte for byte."""
+    import numpy as np
+    from gguf import GGUFReader
+
+    from tokenyard.engine.loader import _gguf_file
+
+    ours, meta = _gguf_file(gguf_path)
+    theirs = GGUFReader(gguf_path)
+    assert type(ours.data) is np.ndarray and isinstance(theirs.data, np.memmap)
+    assert meta == {
+        k: f.contents() for k, f in theirs.fields.items() if "tokenizer.ggml.tokens" not in k
+    }
+    assert ours.fields["tokenizer.ggml.tokens"].contents() == (
+        theirs.fields["tokenizer.ggml.tokens"].contents()
+    )
+    assert len(ours.tensors) == len(theirs.tensors) > 0
+    for a, b in zip(ours.tensors, theirs.tensors, strict=True):
+        assert (a.name, a.tensor_type, list(a.shape)) == (b.name, b.tensor_type, list(b.shape))
+        assert np.array_equal(a.data, b.data)

@@ -91,17 +91,20 @@ class Process:
 
 
 def tokenyard(env: dict[str, str], argv: list[str], check: bool = False) -> CompletedProcess[str]:
-    """`tokenyard ARGV` run to its end, forked from the suite's zygote (tests/zygote.py), its output
-    captured as text."""
-    done = zygote().run(argv, env)
+    """`tokenyard ARGV` run to its end (forked from the suite's zygote where it serves the
+    environment: tests/zygote.py), its output captured as text."""
+    if zygote().serves(env):
+        done = zygote().run(argv, env)
+    else:
+        done = subprocess.run([*TOKENYARD, *argv], env=env, capture_output=True, text=True)
     if check:
         done.check_returncode()
     return done
 
 
 class Gateway(Process):
-    """`tokenyard gateway` on a free port, forked from the suite's zygote (tests/zygote.py): the
-    same command without its 3 s of imports."""
+    """`tokenyard gateway` on a free port, forked from the suite's zygote (tests/zygote.py) where
+    it serves the environment: the same command without its 3 s of imports."""
 
     def __init__(self, env: dict[str, str], log: Path) -> None:
         self.port = free_port()
@@ -121,8 +124,10 @@ class Gateway(Process):
         )
         return genai.Client(api_key=key, http_options=options)
 
-    def start(self, command: list[str], env: dict[str, str]) -> Forked:
-        return zygote().spawn(command, env, self.log, self.log)
+    def start(self, command: list[str], env: dict[str, str]) -> subprocess.Popen[bytes] | Forked:
+        if zygote().serves(env):
+            return zygote().spawn(command, env, self.log, self.log)
+        return super().start([*TOKENYARD, *command], env)
 
 
 @pytest.fixture(scope="session")

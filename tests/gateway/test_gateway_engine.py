@@ -2,6 +2,7 @@
 
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -44,6 +45,13 @@ def test_gateway_serves_the_engine(engine: str, start_gateway: Any, team: Any) -
     with pytest.raises(openai.RateLimitError) as err:
         client.chat.completions.create(model="smollm2", messages=messages, max_tokens=200)
     assert err.value.code == "kv_pages"
+
+
+def test_the_engine_server_keeps_its_converted_tokenizer(engine: str, data_dir: Path) -> None:
+    """`tokenyard engine` keeps the GGUF's converted tokenizer under TOKENYARD_DATA_DIR, so the
+    next engine started there skips the conversion (tests/engine/test_tokenizer_cache.py)."""
+    assert httpx.get(engine + "/health").status_code == 200
+    assert list((data_dir / "engine" / "tokenizers").glob("*/tokenizer.json"))
 
 
 def test_hanging_up_frees_the_engine_at_once(engine: str, start_gateway: Any, team: Any) -> None:

@@ -2,6 +2,7 @@
 
 import argparse
 import logging
+import os
 import signal
 import threading
 
@@ -111,6 +112,7 @@ def run(args: argparse.Namespace) -> None:
         lora_modules=dict(_name_and_path(spec) for spec in args.lora),
         max_loras=args.max_loras,
         allow_runtime_lora=args.allow_runtime_lora,
+        cache_dir=os.path.join(get_settings().data_dir, "engine"),
     )
     engine = AsyncEngine(LLMEngine(config))
     server = uvicorn.Server(

@@ -59,6 +59,8 @@ class EngineConfig:
     # interactive requests waiting behind running batch work may preempt it, not only on OOM
     preempt_batch_for_interactive: bool = True
     served_model_name: str = ""  # the name clients use; empty: `model`
+    # what the engine keeps between starts (a GGUF's converted tokenizer); empty: nothing
+    cache_dir: str = ""
     # speculative decoding (engine/speculative.py): draft tokens per sequence and step, 0 = off;
     # no drafts in a step with more decodes than speculative_max_decodes
     speculative_tokens: int = 0

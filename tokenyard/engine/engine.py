@@ -33,7 +33,7 @@ class LLMEngine:
         self.model_config = self.runner.model_config
         self.max_model_len = self.runner.max_model_len
         self.block_size = self.runner.block_size
-        self.tokenizer = Tokenizer.load(path, self.model_config.eos_token_ids)
+        self.tokenizer = Tokenizer.load(path, self.model_config.eos_token_ids, config.cache_dir)
         self.blocks = BlockManager(
             self.runner.num_blocks, self.block_size, config.enable_prefix_caching
         )
