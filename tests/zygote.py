@@ -5,8 +5,9 @@ seconds of single-core CPU importing the project and its dependencies (2-core AV
 this process skips that and runs the same `tokenyard.cli.main` with the test's environment and
 arguments. Nothing in tokenyard reads the environment or builds state at import time, so the child
 behaves as the command would; dependencies may (aiohttp builds its TLS contexts from SSL_CERT_FILE
-at import), so a command whose environment differs from the zygote's outside TOKENYARD_* variables
-is not served by it (`serves`), and the suite starts it as a fresh process.
+at import), so a command whose environment differs from the zygote's outside TOKENYARD_* (and
+pytest's PYTEST_*) variables is not served by it (`serves`), and the suite starts it as a fresh
+process.
 
 Protocol, one connection per command on a Unix socket: the client sends one JSON line
 {"argv": [...], "env": {...}, "cwd": path, "stdout": path, "stderr": path, "exit": path}; the
@@ -123,22 +124,29 @@ def serve(path: str) -> None:
 
 
 def _outside_settings(env: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if not k.startswith("TOKENYARD_")}
+    """The environment less the platform's settings and pytest's note of the running test (which
+    changes with each test phase and is read by nothing at import)."""
+    return {k: v for k, v in env.items() if not k.startswith(("TOKENYARD_", "PYTEST_"))}
 
 
 class Forked:
     """What the suite holds of a forked command: subprocess.Popen's pid, poll, wait and signals.
     The zygote is its parent, so the exit code arrives through a file."""
 
-    def __init__(self, pid: int, exit_path: Path) -> None:
+    def __init__(self, pid: int, exit_path: Path, zygote: subprocess.Popen[bytes]) -> None:
         self.pid = pid
         self.returncode: int | None = None
         self._exit = exit_path
+        self._zygote = zygote
 
     def poll(self) -> int | None:
         if self.returncode is None and self._exit.exists():
             self.returncode = int(self._exit.read_text())
             self._exit.unlink()
+        elif self.returncode is None and self._zygote.poll() is not None:
+            # nobody is left to write the exit code: fail rather than wait forever
+            code = self._zygote.returncode
+            raise RuntimeError(f"the test zygote exited ({code}) under pid {self.pid}")
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -201,7 +209,7 @@ class Zygote:
             conn.connect(str(self.socket))
             conn.sendall((json.dumps(request) + "\n").encode())
             pid = int(conn.makefile().readline())
-        return Forked(pid, exit_path)
+        return Forked(pid, exit_path, self.proc)
 
     def run(self, argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
         """The command to its end, as subprocess.run(..., capture_output=True, text=True)."""

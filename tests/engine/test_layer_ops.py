@@ -1,6 +1,8 @@
 """The compiled element-wise layer ops give the PyTorch expressions' bits (engine/model.py's
 reference path) in fp32 and bf16, on views of the fused projections as the model passes them."""
 
+import os
+
 import pytest
 import torch
 
@@ -173,3 +175,23 @@ def test_lora_add_refuses_what_it_cannot_take():
         OPS.lora_add_(y, x, a, b, torch.tensor([0, 2]), 0)
     with pytest.raises(RuntimeError, match="multiples"):
         OPS.lora_add_(y, x[:, :570].contiguous(), a[:, :570].contiguous(), b, None, 0)
+
+
+def test_a_kernel_build_puts_path_back(monkeypatch):
+    """The build puts the pip package's ninja on PATH only for its own time: servers and commands
+    started from this process afterwards see the environment they were given."""
+    import ninja
+
+    from tokenyard.engine import cpu_kernels
+
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    with cpu_kernels._ninja_on_path():
+        assert os.environ["PATH"] == os.pathsep.join([ninja.BIN_DIR, "/usr/bin:/bin"])
+    assert os.environ["PATH"] == "/usr/bin:/bin"
+    source = str(cpu_kernels.CSRC / "layer_ops.cpp")
+    assert cpu_kernels._build("tokenyard_layer_ops", [source], cpu_kernels.QUANT_CFLAGS) is not None
+    assert os.environ["PATH"] == "/usr/bin:/bin"
+    monkeypatch.delenv("PATH")
+    with cpu_kernels._ninja_on_path():
+        assert os.environ["PATH"] == ninja.BIN_DIR
+    assert "PATH" not in os.environ

@@ -15,9 +15,11 @@ PyTorch (dequantize, then matmul) instead, and says so once.
     python -m tokenyard.engine.cpu_kernels   # build now (`make install` does)
 """
 
+import contextlib
 import functools
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -36,14 +38,29 @@ QUANT_CFLAGS = ["-O3", "-march=native", "-fopenmp", "-ffp-contract=off"]
 QUANT_ISAS = {"avx512_vnni": 2, "avx2": 1}
 
 
+@contextlib.contextmanager
+def _ninja_on_path() -> Iterator[None]:
+    """cpp_extension runs `ninja` from PATH, which may lack the pip package's; PATH is put back
+    afterwards so that the build leaves the process's environment (and its children's) as it was."""
+    import ninja
+
+    before = os.environ.get("PATH")
+    os.environ["PATH"] = os.pathsep.join(p for p in (ninja.BIN_DIR, before) if p)
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["PATH"]
+        else:
+            os.environ["PATH"] = before
+
+
 def _build(name: str, sources: list[str], cflags: list[str]) -> ModuleType:
-    import ninja  # the pip package; cpp_extension runs `ninja` from PATH, which may lack it
     from torch.utils.cpp_extension import load
 
-    if ninja.BIN_DIR not in os.environ.get("PATH", "").split(os.pathsep):
-        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
     log.info("loading the CPU kernels %s (built on first use: ~30 s)", name)
-    return load(name, sources, extra_cflags=cflags, extra_ldflags=["-fopenmp"])
+    with _ninja_on_path():
+        return load(name, sources, extra_cflags=cflags, extra_ldflags=["-fopenmp"])
 
 
 @functools.cache
