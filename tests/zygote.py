@@ -31,6 +31,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tests import SUITE_ENV
+
 PRELOAD = [
     "tokenyard.cli",
     "tokenyard.app",
@@ -176,11 +178,11 @@ class Zygote:
     def __init__(self, folder: Path) -> None:
         self.folder = folder
         self.socket = folder / "zygote.sock"
-        self.environ = _outside_settings(os.environ)
+        self.environ = _outside_settings(SUITE_ENV)
         self._count = 0
         command = [sys.executable, "-m", "tests.zygote", str(self.socket)]
         root = Path(__file__).resolve().parent.parent
-        self.proc = subprocess.Popen(command, cwd=root, stdin=subprocess.PIPE)
+        self.proc = subprocess.Popen(command, cwd=root, env=SUITE_ENV, stdin=subprocess.PIPE)
         deadline = time.monotonic() + 120
         while not self.socket.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:

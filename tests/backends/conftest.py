@@ -16,6 +16,7 @@ import trustme
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from tests import SUITE_ENV
 from tests.gateway.conftest import Process, RedisServer, free_port, wait_until
 from tokenyard.backends.base import Upstream
 from tokenyard.core.settings import Settings
@@ -29,7 +30,7 @@ KEY_ENV = "TOKENYARD_TEST_BACKEND_KEY"
 
 def start_server(script: Path, log: Path, *args: str) -> tuple[Process, str]:
     port = free_port()
-    proc = Process([sys.executable, str(script), "--port", str(port), *args], dict(os.environ), log)
+    proc = Process([sys.executable, str(script), "--port", str(port), *args], dict(SUITE_ENV), log)
     url = f"http://127.0.0.1:{port}"
     wait_until(lambda: httpx.get(url + "/health").status_code == 200, 20, script.name)
     return proc, url
@@ -112,7 +113,7 @@ def token_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str
     port = free_port()
     command = [sys.executable, str(HERE / "fake_tokens.py"), "--port", str(port)]
     command += ["--certfile", str(folder / "cert.pem"), "--keyfile", str(folder / "key.pem")]
-    server = Process(command, dict(os.environ), folder / "server.log")
+    server = Process(command, dict(SUITE_ENV), folder / "server.log")
     url = f"https://127.0.0.1:{port}"
     wait_until(lambda: grants(url, folder / "ca.pem") is not None, 20, "token server")
     yield url, folder / "ca.pem"

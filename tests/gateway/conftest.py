@@ -2,7 +2,6 @@
 upstream, and gateway processes (`tokenyard gateway`), each on a free port."""
 
 import contextlib
-import os
 import socket
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import redis as redis_sync
 from google import genai
 from google.genai import types as genai_types
 
+from tests import SUITE_ENV
 from tests.zygote import Forked, zygote
 from tokenyard.core.db import get_engine
 from tokenyard.tenancy import keys, teams
@@ -143,7 +143,7 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     log = tmp_path_factory.mktemp("upstream") / "upstream.log"
     command = [sys.executable, str(HERE / "fake_upstream.py"), "--port", str(port)]
-    proc = Process([*command, "--model", MODEL], dict(os.environ), log)
+    proc = Process([*command, "--model", MODEL], dict(SUITE_ENV), log)
     url = f"http://127.0.0.1:{port}"
     wait_until(lambda: httpx.get(url + "/health").status_code == 200, 20, "fake upstream")
     yield url
@@ -178,7 +178,7 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def base_env(redis_server: RedisServer, upstream: str, data_dir: Path) -> dict[str, str]:
     return {
-        **os.environ,
+        **SUITE_ENV,
         "TOKENYARD_DATA_DIR": str(data_dir),
         "TOKENYARD_DATABASE_URL": f"sqlite:///{data_dir}/tokenyard.db",
         "TOKENYARD_REDIS_URL": redis_server.url,

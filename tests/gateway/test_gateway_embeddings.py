@@ -2,7 +2,6 @@
 server (`tokenyard embeddings`, all-MiniLM-L6-v2), with quotas, settling and the usage record."""
 
 import concurrent.futures
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 import redis as redis_sync
 import sqlmodel
 
+from tests import SUITE_ENV
 from tests.fuzzing import fuzz
 from tests.gateway.conftest import (
     HERE,
@@ -43,7 +43,7 @@ def embeddings_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]
     log = tmp_path_factory.mktemp("embeddings") / "embeddings.log"
     # a long batching window, so concurrent requests surely meet in one batch
     command = [*TOKENYARD, "embeddings", "--port", str(port), "--max-wait-ms", "100"]
-    proc = Process(command, dict(os.environ), log)
+    proc = Process(command, dict(SUITE_ENV), log)
     url = f"http://127.0.0.1:{port}"
     wait_until(lambda: httpx.get(url + "/health").status_code == 200, 120, "embeddings server")
     yield url

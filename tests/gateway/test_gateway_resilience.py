@@ -16,6 +16,7 @@ import openai
 import psutil
 import sqlmodel
 
+from tests import SUITE_ENV
 from tests.gateway.conftest import (
     MODEL,
     TOKENYARD,
@@ -226,7 +227,7 @@ def test_up_starts_embedded_redis_and_gateway_and_stops_cleanly(
 ) -> None:
     env = {
         k: v
-        for k, v in os.environ.items()
+        for k, v in SUITE_ENV.items()
         if k not in ("TOKENYARD_REDIS_URL", "TOKENYARD_DATABASE_URL")
     }
     port = free_port()  # through the setting, as any other: up honours it

@@ -1,17 +1,22 @@
-"""The suite's zygote (tests/zygote.py) serves the gateway tests' environment, also after the
-engine's kernels were built in this process, and a command forked from it ends as the console
-script's does."""
+"""The suite's zygote (tests/zygote.py) serves the gateway tests' environment, and a command forked
+from it ends as the console script's does."""
 
+import os
 import subprocess
 
+from tests import SUITE_ENV
 from tests.gateway.conftest import TOKENYARD
-from tests.zygote import zygote
+from tests.zygote import _outside_settings, zygote
 
 
 def test_the_gateway_tests_commands_fork_from_the_zygote(base_env):
-    # fails when something in the suite leaves os.environ changed (the kernel build once left
-    # ninja's directory on PATH): every gateway and command then paid ~3 s of imports again
-    assert zygote().serves(base_env)
+    # the commands' environment is the one the suite started with, not os.environ as torch's import
+    # and kernel builds have left it: otherwise no command forks, and each pays ~3 s of imports
+    assert not {"KMP_INIT_AT_FORK", "TORCHINDUCTOR_CACHE_DIR"} & SUITE_ENV.keys()
+    outside, started = _outside_settings(base_env), zygote().environ
+    changed = {k for k in outside.keys() | started.keys() if outside.get(k) != started.get(k)}
+    assert not changed and zygote().serves(base_env)
+    assert not zygote().serves({**base_env, "SSL_CERT_FILE": os.devnull})
     argv = ["teams", "--help"]
     forked = zygote().run(argv, base_env)
     fresh = subprocess.run([*TOKENYARD, *argv], env=base_env, capture_output=True, text=True)
