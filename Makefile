@@ -4,6 +4,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PORT ?= 8000
+# pytest-xdist workers for `make test` (one OpenMP thread each: tests/__init__.py); 0 runs serially
+TEST_WORKERS ?= 2
 
 .PHONY: install up test lint bench clean
 
@@ -28,7 +30,8 @@ up: install
 # (0.7 s of each gateway's start on a 2-core machine)
 test: install
 	bash scripts/system-packages.sh
-	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -rs --durations=25 $(PYTEST_ARGS)
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -rs --durations=25 \
+		-n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
