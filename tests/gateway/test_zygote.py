@@ -1,12 +1,16 @@
 """The suite's zygote (tests/zygote.py) serves the gateway tests' environment, and a command forked
 from it ends as the console script's does."""
 
+import contextlib
 import os
+import signal
 import subprocess
 
+import pytest
+
 from tests import SUITE_ENV
-from tests.gateway.conftest import TOKENYARD
-from tests.zygote import _outside_settings, zygote
+from tests.gateway.conftest import TOKENYARD, free_port
+from tests.zygote import Zygote, _outside_settings, zygote
 
 
 def test_the_gateway_tests_commands_fork_from_the_zygote(base_env):
@@ -27,3 +31,19 @@ def test_the_gateway_tests_commands_fork_from_the_zygote(base_env):
 def test_a_forked_command_reports_its_exit_code(base_env):
     done = zygote().run(["no-such-command"], base_env)
     assert done.returncode == 2 and "no-such-command" in done.stderr
+
+
+def test_a_command_whose_zygote_died_fails_instead_of_hanging(base_env, tmp_path):
+    """The zygote writes a child's exit code: once it is gone, waiting on the child raises."""
+    own = Zygote(tmp_path)
+    argv = ["gateway", "--port", str(free_port())]
+    child = own.spawn(argv, base_env, tmp_path / "out", tmp_path / "err")
+    try:
+        assert child.poll() is None
+        own.proc.kill()
+        own.proc.wait()
+        with pytest.raises(RuntimeError, match="zygote exited"):
+            child.wait(timeout=10)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child.pid, signal.SIGKILL)
