@@ -29,6 +29,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
+def converted_tokenizers(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """An engine cache folder's `tokenizers/`, holding SmolLM2's converted tokenizer, for the data
+    dirs of the engine servers the suite starts to link to: each would convert it again (9 s of a
+    start on a 2-core machine). Kept from this process's own conversion, which the engine's tests
+    already made (`_hf_tokenizer` is cached per process, by the arguments the engine passes)."""
+    from tokenyard.engine.loader import resolve_model_path
+    from tokenyard.engine.tokenizer import _converted_folder, _hf_tokenizer, _keep
+
+    cache = str(tmp_path_factory.mktemp("engine-cache"))
+    gguf = resolve_model_path("smollm2")
+    folder = _converted_folder(gguf, cache)
+    _keep(_hf_tokenizer(gguf, ""), folder)
+    assert (folder / "tokenizer.json").is_file()
+    return folder.parent
+
+
+@pytest.fixture(scope="session")
 def postgres() -> Iterator[Postgres]:
     bin_dir = pg_bin()
     if bin_dir is None or not (bin_dir / "initdb").exists():

@@ -55,8 +55,11 @@ def test_alone_matches_transformers(engine_factory, prompt_ids, expected):
     assert_all_blocks_free(engine)
 
 
-@pytest.mark.parametrize("cpu_kernel", [True, False], ids=["kernel", "sdpa"])
-def test_mixed_batch_matches_transformers(engine_factory, prompt_ids, expected, cpu_kernel):
+# the CPU's own attention kernel on every prompt; PyTorch's SDPA (where the kernels are not built)
+# on every other one, which still shares a system prompt and overflows the pool: the same paths,
+# for half of a pass that costs ~35 s on a 2-core AVX2 machine
+@pytest.mark.parametrize(("cpu_kernel", "every"), [(True, 1), (False, 2)], ids=["kernel", "sdpa"])
+def test_mixed_batch_matches_transformers(engine_factory, prompt_ids, expected, cpu_kernel, every):
     # a small pool and token budget: chunked prefill, prefix-cache hits and preemption all happen
     engine = engine_factory(
         num_blocks=96, max_num_batched_tokens=128, max_num_seqs=16, cpu_kernel=cpu_kernel
@@ -64,12 +67,13 @@ def test_mixed_batch_matches_transformers(engine_factory, prompt_ids, expected, 
     backend = "KernelAttention" if cpu_kernel else "TorchAttention"
     assert type(engine.runner.attention).__name__ == backend
     hits_before = engine.blocks.prefix_hits
+    chosen = range(0, len(prompt_ids), every)
     requests = [
-        GenerationRequest(f"mixed-{i}", ids, greedy(MAX_NEW, min_tokens=MAX_NEW))
-        for i, ids in enumerate(prompt_ids)
+        GenerationRequest(f"mixed-{i}", prompt_ids[i], greedy(MAX_NEW, min_tokens=MAX_NEW))
+        for i in chosen
     ]
     out = run_to_completion(engine, requests)
-    for i in range(len(prompt_ids)):
+    for i in chosen:
         tokens = [t for o in out[f"mixed-{i}"] for t in o.token_ids]
         assert tokens == expected[i], f"prompt {i} ({len(prompt_ids[i])} tokens)"
     assert engine.scheduler.num_preemptions > 0, "the workload was meant to force a preemption"

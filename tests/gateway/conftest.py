@@ -150,12 +150,26 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     proc.stop()
 
 
+def share_converted_tokenizers(env: dict[str, str], converted: Path) -> None:
+    """Engine servers started on env's data dir read the suite's converted tokenizers
+    (tests/conftest.py's converted_tokenizers) instead of converting their own."""
+    folder = Path(env["TOKENYARD_DATA_DIR"]) / "engine" / "tokenizers"
+    if not folder.exists():
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        folder.symlink_to(converted, target_is_directory=True)
+
+
 @pytest.fixture(scope="session")
-def engine(base_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def engine(
+    base_env: dict[str, str],
+    tmp_path_factory: pytest.TempPathFactory,
+    converted_tokenizers: Path,
+) -> Iterator[str]:
     """The real engine server (`tokenyard engine --model smollm2`), for the tests that need it,
     with a LoRA adapter of random matrices served as the model `support`."""
     from tests.lora_files import PROJECTIONS, SMOLLM2, lora_tensors, write_adapter  # torch: here
 
+    share_converted_tokenizers(base_env, converted_tokenizers)
     port = free_port()
     root = tmp_path_factory.mktemp("engine")
     log: Path = root / "engine.log"

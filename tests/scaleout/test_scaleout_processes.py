@@ -19,7 +19,14 @@ import httpx
 import pytest
 from sqlmodel import Session, select
 
-from tests.gateway.conftest import TOKENYARD, Gateway, Process, free_port, wait_until
+from tests.gateway.conftest import (
+    TOKENYARD,
+    Gateway,
+    Process,
+    free_port,
+    share_converted_tokenizers,
+    wait_until,
+)
 from tokenyard.billing.models import UsageRecord
 
 MODEL = "smollm2"
@@ -45,8 +52,9 @@ class Engine(Process):
 
 @pytest.fixture(scope="module")
 def engines(
-    base_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+    base_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory, converted_tokenizers: Path
 ) -> Iterator[list[Engine]]:
+    share_converted_tokenizers(base_env, converted_tokenizers)
     logs = tmp_path_factory.mktemp("engines")
     env = {**base_env, "OMP_NUM_THREADS": "1"}  # two engines share two cores
     started = [Engine(env, logs / f"engine-{i}.log") for i in range(2)]
