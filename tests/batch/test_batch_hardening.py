@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import msgspec
+import psutil
 import pytest
 from sqlmodel import Session, select
 
@@ -24,23 +25,30 @@ NESTED = b"[" * 10_000 + b"]" * 10_000
 
 
 @pytest.fixture(scope="module")
-def api(
-    base_env: dict[str, str], sql: Any, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Callable[..., httpx.Client]]:
-    """One gateway for the module (no callback allow-list); each call: a new team's client, its key
-    restricted to `scopes` where given."""
+def hardening_gateway(
+    base_env: dict[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Gateway]:
+    """One gateway for the module (no callback allow-list)."""
     env = {**base_env, "TOKENYARD_BATCH_MAX_REQUESTS": str(CAP)}
     env |= {f"TOKENYARD_{k.upper()}": v for k, v in FAST.items()}
     gw = Gateway(env, tmp_path_factory.mktemp("hardening") / "gateway.log")
+    yield gw
+    gw.stop()
+
+
+@pytest.fixture(scope="module")
+def api(hardening_gateway: Gateway, sql: Any) -> Callable[..., httpx.Client]:
+    """Each call: a new team's client of the module's gateway, its key restricted to `scopes`
+    where given."""
 
     def client(scopes: str | None = None) -> httpx.Client:
         name = "t" + uuid.uuid4().hex[:10]
         teams.create_team(sql, name)
         key = keys.create_key(sql, name, limits={"scopes": scopes} if scopes else None).key
-        return httpx.Client(base_url=gw.url, headers={"authorization": f"Bearer {key}"})
+        auth = {"authorization": f"Bearer {key}"}
+        return httpx.Client(base_url=hardening_gateway.url, headers=auth)
 
-    yield client
-    gw.stop()
+    return client
 
 
 def _refused(reply: httpx.Response, param: str | None) -> dict[str, Any]:
@@ -184,8 +192,11 @@ def test_inline_batches_are_capped(api: Callable[..., httpx.Client]) -> None:
     _refused(api().post("/v1/batch", json={"requests": [{}] * (CAP + 1)}), "requests")
 
 
-def test_a_large_batch_does_not_hold_up_other_requests(api: Callable[..., httpx.Client]) -> None:
+def test_a_large_batch_does_not_hold_up_other_requests(
+    api: Callable[..., httpx.Client], hardening_gateway: Gateway
+) -> None:
     client = api()
+    server = psutil.Process(hardening_gateway.proc.pid)
     requests = [{"body": line("a question of some length, as prompts are")["body"]}] * CAP
     body = msgspec.json.encode({"requests": requests})
     slowest = [0.0]
@@ -201,18 +212,19 @@ def test_a_large_batch_does_not_hold_up_other_requests(api: Callable[..., httpx.
 
     prober = threading.Thread(target=probe)
     prober.start()
-    started = time.monotonic()
+    cpu_before = sum(server.cpu_times()[:2])
     try:
         reply = client.post("/v1/batch", content=body, timeout=60)
     finally:
-        took = time.monotonic() - started
         done.set()
         prober.join()
+    cpu = sum(server.cpu_times()[:2]) - cpu_before
     assert reply.status_code == 200, reply.text
-    # measured here: 0.6 s to create, /health within 0.1 s meanwhile (a full garbage collection
-    # of the gateway's heap); before, 3.3 to 3.8 s, and /health stalled 0.21 to 0.86 s (21 s and
-    # 1.35 s in the issue)
-    assert took < 2.0 and slowest[0] < 0.3, (took, slowest)
+    # measured on an idle 2-core machine: 0.6 s to create, /health within 0.1 s meanwhile (a full
+    # garbage collection of the gateway's heap); before, 3.3 to 3.8 s, and /health stalled 0.21 to
+    # 0.86 s (21 s and 1.35 s in the issue). The gateway's CPU time, not the wall time, is bounded:
+    # the wall time doubled beside another test worker (2.17 s)
+    assert cpu < 2.0 and slowest[0] < 0.3, (cpu, slowest)
     cancelled = client.post(f"/v1/batches/{reply.json()['batch_id']}/cancel")  # others share SQL
     assert cancelled.status_code == 200
 

@@ -30,7 +30,7 @@ from tokenyard.billing.models import UsageRecord
 
 
 async def hammer(urls: list[str], key: str, content: str, max_tokens: int, seconds: float) -> int:
-    """12 clients spread over the gateways, each retrying at once when refused; returns how many
+    """12 clients spread over the gateways, each retrying 50 ms after a refusal; returns how many
     requests were admitted."""
     admitted = 0
 
@@ -52,7 +52,10 @@ async def hammer(urls: list[str], key: str, content: str, max_tokens: int, secon
                     pass
                 admitted += 1
             except openai.RateLimitError:
-                await asyncio.sleep(0.005)
+                # a freed slot is still taken within a few ms (8 of the 12 wait, their retries
+                # spread over 50 ms); retrying every 5 ms, the refusals took the CPU that
+                # admissions needed on a loaded machine
+                await asyncio.sleep(0.05)
         await client.close()
 
     await asyncio.gather(*(client_loop(i) for i in range(12)))
@@ -64,9 +67,8 @@ def test_two_gateways_agree_on_concurrency_and_kv_pages(
 ) -> None:
     gateways = [start_gateway(), start_gateway()]
     urls = [gw.url for gw in gateways]
-    seconds = 3.0
-    stream_s = 0.4  # each stream holds its slot for 8 x 50 ms at the upstream
-    content = "w #chunks=8 #delay=0.05"
+    seconds = 3.0  # clients start streams for this long
+    content = "w #chunks=8 #delay=0.05"  # each stream holds its slot for 8 x 50 ms at the upstream
     cases = [
         ({"concurrency": 4}, 4, 10),
         # 23 bytes -> 6 + 5 + 3 = 14 tokens + 34 = 48 = 3 pages of 16: 10 pages admit 3 at once
@@ -74,18 +76,18 @@ def test_two_gateways_agree_on_concurrency_and_kv_pages(
     ]
     for limits, limit, max_tokens in cases:
         name, key = team(**limits)
-        began = time.monotonic()
         admitted = asyncio.run(hammer(urls, key, content, max_tokens, seconds))
-        # after the deadline no stream starts and the last ones drain: leave that out
-        wall = time.monotonic() - began - stream_s
         seen = upstream_stats(upstream)["tenants"][name]
         assert seen["max_active"] == limit, (limits, seen)  # never exceeded, and reached
-        # the upstream was busy with this team's streams for more than (limit - 2) x the time:
-        # under-admission by two requests would leave it idler. (limit - 1) x held on an idle
-        # machine but not beside another test worker: 2.77 for 4, the gaps between a release and
-        # the next admission grow with the machine's load
-        assert seen["busy_s"] / wall >= limit - 1.5, (limits, seen, wall)
-        assert admitted >= (limit - 1) * wall / stream_s
+        # the streams started within the window held the upstream for over (limit - 1) x the
+        # window (they include the last ones' ends after it, at most ~0.3 x it at these limits):
+        # under-admission by two requests would keep it below. Per unit of the window, not of
+        # the run's wall time: on a loaded machine the last streams and the clients' closing
+        # drew the run out by 1.5 s of little occupancy (3.4 and 3.5 against the window with
+        # both cores busy with other work, where the wall time gave 2.3 and 2.5)
+        assert seen["busy_s"] / seconds >= limit - 1, (limits, seen)
+        # every stream the upstream served reached its client whole
+        assert admitted == seen["requests"], (admitted, seen)
         leases = functools.partial(reservations, redis_server.client(), name)
         wait_until(lambda: leases()["leases"] == 0, 2, "leases freed")  # noqa: B023 - called now
 
