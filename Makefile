@@ -4,10 +4,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PORT ?= 8000
-# pytest-xdist workers for `make test` (one OpenMP thread each: tests/__init__.py). Serial by
-# default: with 2 workers the suite takes 1,428 s instead of 1,874 s on 2 cores, but four tests
-# that wait on timings or batch progress failed under the other worker's load in a fresh clone
-TEST_WORKERS ?= 0
+# pytest-xdist workers for `make test` (one OpenMP thread each: tests/__init__.py): on 2 cores
+# the suite took 1,231 s on two against 1,607 s in one process (TEST_WORKERS=0)
+TEST_WORKERS ?= 2
 
 .PHONY: install up test lint bench clean
 

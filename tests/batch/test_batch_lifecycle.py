@@ -80,8 +80,10 @@ def test_batch_yields_to_interactive_traffic(
 ) -> None:
     """While interactive requests are in flight, batch shrinks to its shared concurrency: the
     newest batch requests are dropped at the engine and run again later, none lost or doubled."""
+    # its requests take 2 s, as long as FAST's lease: this is about yielding, not about a lease
+    # that lapses while its holder waits for the CPU
     gw = start_gateway(
-        **FAST,
+        **{**FAST, "batch_lease_s": "15"},
         batch_max_concurrency="4",
         batch_shared_concurrency="1",
         batch_interactive_hold_s="0.5",
