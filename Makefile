@@ -4,8 +4,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PORT ?= 8000
-# pytest-xdist workers for `make test` (one OpenMP thread each: tests/__init__.py): on 2 cores
-# the suite took 1,231 s on two against 1,607 s in one process (TEST_WORKERS=0)
+# pytest-xdist workers for `make test` (one OpenMP thread each: tests/__init__.py), handed tests
+# one by one (`--dist load`): on 2 cores the suite took 1,231 s on two against 1,607 s in one
+# process (TEST_WORKERS=0). A worker builds a file's module fixtures, and the engine's session
+# ones, for itself; grouping by file (`loadgroup`) would share them, but pytest-xdist 3.8 cannot
+# group under pytest 9.2 (it renames node ids through an attribute pytest no longer reads)
 TEST_WORKERS ?= 2
 
 .PHONY: install up test lint bench clean
@@ -32,7 +35,7 @@ up: install
 test: install
 	bash scripts/system-packages.sh
 	env -u PYTHONDONTWRITEBYTECODE $(PY) -m pytest -q -rs --durations=25 \
-		-n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+		-n $(TEST_WORKERS) --dist load $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .

@@ -1,6 +1,5 @@
 """Fixtures every test folder may use: the databases the platform runs on (one PostgreSQL cluster
-for the whole session, where its binaries are installed). Also how `make test` spreads the suite
-over pytest-xdist's workers."""
+for the whole session, where its binaries are installed), and the engine's converted tokenizer."""
 
 import contextlib
 import os
@@ -14,18 +13,6 @@ from sqlalchemy import Engine
 
 from tests.databases import Postgres, pg_bin
 from tokenyard.core.db import get_engine
-
-TESTS = Path(__file__).parent
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Work units for `--dist loadgroup`: a test file stays on one worker (its module's servers
-    start once), and so do all the engine's tests (they share its engines and transformers'
-    reference model, session fixtures that take minutes to build)."""
-    for item in items:
-        folder, *_ = item.path.relative_to(TESTS).parts
-        group = folder if folder == "engine" else str(item.path.relative_to(TESTS))
-        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")
