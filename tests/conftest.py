@@ -19,8 +19,9 @@ from tokenyard.core.db import get_engine
 def converted_tokenizers(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An engine cache folder's `tokenizers/`, holding SmolLM2's converted tokenizer, for the data
     dirs of the engine servers the suite starts to link to: each would convert it again (9 s of a
-    start on a 2-core machine). Kept from this process's own conversion, which the engine's tests
-    already made (`_hf_tokenizer` is cached per process, by the arguments the engine passes)."""
+    start on a 2-core machine). Kept from this process's own conversion, free where the engine's
+    tests ran here first (`_hf_tokenizer` is cached per process, by the arguments the engine
+    passes), otherwise made once here."""
     from tokenyard.engine.loader import resolve_model_path
     from tokenyard.engine.tokenizer import _converted_folder, _hf_tokenizer, _keep
 
