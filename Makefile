@@ -5,10 +5,11 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PORT ?= 8000
 # pytest-xdist workers for `make test` (one OpenMP thread each: tests/__init__.py), handed tests
-# one by one (`--dist load`): on 2 cores the suite took 1,231 s on two against 1,607 s in one
-# process (TEST_WORKERS=0). A worker builds a file's module fixtures, and the engine's session
-# ones, for itself; grouping by file (`loadgroup`) would share them, but pytest-xdist 3.8 cannot
-# group under pytest 9.2 (it renames node ids through an attribute pytest no longer reads)
+# one by one (`--dist load`): on 2 cores a fresh clone's CI ran the tests in 1,008 s, against
+# 1,708 s in one process (TEST_WORKERS=0). A worker builds a file's module fixtures, and the
+# engine's session ones, for itself; grouping by file (`loadgroup`) would share them, but
+# pytest-xdist 3.8 cannot group under pytest 9.2 (it renames node ids through an attribute
+# pytest no longer reads)
 TEST_WORKERS ?= 2
 
 .PHONY: install up test lint bench clean
