@@ -19,6 +19,7 @@ from tokenyard.engine.quant import (
     QuantizedTensor,
     from_gguf,
     from_panels,
+    pack_q4,
     quantize,
     to_panels,
 )
@@ -159,6 +160,24 @@ def test_matmul_matches_reference(type_name, isa):
             scale = exact.abs().max().item()
             torch.testing.assert_close(y, exact, rtol=1e-4, atol=1e-4 * scale)
             assert (y - x @ w.T).norm() <= 0.03 * (x @ w.T).norm()
+
+
+@needs_kernels
+@pytest.mark.parametrize("isa", ISAS)
+def test_q4_at_the_extremes_of_its_sums(isa):
+    """Every level 15 against activations that all quantize to +-127: the largest dot products a
+    q4 block can make (AVX2 sums a block's 16 products per lane in int16 before widening: at most
+    30480), over steps of 1 to 13 rows (tiles of 4 on AVX2, 8 with VNNI), exact in the outputs."""
+    rows, cols = 20, 4 * BLOCK
+    levels = np.full((rows, cols), 15, dtype=np.uint8)
+    ones = np.ones((rows, cols // BLOCK), dtype=np.float32)
+    layer = QuantizedLinear(pack_q4(levels, ones, 0 * ones, "int4"))
+    layer.isa = isa
+    for m in (1, 4, 5, 8, 9, 13):
+        signs = torch.tensor([(-1.0) ** i for i in range(m)]).unsqueeze(1)
+        x = signs * torch.ones(m, cols)
+        expected = (signs * 15.0 * cols).expand(m, rows)
+        torch.testing.assert_close(layer(x), expected, rtol=1e-6, atol=0)
 
 
 @needs_kernels

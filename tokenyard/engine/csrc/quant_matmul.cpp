@@ -39,6 +39,10 @@ namespace {
 constexpr int64_t QB = 32;  // weights per block, and per activation block
 constexpr int64_t PW = 16;  // weight rows per panel
 constexpr int MR = 8;       // activation rows that share one pass over a panel
+// AVX2's q4 passes take 4: its 16 ymm registers hold a half block's 8 unpacked weight vectors, and
+// 8 accumulators beside them spill (5-16-row steps 7-10% faster at 4 on a Zen 3 EPYC; its q8
+// passes, which spill either way, gain nothing; bench/RESULTS.md)
+constexpr int MR_AVX2_Q4 = 4;
 
 #define AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
 #define VNNI_TARGET \
@@ -254,10 +258,13 @@ AVX2_TARGET void q4_panel_avx2(const uint8_t* qs, const S* d, const S* mn, int64
       const __m256 wd = load8(d + b * PW + 8 * half), wm = load8(mn + b * PW + 8 * half);
       for (int r = 0; r < R; ++r) {
         const int8_t* x = a.row(m0 + r) + b * QB;
-        __m256i sum = _mm256_setzero_si256();
-        for (int c = 0; c < 8; ++c)
-          sum = _mm256_add_epi32(sum, dot4_avx2(w[c], _mm256_set1_epi32(word(x + 4 * c))));
-        const __m256 p = _mm256_cvtepi32_ps(sum);
+        // the block's products summed in int16 before one widening vpmaddwd (instead of one a
+        // chunk): a lane's 16 products of q <= 15 and |qa| <= 127 stay within 30480, exact
+        __m256i pairs = _mm256_maddubs_epi16(w[0], _mm256_set1_epi32(word(x)));
+        for (int c = 1; c < 8; ++c)
+          pairs = _mm256_add_epi16(pairs,
+                                   _mm256_maddubs_epi16(w[c], _mm256_set1_epi32(word(x + 4 * c))));
+        const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
         acc[r] = _mm256_fmadd_ps(p, _mm256_mul_ps(wd, _mm256_set1_ps(a.s(m0 + r)[b])), acc[r]);
         acc[r] = _mm256_fmadd_ps(wm, _mm256_set1_ps(a.ssum(m0 + r)[b]), acc[r]);
       }
@@ -309,16 +316,17 @@ inline void with_rows(int64_t r, Fn&& fn) {
   }
 }
 
-// panel(R, p, m0, out) over every panel and tile of at most MR activation rows; writes y[M, N] in
-// x's dtype. Threads take whole panels: every weight is read from memory once, for all M rows.
+// panel(R, p, m0, out) over every panel and tile of at most `tile` (<= MR) activation rows; writes
+// y[M, N] in x's dtype. Threads take whole panels: every weight is read from memory once, for all M
+// rows.
 template <typename T, typename Panel>
-void matmul_into(int64_t M, int64_t N, T* y, Panel&& panel) {
+void matmul_into(int64_t M, int64_t N, int64_t tile, T* y, Panel&& panel) {
   const int64_t panels = (N + PW - 1) / PW;
   at::parallel_for(0, panels, 1, [&](int64_t begin, int64_t end) {
     for (int64_t p = begin; p < end; ++p) {
       const int64_t n0 = p * PW, width = std::min(PW, N - n0);
-      for (int64_t m0 = 0; m0 < M; m0 += MR) {
-        const int64_t rows = std::min<int64_t>(MR, M - m0);
+      for (int64_t m0 = 0; m0 < M; m0 += tile) {
+        const int64_t rows = std::min<int64_t>(tile, M - m0);
         float out[MR][PW];
         with_rows(rows, [&](auto r) { panel(r, p, m0, out); });
         for (int64_t i = 0; i < rows; ++i) store_outputs(y + (m0 + i) * N + n0, out[i], width);
@@ -328,13 +336,13 @@ void matmul_into(int64_t M, int64_t N, T* y, Panel&& panel) {
 }
 
 template <typename Panel>
-torch::Tensor matmul(const torch::Tensor& x, int64_t N, Panel&& panel) {
+torch::Tensor matmul(const torch::Tensor& x, int64_t N, int64_t tile, Panel&& panel) {
   const int64_t M = x.size(0);
   torch::Tensor y = torch::empty({M, N}, x.scalar_type());
   if (x.scalar_type() == torch::kBFloat16)
-    matmul_into(M, N, y.data_ptr<at::BFloat16>(), panel);
+    matmul_into(M, N, tile, y.data_ptr<at::BFloat16>(), panel);
   else
-    matmul_into(M, N, y.data_ptr<float>(), panel);
+    matmul_into(M, N, tile, y.data_ptr<float>(), panel);
   return y;
 }
 
@@ -385,7 +393,8 @@ torch::Tensor panel_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d, t
     if (qs.scalar_type() == torch::kUInt8) {
       const uint8_t* w = qs.data_ptr<uint8_t>();
       const S* mp = mn.data_ptr<S>();
-      return matmul(x, N, [&](auto r, int64_t p, int64_t m0, float (*out)[PW]) {
+      return matmul(x, N, vnni ? MR : MR_AVX2_Q4, [&](auto r, int64_t p, int64_t m0,
+                                                     float (*out)[PW]) {
         constexpr int R = decltype(r)::value;
         const int64_t base = p * nb;
         if (vnni)
@@ -395,7 +404,7 @@ torch::Tensor panel_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d, t
       });
     }
     const int8_t* w = qs.data_ptr<int8_t>();
-    return matmul(x, N, [&](auto r, int64_t p, int64_t m0, float (*out)[PW]) {
+    return matmul(x, N, MR, [&](auto r, int64_t p, int64_t m0, float (*out)[PW]) {
       constexpr int R = decltype(r)::value;
       const int64_t base = p * nb;
       if (group == QB) {
