@@ -21,7 +21,13 @@
 
 namespace {
 
-constexpr int64_t L = 16;  // lanes of one vector (GCC lowers it to whatever SIMD -march has)
+// lanes of one vector: the machine's own width, since GCC lowers a wider vector's two-source
+// shuffles (reduce_lanes) one lane at a time where the CPU has no such instruction (AVX2)
+#if defined(__AVX512F__)
+constexpr int64_t L = 16;
+#else
+constexpr int64_t L = 8;
+#endif
 typedef float vec __attribute__((vector_size(L * sizeof(float))));
 typedef uint16_t half_vec __attribute__((vector_size(L * sizeof(uint16_t))));
 typedef uint32_t bits_vec __attribute__((vector_size(L * sizeof(uint32_t))));
@@ -54,11 +60,9 @@ inline void load_row(const int8_t* src, vec* dst) {
     const __m512 wide = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
     std::memcpy(&dst[c], &wide, sizeof wide);
 #elif defined(__AVX2__)
-    for (int64_t half = 0; half < 2; ++half) {
-      const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + c * L + 8 * half));
-      const __m256 wide = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
-      std::memcpy(reinterpret_cast<float*>(&dst[c]) + 8 * half, &wide, sizeof wide);
-    }
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + c * L));
+    const __m256 wide = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+    std::memcpy(&dst[c], &wide, sizeof wide);
 #else
     for (int64_t l = 0; l < L; ++l) dst[c][l] = static_cast<float>(src[c * L + l]);
 #endif
@@ -70,7 +74,7 @@ inline void load_row(const int8_t* src, vec* dst) {
 // (segments of 2h lanes → h: the lower halves of a's and b's segments, alternating, plus the upper
 // halves). Summing each vector on its own took 40% of the kernel; this is ~4x fewer instructions.
 // The sums come out in bit-reversed order: token t's products go in at slot bit_reverse(t).
-constexpr int64_t LOG2_L = 4;
+constexpr int64_t LOG2_L = L == 16 ? 4 : 3;
 static_assert(L == int64_t{1} << LOG2_L);
 
 constexpr int64_t bit_reverse(int64_t t) {
