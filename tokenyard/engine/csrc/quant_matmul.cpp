@@ -40,8 +40,8 @@ constexpr int64_t QB = 32;  // weights per block, and per activation block
 constexpr int64_t PW = 16;  // weight rows per panel
 constexpr int MR = 8;       // activation rows that share one pass over a panel
 // AVX2's q4 passes take 4: its 16 ymm registers hold a half block's 8 unpacked weight vectors, and
-// 8 accumulators beside them spill (5-16-row steps 7-10% faster at 4 on a Zen 3 EPYC; its q8
-// passes, which spill either way, gain nothing; bench/RESULTS.md)
+// 8 accumulators beside them spill (16-row steps 9% faster in passes of 4 than of 8 on a Zen 3
+// EPYC; its q8 passes, which spill either way, gained nothing there; bench/RESULTS.md)
 constexpr int MR_AVX2_Q4 = 4;
 
 #define AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
