@@ -59,16 +59,22 @@ def test_bad_shapes_are_refused():
     q, k = torch.randn(2, 3, 8), torch.randn(2, 1, 8)
     with pytest.raises(RuntimeError, match="cos and sin"):
         OPS.rotary_(q, k, torch.randn(8, 2).t(), torch.randn(2, 8))  # not contiguous
-    # the ops work in whole vectors: other widths are refused, and a model with them keeps to
-    # PyTorch's ops
-    with pytest.raises(RuntimeError, match="multiple of 16"):
-        OPS.rms_norm(torch.randn(2, 40), None, torch.ones(40), 1e-5)
-    with pytest.raises(RuntimeError, match="multiple of 32"):
+    # the ops work in whole vectors of the machine's width (8 or 16 floats): other widths are
+    # refused, and a model with them keeps to PyTorch's ops
+    lanes = OPS.LANES
+    assert lanes in (8, 16)
+    hidden, head = 5 * lanes // 2, 3 * lanes  # half a head: 1.5 vectors
+    with pytest.raises(RuntimeError, match=f"multiple of {lanes}"):
+        OPS.rms_norm(torch.randn(2, hidden), None, torch.ones(hidden), 1e-5)
+    with pytest.raises(RuntimeError, match=f"multiple of {2 * lanes}"):
         OPS.rotary_(
-            torch.randn(2, 3, 48), torch.randn(2, 1, 48), torch.randn(2, 48), torch.randn(2, 48)
+            torch.randn(2, 3, head),
+            torch.randn(2, 1, head),
+            torch.randn(2, head),
+            torch.randn(2, head),
         )
     assert layer_ops_for(576, 64) is OPS and layer_ops_for(576, 128) is OPS
-    assert layer_ops_for(40, 64) is None and layer_ops_for(576, 48) is None
+    assert layer_ops_for(hidden, 64) is None and layer_ops_for(576, head) is None
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
