@@ -190,21 +190,24 @@ def test_it_takes_the_steps_the_modules_run_on_the_kernels(engine, uncopied):
 
 def test_short_chunks_attend_with_fp32_probabilities(engine):
     """A speculating sequence's 1 + n tokens: with the bf16 prefill kernel, a call of its own in
-    the kernel's exact mode; without it, n + 1 decode rows, each over the context up to its token.
-    A longer chunk is a prefill either way."""
+    the kernel's exact mode; otherwise (fp32, or no prefill kernel), n + 1 decode rows, each over
+    the context up to its token. A longer chunk is a prefill either way, through the prefill
+    kernel where there is one."""
     attention = engine.runner.attention
+    exact_mode = not getattr(attention, "short_rows", True)
     with_kernel = getattr(attention, "prefill", False)
     for new in (2, 9, SHORT_CHUNK, SHORT_CHUNK + 1):
         short = new <= SHORT_CHUNK
         meta = attention.build_metadata([SeqSlice([0, 1, 2], 20, new)], 0)
-        if with_kernel:
+        if exact_mode:
             assert meta.num_decodes == 0 and meta.num_short == (new if short else 0)
             assert (meta.short_batch is not None) == short
-            assert (meta.prefill_batch is None) == short
         else:
             assert meta.num_decodes == (new if short else 0)
             if short:
                 assert meta.context_lens.tolist() == list(range(21, 21 + new))
+        if with_kernel:
+            assert (meta.prefill_batch is None) == short
 
 
 def test_not_built_for_float_weights():

@@ -1,5 +1,5 @@
-"""The compiled CPU kernels (decode; bf16 prefill) against the PyTorch reference backend, on the
-same paged pool."""
+"""The compiled CPU kernels (decode; fp32 and bf16 prefill) against the PyTorch reference backend,
+on the same paged pool."""
 
 import random
 
@@ -13,6 +13,7 @@ from tokenyard.engine.kv_cache import Int8Pool, quantize_rows
 
 BS = 16
 CPU = torch.device("cpu")
+FP32 = torch.float32
 
 
 @pytest.fixture(scope="module")
@@ -25,15 +26,21 @@ def kernel():
 
 @pytest.fixture(scope="module")
 def prefill_kernel(kernel):
-    if not hasattr(kernel, "paged_prefill"):
+    if not kernel.PREFILL_BF16:
         pytest.skip("no bf16 prefill kernel: this CPU lacks AVX512-BF16")
     return kernel
+
+
+def _backend(kernel, dtype: torch.dtype, prefill: bool) -> KernelAttention:
+    """The kernel backend as make_attention builds it for `dtype`: with the prefill kernel or
+    without; short chunks as decode rows except through the bf16 kernel's exact mode."""
+    return KernelAttention(BS, CPU, kernel, prefill, short_rows=not (prefill and dtype != FP32))
 
 
 def _run_both(kernel, slices, num_decodes, q, k, v, k_cache, v_cache, prefill=False):
     """The reference's and the kernel backend's outputs and written caches, from the same pool."""
     outs = []
-    for backend in (TorchAttention(BS, CPU), KernelAttention(BS, CPU, kernel, prefill)):
+    for backend in (TorchAttention(BS, CPU), _backend(kernel, q.dtype, prefill)):
         keys, values = k_cache.clone(), v_cache.clone()
         meta = backend.build_metadata(slices, num_decodes)
         outs.append((backend.forward(q, k, v, keys, values, meta), keys, values))
@@ -63,7 +70,12 @@ def _pool(rng: random.Random, lengths: list[int], heads: int, dim: int, dtype: t
         (torch.bfloat16, 128, 32, 8, 2e-2),
     ],
 )
-def test_kernel_matches_reference(kernel, dtype, dim, q_heads, kv_heads, tol):
+@pytest.mark.parametrize("kernel_prefill", [False, True], ids=["SDPA prefill", "prefill kernel"])
+def test_kernel_matches_reference(kernel, dtype, dim, q_heads, kv_heads, tol, kernel_prefill):
+    """Decodes, a short chunk and a prefill chunk in one step; with the prefill kernel in fp32
+    (bf16's is tested below, where the CPU has it)."""
+    if kernel_prefill and dtype != FP32:
+        pytest.skip("the bf16 prefill kernel has tests of its own below")
     rng = random.Random(dim * q_heads)
     # lengths at and around block edges, one token alone, and long contexts; a short chunk (a
     # speculating sequence's 1 + 4 tokens, which the kernel backend attends as 5 decode rows); a
@@ -80,7 +92,7 @@ def test_kernel_matches_reference(kernel, dtype, dim, q_heads, kv_heads, tol):
     k = torch.randn(tokens, kv_heads, dim, dtype=dtype)
     v = torch.randn(tokens, kv_heads, dim, dtype=dtype)
 
-    outs = _run_both(kernel, slices, len(decode_lengths), q, k, v, k_cache, v_cache)
+    outs = _run_both(kernel, slices, len(decode_lengths), q, k, v, k_cache, v_cache, kernel_prefill)
     (ref, ref_k, ref_v), (ours, our_k, our_v) = outs
     assert torch.equal(ref_k, our_k) and torch.equal(ref_v, our_v)  # the same slots written
     assert ours.dtype == dtype and ours.shape == ref.shape
@@ -122,17 +134,17 @@ def _int8(pool: torch.Tensor) -> Int8Pool:
 
 @pytest.mark.parametrize(
     ("dtype", "prefill"),
-    [(torch.float32, False), (torch.bfloat16, False), (torch.bfloat16, True)],
-    ids=["fp32", "bf16 decode rows", "bf16 prefill kernel"],
+    [(FP32, False), (FP32, True), (torch.bfloat16, False), (torch.bfloat16, True)],
+    ids=["fp32", "fp32 prefill kernel", "bf16 decode rows", "bf16 prefill kernel"],
 )
 @pytest.mark.parametrize(("dim", "q_heads", "kv_heads"), [(64, 9, 3), (128, 32, 8)])
 def test_kernel_over_an_int8_pool_matches_reference(kernel, dtype, prefill, dim, q_heads, kv_heads):
     """An int8 pool: decodes (split ones too), a short chunk and a prefill chunk (as decode rows,
-    or through the bf16 prefill kernel, which dequantizes its tiles), the kernel backend against
+    or through the prefill kernel, which dequantizes its tiles), the kernel backend against
     the reference's SDPA over the dequantized blocks; both write the step's K/V quantized the same
     way. The result is near what a float pool of the same values gives: the pool's rounding is
     small."""
-    if prefill and not hasattr(kernel, "paged_prefill"):
+    if prefill and dtype != FP32 and not kernel.PREFILL_BF16:
         pytest.skip("no bf16 prefill kernel: this CPU lacks AVX512-BF16")
     rng = random.Random(dim + q_heads)
     decode_lengths = [1, BS, BS + 1, 700, 40]
@@ -147,7 +159,7 @@ def test_kernel_over_an_int8_pool_matches_reference(kernel, dtype, prefill, dim,
     tokens = len(decode_lengths) + short[0] + chunk[0]
     q, k, v = (torch.randn(tokens, h, dim, dtype=dtype) for h in (q_heads, kv_heads, kv_heads))
     outs = []
-    for backend in (TorchAttention(BS, CPU), KernelAttention(BS, CPU, kernel, prefill)):
+    for backend in (TorchAttention(BS, CPU), _backend(kernel, dtype, prefill)):
         keys, values = _int8(k_float), _int8(v_float)
         meta = backend.build_metadata(slices, len(decode_lengths))
         outs.append((backend.forward(q, k, v, keys, values, meta), keys, values))
@@ -165,13 +177,41 @@ def test_kernel_over_an_int8_pool_matches_reference(kernel, dtype, prefill, dim,
     assert (ours.float() - exact.float()).abs().max().item() < 0.05
 
 
+PREFILL_CHUNKS = [(0, 37), (50, 30), (0, 300), (600, 100), (5, 1), (BS, BS), (31, 33), (0, 1)]
+
+
+@pytest.mark.parametrize(("dim", "q_heads", "kv_heads"), [(64, 9, 3), (128, 32, 8), (64, 4, 4)])
+def test_fp32_prefill_kernel_matches_reference(kernel, dim, q_heads, kv_heads):
+    """The fp32 kernel, every prefill chunk of a step in one call: fresh prompts, chunks after
+    cached context, one-token chunks, chunks past one work item (32 positions) and across block
+    and tile edges; behind two decodes, which must be left alone."""
+    rng = random.Random(dim + q_heads)
+    decode_lengths = [9, 70]
+    lengths = [*decode_lengths, *(cached + new for cached, new in PREFILL_CHUNKS)]
+    tables, k_cache, v_cache = _pool(rng, lengths, kv_heads, dim, FP32)
+    slices = [SeqSlice(t, n - 1, 1) for t, n in zip(tables, decode_lengths, strict=False)]
+    slices += [SeqSlice(t, c, n) for t, (c, n) in zip(tables[2:], PREFILL_CHUNKS, strict=True)]
+    tokens = len(decode_lengths) + sum(new for _, new in PREFILL_CHUNKS)
+    q, k, v = (torch.randn(tokens, h, dim) for h in (q_heads, kv_heads, kv_heads))
+    (ref, ref_k, ref_v), (ours, our_k, our_v) = _run_both(
+        kernel, slices, 2, q, k, v, k_cache, v_cache, prefill=True
+    )
+    assert torch.equal(ref_k, our_k) and torch.equal(ref_v, our_v)
+    assert (ours - ref).abs().max().item() < 1e-5
+    # the kernel alone, on the same pool: the backend's decode rows are not what passed
+    meta = _backend(kernel, FP32, True).build_metadata(slices, 2)
+    assert meta.prefill_batch is not None and meta.short_batch is None
+    alone = kernel.paged_prefill(q[2:], our_k, our_v, *meta.prefill_batch, dim**-0.5)
+    assert (alone - ref[2:]).abs().max().item() < 1e-5
+
+
 @pytest.mark.parametrize(("dim", "q_heads", "kv_heads"), [(64, 9, 3), (128, 32, 8), (64, 4, 4)])
 def test_prefill_kernel_matches_reference(prefill_kernel, dim, q_heads, kv_heads):
     """Every prefill chunk of a step in one call: fresh prompts, chunks after cached context, a
     one-token chunk, chunks past one work item (32 positions) and across block and tile edges;
     behind two decodes, which must be left alone."""
     rng = random.Random(dim + q_heads)
-    chunks = [(0, 37), (50, 30), (0, 300), (600, 100), (5, 1), (BS, BS), (31, 33), (0, 1)]
+    chunks = PREFILL_CHUNKS
     decode_lengths = [9, 70]
     lengths = [*decode_lengths, *(cached + new for cached, new in chunks)]
     tables, k_cache, v_cache = _pool(rng, lengths, kv_heads, dim, torch.bfloat16)
@@ -274,8 +314,8 @@ def test_prefill_kernel_refuses_what_it_cannot_run(prefill_kernel):
     starts = torch.tensor([0, 3], dtype=torch.int32)
     lengths = torch.tensor([3], dtype=torch.int32)
     run = prefill_kernel.paged_prefill
-    with pytest.raises(RuntimeError, match="takes bfloat16"):
-        run(q.float(), cache.float(), cache.float(), tables, starts, lengths, 0.125)
+    with pytest.raises(RuntimeError, match="of one dtype"):
+        run(q.float(), cache, cache, tables, starts, lengths, 0.125)
     with pytest.raises(RuntimeError, match="int32"):
         run(q, cache, cache, tables, starts.long(), lengths, 0.125)
     with pytest.raises(RuntimeError, match="end at q's length"):
@@ -285,12 +325,38 @@ def test_prefill_kernel_refuses_what_it_cannot_run(prefill_kernel):
         run(q, values, values, tables, starts, lengths, 0.125)
 
 
+def test_fp32_prefill_kernel_refuses_what_it_cannot_run(kernel):
+    q = torch.randn(3, 9, 64)
+    cache = torch.randn(4, BS, 3, 64)
+    tables = torch.zeros(1, 1, dtype=torch.int32)
+    starts = torch.tensor([0, 3], dtype=torch.int32)
+    lengths = torch.tensor([3], dtype=torch.int32)
+    run = kernel.paged_prefill
+    with pytest.raises(RuntimeError, match="of one dtype"):
+        run(q, cache.bfloat16(), cache.bfloat16(), tables, starts, lengths, 0.125)
+    with pytest.raises(RuntimeError, match=r"\[T, Hq, 64\|128\]"):
+        run(torch.randn(3, 9, 80), cache, cache, tables, starts, lengths, 0.125)
+    with pytest.raises(RuntimeError, match="int32"):
+        run(q, cache, cache, tables, starts.long(), lengths, 0.125)
+    with pytest.raises(RuntimeError, match="end at q's length"):
+        run(q, cache, cache, tables, torch.tensor([0, 2], dtype=torch.int32), lengths, 0.125)
+    values = quantize_rows(cache)[0]
+    with pytest.raises(RuntimeError, match="both scales"):
+        run(q, values, values, tables, starts, lengths, 0.125)
+    if not kernel.PREFILL_BF16:
+        with pytest.raises(RuntimeError, match="AVX512-BF16"):
+            run(q.bfloat16(), cache.bfloat16(), cache.bfloat16(), tables, starts, lengths, 0.125)
+
+
 def test_backend_choice(kernel, monkeypatch):
     bf16, fp32 = torch.bfloat16, torch.float32
     chosen = make_attention(CPU, 0, 64, bf16, cpu_kernel=True)
     assert isinstance(chosen, KernelAttention)
-    assert chosen.prefill == hasattr(kernel, "paged_prefill")  # where the CPU has bf16 dots
-    assert not make_attention(CPU, 0, 64, fp32, cpu_kernel=True).prefill  # bf16 only
+    # bf16: the prefill kernel where the CPU has bf16 dots, short chunks in its exact mode
+    assert chosen.prefill == kernel.PREFILL_BF16 and chosen.short_rows != kernel.PREFILL_BF16
+    chosen = make_attention(CPU, 0, 64, fp32, cpu_kernel=True)
+    assert chosen.prefill and chosen.short_rows  # fp32: the kernel, short chunks as decode rows
+    assert not make_attention(CPU, 0, 64, torch.float16, cpu_kernel=True).prefill
     assert type(make_attention(CPU, 0, 64, bf16, cpu_kernel=False)) is TorchAttention
     assert type(make_attention(CPU, 0, 96, bf16, cpu_kernel=True)) is TorchAttention  # no build
     # no compiler: the PyTorch path serves

@@ -123,10 +123,18 @@ def test_perplexity_close_to_fp32(text_ids, text_perplexity, quantization, dtype
     assert abs(ppl / fp32 - 1) <= bound, (ppl, fp32)
 
 
+# how far this perplexity moves from perturbations far below any pool's rounding: the
+# activations are rounded to int8 in blocks, so noise of 3e-6 added to every attention output
+# moved it 0.2-0.35% (three seeds: 18.975 -> 18.909-18.936), and so did the fp32 prefill
+# kernel's summation order (18.881: attention outputs within 1.6e-5 of SDPA's)
+PERTURBATION_SPREAD = 0.005
+
+
 def test_perplexity_over_an_int8_kv_pool(text_perplexity):
-    """The shipped weights over an int8 pool: within INT8_KV_BOUND of fp32, and within half a
-    percent of the same engine over a pool in the model's dtype (what the pool's rounding costs)."""
+    """The shipped weights over an int8 pool: within INT8_KV_BOUND of fp32, and within twice the
+    spread that mere perturbations give of the same engine over a pool in the model's dtype
+    (what the pool's rounding costs, told apart from noise)."""
     int8, plain = text_perplexity(*SHIPPED, kv="int8"), text_perplexity(*SHIPPED)
     fp32 = text_perplexity("none")
     assert abs(int8 / fp32 - 1) <= INT8_KV_BOUND, (int8, fp32)
-    assert abs(int8 / plain - 1) <= 0.005, (int8, plain)
+    assert abs(int8 / plain - 1) <= 2 * PERTURBATION_SPREAD, (int8, plain)

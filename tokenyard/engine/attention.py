@@ -22,8 +22,9 @@ Pool = torch.Tensor | Int8Pool
 # chunks up to this long (a speculating sequence's 1 + n tokens) attend with fp32 probabilities,
 # as a lone decode has them: bf16 ones break greedy near-ties away from the output without
 # speculation. With the bf16 prefill kernel they run through it in its exact mode (P.V in fp32:
-# a layer over 600 tokens of context, 9 rows 100 against 214 us as decode rows); without it, as
-# decode rows, each over the context up to its token (bench/RESULTS.md, issue 17)
+# a layer over 600 tokens of context, 9 rows 100 against 214 us as decode rows); otherwise (fp32
+# too, whose prefill kernel sums in another order than decode rows) as decode rows, each over
+# the context up to its token (bench/RESULTS.md, issue 17)
 SHORT_CHUNK = 16
 
 
@@ -222,14 +223,24 @@ def _kernel_pools(k_cache: Pool, v_cache: Pool) -> tuple[torch.Tensor, torch.Ten
 
 class KernelAttention(TorchAttention):
     """CPU backend: one call of the compiled kernel (engine/csrc) decodes every sequence, reading
-    K/V in place through the block tables; with `prefill` (bf16, a CPU with bf16 dot products),
-    the prefill chunks run through the prefill kernel (short ones in its exact mode, in a call of
-    their own), else they go through SDPA as in TorchAttention, short ones as decode rows."""
+    K/V in place through the block tables; with `prefill`, the prefill chunks run through the
+    prefill kernel (fp32, or bf16 on a CPU with bf16 dot products), else through SDPA as in
+    TorchAttention. Short chunks (speculation's verify rows) run as decode rows where
+    `short_rows`, each over the context up to its token, so that they sum as a lone decode does;
+    else (bf16 prefill kernel) through its exact mode, in a call of their own."""
 
-    def __init__(self, block_size: int, device: torch.device, kernel: ModuleType, prefill: bool):
+    def __init__(
+        self,
+        block_size: int,
+        device: torch.device,
+        kernel: ModuleType,
+        prefill: bool,
+        short_rows: bool,
+    ):
         super().__init__(block_size, device)
         self.kernel = kernel
         self.prefill = prefill
+        self.short_rows = short_rows
 
     def attend(self, q, k_cache, v_cache, meta: AttentionMetadata) -> torch.Tensor:
         """As TorchAttention's (engine/cpu_decode.py calls it after writing K/V with the rotary
@@ -253,10 +264,9 @@ class KernelAttention(TorchAttention):
         return count
 
     def build_metadata(self, slices: list[SeqSlice], num_decodes: int) -> AttentionMetadata:
-        if self.prefill:
+        if not self.short_rows:
             return super().build_metadata(slices, num_decodes)
-        # without the prefill kernel, the short chunks right after the decodes run as that many
-        # decode rows, each over the context up to its token
+        # the short chunks right after the decodes run as that many decode rows
         split = num_decodes + self._num_short(slices[num_decodes:])
         rows = [
             s if s.num_new == 1 else SeqSlice(s.block_table, s.num_computed + j, 1)
@@ -366,7 +376,7 @@ def make_attention(
     int8_kv: bool = False,
 ) -> TorchAttention | FlashAttention:
     """flash-attn on CUDA; on CPU the compiled kernels where they build (and `cpu_kernel`: decode
-    always, prefill for bf16 on CPUs with bf16 dot products), else PyTorch alone.
+    always; prefill for fp32, and for bf16 on CPUs with bf16 dot products), else PyTorch alone.
     block_size 0 takes the backend's default. `int8_kv`: the pool is int8 (CPU only: flash-attn
     reads a pool in the model's dtype)."""
     if device.type == "cuda":
@@ -377,5 +387,7 @@ def make_attention(
     kernel = paged_attention() if cpu_kernel and head_dim in HEAD_DIMS else None
     if kernel is None:
         return TorchAttention(block_size, device)
-    prefill = dtype == torch.bfloat16 and hasattr(kernel, "paged_prefill")
-    return KernelAttention(block_size, device, kernel, prefill)
+    bf16 = dtype == torch.bfloat16 and kernel.PREFILL_BF16
+    # fp16 activations stay with SDPA; fp32 ones take the fp32 kernel, short chunks as decode rows
+    prefill = bf16 or dtype == torch.float32
+    return KernelAttention(block_size, device, kernel, prefill, short_rows=not bf16)

@@ -1,9 +1,10 @@
 """The engine's compiled CPU kernels, built on first use with the machine's C++ compiler through
 torch's cpp_extension and cached under TORCH_EXTENSIONS_DIR (default ~/.cache/torch_extensions),
 keyed by the source:
-- attention (paged_attention.cpp, prefill_attention.cpp): decode attention, and bf16 prefill
-  attention where the CPU has AVX512-BF16, both reading the paged KV pool in place. Built for the
-  CPU it runs on (-march=native), so a cache must not move between CPU models.
+- attention (paged_attention.cpp, prefill_attention_fp32.cpp, prefill_attention.cpp): decode
+  attention, fp32 prefill attention, and bf16 prefill attention where the CPU has AVX512-BF16,
+  all reading the paged KV pool in place. Built for the CPU it runs on (-march=native), so a
+  cache must not move between CPU models.
 - element-wise layer ops (layer_ops.cpp): residual add + RMSNorm, rotary in place (also with the
   step's K/V written into the pool), SiLU * up, a LoRA adapter's term, each one call instead of
   several PyTorch ops (rounded as PyTorch rounds: no fast math).
@@ -65,10 +66,11 @@ def _build(name: str, sources: list[str], cflags: list[str]) -> ModuleType:
 
 @functools.cache
 def paged_attention() -> ModuleType | None:
-    """The compiled module (`paged_decode`; `paged_prefill` where the CPU has AVX512-BF16), or
-    None where it cannot be built."""
+    """The compiled module (`paged_decode`; `paged_prefill`, in bf16 where `PREFILL_BF16`: the
+    CPU has AVX512-BF16), or None where it cannot be built."""
     try:
-        sources = [str(CSRC / "paged_attention.cpp"), str(CSRC / "prefill_attention.cpp")]
+        names = ("paged_attention.cpp", "prefill_attention.cpp", "prefill_attention_fp32.cpp")
+        sources = [str(CSRC / name) for name in names]
         return _build("tokenyard_paged_attention", sources, CFLAGS)
     except Exception as exc:  # no compiler or ninja: the PyTorch path serves
         log.warning("CPU attention kernel not built (%s): decoding with PyTorch SDPA", exc)

@@ -9,6 +9,7 @@
 #include <ATen/Parallel.h>
 
 #include "int8_pool.h"
+#include "vectors.h"
 
 #include <immintrin.h>
 
@@ -20,54 +21,6 @@
 #include <vector>
 
 namespace {
-
-// lanes of one vector: the machine's own width, since GCC lowers a wider vector's two-source
-// shuffles (reduce_lanes) one lane at a time where the CPU has no such instruction (AVX2)
-#if defined(__AVX512F__)
-constexpr int64_t L = 16;
-#else
-constexpr int64_t L = 8;
-#endif
-typedef float vec __attribute__((vector_size(L * sizeof(float))));
-typedef uint16_t half_vec __attribute__((vector_size(L * sizeof(uint16_t))));
-typedef uint32_t bits_vec __attribute__((vector_size(L * sizeof(uint32_t))));
-
-// head_dim is a template parameter so that the loops over a row unroll into C whole vectors
-template <int64_t D>
-inline void load_row(const float* src, vec* dst) {
-  std::memcpy(dst, src, D * sizeof(float));
-}
-// bf16 is the top half of an fp32: widen and shift
-template <int64_t D>
-inline void load_row(const at::BFloat16* src, vec* dst) {
-  for (int64_t c = 0; c < D / L; ++c) {
-    half_vec h;
-    std::memcpy(&h, src + c * L, sizeof h);
-    bits_vec bits = __builtin_convertvector(h, bits_vec) << 16;
-    std::memcpy(&dst[c], &bits, sizeof bits);
-  }
-}
-
-typedef int32_t index_vec __attribute__((vector_size(L * sizeof(int32_t))));
-// int8 rows widen exactly to fp32 (their scale is applied by the caller). GCC's generic
-// conversion of an int8 vector came out one lane at a time (2.3x the time of a bf16 pool per
-// decode), so the widening is written with the CPU's own sign extension and conversion
-template <int64_t D>
-inline void load_row(const int8_t* src, vec* dst) {
-  for (int64_t c = 0; c < D / L; ++c) {
-#if defined(__AVX512F__)
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + c * L));
-    const __m512 wide = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
-    std::memcpy(&dst[c], &wide, sizeof wide);
-#elif defined(__AVX2__)
-    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + c * L));
-    const __m256 wide = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
-    std::memcpy(&dst[c], &wide, sizeof wide);
-#else
-    for (int64_t l = 0; l < L; ++l) dst[c][l] = static_cast<float>(src[c * L + l]);
-#endif
-  }
-}
 
 // Sums of the lanes of L vectors at once (a token's products with q, L tokens): pairs of vectors
 // fold into one in log2(L) rounds, each round halving the lanes one vector's partial sums take
@@ -312,14 +265,41 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
 
 }  // namespace
 
+// prefill_attention_fp32.cpp; prefill_attention.cpp, built only where the CPU has bf16 dot products
+torch::Tensor paged_prefill_fp32(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                                 torch::Tensor block_tables, torch::Tensor starts,
+                                 torch::Tensor context_lens, double scale,
+                                 c10::optional<torch::Tensor> k_scales,
+                                 c10::optional<torch::Tensor> v_scales);
 #if defined(__AVX512BF16__)
-// prefill_attention.cpp: built only where the CPU has bf16 dot products
+torch::Tensor paged_prefill_bf16(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                                 torch::Tensor block_tables, torch::Tensor starts,
+                                 torch::Tensor context_lens, double scale, bool exact,
+                                 c10::optional<torch::Tensor> k_scales,
+                                 c10::optional<torch::Tensor> v_scales);
+#endif
+
+namespace {
+
+// float32 q through the fp32 kernel, bfloat16 through the bf16 one; `exact` is the bf16 kernel's
+// (P.V in fp32 for a speculating sequence's rows): the fp32 kernel is fp32 throughout
 torch::Tensor paged_prefill(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                             torch::Tensor block_tables, torch::Tensor starts,
                             torch::Tensor context_lens, double scale, bool exact,
                             c10::optional<torch::Tensor> k_scales,
-                            c10::optional<torch::Tensor> v_scales);
+                            c10::optional<torch::Tensor> v_scales) {
+  if (q.scalar_type() != torch::kBFloat16)
+    return paged_prefill_fp32(q, k_cache, v_cache, block_tables, starts, context_lens, scale,
+                              k_scales, v_scales);
+#if defined(__AVX512BF16__)
+  return paged_prefill_bf16(q, k_cache, v_cache, block_tables, starts, context_lens, scale, exact,
+                            k_scales, v_scales);
+#else
+  TORCH_CHECK(false, "paged_prefill takes bfloat16 only on CPUs with AVX512-BF16");
 #endif
+}
+
+}  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // the kernels touch no Python object: other threads (the server's event loop, the grammar
@@ -329,11 +309,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("block_tables"),
         py::arg("context_lens"), py::arg("scale"), py::arg("k_scales") = py::none(),
         py::arg("v_scales") = py::none());
-#if defined(__AVX512BF16__)
   m.def("paged_prefill", &paged_prefill, no_gil,
-        "causal prefill attention over a paged KV cache (bf16; exact: fp32 probabilities)",
+        "causal prefill attention over a paged KV cache (fp32; bf16 where the CPU has bf16 dot "
+        "products, exact: fp32 probabilities)",
         py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("block_tables"),
         py::arg("starts"), py::arg("context_lens"), py::arg("scale"), py::arg("exact") = false,
         py::arg("k_scales") = py::none(), py::arg("v_scales") = py::none());
+#if defined(__AVX512BF16__)
+  m.attr("PREFILL_BF16") = true;
+#else
+  m.attr("PREFILL_BF16") = false;
 #endif
 }

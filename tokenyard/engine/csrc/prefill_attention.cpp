@@ -16,13 +16,12 @@
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
-#include "int8_pool.h"
+#include "prefill_inputs.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
-#include <tuple>
 #include <vector>
 
 #if defined(__AVX512BF16__)
@@ -365,47 +364,24 @@ void prefill(const uint16_t* q, const void* k_cache, const void* v_cache, const 
 // included (or int8, with k_scales and v_scales [num_blocks, block_size, Hkv] fp32); block_tables: [S, W] int32; starts: [S + 1] int32 (sequence s's rows of q are
 // [starts[s], starts[s+1])); context_lens: [S] int32. Query j of sequence s sits at position
 // context_lens[s] - (its new tokens) + j and sees keys 0..that position. Returns [T, Hq, D].
-torch::Tensor paged_prefill(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
-                            torch::Tensor block_tables, torch::Tensor starts,
-                            torch::Tensor context_lens, double scale, bool exact,
-                            c10::optional<torch::Tensor> k_scales_opt,
-                            c10::optional<torch::Tensor> v_scales_opt) {
-  TORCH_CHECK(q.dim() == 3 && (q.size(2) == 64 || q.size(2) == 128), "q must be [T, Hq, 64|128]");
-  const bool int8 = k_cache.scalar_type() == torch::kInt8;
-  const auto pool = int8 ? torch::kInt8 : torch::kBFloat16;
-  TORCH_CHECK(q.scalar_type() == torch::kBFloat16 && k_cache.scalar_type() == pool &&
-                  v_cache.scalar_type() == pool,
-              "paged_prefill takes bfloat16 q and caches (or int8 caches)");
-  torch::Tensor k_scales, v_scales;
-  if (int8)
-    std::tie(k_scales, v_scales) = int8_pool_scales(k_cache, v_cache, k_scales_opt, v_scales_opt);
-  TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() &&
-                  k_cache.size(3) == q.size(2) && q.size(1) % k_cache.size(2) == 0,
-              "the caches must be [num_blocks, block_size, Hkv, head_dim], Hq a multiple of Hkv");
-  TORCH_CHECK(block_tables.scalar_type() == torch::kInt32 &&
-                  starts.scalar_type() == torch::kInt32 &&
-                  context_lens.scalar_type() == torch::kInt32 &&
-                  starts.size(0) == block_tables.size(0) + 1 &&
-                  context_lens.size(0) == block_tables.size(0),
-              "block tables [S, W], starts [S + 1] and context lengths [S] must be int32");
-  q = q.contiguous();
-  k_cache = k_cache.contiguous();
-  v_cache = v_cache.contiguous();
-  block_tables = block_tables.contiguous();
-  starts = starts.contiguous();
-  context_lens = context_lens.contiguous();
-  TORCH_CHECK(starts[-1].item<int32_t>() == q.size(0), "starts must end at q's length");
-  auto out = torch::empty_like(q);
+torch::Tensor paged_prefill_bf16(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                                 torch::Tensor block_tables, torch::Tensor starts,
+                                 torch::Tensor context_lens, double scale, bool exact,
+                                 c10::optional<torch::Tensor> k_scales,
+                                 c10::optional<torch::Tensor> v_scales) {
+  const PrefillInputs in = prefill_inputs(q, k_cache, v_cache, block_tables, starts, context_lens,
+                                          k_scales, v_scales, torch::kBFloat16);
+  auto out = torch::empty_like(in.q);
   auto ptr = [](const torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr()); };
-  const float* ks = int8 ? k_scales.data_ptr<float>() : nullptr;
-  const float* vs = int8 ? v_scales.data_ptr<float>() : nullptr;
   auto run = [&](auto fn) {
-    fn(ptr(q), k_cache.data_ptr(), v_cache.data_ptr(), ks, vs, block_tables.data_ptr<int32_t>(),
-       starts.data_ptr<int32_t>(), context_lens.data_ptr<int32_t>(), ptr(out), block_tables.size(0),
-       q.size(1), k_cache.size(2), k_cache.size(1), block_tables.size(1),
-       static_cast<float>(scale));
+    fn(ptr(in.q), in.k_cache.data_ptr(), in.v_cache.data_ptr(),
+       in.int8 ? in.k_scales.data_ptr<float>() : nullptr,
+       in.int8 ? in.v_scales.data_ptr<float>() : nullptr, in.block_tables.data_ptr<int32_t>(),
+       in.starts.data_ptr<int32_t>(), in.context_lens.data_ptr<int32_t>(), ptr(out),
+       in.block_tables.size(0), in.q.size(1), in.k_cache.size(2), in.k_cache.size(1),
+       in.block_tables.size(1), static_cast<float>(scale));
   };
-  if (q.size(2) == 64)
+  if (in.q.size(2) == 64)
     exact ? run(prefill<64, true>) : run(prefill<64, false>);
   else
     exact ? run(prefill<128, true>) : run(prefill<128, false>);

@@ -1,0 +1,221 @@
+// Prefill attention over the paged KV pool in fp32, for CPUs without bf16 dot products (AVX2 only,
+// or AVX-512 without AVX512-BF16), where the engine's activations are fp32: causal attention of
+// each sequence's new chunk against its whole context, in the tiled online-softmax form of flash
+// attention, as the bf16 kernel (prefill_attention.cpp) does, but with FMAs on vectors of the
+// machine's width (vectors.h). PyTorch's CPU flash kernel, which the engine called once a
+// sequence before, runs fp32 at about 35 GFLOP/s on a 2-core Zen 3 EPYC (bench/RESULTS.md).
+//
+// Two passes, both parallel: (1) every key tile of every (sequence, KV head) is read once through
+// the block table, keys transposed (one vector holds a dimension of KT keys, so a query's scores
+// against the tile are FMAs of broadcast query values) and values as rows, an int8 pool's rows
+// dequantized (each times its scale); (2) each work item -- a sequence, a KV head and a run of
+// query positions, for all the query heads that share the KV head -- walks the key tiles it sees,
+// then writes its rows normalized. Short chunks (speculation's verify rows) do not come here: the
+// engine runs them as decode rows, whose sums they must repeat bit for bit.
+#include <ATen/Parallel.h>
+#include <torch/extension.h>
+
+#include "prefill_inputs.h"
+#include "vectors.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+namespace {
+
+constexpr int64_t KT = 2 * L;     // keys per tile: two vectors of scores a row
+constexpr int64_t RB = 4;         // query rows per register block: 8 score vectors, 2 of keys
+constexpr int64_t M = 32;         // query positions per work item
+constexpr int64_t PV_VECS = 8;    // P.V accumulators held at once (of a row's D / L)
+constexpr float MASKED = -1e30f;  // finite: built with -ffast-math, which assumes no infinities
+
+alignas(64) constexpr float ZERO_ROW[128] = {};  // the query rows that pad a run to RB
+
+inline vec load_vec(const float* p) {
+  vec v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store_vec(float* p, vec v) { std::memcpy(p, &v, sizeof v); }
+
+// keys [first, first + KT) of a (sequence, KV head), read through its block table into kt[d][n]
+// (transposed) and vt[n][d]; an int8 row times its scale; keys past the context are zeros
+template <int64_t D, typename T>
+void pack_tile(const T* k_cache, const T* v_cache, const float* k_scales, const float* v_scales,
+               const int32_t* table, int64_t block_size, int64_t kv_heads, int64_t head,
+               int64_t first, int64_t keys, float* kt, float* vt) {
+  int64_t block = first / block_size, offset = first % block_size;
+  for (int64_t n = 0; n < KT; ++n) {
+    vec k[D / L] = {}, v[D / L] = {};
+    if (first + n < keys) {
+      const int64_t at = (table[block] * block_size + offset) * kv_heads + head;
+      load_row<D>(k_cache + at * D, k);
+      load_row<D>(v_cache + at * D, v);
+      if (k_scales != nullptr)
+        for (int64_t c = 0; c < D / L; ++c) k[c] *= k_scales[at], v[c] *= v_scales[at];
+    }
+    for (int64_t d = 0; d < D; ++d) kt[d * KT + n] = k[d / L][d % L];
+    std::memcpy(vt + n * D, v, sizeof v);
+    if (++offset == block_size) offset = 0, ++block;
+  }
+}
+
+// s[r][n] = scale * q_r . k_n for RB rows against one tile
+template <int64_t D>
+inline void scores(const float* const* q, const float* kt, float scale, float* s) {
+  vec acc[RB][2] = {};
+  for (int64_t d = 0; d < D; ++d) {
+    const vec k0 = load_vec(kt + d * KT), k1 = load_vec(kt + d * KT + L);
+    for (int64_t r = 0; r < RB; ++r) {
+      const float x = q[r][d];
+      acc[r][0] += x * k0;
+      acc[r][1] += x * k1;
+    }
+  }
+  for (int64_t r = 0; r < RB; ++r) {
+    store_vec(s + r * KT, acc[r][0] * scale);
+    store_vec(s + r * KT + L, acc[r][1] * scale);
+  }
+}
+
+// o[r] = o[r] * alpha[r] + sum_n p[r][n] v_n for RB rows, PV_VECS vectors of a row at a time
+template <int64_t D>
+inline void accumulate(const float* p, const float* vt, const float* alpha, float* o) {
+  constexpr int64_t C = D / L, STEP = C < PV_VECS ? C : PV_VECS;
+  for (int64_t r = 0; r < RB; ++r)
+    for (int64_t c0 = 0; c0 < C; c0 += STEP) {
+      vec acc[STEP];
+      for (int64_t c = 0; c < STEP; ++c) acc[c] = load_vec(o + r * D + (c0 + c) * L) * alpha[r];
+      for (int64_t n = 0; n < KT; ++n) {
+        const float w = p[r * KT + n];
+        for (int64_t c = 0; c < STEP; ++c) acc[c] += w * load_vec(vt + n * D + (c0 + c) * L);
+      }
+      for (int64_t c = 0; c < STEP; ++c) store_vec(o + r * D + (c0 + c) * L, acc[c]);
+    }
+}
+
+struct Run {
+  int64_t seq, head, first, count;  // query positions [first, first + count) of a sequence
+};
+
+template <int64_t D, typename T>
+void prefill(const float* q, const T* k_cache, const T* v_cache, const float* k_scales,
+             const float* v_scales, const int32_t* tables, const int32_t* starts,
+             const int32_t* context_lens, float* out, int64_t seqs, int64_t q_heads,
+             int64_t kv_heads, int64_t block_size, int64_t max_blocks, float scale) {
+  const int64_t group = q_heads / kv_heads, tile_floats = KT * D;
+  // pass 1: pack every key tile of every (sequence, KV head), head-interleaved
+  std::vector<int64_t> tile_base(seqs + 1, 0);  // first tile of each sequence (per head)
+  for (int64_t s = 0; s < seqs; ++s)
+    tile_base[s + 1] = tile_base[s] + (context_lens[s] + KT - 1) / KT;
+  const int64_t tiles = tile_base[seqs];
+  // written whole below: left uninitialized
+  std::unique_ptr<float[]> packed_k(new float[tiles * kv_heads * tile_floats]),
+      packed_v(new float[tiles * kv_heads * tile_floats]);
+  at::parallel_for(0, tiles * kv_heads, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t t = i / kv_heads, h = i % kv_heads;
+      const int64_t s =
+          std::upper_bound(tile_base.begin(), tile_base.end(), t) - tile_base.begin() - 1;
+      pack_tile<D>(k_cache, v_cache, k_scales, v_scales, tables + s * max_blocks, block_size,
+                   kv_heads, h, (t - tile_base[s]) * KT, context_lens[s],
+                   packed_k.get() + i * tile_floats, packed_v.get() + i * tile_floats);
+    }
+  });
+  // pass 2: runs of query positions, the most work first so that the threads finish together
+  std::vector<Run> runs;
+  for (int64_t s = 0; s < seqs; ++s) {
+    const int64_t num_new = starts[s + 1] - starts[s];
+    for (int64_t first = 0; first < num_new; first += M)
+      for (int64_t h = 0; h < kv_heads; ++h) runs.push_back({s, h, first, std::min(M, num_new - first)});
+  }
+  auto seen = [&](const Run& run) {  // the keys a run sees: its context up to its last position
+    return context_lens[run.seq] - (starts[run.seq + 1] - starts[run.seq]) + run.first + run.count;
+  };
+  std::stable_sort(runs.begin(), runs.end(),
+                   [&](const Run& a, const Run& b) { return seen(a) * a.count > seen(b) * b.count; });
+  const int64_t num_runs = static_cast<int64_t>(runs.size());
+#pragma omp parallel for schedule(dynamic, 1) num_threads(at::get_num_threads())
+  for (int64_t w = 0; w < num_runs; ++w) {
+    const Run& run = runs[w];
+    const int64_t rows = run.count * group, padded = (rows + RB - 1) / RB * RB;
+    const int64_t cached = context_lens[run.seq] - (starts[run.seq + 1] - starts[run.seq]);
+    std::vector<const float*> qr(padded, ZERO_ROW);
+    std::vector<int64_t> limit(padded, -1);  // the last key each row sees (padding: none)
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = run.first + r / group, g = r % group;
+      qr[r] = q + ((starts[run.seq] + i) * q_heads + run.head * group + g) * D;
+      limit[r] = cached + i;
+    }
+    std::vector<float> o(padded * D, 0.f), top(padded, MASKED), total(padded, 0.f);
+    float s[RB * KT], alpha[RB];
+    const int64_t tile0 = tile_base[run.seq] * kv_heads + run.head;
+    for (int64_t kt = 0; kt < (seen(run) + KT - 1) / KT; ++kt) {
+      const float* kp = packed_k.get() + (tile0 + kt * kv_heads) * tile_floats;
+      const float* vp = packed_v.get() + (tile0 + kt * kv_heads) * tile_floats;
+      const int64_t k0 = kt * KT;
+      for (int64_t r0 = 0; r0 < padded; r0 += RB) {
+        if (limit[std::min(r0 + RB, rows) - 1] < k0) continue;  // the whole tile is in the future
+        scores<D>(&qr[r0], kp, scale, s);
+        for (int64_t r = 0; r < RB; ++r) {
+          float* sr = s + r * KT;
+          const int64_t visible = std::clamp<int64_t>(limit[r0 + r] - k0 + 1, 0, KT);
+          if (visible == 0) {  // nothing of this tile yet: the row's sums stay as they are
+            std::fill(sr, sr + KT, 0.f);
+            alpha[r] = 1.f;
+            continue;
+          }
+          std::fill(sr + visible, sr + KT, MASKED);
+          // in vectors (the exps through glibc's libmvec): one at a time, the exps alone took
+          // longer than the tile's dot products
+          float best = top[r0 + r], sum = 0.f;
+#pragma omp simd reduction(max : best)
+          for (int64_t n = 0; n < KT; ++n) best = std::max(best, sr[n]);
+#pragma omp simd reduction(+ : sum)
+          for (int64_t n = 0; n < KT; ++n) sum += (sr[n] = std::exp(sr[n] - best));
+          alpha[r] = std::exp(top[r0 + r] - best);
+          total[r0 + r] = total[r0 + r] * alpha[r] + sum;
+          top[r0 + r] = best;
+        }
+        accumulate<D>(s, vp, alpha, o.data() + r0 * D);
+      }
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = run.first + r / group, g = r % group;
+      float* dst = out + ((starts[run.seq] + i) * q_heads + run.head * group + g) * D;
+      const float inv = 1.f / total[r];
+      for (int64_t c = 0; c < D / L; ++c) store_vec(dst + c * L, load_vec(o.data() + r * D + c * L) * inv);
+    }
+  }
+}
+
+}  // namespace
+
+// As paged_prefill (prefill_attention.cpp) with q and out float32 and a float32 pool (or int8 with
+// k_scales and v_scales)
+torch::Tensor paged_prefill_fp32(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
+                                 torch::Tensor block_tables, torch::Tensor starts,
+                                 torch::Tensor context_lens, double scale,
+                                 c10::optional<torch::Tensor> k_scales,
+                                 c10::optional<torch::Tensor> v_scales) {
+  const PrefillInputs in = prefill_inputs(q, k_cache, v_cache, block_tables, starts, context_lens,
+                                          k_scales, v_scales, torch::kFloat32);
+  auto out = torch::empty_like(in.q);
+  auto run = [&](auto cache_type, auto fn) {
+    using T = decltype(cache_type);
+    fn(in.q.data_ptr<float>(), in.k_cache.data_ptr<T>(), in.v_cache.data_ptr<T>(),
+       in.int8 ? in.k_scales.data_ptr<float>() : nullptr,
+       in.int8 ? in.v_scales.data_ptr<float>() : nullptr, in.block_tables.data_ptr<int32_t>(),
+       in.starts.data_ptr<int32_t>(), in.context_lens.data_ptr<int32_t>(),
+       out.data_ptr<float>(), in.block_tables.size(0), in.q.size(1), in.k_cache.size(2),
+       in.k_cache.size(1), in.block_tables.size(1), static_cast<float>(scale));
+  };
+  if (in.int8)
+    in.q.size(2) == 64 ? run(int8_t{}, prefill<64, int8_t>) : run(int8_t{}, prefill<128, int8_t>);
+  else
+    in.q.size(2) == 64 ? run(float{}, prefill<64, float>) : run(float{}, prefill<128, float>);
+  return out;
+}

@@ -1,0 +1,46 @@
+// The prefill kernels' arguments (prefill_attention.cpp in bf16, prefill_attention_fp32.cpp),
+// checked once here and made contiguous.
+#pragma once
+
+#include <torch/extension.h>
+
+#include "int8_pool.h"
+
+#include <tuple>
+
+struct PrefillInputs {
+  torch::Tensor q, k_cache, v_cache, k_scales, v_scales, block_tables, starts, context_lens;
+  bool int8;
+};
+
+// q [T, Hq, 64|128] in `dtype`; the caches [num_blocks, block_size, Hkv, D] in `dtype`, or int8
+// with both scales; block_tables [S, W], starts [S + 1] (ending at T), context_lens [S], int32
+inline PrefillInputs prefill_inputs(const torch::Tensor& q, const torch::Tensor& k_cache,
+                                    const torch::Tensor& v_cache,
+                                    const torch::Tensor& block_tables, const torch::Tensor& starts,
+                                    const torch::Tensor& context_lens,
+                                    const c10::optional<torch::Tensor>& k_scales,
+                                    const c10::optional<torch::Tensor>& v_scales,
+                                    torch::ScalarType dtype) {
+  TORCH_CHECK(q.dim() == 3 && (q.size(2) == 64 || q.size(2) == 128), "q must be [T, Hq, 64|128]");
+  const bool int8 = k_cache.scalar_type() == torch::kInt8;
+  const auto pool = int8 ? torch::kInt8 : dtype;
+  TORCH_CHECK(q.scalar_type() == dtype && k_cache.scalar_type() == pool &&
+                  v_cache.scalar_type() == pool,
+              "paged_prefill takes q and caches of one dtype (or int8 caches)");
+  PrefillInputs in{q.contiguous(), k_cache.contiguous(), v_cache.contiguous(), {}, {},
+                   block_tables.contiguous(), starts.contiguous(), context_lens.contiguous(),
+                   int8};
+  if (int8) std::tie(in.k_scales, in.v_scales) = int8_pool_scales(k_cache, v_cache, k_scales, v_scales);
+  TORCH_CHECK(k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() &&
+                  k_cache.size(3) == q.size(2) && q.size(1) % k_cache.size(2) == 0,
+              "the caches must be [num_blocks, block_size, Hkv, head_dim], Hq a multiple of Hkv");
+  TORCH_CHECK(block_tables.scalar_type() == torch::kInt32 &&
+                  starts.scalar_type() == torch::kInt32 &&
+                  context_lens.scalar_type() == torch::kInt32 &&
+                  starts.size(0) == block_tables.size(0) + 1 &&
+                  context_lens.size(0) == block_tables.size(0),
+              "block tables [S, W], starts [S + 1] and context lengths [S] must be int32");
+  TORCH_CHECK(in.starts[-1].item<int32_t>() == q.size(0), "starts must end at q's length");
+  return in;
+}

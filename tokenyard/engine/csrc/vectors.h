@@ -1,0 +1,63 @@
+// Vectors of the machine's own width for the attention kernels (GCC vector extensions), and the
+// loads that widen a pool's row (fp32, bf16 or int8) into them. Shared by paged_attention.cpp
+// (decode) and prefill_attention_fp32.cpp.
+#pragma once
+
+#include <torch/extension.h>
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace {
+
+// lanes of one vector: the machine's own width, since GCC lowers a wider vector's two-source
+// shuffles (reduce_lanes) one lane at a time where the CPU has no such instruction (AVX2)
+#if defined(__AVX512F__)
+constexpr int64_t L = 16;
+#else
+constexpr int64_t L = 8;
+#endif
+typedef float vec __attribute__((vector_size(L * sizeof(float))));
+typedef uint16_t half_vec __attribute__((vector_size(L * sizeof(uint16_t))));
+typedef uint32_t bits_vec __attribute__((vector_size(L * sizeof(uint32_t))));
+
+// head_dim is a template parameter so that the loops over a row unroll into C whole vectors
+template <int64_t D>
+inline void load_row(const float* src, vec* dst) {
+  std::memcpy(dst, src, D * sizeof(float));
+}
+// bf16 is the top half of an fp32: widen and shift
+template <int64_t D>
+inline void load_row(const at::BFloat16* src, vec* dst) {
+  for (int64_t c = 0; c < D / L; ++c) {
+    half_vec h;
+    std::memcpy(&h, src + c * L, sizeof h);
+    bits_vec bits = __builtin_convertvector(h, bits_vec) << 16;
+    std::memcpy(&dst[c], &bits, sizeof bits);
+  }
+}
+
+typedef int32_t index_vec __attribute__((vector_size(L * sizeof(int32_t))));
+// int8 rows widen exactly to fp32 (their scale is applied by the caller). GCC's generic
+// conversion of an int8 vector came out one lane at a time (2.3x the time of a bf16 pool per
+// decode), so the widening is written with the CPU's own sign extension and conversion
+template <int64_t D>
+inline void load_row(const int8_t* src, vec* dst) {
+  for (int64_t c = 0; c < D / L; ++c) {
+#if defined(__AVX512F__)
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + c * L));
+    const __m512 wide = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes));
+    std::memcpy(&dst[c], &wide, sizeof wide);
+#elif defined(__AVX2__)
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + c * L));
+    const __m256 wide = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(bytes));
+    std::memcpy(&dst[c], &wide, sizeof wide);
+#else
+    for (int64_t l = 0; l < L; ++l) dst[c][l] = static_cast<float>(src[c * L + l]);
+#endif
+  }
+}
+
+}  // namespace
