@@ -307,35 +307,23 @@ def test_kernel_refuses_what_it_cannot_run(kernel):
         kernel.paged_decode(q, values, values, tables, lengths, 0.125, scales, scales[:, :1])
 
 
-def test_prefill_kernel_refuses_what_it_cannot_run(prefill_kernel):
-    q = torch.randn(3, 9, 64, dtype=torch.bfloat16)
-    cache = torch.randn(4, BS, 3, 64, dtype=torch.bfloat16)
-    tables = torch.zeros(1, 1, dtype=torch.int32)
-    starts = torch.tensor([0, 3], dtype=torch.int32)
-    lengths = torch.tensor([3], dtype=torch.int32)
-    run = prefill_kernel.paged_prefill
-    with pytest.raises(RuntimeError, match="of one dtype"):
-        run(q.float(), cache, cache, tables, starts, lengths, 0.125)
-    with pytest.raises(RuntimeError, match="int32"):
-        run(q, cache, cache, tables, starts.long(), lengths, 0.125)
-    with pytest.raises(RuntimeError, match="end at q's length"):
-        run(q, cache, cache, tables, torch.tensor([0, 2], dtype=torch.int32), lengths, 0.125)
-    values = quantize_rows(cache)[0]
-    with pytest.raises(RuntimeError, match="both scales"):
-        run(q, values, values, tables, starts, lengths, 0.125)
-
-
-def test_fp32_prefill_kernel_refuses_what_it_cannot_run(kernel):
-    q = torch.randn(3, 9, 64)
-    cache = torch.randn(4, BS, 3, 64)
+@pytest.mark.parametrize("dtype", [FP32, torch.bfloat16])
+def test_prefill_kernel_refuses_what_it_cannot_run(kernel, dtype):
+    q = torch.randn(3, 9, 64, dtype=dtype)
+    cache = torch.randn(4, BS, 3, 64, dtype=dtype)
     tables = torch.zeros(1, 1, dtype=torch.int32)
     starts = torch.tensor([0, 3], dtype=torch.int32)
     lengths = torch.tensor([3], dtype=torch.int32)
     run = kernel.paged_prefill
+    if dtype != FP32 and not kernel.PREFILL_BF16:
+        with pytest.raises(RuntimeError, match="AVX512-BF16"):
+            run(q, cache, cache, tables, starts, lengths, 0.125)
+        return
+    other = torch.bfloat16 if dtype == FP32 else FP32
     with pytest.raises(RuntimeError, match="of one dtype"):
-        run(q, cache.bfloat16(), cache.bfloat16(), tables, starts, lengths, 0.125)
+        run(q, cache.to(other), cache.to(other), tables, starts, lengths, 0.125)
     with pytest.raises(RuntimeError, match=r"\[T, Hq, 64\|128\]"):
-        run(torch.randn(3, 9, 80), cache, cache, tables, starts, lengths, 0.125)
+        run(q[..., :40], cache, cache, tables, starts, lengths, 0.125)
     with pytest.raises(RuntimeError, match="int32"):
         run(q, cache, cache, tables, starts.long(), lengths, 0.125)
     with pytest.raises(RuntimeError, match="end at q's length"):
@@ -343,9 +331,6 @@ def test_fp32_prefill_kernel_refuses_what_it_cannot_run(kernel):
     values = quantize_rows(cache)[0]
     with pytest.raises(RuntimeError, match="both scales"):
         run(q, values, values, tables, starts, lengths, 0.125)
-    if not kernel.PREFILL_BF16:
-        with pytest.raises(RuntimeError, match="AVX512-BF16"):
-            run(q.bfloat16(), cache.bfloat16(), cache.bfloat16(), tables, starts, lengths, 0.125)
 
 
 def test_backend_choice(kernel, monkeypatch):

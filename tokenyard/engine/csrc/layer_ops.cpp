@@ -14,6 +14,8 @@
 
 #include <ATen/Parallel.h>
 
+#include "vectors.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -25,14 +27,9 @@ namespace {
 
 constexpr int64_t GRAIN = 16;  // rows per thread at least: a decode step's few rows stay on one
 
-// lanes of one vector: the machine's own width. Vectors of 16 floats without AVX-512 (GCC splits
-// them in two) ran SiLU * up 3.4x and RMSNorm 2.3x slower on a Zen 3 EPYC (512 fp32 rows: 1,404
-// against 411 us, 379 against 165; bench/RESULTS.md)
-#if defined(__AVX512F__)
-constexpr int64_t L = 16;
-#else
-constexpr int64_t L = 8;
-#endif
+// L (vectors.h): the machine's width. Vectors of 16 floats without AVX-512 (GCC splits them in two)
+// ran SiLU * up 3.4x and RMSNorm 2.3x slower on a Zen 3 EPYC (512 fp32 rows: 1,404 against 411
+// us, 379 against 165; bench/RESULTS.md)
 typedef float vecf __attribute__((vector_size(L * sizeof(float))));
 typedef int32_t veci __attribute__((vector_size(L * sizeof(int32_t))));
 typedef uint16_t vech __attribute__((vector_size(L * sizeof(uint16_t))));

@@ -1,6 +1,6 @@
-// Vectors of the machine's own width for the attention kernels (GCC vector extensions), and the
-// loads that widen a pool's row (fp32, bf16 or int8) into them. Shared by paged_attention.cpp
-// (decode) and prefill_attention_fp32.cpp.
+// Vectors of the machine's own width (GCC vector extensions) for the kernels written over them, and
+// the loads that widen a KV pool's row (fp32, bf16 or int8) into them: paged_attention.cpp
+// (decode), prefill_attention_fp32.cpp and layer_ops.cpp (its own vector types, of L lanes).
 #pragma once
 
 #include <torch/extension.h>
@@ -12,8 +12,9 @@
 
 namespace {
 
-// lanes of one vector: the machine's own width, since GCC lowers a wider vector's two-source
-// shuffles (reduce_lanes) one lane at a time where the CPU has no such instruction (AVX2)
+// lanes of one vector: the machine's own width. GCC splits wider vectors into the machine's, and
+// lowers their two-source shuffles (paged_attention.cpp's reduce_lanes) one lane at a time where
+// the CPU has no such instruction (AVX2)
 #if defined(__AVX512F__)
 constexpr int64_t L = 16;
 #else
