@@ -207,8 +207,11 @@ def test_an_anthropic_prefill_is_continued_by_the_engine(
         return httpx.post(f"{engine}/v1/chat/completions", json=body, timeout=60).json()
 
     # the prompt's cached prefix first, for both requests below (a cold prefill attends in other
-    # kernels than the cached prompt's tail does, and a greedy near-tie may break either way)
+    # kernels than the cached prompt's tail does, and a greedy near-tie may break either way: here
+    # " They are the" warm against " These three colours" cold). The gateway salts the prefix
+    # cache with the team, so its request warms its own.
     direct(1)
+    claude.messages.create(**asked, max_tokens=1)
     reply = claude.messages.create(**asked, max_tokens=8)
     expected = direct(8)
     assert reply.content[0].text == expected["choices"][0]["message"]["content"]
