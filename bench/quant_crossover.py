@@ -15,7 +15,7 @@ from engine_vs_llamacpp import cpu_flags
 from torch.nn import functional as F
 
 from tokenyard.engine.cpu_kernels import quant_isa, quant_matmul
-from tokenyard.engine.model_runner import _dtype
+from tokenyard.engine.model_runner import resolve_dtype
 from tokenyard.engine.packed_linear import PackedLinear, packable
 from tokenyard.engine.quant import pack_q4
 from tokenyard.engine.quantized_linear import QuantizedLinear
@@ -44,7 +44,7 @@ def main() -> None:
     ]
     # activations in the dtype the engine runs here (bf16 where the CPU has bf16 dot products,
     # else fp32); the bf16 copy only where the engine can keep one (oneDNN packs bf16)
-    dtype = _dtype("auto", torch.device("cpu"))
+    dtype = resolve_dtype("auto", torch.device("cpu"))
     copies = (
         [PackedLinear(layer.dense(torch.bfloat16)) for layer in layers]
         if packable(torch.bfloat16)

@@ -37,7 +37,9 @@ def _device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def _dtype(name: str, device: torch.device) -> torch.dtype:
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """The activations' dtype for `name` on `device` (`auto`: bf16 on CUDA and on CPUs with bf16
+    dot products, else fp32)."""
     if name == "auto":
         native_bf16 = device.type == "cuda" or (
             torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
@@ -84,7 +86,7 @@ class StepInputs:
 class ModelRunner:
     def __init__(self, config: EngineConfig, path: Path):
         self.device = _device(config.device)
-        self.dtype = _dtype(config.dtype, self.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
         quantization = effective_quantization(config.quantization, self.device)
         self.model_config, weights = load_weights(path, quantization)
         self.max_model_len = config.max_model_len or self.model_config.max_position_embeddings

@@ -132,8 +132,9 @@ void prefill(const float* q, const T* k_cache, const T* v_cache, const float* k_
     for (int64_t first = 0; first < num_new; first += M)
       for (int64_t h = 0; h < kv_heads; ++h) runs.push_back({s, h, first, std::min(M, num_new - first)});
   }
+  auto cached = [&](int64_t seq) { return context_lens[seq] - (starts[seq + 1] - starts[seq]); };
   auto seen = [&](const Run& run) {  // the keys a run sees: its context up to its last position
-    return context_lens[run.seq] - (starts[run.seq + 1] - starts[run.seq]) + run.first + run.count;
+    return cached(run.seq) + run.first + run.count;
   };
   std::stable_sort(runs.begin(), runs.end(),
                    [&](const Run& a, const Run& b) { return seen(a) * a.count > seen(b) * b.count; });
@@ -142,13 +143,12 @@ void prefill(const float* q, const T* k_cache, const T* v_cache, const float* k_
   for (int64_t w = 0; w < num_runs; ++w) {
     const Run& run = runs[w];
     const int64_t rows = run.count * group, padded = (rows + RB - 1) / RB * RB;
-    const int64_t cached = context_lens[run.seq] - (starts[run.seq + 1] - starts[run.seq]);
     std::vector<const float*> qr(padded, ZERO_ROW);
     std::vector<int64_t> limit(padded, -1);  // the last key each row sees (padding: none)
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t i = run.first + r / group, g = r % group;
       qr[r] = q + ((starts[run.seq] + i) * q_heads + run.head * group + g) * D;
-      limit[r] = cached + i;
+      limit[r] = cached(run.seq) + i;
     }
     std::vector<float> o(padded * D, 0.f), top(padded, MASKED), total(padded, 0.f);
     float s[RB * KT], alpha[RB];
