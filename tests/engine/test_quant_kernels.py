@@ -152,7 +152,7 @@ def test_matmul_matches_reference(type_name, isa):
         )
         layer.isa = isa
         w = layer.weight.dequantize()
-        for m in (1, 2, 3, 4, 5, 9):
+        for m in (1, 2, 3, 4, 5, 9, 16, 17):
             x = torch.randn(m, cols)
             x[0, :BLOCK] = 0  # an all-zero block: scale 0 must not divide by zero
             y = layer(x)
@@ -167,13 +167,13 @@ def test_matmul_matches_reference(type_name, isa):
 def test_q4_at_the_extremes_of_its_sums(isa):
     """Every level 15 against activations that all quantize to +-127: the largest dot products a
     q4 block can make (AVX2 sums a block's 16 products per lane in int16 before widening: at most
-    30480), over steps of 1 to 13 rows (tiles of 4 on AVX2, 8 with VNNI), exact in the outputs."""
+    30480), over steps of 1 to 33 rows (tiles of 4 on AVX2, 16 with VNNI), exact in the outputs."""
     rows, cols = 20, 4 * BLOCK
     levels = np.full((rows, cols), 15, dtype=np.uint8)
     ones = np.ones((rows, cols // BLOCK), dtype=np.float32)
     layer = QuantizedLinear(pack_q4(levels, ones, 0 * ones, "int4"))
     layer.isa = isa
-    for m in (1, 4, 5, 8, 9, 13):
+    for m in (1, 4, 5, 8, 9, 13, 16, 17, 33):
         signs = torch.tensor([(-1.0) ** i for i in range(m)]).unsqueeze(1)
         x = signs * torch.ones(m, cols)
         expected = (signs * 15.0 * cols).expand(m, rows)

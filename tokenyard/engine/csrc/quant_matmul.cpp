@@ -13,8 +13,8 @@
 // multiplies a chunk by 4 activations broadcast to every lane: 16 rows' partial sums at once, so
 // a block costs 8 dot instructions and one conversion + scaling for 16 rows (the row-major layout
 // this replaces needed a conversion and scaling for every row: 3-4 instructions per 64 weights and
-// row against about one here; bench/RESULTS.md, issue 17). The unpacked chunks serve up to MR
-// activation rows from registers.
+// row against about one here; bench/RESULTS.md, issue 17). The unpacked chunks serve several
+// activation rows from registers (MR_* below).
 //
 // vpdpbusd takes unsigned x signed bytes: q4 weights are unsigned; q8 weights are made unsigned
 // (q + 128, one xor a chunk) and 128 * sum(qa) comes off each block's int32 sum. AVX2 (no VNNI)
@@ -38,11 +38,18 @@ namespace {
 
 constexpr int64_t QB = 32;  // weights per block, and per activation block
 constexpr int64_t PW = 16;  // weight rows per panel
-constexpr int MR = 8;       // activation rows that share one pass over a panel
-// AVX2's q4 passes take 4: its 16 ymm registers hold a half block's 8 unpacked weight vectors, and
-// 8 accumulators beside them spill (16-row steps 9% faster in passes of 4 than of 8 on a Zen 3
-// EPYC; its q8 passes, which spill either way, gained nothing there; bench/RESULTS.md)
+// Activation rows that share one pass over a panel, at most MR. AVX-512's q4 passes take 16: its 32
+// zmm registers hold a block's 8 unpacked chunks and 16 accumulators, so a speculation's 9-row
+// verify step or a 16-row batch reads and unpacks each panel once, not in passes of 8 + 1 or 8 + 8
+// (9-24 rows 0.88-0.95x the time on a Zen 4 EPYC, 1-8 rows alike; bench/RESULTS.md). Its q8
+// passes stay at 8 (16 measured no faster). AVX2's q4 passes take 4: its 16 ymm registers hold a
+// half block's 8 unpacked weight vectors, and 8 accumulators beside them spill (16-row steps 9%
+// faster in passes of 4 than of 8 on a Zen 3 EPYC; its q8 passes, which spill either way, gained
+// nothing there).
+constexpr int MR_VNNI_Q4 = 16;
+constexpr int MR_Q8 = 8;
 constexpr int MR_AVX2_Q4 = 4;
+constexpr int MR = MR_VNNI_Q4;  // the most of any path
 
 #define AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
 #define VNNI_TARGET \
@@ -393,7 +400,7 @@ torch::Tensor panel_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d, t
     if (qs.scalar_type() == torch::kUInt8) {
       const uint8_t* w = qs.data_ptr<uint8_t>();
       const S* mp = mn.data_ptr<S>();
-      return matmul(x, N, vnni ? MR : MR_AVX2_Q4, [&](auto r, int64_t p, int64_t m0,
+      return matmul(x, N, vnni ? MR_VNNI_Q4 : MR_AVX2_Q4, [&](auto r, int64_t p, int64_t m0,
                                                      float (*out)[PW]) {
         constexpr int R = decltype(r)::value;
         const int64_t base = p * nb;
@@ -404,7 +411,7 @@ torch::Tensor panel_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d, t
       });
     }
     const int8_t* w = qs.data_ptr<int8_t>();
-    return matmul(x, N, MR, [&](auto r, int64_t p, int64_t m0, float (*out)[PW]) {
+    return matmul(x, N, MR_Q8, [&](auto r, int64_t p, int64_t m0, float (*out)[PW]) {
       constexpr int R = decltype(r)::value;
       const int64_t base = p * nb;
       if (group == QB) {
