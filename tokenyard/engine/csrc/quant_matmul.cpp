@@ -30,6 +30,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <type_traits>
 #include <vector>
@@ -159,6 +160,20 @@ inline int32_t word(const int8_t* p) {
   return v;
 }
 
+// Each block asks for the weights PREFETCH bytes ahead of it: the rest of its panel, then the next
+// panel, which the same thread takes next. The hardware prefetcher alone kept the weight stream
+// behind the dot products: with this, on a Zen 4 EPYC a one-row q4 matmul (SmolLM2's gate_up)
+// took 0.69-0.80x the time and the Q8_0 LM head at 8-32 rows 0.74-0.83x (bench/RESULTS.md).
+// Addresses past the weights' end are only prefetched, never read (a prefetch does not fault).
+constexpr int64_t PREFETCH = 4096;
+
+template <int64_t BYTES>
+inline void prefetch_ahead(const void* block) {
+  const uintptr_t at = reinterpret_cast<uintptr_t>(block) + PREFETCH;
+  for (int64_t line = 0; line < BYTES; line += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(at + line), _MM_HINT_T0);
+}
+
 // ------------------------------------------------------------------ AVX-512 VNNI
 
 VNNI_TARGET inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
@@ -185,6 +200,7 @@ VNNI_TARGET void q4_panel_vnni(const uint8_t* qs, const S* d, const S* mn, int64
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   const __m512i low = _mm512_set1_epi8(0x0F);
   for (int64_t b = 0; b < nb; ++b) {
+    prefetch_ahead<256>(qs + b * 256);
     __m512i w[8];
     for (int c = 0; c < 4; ++c) {
       const __m512i v = _mm512_loadu_si512(qs + b * 256 + 64 * c);
@@ -209,6 +225,7 @@ VNNI_TARGET void q8_panel_vnni(const int8_t* qs, const S* d, int64_t nb, const Q
   for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int64_t b = 0; b < nb; ++b) {
+    prefetch_ahead<512>(qs + b * 512);
     __m512i w[8];
     for (int c = 0; c < 8; ++c)
       w[c] = _mm512_xor_si512(_mm512_loadu_si512(qs + b * 512 + 64 * c), flip);  // q + 128
@@ -256,6 +273,7 @@ AVX2_TARGET void q4_panel_avx2(const uint8_t* qs, const S* d, const S* mn, int64
     __m256 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
+      prefetch_ahead<256>(qs + b * 256);
       __m256i w[8];
       for (int c = 0; c < 4; ++c) {
         const __m256i v = load256(qs + b * 256 + 64 * c + 32 * half);
@@ -287,6 +305,7 @@ AVX2_TARGET void q8_panel_avx2(const int8_t* qs, const S* d, int64_t nb, const Q
     __m256 acc[R];
     for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
+      prefetch_ahead<512>(qs + b * 512);
       __m256i w[8], w_abs[8];
       for (int c = 0; c < 8; ++c) {
         w[c] = load256(qs + b * 512 + 64 * c + 32 * half);
