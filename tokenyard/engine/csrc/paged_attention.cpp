@@ -59,12 +59,14 @@ inline vec reduce_lanes(vec* v) {
   return v[0];
 }
 
-// How much of the next block a walk over a sequence's blocks asks for as it starts one: blocks lie
-// anywhere in the pool, and the hardware prefetcher follows a block only after its first lines
-// have missed (whole blocks asked for at once measured slower). On a Zen 4 EPYC, with 30 layers'
-// pools read cold, 16 and 64 sequences took 0.92-0.93x the time, one sequence over 900-2,000
-// tokens 0.94-0.95x (bench/RESULTS.md).
-constexpr int64_t PREFETCH_HEAD = 1024;
+// How far ahead of the token being read a walk over a sequence's blocks asks for the K (or V)
+// row it will read. Blocks lie anywhere in the pool, and the hardware prefetcher, which follows
+// runs of misses, kept a 16-sequence step over scattered blocks at about 60% of the speed of one
+// over consecutive blocks. On a Zen 4 EPYC, with 30 layers' pools read cold and blocks in random
+// order, 16 and 64 sequences then took 0.75-0.78x the time (bf16; fp32 0.89-0.92x), one sequence
+// over 900-2,000 tokens 0.73-0.87x; 4 or 16-32 tokens ahead did less, and whole blocks asked for
+// as one starts less still (bench/RESULTS.md).
+constexpr int64_t PREFETCH_TOKENS = 8;
 
 inline void prefetch_bytes(const void* start, int64_t bytes) {
   for (int64_t at = 0; at < bytes; at += 64)
@@ -108,18 +110,20 @@ void decode(const T* q, const P* k_cache, const P* v_cache, const float* k_scale
       if (n_tokens <= 0) continue;  // a short sequence in a split step: its totals stay 0
       const int32_t* table = tables + b * max_blocks;
       // calls fn(j, pool slot of token lo + j) for the part's tokens, walking its blocks of
-      // `pool`; as it starts a block it asks for the start of the next (PREFETCH_HEAD)
+      // `pool`, and asks for the row PREFETCH_TOKENS ahead of each
       auto each_slot = [&](const P* pool, auto fn) {
+        const int64_t row_bytes = row * static_cast<int64_t>(sizeof(P));
+        int64_t ahead = lo + PREFETCH_TOKENS;
         for (int64_t first = lo; first < hi;) {
           const int64_t offset = first % block_size, n = std::min(block_size - offset, hi - first);
           const int64_t base = table[first / block_size] * block_size + offset;
-          if (first + n < hi) {
-            const int64_t next = table[(first + n) / block_size] * block_size;
-            const int64_t count = std::min(block_size, hi - first - n);
-            const int64_t bytes = count * row * static_cast<int64_t>(sizeof(P));
-            prefetch_bytes(pool + next * row, std::min(PREFETCH_HEAD, bytes));
+          for (int64_t t = 0; t < n; ++t, ++ahead) {
+            if (ahead < hi) {
+              const int64_t slot = table[ahead / block_size] * block_size + ahead % block_size;
+              prefetch_bytes(pool + slot * row, row_bytes);
+            }
+            fn(first - lo + t, base + t);
           }
-          for (int64_t t = 0; t < n; ++t) fn(first - lo + t, base + t);
           first += n;
         }
       };
