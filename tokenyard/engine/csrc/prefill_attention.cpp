@@ -209,35 +209,27 @@ void prefill(const uint16_t* q, const void* k_cache, const void* v_cache, const 
              int64_t kv_heads, int64_t block_size, int64_t max_blocks, float scale) {
   const int64_t group = q_heads / kv_heads, row = kv_heads * D, tile_words = KT * D / 2;
   // pass 1: pack every key tile of every (sequence, KV head)
-  std::vector<int64_t> tile_base(seqs + 1, 0);  // first tile of each sequence (per head)
-  for (int64_t s = 0; s < seqs; ++s)
-    tile_base[s + 1] = tile_base[s] + (context_lens[s] + KT - 1) / KT;
+  const std::vector<int64_t> tile_base = tile_bases(context_lens, seqs, KT);
   const int64_t tiles = tile_base[seqs];
   // written whole below: left uninitialized
   std::unique_ptr<uint32_t[]> packed_k(new uint32_t[tiles * kv_heads * tile_words]),
       packed_v(new uint32_t[tiles * kv_heads * tile_words]);
-  at::parallel_for(0, tiles * kv_heads, 8, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t t = i / kv_heads, h = i % kv_heads;
-      const int64_t s =
-          std::upper_bound(tile_base.begin(), tile_base.end(), t) - tile_base.begin() - 1;
-      const int32_t* table = tables + s * max_blocks;
-      const int64_t first_key = (t - tile_base[s]) * KT;
-      const uint16_t* rows[KT];
-      alignas(64) uint16_t local[KT * D];  // an int8 tile's rows in bf16
-      auto read = [&](const void* cache, const float* scales) {
-        if (scales == nullptr)
-          tile_rows(static_cast<const uint16_t*>(cache) + h * D, table, block_size, row, first_key,
-                    context_lens[s], rows);
-        else
-          dequantized_rows<D>(static_cast<const int8_t*>(cache), scales, table, block_size,
-                              kv_heads, h, first_key, context_lens[s], local, rows);
-      };
-      read(k_cache, k_scales);
-      pack_keys<D>(rows, packed_k.get() + i * tile_words);
-      read(v_cache, v_scales);
-      pack_values<D>(rows, packed_v.get() + i * tile_words);
-    }
+  each_tile(tile_base, kv_heads, KT, [&](int64_t i, int64_t s, int64_t h, int64_t first_key) {
+    const int32_t* table = tables + s * max_blocks;
+    const uint16_t* rows[KT];
+    alignas(64) uint16_t local[KT * D];  // an int8 tile's rows in bf16
+    auto read = [&](const void* cache, const float* scales) {
+      if (scales == nullptr)
+        tile_rows(static_cast<const uint16_t*>(cache) + h * D, table, block_size, row, first_key,
+                  context_lens[s], rows);
+      else
+        dequantized_rows<D>(static_cast<const int8_t*>(cache), scales, table, block_size,
+                            kv_heads, h, first_key, context_lens[s], local, rows);
+    };
+    read(k_cache, k_scales);
+    pack_keys<D>(rows, packed_k.get() + i * tile_words);
+    read(v_cache, v_scales);
+    pack_values<D>(rows, packed_v.get() + i * tile_words);
   });
   // pass 2: runs of query positions, each cut into parts when there are few to share out
   std::vector<Run> runs;

@@ -108,22 +108,15 @@ void prefill(const float* q, const T* k_cache, const T* v_cache, const float* k_
              int64_t kv_heads, int64_t block_size, int64_t max_blocks, float scale) {
   const int64_t group = q_heads / kv_heads, tile_floats = KT * D;
   // pass 1: pack every key tile of every (sequence, KV head), head-interleaved
-  std::vector<int64_t> tile_base(seqs + 1, 0);  // first tile of each sequence (per head)
-  for (int64_t s = 0; s < seqs; ++s)
-    tile_base[s + 1] = tile_base[s] + (context_lens[s] + KT - 1) / KT;
+  const std::vector<int64_t> tile_base = tile_bases(context_lens, seqs, KT);
   const int64_t tiles = tile_base[seqs];
   // written whole below: left uninitialized
   std::unique_ptr<float[]> packed_k(new float[tiles * kv_heads * tile_floats]),
       packed_v(new float[tiles * kv_heads * tile_floats]);
-  at::parallel_for(0, tiles * kv_heads, 8, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const int64_t t = i / kv_heads, h = i % kv_heads;
-      const int64_t s =
-          std::upper_bound(tile_base.begin(), tile_base.end(), t) - tile_base.begin() - 1;
-      pack_tile<D>(k_cache, v_cache, k_scales, v_scales, tables + s * max_blocks, block_size,
-                   kv_heads, h, (t - tile_base[s]) * KT, context_lens[s],
-                   packed_k.get() + i * tile_floats, packed_v.get() + i * tile_floats);
-    }
+  each_tile(tile_base, kv_heads, KT, [&](int64_t i, int64_t s, int64_t h, int64_t first_key) {
+    pack_tile<D>(k_cache, v_cache, k_scales, v_scales, tables + s * max_blocks, block_size,
+                 kv_heads, h, first_key, context_lens[s], packed_k.get() + i * tile_floats,
+                 packed_v.get() + i * tile_floats);
   });
   // pass 2: runs of query positions, the most work first so that the threads finish together
   std::vector<Run> runs;

@@ -1,12 +1,15 @@
-// The prefill kernels' arguments (prefill_attention.cpp in bf16, prefill_attention_fp32.cpp),
-// checked once here and made contiguous.
+// What the prefill kernels (prefill_attention.cpp in bf16, prefill_attention_fp32.cpp) share: their
+// arguments, checked once here and made contiguous, and the walk over the key tiles they pack.
 #pragma once
 
+#include <ATen/Parallel.h>
 #include <torch/extension.h>
 
 #include "int8_pool.h"
 
+#include <algorithm>
 #include <tuple>
+#include <vector>
 
 struct PrefillInputs {
   torch::Tensor q, k_cache, v_cache, k_scales, v_scales, block_tables, starts, context_lens;
@@ -43,4 +46,26 @@ inline PrefillInputs prefill_inputs(const torch::Tensor& q, const torch::Tensor&
               "block tables [S, W], starts [S + 1] and context lengths [S] must be int32");
   TORCH_CHECK(in.starts[-1].item<int32_t>() == q.size(0), "starts must end at q's length");
   return in;
+}
+
+// The first key tile of each sequence, in tiles of `keys` keys (per KV head); the last entry is
+// the step's total. Packed tiles are head-interleaved: sequence s's tile j of KV head h is
+// (bases[s] + j) * kv_heads + h.
+inline std::vector<int64_t> tile_bases(const int32_t* context_lens, int64_t seqs, int64_t keys) {
+  std::vector<int64_t> bases(seqs + 1, 0);
+  for (int64_t s = 0; s < seqs; ++s) bases[s + 1] = bases[s] + (context_lens[s] + keys - 1) / keys;
+  return bases;
+}
+
+// fn(i, s, h, first_key) for every packed tile i (of sequence s, KV head h, from key first_key),
+// in parallel
+template <typename Fn>
+void each_tile(const std::vector<int64_t>& bases, int64_t kv_heads, int64_t keys, const Fn& fn) {
+  at::parallel_for(0, bases.back() * kv_heads, 8, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t t = i / kv_heads, h = i % kv_heads;
+      const int64_t s = std::upper_bound(bases.begin(), bases.end(), t) - bases.begin() - 1;
+      fn(i, s, h, (t - bases[s]) * keys);
+    }
+  });
 }
