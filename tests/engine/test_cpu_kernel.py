@@ -259,14 +259,19 @@ def test_prefill_kernel_splits_the_keys_of_few_rows(prefill_kernel, dim, q_heads
     assert error.mean().item() <= 1.5 * (ref.float() - fp32).abs().mean().item()
 
 
-@pytest.mark.parametrize(("context", "rows"), [(600, 9), (45, 3), (BS * 7 + 5, 16)])
-def test_exact_mode_rounds_as_decode_rows_do(prefill_kernel, context, rows):
+@pytest.mark.parametrize(
+    ("context", "rows", "q_heads", "kv_heads"),
+    [(600, 9, 9, 3), (45, 3, 9, 3), (BS * 7 + 5, 16, 9, 3), (100, 48, 3, 3), (300, 5, 32, 2)],
+)
+def test_exact_mode_rounds_as_decode_rows_do(prefill_kernel, context, rows, q_heads, kv_heads):
     """A speculating sequence's rows through the prefill kernel's exact mode (P.V in fp32) agree
     with the same rows run as decodes to within a last-bit flip here and there; with bf16 P, a
-    sizeable share of the outputs differ."""
+    sizeable share of the outputs differ. The mode holds a run's rows in 1 to 3 vectors of 16
+    lanes (positions x query heads per KV head: 27, 48 and 16 x 3 here); with 48 positions a part
+    of the keys lies wholly after the first rows' positions."""
     rng = random.Random(context)
-    tables, k_cache, v_cache = _pool(rng, [context], 3, 64, torch.bfloat16)
-    q = (3 * torch.randn(rows, 9, 64)).bfloat16()
+    tables, k_cache, v_cache = _pool(rng, [context], kv_heads, 64, torch.bfloat16)
+    q = (3 * torch.randn(rows, q_heads, 64)).bfloat16()
     args = (
         torch.tensor(tables, dtype=torch.int32),
         torch.tensor([0, rows], dtype=torch.int32),

@@ -21,8 +21,9 @@ Pool = torch.Tensor | Int8Pool
 
 # chunks up to this long (a speculating sequence's 1 + n tokens) attend with fp32 probabilities,
 # as a lone decode has them: bf16 ones break greedy near-ties away from the output without
-# speculation. With the bf16 prefill kernel they run through it in its exact mode (P.V in fp32:
-# a layer over 600 tokens of context, 9 rows 100 against 214 us as decode rows); otherwise (fp32
+# speculation. With the bf16 prefill kernel they run through it in its exact mode (P.V in fp32,
+# the rows in vector lanes: a layer over 500 tokens of context, 9 rows 83-93 against 190-200 us
+# as decode rows); otherwise (fp32
 # too, whose prefill kernel sums in another order than decode rows) as decode rows, each over
 # the context up to its token (bench/RESULTS.md, issue 17)
 SHORT_CHUNK = 16

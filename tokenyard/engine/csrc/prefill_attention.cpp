@@ -8,11 +8,14 @@
 // through the block table and packed into the pair-interleaved layout vdpbf16ps wants; (2) each
 // work item -- a sequence, a KV head and a run of query positions, for all the query heads that
 // share the KV head -- walks its key tiles; (3) the results are normalized into the output. A
-// step of few items (a speculating sequence's 1 + n tokens over its context: 3 items for 2
+// step of few items (a speculating sequence's 1 + n tokens over its context: 3 runs for 2
 // threads here) cuts each run's key tiles into parts that run apart, their running max, sum of
 // exps and unnormalized sums merged in (3), as flash-decoding does. P is rounded to bf16 for the
 // P.V product, as flash attention does on GPUs and PyTorch's CPU kernel does for bf16. An int8
 // pool's tiles are dequantized to bf16 (each row times its scale) as they are packed.
+//
+// Exact mode (a speculating sequence's rows: P in fp32, as a lone decode has it) skips pass 1:
+// its few rows sit in vector lanes and read each key in place (`attend_lanes` below).
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
@@ -69,15 +72,10 @@ inline void scores(const uint32_t* const* q, const uint32_t* k, float scale, flo
   }
 }
 
-// o[r] = o[r] * alpha[r] + sum_n p[r][n] v_n for RB rows. P in bf16 pairs (`pb`, vdpbf16ps), or
-// with EXACT in fp32 (`pf`: each pair of values widened, one FMA a key). A speculating sequence's
-// rows take the exact form, so that their probabilities round as a lone decode's do: bf16 ones
-// break greedy near-ties away from the output without speculation
-template <int64_t D, bool EXACT>
-inline void accumulate(const uint32_t* pb, const float* pf, const uint32_t* v, const float* alpha,
-                       float* o) {
+// o[r] = o[r] * alpha[r] + sum_n p[r][n] v_n for RB rows, P in bf16 pairs (vdpbf16ps)
+template <int64_t D>
+inline void accumulate(const uint32_t* p, const uint32_t* v, const float* alpha, float* o) {
   constexpr int64_t C = D / 16;
-  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
   __m512 acc[RB][C];
   for (int64_t r = 0; r < RB; ++r) {
     const __m512 a = _mm512_set1_ps(alpha[r]);
@@ -86,25 +84,10 @@ inline void accumulate(const uint32_t* pb, const float* pf, const uint32_t* v, c
   }
   for (int64_t m = 0; m < KT / 2; ++m) {
     __m512i vm[C];  // keys 2m (the low halves) and 2m + 1, pairwise
-    [[maybe_unused]] __m512 even[C], odd[C];  // the exact form's, widened once for all rows
-    for (int64_t c = 0; c < C; ++c) {
-      vm[c] = _mm512_loadu_si512(v + m * D + c * 16);
-      if constexpr (EXACT) {
-        even[c] = _mm512_castsi512_ps(_mm512_slli_epi32(vm[c], 16));
-        odd[c] = _mm512_castsi512_ps(_mm512_and_si512(vm[c], high));
-      }
-    }
+    for (int64_t c = 0; c < C; ++c) vm[c] = _mm512_loadu_si512(v + m * D + c * 16);
     for (int64_t r = 0; r < RB; ++r) {
-      if constexpr (EXACT) {
-        const __m512 pe = _mm512_set1_ps(pf[r * KT + 2 * m]),
-                     po = _mm512_set1_ps(pf[r * KT + 2 * m + 1]);
-        for (int64_t c = 0; c < C; ++c)
-          acc[r][c] = _mm512_fmadd_ps(po, odd[c], _mm512_fmadd_ps(pe, even[c], acc[r][c]));
-      } else {
-        const __m512i pm = _mm512_set1_epi32(static_cast<int>(pb[r * KT / 2 + m]));
-        for (int64_t c = 0; c < C; ++c)
-          acc[r][c] = _mm512_dpbf16_ps(acc[r][c], bh(pm), bh(vm[c]));
-      }
+      const __m512i pm = _mm512_set1_epi32(static_cast<int>(p[r * KT / 2 + m]));
+      for (int64_t c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], bh(pm), bh(vm[c]));
     }
   }
   for (int64_t r = 0; r < RB; ++r)
@@ -126,8 +109,20 @@ inline void tile_rows(const uint16_t* cache, const int32_t* table, int64_t block
   }
 }
 
-// the same rows from an int8 pool: each dequantized (times its scale, rounded to bf16) into `local`
-// [KT, D]; keys past the context read ZERO_ROW as above
+// one int8 pool row times its scale, rounded to bf16
+template <int64_t D>
+inline void dequantize_row(const int8_t* src, float scale, uint16_t* dst) {
+  const __m512 s = _mm512_set1_ps(scale);
+  for (int64_t c = 0; c < D; c += 16) {
+    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + c));
+    const __m512 x = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)), s);
+    const __m256bh h = _mm512_cvtneps_pbh(x);
+    std::memcpy(dst + c, &h, sizeof h);
+  }
+}
+
+// the same rows from an int8 pool: each dequantized into `local` [KT, D]; keys past the context
+// read ZERO_ROW as above
 template <int64_t D>
 inline void dequantized_rows(const int8_t* cache, const float* scales, const int32_t* table,
                              int64_t block_size, int64_t kv_heads, int64_t head, int64_t first,
@@ -137,13 +132,7 @@ inline void dequantized_rows(const int8_t* cache, const float* scales, const int
     rows[n] = ZERO_ROW;
     if (first + n < keys) {
       const int64_t at = (table[block] * block_size + offset) * kv_heads + head;
-      const __m512 scale = _mm512_set1_ps(scales[at]);
-      for (int64_t c = 0; c < D; c += 16) {
-        const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(cache + at * D + c));
-        const __m512 x = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)), scale);
-        const __m256bh h = _mm512_cvtneps_pbh(x);
-        std::memcpy(local + n * D + c, &h, sizeof h);
-      }
+      dequantize_row<D>(cache + at * D, scales[at], local + n * D);
       rows[n] = local + n * D;
     }
     if (++offset == block_size) offset = 0, ++block;
@@ -201,6 +190,196 @@ void pack_values(const uint16_t* const* rows, uint32_t* vp) {
     }
 }
 
+// ------------------------------------------------------------------ exact mode
+// A speculating sequence's rows (its last token and draft) attend with fp32 probabilities, as a
+// lone decode's do: bf16 ones break greedy near-ties away from the output without speculation.
+// They are few rows against a whole context, which the packed form serves badly: it packs every
+// key tile for them, and ran its scalar softmax on register blocks of 4 rows (2 rows over 500
+// tokens took twice a decode row's time). Here a run's rows (positions x the query heads of one
+// KV head, up to 48) sit in the lanes of NV vectors instead: each key row, read in place through
+// the block table, is broadcast a pair of dimensions at a time against the transposed queries
+// (vdpbf16ps), its scores come out one vector per 16 rows, and the softmax's max, exp and sums
+// run across lanes with no horizontal reduction. P.V stays fp32: each key's values widened once,
+// one FMA per row and 16 dimensions. On a Zen 4 EPYC, a layer over 500 tokens: 0.66-0.85x the
+// packed form's time at 2-16 rows in process (bench/RESULTS.md, issue 17).
+
+constexpr int64_t EXACT_LANES = 48;  // rows a run holds at most in exact mode: 3 vectors
+constexpr int64_t PREFETCH_KEYS = 8;  // how far ahead the walk asks for a key's K and V rows
+
+// qt[(j * NV + v) * 16 + lane]: row 16 v + lane's dimensions 2j and 2j + 1 as one pair
+template <int64_t D, int NV>
+void transpose_rows(const uint32_t* const* qr, int64_t rows, uint32_t* qt) {
+  std::memset(qt, 0, D / 2 * NV * 16 * sizeof(uint32_t));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < D / 2; ++j) qt[j * NV * 16 + r] = qr[r][j];
+}
+
+// one key's scores against 16 NV rows, its row given as D / 2 pairs
+template <int64_t D, int NV>
+inline void key_scores(const uint32_t* qt, const uint32_t* k, __m512 (&s)[NV]) {
+  constexpr int CH = NV == 1 ? 8 : 4;  // independent sums a vector, so the dot products overlap
+  __m512 acc[NV][CH];
+  for (auto& a : acc)
+    for (auto& c : a) c = _mm512_setzero_ps();
+  for (int64_t j = 0; j < D / 2; j += CH)
+    for (int c = 0; c < CH; ++c) {
+      const __m512i pair = _mm512_set1_epi32(static_cast<int>(k[j + c]));
+      for (int v = 0; v < NV; ++v)
+        acc[v][c] = _mm512_dpbf16_ps(
+            acc[v][c], bh(_mm512_load_si512(qt + ((j + c) * NV + v) * 16)), bh(pair));
+    }
+  for (int v = 0; v < NV; ++v) {
+    s[v] = acc[v][0];
+    for (int c = 1; c < CH; ++c) s[v] = _mm512_add_ps(s[v], acc[v][c]);
+  }
+}
+
+// a key's row of one KV head as D / 2 bf16 pairs: in place, or an int8 row dequantized to `local`
+template <int64_t D>
+inline const uint32_t* key_pairs(const uint16_t* cache, const float*, int64_t at, uint16_t*) {
+  return reinterpret_cast<const uint32_t*>(cache + at * D);
+}
+template <int64_t D>
+inline const uint32_t* key_pairs(const int8_t* cache, const float* scales, int64_t at,
+                                 uint16_t* local) {
+  dequantize_row<D>(cache + at * D, scales[at], local);
+  return reinterpret_cast<const uint32_t*>(local);
+}
+
+// a value row of one KV head widened to fp32 (an int8 one times its scale)
+template <int64_t D>
+inline void value_floats(const uint16_t* cache, const float*, int64_t at, float* out) {
+  for (int64_t c = 0; c < D; c += 16) {
+    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cache + at * D + c));
+    const __m512i widened = _mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16);
+    _mm512_store_ps(out + c, _mm512_castsi512_ps(widened));
+  }
+}
+template <int64_t D>
+inline void value_floats(const int8_t* cache, const float* scales, int64_t at, float* out) {
+  const __m512 s = _mm512_set1_ps(scales[at]);
+  for (int64_t c = 0; c < D; c += 16) {
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(cache + at * D + c));
+    _mm512_store_ps(out + c, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(x)), s));
+  }
+}
+
+// where one KV head's rows lie: pool P (uint16_t for bf16, or int8 with scales)
+template <typename P>
+struct HeadPool {
+  const P *k, *v;
+  const float *k_scales, *v_scales;
+  const int32_t* table;
+  int64_t block_size, kv_heads, head;
+  // at[i]: key first + i's row of this head (in rows of D) for i < n; one division, not one a key
+  void rows_of(int64_t first, int64_t n, int64_t* at) const {
+    int64_t block = first / block_size, offset = first % block_size;
+    for (int64_t i = 0; i < n; ++i) {
+      at[i] = (table[block] * block_size + offset) * kv_heads + head;
+      if (++offset == block_size) offset = 0, ++block;
+    }
+  }
+};
+
+// glibc's vector expf: what GCC calls for std::exp in a vectorized loop (-ffast-math), and so what
+// the decode kernel's softmax runs
+extern "C" __m512 _ZGVeN16v_expf(__m512);
+
+// A run's rows (qr; limit: the last key each sees) against keys [lo, hi): running max `top`, sum
+// of exps `total` and unnormalized sums `o` [16 NV, D] per row, updated a tile of KT keys at a time
+template <int64_t D, int NV, typename P>
+void attend_lanes(const uint32_t* const* qr, const int64_t* limit, int64_t rows,
+                  const HeadPool<P>& pool, int64_t lo, int64_t hi, float scale, float* o,
+                  float* top, float* total) {
+  constexpr int64_t W = NV * 16, C = D / 16, RBX = 16 / C;  // RBX rows: 16 accumulators
+  alignas(64) uint32_t qt[D / 2 * W];
+  alignas(64) float p[KT][W], vf[KT][D];
+  alignas(64) uint16_t local[D];
+  transpose_rows<D, NV>(qr, rows, qt);
+  __m512i last[NV];  // padding lanes see no key
+  __m512 best[NV], sum[NV];
+  for (int v = 0; v < NV; ++v) {
+    alignas(64) int32_t l[16];
+    for (int64_t i = 0; i < 16; ++i)
+      l[i] = 16 * v + i < rows ? static_cast<int32_t>(limit[16 * v + i]) : -1;
+    last[v] = _mm512_load_si512(l);
+    best[v] = _mm512_loadu_ps(top + 16 * v);
+    sum[v] = _mm512_loadu_ps(total + 16 * v);
+  }
+  const __m512 sc = _mm512_set1_ps(scale), floor = _mm512_set1_ps(-80.f);
+  const __m512 zero = _mm512_setzero_ps();
+  const int64_t row_bytes = D * static_cast<int64_t>(sizeof(P));
+  int64_t at[KT + PREFETCH_KEYS];  // the tile's rows, and those the walk asks for ahead of it
+  for (int64_t k0 = lo; k0 < hi; k0 += KT) {
+    const int64_t n = std::min(KT, hi - k0);
+    pool.rows_of(k0, std::min(KT + PREFETCH_KEYS, hi - k0), at);
+    // scores, and the tile's max of the ones each row sees
+    __m512 tile_best[NV];
+    __mmask16 seen[KT][NV];
+    for (int v = 0; v < NV; ++v) tile_best[v] = best[v];
+    for (int64_t t = 0; t < n; ++t) {
+      if (k0 + t + PREFETCH_KEYS < hi) {
+        const int64_t ahead = at[t + PREFETCH_KEYS];
+        for (int64_t b = 0; b < row_bytes; b += 64) {
+          _mm_prefetch(reinterpret_cast<const char*>(pool.k + ahead * D) + b, _MM_HINT_T0);
+          _mm_prefetch(reinterpret_cast<const char*>(pool.v + ahead * D) + b, _MM_HINT_T0);
+        }
+      }
+      __m512 s[NV];
+      key_scores<D, NV>(qt, key_pairs<D>(pool.k, pool.k_scales, at[t], local), s);
+      const __m512i key = _mm512_set1_epi32(static_cast<int>(k0 + t));
+      for (int v = 0; v < NV; ++v) {
+        s[v] = _mm512_mul_ps(s[v], sc);
+        seen[t][v] = _mm512_cmple_epi32_mask(key, last[v]);
+        tile_best[v] = _mm512_mask_max_ps(tile_best[v], seen[t][v], tile_best[v], s[v]);
+        _mm512_store_ps(p[t] + 16 * v, s[v]);
+      }
+      value_floats<D>(pool.v, pool.v_scales, at[t], vf[t]);
+    }
+    // probabilities against the new max (a key a row does not see weighs 0; exp's arguments
+    // stay within [-80, 0]: the vector exp takes a slow path for any lane outside its range),
+    // the old sums rescaled
+    alignas(64) float alpha[W];
+    for (int v = 0; v < NV; ++v) {
+      const __m512 a = _ZGVeN16v_expf(_mm512_max_ps(_mm512_sub_ps(best[v], tile_best[v]), floor));
+      _mm512_store_ps(alpha + 16 * v, a);
+      sum[v] = _mm512_mul_ps(sum[v], a);
+      best[v] = tile_best[v];
+    }
+    for (int64_t t = 0; t < n; ++t)
+      for (int v = 0; v < NV; ++v) {
+        const __m512 x = _mm512_min_ps(
+            _mm512_max_ps(_mm512_sub_ps(_mm512_load_ps(p[t] + 16 * v), best[v]), floor), zero);
+        const __m512 e = _mm512_maskz_mov_ps(seen[t][v], _ZGVeN16v_expf(x));
+        _mm512_store_ps(p[t] + 16 * v, e);
+        sum[v] = _mm512_add_ps(sum[v], e);
+      }
+    // P.V: RBX rows at a time against each key's widened values
+    for (int64_t r0 = 0; r0 < rows; r0 += RBX) {
+      __m512 acc[RBX][C];
+      for (int64_t r = 0; r < RBX; ++r) {
+        const __m512 a = _mm512_set1_ps(alpha[r0 + r]);
+        for (int64_t c = 0; c < C; ++c)
+          acc[r][c] = _mm512_mul_ps(_mm512_loadu_ps(o + (r0 + r) * D + c * 16), a);
+      }
+      for (int64_t t = 0; t < n; ++t) {
+        __m512 v[C];
+        for (int64_t c = 0; c < C; ++c) v[c] = _mm512_load_ps(vf[t] + c * 16);
+        for (int64_t r = 0; r < RBX; ++r) {
+          const __m512 pr = _mm512_set1_ps(p[t][r0 + r]);
+          for (int64_t c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(pr, v[c], acc[r][c]);
+        }
+      }
+      for (int64_t r = 0; r < RBX; ++r)
+        for (int64_t c = 0; c < C; ++c) _mm512_storeu_ps(o + (r0 + r) * D + c * 16, acc[r][c]);
+    }
+  }
+  for (int v = 0; v < NV; ++v) {
+    _mm512_storeu_ps(top + 16 * v, best[v]);
+    _mm512_storeu_ps(total + 16 * v, sum[v]);
+  }
+}
+
 // k_cache, v_cache: bf16, or int8 with k_scales and v_scales (null for bf16)
 template <int64_t D, bool EXACT>
 void prefill(const uint16_t* q, const void* k_cache, const void* v_cache, const float* k_scales,
@@ -208,13 +387,13 @@ void prefill(const uint16_t* q, const void* k_cache, const void* v_cache, const 
              const int32_t* context_lens, uint16_t* out, int64_t seqs, int64_t q_heads,
              int64_t kv_heads, int64_t block_size, int64_t max_blocks, float scale) {
   const int64_t group = q_heads / kv_heads, row = kv_heads * D, tile_words = KT * D / 2;
-  // pass 1: pack every key tile of every (sequence, KV head)
+  // pass 1 (packed form): pack every key tile of every (sequence, KV head)
   const std::vector<int64_t> tile_base = tile_bases(context_lens, seqs, KT);
-  const int64_t tiles = tile_base[seqs];
+  const int64_t tiles = EXACT ? 0 : tile_base[seqs];
   // written whole below: left uninitialized
   std::unique_ptr<uint32_t[]> packed_k(new uint32_t[tiles * kv_heads * tile_words]),
       packed_v(new uint32_t[tiles * kv_heads * tile_words]);
-  each_tile(tile_base, kv_heads, KT, [&](int64_t i, int64_t s, int64_t h, int64_t first_key) {
+  auto pack = [&](int64_t i, int64_t s, int64_t h, int64_t first_key) {
     const int32_t* table = tables + s * max_blocks;
     const uint16_t* rows[KT];
     alignas(64) uint16_t local[KT * D];  // an int8 tile's rows in bf16
@@ -230,27 +409,36 @@ void prefill(const uint16_t* q, const void* k_cache, const void* v_cache, const 
     pack_keys<D>(rows, packed_k.get() + i * tile_words);
     read(v_cache, v_scales);
     pack_values<D>(rows, packed_v.get() + i * tile_words);
-  });
+  };
+  if (!EXACT) each_tile(tile_base, kv_heads, KT, pack);
   // pass 2: runs of query positions, each cut into parts when there are few to share out
+  // (exact mode: as many positions as 48 lanes hold, rows padded to whole vectors)
+  const int64_t positions = EXACT ? std::max<int64_t>(1, EXACT_LANES / group) : M;
+  const int64_t pad = EXACT ? 16 : RB;
   std::vector<Run> runs;
   int64_t slots = 0;
   for (int64_t s = 0; s < seqs; ++s) {
     const int64_t num_new = starts[s + 1] - starts[s];
-    for (int64_t first = 0; first < num_new; first += M)
+    for (int64_t first = 0; first < num_new; first += positions)
       for (int64_t h = 0; h < kv_heads; ++h) {
-        const int64_t count = std::min(M, num_new - first);
-        runs.push_back({s, h, first, count, 1, 0, (count * group + RB - 1) / RB * RB});
+        const int64_t count = std::min(positions, num_new - first);
+        runs.push_back({s, h, first, count, 1, 0, (count * group + pad - 1) / pad * pad});
       }
   }
-  const int64_t wanted = 4 * at::get_num_threads(), num_runs = static_cast<int64_t>(runs.size());
+  // about 4 items a thread, their count a multiple of the threads' (a speculating sequence's 3
+  // runs in 3 parts each left one thread idle for the ninth item)
+  const int64_t threads = at::get_num_threads(), num_runs = static_cast<int64_t>(runs.size());
+  int64_t split = 1;
+  if (num_runs < 4 * threads) {
+    split = (4 * threads + num_runs - 1) / num_runs;
+    while (split * num_runs % threads != 0) ++split;
+  }
   std::vector<Item> items;
   for (int64_t r = 0; r < num_runs; ++r) {
     Run& run = runs[r];
     const int64_t cached = context_lens[run.seq] - (starts[run.seq + 1] - starts[run.seq]);
     const int64_t tiles = (cached + run.first + run.count + KT - 1) / KT;  // keys the run sees
-    if (num_runs < wanted)
-      run.parts = std::max<int64_t>(
-          1, std::min((wanted + num_runs - 1) / num_runs, tiles / MIN_PART_TILES));
+    run.parts = std::max<int64_t>(1, std::min(split, tiles / MIN_PART_TILES));
     run.slot = slots;
     slots += run.parts * run.padded;
     for (int64_t p = 0; p < run.parts; ++p)
@@ -278,6 +466,27 @@ void prefill(const uint16_t* q, const void* k_cache, const void* v_cache, const 
     }
     const int64_t slot = run.slot + it.part * run.padded;
     float *o = &o_all[slot * D], *top = &top_all[slot], *total = &total_all[slot];
+    if constexpr (EXACT) {
+      const int64_t lo = it.tile_lo * KT, hi = std::min(it.tile_hi * KT, limit[rows - 1] + 1);
+      const int32_t* table = tables + run.seq * max_blocks;
+      auto attend = [&](auto pool) {
+        if (run.padded == 16)
+          attend_lanes<D, 1>(qr.data(), limit.data(), rows, pool, lo, hi, scale, o, top, total);
+        else if (run.padded == 32)
+          attend_lanes<D, 2>(qr.data(), limit.data(), rows, pool, lo, hi, scale, o, top, total);
+        else
+          attend_lanes<D, 3>(qr.data(), limit.data(), rows, pool, lo, hi, scale, o, top, total);
+      };
+      if (k_scales == nullptr)
+        attend(HeadPool<uint16_t>{static_cast<const uint16_t*>(k_cache),
+                                  static_cast<const uint16_t*>(v_cache), nullptr, nullptr, table,
+                                  block_size, kv_heads, run.head});
+      else
+        attend(HeadPool<int8_t>{static_cast<const int8_t*>(k_cache),
+                                static_cast<const int8_t*>(v_cache), k_scales, v_scales, table,
+                                block_size, kv_heads, run.head});
+      continue;
+    }
     std::vector<float> s(RB * KT), alpha(RB);
     std::vector<uint32_t> p(RB * KT / 2);
     const int64_t tile0 = (tile_base[run.seq] * kv_heads) + run.head;  // tiles are head-interleaved
@@ -306,13 +515,11 @@ void prefill(const uint16_t* q, const void* k_cache, const void* v_cache, const 
           alpha[r] = std::exp(top[r0 + r] - best);
           total[r0 + r] = total[r0 + r] * alpha[r] + sum;
           top[r0 + r] = best;
-          if constexpr (!EXACT) {
-            const __m512bh lo_hi =
-                _mm512_cvtne2ps_pbh(_mm512_loadu_ps(sr + 16), _mm512_loadu_ps(sr));
-            std::memcpy(p.data() + r * KT / 2, &lo_hi, sizeof lo_hi);
-          }
+          const __m512bh lo_hi =
+              _mm512_cvtne2ps_pbh(_mm512_loadu_ps(sr + 16), _mm512_loadu_ps(sr));
+          std::memcpy(p.data() + r * KT / 2, &lo_hi, sizeof lo_hi);
         }
-        accumulate<D, EXACT>(p.data(), s.data(), vp, alpha.data(), o + r0 * D);
+        accumulate<D>(p.data(), vp, alpha.data(), o + r0 * D);
       }
     }
   }
@@ -363,6 +570,8 @@ torch::Tensor paged_prefill_bf16(torch::Tensor q, torch::Tensor k_cache, torch::
                                  c10::optional<torch::Tensor> v_scales) {
   const PrefillInputs in = prefill_inputs(q, k_cache, v_cache, block_tables, starts, context_lens,
                                           k_scales, v_scales, torch::kBFloat16);
+  TORCH_CHECK(!exact || in.q.size(1) / in.k_cache.size(2) <= EXACT_LANES,
+              "exact mode takes at most 48 query heads per KV head");
   auto out = torch::empty_like(in.q);
   auto ptr = [](const torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr()); };
   auto run = [&](auto fn) {
