@@ -507,14 +507,7 @@ void prefill(const uint16_t* q, const void* k_cache, const void* v_cache, const 
             alpha[r] = 1.f;
             continue;
           }
-          for (int64_t n = visible; n < KT; ++n) sr[n] = MASKED;
-          float best = top[r0 + r];
-          for (int64_t n = 0; n < KT; ++n) best = std::max(best, sr[n]);
-          float sum = 0.f;
-          for (int64_t n = 0; n < KT; ++n) sum += (sr[n] = std::exp(sr[n] - best));
-          alpha[r] = std::exp(top[r0 + r] - best);
-          total[r0 + r] = total[r0 + r] * alpha[r] + sum;
-          top[r0 + r] = best;
+          alpha[r] = tile_probabilities<KT>(sr, visible, top[r0 + r], total[r0 + r]);
           const __m512bh lo_hi =
               _mm512_cvtne2ps_pbh(_mm512_loadu_ps(sr + 16), _mm512_loadu_ps(sr));
           std::memcpy(p.data() + r * KT / 2, &lo_hi, sizeof lo_hi);

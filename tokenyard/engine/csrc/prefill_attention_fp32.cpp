@@ -161,17 +161,7 @@ void prefill(const float* q, const T* k_cache, const T* v_cache, const float* k_
             alpha[r] = 1.f;
             continue;
           }
-          std::fill(sr + visible, sr + KT, MASKED);
-          // in vectors (the exps through glibc's libmvec): one at a time, the exps alone took
-          // longer than the tile's dot products
-          float best = top[r0 + r], sum = 0.f;
-#pragma omp simd reduction(max : best)
-          for (int64_t n = 0; n < KT; ++n) best = std::max(best, sr[n]);
-#pragma omp simd reduction(+ : sum)
-          for (int64_t n = 0; n < KT; ++n) sum += (sr[n] = std::exp(sr[n] - best));
-          alpha[r] = std::exp(top[r0 + r] - best);
-          total[r0 + r] = total[r0 + r] * alpha[r] + sum;
-          top[r0 + r] = best;
+          alpha[r] = tile_probabilities<KT>(sr, visible, top[r0 + r], total[r0 + r]);
         }
         accumulate<D>(s, vp, alpha, o.data() + r0 * D);
       }
