@@ -42,15 +42,17 @@ constexpr int64_t PW = 16;  // weight rows per panel
 // Activation rows that share one pass over a panel, at most MR. AVX-512's q4 passes take 16: its 32
 // zmm registers hold a block's 8 unpacked chunks and 16 accumulators, so a speculation's 9-row
 // verify step or a 16-row batch reads and unpacks each panel once, not in passes of 8 + 1 or 8 + 8
-// (9-24 rows 0.88-0.95x the time on a Zen 4 EPYC, 1-8 rows alike; bench/RESULTS.md). Its q8
-// passes stay at 8 (16 measured no faster). AVX2's q4 passes take 4: its 16 ymm registers hold a
-// half block's 8 unpacked weight vectors, and 8 accumulators beside them spill (16-row steps 9%
-// faster in passes of 4 than of 8 on a Zen 3 EPYC; its q8 passes, which spill either way, gained
-// nothing there).
+// (9-24 rows 0.88-0.95x the time on a Zen 4 EPYC, 1-8 rows alike; bench/RESULTS.md). So do its
+// q8 passes, since the weights are prefetched (the tied LM head at 9-16 rows 0.90-0.96x the time
+// of passes of 8, Q6_K's groups of 16 0.85-0.91x; no faster before). AVX2's q4 passes take 4: its
+// 16 ymm registers hold a half block's 8 unpacked weight vectors, and 8 accumulators beside them
+// spill (16-row steps 9% faster in passes of 4 than of 8 on a Zen 3 EPYC); its q8 passes, which
+// spill either way, take 8 (4 gained nothing there).
 constexpr int MR_VNNI_Q4 = 16;
-constexpr int MR_Q8 = 8;
+constexpr int MR_VNNI_Q8 = 16;
 constexpr int MR_AVX2_Q4 = 4;
-constexpr int MR = MR_VNNI_Q4;  // the most of any path
+constexpr int MR_AVX2_Q8 = 8;
+constexpr int MR = 16;  // the most of any path
 
 #define AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
 #define VNNI_TARGET \
@@ -430,7 +432,8 @@ torch::Tensor panel_linear(torch::Tensor x, torch::Tensor qs, torch::Tensor d, t
       });
     }
     const int8_t* w = qs.data_ptr<int8_t>();
-    return matmul(x, N, MR_Q8, [&](auto r, int64_t p, int64_t m0, float (*out)[PW]) {
+    return matmul(x, N, vnni ? MR_VNNI_Q8 : MR_AVX2_Q8, [&](auto r, int64_t p, int64_t m0,
+                                                       float (*out)[PW]) {
       constexpr int R = decltype(r)::value;
       const int64_t base = p * nb;
       if (group == QB) {
