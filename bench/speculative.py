@@ -27,7 +27,8 @@ speculate by itself (`speculative_tokens=0`), and "on" requests send the text th
 `--prediction-tokens` a step); "off" requests send none.
 
     .venv/bin/python bench/speculative.py [--speculative-tokens 4] [--rounds 2] [--dtype auto]
-        [--quantization auto] [--max-tokens 256] [--prediction [--prediction-tokens 8]]
+        [--quantization auto] [--max-tokens 256] [--row-cost 0.2]
+        [--prediction [--prediction-tokens 8]]
 """
 
 import argparse
@@ -132,6 +133,9 @@ def run_one(engine: LLMEngine, request: GenerationRequest) -> tuple[list[int], f
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--speculative-tokens", type=int, default=4)
+    parser.add_argument(
+        "--row-cost", type=float, default=None, help="a draft row's cost (default: the engine's)"
+    )
     parser.add_argument("--rounds", type=int, default=2, help="runs of each request per mode")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--quantization", default="auto")
@@ -148,6 +152,7 @@ def main() -> None:
             dtype=args.dtype,
             quantization=args.quantization,
             speculative_tokens=args.speculative_tokens,
+            speculative_row_cost=args.row_cost,
             prediction_tokens=args.prediction_tokens,
             enable_prefix_caching=False,
         )
