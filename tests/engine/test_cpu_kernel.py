@@ -266,9 +266,10 @@ def test_prefill_kernel_splits_the_keys_of_few_rows(prefill_kernel, dim, q_heads
 def test_exact_mode_rounds_as_decode_rows_do(prefill_kernel, context, rows, q_heads, kv_heads):
     """A speculating sequence's rows through the prefill kernel's exact mode (P.V in fp32) agree
     with the same rows run as decodes to within a last-bit flip here and there; with bf16 P, a
-    sizeable share of the outputs differ. The mode holds a run's rows in 1 to 3 vectors of 16
-    lanes (positions x query heads per KV head: 27, 48 and 16 x 3 here); with 48 positions a part
-    of the keys lies wholly after the first rows' positions."""
+    sizeable share of the outputs differ. The mode holds a run's rows (positions x query heads
+    per KV head) in 1 to 3 vectors of 16 lanes: 27, 9 and 48 rows here, 48 positions of one head
+    (a part of the keys then lies wholly after the first rows' positions), and 5 positions of 16
+    heads, cut into runs of 3 and 2."""
     rng = random.Random(context)
     tables, k_cache, v_cache = _pool(rng, [context], kv_heads, 64, torch.bfloat16)
     q = (3 * torch.randn(rows, q_heads, 64)).bfloat16()

@@ -23,9 +23,8 @@ Pool = torch.Tensor | Int8Pool
 # as a lone decode has them: bf16 ones break greedy near-ties away from the output without
 # speculation. With the bf16 prefill kernel they run through it in its exact mode (P.V in fp32,
 # the rows in vector lanes: a layer over 500 tokens of context, 9 rows 83-93 against 190-200 us
-# as decode rows); otherwise (fp32
-# too, whose prefill kernel sums in another order than decode rows) as decode rows, each over
-# the context up to its token (bench/RESULTS.md, issue 17)
+# as decode rows); otherwise (fp32 too, whose prefill kernel sums in another order than decode
+# rows) as decode rows, each over the context up to its token (bench/RESULTS.md, issue 17)
 SHORT_CHUNK = 16
 
 

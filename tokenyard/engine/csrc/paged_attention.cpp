@@ -59,20 +59,6 @@ inline vec reduce_lanes(vec* v) {
   return v[0];
 }
 
-// How far ahead of the token being read a walk over a sequence's blocks asks for the K (or V)
-// row it will read. Blocks lie anywhere in the pool, and the hardware prefetcher, which follows
-// runs of misses, kept a 16-sequence step over scattered blocks at about 60% of the speed of one
-// over consecutive blocks. On a Zen 4 EPYC, with 30 layers' pools read cold and blocks in random
-// order, 16 and 64 sequences then took 0.75-0.78x the time (bf16; fp32 0.89-0.92x), one sequence
-// over 900-2,000 tokens 0.73-0.87x; 4 or 16-32 tokens ahead did less, and whole blocks asked for
-// as one starts less still (bench/RESULTS.md).
-constexpr int64_t PREFETCH_TOKENS = 8;
-
-inline void prefetch_bytes(const void* start, int64_t bytes) {
-  for (int64_t at = 0; at < bytes; at += 64)
-    _mm_prefetch(static_cast<const char*>(start) + at, _MM_HINT_T0);
-}
-
 // tokens a part of a split sequence holds at least: below this, merging parts costs more than the
 // second thread saves
 constexpr int64_t MIN_PART = 64;

@@ -20,6 +20,7 @@
 #include <torch/extension.h>
 
 #include "prefill_inputs.h"
+#include "vectors.h"
 
 #include <algorithm>
 #include <cmath>
@@ -31,6 +32,8 @@
 #include <immintrin.h>
 
 namespace {
+
+static_assert(L == 16, "vectors.h's vectors are a zmm register's 16 floats here");
 
 constexpr int64_t KT = 32;        // keys per tile: two vectors of scores
 constexpr int64_t M = 32;         // query positions per work item
@@ -109,15 +112,26 @@ inline void tile_rows(const uint16_t* cache, const int32_t* table, int64_t block
   }
 }
 
-// one int8 pool row times its scale, rounded to bf16
+// a value row of one KV head (`at`, in rows of D) widened to fp32 by vectors.h's load_row, an
+// int8 one times its scale
 template <int64_t D>
-inline void dequantize_row(const int8_t* src, float scale, uint16_t* dst) {
-  const __m512 s = _mm512_set1_ps(scale);
-  for (int64_t c = 0; c < D; c += 16) {
-    const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + c));
-    const __m512 x = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)), s);
-    const __m256bh h = _mm512_cvtneps_pbh(x);
-    std::memcpy(dst + c, &h, sizeof h);
+inline void value_floats(const uint16_t* cache, const float*, int64_t at, vec* out) {
+  load_row<D>(reinterpret_cast<const at::BFloat16*>(cache + at * D), out);
+}
+template <int64_t D>
+inline void value_floats(const int8_t* cache, const float* scales, int64_t at, vec* out) {
+  load_row<D>(cache + at * D, out);
+  for (int64_t c = 0; c < D / L; ++c) out[c] *= scales[at];
+}
+
+// an int8 pool row times its scale, rounded to bf16
+template <int64_t D>
+inline void dequantize_row(const int8_t* cache, const float* scales, int64_t at, uint16_t* dst) {
+  vec x[D / L];
+  value_floats<D>(cache, scales, at, x);
+  for (int64_t c = 0; c < D / L; ++c) {
+    const __m256bh h = _mm512_cvtneps_pbh(reinterpret_cast<__m512>(x[c]));
+    std::memcpy(dst + c * L, &h, sizeof h);
   }
 }
 
@@ -132,7 +146,7 @@ inline void dequantized_rows(const int8_t* cache, const float* scales, const int
     rows[n] = ZERO_ROW;
     if (first + n < keys) {
       const int64_t at = (table[block] * block_size + offset) * kv_heads + head;
-      dequantize_row<D>(cache + at * D, scales[at], local + n * D);
+      dequantize_row<D>(cache, scales, at, local + n * D);
       rows[n] = local + n * D;
     }
     if (++offset == block_size) offset = 0, ++block;
@@ -204,7 +218,6 @@ void pack_values(const uint16_t* const* rows, uint32_t* vp) {
 // packed form's time at 2-16 rows in process (bench/RESULTS.md, issue 17).
 
 constexpr int64_t EXACT_LANES = 48;  // rows a run holds at most in exact mode: 3 vectors
-constexpr int64_t PREFETCH_KEYS = 8;  // how far ahead the walk asks for a key's K and V rows
 
 // qt[(j * NV + v) * 16 + lane]: row 16 v + lane's dimensions 2j and 2j + 1 as one pair
 template <int64_t D, int NV>
@@ -242,26 +255,8 @@ inline const uint32_t* key_pairs(const uint16_t* cache, const float*, int64_t at
 template <int64_t D>
 inline const uint32_t* key_pairs(const int8_t* cache, const float* scales, int64_t at,
                                  uint16_t* local) {
-  dequantize_row<D>(cache + at * D, scales[at], local);
+  dequantize_row<D>(cache, scales, at, local);
   return reinterpret_cast<const uint32_t*>(local);
-}
-
-// a value row of one KV head widened to fp32 (an int8 one times its scale)
-template <int64_t D>
-inline void value_floats(const uint16_t* cache, const float*, int64_t at, float* out) {
-  for (int64_t c = 0; c < D; c += 16) {
-    const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cache + at * D + c));
-    const __m512i widened = _mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16);
-    _mm512_store_ps(out + c, _mm512_castsi512_ps(widened));
-  }
-}
-template <int64_t D>
-inline void value_floats(const int8_t* cache, const float* scales, int64_t at, float* out) {
-  const __m512 s = _mm512_set1_ps(scales[at]);
-  for (int64_t c = 0; c < D; c += 16) {
-    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(cache + at * D + c));
-    _mm512_store_ps(out + c, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(x)), s));
-  }
 }
 
 // where one KV head's rows lie: pool P (uint16_t for bf16, or int8 with scales)
@@ -293,7 +288,8 @@ void attend_lanes(const uint32_t* const* qr, const int64_t* limit, int64_t rows,
                   float* top, float* total) {
   constexpr int64_t W = NV * 16, C = D / 16, RBX = 16 / C;  // RBX rows: 16 accumulators
   alignas(64) uint32_t qt[D / 2 * W];
-  alignas(64) float p[KT][W], vf[KT][D];
+  alignas(64) float p[KT][W];
+  vec vf[KT][D / L];  // the tile's values
   alignas(64) uint16_t local[D];
   transpose_rows<D, NV>(qr, rows, qt);
   __m512i last[NV];  // padding lanes see no key
@@ -309,21 +305,19 @@ void attend_lanes(const uint32_t* const* qr, const int64_t* limit, int64_t rows,
   const __m512 sc = _mm512_set1_ps(scale), floor = _mm512_set1_ps(-80.f);
   const __m512 zero = _mm512_setzero_ps();
   const int64_t row_bytes = D * static_cast<int64_t>(sizeof(P));
-  int64_t at[KT + PREFETCH_KEYS];  // the tile's rows, and those the walk asks for ahead of it
+  int64_t at[KT + PREFETCH_TOKENS];  // the tile's rows, and those the walk asks for ahead of it
   for (int64_t k0 = lo; k0 < hi; k0 += KT) {
     const int64_t n = std::min(KT, hi - k0);
-    pool.rows_of(k0, std::min(KT + PREFETCH_KEYS, hi - k0), at);
+    pool.rows_of(k0, std::min(KT + PREFETCH_TOKENS, hi - k0), at);
     // scores, and the tile's max of the ones each row sees
     __m512 tile_best[NV];
     __mmask16 seen[KT][NV];
     for (int v = 0; v < NV; ++v) tile_best[v] = best[v];
     for (int64_t t = 0; t < n; ++t) {
-      if (k0 + t + PREFETCH_KEYS < hi) {
-        const int64_t ahead = at[t + PREFETCH_KEYS];
-        for (int64_t b = 0; b < row_bytes; b += 64) {
-          _mm_prefetch(reinterpret_cast<const char*>(pool.k + ahead * D) + b, _MM_HINT_T0);
-          _mm_prefetch(reinterpret_cast<const char*>(pool.v + ahead * D) + b, _MM_HINT_T0);
-        }
+      if (k0 + t + PREFETCH_TOKENS < hi) {
+        const int64_t ahead = at[t + PREFETCH_TOKENS];
+        prefetch_bytes(pool.k + ahead * D, row_bytes);
+        prefetch_bytes(pool.v + ahead * D, row_bytes);
       }
       __m512 s[NV];
       key_scores<D, NV>(qt, key_pairs<D>(pool.k, pool.k_scales, at[t], local), s);
@@ -364,7 +358,7 @@ void attend_lanes(const uint32_t* const* qr, const int64_t* limit, int64_t rows,
       }
       for (int64_t t = 0; t < n; ++t) {
         __m512 v[C];
-        for (int64_t c = 0; c < C; ++c) v[c] = _mm512_load_ps(vf[t] + c * 16);
+        for (int64_t c = 0; c < C; ++c) v[c] = reinterpret_cast<__m512>(vf[t][c]);
         for (int64_t r = 0; r < RBX; ++r) {
           const __m512 pr = _mm512_set1_ps(p[t][r0 + r]);
           for (int64_t c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(pr, v[c], acc[r][c]);
