@@ -39,8 +39,11 @@ def test_ngram_proposes_what_followed_the_latest_longest_match():
     assert proposer.propose([1, 2, 3, 4, 5, 1, 2, 3, 7, 8, 9, 1, 2, 3], 2) == [7, 8]
     # no 3-gram or 2-gram match: the last single token's latest occurrence
     assert proposer.propose([5, 6, 9, 5, 7, 4, 2, 5], 3) == [7, 4, 2]
-    # a match near the end proposes what there is
-    assert proposer.propose([1, 2, 1, 2], 4) == [1, 2]
+    # a continuation that reaches the end repeats itself: the text is looping
+    assert proposer.propose([1, 2, 1, 2], 4) == [1, 2, 1, 2]
+    assert proposer.propose([1, 2, 1, 2], 1) == [1]
+    assert proposer.propose([7, 5, 5], 3) == [5, 5, 5]
+    assert proposer.propose([3, 1, 2, 3, 1, 2, 3], 5) == [1, 2, 3, 1, 2]
     assert proposer.propose([1, 2, 3], 4) == []
     assert proposer.propose([1], 4) == []
     assert proposer.propose([], 4) == []
@@ -59,11 +62,15 @@ def test_ngram_prefers_the_longer_match_over_the_more_recent_one():
 
 def brute_force_lookup(tokens: list[int], max_ngram: int, max_tokens: int) -> list[int]:
     """The definition: the longest suffix of up to max_ngram tokens that occurs earlier with a
-    token after it; its latest such occurrence; what follows it."""
+    token after it; its latest such occurrence; what follows it, copied a token at a time from
+    the text as it grows (past the end, the draft's own tokens)."""
     for n in range(min(max_ngram, len(tokens) - 1), 0, -1):
         for start in range(len(tokens) - n - 1, -1, -1):
             if tokens[start : start + n] == tokens[-n:]:
-                return tokens[start + n : start + n + max_tokens]
+                text = list(tokens)
+                for i in range(max_tokens):
+                    text.append(text[start + n + i])
+                return text[len(tokens) :]
     return []
 
 
