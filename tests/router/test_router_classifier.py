@@ -112,6 +112,15 @@ def test_report_holds_every_domain_left_out(shipped: Shipped) -> None:
         assert diff["high"] >= 0
 
 
+def test_report_routes_the_held_out_domains_as_one_mixed_set(shipped: Shipped) -> None:
+    mixed = shipped.report["evaluations"]["mixed"]
+    assert mixed["domains"] == ["mmlu", "gsm8k", "arc_challenge", "winogrande"]
+    assert mixed["n"] == 4 * min(len(shipped.domains[d]) for d in mixed["domains"])
+    assert {"classifier", "length", "random"} <= set(mixed["routers"])
+    diff = mixed["minus_length"]["classifier"]["apgr"]
+    assert diff["low"] <= diff["value"] <= diff["high"]
+
+
 def test_quality_curves_cover_the_catalog_and_rank_models_as_the_data_does(
     shipped: Shipped,
 ) -> None:

@@ -32,8 +32,10 @@ from tokenyard.router.training.train import (
     choose,
     embed_raw,
     evaluate,
+    evaluate_mixed,
     fit,
     labels,
+    mixed_sample,
     samples,
     selection_row,
 )
@@ -133,6 +135,34 @@ def pieces_vocab(pieces: WordPieces) -> int:
     from tokenizers import Tokenizer
 
     return Tokenizer.from_str(pieces.tokenizer_json).get_vocab_size()
+
+
+def test_the_mixed_set_draws_each_graded_domain_alike(domains: dict) -> None:
+    sample = mixed_sample(domains, seed=0)
+    assert set(sample) == {"mmlu", "gsm8k", "arc_challenge", "winogrande"}  # not MT-Bench's scale
+    smallest = min(len(domains[d]) for d in sample)
+    for d, idx in sample.items():
+        assert len(np.unique(idx)) == smallest and idx.min() >= 0 and idx.max() < len(domains[d])
+    again = mixed_sample(domains, seed=0)
+    assert all(np.array_equal(sample[d], again[d]) for d in sample)
+    assert not all(np.array_equal(sample[d], mixed_sample(domains, 1)[d]) for d in sample)
+
+
+def test_the_mixed_set_ranks_across_domains(domains: dict) -> None:
+    """Scores that know only which domain a prompt is from (its weak model's failure rate there)
+    rank nothing within a domain, but route the mixed set better than chance: across domains is
+    part of what the mixed evaluation scores. Knowing each prompt's outcome routes it nearly
+    perfectly; the reverse, worse than chance."""
+    config = TrainConfig(bootstrap_resamples=50)
+    weak = {d: np.array([r.weak for r in rows]) for d, rows in domains.items()}
+    rate = {d: np.full(len(w), 1 - w.mean()) for d, w in weak.items()}
+    by_domain = evaluate_mixed(rate, domains, config)["routers"]["classifier"]["apgr"]["value"]
+    oracle = evaluate_mixed({d: 1 - w for d, w in weak.items()}, domains, config)
+    reverse = evaluate_mixed(weak, domains, config)["routers"]["classifier"]["apgr"]["value"]
+    assert oracle["n"] == 4 * min(len(domains[d]) for d in oracle["domains"])
+    assert oracle["routers"]["classifier"]["apgr"]["value"] > 0.9
+    assert oracle["minus_length"]["classifier"]["apgr"]["low"] > 0
+    assert 0.55 < by_domain < 0.9 and reverse < 0.45
 
 
 def test_route_features_round_trip() -> None:

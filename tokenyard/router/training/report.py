@@ -137,6 +137,19 @@ def write_report(report: dict[str, Any], metadata: dict[str, Any], stem: Path) -
     ]
     for d in DOMAINS:
         lines += ["", f"### Held out: {_TITLES[d]}", "", *_table(evaluations["lodo"][d])]
+    mixed = evaluations["mixed"]
+    lines += [
+        "",
+        "## The held-out domains as one mixed set",
+        "",
+        "Traffic mixes kinds of prompts, and a router ranks them against each other as well as "
+        "within each kind. The same leave-one-domain-out scores (each prompt scored by the model "
+        "that never saw its domain), of "
+        + ", ".join(_TITLES[d] for d in mixed["domains"])
+        + ", as many prompts of each as the smallest has, drawn at random, routed as one set.",
+        "",
+        *_table(mixed),
+    ]
     lines += [
         "",
         "## In domain (secondary)",

@@ -243,6 +243,28 @@ def lodo_scores(
     return out
 
 
+def mixed_sample(domains: dict[str, list[Routed]], seed: int) -> dict[str, np.ndarray]:
+    """Of each domain graded on correctness (MT-Bench's judge scores are another scale), as many
+    prompts as the smallest has, drawn at random: a mixed set where no domain outweighs the
+    others."""
+    graded = [d for d in DOMAINS if d != "mt_bench"]
+    n = min(len(domains[d]) for d in graded)
+    rng = np.random.default_rng(seed)
+    return {d: np.sort(rng.choice(len(domains[d]), n, replace=False)) for d in graded}
+
+
+def evaluate_mixed(
+    lodo: dict[str, np.ndarray], domains: dict[str, list[Routed]], config: TrainConfig
+) -> dict[str, Any]:
+    """The held-out domains routed as one mixed set, as traffic of many kinds is (and a mixed
+    benchmark like RouterArena): each prompt scored by the model that never saw its domain, so
+    the ranking across domains counts as well as the ranking within each."""
+    sample = mixed_sample(domains, config.seed)
+    rows = [domains[d][i] for d, idx in sample.items() for i in idx]
+    scores = np.concatenate([lodo[d][idx] for d, idx in sample.items()])
+    return evaluate(scores, rows, config, salt=len(DOMAINS) * 2) | {"domains": list(sample)}
+
+
 def selection_row(recipe: Recipe, evals: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """A recipe's held-out APGR per domain, their mean, and how it stands against the length rule:
     its worst domain's paired difference, and whether no domain's interval lies wholly below 0."""
@@ -319,6 +341,7 @@ def train(
     log(f"chosen: {best.name}")
     lodo, lodo_evals = runs[best_i]
     evaluations: dict[str, Any] = {"lodo": lodo_evals, "in_domain": {}}
+    evaluations["mixed"] = evaluate_mixed(lodo, domains, config)
 
     # the shipped model: train parts of every domain (MT-Bench whole), plus the feedback
     splits = {
