@@ -37,17 +37,22 @@ from tokenyard.engine.tokenizer import Tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 CACHE = ROOT / "var" / "llamacpp"
-SERVER = CACHE / "build" / "bin" / "llama-server"
+# gcc lets an explicit -mno-* win over -march=native whatever their order: AMX off, the rest native
+NO_AMX = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
 CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
 
 
 # ---------------------------------------------------------------- llama-server
 
 
-def build_llama_server() -> Path:
-    """The cached binary, or build it: the sdist's vendored llama.cpp, server target only."""
-    if SERVER.exists():
-        return SERVER
+def build_llama_server(amx: bool = True) -> Path:
+    """The cached binary, or build it: the sdist's vendored llama.cpp, server target only; with
+    `amx` False, a second build whose ggml has no AMX code (its AVX-512 repacked kernels then run
+    where the AMX build crashes)."""
+    build_dir = CACHE / ("build" if amx else "build-noamx")
+    server = build_dir / "bin" / "llama-server"
+    if server.exists():
+        return server
     CACHE.mkdir(parents=True, exist_ok=True)
     sdists = glob.glob(str(CACHE / "llama_cpp_python-*.tar.gz"))
     if not sdists:
@@ -69,12 +74,14 @@ def build_llama_server() -> Path:
         "-DLLAMA_BUILD_SERVER=ON",
         "-DBUILD_SHARED_LIBS=OFF",
     ]
+    if not amx:
+        flags += [f"-DCMAKE_C_FLAGS={NO_AMX}", f"-DCMAKE_CXX_FLAGS={NO_AMX}"]
     print(f"building llama-server from {llama} (~20 min on 2 cores)", flush=True)
-    subprocess.run(["cmake", "-S", str(llama), "-B", str(CACHE / "build"), *flags], check=True)
+    subprocess.run(["cmake", "-S", str(llama), "-B", str(build_dir), *flags], check=True)
     jobs = str(os.cpu_count() or 2)
-    build = ["cmake", "--build", str(CACHE / "build"), "--target", "llama-server", "-j", jobs]
+    build = ["cmake", "--build", str(build_dir), "--target", "llama-server", "-j", jobs]
     subprocess.run(build, check=True)
-    return SERVER
+    return server
 
 
 # ---------------------------------------------------------------- servers and client
@@ -208,7 +215,13 @@ def main() -> None:
         "--llamacpp-args",
         default="",
         help="more llama-server arguments (on AMX CPUs its repacked weights crash with "
-        "SIGSEGV in the build it makes: pass --no-repack)",
+        "SIGSEGV in the build it makes: pass --no-repack, or use --llamacpp-no-amx)",
+    )
+    parser.add_argument(
+        "--llamacpp-no-amx",
+        action="store_true",
+        help="llama-server built without AMX code (var/llamacpp/build-noamx): on AMX CPUs its "
+        "AVX-512 repacked weights, llama.cpp's fastest path that runs there",
     )
     args = parser.parse_args()
 
@@ -235,7 +248,7 @@ def main() -> None:
     ours += ["--max-seqs", str(args.requests), *shlex.split(args.engine_args)]
     servers = [] if args.skip_engine else [(f"tokenyard engine ({args.quantization})", ours)]
     if not args.skip_llamacpp:
-        binary = build_llama_server()
+        binary = build_llama_server(amx=not args.llamacpp_no_amx)
         # one slot's context holds the longest request: 16 slots of 2048 tokens
         llama = [str(binary), "-m", gguf, "--port", str(args.port + 1), "-np", "16"]
         llama += ["-c", str(16 * 2048), "-t", threads, "--jinja", *shlex.split(args.llamacpp_args)]
