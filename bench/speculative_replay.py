@@ -6,14 +6,15 @@ The eight tasks of bench/speculative.py run once without speculation (greedy; th
 kept under var/ and reused). Then each output is replayed step by step: the proposer sees the
 prompt and the output so far, the draft's longest prefix equal to the real output is accepted, the
 step emits it plus one token, and `Acceptance` and `draft_length` set the next draft's length as in
-the scheduler. A step costs 1 + row_cost per draft row (the measured cost of a verify row), so the
-modelled speedup is tokens over cost. Greedy output does not depend on the drafts, which is what
+the scheduler (with the engine's CPU_ROW_COST unless --policy-row-cost says otherwise). A step
+costs 1 + row_cost per draft row (the measured cost of a verify row), so the modelled speedup is
+tokens over cost. Greedy output does not depend on the drafts, which is what
 makes the replay exact (up to the near-ties that bf16 rows may break another way in the engine).
 "Lookup bound": a proposer that always picks the longest correct continuation found anywhere in
 the prompt and output (up to the draft limit), the most any prompt-lookup rule could accept.
 
     .venv/bin/python bench/speculative_replay.py [--speculative-tokens 8] [--max-tokens 256]
-        [--row-cost 0.14] [--fresh]
+        [--row-cost 0.14] [--policy-row-cost 0.2] [--fresh]
 """
 
 import argparse
@@ -26,7 +27,7 @@ from speculative import TASKS, run_one
 from tokenyard.engine.config import EngineConfig
 from tokenyard.engine.engine import LLMEngine
 from tokenyard.engine.sequence import GenerationRequest, SamplingParams
-from tokenyard.engine.speculative import Acceptance, NgramProposer, draft_length
+from tokenyard.engine.speculative import CPU_ROW_COST, Acceptance, NgramProposer, draft_length
 
 CACHE = Path("var") / "bench" / "speculative-outputs.json"
 
@@ -56,12 +57,15 @@ def accepted(draft: list[int], truth: list[int]) -> int:
     return n
 
 
-def replay(prompt: list[int], output: list[int], most: int, row_cost: float) -> tuple[int, float]:
-    """Steps and their cost (in one-row steps) to emit the output after its first token."""
+def replay(
+    prompt: list[int], output: list[int], most: int, row_cost: float, policy_cost: float
+) -> tuple[int, float]:
+    """Steps and their cost (in one-row steps) to emit the output after its first token, drafts
+    as long as `draft_length` makes them for rows of `policy_cost`."""
     proposer, acceptance = NgramProposer(), Acceptance()
     done, steps, cost = 1, 0, 0.0  # the prefill emits the first token
     while done < len(output):
-        room = min(most, len(output) - done - 1, draft_length(acceptance.rate, most, row_cost))
+        room = min(most, len(output) - done - 1, draft_length(acceptance.rate, most, policy_cost))
         draft = proposer.propose(prompt + output[:done], room) if room > 0 else []
         kept = accepted(draft, output[done:])
         if draft:
@@ -93,16 +97,24 @@ def main() -> None:
     parser.add_argument("--speculative-tokens", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--row-cost", type=float, default=0.14, help="a verify row's cost")
+    parser.add_argument(
+        "--policy-row-cost",
+        type=float,
+        default=CPU_ROW_COST,
+        help="the row cost the draft-length policy assumes (default: the engine's)",
+    )
     parser.add_argument("--fresh", action="store_true", help="generate the outputs again")
     args = parser.parse_args()
     runs = outputs(args.max_tokens, args.fresh)
     k, row_cost = args.speculative_tokens, args.row_cost
-    print(f"CPU: {cpu_flags()} (the outputs' rounding)\nk={k}, row cost {row_cost}")
+    policy = args.policy_row_cost
+    print(f"CPU: {cpu_flags()} (the outputs' rounding)")
+    print(f"k={k}, row cost {row_cost}, the policy's row cost {policy}")
     print("task output  tokens/step  modelled speedup  lookup bound (tokens/step)")
     totals = [0, 0, 0.0, 0]  # tokens after the first, steps, cost, bound's steps
     for i, run in enumerate(runs):
         prompt, output = run["prompt"], run["output"]
-        steps, cost = replay(prompt, output, k, row_cost)
+        steps, cost = replay(prompt, output, k, row_cost, policy)
         bound = lookup_bound(prompt, output, k)
         tokens = len(output) - 1
         for j, v in enumerate((tokens, steps, cost, bound)):
