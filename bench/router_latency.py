@@ -26,9 +26,8 @@ from collections.abc import Callable
 import numpy as np
 from redis.asyncio import Redis
 
-from tokenyard.billing.settle import Pricer
 from tokenyard.core.settings import Settings
-from tokenyard.gateway.proxy import Proxy
+from tokenyard.gateway.dispatch import Dispatch, Saturation
 from tokenyard.router.catalog import DEFAULT_CATALOG, Catalog
 from tokenyard.router.classifier import DEFAULT_ARTIFACT, ComplexityClassifier
 from tokenyard.router.policy import AUTO, Router, Scorer
@@ -74,9 +73,9 @@ def _long_prompts(
     return out
 
 
-def _routing_proxy(clf: ComplexityClassifier) -> Proxy:
-    """A gateway's routing half over the shipped catalog, every model configured and ready; no
-    quota store or auth is touched on this path."""
+def _routing_path(clf: ComplexityClassifier) -> tuple[Router, Dispatch]:
+    """A gateway's routing half over the shipped catalog, every model configured and ready: the
+    router and the dispatch the gateway's Proxy holds; no quota store or auth is on this path."""
     for var in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY"):
         os.environ.setdefault(var, "sk-bench")
     settings = Settings(gateway_max_upstream_waiting=8, router_max_kv_usage=0.95)
@@ -85,11 +84,12 @@ def _routing_proxy(clf: ComplexityClassifier) -> Proxy:
     backends = build_backends(catalog, redis, settings)
     for upstream in backends.upstreams.values():
         upstream.info.ready = True
-    router = Router(catalog, Scorer(lambda: clf))
-    return Proxy(settings, None, None, backends, router, Pricer(catalog))  # type: ignore[arg-type]
+    saturation = Saturation(settings.gateway_max_upstream_waiting, settings.router_max_kv_usage)
+    return Router(catalog, Scorer(lambda: clf)), Dispatch(backends, saturation)
 
 
-def _time_routing(proxy: Proxy, prompts: list[str]) -> dict[str, list[float]]:
+def _time_routing(path: tuple[Router, Dispatch], prompts: list[str]) -> dict[str, list[float]]:
+    router, dispatch = path
     share = TeamPolicy(team="bench", strong_share=0.3)
     bar = TeamPolicy(team="bench", auto_quality=0.8)  # the cost-aware choice
     states = {
@@ -101,12 +101,12 @@ def _time_routing(proxy: Proxy, prompts: list[str]) -> dict[str, list[float]]:
     out: dict[str, list[float]] = {}
     served: dict[str, set[str]] = {}
     for name, (apply, team) in states.items():
-        apply(proxy.backends.upstreams)
+        apply(dispatch.backends.upstreams)
 
         def decide(prompt: str, team: TeamPolicy = team) -> str:
             body = {"model": AUTO, "messages": [{"role": "user", "content": prompt}]}
-            route = proxy.router.route(AUTO, body, team, "interactive")
-            return proxy.dispatch.first_usable(route, "interactive").info.name
+            route = router.route(AUTO, body, team, "interactive")
+            return dispatch.first_usable(route, "interactive").info.name
 
         out[name], _ = _time(decide, prompts)
         served[name] = {decide(p) for p in prompts[:300]}
@@ -136,7 +136,7 @@ def main() -> None:
 
     _time(clf.route_score, prompts[:200])  # warm caches and the allocator
     print("whole routing path (model=auto, policy + candidate choice):")
-    routing = _time_routing(_routing_proxy(clf), prompts)
+    routing = _time_routing(_routing_path(clf), prompts)
     fast_wall, fast_cpu = _time(clf.route_score, prompts)
 
     machine = platform.processor() or platform.machine()
@@ -152,7 +152,7 @@ def main() -> None:
     for tokens, batch in long.items():
         wall, cpu = _time(clf.route_score, batch)
         print(f"route_score, ~{tokens} tokens, wall: {_percentiles(wall)}; CPU {_percentiles(cpu)}")
-        long_route = _time_routing(_routing_proxy(clf), batch[:100])["all healthy"]
+        long_route = _time_routing(_routing_path(clf), batch[:100])["all healthy"]
         print(f"routing path, ~{tokens} tokens, all healthy, wall: {_percentiles(long_route)}")
     for name, wall in routing.items():
         print(f"routing path, {name}, wall: {_percentiles(wall)}")
