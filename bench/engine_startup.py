@@ -3,7 +3,7 @@ never used (the GGUF's tokenizer converted) and again on the same one (the conve
 read back), in a fresh process each run; with llama.cpp's `llama-server` on the same GGUF where
 bench/engine_vs_llamacpp.py has built it (var/llamacpp). Prints each start and the medians.
 
-    .venv/bin/python bench/engine_startup.py [--runs 3] [--root PATH]
+    .venv/bin/python bench/engine_startup.py [--runs 3] [--root PATH] [--llamacpp-args=--no-repack]
 
 `--root`: another checkout to measure (its packages first on the path), for a before/after.
 """
@@ -11,6 +11,7 @@ bench/engine_vs_llamacpp.py has built it (var/llamacpp). Prints each start and t
 import argparse
 import os
 import platform
+import shlex
 import socket
 import statistics
 import subprocess
@@ -67,6 +68,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--root", default=None, help="checkout to measure (default: this one)")
+    parser.add_argument(
+        "--llamacpp-args",
+        default="",
+        help="more llama-server arguments (on AMX CPUs the native build dies in its warm-up "
+        "unless given --no-repack, as in bench/engine_vs_llamacpp.py)",
+    )
     args = parser.parse_args()
     flags = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8")
     with open("/proc/cpuinfo") as info:
@@ -81,6 +88,7 @@ def main() -> None:
     if os.path.exists(LLAMA_SERVER):
         port = _free_port()
         command = [LLAMA_SERVER, "-m", resolve_model_path("smollm2"), "--port", str(port)]
+        command += shlex.split(args.llamacpp_args)
         times["llama-server"] = [time_to_health(command, port, dict(os.environ))]
         print(f"llama-server: {times['llama-server'][-1]:.2f} s")
     for kind, seconds in times.items():

@@ -24,6 +24,16 @@ from tokenyard.engine.quantized_linear import QuantizedEmbedding, QuantizedLinea
 Weight = torch.Tensor | QuantizedTensor
 
 
+def _unfilled_linear(fan_in: int, fan_out: int) -> nn.Linear:
+    """A bias-free layer whose weight `LlamaModel.load` fills or replaces, left uninitialised:
+    the random init of weights about to be overwritten was ~1 s of an engine's start (with the
+    embedding's). Built on the meta device and given an empty weight: torch's skip_init would
+    move it with to_empty, and a meta Embedding imports torch._dynamo, each slower still."""
+    layer = nn.Linear(fan_in, fan_out, bias=False, device="meta")
+    layer.weight = nn.Parameter(torch.empty(fan_out, fan_in))
+    return layer
+
+
 class RMSNorm(nn.Module):
     def __init__(self, size: int, eps: float, ops: ModuleType | None = None):
         super().__init__()
@@ -102,8 +112,8 @@ class Attention(nn.Module):
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.sizes = [q_size, kv_size, kv_size]
         # one fused projection: one matmul instead of three
-        self.qkv_proj = nn.Linear(config.hidden_size, q_size + 2 * kv_size, bias=False)
-        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=False)
+        self.qkv_proj = _unfilled_linear(config.hidden_size, q_size + 2 * kv_size)
+        self.o_proj = _unfilled_linear(q_size, config.hidden_size)
 
     def forward(self, x, rope, kv_cache, backend, meta) -> torch.Tensor:
         qkv = self.qkv_proj(x)
@@ -130,8 +140,8 @@ class MLP(nn.Module):
         self.ops = ops
         self.lora, self.index = lora, index
         self.intermediate = config.intermediate_size
-        self.gate_up_proj = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.gate_up_proj = _unfilled_linear(config.hidden_size, 2 * config.intermediate_size)
+        self.down_proj = _unfilled_linear(config.intermediate_size, config.hidden_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)
@@ -173,14 +183,18 @@ class LlamaModel(nn.Module):
         """ops: the compiled element-wise ops (engine/cpu_kernels.py), for a model run on CPU."""
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = nn.Embedding(  # left uninitialised too: `load` fills it
+            config.vocab_size,
+            config.hidden_size,
+            _weight=torch.empty(config.vocab_size, config.hidden_size),
+        )
         self.lora = LoraStep(ops)  # the LoRA adapters of the step being run (engine/lora.py)
         self.layers = nn.ModuleList(
             DecoderLayer(config, self.lora, i, ops) for i in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, ops)
         self.rotary = Rotary(config, max_len)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = _unfilled_linear(config.hidden_size, config.vocab_size)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
 
