@@ -10,7 +10,6 @@ bench/engine_vs_llamacpp.py has built it (var/llamacpp). Prints each start and t
 
 import argparse
 import os
-import platform
 import shlex
 import socket
 import statistics
@@ -20,10 +19,11 @@ import tempfile
 import time
 
 import httpx
+from engine_vs_llamacpp import CACHE, cpu_flags
 
 from tokenyard.engine.loader import resolve_model_path
 
-LLAMA_SERVER = os.path.join("var", "llamacpp", "build", "bin", "llama-server")
+LLAMA_SERVER = CACHE / "build" / "bin" / "llama-server"  # where engine_vs_llamacpp.py builds it
 
 
 def _free_port() -> int:
@@ -75,19 +75,16 @@ def main() -> None:
         "unless given --no-repack, as in bench/engine_vs_llamacpp.py)",
     )
     args = parser.parse_args()
-    flags = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_int8")
-    with open("/proc/cpuinfo") as info:
-        present = next(line for line in info if line.startswith("flags")).split()
-    print(platform.processor() or platform.machine(), [f for f in flags if f in present])
+    print(f"CPU: {cpu_flags()}")
     times: dict[str, list[float]] = {"new data dir": [], "same data dir": []}
     for _ in range(args.runs):
         with tempfile.TemporaryDirectory() as data_dir:
             for kind in times:
                 times[kind].append(engine_start(data_dir, args.root))
                 print(f"tokenyard engine, {kind}: {times[kind][-1]:.2f} s", flush=True)
-    if os.path.exists(LLAMA_SERVER):
+    if LLAMA_SERVER.exists():
         port = _free_port()
-        command = [LLAMA_SERVER, "-m", resolve_model_path("smollm2"), "--port", str(port)]
+        command = [str(LLAMA_SERVER), "-m", resolve_model_path("smollm2"), "--port", str(port)]
         command += shlex.split(args.llamacpp_args)
         times["llama-server"] = [time_to_health(command, port, dict(os.environ))]
         print(f"llama-server: {times['llama-server'][-1]:.2f} s")

@@ -47,8 +47,9 @@ CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_i
 
 def build_llama_server(amx: bool = True) -> Path:
     """The cached binary, or build it: the sdist's vendored llama.cpp, server target only; with
-    `amx` False, a second build whose ggml has no AMX code (its AVX-512 repacked kernels then run
-    where the AMX build crashes)."""
+    `amx` False, a second build whose ggml has no AMX code, which runs with its default repacking
+    on AMX CPUs, where the AMX build crashes (repacking applies to formats with a repacked layout:
+    Q4_1 has none in 0.3.36)."""
     build_dir = CACHE / ("build" if amx else "build-noamx")
     server = build_dir / "bin" / "llama-server"
     if server.exists():
@@ -220,8 +221,8 @@ def main() -> None:
     parser.add_argument(
         "--llamacpp-no-amx",
         action="store_true",
-        help="llama-server built without AMX code (var/llamacpp/build-noamx): on AMX CPUs its "
-        "AVX-512 repacked weights, llama.cpp's fastest path that runs there",
+        help="llama-server built without AMX code (var/llamacpp/build-noamx), which runs on AMX "
+        "CPUs with its default repacking (for formats that have a repacked layout)",
     )
     args = parser.parse_args()
 

@@ -39,12 +39,12 @@ def packable(dtype: torch.dtype) -> bool:
     x = torch.randn(2, 64).to(dtype)
     try:
         packed = PackedLinear(weight)(x)
+        expected = torch.nn.functional.linear(x, weight)
     except (RuntimeError, AttributeError) as exc:
         log.warning("oneDNN cannot multiply %s weights here (%s)", dtype, exc)
         return False
     # allclose, not torch.testing.assert_close: that imports torch.distributed.tensor, ~1 s of an
     # engine's start (bench/engine_startup.py)
-    expected = torch.nn.functional.linear(x, weight)
     if not torch.allclose(packed.float(), expected.float(), rtol=1e-2, atol=1e-2):
         log.warning("oneDNN's %s matmul disagrees with F.linear here", dtype)
         return False
