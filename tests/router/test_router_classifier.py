@@ -10,6 +10,7 @@ import pytest
 from tokenyard.router.catalog import DEFAULT_CATALOG, Catalog
 from tokenyard.router.training.dataset import random_split
 from tokenyard.router.training.evaluation import router_metrics
+from tokenyard.router.training.probes import load_probe
 from tokenyard.router.training.train import prompts_hash
 
 from .conftest import Shipped
@@ -23,7 +24,7 @@ ODD_TEXT = ["0x7f 0x45 0x4c 0x46 0x02 0x01 " * 30, "zzz qqq xxj vvk " * 40]
 
 def test_loads_and_scores_in_unit_interval(shipped: Shipped) -> None:
     clf = shipped.classifier
-    assert clf.version == "v6"
+    assert clf.version == "v7"
     for prompt in [*ODD, shipped.domains["gsm8k"][0].prompt]:
         scored = clf.route_score(prompt)
         assert 0.0 < scored.score < 1.0 and 0.0 <= scored.confidence <= 1.0
@@ -42,10 +43,23 @@ def test_a_prompt_far_from_training_gets_the_prior(shipped: Shipped) -> None:
     prompts += [*FAR, *ODD, *ODD_TEXT]
     for prompt in prompts:
         scored = scorer.route_score(prompt)
-        model, _, _ = scorer.parts_of(scored.projected, math.log1p(len(prompt)))
+        model, _, _ = scorer.parts_of(scored.projected, math.log1p(len(prompt)), scored.code)
         model_score = 1 / (1 + np.exp(-model))
         low, high = sorted((scored.prior, model_score))
         assert low - 1e-12 <= scored.score <= high + 1e-12
+
+
+def test_code_gets_the_prior(shipped: Shipped) -> None:
+    """No training domain is code, and the embedding alone took code for familiar text (every
+    CRUXEval prompt had full confidence under v6): the share of code lines hands it to the prior."""
+    scorer = shipped.classifier.scorer
+    for row in load_probe("crux")[::40]:
+        scored = scorer.route_score(row.prompt)
+        assert scored.code >= 0.5 and scored.confidence == 0.0
+        assert scored.score == pytest.approx(scored.prior, abs=1e-12)
+    # a question that quotes a line of code keeps part of the model's say
+    prompt = "What does this line of our build script do?\nflags = compute(a, b)\nBe brief.\nThanks."
+    assert 0.0 < scorer.route_score(prompt).confidence <= 1.0
 
 
 def test_training_prompts_get_full_confidence_mostly(shipped: Shipped) -> None:
@@ -119,6 +133,17 @@ def test_report_routes_the_held_out_domains_as_one_mixed_set(shipped: Shipped) -
     assert {"classifier", "length", "random"} <= set(mixed["routers"])
     diff = mixed["minus_length"]["classifier"]["apgr"]
     assert diff["low"] <= diff["value"] <= diff["high"]
+
+
+def test_report_routes_a_domain_no_model_trained_on(shipped: Shipped) -> None:
+    section = shipped.report["evaluations"]["unseen"]["crux"]
+    rows = load_probe("crux")
+    assert section["n"] == len(rows) == 800
+    scores = shipped.classifier.scorer.scores([r.prompt for r in rows])
+    got = router_metrics(scores, np.array([r.weak for r in rows]), np.array([r.strong for r in rows]))
+    assert got.apgr == pytest.approx(section["routers"]["classifier"]["apgr"]["value"], abs=1e-9)
+    # code is routed by the length rule: the guard's confidence is 0 throughout
+    assert section["confidence"] == [0.0, 0.0, 0.0]
 
 
 def test_quality_curves_cover_the_catalog_and_rank_models_as_the_data_does(

@@ -48,9 +48,9 @@ def test_feedback_is_team_scoped_and_stored_with_the_route(
     record = _recorded(sql, request_id)
     assert record is not None and record.route_features is not None
     clf = ComplexityClassifier.load()
-    version, decision, projected, _ = decode_features(record.route_features)
+    version, decision, projected, _, code = decode_features(record.route_features)
     assert version == clf.version and decision == auto.headers["x-tokenyard-route"]
-    assert abs(projected - clf.route_score(prompt).projected).max() < 1e-2
+    assert abs(projected - clf.route_score(prompt).projected).max() < 1e-2 and code == 0.0
 
     # another team's request is answered exactly as a missing one
     missing = _rate(gateway, other_key, {"request_id": "nope", "score": 0.5})
@@ -84,7 +84,7 @@ def test_feedback_is_team_scoped_and_stored_with_the_route(
     rated = ratings(rows, clf)
     mine = [i for i, r in enumerate(rows) if r.features == record.route_features]
     assert rated.model[mine[0]] == served and rated.rating[mine[0]] == 0.9
-    again_scored = clf.scorer.score_raw(rated.raw[mine[0]], rated.log_chars[mine[0]])
+    again_scored = clf.scorer.score_raw(rated.raw[mine[0]], rated.log_chars[mine[0]], 0.0)
     assert abs(again_scored - float(auto.headers["x-tokenyard-score"])) < 0.02
 
     # a named model's request has no route features, but can still be rated

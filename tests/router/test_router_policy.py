@@ -302,7 +302,7 @@ class FixedScores:
     version: str = "test"
 
     def route_score(self, prompt: str) -> RouteScore:
-        return RouteScore(float(prompt), 1.0, 0.5, np.zeros(4))
+        return RouteScore(float(prompt), 1.0, 0.5, np.zeros(4), 0.0)
 
     def threshold_for_strong_share(self, share: float) -> float:
         return 1.0 - share

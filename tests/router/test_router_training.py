@@ -167,11 +167,12 @@ def test_the_mixed_set_ranks_across_domains(domains: dict) -> None:
 
 def test_route_features_round_trip() -> None:
     v = np.array([0.5, -0.25, 0.125])
-    text = encode_features("v6", "weak", v, 1234)
-    version, decision, back, log_chars = decode_features(text)
-    assert (version, decision) == ("v6", "weak")
+    text = encode_features("v7", "weak", v, 1234, 0.75)
+    version, decision, back, log_chars, code = decode_features(text)
+    assert (version, decision) == ("v7", "weak")
     np.testing.assert_allclose(back, v, atol=1e-3)
     assert log_chars == pytest.approx(np.log1p(1234), abs=1e-2)
+    assert code == 0.75
     assert len(text) < 200
 
 
@@ -217,7 +218,9 @@ def test_ratings_give_each_well_rated_model_its_own_curve(domains: dict) -> None
     for prompt in prompts:
         scored = clf.route_score(prompt)
         decision = "weak" if scored.score < 0.5 else "strong"
-        features = encode_features(clf.version, decision, scored.projected, len(prompt))
+        features = encode_features(
+            clf.version, decision, scored.projected, len(prompt), scored.code
+        )
         rows.append((features, "team-model", float(truth.predict(scored.score))))
     rows += [(rows[0][0], "rare-model", 1.0)] * 5
     rows.append(("v0" + rows[0][0][len(clf.version) :], "team-model", 0.0))  # another artifact

@@ -13,7 +13,7 @@ from tokenyard.core.artifacts import load_artifact
 from tokenyard.router.quality import QualityCurve
 from tokenyard.router.scorer import CompiledScorer, RouteScore
 
-DEFAULT_ARTIFACT = Path(__file__).parent / "artifacts" / "complexity-v6.joblib"
+DEFAULT_ARTIFACT = Path(__file__).parent / "artifacts" / "complexity-v7.joblib"
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """The router's view of a prompt as stored with its usage record (`route_features`: the artifact
-version, the decision, the prompt's projected embedding and length; never its text), and what
+version, the decision, the prompt's projected embedding, length and share of code lines; never
+its text), and what
 teams' ratings of such requests become: training rows (each served model's quality curve is fitted
 from them in router/training/costs.py, `own_curves`).
 
@@ -24,16 +25,20 @@ from tokenyard.router.samples import Samples
 FEEDBACK_DOMAIN = "feedback"
 
 
-def encode_features(version: str, decision: str, projected: np.ndarray, chars: int) -> str:
-    """`version:decision:base64(float16 [projected…, log(1 + chars)])`, ~100 bytes."""
-    values = np.append(projected, math.log1p(chars)).astype("<f2")
+def encode_features(
+    version: str, decision: str, projected: np.ndarray, chars: int, code: float
+) -> str:
+    """`version:decision:base64(float16 [projected…, log(1 + chars), code share])`, ~100 bytes."""
+    values = np.append(projected, [math.log1p(chars), code]).astype("<f2")
     return f"{version}:{decision}:{base64.b64encode(values.tobytes()).decode()}"
 
 
-def decode_features(text: str) -> tuple[str, str, np.ndarray, float]:
+def decode_features(text: str) -> tuple[str, str, np.ndarray, float, float]:
+    """(version, decision, projected, log(1 + chars), code share); a row of another artifact
+    version may have another layout (before v7, no code share), and `ratings` skips it."""
     version, decision, data = text.split(":", 2)
     values = np.frombuffer(base64.b64decode(data), dtype="<f2").astype(np.float64)
-    return version, decision, values[:-1], float(values[-1])
+    return version, decision, values[:-2], float(values[-2]), float(values[-1])
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,7 @@ class Ratings:
 
     raw: np.ndarray
     log_chars: np.ndarray
+    code: np.ndarray
     decision: np.ndarray
     model: np.ndarray
     rating: np.ndarray
@@ -73,16 +79,16 @@ def ratings(
     scorer = classifier.scorer
     kept = []
     for features, model, rating in rows:
-        version, decision, projected, log_chars = decode_features(features)
+        version, decision, projected, log_chars, code = decode_features(features)
         if version == classifier.version:
-            kept.append(
-                (scorer.raw_mean + projected @ scorer.axes, log_chars, decision, model, rating)
-            )
-    columns = list(zip(*kept, strict=True)) if kept else [[]] * 5
+            raw = scorer.raw_mean + projected @ scorer.axes
+            kept.append((raw, log_chars, code, decision, model, rating))
+    columns = list(zip(*kept, strict=True)) if kept else [[]] * 6
     return Ratings(
         raw=np.array(columns[0]).reshape(len(kept), len(scorer.raw_mean)),
         log_chars=np.array(columns[1], dtype=float),
-        decision=np.array(columns[2], dtype=str),
-        model=np.array(columns[3], dtype=str),
-        rating=np.array(columns[4], dtype=float),
+        code=np.array(columns[2], dtype=float),
+        decision=np.array(columns[3], dtype=str),
+        model=np.array(columns[4], dtype=str),
+        rating=np.array(columns[5], dtype=float),
     )

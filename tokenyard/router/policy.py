@@ -119,7 +119,8 @@ class Scorer:
         return self.classifier.quality_curves
 
     def features(self, prompt: str, decision: str, score: RouteScore) -> str:
-        return encode_features(self.classifier.version, decision, score.projected, len(prompt))
+        version = self.classifier.version
+        return encode_features(version, decision, score.projected, len(prompt), score.code)
 
     def threshold(self, share: float) -> float:
         if share not in self._thresholds:

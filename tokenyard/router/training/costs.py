@@ -57,9 +57,8 @@ def own_curves(ratings: Ratings, scorer: CompiledScorer, min_rows: int = MIN_CUR
     (the artifact that will serve the curves), which the cost-aware choice prefers to its
     `quality_reference` (router/quality.py). Auto sent each model the scores its class gets, so
     such a curve is measured over that range and extrapolated beyond it."""
-    scores = np.array(
-        [scorer.score_raw(r, c) for r, c in zip(ratings.raw, ratings.log_chars, strict=True)]
-    )
+    views = zip(ratings.raw, ratings.log_chars, ratings.code, strict=True)
+    scores = np.array([scorer.score_raw(r, c, k) for r, c, k in views])
     return {
         str(m): fit_curve(scores[ratings.model == m], ratings.rating[ratings.model == m])
         for m in np.unique(ratings.model)

@@ -12,6 +12,7 @@ _TITLES = {
     "mt_bench": "MT-Bench (72 questions: a sanity check)",
     "arc_challenge": "ARC-Challenge",
     "winogrande": "Winogrande",
+    "crux": "CRUXEval (code; Mixtral-8x7B-Instruct weak, gpt-4-turbo-2024-04-09 strong)",
 }
 _METRICS = (("apgr", "APGR", False), ("cpt50", "CPT(50%)", True), ("cpt80", "CPT(80%)", True))
 
@@ -158,5 +159,24 @@ def write_report(report: dict[str, Any], metadata: dict[str, Any], stem: Path) -
     ]
     for d, section in evaluations["in_domain"].items():
         lines += ["", f"### {_TITLES[d]}, test part", "", *_table(section)]
+    lines += [
+        "",
+        "## Domains no model trained on",
+        "",
+        "The shipped model on a kind of prompt absent from every training domain "
+        "(router/training/probes.py): the OOD guard should hand such prompts to the length rule "
+        "rather than let the model rank them on features that do not carry over. Its confidence "
+        "is 1 where the model's score stands, 0 where the length rule's does.",
+    ]
+    for name, section in evaluations["unseen"].items():
+        low, mid, high = section["confidence"]
+        lines += [
+            "",
+            f"### {_TITLES[name]}",
+            "",
+            f"Guard confidence, 10th / 50th / 90th percentile: {low:.2f} / {mid:.2f} / {high:.2f}.",
+            "",
+            *_table(section),
+        ]
     lines += ["", "## Cost against quality", "", *_costs(evaluations["cost_quality"])]
     stem.with_suffix(".md").write_text("\n".join(lines) + "\n")

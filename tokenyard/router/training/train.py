@@ -49,11 +49,12 @@ from tokenyard.router.training.dataset import (
     random_split,
 )
 from tokenyard.router.training.evaluation import Interval, bootstrap
+from tokenyard.router.training.probes import PROBES, load_probe
 from tokenyard.router.training.report import write_report
 
 ARTIFACT_DIR = Path(__file__).parents[1] / "artifacts"
 CACHE_DIR = Path("var") / "router"
-VERSION = "v6"
+VERSION = "v7"
 # the label's margin on [0, 1] quality: a graded domain (MT-Bench's judge) counts a gain of more
 # than half a judge point; on correctness it is any gain
 GAIN_MARGIN = 0.05
@@ -100,6 +101,11 @@ class TrainConfig:
     norm_full_quantile: float = 0.99
     norm_none_quantile: float = 0.999
     norm_none_factor: float = 1.5
+    # and full confidence up to this share of a prompt's lines being code, none from the higher
+    # one (router/code_lines.py: every CRUXEval prompt is at 0.5 or more; fewer than 1% of the
+    # training prompts are over 0.25)
+    code_full: float = 0.25
+    code_none: float = 0.5
     recipes: tuple[Recipe, ...] = field(default_factory=_recipes)
 
 
@@ -157,6 +163,8 @@ def fit(
         norm_none=config.norm_none_factor * float(np.quantile(norms, config.norm_none_quantile)),
         axes=axes,
         raw_mean=pca.mean_,
+        code_full=config.code_full,
+        code_none=config.code_none,
     )
 
 
@@ -265,6 +273,16 @@ def evaluate_mixed(
     return evaluate(scores, rows, config, salt=len(DOMAINS) * 2) | {"domains": list(sample)}
 
 
+def evaluate_unseen(
+    scorer: CompiledScorer, rows: list[Routed], config: TrainConfig, salt: int
+) -> dict[str, Any]:
+    """A domain no model trained on, routed by `scorer`, with the OOD guard's confidence."""
+    routed = [scorer.route_score(r.prompt) for r in rows]
+    confidence = np.quantile([s.confidence for s in routed], [0.1, 0.5, 0.9])
+    scores = np.array([s.score for s in routed])
+    return evaluate(scores, rows, config, salt) | {"confidence": confidence.tolist()}
+
+
 def selection_row(recipe: Recipe, evals: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """A recipe's held-out APGR per domain, their mean, and how it stands against the length rule:
     its worst domain's paired difference, and whether no domain's interval lies wholly below 0."""
@@ -359,6 +377,10 @@ def train(
         evaluations["in_domain"][d] = evaluate(
             shipped.scores([r.prompt for r in test]), test, config, salt
         )
+    evaluations["unseen"] = {
+        name: evaluate_unseen(shipped, load_probe(name), config, salt)
+        for salt, name in enumerate(PROBES, start=len(DOMAINS) + len(splits))
+    }
     # cost-aware choice: curves fitted on leave-one-domain-out scores, the kind the shipped model
     # gives a prompt from no training domain
     priced = {d: domains[d] for d in ROUTERBENCH_FILES}
