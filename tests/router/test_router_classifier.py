@@ -58,7 +58,7 @@ def test_code_gets_the_prior(shipped: Shipped) -> None:
         assert scored.code >= 0.5 and scored.confidence == 0.0
         assert scored.score == pytest.approx(scored.prior, abs=1e-12)
     # a question that quotes a line of code keeps part of the model's say
-    prompt = "What does this line of our build script do?\nflags = compute(a, b)\nBe brief.\nThanks."
+    prompt = "What does this line of our build do?\nflags = compute(a, b)\nBe brief.\nThanks."
     assert 0.0 < scorer.route_score(prompt).confidence <= 1.0
 
 
@@ -140,7 +140,8 @@ def test_report_routes_a_domain_no_model_trained_on(shipped: Shipped) -> None:
     rows = load_probe("crux")
     assert section["n"] == len(rows) == 800
     scores = shipped.classifier.scorer.scores([r.prompt for r in rows])
-    got = router_metrics(scores, np.array([r.weak for r in rows]), np.array([r.strong for r in rows]))
+    weak, strong = np.array([r.weak for r in rows]), np.array([r.strong for r in rows])
+    got = router_metrics(scores, weak, strong)
     assert got.apgr == pytest.approx(section["routers"]["classifier"]["apgr"]["value"], abs=1e-9)
     # code is routed by the length rule: the guard's confidence is 0 throughout
     assert section["confidence"] == [0.0, 0.0, 0.0]

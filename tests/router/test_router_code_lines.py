@@ -32,7 +32,7 @@ PROSE = [
     "If x = 3 and y = 4, what is x + y?",
     "Let f be a function from R to R. For which of the following is f continuous?",
     "Write a short poem about the sea.\nIt should rhyme.\nKeep it under 10 lines.",
-    "What is $$\\frac{-\\frac{18}{7}}{-\\frac{6}{5}}?$$\nA. \\frac{7}{15}\nB. \\frac{15}{7}\nAnswer:",
+    "What is $$\\frac{-18}{-6}?$$\nA. \\frac{7}{15}\nB. \\frac{15}{7}\nAnswer:",
     "Which equation is balanced?\nA) CaCO_{3} -> CaO + CO_{2}\nB) 2H_{2} + O_{2} -> 2H_{2}O",
     "Plan my week:\n  - Monday: gym\n  - Tuesday: groceries\n  1. call mom\n  2) pay rent",
     "For each item in the list, tell me its colour: apple, banana, plum.",
