@@ -36,6 +36,7 @@ PROSE = [
     "Which equation is balanced?\nA) CaCO_{3} -> CaO + CO_{2}\nB) 2H_{2} + O_{2} -> 2H_{2}O",
     "Plan my week:\n  - Monday: gym\n  - Tuesday: groceries\n  1. call mom\n  2) pay rent",
     "For each item in the list, tell me its colour: apple, banana, plum.",
+    "return the answer as a list\nusing plain words",
 ]
 
 
@@ -47,6 +48,12 @@ def test_prose_math_and_lists_are_not_code(text: str) -> None:
 @pytest.mark.parametrize("text", [PYTHON, FENCED, C_BLOCK])
 def test_code_is_most_of_a_snippet(text: str) -> None:
     assert code_share(text) >= 0.5
+
+
+def test_directives_are_code_without_punctuation() -> None:
+    assert code_share("import os\nfrom typing import List\n#include <stdio.h>") == 1.0
+    # the same words opening prose sentences are not
+    assert code_share("Import duties rose.\nimport the data first, then clean it") == 0.0
 
 
 def test_the_share_counts_lines() -> None:

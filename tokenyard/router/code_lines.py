@@ -16,9 +16,17 @@ _LIST_ITEM = re.compile(r"\s+([-*•+]|\d+[.)]|[a-zA-Z][.)])\s")
 # plain substring tests where they do: a regular expression of alternatives costs ~3 us a line
 # (~0.15 ms for the 2,000 characters the router reads), and one with `.*` between two parts
 # backtracks over a long line; the string tests below cost ~1 us a line
+# lines that are code as they stand (`import os`, `#include <stdio.h>`); possessive quantifiers
+# (`++`, `*+`) keep a long line that almost matches from backtracking
+_DIRECTIVE = re.compile(
+    r"\s*(import\s+[\w.]++(\s+as\s+\w++)?+(\s*,\s*[\w.]++(\s+as\s+\w++)?+)*+\s*;?"  # Python, Java
+    r"|from\s+[\w.]++\s+import\s+\S.*"  # Python
+    r"|#include\s*[<\"].*|#define\s+\w.*)\s*$"
+)
+# keywords that also open prose sentences: code only with code punctuation on the line
 _DECLARATION = re.compile(
-    r"\s*(def|class|import|from\s+[\w.]+\s+import|assert|return|elif|#include|#define|public"
-    r"|private|static|function|var|let|const|async|await|fn|func|package|using)\b"
+    r"\s*(def|class|assert|return|elif|public|private|static|function|var|let|const|async"
+    r"|await|fn|func|package|using)\b"
 )
 _BLOCK = re.compile(r"\s*(if|for|while|with|try|except|else)\b")
 _ASSIGNMENT = re.compile(r"\s*\w+(\.\w+)*\s*=\s*\S")
@@ -48,6 +56,10 @@ def _is_code(line: str) -> bool:
         return True  # a call as a statement
     if "&&" in line or "||" in line or "::" in line or "</" in line or "/>" in line or "()" in line:
         return True
+    if _DIRECTIVE.match(line):
+        return True
+    if line.startswith("import ") and (" from '" in line or ' from "' in line):
+        return True  # a JavaScript import
     if _DECLARATION.match(line):
         return "(" in line or ":" in line or "=" in line or ";" in line or "{" in line
     return last == ":" and _BLOCK.match(line) is not None
