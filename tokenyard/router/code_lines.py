@@ -6,16 +6,18 @@ MMLU's computer-science questions, so the embedding's OOD guard gave code prompt
 (bench/RESULTS.md, CRUXEval). What sets code apart is its lines, not its tokens, so the guard
 reads them here (router/scorer.py): a line counts as code inside a ``` fence, when it is indented
 (other than a list item), or when it carries syntax that prose does not (comparison and compound
-operators, a statement keyword with code punctuation, a block opened or closed, an assignment to
-a name). LaTeX, chemical equations and multiple-choice options do not count.
+operators, an import or include directive, a statement keyword with code punctuation, a block
+opened or closed, an assignment to a name). LaTeX, chemical equations and multiple-choice
+options do not count.
 """
 
 import re
 
-_LIST_ITEM = re.compile(r"\s+([-*•+]|\d+[.)]|[a-zA-Z][.)])\s")
-# plain substring tests where they do: a regular expression of alternatives costs ~3 us a line
+# Plain substring tests where they do: a regular expression of alternatives costs ~3 us a line
 # (~0.15 ms for the 2,000 characters the router reads), and one with `.*` between two parts
-# backtracks over a long line; the string tests below cost ~1 us a line
+# backtracks over a long line; the string tests in `_is_code` cost ~1 us a line.
+
+_LIST_ITEM = re.compile(r"\s+([-*•+]|\d+[.)]|[a-zA-Z][.)])\s")
 # lines that are code as they stand (`import os`, `#include <stdio.h>`); possessive quantifiers
 # (`++`, `*+`) keep a long line that almost matches from backtracking
 _DIRECTIVE = re.compile(
