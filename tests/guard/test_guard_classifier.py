@@ -1,6 +1,7 @@
 """The shipped safety classifier: loads, separates harmful from benign on held-out rows, never
 crashes on what a client may send, and stays fast on long prompts."""
 
+import json
 import random
 import time
 from pathlib import Path
@@ -9,13 +10,14 @@ import numpy as np
 import pytest
 from sklearn.metrics import average_precision_score
 
-from tokenyard.guard.classifier import SafetyClassifier
+from tokenyard.guard.classifier import DEFAULT_ARTIFACT, SafetyClassifier
 from tokenyard.guard.policy import DEFAULT
 from tokenyard.guard.service import decide
 from tokenyard.guard.taxonomy import HARMFUL, HEADS, JAILBREAK
 from tokenyard.guard.training.dataset import load
 from tokenyard.guard.training.train import UNSEEN_BENIGN, TrainConfig, split_of
 from tokenyard.router.training.dataset import load_routerbench
+from tokenyard.router.training.probes import load_probe
 
 
 def test_heads_and_thresholds(classifier: SafetyClassifier) -> None:
@@ -55,6 +57,20 @@ def test_ordinary_prompts_of_unseen_sets_are_allowed(classifier: SafetyClassifie
         prompts = [r.prompt for r in load_routerbench(domain)]
         flagged = [p for p in prompts if decide(rules, classifier.scores(p), defaults).categories]
         assert len(flagged) <= 0.02 * len(prompts), (domain, len(flagged))
+
+
+def test_report_counts_code_prompts_read_as_jailbreaks(classifier: SafetyClassifier) -> None:
+    """A known weakness, reported rather than hidden: benign code questions (CRUXEval) mostly
+    score as jailbreaks. The shipped report's figure, recomputed from the shipped artifact."""
+    report = json.loads(
+        DEFAULT_ARTIFACT.with_name(f"{DEFAULT_ARTIFACT.stem}-report.json").read_text()
+    )
+    reported = report["unseen_benign"]["crux"]
+    prompts = [r.prompt for r in load_probe("crux")]
+    assert reported["prompts"] == len(prompts)
+    threshold = classifier.thresholds()[JAILBREAK]
+    rate = np.mean([classifier.scores(p)[JAILBREAK] >= threshold for p in prompts])
+    assert rate == pytest.approx(reported["jailbreak_flagged_rate"], abs=0.01)
 
 
 BAD_INPUTS = [

@@ -58,6 +58,14 @@ def test_train_writes_a_loadable_artifact_and_its_report(tmp_path: Path) -> None
     }
     assert all(0 < m["auprc"] <= 1 and 0 <= m["safe_flagged_rate"] <= 1 for m in replies.values())
     assert "Replies from a source no model trained on" in md
+    # ordinary prompts no guard model trains on: exam questions, and code (CRUXEval)
+    unseen = report["unseen_benign"]
+    assert {d: m["prompts"] for d, m in unseen.items()} == {
+        "arc_challenge": 1456,
+        "winogrande": 1267,
+        "crux": 800,
+    }
+    assert all(0 <= m["jailbreak_flagged_rate"] <= m["flagged_rate"] <= 1 for m in unseen.values())
     assert json.loads((tmp_path / "guard-v2-report.json").read_text())["version"] == "v2"
 
 

@@ -70,8 +70,9 @@ def write_report(report: dict[str, Any], stem: Path) -> None:
     lines += [
         "## Ordinary prompts from sets no model trained on",
         "",
-        "The router's exam questions (guard/training/train.py `UNSEEN_BENIGN`), scored by the "
-        "shipped model: every one is benign, so every flag is a false positive.",
+        "The router's exam questions (guard/training/train.py `UNSEEN_BENIGN`) and its "
+        "code-reasoning questions (`UNSEEN_CODE`: CRUXEval), scored by the shipped model: every "
+        "one is benign, so every flag is a false positive.",
         "",
         "| set | prompts | flagged | flagged as jailbreak |",
         "|---|---|---|---|",

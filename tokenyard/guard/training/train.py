@@ -52,6 +52,7 @@ from tokenyard.guard.training.dataset import (
 )
 from tokenyard.router.embedding import WordPieces, token_table, tokenizer_json
 from tokenyard.router.training.dataset import load_routerbench
+from tokenyard.router.training.probes import load_probe
 
 CACHE_DIR = Path("var") / "guard"
 ROUTER_CACHE = Path("var") / "router" / "minilm-token-table.npy"
@@ -435,10 +436,16 @@ def family_means(per_family: dict[str, Any]) -> dict[str, float | None]:
 UNSEEN_BENIGN = ("arc_challenge", "winogrande")
 
 
+# and the router's code-reasoning questions (CRUXEval): code no guard model trains on, reported
+# because the jailbreak head reads most of them as jailbreaks (bench/RESULTS.md)
+UNSEEN_CODE = ("crux",)
+
+
 def unseen_benign(fitted: Fitted, table: np.ndarray, pieces: WordPieces) -> dict[str, Any]:
     out = {}
-    for domain in UNSEEN_BENIGN:
-        rows = [Row(r.prompt, domain, domain) for r in load_routerbench(domain)]
+    for domain in UNSEEN_BENIGN + UNSEEN_CODE:
+        routed = load_probe(domain) if domain in UNSEEN_CODE else load_routerbench(domain)
+        rows = [Row(r.prompt, domain, domain) for r in routed]
         _, flags = gated(fitted.scores(featurize(rows, table, pieces)), fitted.thresholds)
         out[domain] = {
             "prompts": len(rows),
