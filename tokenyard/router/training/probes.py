@@ -1,7 +1,7 @@
 """Domains no router trains on, routed in the training report by the shipped model: how it and
 its OOD guard treat a new kind of prompt. CRUXEval (Python output prediction: code), with
 Mixtral-8x7B-Instruct as the weak model and gpt-4-turbo-2024-04-09 as the strong one, from
-ZeroEval's published greedy outputs (router/data/zeroeval/README.md).
+ZeroEval's published greedy outputs (source, licence and derivation: router/data/README.md).
 
 The shipped file holds what this module derives from ZeroEval's result files (`derive_crux`):
 the question as a user would send it (without ZeroEval's instruction to answer in JSON) and
