@@ -25,10 +25,15 @@ typedef float vec __attribute__((vector_size(L * sizeof(float))));
 typedef uint16_t half_vec __attribute__((vector_size(L * sizeof(uint16_t))));
 typedef uint32_t bits_vec __attribute__((vector_size(L * sizeof(uint32_t))));
 
-// head_dim is a template parameter so that the loops over a row unroll into C whole vectors
+// a vector read from any float address (the pool's rows are 4-byte aligned)
+typedef float unaligned_vec __attribute__((vector_size(L * sizeof(float)), aligned(4)));
+
+// head_dim is a template parameter so that the loops over a row unroll into C whole vectors.
+// Vector loads, not one memcpy of the row: GCC called memcpy for it (256 bytes) and the kernels
+// then read the copy back from the stack
 template <int64_t D>
 inline void load_row(const float* src, vec* dst) {
-  std::memcpy(dst, src, D * sizeof(float));
+  for (int64_t c = 0; c < D / L; ++c) dst[c] = *reinterpret_cast<const unaligned_vec*>(src + c * L);
 }
 // bf16 is the top half of an fp32: widen and shift
 template <int64_t D>
