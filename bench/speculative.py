@@ -3,13 +3,13 @@
 Eight requests whose answers copy from their prompts: summarise, extract from and rewrite a
 ~500-token report, and edit a ~400-token piece of code (rename, type hints, a docstring, a fix).
 Greedy, EOS respected, prefix caching off (a prompt cached by the previous run would be prefilled
-in a shorter chunk, whose rounding can break a near-tie the other way). In fp32 with the weights
-dequantized (`--dtype float32 --quantization none`) the outputs are token-identical with and
-without speculation (tests/engine/test_speculative.py). Otherwise the quantized matmul kernels
-round differently with the number of rows (~1e-5), and in bf16 a draft's rows go through the
-prefill attention kernel (bf16 probabilities) rather than the decode kernel (fp32 sums), so a
-near-tie may break the other way, as batching can make it do: the table gives how many leading
-tokens agree.
+in a shorter chunk, whose rounding can break a near-tie the other way). In fp32, with the weights
+as shipped or dequantized, the outputs are token-identical with and without speculation
+(tests/engine/test_speculative.py): a draft's rows run as decode rows, which round as a lone
+decode does. In bf16 they go through the prefill attention kernel's exact mode, which differs from
+the decode kernel in a last bit here and there, and the int8 activations of the quantized matmuls
+can grow such a bit into a near-tie broken the other way, as batching can: the table gives how
+many leading tokens agree.
 
 One engine with speculation on; the baseline is the same engine with each request opting out
 (`speculative=False`), run alternately request by request so that load on a shared machine falls

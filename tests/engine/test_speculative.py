@@ -311,6 +311,37 @@ def test_greedy_mixed_batch_is_identical_with_speculation(
     assert_all_blocks_free(engine)
 
 
+COPYING_TASKS = [
+    "Repeat this list exactly, one item a line: apples, pears, plums, cherries, grapes, lemons, "
+    "limes, oranges, peaches, apricots.",
+    "Rewrite in the past tense: The ship enters the harbour at dawn. The crew unloads the crates "
+    "and the captain signs the papers. Then the ship leaves for Lisbon.",
+    "Add a docstring to this function and return it whole:\n\ndef area(width, height):\n"
+    "    if width < 0 or height < 0:\n        raise ValueError('negative side')\n"
+    "    return width * height\n",
+]
+
+
+def test_greedy_output_with_weights_as_shipped_is_identical_with_speculation(engine_factory):
+    """fp32 activations and the GGUF's own 4/8-bit weights, whose matmuls quantize activations to
+    int8: there a last-bit difference in a verify row flips a rounding that grows through the
+    layers, so drafts' rows must round exactly as a lone decode's (attention's parts are cut by
+    position, not by the batch). Each request alone, with and without speculation."""
+    engine = engine_factory(quantization="auto", speculative_tokens=8, speculative_row_cost=0.0)
+    template = engine.tokenizer.apply_chat_template
+    proposed, accepted = counters(engine)
+    for i, task in enumerate(COPYING_TASKS):
+        ids = template([{"role": "user", "content": task}])
+        runs = []
+        for speculative in (False, True):
+            request = GenerationRequest(f"q{i}-{speculative}", ids, greedy(64))
+            request.speculative = speculative
+            runs.append(tokens(run_to_completion(engine, [request])[request.request_id]))
+        assert runs[0] == runs[1], task
+    proposed_now, accepted_now = counters(engine)
+    assert accepted_now - accepted > 40 and proposed_now > proposed
+
+
 def test_a_predicted_output_leaves_greedy_tokens_as_they_were_in_fewer_steps(
     engine_factory, prompt_ids
 ):

@@ -59,9 +59,13 @@ inline vec reduce_lanes(vec* v) {
   return v[0];
 }
 
-// tokens a part of a split sequence holds at least: below this, merging parts costs more than the
-// second thread saves
-constexpr int64_t MIN_PART = 64;
+// tokens a part of a sequence holds (the last one fewer). Parts are cut by token position alone, not
+// by the batch's size or the thread count, so a row's sums come out in the same order whatever else
+// is in the step: a speculation's verify rows (decode rows here) and a lone decode give the same
+// bits, which greedy output with and without speculation needs once activations are quantized to
+// int8 (a flipped rounding there grows through the layers). Below ~64 tokens merging parts costs
+// more than a second thread saves.
+constexpr int64_t PART = 64;
 
 // T: q's and the output's type; P: the pool's (T, or int8 with k_scales and v_scales)
 template <typename T, typename P, int64_t D>
@@ -73,17 +77,14 @@ void decode(const T* q, const P* k_cache, const P* v_cache, const float* k_scale
   constexpr bool scaled = std::is_same_v<P, int8_t>;
   const int64_t group = q_heads / kv_heads;
   const int64_t row = kv_heads * D;  // one token's K (or V): every KV head's, side by side
-  // Work items are sequences: a thread reads each token's K (then V) row for every KV head at
-  // once, so a block's cache lines are read in order, each once (an item per (sequence, KV head)
-  // read a third of every line pair here and ran at half the speed). With fewer sequences than 4
-  // per thread (a batch-1 step) each sequence's tokens are cut into parts that run apart and are
-  // merged after, as flash-decoding does: a part keeps its running max, sum of exps and
-  // unnormalized sums.
-  int64_t longest = 0;
+  // Work items are parts of PART tokens of a sequence: a thread reads each token's K (then V) row
+  // for every KV head at once, so a block's cache lines are read in order, each once (an item per
+  // (sequence, KV head) read a third of every line pair here and ran at half the speed). Parts
+  // let a batch-1 step use every thread; they are merged after, as flash-decoding does: a part
+  // keeps its running max, sum of exps and unnormalized sums.
+  int64_t longest = 1;
   for (int64_t b = 0; b < batch; ++b) longest = std::max<int64_t>(longest, lens[b]);
-  const int64_t wanted = 4 * at::get_num_threads();
-  const int64_t parts =
-      batch >= wanted ? 1 : std::max<int64_t>(1, std::min((wanted + batch - 1) / batch, longest / MIN_PART));
+  const int64_t parts = (longest + PART - 1) / PART;  // of the longest sequence; others skip theirs
   std::vector<float> tops(batch * parts * q_heads), totals(batch * parts * q_heads, 0.f);
   std::vector<vec> sums(batch * parts * q_heads * C);
   at::parallel_for(0, batch * parts, 1, [&](int64_t begin, int64_t end) {
@@ -91,22 +92,27 @@ void decode(const T* q, const P* k_cache, const P* v_cache, const float* k_scale
     std::vector<vec> qv(q_heads * C), partial(q_heads * L, vec{});
     for (int64_t i = begin; i < end; ++i) {
       const int64_t b = i / parts, part = i % parts, len = lens[b];
-      const int64_t span = (len + parts - 1) / parts, lo = part * span;
-      const int64_t hi = std::min(len, lo + span), n_tokens = hi - lo;
-      if (n_tokens <= 0) continue;  // a short sequence in a split step: its totals stay 0
+      const int64_t lo = part * PART, hi = std::min(len, lo + PART), n_tokens = hi - lo;
+      if (n_tokens <= 0) continue;  // past a shorter sequence's end: its totals stay 0
       const int32_t* table = tables + b * max_blocks;
       // calls fn(j, pool slot of token lo + j) for the part's tokens, walking its blocks of
-      // `pool`, and asks for the row PREFETCH_TOKENS ahead of each
-      auto each_slot = [&](const P* pool, auto fn) {
+      // `pool`, and asks for the row PREFETCH_TOKENS ahead of each; past the part's end, for the
+      // first rows of the next pass, which reads `next` from token next_lo up to next_hi (parts
+      // are short: their first rows would otherwise wait on memory)
+      auto each_slot = [&](const P* pool, const P* next, int64_t next_lo, int64_t next_hi,
+                           auto fn) {
         const int64_t row_bytes = row * static_cast<int64_t>(sizeof(P));
         int64_t ahead = lo + PREFETCH_TOKENS;
         for (int64_t first = lo; first < hi;) {
           const int64_t offset = first % block_size, n = std::min(block_size - offset, hi - first);
           const int64_t base = table[first / block_size] * block_size + offset;
           for (int64_t t = 0; t < n; ++t, ++ahead) {
-            if (ahead < hi) {
-              const int64_t slot = table[ahead / block_size] * block_size + ahead % block_size;
-              prefetch_bytes(pool + slot * row, row_bytes);
+            const bool here = ahead < hi;
+            const int64_t token = here ? ahead : next_lo + ahead - hi;
+            if (token < (here ? hi : next_hi)) {
+              const P* from = here ? pool : next;
+              const int64_t slot = table[token / block_size] * block_size + token % block_size;
+              prefetch_bytes(from + slot * row, row_bytes);
             }
             fn(first - lo + t, base + t);
           }
@@ -133,7 +139,7 @@ void decode(const T* q, const P* k_cache, const P* v_cache, const float* k_scale
         done += waiting;
         waiting = 0;
       };
-      each_slot(k_cache, [&](int64_t, int64_t slot) {
+      each_slot(k_cache, v_cache, lo, hi, [&](int64_t, int64_t slot) {
         const P* keys = k_cache + slot * row;
         for (int64_t kv = 0; kv < kv_heads; ++kv) {
           vec k[C];
@@ -160,7 +166,8 @@ void decode(const T* q, const P* k_cache, const P* v_cache, const float* k_scale
       }
       vec* acc = &sums[slot * C];
       for (int64_t c = 0; c < q_heads * C; ++c) acc[c] = vec{};
-      each_slot(v_cache, [&](int64_t j, int64_t slot) {
+      // then the next part's keys: this thread most likely takes that part next
+      each_slot(v_cache, k_cache, hi, len, [&](int64_t j, int64_t slot) {
         const P* values = v_cache + slot * row;
         for (int64_t kv = 0; kv < kv_heads; ++kv) {
           vec v[C];
