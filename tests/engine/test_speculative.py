@@ -4,10 +4,12 @@ rollback of rejected tokens' KV slots, and the acceptance metrics."""
 import itertools
 import random
 
+import pytest
 import torch
 from prometheus_client import generate_latest
 from scipy.stats import chi2_contingency, chisquare
 
+from tokenyard.engine.cpu_kernels import paged_attention
 from tokenyard.engine.kv_cache import BlockManager, BlockTable
 from tokenyard.engine.sampler import Sampler
 from tokenyard.engine.scheduler import Scheduler
@@ -322,12 +324,27 @@ COPYING_TASKS = [
 ]
 
 
-def test_greedy_output_with_weights_as_shipped_is_identical_with_speculation(engine_factory):
-    """fp32 activations and the GGUF's own 4/8-bit weights, whose matmuls quantize activations to
-    int8: there a last-bit difference in a verify row flips a rounding that grows through the
-    layers, so drafts' rows must round exactly as a lone decode's (attention's parts are cut by
-    position, not by the batch). Each request alone, with and without speculation."""
-    engine = engine_factory(quantization="auto", speculative_tokens=8, speculative_row_cost=0.0)
+@pytest.mark.parametrize(
+    ("dtype", "exact"), [("float32", False), ("bfloat16", True)], ids=["fp32", "bf16 exact"]
+)
+def test_greedy_output_with_weights_as_shipped_is_identical_with_speculation(
+    engine_factory, dtype, exact
+):
+    """The GGUF's own 4/8-bit weights, whose matmuls quantize activations to int8: there a
+    last-bit difference in a verify row flips a rounding that grows through the layers, so drafts'
+    rows must round exactly as a lone decode's (attention's parts are cut by position, not by the
+    batch). fp32 by default; bf16 with `speculative_exact` (draft rows through the decode kernel,
+    not the bf16 prefill kernel's exact mode). Each request alone, with and without speculation."""
+    if dtype == "bfloat16" and not getattr(paged_attention(), "PREFILL_BF16", False):
+        pytest.skip("no bf16 prefill kernel here (no AVX512-BF16): bf16 drafts are decode rows")
+    engine = engine_factory(
+        dtype=dtype,
+        quantization="auto",
+        speculative_tokens=8,
+        speculative_row_cost=0.0,
+        speculative_exact=exact,
+    )
+    assert engine.runner.attention.short_rows
     template = engine.tokenizer.apply_chat_template
     proposed, accepted = counters(engine)
     for i, task in enumerate(COPYING_TASKS):

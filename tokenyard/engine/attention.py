@@ -374,11 +374,13 @@ def make_attention(
     dtype: torch.dtype,
     cpu_kernel: bool,
     int8_kv: bool = False,
+    exact_drafts: bool = False,
 ) -> TorchAttention | FlashAttention:
     """flash-attn on CUDA; on CPU the compiled kernels where they build (and `cpu_kernel`: decode
     always; prefill for fp32, and for bf16 on CPUs with bf16 dot products), else PyTorch alone.
     block_size 0 takes the backend's default. `int8_kv`: the pool is int8 (CPU only: flash-attn
-    reads a pool in the model's dtype)."""
+    reads a pool in the model's dtype). `exact_drafts`: short chunks run as decode rows in bf16
+    too (EngineConfig.speculative_exact)."""
     if device.type == "cuda":
         if int8_kv:
             raise ValueError("an int8 KV cache is a CPU feature: flash-attn reads bf16 pools")
@@ -390,4 +392,4 @@ def make_attention(
     bf16 = dtype == torch.bfloat16 and kernel.PREFILL_BF16
     # fp16 activations stay with SDPA; fp32 ones take the fp32 kernel, short chunks as decode rows
     prefill = bf16 or dtype == torch.float32
-    return KernelAttention(block_size, device, kernel, prefill, short_rows=not bf16)
+    return KernelAttention(block_size, device, kernel, prefill, short_rows=exact_drafts or not bf16)
