@@ -56,7 +56,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--speculative-exact",
         action="store_true",
-        help="greedy output token-identical with and without speculation in bf16 too (slower "
+        help="CPU: greedy output token-identical with and without speculation in bf16 too (slower "
         "verify steps)",
     )
     p.add_argument(
