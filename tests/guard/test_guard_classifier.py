@@ -59,9 +59,13 @@ def test_ordinary_prompts_of_unseen_sets_are_allowed(classifier: SafetyClassifie
         assert len(flagged) <= 0.02 * len(prompts), (domain, len(flagged))
 
 
-def test_report_counts_code_prompts_read_as_jailbreaks(classifier: SafetyClassifier) -> None:
-    """A known weakness, reported rather than hidden: benign code questions (CRUXEval) mostly
-    score as jailbreaks. The shipped report's figure, recomputed from the shipped artifact."""
+def test_code_prompts_no_model_trained_on_are_mostly_not_read_as_jailbreaks(
+    classifier: SafetyClassifier,
+) -> None:
+    """Benign code questions (CRUXEval, never trained on): v2, which had seen no benign code or
+    role-play request, flagged 89.6% of them as jailbreaks; v3 learnt both from GPTeacher. A
+    weakness still (about 30%), reported rather than hidden: the shipped report's figure,
+    recomputed from the shipped artifact."""
     report = json.loads(
         DEFAULT_ARTIFACT.with_name(f"{DEFAULT_ARTIFACT.stem}-report.json").read_text()
     )
@@ -71,6 +75,7 @@ def test_report_counts_code_prompts_read_as_jailbreaks(classifier: SafetyClassif
     threshold = classifier.thresholds()[JAILBREAK]
     rate = np.mean([classifier.scores(p)[JAILBREAK] >= threshold for p in prompts])
     assert rate == pytest.approx(reported["jailbreak_flagged_rate"], abs=0.01)
+    assert rate < 0.4
 
 
 BAD_INPUTS = [

@@ -17,6 +17,7 @@ from tokenyard.guard.training.dataset import (
     UPSTREAM,
     _rows_assistant_requests,
     _rows_benchmark_questions,
+    _rows_gpteacher,
     load,
 )
 from tokenyard.guard.training.train import (
@@ -46,9 +47,9 @@ def test_train_writes_a_loadable_artifact_and_its_report(tmp_path: Path) -> None
         assert binary["harmful_vs_benign_input"]["auprc"] is not None
         assert set(report[section]["categories"]) == set(HEADS)
         assert "xstest" in report[section]["over_refusal"] or section == "test"
-    clf = SafetyClassifier.load(tmp_path / "guard-v2.joblib")
+    clf = SafetyClassifier.load(tmp_path / "guard-v3.joblib")
     assert set(clf.scores("hello")) == set(HEADS)
-    md = (tmp_path / "guard-v2-report.md").read_text()
+    md = (tmp_path / "guard-v3-report.md").read_text()
     assert "Held-out test split" in md and "over-refusal" in md
     # the evaluation-only replies, scored by the shipped model
     replies = report["unseen_replies"]
@@ -66,7 +67,7 @@ def test_train_writes_a_loadable_artifact_and_its_report(tmp_path: Path) -> None
         "crux": 800,
     }
     assert all(0 <= m["jailbreak_flagged_rate"] <= m["flagged_rate"] <= 1 for m in unseen.values())
-    assert json.loads((tmp_path / "guard-v2-report.json").read_text())["version"] == "v2"
+    assert json.loads((tmp_path / "guard-v3-report.json").read_text())["version"] == "v3"
 
 
 def test_leave_one_source_out_scores_every_row_with_a_model_blind_to_its_family() -> None:
@@ -115,20 +116,33 @@ def test_shipped_data_is_decontaminated() -> None:
     rows = load()
     dropped = {("gsm8k", "test:9"), ("simplesafetytests", "sst_032")}
     assert not any((r.source, r.group) in dropped for r in rows)
-    assert len(rows) == 29327
+    assert len(rows) == 33250
 
 
 def test_sets_kept_in_the_project_rebuild_the_shipped_rows() -> None:
     """The rows of the sets kept in guard/data/upstream and taken from the router's data are what
     their sources give (MMLU's are a sample of them), all benign."""
-    built = [*_rows_assistant_requests(UPSTREAM), *_rows_benchmark_questions()]
+    built = [
+        *_rows_assistant_requests(UPSTREAM),
+        *_rows_gpteacher(UPSTREAM),
+        *_rows_benchmark_questions(),
+    ]
     sources = {r.source for r in built}
-    assert sources == {"self-instruct", "ifeval", "ifeval-replies", "mmlu", "mt-bench"}
+    assert sources == {
+        "self-instruct",
+        "ifeval",
+        "ifeval-replies",
+        "gpteacher-roleplay",
+        "gpteacher-code",
+        "mmlu",
+        "mt-bench",
+    }
     key = lambda r: (r.source, r.group, r.direction, r.text)  # noqa: E731
     shipped = [r for r in load() if r.source in sources]
     assert {key(r) for r in shipped} <= {key(r) for r in built}
     assert not any(r.labels for r in shipped)
     for source in sources - set(BENIGN_CAP):
         assert sum(r.source == source for r in shipped) == sum(r.source == source for r in built)
-    assert sum(r.source == "mmlu" for r in shipped) == BENIGN_CAP["mmlu"]
+    for source in sources & set(BENIGN_CAP):
+        assert sum(r.source == source for r in shipped) == BENIGN_CAP[source]
     assert {r.direction for r in shipped if r.source == "ifeval-replies"} == {"output"}

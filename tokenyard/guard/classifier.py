@@ -30,7 +30,7 @@ from tokenyard.core.artifacts import load_artifact
 from tokenyard.router.embedding import WordPieces
 
 ARTIFACT_DIR = Path(__file__).parent / "artifacts"
-DEFAULT_ARTIFACT = ARTIFACT_DIR / "guard-v2.joblib"
+DEFAULT_ARTIFACT = ARTIFACT_DIR / "guard-v3.joblib"
 HEAD_CHARS = 2000
 TAIL_CHARS = 2000
 BIGRAM_BITS = 18

@@ -38,7 +38,7 @@ UNSAFE = "unsafe"
 SCARY_BENIGN_SOURCES = ("xstest", "hatecheck", "toxigen")
 # benign sets sampled down (thousands of near-identical math problems and search questions teach
 # the model little past a few thousand)
-BENIGN_CAP = {"gsm8k": 3000, "nq-open": 3000, "mmlu": 3000}
+BENIGN_CAP = {"gsm8k": 3000, "nq-open": 3000, "mmlu": 3000, "gpteacher-code": 2000}
 OUTPUT_CAP = {"gptfuzz-responses": 2500}
 
 
@@ -332,6 +332,22 @@ def _rows_assistant_requests(upstream: Path) -> Iterator[Row]:
         yield Row(r["response"], "ifeval-replies", keys.get(r["prompt"], r["prompt"]), "output")
 
 
+def _rows_gpteacher(upstream: Path) -> Iterator[Row]:
+    """GPTeacher's role-play tasks ("You are a pirate captain …", "Imagine you are …") and code
+    tasks in many languages, their input (a scene, a snippet, a broken script) appended: the two
+    kinds of ordinary request the jailbreak head read as templates (role-setting sentences, a
+    mass of rare code tokens) when it had seen neither as benign. One task is one group."""
+    for name, source in (
+        ("roleplay-simple-deduped-roleplay-instruct", "gpteacher-roleplay"),
+        ("codegen-instruct", "gpteacher-code"),
+    ):
+        with _open(upstream / f"gpteacher/{name}.json.gz") as f:
+            tasks = json.load(f)
+        for i, task in enumerate(tasks):
+            extra = f"\n\n{task['input']}" if task["input"].strip() else ""
+            yield Row(task["instruction"] + extra, source, str(i))
+
+
 def _rows_benchmark_questions() -> Iterator[Row]:
     """MMLU's exam questions (law, medicine, security, moral scenarios: sensitive subjects asked
     benignly) and MT-Bench's first turns, from the router's own copy (router/data)."""
@@ -365,6 +381,7 @@ def build(root: Path = SHARED, seed: int = 0, upstream: Path = UPSTREAM) -> list
         *_rows_gptfuzz(root, dropped("gptfuzz/prompts/GPTFuzzer.csv")),
         *_rows_benign(root, drop),
         *_rows_assistant_requests(upstream),
+        *_rows_gpteacher(upstream),
         *_rows_benchmark_questions(),
     ]
     # the giskard set: every row but the 11 near-copies of hidden texts

