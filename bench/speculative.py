@@ -29,7 +29,7 @@ speculate by itself (`speculative_tokens=0`), and "on" requests send the text th
 
     .venv/bin/python bench/speculative.py [--speculative-tokens 4] [--rounds 2] [--dtype auto]
         [--quantization auto] [--max-tokens 256] [--row-cost 0.2]
-        [--prediction [--prediction-tokens 8]]
+        [--prediction [--prediction-tokens 8]] [--exact]
 """
 
 import argparse
@@ -143,6 +143,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--prediction", action="store_true", help="compare Predicted Outputs")
     parser.add_argument("--prediction-tokens", type=int, default=8)
+    parser.add_argument(
+        "--exact", action="store_true", help="bf16 draft rows as decode rows (speculative_exact)"
+    )
     args = parser.parse_args()
     if args.prediction:
         args.speculative_tokens = 0  # drafts come from the predictions alone
@@ -155,6 +158,7 @@ def main() -> None:
             speculative_tokens=args.speculative_tokens,
             speculative_row_cost=args.row_cost,
             prediction_tokens=args.prediction_tokens,
+            speculative_exact=args.exact,
             enable_prefix_caching=False,
         )
     )
@@ -162,6 +166,7 @@ def main() -> None:
     print(
         f"engine: {runner.dtype}, weights {args.quantization}, "
         f"{type(runner.attention).__name__}, k={args.speculative_tokens}"
+        + (", draft rows as decode rows" if args.exact else "")
         + (f", predicted outputs (k={args.prediction_tokens})" if args.prediction else "")
     )
     template = engine.tokenizer.apply_chat_template
