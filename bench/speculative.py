@@ -3,13 +3,10 @@
 Eight requests whose answers copy from their prompts: summarise, extract from and rewrite a
 ~500-token report, and edit a ~400-token piece of code (rename, type hints, a docstring, a fix).
 Greedy, EOS respected, prefix caching off (a prompt cached by the previous run would be prefilled
-in a shorter chunk, whose rounding can break a near-tie the other way). In fp32, with the weights
-as shipped or dequantized, the outputs are token-identical with and without speculation
-(tests/engine/test_speculative.py): a draft's rows run as decode rows, which round as a lone
-decode does. In bf16 they go through the prefill attention kernel's exact mode, which differs from
-the decode kernel in a last bit here and there, and the int8 activations of the quantized matmuls
-can grow such a bit into a near-tie broken the other way, as batching can: the table gives how
-many leading tokens agree.
+in a shorter chunk, whose rounding can break a near-tie the other way). The outputs are
+token-identical with and without speculation (tests/engine/test_speculative.py): a draft's rows
+round as a lone decode does, as decode rows (fp32) or through the bf16 prefill kernel's exact
+mode, which shares the decode kernel's arithmetic; the table gives how many leading tokens agree.
 
 One engine with speculation on; the baseline is the same engine with each request opting out
 (`speculative=False`), run alternately request by request so that load on a shared machine falls
@@ -29,7 +26,7 @@ speculate by itself (`speculative_tokens=0`), and "on" requests send the text th
 
     .venv/bin/python bench/speculative.py [--speculative-tokens 4] [--rounds 2] [--dtype auto]
         [--quantization auto] [--max-tokens 256] [--row-cost 0.2]
-        [--prediction [--prediction-tokens 8]] [--exact]
+        [--prediction [--prediction-tokens 8]]
 """
 
 import argparse
@@ -143,9 +140,6 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--prediction", action="store_true", help="compare Predicted Outputs")
     parser.add_argument("--prediction-tokens", type=int, default=8)
-    parser.add_argument(
-        "--exact", action="store_true", help="bf16 draft rows as decode rows (speculative_exact)"
-    )
     args = parser.parse_args()
     if args.prediction:
         args.speculative_tokens = 0  # drafts come from the predictions alone
@@ -158,7 +152,6 @@ def main() -> None:
             speculative_tokens=args.speculative_tokens,
             speculative_row_cost=args.row_cost,
             prediction_tokens=args.prediction_tokens,
-            speculative_exact=args.exact,
             enable_prefix_caching=False,
         )
     )
@@ -166,7 +159,6 @@ def main() -> None:
     print(
         f"engine: {runner.dtype}, weights {args.quantization}, "
         f"{type(runner.attention).__name__}, k={args.speculative_tokens}"
-        + (", draft rows as decode rows" if args.exact else "")
         + (f", predicted outputs (k={args.prediction_tokens})" if args.prediction else "")
     )
     template = engine.tokenizer.apply_chat_template

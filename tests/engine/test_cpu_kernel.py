@@ -31,10 +31,12 @@ def prefill_kernel(kernel):
     return kernel
 
 
-def _backend(kernel, dtype: torch.dtype, prefill: bool) -> KernelAttention:
+def _backend(kernel, dtype: torch.dtype, prefill: bool, int8_kv: bool = False) -> KernelAttention:
     """The kernel backend as make_attention builds it for `dtype`: with the prefill kernel or
-    without; short chunks as decode rows except through the bf16 kernel's exact mode."""
-    return KernelAttention(BS, CPU, kernel, prefill, short_rows=not (prefill and dtype != FP32))
+    without; short chunks as decode rows except through the bf16 kernel's exact mode, which
+    reads a bf16 pool only."""
+    exact = prefill and dtype != FP32 and not int8_kv
+    return KernelAttention(BS, CPU, kernel, prefill, short_rows=not exact)
 
 
 def _run_both(kernel, slices, num_decodes, q, k, v, k_cache, v_cache, prefill=False):
@@ -58,6 +60,11 @@ def _pool(rng: random.Random, lengths: list[int], heads: int, dim: int, dtype: t
         used += w
     shape = (len(order) + 1, BS, heads, dim)
     return tables, torch.randn(shape, dtype=dtype), torch.randn(shape, dtype=dtype)
+
+
+def _slots(table: list[int], n: int) -> torch.Tensor:
+    """The pool slots of a sequence's first n tokens."""
+    return torch.tensor([table[t // BS] * BS + t % BS for t in range(n)])
 
 
 @pytest.mark.parametrize(
@@ -181,7 +188,7 @@ def test_kernel_over_an_int8_pool_matches_reference(kernel, dtype, prefill, dim,
     tokens = len(decode_lengths) + short[0] + chunk[0]
     q, k, v = (torch.randn(tokens, h, dim, dtype=dtype) for h in (q_heads, kv_heads, kv_heads))
     outs = []
-    for backend in (TorchAttention(BS, CPU), _backend(kernel, dtype, prefill)):
+    for backend in (TorchAttention(BS, CPU), _backend(kernel, dtype, prefill, int8_kv=True)):
         keys, values = _int8(k_float), _int8(v_float)
         meta = backend.build_metadata(slices, len(decode_lengths))
         outs.append((backend.forward(q, k, v, keys, values, meta), keys, values))
@@ -282,24 +289,33 @@ def test_prefill_kernel_splits_the_keys_of_few_rows(prefill_kernel, dim, q_heads
 
 
 @pytest.mark.parametrize(
-    ("context", "rows", "q_heads", "kv_heads"),
-    [(600, 9, 9, 3), (45, 3, 9, 3), (BS * 7 + 5, 16, 9, 3), (100, 48, 3, 3), (300, 5, 32, 2)],
+    ("context", "rows", "q_heads", "kv_heads", "head_dim"),
+    [
+        (600, 9, 9, 3, 64),
+        (45, 3, 9, 3, 64),
+        (BS * 7 + 5, 16, 9, 3, 64),
+        (100, 48, 3, 3, 64),
+        (300, 5, 32, 2, 64),
+        (257, 9, 8, 2, 128),
+    ],
 )
-def test_exact_mode_rounds_as_decode_rows_do(prefill_kernel, context, rows, q_heads, kv_heads):
-    """A speculating sequence's rows through the prefill kernel's exact mode (P.V in fp32) agree
-    with the same rows run as decodes to within a last-bit flip here and there; with bf16 P, a
-    sizeable share of the outputs differ. The mode holds a run's rows (positions x query heads
-    per KV head) in 1 to 3 vectors of 16 lanes: 27, 9 and 48 rows here, 48 positions of one head
-    (a part of the keys then lies wholly after the first rows' positions), and 5 positions of 16
-    heads, cut into runs of 3 and 2."""
+def test_exact_mode_gives_each_row_a_lone_decodes_bits(
+    prefill_kernel, context, rows, q_heads, kv_heads, head_dim
+):
+    """A speculating sequence's rows through the prefill kernel's exact mode equal, bit for bit,
+    the same rows run as decodes (greedy output with and without speculation depends on it); the
+    packed form (bf16 P) differs in a sizeable share. The mode holds a run's rows (positions x
+    query heads per KV head) in 1 to 3 vectors of 16 lanes: 27, 9 and 48 rows here, 48 positions
+    of one head (the first rows see none of the last part's keys), 5 positions of 16 heads, cut
+    into runs of 3 and 2, and a head dimension of 128."""
     rng = random.Random(context)
-    tables, k_cache, v_cache = _pool(rng, [context], kv_heads, 64, torch.bfloat16)
-    q = (3 * torch.randn(rows, q_heads, 64)).bfloat16()
+    tables, k_cache, v_cache = _pool(rng, [context], kv_heads, head_dim, torch.bfloat16)
+    q = (3 * torch.randn(rows, q_heads, head_dim)).bfloat16()
     args = (
         torch.tensor(tables, dtype=torch.int32),
         torch.tensor([0, rows], dtype=torch.int32),
         torch.tensor([context], dtype=torch.int32),
-        0.125,
+        head_dim**-0.5,
     )
     exact = prefill_kernel.paged_prefill(q, k_cache, v_cache, *args, exact=True)
     rounded = prefill_kernel.paged_prefill(q, k_cache, v_cache, *args)
@@ -309,12 +325,41 @@ def test_exact_mode_rounds_as_decode_rows_do(prefill_kernel, context, rows, q_he
         v_cache,
         torch.tensor(tables * rows, dtype=torch.int32),
         torch.arange(context - rows + 1, context + 1, dtype=torch.int32),
+        head_dim**-0.5,
+    )
+    assert torch.equal(exact, decode)
+    assert (rounded != decode).float().mean().item() > 0.05
+    # and the decode rows are attention: against fp32 SDPA on the same bf16 inputs
+    keys = k_cache.view(-1, kv_heads, head_dim)[_slots(tables[0], context)].float()
+    values = v_cache.view(-1, kv_heads, head_dim)[_slots(tables[0], context)].float()
+    for i in range(rows):
+        seen = context - rows + 1 + i
+        ref = torch.nn.functional.scaled_dot_product_attention(
+            q[i].float().unsqueeze(1),
+            keys[:seen].transpose(0, 1).repeat_interleave(q_heads // kv_heads, 0),
+            values[:seen].transpose(0, 1).repeat_interleave(q_heads // kv_heads, 0),
+        ).squeeze(1)
+        assert (decode[i].float() - ref).abs().max().item() < 2e-2
+
+
+def test_exact_mode_reads_a_bf16_pool_only(prefill_kernel):
+    """An int8 pool's draft rows run as decode rows (engine/attention.py): the exact mode refuses
+    one rather than round it differently."""
+    rng = random.Random(3)
+    tables, k_cache, v_cache = _pool(rng, [40], 3, 64, torch.bfloat16)
+    (k8, k_scales), (v8, v_scales) = quantize_rows(k_cache), quantize_rows(v_cache)
+    q = torch.randn(3, 9, 64).bfloat16()
+    args = (
+        torch.tensor(tables, dtype=torch.int32),
+        torch.tensor([0, 3], dtype=torch.int32),
+        torch.tensor([40], dtype=torch.int32),
         0.125,
     )
-    exact_differ = (exact != decode).float().mean().item()
-    rounded_differ = (rounded != decode).float().mean().item()
-    assert exact_differ < 0.005 and rounded_differ > 0.05
-    assert (exact.float() - decode.float()).abs().max().item() < 1e-2
+    with pytest.raises(RuntimeError, match="bf16 pool"):
+        prefill_kernel.paged_prefill(
+            q, k8, v8, *args, exact=True, k_scales=k_scales, v_scales=v_scales
+        )
+    assert make_attention(CPU, 0, 64, torch.bfloat16, cpu_kernel=True, int8_kv=True).short_rows
 
 
 def test_kernel_refuses_what_it_cannot_run(kernel):

@@ -54,12 +54,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="n-gram speculative decoding: draft tokens per sequence and step (0: off)",
     )
     p.add_argument(
-        "--speculative-exact",
-        action="store_true",
-        help="CPU: greedy output token-identical with and without speculation in bf16 too (slower "
-        "verify steps)",
-    )
-    p.add_argument(
         "--prediction-tokens",
         type=int,
         default=8,
@@ -113,7 +107,6 @@ def run(args: argparse.Namespace) -> None:
         max_model_len=args.max_model_len,
         enable_prefix_caching=not args.no_prefix_caching,
         speculative_tokens=args.speculative_tokens,
-        speculative_exact=args.speculative_exact,
         prediction_tokens=args.prediction_tokens,
         served_model_name=args.served_model_name,
         lora_modules=dict(_name_and_path(spec) for spec in args.lora),

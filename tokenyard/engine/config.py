@@ -70,11 +70,6 @@ class EngineConfig:
     # speculative_tokens; None: what was measured on CPU there (speculative.CPU_ROW_COST), 0 on
     # CUDA (a few more rows are nearly free)
     speculative_row_cost: float | None = None
-    # on CPU, draft rows attend through the decode kernel, as lone decodes do, so that greedy
-    # output is token-identical with and without speculation in bf16 too (fp32 always is), rather
-    # than through the bf16 prefill kernel's exact mode, 2.4-3.2x faster for them
-    # (bench/RESULTS.md); flash-attn on CUDA is not affected
-    speculative_exact: bool = False
     # draft tokens per step of a request that predicts its output (OpenAI's Predicted Outputs,
     # `prediction`), speculating or not otherwise; 0: predictions are ignored
     prediction_tokens: int = 8

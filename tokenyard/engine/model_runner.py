@@ -120,7 +120,6 @@ class ModelRunner:
             self.dtype,
             config.cpu_kernel,
             int8_kv,
-            exact_drafts=config.speculative_exact,
         )
         self.block_size = self.attention.block_size
         self.num_blocks = config.num_blocks or blocks_for_budget(

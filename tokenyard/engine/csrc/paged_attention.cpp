@@ -8,6 +8,7 @@
 
 #include <ATen/Parallel.h>
 
+#include "attention_parts.h"
 #include "int8_pool.h"
 #include "vectors.h"
 
@@ -59,13 +60,16 @@ inline vec reduce_lanes(vec* v) {
   return v[0];
 }
 
-// tokens a part of a sequence holds (the last one fewer). Parts are cut by token position alone, not
-// by the batch's size or the thread count, so a row's sums come out in the same order whatever else
-// is in the step: a speculation's verify rows (decode rows here) and a lone decode give the same
-// bits, which greedy output with and without speculation needs once activations are quantized to
-// int8 (a flipped rounding there grows through the layers). Below ~64 tokens merging parts costs
-// more than a second thread saves.
-constexpr int64_t PART = 64;
+// bf16 q over a bf16 pool, on CPUs with bf16 dot products: the arithmetic of attention_parts.h,
+// which the bf16 prefill kernel's exact mode shares (a speculation's draft rows). Otherwise q is
+// widened to fp32 and scaled, each product an fp32 FMA; fp32 drafts run as decode rows here.
+template <typename T, typename P>
+constexpr bool BF16_DOTS =
+#if defined(__AVX512BF16__)
+    std::is_same_v<T, at::BFloat16> && std::is_same_v<P, at::BFloat16>;
+#else
+    false;
+#endif
 
 // T: q's and the output's type; P: the pool's (T, or int8 with k_scales and v_scales)
 template <typename T, typename P, int64_t D>
@@ -75,6 +79,7 @@ void decode(const T* q, const P* k_cache, const P* v_cache, const float* k_scale
             int64_t max_blocks, float scale) {
   constexpr int64_t C = D / L;
   constexpr bool scaled = std::is_same_v<P, int8_t>;
+  constexpr bool dots = BF16_DOTS<T, P>;
   const int64_t group = q_heads / kv_heads;
   const int64_t row = kv_heads * D;  // one token's K (or V): every KV head's, side by side
   // Work items are parts of PART tokens of a sequence: a thread reads each token's K (then V) row
@@ -90,6 +95,9 @@ void decode(const T* q, const P* k_cache, const P* v_cache, const float* k_scale
   at::parallel_for(0, batch * parts, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;  // [q_heads, the part's tokens]
     std::vector<vec> qv(q_heads * C), partial(q_heads * L, vec{});
+#if defined(__AVX512BF16__)
+    std::vector<__m512i> qp(dots ? q_heads * D / 32 : 0);  // q's dimension pairs (bf16 dots)
+#endif
     for (int64_t i = begin; i < end; ++i) {
       const int64_t b = i / parts, part = i % parts, len = lens[b];
       const int64_t lo = part * PART, hi = std::min(len, lo + PART), n_tokens = hi - lo;
@@ -121,6 +129,13 @@ void decode(const T* q, const P* k_cache, const P* v_cache, const float* k_scale
       };
       scores.resize(q_heads * n_tokens);
       for (int64_t h = 0; h < q_heads; ++h) {
+#if defined(__AVX512BF16__)
+        if constexpr (dots) {
+          for (int64_t c = 0; c < D / 32; ++c)
+            qp[h * D / 32 + c] = _mm512_loadu_si512(q + (b * q_heads + h) * D + c * 32);
+          continue;
+        }
+#endif
         load_row<D>(q + (b * q_heads + h) * D, &qv[h * C]);
         for (int64_t c = 0; c < C; ++c) qv[h * C + c] *= scale;
       }
@@ -129,7 +144,10 @@ void decode(const T* q, const P* k_cache, const P* v_cache, const float* k_scale
       int64_t done = 0, waiting = 0;
       auto flush = [&] {
         for (int64_t h = 0; h < q_heads; ++h) {
-          const vec chunk = reduce_lanes(&partial[h * L]);
+          vec chunk = reduce_lanes(&partial[h * L]);
+#if defined(__AVX512BF16__)
+          if constexpr (dots) chunk = (vec)mul_fixed((__m512)chunk, _mm512_set1_ps(scale));
+#endif
           float* dst = scores.data() + h * n_tokens + done;
           if (waiting == L)
             std::memcpy(dst, &chunk, sizeof chunk);
@@ -142,6 +160,16 @@ void decode(const T* q, const P* k_cache, const P* v_cache, const float* k_scale
       each_slot(k_cache, v_cache, lo, hi, [&](int64_t, int64_t slot) {
         const P* keys = k_cache + slot * row;
         for (int64_t kv = 0; kv < kv_heads; ++kv) {
+#if defined(__AVX512BF16__)
+          if constexpr (dots) {
+            __m512i k[D / 32];
+            for (int64_t c = 0; c < D / 32; ++c)
+              k[c] = _mm512_loadu_si512(keys + kv * D + c * 32);
+            for (int64_t h = kv * group; h < (kv + 1) * group; ++h)
+              partial[h * L + bit_reverse(waiting)] = (vec)pair_dots<D>(&qp[h * D / 32], k);
+            continue;
+          }
+#endif
           vec k[C];
           load_row<D>(keys + kv * D, k);
           for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
@@ -159,8 +187,29 @@ void decode(const T* q, const P* k_cache, const P* v_cache, const float* k_scale
       for (int64_t h = 0; h < q_heads; ++h) {
         float* s = scores.data() + h * n_tokens;
         float top = s[0], total = 0.f;
-        for (int64_t j = 1; j < n_tokens; ++j) top = std::max(top, s[j]);
-        for (int64_t j = 0; j < n_tokens; ++j) total += (s[j] = std::exp(s[j] - top));
+#if defined(__AVX512BF16__)
+        if constexpr (dots) {  // 16 sums by position, then attention_parts.h's tree
+          auto tail = [&](int64_t j) {  // the part's tokens among j..j+15
+            return static_cast<__mmask16>(n_tokens - j >= 16 ? 0xFFFF : (1u << (n_tokens - j)) - 1);
+          };
+          __m512 best = _mm512_set1_ps(top);
+          for (int64_t j = 0; j < n_tokens; j += 16)
+            best = _mm512_mask_max_ps(best, tail(j), best, _mm512_maskz_loadu_ps(tail(j), s + j));
+          top = _mm512_reduce_max_ps(best);
+          __m512 by_lane = _mm512_setzero_ps();
+          for (int64_t j = 0; j < n_tokens; j += 16) {
+            const __m512 e = _mm512_maskz_mov_ps(
+                tail(j), part_exp(_mm512_maskz_loadu_ps(tail(j), s + j), _mm512_set1_ps(top)));
+            _mm512_mask_storeu_ps(s + j, tail(j), e);
+            by_lane = add_fixed(by_lane, e);
+          }
+          total = lanes_tree(by_lane);
+        }
+#endif
+        if constexpr (!dots) {
+          for (int64_t j = 1; j < n_tokens; ++j) top = std::max(top, s[j]);
+          for (int64_t j = 0; j < n_tokens; ++j) total += (s[j] = std::exp(s[j] - top));
+        }
         tops[slot + h] = top;
         totals[slot + h] = total;
       }
@@ -176,32 +225,18 @@ void decode(const T* q, const P* k_cache, const P* v_cache, const float* k_scale
           if constexpr (scaled) weight = v_scales[slot * kv_heads + kv];
           for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
             const float p = scores[h * n_tokens + j] * weight;
-            for (int64_t c = 0; c < C; ++c) acc[h * C + c] += p * v[c];
+            for (int64_t c = 0; c < C; ++c) acc[h * C + c] = fmadd(vec{} + p, v[c], acc[h * C + c]);
           }
         }
       });
     }
   });
-  // merge the parts of each (sequence, query head): weights exp(top - max) rescale each part
+  // each (sequence, query head)'s parts merged
   at::parallel_for(0, batch * q_heads, 16, [&](int64_t begin, int64_t end) {
     for (int64_t x = begin; x < end; ++x) {
-      const int64_t b = x / q_heads, h = x % q_heads;
-      auto slot = [&](int64_t part) { return (b * parts + part) * q_heads + h; };
-      float top = -std::numeric_limits<float>::max();  // finite: built with -ffast-math
-      for (int64_t p = 0; p < parts; ++p)
-        if (totals[slot(p)] > 0.f) top = std::max(top, tops[slot(p)]);
-      vec merged[C] = {};
-      float total = 0.f;
-      for (int64_t p = 0; p < parts; ++p) {
-        if (totals[slot(p)] <= 0.f) continue;
-        const float w = std::exp(tops[slot(p)] - top);
-        total += w * totals[slot(p)];
-        for (int64_t c = 0; c < C; ++c) merged[c] += w * sums[slot(p) * C + c];
-      }
-      const float inv = 1.f / total;
-      T* o = out + x * D;
-      for (int64_t c = 0; c < C; ++c)
-        for (int64_t l = 0; l < L; ++l) o[c * L + l] = static_cast<T>(merged[c][l] * inv);
+      const int64_t b = x / q_heads, h = x % q_heads, first = b * parts * q_heads + h;
+      merge_parts(&tops[first], &totals[first], reinterpret_cast<const float*>(&sums[first * C]),
+                  parts, q_heads, D, out + x * D);
     }
   });
 }
@@ -280,6 +315,41 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
 }
 
 }  // namespace
+
+namespace {
+
+template <typename T>
+void merge(const float* tops, const float* totals, const float* sums, int64_t parts,
+           int64_t stride, int64_t d, T* out) {
+  float top = -std::numeric_limits<float>::max();  // finite: built with -ffast-math
+  for (int64_t p = 0; p < parts; ++p)
+    if (totals[p * stride] > 0.f) top = std::max(top, tops[p * stride]);
+  vec merged[128 / L] = {};
+  float total = 0.f;
+  for (int64_t p = 0; p < parts; ++p) {
+    if (totals[p * stride] <= 0.f) continue;
+    const float w = std::exp(tops[p * stride] - top);
+    total += w * totals[p * stride];
+    const float* part = sums + p * stride * d;
+    for (int64_t c = 0; c < d / L; ++c)
+      merged[c] = fmadd(vec{} + w, *reinterpret_cast<const unaligned_vec*>(part + c * L), merged[c]);
+  }
+  const float inv = 1.f / total;
+  for (int64_t c = 0; c < d / L; ++c)
+    for (int64_t l = 0; l < L; ++l) out[c * L + l] = static_cast<T>(merged[c][l] * inv);
+}
+
+}  // namespace
+
+void merge_parts(const float* tops, const float* totals, const float* sums, int64_t parts,
+                 int64_t stride, int64_t d, float* out) {
+  merge(tops, totals, sums, parts, stride, d, out);
+}
+
+void merge_parts(const float* tops, const float* totals, const float* sums, int64_t parts,
+                 int64_t stride, int64_t d, at::BFloat16* out) {
+  merge(tops, totals, sums, parts, stride, d, out);
+}
 
 // prefill_attention_fp32.cpp; prefill_attention.cpp, built only where the CPU has bf16 dot products
 torch::Tensor paged_prefill_fp32(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,

@@ -14,11 +14,12 @@
 // P.V product, as flash attention does on GPUs and PyTorch's CPU kernel does for bf16. An int8
 // pool's tiles are dequantized to bf16 (each row times its scale) as they are packed.
 //
-// Exact mode (a speculating sequence's rows: P in fp32, as a lone decode has it) skips pass 1:
-// its few rows sit in vector lanes and read each key in place (`attend_lanes` below).
+// Exact mode (a speculating sequence's rows: each as a lone decode computes it, to the bit) skips
+// pass 1: its few rows sit in vector lanes and read each key in place (`attend_part` below).
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
+#include "attention_parts.h"
 #include "prefill_inputs.h"
 #include "vectors.h"
 
@@ -47,13 +48,12 @@ struct Run {
 };
 
 struct Item {
-  int64_t run, part, tile_lo, tile_hi;  // the key tiles [tile_lo, tile_hi) of one part of a run
+  // one part of a run: its key tiles [lo, hi) (packed form), or its keys (exact mode)
+  int64_t run, part, lo, hi;
 };
 
 // key tiles a part holds at least: below this, merging parts costs more than a thread saves
 constexpr int64_t MIN_PART_TILES = 2;
-
-inline __m512bh bh(__m512i x) { return reinterpret_cast<__m512bh>(x); }
 
 // scores s[r][n] = q_r . k_n for RB rows against one tile (rows past `rows` use a zero row)
 template <int64_t D>
@@ -64,8 +64,8 @@ inline void scores(const uint32_t* const* q, const uint32_t* k, float scale, flo
     const __m512i k0 = _mm512_loadu_si512(k + j * KT), k1 = _mm512_loadu_si512(k + j * KT + 16);
     for (int64_t r = 0; r < RB; ++r) {
       const __m512i qj = _mm512_set1_epi32(static_cast<int>(q[r][j]));
-      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], bh(qj), bh(k0));
-      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], bh(qj), bh(k1));
+      acc[r][0] = _mm512_dpbf16_ps(acc[r][0], as_pairs(qj), as_pairs(k0));
+      acc[r][1] = _mm512_dpbf16_ps(acc[r][1], as_pairs(qj), as_pairs(k1));
     }
   }
   const __m512 sc = _mm512_set1_ps(scale);
@@ -90,7 +90,7 @@ inline void accumulate(const uint32_t* p, const uint32_t* v, const float* alpha,
     for (int64_t c = 0; c < C; ++c) vm[c] = _mm512_loadu_si512(v + m * D + c * 16);
     for (int64_t r = 0; r < RB; ++r) {
       const __m512i pm = _mm512_set1_epi32(static_cast<int>(p[r * KT / 2 + m]));
-      for (int64_t c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], bh(pm), bh(vm[c]));
+      for (int64_t c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], as_pairs(pm), as_pairs(vm[c]));
     }
   }
   for (int64_t r = 0; r < RB; ++r)
@@ -205,65 +205,53 @@ void pack_values(const uint16_t* const* rows, uint32_t* vp) {
 }
 
 // ------------------------------------------------------------------ exact mode
-// A speculating sequence's rows (its last token and draft) attend with fp32 probabilities, as a
-// lone decode's do: bf16 ones break greedy near-ties away from the output without speculation.
-// They are few rows against a whole context, which the packed form serves badly: it packs every
-// key tile for them, and ran its scalar softmax on register blocks of 4 rows (2 rows over 500
-// tokens took twice a decode row's time). Here a run's rows (positions x the query heads of one
-// KV head, up to 48) sit in the lanes of NV vectors instead: each key row, read in place through
-// the block table, is broadcast a pair of dimensions at a time against the transposed queries
-// (vdpbf16ps), its scores come out one vector per 16 rows, and the softmax's max, exp and sums
-// run across lanes with no horizontal reduction. P.V stays fp32: each key's values widened once,
-// one FMA per row and 16 dimensions. On a Zen 4 EPYC, a layer over 500 tokens: 0.66-0.85x the
-// packed form's time at 2-16 rows in process (bench/RESULTS.md, issue 17).
+// A speculating sequence's rows (its last token and draft) attend as lone decodes do, to the bit:
+// the arithmetic of attention_parts.h, which the decode kernel runs too (a last-bit difference
+// grows through int8 activations into a different greedy token). They are few rows against a
+// whole context, which the packed form serves badly: it packs every key tile for them. Here a
+// run's rows (positions x the query heads of one KV head, up to 48) sit in the lanes of NV
+// vectors instead: each key row, read in place through the block table, is broadcast a pair of
+// dimensions at a time against the transposed queries (vdpbf16ps), the 16 products a decode row's
+// vector lanes would hold kept apart and summed in the decode kernel's tree, so that the scores,
+// the softmax's max, exps and sums run across lanes with no horizontal reduction. P.V stays fp32:
+// each key's values widened once, one FMA per row and 16 dimensions. A bf16 pool only: an int8
+// pool's draft rows run as decode rows (engine/attention.py).
 
 constexpr int64_t EXACT_LANES = 48;  // rows a run holds at most in exact mode: 3 vectors
 
-// qt[(j * NV + v) * 16 + lane]: row 16 v + lane's dimensions 2j and 2j + 1 as one pair
+// one key's scores against 16 NV rows (qt[(j * NV + v) * 16 + lane]: row 16 v + lane's dimensions
+// 2j and 2j + 1 as one pair), its row given as D / 2 pairs: lane l of a decode row's products
+// (pairs l, l + 16, …) for each l, then attention_parts.h's tree
 template <int64_t D, int NV>
-void transpose_rows(const uint32_t* const* qr, int64_t rows, uint32_t* qt) {
-  std::memset(qt, 0, D / 2 * NV * 16 * sizeof(uint32_t));
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t j = 0; j < D / 2; ++j) qt[j * NV * 16 + r] = qr[r][j];
-}
-
-// one key's scores against 16 NV rows, its row given as D / 2 pairs
-template <int64_t D, int NV>
-inline void key_scores(const uint32_t* qt, const uint32_t* k, __m512 (&s)[NV]) {
-  constexpr int CH = NV == 1 ? 8 : 4;  // independent sums a vector, so the dot products overlap
-  __m512 acc[NV][CH];
-  for (auto& a : acc)
-    for (auto& c : a) c = _mm512_setzero_ps();
-  for (int64_t j = 0; j < D / 2; j += CH)
-    for (int c = 0; c < CH; ++c) {
-      const __m512i pair = _mm512_set1_epi32(static_cast<int>(k[j + c]));
+inline void key_scores(const uint32_t* qt, const uint32_t* k, __m512 scale, __m512 (&s)[NV]) {
+  auto lane = [&](int64_t l, __m512 (&x)[NV]) {  // lane l's products, for the NV vectors of rows
+    for (int v = 0; v < NV; ++v) x[v] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < D / 32; ++c) {
+      const int64_t j = c * 16 + l;
+      const __m512bh pair = as_pairs(_mm512_set1_epi32(static_cast<int>(k[j])));
       for (int v = 0; v < NV; ++v)
-        acc[v][c] = _mm512_dpbf16_ps(
-            acc[v][c], bh(_mm512_load_si512(qt + ((j + c) * NV + v) * 16)), bh(pair));
+        x[v] = _mm512_dpbf16_ps(x[v], as_pairs(_mm512_loadu_si512(qt + (j * NV + v) * 16)), pair);
     }
-  for (int v = 0; v < NV; ++v) {
-    s[v] = acc[v][0];
-    for (int c = 1; c < CH; ++c) s[v] = _mm512_add_ps(s[v], acc[v][c]);
+  };
+  // tree16's order, its lanes made as they are summed (few registers live)
+  __m512 t4[4][NV];
+  for (int64_t k4 = 0; k4 < 4; ++k4) {
+    __m512 a[NV], b[NV], c[NV], d[NV];
+    lane(k4, a);
+    lane(k4 + 8, b);
+    lane(k4 + 4, c);
+    lane(k4 + 12, d);
+    for (int v = 0; v < NV; ++v)
+      t4[k4][v] = add_fixed(add_fixed(a[v], b[v]), add_fixed(c[v], d[v]));
   }
+  for (int v = 0; v < NV; ++v)
+    s[v] = mul_fixed(add_fixed(add_fixed(t4[0][v], t4[2][v]), add_fixed(t4[1][v], t4[3][v])),
+                     scale);
 }
 
-// a key's row of one KV head as D / 2 bf16 pairs: in place, or an int8 row dequantized to `local`
-template <int64_t D>
-inline const uint32_t* key_pairs(const uint16_t* cache, const float*, int64_t at, uint16_t*) {
-  return reinterpret_cast<const uint32_t*>(cache + at * D);
-}
-template <int64_t D>
-inline const uint32_t* key_pairs(const int8_t* cache, const float* scales, int64_t at,
-                                 uint16_t* local) {
-  dequantize_row<D>(cache, scales, at, local);
-  return reinterpret_cast<const uint32_t*>(local);
-}
-
-// where one KV head's rows lie: pool P (uint16_t for bf16, or int8 with scales)
-template <typename P>
+// where one KV head's rows lie in a bf16 pool
 struct HeadPool {
-  const P *k, *v;
-  const float *k_scales, *v_scales;
+  const uint16_t *k, *v;
   const int32_t* table;
   int64_t block_size, kv_heads, head;
   // at[i]: key first + i's row of this head (in rows of D) for i < n; one division, not one a key
@@ -276,101 +264,78 @@ struct HeadPool {
   }
 };
 
-// glibc's vector expf: what GCC calls for std::exp in a vectorized loop (-ffast-math), and so what
-// the decode kernel's softmax runs
-extern "C" __m512 _ZGVeN16v_expf(__m512);
-
-// A run's rows (qr; limit: the last key each sees) against keys [lo, hi): running max `top`, sum
-// of exps `total` and unnormalized sums `o` [16 NV, D] per row, updated a tile of KT keys at a time
-template <int64_t D, int NV, typename P>
-void attend_lanes(const uint32_t* const* qr, const int64_t* limit, int64_t rows,
-                  const HeadPool<P>& pool, int64_t lo, int64_t hi, float scale, float* o,
-                  float* top, float* total) {
+// A run's rows (qt: transposed as key_scores reads them; limit: the last key each sees) against the part of keys [lo, hi) (lo a
+// multiple of PART, hi - lo at most PART): each row's max `top`, sum of exps `total` and
+// unnormalized sums `o` [16 NV, D] over the keys it sees, as the decode kernel's part has them
+template <int64_t D, int NV>
+void attend_part(const uint32_t* qt, const int64_t* limit, int64_t rows, const HeadPool& pool,
+                 int64_t lo, int64_t hi, float scale, float* o, float* top, float* total) {
   constexpr int64_t W = NV * 16, C = D / 16, RBX = 16 / C;  // RBX rows: 16 accumulators
-  alignas(64) uint32_t qt[D / 2 * W];
-  alignas(64) float p[KT][W];
-  vec vf[KT][D / L];  // the tile's values
-  alignas(64) uint16_t local[D];
-  transpose_rows<D, NV>(qr, rows, qt);
+  const int64_t n = hi - lo, row_bytes = D * static_cast<int64_t>(sizeof(uint16_t));
+  int64_t at[PART];  // the part's rows
+  pool.rows_of(lo, n, at);
+  for (int64_t t = 0; t < std::min(n, PREFETCH_TOKENS); ++t) {  // the walk asks for the rest ahead
+    prefetch_bytes(pool.k + at[t] * D, row_bytes);
+    prefetch_bytes(pool.v + at[t] * D, row_bytes);
+  }
+  alignas(64) float p[PART][W];
+  vec vf[PART][D / L];  // the part's values
+  __mmask16 seen[PART][NV];
   __m512i last[NV];  // padding lanes see no key
-  __m512 best[NV], sum[NV];
+  __m512 best[NV];
   for (int v = 0; v < NV; ++v) {
     alignas(64) int32_t l[16];
     for (int64_t i = 0; i < 16; ++i)
       l[i] = 16 * v + i < rows ? static_cast<int32_t>(limit[16 * v + i]) : -1;
     last[v] = _mm512_load_si512(l);
-    best[v] = _mm512_loadu_ps(top + 16 * v);
-    sum[v] = _mm512_loadu_ps(total + 16 * v);
+    best[v] = _mm512_set1_ps(MASKED);
   }
-  const __m512 sc = _mm512_set1_ps(scale), floor = _mm512_set1_ps(-80.f);
-  const __m512 zero = _mm512_setzero_ps();
-  const int64_t row_bytes = D * static_cast<int64_t>(sizeof(P));
-  int64_t at[KT + PREFETCH_TOKENS];  // the tile's rows, and those the walk asks for ahead of it
-  for (int64_t k0 = lo; k0 < hi; k0 += KT) {
-    const int64_t n = std::min(KT, hi - k0);
-    pool.rows_of(k0, std::min(KT + PREFETCH_TOKENS, hi - k0), at);
-    // scores, and the tile's max of the ones each row sees
-    __m512 tile_best[NV];
-    __mmask16 seen[KT][NV];
-    for (int v = 0; v < NV; ++v) tile_best[v] = best[v];
-    for (int64_t t = 0; t < n; ++t) {
-      if (k0 + t + PREFETCH_TOKENS < hi) {
-        const int64_t ahead = at[t + PREFETCH_TOKENS];
-        prefetch_bytes(pool.k + ahead * D, row_bytes);
-        prefetch_bytes(pool.v + ahead * D, row_bytes);
-      }
-      __m512 s[NV];
-      key_scores<D, NV>(qt, key_pairs<D>(pool.k, pool.k_scales, at[t], local), s);
-      const __m512i key = _mm512_set1_epi32(static_cast<int>(k0 + t));
-      for (int v = 0; v < NV; ++v) {
-        s[v] = _mm512_mul_ps(s[v], sc);
-        seen[t][v] = _mm512_cmple_epi32_mask(key, last[v]);
-        tile_best[v] = _mm512_mask_max_ps(tile_best[v], seen[t][v], tile_best[v], s[v]);
-        _mm512_store_ps(p[t] + 16 * v, s[v]);
-      }
-      value_floats<D>(pool.v, pool.v_scales, at[t], vf[t]);
+  const __m512 sc = _mm512_set1_ps(scale);
+  // scores, and the max of the ones each row sees
+  for (int64_t t = 0; t < n; ++t) {
+    if (t + PREFETCH_TOKENS < n) {
+      prefetch_bytes(pool.k + at[t + PREFETCH_TOKENS] * D, row_bytes);
+      prefetch_bytes(pool.v + at[t + PREFETCH_TOKENS] * D, row_bytes);
     }
-    // probabilities against the new max (a key a row does not see weighs 0; exp's arguments
-    // stay within [-80, 0]: the vector exp takes a slow path for any lane outside its range),
-    // the old sums rescaled
-    alignas(64) float alpha[W];
+    __m512 s[NV];
+    key_scores<D, NV>(qt, reinterpret_cast<const uint32_t*>(pool.k + at[t] * D), sc, s);
+    const __m512i key = _mm512_set1_epi32(static_cast<int>(lo + t));
     for (int v = 0; v < NV; ++v) {
-      const __m512 a = _ZGVeN16v_expf(_mm512_max_ps(_mm512_sub_ps(best[v], tile_best[v]), floor));
-      _mm512_store_ps(alpha + 16 * v, a);
-      sum[v] = _mm512_mul_ps(sum[v], a);
-      best[v] = tile_best[v];
+      seen[t][v] = _mm512_cmple_epi32_mask(key, last[v]);
+      best[v] = _mm512_mask_max_ps(best[v], seen[t][v], best[v], s[v]);
+      _mm512_store_ps(p[t] + 16 * v, s[v]);
     }
-    for (int64_t t = 0; t < n; ++t)
-      for (int v = 0; v < NV; ++v) {
-        const __m512 x = _mm512_min_ps(
-            _mm512_max_ps(_mm512_sub_ps(_mm512_load_ps(p[t] + 16 * v), best[v]), floor), zero);
-        const __m512 e = _mm512_maskz_mov_ps(seen[t][v], _ZGVeN16v_expf(x));
-        _mm512_store_ps(p[t] + 16 * v, e);
-        sum[v] = _mm512_add_ps(sum[v], e);
-      }
-    // P.V: RBX rows at a time against each key's widened values
-    for (int64_t r0 = 0; r0 < rows; r0 += RBX) {
-      __m512 acc[RBX][C];
-      for (int64_t r = 0; r < RBX; ++r) {
-        const __m512 a = _mm512_set1_ps(alpha[r0 + r]);
-        for (int64_t c = 0; c < C; ++c)
-          acc[r][c] = _mm512_mul_ps(_mm512_loadu_ps(o + (r0 + r) * D + c * 16), a);
-      }
-      for (int64_t t = 0; t < n; ++t) {
-        __m512 v[C];
-        for (int64_t c = 0; c < C; ++c) v[c] = reinterpret_cast<__m512>(vf[t][c]);
-        for (int64_t r = 0; r < RBX; ++r) {
-          const __m512 pr = _mm512_set1_ps(p[t][r0 + r]);
-          for (int64_t c = 0; c < C; ++c) acc[r][c] = _mm512_fmadd_ps(pr, v[c], acc[r][c]);
-        }
-      }
-      for (int64_t r = 0; r < RBX; ++r)
-        for (int64_t c = 0; c < C; ++c) _mm512_storeu_ps(o + (r0 + r) * D + c * 16, acc[r][c]);
-    }
+    load_row<D>(reinterpret_cast<const at::BFloat16*>(pool.v + at[t] * D), vf[t]);
   }
+  // probabilities (a key a row does not see weighs 0), summed by position modulo 16
+  __m512 by_lane[16][NV];
+  for (auto& b : by_lane)
+    for (auto& x : b) x = _mm512_setzero_ps();
+  for (int64_t t = 0; t < n; ++t)
+    for (int v = 0; v < NV; ++v) {
+      const __m512 e = _mm512_maskz_mov_ps(seen[t][v], part_exp(_mm512_load_ps(p[t] + 16 * v), best[v]));
+      _mm512_store_ps(p[t] + 16 * v, e);
+      by_lane[t % 16][v] = add_fixed(by_lane[t % 16][v], e);
+    }
   for (int v = 0; v < NV; ++v) {
+    __m512 lanes[16];
+    for (int64_t l = 0; l < 16; ++l) lanes[l] = by_lane[l][v];
+    _mm512_storeu_ps(total + 16 * v, tree16(lanes));
     _mm512_storeu_ps(top + 16 * v, best[v]);
-    _mm512_storeu_ps(total + 16 * v, sum[v]);
+  }
+  // P.V: RBX rows at a time against each key's widened values, from zero
+  for (int64_t r0 = 0; r0 < rows; r0 += RBX) {
+    __m512 acc[RBX][C];
+    for (auto& a : acc)
+      for (auto& x : a) x = _mm512_setzero_ps();
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t r = 0; r < RBX; ++r) {
+        const __m512 pr = _mm512_set1_ps(p[t][r0 + r]);
+        for (int64_t c = 0; c < C; ++c)
+          acc[r][c] = _mm512_fmadd_ps(pr, reinterpret_cast<__m512>(vf[t][c]), acc[r][c]);
+      }
+    for (int64_t r = 0; r < RBX; ++r)
+      for (int64_t c = 0; c < C; ++c) _mm512_storeu_ps(o + (r0 + r) * D + c * 16, acc[r][c]);
   }
 }
 
@@ -431,15 +396,35 @@ void prefill(const uint16_t* q, const void* k_cache, const void* v_cache, const 
   for (int64_t r = 0; r < num_runs; ++r) {
     Run& run = runs[r];
     const int64_t cached = context_lens[run.seq] - (starts[run.seq + 1] - starts[run.seq]);
-    const int64_t tiles = (cached + run.first + run.count + KT - 1) / KT;  // keys the run sees
-    run.parts = std::max<int64_t>(1, std::min(split, tiles / MIN_PART_TILES));
+    const int64_t keys = cached + run.first + run.count;  // the keys the run's last row sees
+    const int64_t tiles = (keys + KT - 1) / KT;
+    // exact mode: the decode kernel's parts, by position
+    run.parts = EXACT ? (keys + PART - 1) / PART
+                      : std::max<int64_t>(1, std::min(split, tiles / MIN_PART_TILES));
     run.slot = slots;
     slots += run.parts * run.padded;
     for (int64_t p = 0; p < run.parts; ++p)
-      items.push_back({r, p, tiles * p / run.parts, tiles * (p + 1) / run.parts});
+      items.push_back(EXACT ? Item{r, p, p * PART, std::min(keys, (p + 1) * PART)}
+                            : Item{r, p, tiles * p / run.parts, tiles * (p + 1) / run.parts});
   }
+  // exact mode: each run's rows transposed once, as key_scores reads them (pairs j of its padded
+  // rows at qt[j * padded + r]; padding rows zero)
+  std::vector<int64_t> qt_at(num_runs + 1, 0);
+  for (int64_t r = 0; EXACT && r < num_runs; ++r) qt_at[r + 1] = qt_at[r] + D / 2 * runs[r].padded;
+  std::vector<uint32_t> qts(qt_at[num_runs], 0);
+  at::parallel_for(0, EXACT ? num_runs : 0, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const Run& run = runs[r];
+      for (int64_t row = 0; row < run.count * group; ++row) {
+        const int64_t i = run.first + row / group, g = row % group;
+        const auto* pairs = reinterpret_cast<const uint32_t*>(
+            q + ((starts[run.seq] + i) * q_heads + run.head * group + g) * D);
+        for (int64_t j = 0; j < D / 2; ++j) qts[qt_at[r] + j * run.padded + row] = pairs[j];
+      }
+    }
+  });
   // the most work first, so that the threads finish together
-  auto work = [&](const Item& it) { return (it.tile_hi - it.tile_lo) * runs[it.run].padded; };
+  auto work = [&](const Item& it) { return (it.hi - it.lo) * runs[it.run].padded; };
   std::stable_sort(items.begin(), items.end(),
                    [&](const Item& a, const Item& b) { return work(a) > work(b); });
   std::vector<float> o_all(slots * D, 0.f), top_all(slots, MASKED), total_all(slots, 0.f);
@@ -461,30 +446,24 @@ void prefill(const uint16_t* q, const void* k_cache, const void* v_cache, const 
     const int64_t slot = run.slot + it.part * run.padded;
     float *o = &o_all[slot * D], *top = &top_all[slot], *total = &total_all[slot];
     if constexpr (EXACT) {
-      const int64_t lo = it.tile_lo * KT, hi = std::min(it.tile_hi * KT, limit[rows - 1] + 1);
-      const int32_t* table = tables + run.seq * max_blocks;
-      auto attend = [&](auto pool) {
-        if (run.padded == 16)
-          attend_lanes<D, 1>(qr.data(), limit.data(), rows, pool, lo, hi, scale, o, top, total);
-        else if (run.padded == 32)
-          attend_lanes<D, 2>(qr.data(), limit.data(), rows, pool, lo, hi, scale, o, top, total);
-        else
-          attend_lanes<D, 3>(qr.data(), limit.data(), rows, pool, lo, hi, scale, o, top, total);
-      };
-      if (k_scales == nullptr)
-        attend(HeadPool<uint16_t>{static_cast<const uint16_t*>(k_cache),
-                                  static_cast<const uint16_t*>(v_cache), nullptr, nullptr, table,
-                                  block_size, kv_heads, run.head});
+      const HeadPool pool{static_cast<const uint16_t*>(k_cache),
+                          static_cast<const uint16_t*>(v_cache), tables + run.seq * max_blocks,
+                          block_size, kv_heads, run.head};
+      if (run.padded == 16)
+        attend_part<D, 1>(&qts[qt_at[it.run]], limit.data(), rows, pool, it.lo, it.hi, scale, o, top,
+                             total);
+      else if (run.padded == 32)
+        attend_part<D, 2>(&qts[qt_at[it.run]], limit.data(), rows, pool, it.lo, it.hi, scale, o, top,
+                             total);
       else
-        attend(HeadPool<int8_t>{static_cast<const int8_t*>(k_cache),
-                                static_cast<const int8_t*>(v_cache), k_scales, v_scales, table,
-                                block_size, kv_heads, run.head});
+        attend_part<D, 3>(&qts[qt_at[it.run]], limit.data(), rows, pool, it.lo, it.hi, scale, o, top,
+                             total);
       continue;
     }
     std::vector<float> s(RB * KT), alpha(RB);
     std::vector<uint32_t> p(RB * KT / 2);
     const int64_t tile0 = (tile_base[run.seq] * kv_heads) + run.head;  // tiles are head-interleaved
-    for (int64_t kt = it.tile_lo; kt < it.tile_hi; ++kt) {
+    for (int64_t kt = it.lo; kt < it.hi; ++kt) {
       const uint32_t* kp = packed_k.get() + (tile0 + kt * kv_heads) * tile_words;
       const uint32_t* vp = packed_v.get() + (tile0 + kt * kv_heads) * tile_words;
       const int64_t k0 = kt * KT;
@@ -510,34 +489,15 @@ void prefill(const uint16_t* q, const void* k_cache, const void* v_cache, const 
       }
     }
   }
-  // pass 3: each row's parts merged (weights exp(top - max) rescale each), normalized, rounded
+  // pass 3: each row's parts merged, normalized, rounded (attention_parts.h)
   at::parallel_for(0, num_runs, 1, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const Run& run = runs[r];
       for (int64_t row = 0; row < run.count * group; ++row) {
-        auto slot = [&](int64_t part) { return run.slot + part * run.padded + row; };
-        float best = MASKED;
-        for (int64_t p = 0; p < run.parts; ++p)
-          if (total_all[slot(p)] > 0.f) best = std::max(best, top_all[slot(p)]);
-        __m512 merged[D / 16];
-        for (auto& m : merged) m = _mm512_setzero_ps();
-        float sum = 0.f;
-        for (int64_t p = 0; p < run.parts; ++p) {
-          if (total_all[slot(p)] <= 0.f) continue;  // a part wholly after this row's position
-          const float weight = std::exp(top_all[slot(p)] - best);
-          sum += weight * total_all[slot(p)];
-          const __m512 wv = _mm512_set1_ps(weight);
-          for (int64_t c = 0; c < D / 16; ++c)
-            merged[c] =
-                _mm512_fmadd_ps(wv, _mm512_loadu_ps(&o_all[slot(p) * D + c * 16]), merged[c]);
-        }
-        const int64_t i = run.first + row / group, g = row % group;
+        const int64_t i = run.first + row / group, g = row % group, first = run.slot + row;
         uint16_t* dst = out + ((starts[run.seq] + i) * q_heads + run.head * group + g) * D;
-        const __m512 inv = _mm512_set1_ps(1.f / sum);
-        for (int64_t c = 0; c < D / 16; ++c) {
-          const __m256bh h = _mm512_cvtneps_pbh(_mm512_mul_ps(merged[c], inv));
-          std::memcpy(dst + c * 16, &h, sizeof h);
-        }
+        merge_parts(&top_all[first], &total_all[first], &o_all[first * D], run.parts, run.padded,
+                    D, reinterpret_cast<at::BFloat16*>(dst));
       }
     }
   });
@@ -559,6 +519,7 @@ torch::Tensor paged_prefill_bf16(torch::Tensor q, torch::Tensor k_cache, torch::
                                           k_scales, v_scales, torch::kBFloat16);
   TORCH_CHECK(!exact || in.q.size(1) / in.k_cache.size(2) <= EXACT_LANES,
               "exact mode takes at most 48 query heads per KV head");
+  TORCH_CHECK(!exact || !in.int8, "exact mode reads a bf16 pool (an int8 one's drafts: decode rows)");
   auto out = torch::empty_like(in.q);
   auto ptr = [](const torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr()); };
   auto run = [&](auto fn) {

@@ -25,6 +25,18 @@ typedef float vec __attribute__((vector_size(L * sizeof(float))));
 typedef uint16_t half_vec __attribute__((vector_size(L * sizeof(uint16_t))));
 typedef uint32_t bits_vec __attribute__((vector_size(L * sizeof(uint32_t))));
 
+// a * b + c rounded once, written out: the decode kernel's P.V must round as the bf16 prefill
+// kernel's exact mode does (attention_parts.h), whatever -ffast-math would contract
+inline vec fmadd(vec a, vec b, vec c) {
+#if defined(__AVX512F__)
+  return (vec)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)c);
+#elif defined(__FMA__)
+  return (vec)_mm256_fmadd_ps((__m256)a, (__m256)b, (__m256)c);
+#else
+  return a * b + c;
+#endif
+}
+
 // a vector read from any float address (the pool's rows are 4-byte aligned)
 typedef float unaligned_vec __attribute__((vector_size(L * sizeof(float)), aligned(4)));
 
