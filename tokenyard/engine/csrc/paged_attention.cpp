@@ -225,7 +225,8 @@ void decode(const T* q, const P* k_cache, const P* v_cache, const float* k_scale
           if constexpr (scaled) weight = v_scales[slot * kv_heads + kv];
           for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
             const float p = scores[h * n_tokens + j] * weight;
-            for (int64_t c = 0; c < C; ++c) acc[h * C + c] = fmadd(vec{} + p, v[c], acc[h * C + c]);
+            for (int64_t c = 0; c < C; ++c)
+              acc[h * C + c] = fmadd(vec{} + p, v[c], acc[h * C + c]);
           }
         }
       });
@@ -332,7 +333,8 @@ void merge(const float* tops, const float* totals, const float* sums, int64_t pa
     total += w * totals[p * stride];
     const float* part = sums + p * stride * d;
     for (int64_t c = 0; c < d / L; ++c)
-      merged[c] = fmadd(vec{} + w, *reinterpret_cast<const unaligned_vec*>(part + c * L), merged[c]);
+      merged[c] =
+          fmadd(vec{} + w, *reinterpret_cast<const unaligned_vec*>(part + c * L), merged[c]);
   }
   const float inv = 1.f / total;
   for (int64_t c = 0; c < d / L; ++c)

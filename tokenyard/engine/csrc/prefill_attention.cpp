@@ -90,7 +90,8 @@ inline void accumulate(const uint32_t* p, const uint32_t* v, const float* alpha,
     for (int64_t c = 0; c < C; ++c) vm[c] = _mm512_loadu_si512(v + m * D + c * 16);
     for (int64_t r = 0; r < RB; ++r) {
       const __m512i pm = _mm512_set1_epi32(static_cast<int>(p[r * KT / 2 + m]));
-      for (int64_t c = 0; c < C; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], as_pairs(pm), as_pairs(vm[c]));
+      for (int64_t c = 0; c < C; ++c)
+        acc[r][c] = _mm512_dpbf16_ps(acc[r][c], as_pairs(pm), as_pairs(vm[c]));
     }
   }
   for (int64_t r = 0; r < RB; ++r)
@@ -264,9 +265,10 @@ struct HeadPool {
   }
 };
 
-// A run's rows (qt: transposed as key_scores reads them; limit: the last key each sees) against the part of keys [lo, hi) (lo a
-// multiple of PART, hi - lo at most PART): each row's max `top`, sum of exps `total` and
-// unnormalized sums `o` [16 NV, D] over the keys it sees, as the decode kernel's part has them
+// A run's rows (qt: transposed as key_scores reads them; limit: the last key each sees) against
+// the part of keys [lo, hi) (lo a multiple of PART, hi - lo at most PART): each row's max `top`,
+// sum of exps `total` and unnormalized sums `o` [16 NV, D] over the keys it sees, as the decode
+// kernel's part has them
 template <int64_t D, int NV>
 void attend_part(const uint32_t* qt, const int64_t* limit, int64_t rows, const HeadPool& pool,
                  int64_t lo, int64_t hi, float scale, float* o, float* top, float* total) {
@@ -313,7 +315,8 @@ void attend_part(const uint32_t* qt, const int64_t* limit, int64_t rows, const H
     for (auto& x : b) x = _mm512_setzero_ps();
   for (int64_t t = 0; t < n; ++t)
     for (int v = 0; v < NV; ++v) {
-      const __m512 e = _mm512_maskz_mov_ps(seen[t][v], part_exp(_mm512_load_ps(p[t] + 16 * v), best[v]));
+      const __m512 e =
+          _mm512_maskz_mov_ps(seen[t][v], part_exp(_mm512_load_ps(p[t] + 16 * v), best[v]));
       _mm512_store_ps(p[t] + 16 * v, e);
       by_lane[t % 16][v] = add_fixed(by_lane[t % 16][v], e);
     }
@@ -449,15 +452,16 @@ void prefill(const uint16_t* q, const void* k_cache, const void* v_cache, const 
       const HeadPool pool{static_cast<const uint16_t*>(k_cache),
                           static_cast<const uint16_t*>(v_cache), tables + run.seq * max_blocks,
                           block_size, kv_heads, run.head};
+      auto attend = [&](auto attend_nv) {
+        attend_nv(&qts[qt_at[it.run]], limit.data(), rows, pool, it.lo, it.hi, scale, o, top,
+                  total);
+      };
       if (run.padded == 16)
-        attend_part<D, 1>(&qts[qt_at[it.run]], limit.data(), rows, pool, it.lo, it.hi, scale, o, top,
-                             total);
+        attend(attend_part<D, 1>);
       else if (run.padded == 32)
-        attend_part<D, 2>(&qts[qt_at[it.run]], limit.data(), rows, pool, it.lo, it.hi, scale, o, top,
-                             total);
+        attend(attend_part<D, 2>);
       else
-        attend_part<D, 3>(&qts[qt_at[it.run]], limit.data(), rows, pool, it.lo, it.hi, scale, o, top,
-                             total);
+        attend(attend_part<D, 3>);
       continue;
     }
     std::vector<float> s(RB * KT), alpha(RB);
@@ -519,7 +523,8 @@ torch::Tensor paged_prefill_bf16(torch::Tensor q, torch::Tensor k_cache, torch::
                                           k_scales, v_scales, torch::kBFloat16);
   TORCH_CHECK(!exact || in.q.size(1) / in.k_cache.size(2) <= EXACT_LANES,
               "exact mode takes at most 48 query heads per KV head");
-  TORCH_CHECK(!exact || !in.int8, "exact mode reads a bf16 pool (an int8 one's drafts: decode rows)");
+  TORCH_CHECK(!exact || !in.int8,
+              "exact mode reads a bf16 pool (an int8 one's drafts: decode rows)");
   auto out = torch::empty_like(in.q);
   auto ptr = [](const torch::Tensor& t) { return reinterpret_cast<uint16_t*>(t.data_ptr()); };
   auto run = [&](auto fn) {
