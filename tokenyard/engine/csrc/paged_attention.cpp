@@ -71,6 +71,29 @@ constexpr bool BF16_DOTS =
     false;
 #endif
 
+// the body of attention_parts.h's merge_parts (defined after this namespace), per output type
+template <typename T>
+void merge(const float* tops, const float* totals, const float* sums, int64_t parts,
+           int64_t stride, int64_t d, T* out) {
+  float top = -std::numeric_limits<float>::max();  // finite: built with -ffast-math
+  for (int64_t p = 0; p < parts; ++p)
+    if (totals[p * stride] > 0.f) top = std::max(top, tops[p * stride]);
+  vec merged[128 / L] = {};
+  float total = 0.f;
+  for (int64_t p = 0; p < parts; ++p) {
+    if (totals[p * stride] <= 0.f) continue;
+    const float w = std::exp(tops[p * stride] - top);
+    total += w * totals[p * stride];
+    const float* part = sums + p * stride * d;
+    for (int64_t c = 0; c < d / L; ++c)
+      merged[c] =
+          fmadd(vec{} + w, *reinterpret_cast<const unaligned_vec*>(part + c * L), merged[c]);
+  }
+  const float inv = 1.f / total;
+  for (int64_t c = 0; c < d / L; ++c)
+    for (int64_t l = 0; l < L; ++l) out[c * L + l] = static_cast<T>(merged[c][l] * inv);
+}
+
 // T: q's and the output's type; P: the pool's (T, or int8 with k_scales and v_scales)
 template <typename T, typename P, int64_t D>
 void decode(const T* q, const P* k_cache, const P* v_cache, const float* k_scales,
@@ -313,32 +336,6 @@ torch::Tensor paged_decode(torch::Tensor q, torch::Tensor k_cache, torch::Tensor
   else
     TORCH_CHECK(false, "paged_decode takes float32 or bfloat16");
   return out;
-}
-
-}  // namespace
-
-namespace {
-
-template <typename T>
-void merge(const float* tops, const float* totals, const float* sums, int64_t parts,
-           int64_t stride, int64_t d, T* out) {
-  float top = -std::numeric_limits<float>::max();  // finite: built with -ffast-math
-  for (int64_t p = 0; p < parts; ++p)
-    if (totals[p * stride] > 0.f) top = std::max(top, tops[p * stride]);
-  vec merged[128 / L] = {};
-  float total = 0.f;
-  for (int64_t p = 0; p < parts; ++p) {
-    if (totals[p * stride] <= 0.f) continue;
-    const float w = std::exp(tops[p * stride] - top);
-    total += w * totals[p * stride];
-    const float* part = sums + p * stride * d;
-    for (int64_t c = 0; c < d / L; ++c)
-      merged[c] =
-          fmadd(vec{} + w, *reinterpret_cast<const unaligned_vec*>(part + c * L), merged[c]);
-  }
-  const float inv = 1.f / total;
-  for (int64_t c = 0; c < d / L; ++c)
-    for (int64_t l = 0; l < L; ++l) out[c * L + l] = static_cast<T>(merged[c][l] * inv);
 }
 
 }  // namespace

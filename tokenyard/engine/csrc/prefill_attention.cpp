@@ -113,25 +113,13 @@ inline void tile_rows(const uint16_t* cache, const int32_t* table, int64_t block
   }
 }
 
-// a value row of one KV head (`at`, in rows of D) widened to fp32 by vectors.h's load_row, an
-// int8 one times its scale
-template <int64_t D>
-inline void value_floats(const uint16_t* cache, const float*, int64_t at, vec* out) {
-  load_row<D>(reinterpret_cast<const at::BFloat16*>(cache + at * D), out);
-}
-template <int64_t D>
-inline void value_floats(const int8_t* cache, const float* scales, int64_t at, vec* out) {
-  load_row<D>(cache + at * D, out);
-  for (int64_t c = 0; c < D / L; ++c) out[c] *= scales[at];
-}
-
-// an int8 pool row times its scale, rounded to bf16
+// an int8 pool row of one KV head (`at`, in rows of D) times its scale, rounded to bf16
 template <int64_t D>
 inline void dequantize_row(const int8_t* cache, const float* scales, int64_t at, uint16_t* dst) {
   vec x[D / L];
-  value_floats<D>(cache, scales, at, x);
+  load_row<D>(cache + at * D, x);
   for (int64_t c = 0; c < D / L; ++c) {
-    const __m256bh h = _mm512_cvtneps_pbh(reinterpret_cast<__m512>(x[c]));
+    const __m256bh h = _mm512_cvtneps_pbh(reinterpret_cast<__m512>(x[c] * scales[at]));
     std::memcpy(dst + c * L, &h, sizeof h);
   }
 }
@@ -410,6 +398,12 @@ void prefill(const uint16_t* q, const void* k_cache, const void* v_cache, const 
       items.push_back(EXACT ? Item{r, p, p * PART, std::min(keys, (p + 1) * PART)}
                             : Item{r, p, tiles * p / run.parts, tiles * (p + 1) / run.parts});
   }
+  // where a run's row (position first + row / group, query head row % group of its KV head's)
+  // lies in q, and in the output, in elements
+  auto row_at = [&](const Run& run, int64_t row) {
+    const int64_t i = run.first + row / group, g = row % group;
+    return ((starts[run.seq] + i) * q_heads + run.head * group + g) * D;
+  };
   // exact mode: each run's rows transposed once, as key_scores reads them (pairs j of its padded
   // rows at qt[j * padded + r]; padding rows zero)
   std::vector<int64_t> qt_at(num_runs + 1, 0);
@@ -419,9 +413,7 @@ void prefill(const uint16_t* q, const void* k_cache, const void* v_cache, const 
     for (int64_t r = begin; r < end; ++r) {
       const Run& run = runs[r];
       for (int64_t row = 0; row < run.count * group; ++row) {
-        const int64_t i = run.first + row / group, g = row % group;
-        const auto* pairs = reinterpret_cast<const uint32_t*>(
-            q + ((starts[run.seq] + i) * q_heads + run.head * group + g) * D);
+        const auto* pairs = reinterpret_cast<const uint32_t*>(q + row_at(run, row));
         for (int64_t j = 0; j < D / 2; ++j) qts[qt_at[r] + j * run.padded + row] = pairs[j];
       }
     }
@@ -441,10 +433,8 @@ void prefill(const uint16_t* q, const void* k_cache, const void* v_cache, const 
     std::vector<const uint32_t*> qr(run.padded, reinterpret_cast<const uint32_t*>(ZERO_ROW));
     std::vector<int64_t> limit(run.padded, -1);  // the last key each row sees (padding: none)
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t i = run.first + r / group, g = r % group;
-      qr[r] = reinterpret_cast<const uint32_t*>(
-          q + ((starts[run.seq] + i) * q_heads + run.head * group + g) * D);
-      limit[r] = cached + i;
+      qr[r] = reinterpret_cast<const uint32_t*>(q + row_at(run, r));
+      limit[r] = cached + run.first + r / group;
     }
     const int64_t slot = run.slot + it.part * run.padded;
     float *o = &o_all[slot * D], *top = &top_all[slot], *total = &total_all[slot];
@@ -498,10 +488,9 @@ void prefill(const uint16_t* q, const void* k_cache, const void* v_cache, const 
     for (int64_t r = begin; r < end; ++r) {
       const Run& run = runs[r];
       for (int64_t row = 0; row < run.count * group; ++row) {
-        const int64_t i = run.first + row / group, g = row % group, first = run.slot + row;
-        uint16_t* dst = out + ((starts[run.seq] + i) * q_heads + run.head * group + g) * D;
+        const int64_t first = run.slot + row;
         merge_parts(&top_all[first], &total_all[first], &o_all[first * D], run.parts, run.padded,
-                    D, reinterpret_cast<at::BFloat16*>(dst));
+                    D, reinterpret_cast<at::BFloat16*>(out + row_at(run, row)));
       }
     }
   });
