@@ -329,14 +329,14 @@ def test_greedy_output_with_weights_as_shipped_is_identical_with_speculation(eng
     """The GGUF's own 4/8-bit weights, whose matmuls quantize activations to int8: there a
     last-bit difference in a verify row flips a rounding that grows through the layers, so drafts'
     rows must round exactly as a lone decode's (attention's parts are cut by position, not by the
-    batch). fp32: draft rows run as decode rows; bf16: through the bf16 prefill kernel's exact mode
-    where the CPU has one, which shares the decode kernel's arithmetic (else as decode rows). Each
+    batch). Draft rows go through the prefill kernel's exact mode, which shares the decode
+    kernel's arithmetic (bf16: where the CPU has the bf16 kernel, else as decode rows). Each
     request alone, with and without speculation."""
     engine = engine_factory(
         dtype=dtype, quantization="auto", speculative_tokens=8, speculative_row_cost=0.0
     )
-    bf16_kernel = dtype == "bfloat16" and getattr(paged_attention(), "PREFILL_BF16", False)
-    assert engine.runner.attention.short_rows != bf16_kernel
+    exact = dtype == "float32" or getattr(paged_attention(), "PREFILL_BF16", False)
+    assert engine.runner.attention.short_rows != exact
     template = engine.tokenizer.apply_chat_template
     proposed, accepted = counters(engine)
     for i, task in enumerate(COPYING_TASKS):

@@ -20,12 +20,12 @@ from tokenyard.engine.kv_cache import Int8Pool, quantize_rows
 Pool = torch.Tensor | Int8Pool
 
 # chunks up to this long (a speculating sequence's 1 + n tokens) attend as lone decodes do, to the
-# bit: greedy output is then the same with and without speculation. With the bf16 prefill kernel
-# they run through it in its exact mode, which shares the decode kernel's arithmetic (csrc/
+# bit: greedy output is then the same with and without speculation. They run through the prefill
+# kernel's exact mode (bf16 or fp32), which shares the decode kernel's arithmetic (csrc/
 # attention_parts.h; the rows in vector lanes: a layer over 600 tokens of context, 9 rows in about
-# half the time they take as decode rows); otherwise (fp32 too, whose prefill kernel sums in
-# another order, and an int8 pool) as decode rows, each over the context up to its token
-# (bench/RESULTS.md, issue 17)
+# half the time they take as decode rows); with an int8 pool, or more query heads per KV head than
+# the mode's lanes hold, as decode rows, each over the context up to its token (bench/RESULTS.md,
+# issue 17)
 SHORT_CHUNK = 16
 
 
@@ -227,8 +227,8 @@ class KernelAttention(TorchAttention):
     K/V in place through the block tables; with `prefill`, the prefill chunks run through the
     prefill kernel (fp32, or bf16 on a CPU with bf16 dot products), else through SDPA as in
     TorchAttention. Short chunks (speculation's verify rows) run as decode rows where
-    `short_rows`, each over the context up to its token; else (bf16 prefill kernel) through its
-    exact mode, in a call of their own: either way each row's bits are a lone decode's."""
+    `short_rows`, each over the context up to its token; else through the prefill kernel's exact
+    mode, in a call of their own: either way each row's bits are a lone decode's."""
 
     def __init__(
         self,
@@ -375,11 +375,12 @@ def make_attention(
     dtype: torch.dtype,
     cpu_kernel: bool,
     int8_kv: bool = False,
+    group: int = 1,
 ) -> TorchAttention | FlashAttention:
     """flash-attn on CUDA; on CPU the compiled kernels where they build (and `cpu_kernel`: decode
     always; prefill for fp32, and for bf16 on CPUs with bf16 dot products), else PyTorch alone.
     block_size 0 takes the backend's default. `int8_kv`: the pool is int8 (CPU only: flash-attn
-    reads a pool in the model's dtype)."""
+    reads a pool in the model's dtype). `group`: query heads per KV head."""
     if device.type == "cuda":
         if int8_kv:
             raise ValueError("an int8 KV cache is a CPU feature: flash-attn reads bf16 pools")
@@ -389,7 +390,8 @@ def make_attention(
     if kernel is None:
         return TorchAttention(block_size, device)
     bf16 = dtype == torch.bfloat16 and kernel.PREFILL_BF16
-    # fp16 activations stay with SDPA; fp32 ones take the fp32 kernel, short chunks as decode rows
+    # fp16 activations stay with SDPA; fp32 ones take the fp32 kernel
     prefill = bf16 or dtype == torch.float32
-    # the exact mode reads a bf16 pool: an int8 one's drafts run as decode rows
-    return KernelAttention(block_size, device, kernel, prefill, short_rows=not bf16 or int8_kv)
+    # the exact mode reads a pool in q's dtype: an int8 one's drafts run as decode rows
+    exact = prefill and not int8_kv and group <= kernel.EXACT_HEADS
+    return KernelAttention(block_size, device, kernel, prefill, short_rows=not exact)

@@ -120,6 +120,7 @@ class ModelRunner:
             self.dtype,
             config.cpu_kernel,
             int8_kv,
+            self.model_config.num_heads // self.model_config.num_kv_heads,
         )
         self.block_size = self.attention.block_size
         self.num_blocks = config.num_blocks or blocks_for_budget(

@@ -60,9 +60,10 @@ inline vec reduce_lanes(vec* v) {
   return v[0];
 }
 
-// bf16 q over a bf16 pool, on CPUs with bf16 dot products: the arithmetic of attention_parts.h,
-// which the bf16 prefill kernel's exact mode shares (a speculation's draft rows). Otherwise q is
-// widened to fp32 and scaled, each product an fp32 FMA; fp32 drafts run as decode rows here.
+// bf16 q over a bf16 pool, on CPUs with bf16 dot products: bf16 pairs summed by vdpbf16ps, as
+// the bf16 prefill kernel's exact mode sums them (a speculation's draft rows). Otherwise q is
+// widened to fp32 and scaled, each product an fp32 FMA, as the fp32 kernel's exact mode has them
+// (attention_parts.h).
 template <typename T, typename P>
 constexpr bool BF16_DOTS =
 #if defined(__AVX512BF16__)
@@ -198,7 +199,7 @@ void decode(const T* q, const P* k_cache, const P* v_cache, const float* k_scale
           for (int64_t h = kv * group; h < (kv + 1) * group; ++h) {
             const vec* qh = &qv[h * C];
             vec s = qh[0] * k[0];
-            for (int64_t c = 1; c < C; ++c) s += qh[c] * k[c];
+            for (int64_t c = 1; c < C; ++c) s = fmadd(qh[c], k[c], s);
             if constexpr (scaled) s *= k_scales[slot * kv_heads + kv];
             partial[h * L + bit_reverse(waiting)] = s;
           }
@@ -209,30 +210,34 @@ void decode(const T* q, const P* k_cache, const P* v_cache, const float* k_scale
       const int64_t slot = i * q_heads;  // this item's first (item, query head) slot
       for (int64_t h = 0; h < q_heads; ++h) {
         float* s = scores.data() + h * n_tokens;
-        float top = s[0], total = 0.f;
-#if defined(__AVX512BF16__)
-        if constexpr (dots) {  // 16 sums by position, then attention_parts.h's tree
-          auto tail = [&](int64_t j) {  // the part's tokens among j..j+15
-            return static_cast<__mmask16>(n_tokens - j >= 16 ? 0xFFFF : (1u << (n_tokens - j)) - 1);
-          };
-          __m512 best = _mm512_set1_ps(top);
-          for (int64_t j = 0; j < n_tokens; j += 16)
-            best = _mm512_mask_max_ps(best, tail(j), best, _mm512_maskz_loadu_ps(tail(j), s + j));
-          top = _mm512_reduce_max_ps(best);
-          __m512 by_lane = _mm512_setzero_ps();
-          for (int64_t j = 0; j < n_tokens; j += 16) {
-            const __m512 e = _mm512_maskz_mov_ps(
-                tail(j), part_exp(_mm512_maskz_loadu_ps(tail(j), s + j), _mm512_set1_ps(top)));
-            _mm512_mask_storeu_ps(s + j, tail(j), e);
-            by_lane = add_fixed(by_lane, e);
-          }
-          total = lanes_tree(by_lane);
+        const int64_t whole = n_tokens / L * L, rest = n_tokens - whole;  // in whole vectors, not
+        auto tail = [&](float pad) {  // the last `rest` tokens, padded
+          vec x = vec{} + pad;
+          std::memcpy(&x, s + whole, rest * sizeof(float));
+          return x;
+        };
+        vec best = rest ? tail(s[0]) : vec{} + s[0];
+        for (int64_t j = 0; j < whole; j += L) {
+          const vec x = load_vec(s + j);
+          best = x > best ? x : best;
         }
-#endif
-        if constexpr (!dots) {
-          for (int64_t j = 1; j < n_tokens; ++j) top = std::max(top, s[j]);
-          for (int64_t j = 0; j < n_tokens; ++j) total += (s[j] = std::exp(s[j] - top));
+        float top = best[0];
+        for (int64_t l = 1; l < L; ++l) top = std::max(top, best[l]);
+        // exps, and their L sums by position, then attention_parts.h's tree
+        const vec top_lanes = vec{} + top;
+        vec by_lane{};
+        for (int64_t j = 0; j < whole; j += L) {
+          const vec e = part_exps(load_vec(s + j), top_lanes);
+          store_vec(s + j, e);
+          by_lane = add_in_order(by_lane, e);
         }
+        if (rest) {
+          vec e = part_exps(tail(top), top_lanes);
+          for (int64_t l = rest; l < L; ++l) e[l] = 0.f;
+          std::memcpy(s + whole, &e, rest * sizeof(float));
+          by_lane = add_in_order(by_lane, e);
+        }
+        const float total = lanes_tree_of(by_lane);
         tops[slot + h] = top;
         totals[slot + h] = total;
       }
@@ -353,7 +358,7 @@ void merge_parts(const float* tops, const float* totals, const float* sums, int6
 // prefill_attention_fp32.cpp; prefill_attention.cpp, built only where the CPU has bf16 dot products
 torch::Tensor paged_prefill_fp32(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                                  torch::Tensor block_tables, torch::Tensor starts,
-                                 torch::Tensor context_lens, double scale,
+                                 torch::Tensor context_lens, double scale, bool exact,
                                  c10::optional<torch::Tensor> k_scales,
                                  c10::optional<torch::Tensor> v_scales);
 #if defined(__AVX512BF16__)
@@ -366,8 +371,8 @@ torch::Tensor paged_prefill_bf16(torch::Tensor q, torch::Tensor k_cache, torch::
 
 namespace {
 
-// float32 q through the fp32 kernel, bfloat16 through the bf16 one; `exact` is the bf16 kernel's
-// (P.V in fp32 for a speculating sequence's rows): the fp32 kernel is fp32 throughout
+// float32 q through the fp32 kernel, bfloat16 through the bf16 one; `exact`: each row as a lone
+// decode computes it (a speculating sequence's rows)
 torch::Tensor paged_prefill(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                             torch::Tensor block_tables, torch::Tensor starts,
                             torch::Tensor context_lens, double scale, bool exact,
@@ -375,7 +380,7 @@ torch::Tensor paged_prefill(torch::Tensor q, torch::Tensor k_cache, torch::Tenso
                             c10::optional<torch::Tensor> v_scales) {
   if (q.scalar_type() != torch::kBFloat16)
     return paged_prefill_fp32(q, k_cache, v_cache, block_tables, starts, context_lens, scale,
-                              k_scales, v_scales);
+                              exact, k_scales, v_scales);
 #if defined(__AVX512BF16__)
   return paged_prefill_bf16(q, k_cache, v_cache, block_tables, starts, context_lens, scale, exact,
                             k_scales, v_scales);
@@ -396,10 +401,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("v_scales") = py::none());
   m.def("paged_prefill", &paged_prefill, no_gil,
         "causal prefill attention over a paged KV cache (fp32; bf16 where the CPU has bf16 dot "
-        "products, exact: fp32 probabilities)",
+        "products; exact: each row as a lone decode computes it)",
         py::arg("q"), py::arg("k_cache"), py::arg("v_cache"), py::arg("block_tables"),
         py::arg("starts"), py::arg("context_lens"), py::arg("scale"), py::arg("exact") = false,
         py::arg("k_scales") = py::none(), py::arg("v_scales") = py::none());
+  m.attr("EXACT_HEADS") = EXACT_LANES;  // the most query heads per KV head an exact mode takes
 #if defined(__AVX512BF16__)
   m.attr("PREFILL_BF16") = true;
 #else

@@ -48,7 +48,7 @@ struct Run {
 };
 
 struct Item {
-  // one part of a run: its key tiles [lo, hi) (packed form), or its keys (exact mode)
+  // one part of a run: its key tiles [lo, hi)
   int64_t run, part, lo, hi;
 };
 
@@ -206,8 +206,6 @@ void pack_values(const uint16_t* const* rows, uint32_t* vp) {
 // each key's values widened once, one FMA per row and 16 dimensions. A bf16 pool only: an int8
 // pool's draft rows run as decode rows (engine/attention.py).
 
-constexpr int64_t EXACT_LANES = 48;  // rows a run holds at most in exact mode: 3 vectors
-
 // one key's scores against 16 NV rows (qt[(j * NV + v) * 16 + lane]: row 16 v + lane's dimensions
 // 2j and 2j + 1 as one pair), its row given as D / 2 pairs: lane l of a decode row's products
 // (pairs l, l + 16, …) for each l, then attention_parts.h's tree
@@ -222,7 +220,7 @@ inline void key_scores(const uint32_t* qt, const uint32_t* k, __m512 scale, __m5
         x[v] = _mm512_dpbf16_ps(x[v], as_pairs(_mm512_loadu_si512(qt + (j * NV + v) * 16)), pair);
     }
   };
-  // tree16's order, its lanes made as they are summed (few registers live)
+  // tree_of's order, its lanes made as they are summed (few registers live)
   __m512 t4[4][NV];
   for (int64_t k4 = 0; k4 < 4; ++k4) {
     __m512 a[NV], b[NV], c[NV], d[NV];
@@ -238,36 +236,18 @@ inline void key_scores(const uint32_t* qt, const uint32_t* k, __m512 scale, __m5
                      scale);
 }
 
-// where one KV head's rows lie in a bf16 pool
-struct HeadPool {
-  const uint16_t *k, *v;
-  const int32_t* table;
-  int64_t block_size, kv_heads, head;
-  // at[i]: key first + i's row of this head (in rows of D) for i < n; one division, not one a key
-  void rows_of(int64_t first, int64_t n, int64_t* at) const {
-    int64_t block = first / block_size, offset = first % block_size;
-    for (int64_t i = 0; i < n; ++i) {
-      at[i] = (table[block] * block_size + offset) * kv_heads + head;
-      if (++offset == block_size) offset = 0, ++block;
-    }
-  }
-};
-
 // A run's rows (qt: transposed as key_scores reads them; limit: the last key each sees) against
 // the part of keys [lo, hi) (lo a multiple of PART, hi - lo at most PART): each row's max `top`,
 // sum of exps `total` and unnormalized sums `o` [16 NV, D] over the keys it sees, as the decode
 // kernel's part has them
 template <int64_t D, int NV>
-void attend_part(const uint32_t* qt, const int64_t* limit, int64_t rows, const HeadPool& pool,
-                 int64_t lo, int64_t hi, float scale, float* o, float* top, float* total) {
+void attend_part(const uint32_t* qt, const int64_t* limit, int64_t rows,
+                 const HeadPool<uint16_t>& pool, int64_t lo, int64_t hi, float scale, float* o,
+                 float* top, float* total) {
   constexpr int64_t W = NV * 16, C = D / 16, RBX = 16 / C;  // RBX rows: 16 accumulators
-  const int64_t n = hi - lo, row_bytes = D * static_cast<int64_t>(sizeof(uint16_t));
+  const int64_t n = hi - lo;
   int64_t at[PART];  // the part's rows
-  pool.rows_of(lo, n, at);
-  for (int64_t t = 0; t < std::min(n, PREFETCH_TOKENS); ++t) {  // the walk asks for the rest ahead
-    prefetch_bytes(pool.k + at[t] * D, row_bytes);
-    prefetch_bytes(pool.v + at[t] * D, row_bytes);
-  }
+  pool.template rows_of<D>(lo, n, at);
   alignas(64) float p[PART][W];
   vec vf[PART][D / L];  // the part's values
   __mmask16 seen[PART][NV];
@@ -283,10 +263,7 @@ void attend_part(const uint32_t* qt, const int64_t* limit, int64_t rows, const H
   const __m512 sc = _mm512_set1_ps(scale);
   // scores, and the max of the ones each row sees
   for (int64_t t = 0; t < n; ++t) {
-    if (t + PREFETCH_TOKENS < n) {
-      prefetch_bytes(pool.k + at[t + PREFETCH_TOKENS] * D, row_bytes);
-      prefetch_bytes(pool.v + at[t + PREFETCH_TOKENS] * D, row_bytes);
-    }
+    if (t + PREFETCH_TOKENS < n) pool.template prefetch<D>(at[t + PREFETCH_TOKENS]);
     __m512 s[NV];
     key_scores<D, NV>(qt, reinterpret_cast<const uint32_t*>(pool.k + at[t] * D), sc, s);
     const __m512i key = _mm512_set1_epi32(static_cast<int>(lo + t));
@@ -304,14 +281,15 @@ void attend_part(const uint32_t* qt, const int64_t* limit, int64_t rows, const H
   for (int64_t t = 0; t < n; ++t)
     for (int v = 0; v < NV; ++v) {
       const __m512 e =
-          _mm512_maskz_mov_ps(seen[t][v], part_exp(_mm512_load_ps(p[t] + 16 * v), best[v]));
+          _mm512_maskz_mov_ps(seen[t][v], (__m512)part_exps((vec)_mm512_load_ps(p[t] + 16 * v),
+                                                            (vec)best[v]));
       _mm512_store_ps(p[t] + 16 * v, e);
       by_lane[t % 16][v] = add_fixed(by_lane[t % 16][v], e);
     }
   for (int v = 0; v < NV; ++v) {
     __m512 lanes[16];
     for (int64_t l = 0; l < 16; ++l) lanes[l] = by_lane[l][v];
-    _mm512_storeu_ps(total + 16 * v, tree16(lanes));
+    _mm512_storeu_ps(total + 16 * v, (__m512)tree_of(reinterpret_cast<const vec*>(lanes)));
     _mm512_storeu_ps(top + 16 * v, best[v]);
   }
   // P.V: RBX rows at a time against each key's widened values, from zero
@@ -331,15 +309,15 @@ void attend_part(const uint32_t* qt, const int64_t* limit, int64_t rows, const H
 }
 
 // k_cache, v_cache: bf16, or int8 with k_scales and v_scales (null for bf16)
-template <int64_t D, bool EXACT>
+template <int64_t D>
 void prefill(const uint16_t* q, const void* k_cache, const void* v_cache, const float* k_scales,
              const float* v_scales, const int32_t* tables, const int32_t* starts,
              const int32_t* context_lens, uint16_t* out, int64_t seqs, int64_t q_heads,
              int64_t kv_heads, int64_t block_size, int64_t max_blocks, float scale) {
   const int64_t group = q_heads / kv_heads, row = kv_heads * D, tile_words = KT * D / 2;
-  // pass 1 (packed form): pack every key tile of every (sequence, KV head)
+  // pass 1: pack every key tile of every (sequence, KV head)
   const std::vector<int64_t> tile_base = tile_bases(context_lens, seqs, KT);
-  const int64_t tiles = EXACT ? 0 : tile_base[seqs];
+  const int64_t tiles = tile_base[seqs];
   // written whole below: left uninitialized
   std::unique_ptr<uint32_t[]> packed_k(new uint32_t[tiles * kv_heads * tile_words]),
       packed_v(new uint32_t[tiles * kv_heads * tile_words]);
@@ -360,19 +338,16 @@ void prefill(const uint16_t* q, const void* k_cache, const void* v_cache, const 
     read(v_cache, v_scales);
     pack_values<D>(rows, packed_v.get() + i * tile_words);
   };
-  if (!EXACT) each_tile(tile_base, kv_heads, KT, pack);
+  each_tile(tile_base, kv_heads, KT, pack);
   // pass 2: runs of query positions, each cut into parts when there are few to share out
-  // (exact mode: as many positions as 48 lanes hold, rows padded to whole vectors)
-  const int64_t positions = EXACT ? std::max<int64_t>(1, EXACT_LANES / group) : M;
-  const int64_t pad = EXACT ? 16 : RB;
   std::vector<Run> runs;
   int64_t slots = 0;
   for (int64_t s = 0; s < seqs; ++s) {
     const int64_t num_new = starts[s + 1] - starts[s];
-    for (int64_t first = 0; first < num_new; first += positions)
+    for (int64_t first = 0; first < num_new; first += M)
       for (int64_t h = 0; h < kv_heads; ++h) {
-        const int64_t count = std::min(positions, num_new - first);
-        runs.push_back({s, h, first, count, 1, 0, (count * group + pad - 1) / pad * pad});
+        const int64_t count = std::min(M, num_new - first);
+        runs.push_back({s, h, first, count, 1, 0, (count * group + RB - 1) / RB * RB});
       }
   }
   // about 4 items a thread, their count a multiple of the threads' (a speculating sequence's 3
@@ -389,14 +364,11 @@ void prefill(const uint16_t* q, const void* k_cache, const void* v_cache, const 
     const int64_t cached = context_lens[run.seq] - (starts[run.seq + 1] - starts[run.seq]);
     const int64_t keys = cached + run.first + run.count;  // the keys the run's last row sees
     const int64_t tiles = (keys + KT - 1) / KT;
-    // exact mode: the decode kernel's parts, by position
-    run.parts = EXACT ? (keys + PART - 1) / PART
-                      : std::max<int64_t>(1, std::min(split, tiles / MIN_PART_TILES));
+    run.parts = std::max<int64_t>(1, std::min(split, tiles / MIN_PART_TILES));
     run.slot = slots;
     slots += run.parts * run.padded;
     for (int64_t p = 0; p < run.parts; ++p)
-      items.push_back(EXACT ? Item{r, p, p * PART, std::min(keys, (p + 1) * PART)}
-                            : Item{r, p, tiles * p / run.parts, tiles * (p + 1) / run.parts});
+      items.push_back({r, p, tiles * p / run.parts, tiles * (p + 1) / run.parts});
   }
   // where a run's row (position first + row / group, query head row % group of its KV head's)
   // lies in q, and in the output, in elements
@@ -404,20 +376,6 @@ void prefill(const uint16_t* q, const void* k_cache, const void* v_cache, const 
     const int64_t i = run.first + row / group, g = row % group;
     return ((starts[run.seq] + i) * q_heads + run.head * group + g) * D;
   };
-  // exact mode: each run's rows transposed once, as key_scores reads them (pairs j of its padded
-  // rows at qt[j * padded + r]; padding rows zero)
-  std::vector<int64_t> qt_at(num_runs + 1, 0);
-  for (int64_t r = 0; EXACT && r < num_runs; ++r) qt_at[r + 1] = qt_at[r] + D / 2 * runs[r].padded;
-  std::vector<uint32_t> qts(qt_at[num_runs], 0);
-  at::parallel_for(0, EXACT ? num_runs : 0, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const Run& run = runs[r];
-      for (int64_t row = 0; row < run.count * group; ++row) {
-        const auto* pairs = reinterpret_cast<const uint32_t*>(q + row_at(run, row));
-        for (int64_t j = 0; j < D / 2; ++j) qts[qt_at[r] + j * run.padded + row] = pairs[j];
-      }
-    }
-  });
   // the most work first, so that the threads finish together
   auto work = [&](const Item& it) { return (it.hi - it.lo) * runs[it.run].padded; };
   std::stable_sort(items.begin(), items.end(),
@@ -438,22 +396,6 @@ void prefill(const uint16_t* q, const void* k_cache, const void* v_cache, const 
     }
     const int64_t slot = run.slot + it.part * run.padded;
     float *o = &o_all[slot * D], *top = &top_all[slot], *total = &total_all[slot];
-    if constexpr (EXACT) {
-      const HeadPool pool{static_cast<const uint16_t*>(k_cache),
-                          static_cast<const uint16_t*>(v_cache), tables + run.seq * max_blocks,
-                          block_size, kv_heads, run.head};
-      auto attend = [&](auto attend_nv) {
-        attend_nv(&qts[qt_at[it.run]], limit.data(), rows, pool, it.lo, it.hi, scale, o, top,
-                  total);
-      };
-      if (run.padded == 16)
-        attend(attend_part<D, 1>);
-      else if (run.padded == 32)
-        attend(attend_part<D, 2>);
-      else
-        attend(attend_part<D, 3>);
-      continue;
-    }
     std::vector<float> s(RB * KT), alpha(RB);
     std::vector<uint32_t> p(RB * KT / 2);
     const int64_t tile0 = (tile_base[run.seq] * kv_heads) + run.head;  // tiles are head-interleaved
@@ -511,7 +453,7 @@ torch::Tensor paged_prefill_bf16(torch::Tensor q, torch::Tensor k_cache, torch::
   const PrefillInputs in = prefill_inputs(q, k_cache, v_cache, block_tables, starts, context_lens,
                                           k_scales, v_scales, torch::kBFloat16);
   TORCH_CHECK(!exact || in.q.size(1) / in.k_cache.size(2) <= EXACT_LANES,
-              "exact mode takes at most 48 query heads per KV head");
+              "exact mode takes at most ", EXACT_LANES, " query heads per KV head");
   TORCH_CHECK(!exact || !in.int8,
               "exact mode reads a bf16 pool (an int8 one's drafts: decode rows)");
   auto out = torch::empty_like(in.q);
@@ -524,10 +466,27 @@ torch::Tensor paged_prefill_bf16(torch::Tensor q, torch::Tensor k_cache, torch::
        in.block_tables.size(0), in.q.size(1), in.k_cache.size(2), in.k_cache.size(1),
        in.block_tables.size(1), static_cast<float>(scale));
   };
-  if (in.q.size(2) == 64)
-    exact ? run(prefill<64, true>) : run(prefill<64, false>);
-  else
-    exact ? run(prefill<128, true>) : run(prefill<128, false>);
+  if (exact) {
+    auto rows = [&](auto d) {  // q's dimension pairs, then attend_part
+      constexpr int64_t D = decltype(d)::value;
+      const auto* q = reinterpret_cast<const uint32_t*>(ptr(in.q));
+      const float s = static_cast<float>(scale);
+      exact_attention<D, uint32_t, uint16_t>(
+          in, reinterpret_cast<at::BFloat16*>(ptr(out)), D / 2,
+          [&](int64_t at, uint32_t* dst, int64_t stride) {
+            for (int64_t j = 0; j < D / 2; ++j) dst[j * stride] = q[at / 2 + j];
+          },
+          [&](auto nv, const uint32_t* qt, const int64_t* limit, int64_t rows,
+              const HeadPool<uint16_t>& pool, int64_t lo, int64_t hi, float* o, float* top,
+              float* total) {
+            attend_part<D, decltype(nv)::value>(qt, limit, rows, pool, lo, hi, s, o, top, total);
+          });
+    };
+    in.q.size(2) == 64 ? rows(std::integral_constant<int64_t, 64>{})
+                       : rows(std::integral_constant<int64_t, 128>{});
+  } else {
+    in.q.size(2) == 64 ? run(prefill<64>) : run(prefill<128>);
+  }
   return out;
 }
 

@@ -10,11 +10,12 @@
 // against the tile are FMAs of broadcast query values) and values as rows, an int8 pool's rows
 // dequantized (each times its scale); (2) each work item -- a sequence, a KV head and a run of
 // query positions, for all the query heads that share the KV head -- walks the key tiles it sees,
-// then writes its rows normalized. Short chunks (speculation's verify rows) do not come here: the
-// engine runs them as decode rows, whose sums they must repeat bit for bit.
+// then writes its rows normalized. Exact mode (speculation's verify rows, which must repeat a lone
+// decode's sums bit for bit) works otherwise: `exact_prefill` below.
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
+#include "attention_parts.h"
 #include "prefill_inputs.h"
 #include "vectors.h"
 
@@ -22,6 +23,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -34,12 +36,6 @@ constexpr float MASKED = -1e30f;  // finite: built with -ffast-math, which assum
 
 alignas(64) constexpr float ZERO_ROW[128] = {};  // the query rows that pad a run to RB
 
-inline vec load_vec(const float* p) {
-  vec v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-inline void store_vec(float* p, vec v) { std::memcpy(p, &v, sizeof v); }
 
 // keys [first, first + KT) of a (sequence, KV head), read through its block table into kt[d][n]
 // (transposed) and vt[n][d]; an int8 row times its scale; keys past the context are zeros
@@ -175,17 +171,126 @@ void prefill(const float* q, const T* k_cache, const T* v_cache, const float* k_
   }
 }
 
+// ------------------------------------------------------------------ exact mode
+// A speculating sequence's rows (its last token and draft) attend as lone decodes do, to the bit:
+// attention_parts.h's fp32 arithmetic, which the decode kernel runs on an fp32 pool. Through the
+// packed form above they would be summed in another order, and as decode rows each reads its
+// whole context again (9 rows over 600 tokens: about twice the time of this, AVX-512 or AVX2,
+// bench/RESULTS.md). Here a run's rows (positions x the query heads of one KV head, in at most
+// EXACT_VECTORS vectors) sit in vector lanes: each key row, read in place through the block
+// table, is broadcast a dimension at a time against the transposed, scaled queries, the L partial
+// sums a decode row's lanes would hold kept apart and added in the decode kernel's tree, so that
+// the scores, the softmax's max, exps and sums run down the lanes. An fp32 pool only: an int8
+// pool's draft rows run as decode rows (engine/attention.py).
+
+// One key's scores against NV vectors of rows (qt[(d * NV + v) * L + lane]: row v L + lane's
+// dimension d, scaled): for each lane l of a decode row, the products of dimensions l, l + L, …,
+// then tree_of's sum, each four lanes of it added as soon as they are made (few registers live).
+template <int64_t D, int NV>
+inline void exact_scores(const float* qt, const float* k, vec (&s)[NV]) {
+  constexpr int64_t C = D / L;
+  auto lane = [&](int64_t l, vec (&x)[NV]) {
+    for (int v = 0; v < NV; ++v) x[v] = load_vec(qt + (l * NV + v) * L) * k[l];
+    for (int64_t c = 1; c < C; ++c) {
+      const vec kc = vec{} + k[c * L + l];
+      for (int v = 0; v < NV; ++v)
+        x[v] = fmadd(load_vec(qt + ((c * L + l) * NV + v) * L), kc, x[v]);
+    }
+  };
+  vec g[L / 4][NV];  // tree_of's sums of lanes k, k + L / 2, k + L / 4 and k + 3L / 4
+  for (int64_t k4 = 0; k4 < L / 4; ++k4) {
+    vec a[NV], b[NV], c[NV], d[NV];
+    lane(k4, a);
+    lane(k4 + L / 2, b);
+    lane(k4 + L / 4, c);
+    lane(k4 + 3 * L / 4, d);
+    for (int v = 0; v < NV; ++v)
+      g[k4][v] = add_in_order(add_in_order(a[v], b[v]), add_in_order(c[v], d[v]));
+  }
+  for (int64_t h = L / 8; h >= 1; h /= 2)
+    for (int64_t k = 0; k < h; ++k)
+      for (int v = 0; v < NV; ++v) g[k][v] = add_in_order(g[k][v], g[k + h][v]);
+  for (int v = 0; v < NV; ++v) s[v] = g[0][v];
+}
+
+// A run's rows (qt as exact_scores reads it; limit: the last key each sees) against the part of
+// keys [lo, hi) (lo a multiple of PART, hi - lo at most PART): each row's max `top`, sum of exps
+// `total` and unnormalized sums `o` [NV L, D] over the keys it sees, as the decode kernel's part
+// has them
+template <int64_t D, int NV>
+void exact_part(const float* qt, const int64_t* limit, int64_t rows, const HeadPool<float>& pool,
+                int64_t lo, int64_t hi, float* o, float* top, float* total) {
+  constexpr int64_t W = NV * L, C = D / L;
+  constexpr int64_t RBX = std::max<int64_t>(1, L / C);  // P.V rows at once: L accumulators
+  const int64_t n = hi - lo;
+  int64_t at[PART];  // the part's rows
+  pool.template rows_of<D>(lo, n, at);
+  alignas(64) float p[PART][W];
+  index_vec last[NV];  // padding lanes see no key
+  vec best[NV];
+  for (int v = 0; v < NV; ++v) {
+    for (int64_t i = 0; i < L; ++i)
+      last[v][i] = v * L + i < rows ? static_cast<int32_t>(limit[v * L + i]) : -1;
+    best[v] = vec{} + MASKED;
+  }
+  auto seen = [&](int64_t t, int v) {  // the lanes whose row sees key lo + t
+    return (index_vec{} + static_cast<int32_t>(lo + t)) <= last[v];
+  };
+  // scores, and the max of the ones each row sees
+  for (int64_t t = 0; t < n; ++t) {
+    if (t + PREFETCH_TOKENS < n) pool.template prefetch<D>(at[t + PREFETCH_TOKENS]);
+    vec s[NV];
+    exact_scores<D, NV>(qt, pool.k + at[t] * D, s);
+    for (int v = 0; v < NV; ++v) {
+      best[v] = seen(t, v) && s[v] > best[v] ? s[v] : best[v];
+      store_vec(p[t] + v * L, s[v]);
+    }
+  }
+  // probabilities (a key a row does not see weighs 0), summed by position modulo L
+  vec by_lane[L][NV] = {};
+  for (int64_t t = 0; t < n; ++t)
+    for (int v = 0; v < NV; ++v) {
+      const vec e = seen(t, v) ? part_exps(load_vec(p[t] + v * L), best[v]) : vec{};
+      store_vec(p[t] + v * L, e);
+      by_lane[t % L][v] = add_in_order(by_lane[t % L][v], e);
+    }
+  for (int v = 0; v < NV; ++v) {
+    vec lanes[L];
+    for (int64_t l = 0; l < L; ++l) lanes[l] = by_lane[l][v];
+    store_vec(total + v * L, tree_of(lanes));
+    store_vec(top + v * L, best[v]);
+  }
+  // P.V: RBX rows at a time against each key's values, from zero
+  for (int64_t r0 = 0; r0 < rows; r0 += RBX) {
+    vec acc[RBX][C] = {};
+    for (int64_t t = 0; t < n; ++t) {
+      vec values[C];
+      load_row<D>(pool.v + at[t] * D, values);
+      for (int64_t r = 0; r < RBX; ++r) {
+        const vec pr = vec{} + p[t][r0 + r];
+        for (int64_t c = 0; c < C; ++c) acc[r][c] = fmadd(pr, values[c], acc[r][c]);
+      }
+    }
+    for (int64_t r = 0; r < RBX; ++r)
+      for (int64_t c = 0; c < C; ++c) store_vec(o + (r0 + r) * D + c * L, acc[r][c]);
+  }
+}
+
 }  // namespace
 
 // As paged_prefill (prefill_attention.cpp) with q and out float32 and a float32 pool (or int8 with
-// k_scales and v_scales)
+// k_scales and v_scales); `exact`: each row as a lone decode computes it (an fp32 pool only)
 torch::Tensor paged_prefill_fp32(torch::Tensor q, torch::Tensor k_cache, torch::Tensor v_cache,
                                  torch::Tensor block_tables, torch::Tensor starts,
-                                 torch::Tensor context_lens, double scale,
+                                 torch::Tensor context_lens, double scale, bool exact,
                                  c10::optional<torch::Tensor> k_scales,
                                  c10::optional<torch::Tensor> v_scales) {
   const PrefillInputs in = prefill_inputs(q, k_cache, v_cache, block_tables, starts, context_lens,
                                           k_scales, v_scales, torch::kFloat32);
+  TORCH_CHECK(!exact || in.q.size(1) / in.k_cache.size(2) <= EXACT_LANES,
+              "exact mode takes at most ", EXACT_LANES, " query heads per KV head");
+  TORCH_CHECK(!exact || !in.int8,
+              "exact mode reads an fp32 pool (an int8 one's drafts: decode rows)");
   auto out = torch::empty_like(in.q);
   auto run = [&](auto cache_type, auto fn) {
     using T = decltype(cache_type);
@@ -196,7 +301,21 @@ torch::Tensor paged_prefill_fp32(torch::Tensor q, torch::Tensor k_cache, torch::
        out.data_ptr<float>(), in.block_tables.size(0), in.q.size(1), in.k_cache.size(2),
        in.k_cache.size(1), in.block_tables.size(1), static_cast<float>(scale));
   };
-  if (in.int8)
+  if (exact) {
+    auto rows = [&](auto d) {  // scaled as the decode kernel scales q, then exact_part
+      constexpr int64_t D = decltype(d)::value;
+      const float* q = in.q.data_ptr<float>();
+      const float s = static_cast<float>(scale);
+      exact_attention<D, float, float>(
+          in, out.data_ptr<float>(), D,
+          [&](int64_t at, float* dst, int64_t stride) {
+            for (int64_t j = 0; j < D; ++j) dst[j * stride] = q[at + j] * s;
+          },
+          [](auto nv, auto... part) { exact_part<D, decltype(nv)::value>(part...); });
+    };
+    in.q.size(2) == 64 ? rows(std::integral_constant<int64_t, 64>{})
+                       : rows(std::integral_constant<int64_t, 128>{});
+  } else if (in.int8)
     in.q.size(2) == 64 ? run(int8_t{}, prefill<64, int8_t>) : run(int8_t{}, prefill<128, int8_t>);
   else
     in.q.size(2) == 64 ? run(float{}, prefill<64, float>) : run(float{}, prefill<128, float>);

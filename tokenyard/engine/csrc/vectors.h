@@ -37,6 +37,14 @@ inline vec fmadd(vec a, vec b, vec c) {
 #endif
 }
 
+// a vector from any float address, and back
+inline vec load_vec(const float* p) {
+  vec v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void store_vec(float* p, vec v) { std::memcpy(p, &v, sizeof v); }
+
 // a vector read from any float address (the pool's rows are 4-byte aligned)
 typedef float unaligned_vec __attribute__((vector_size(L * sizeof(float)), aligned(4)));
 
