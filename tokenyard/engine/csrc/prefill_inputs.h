@@ -99,19 +99,22 @@ inline float tile_probabilities(float* s, int64_t visible, float& top, float& to
 // the query heads of one KV head at consecutive positions, at most EXACT_LANES rows, padded to
 // whole vectors; each run cut into the decode kernel's parts by position, one work item each (the
 // most work first, so that the threads finish together); then each row's parts merged into `out`
-// (float or bf16; the pool's T is float or uint16_t, bf16's bits). `fill(at, dst, stride)` writes the row whose q starts at element `at`
-// transposed, each of its `width` values (fp32 dimensions, bf16 pairs) `stride` apart;
-// `attend(nv, qt, limit, rows, pool, lo, hi, o, top, total)` runs one part [lo, hi) of a run
-// whose rows fill nv vectors (std::integral_constant), as its kernel's exact mode does.
+// (float or bf16; the pool's T is float, or uint16_t for bf16's bits). `fill(at, dst, stride)`
+// writes the row whose q starts at element `at` transposed, each of its `width` values (fp32
+// dimensions, bf16 pairs) `stride` apart; `attend(nv, qt, limit, rows, pool, lo, hi, o, top,
+// total)` runs one part [lo, hi) of a run whose rows fill nv vectors (an integral_constant), as
+// its kernel's exact mode does.
 template <int64_t D, typename Q, typename T, typename Out, typename Fill, typename Attend>
 void exact_attention(const PrefillInputs& in, Out* out, int64_t width, const Fill& fill,
                      const Attend& attend) {
   const auto* k_cache = reinterpret_cast<const T*>(in.k_cache.data_ptr());
   const auto* v_cache = reinterpret_cast<const T*>(in.v_cache.data_ptr());
-  const int32_t *tables = in.block_tables.data_ptr<int32_t>(), *starts = in.starts.data_ptr<int32_t>(),
-                *context_lens = in.context_lens.data_ptr<int32_t>();
-  const int64_t seqs = in.block_tables.size(0), q_heads = in.q.size(1), kv_heads = in.k_cache.size(2),
-                block_size = in.k_cache.size(1), max_blocks = in.block_tables.size(1);
+  const int32_t* tables = in.block_tables.data_ptr<int32_t>();
+  const int32_t* starts = in.starts.data_ptr<int32_t>();
+  const int32_t* context_lens = in.context_lens.data_ptr<int32_t>();
+  const int64_t seqs = in.block_tables.size(0), q_heads = in.q.size(1);
+  const int64_t kv_heads = in.k_cache.size(2), block_size = in.k_cache.size(1);
+  const int64_t max_blocks = in.block_tables.size(1);
   struct Run {
     int64_t seq, head, first, count, padded, parts, slot, qt;
   };
