@@ -374,6 +374,50 @@ def test_exact_mode_reads_a_pool_in_qs_dtype_only(kernel, dtype):
     assert not make_attention(CPU, 0, 64, dtype, cpu_kernel=True, group=heads - 1).short_rows
 
 
+def test_kernel_refuses_what_it_cannot_run(kernel):
+    q = torch.randn(2, 9, 64)
+    cache = torch.randn(4, BS, 3, 64)
+    tables = torch.zeros(2, 1, dtype=torch.int32)
+    lengths = torch.ones(2, dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="share a dtype"):
+        kernel.paged_decode(q.bfloat16(), cache, cache, tables, lengths, 0.125)
+    with pytest.raises(RuntimeError, match="int32"):
+        kernel.paged_decode(q, cache, cache, tables.long(), lengths, 0.125)
+    with pytest.raises(RuntimeError, match=r"\[B, Hq, 64\|128\]"):
+        kernel.paged_decode(torch.randn(2, 9, 80), cache, cache, tables, lengths, 0.125)
+    values, scales = quantize_rows(cache)
+    with pytest.raises(RuntimeError, match="both scales"):
+        kernel.paged_decode(q, values, values, tables, lengths, 0.125)
+    with pytest.raises(RuntimeError, match="float32"):
+        kernel.paged_decode(q, values, values, tables, lengths, 0.125, scales, scales[:, :1])
+
+
+@pytest.mark.parametrize("dtype", [FP32, torch.bfloat16])
+def test_prefill_kernel_refuses_what_it_cannot_run(kernel, dtype):
+    q = torch.randn(3, 9, 64, dtype=dtype)
+    cache = torch.randn(4, BS, 3, 64, dtype=dtype)
+    tables = torch.zeros(1, 1, dtype=torch.int32)
+    starts = torch.tensor([0, 3], dtype=torch.int32)
+    lengths = torch.tensor([3], dtype=torch.int32)
+    run = kernel.paged_prefill
+    if dtype != FP32 and not kernel.PREFILL_BF16:
+        with pytest.raises(RuntimeError, match="AVX512-BF16"):
+            run(q, cache, cache, tables, starts, lengths, 0.125)
+        return
+    other = torch.bfloat16 if dtype == FP32 else FP32
+    with pytest.raises(RuntimeError, match="of one dtype"):
+        run(q, cache.to(other), cache.to(other), tables, starts, lengths, 0.125)
+    with pytest.raises(RuntimeError, match=r"\[T, Hq, 64\|128\]"):
+        run(q[..., :40], cache, cache, tables, starts, lengths, 0.125)
+    with pytest.raises(RuntimeError, match="int32"):
+        run(q, cache, cache, tables, starts.long(), lengths, 0.125)
+    with pytest.raises(RuntimeError, match="end at q's length"):
+        run(q, cache, cache, tables, torch.tensor([0, 2], dtype=torch.int32), lengths, 0.125)
+    values = quantize_rows(cache)[0]
+    with pytest.raises(RuntimeError, match="both scales"):
+        run(q, values, values, tables, starts, lengths, 0.125)
+
+
 def test_backend_choice(kernel, monkeypatch):
     bf16, fp32 = torch.bfloat16, torch.float32
     chosen = make_attention(CPU, 0, 64, bf16, cpu_kernel=True)

@@ -210,7 +210,8 @@ void decode(const T* q, const P* k_cache, const P* v_cache, const float* k_scale
       const int64_t slot = i * q_heads;  // this item's first (item, query head) slot
       for (int64_t h = 0; h < q_heads; ++h) {
         float* s = scores.data() + h * n_tokens;
-        const int64_t whole = n_tokens / L * L, rest = n_tokens - whole;  // in whole vectors, not
+        // the part's tokens in whole vectors, and the `rest` after them
+        const int64_t whole = n_tokens / L * L, rest = n_tokens - whole;
         auto tail = [&](float pad) {  // the last `rest` tokens, padded
           vec x = vec{} + pad;
           std::memcpy(&x, s + whole, rest * sizeof(float));

@@ -11,7 +11,7 @@
 // dequantized (each times its scale); (2) each work item -- a sequence, a KV head and a run of
 // query positions, for all the query heads that share the KV head -- walks the key tiles it sees,
 // then writes its rows normalized. Exact mode (speculation's verify rows, which must repeat a lone
-// decode's sums bit for bit) works otherwise: `exact_prefill` below.
+// decode's sums bit for bit) works otherwise: `exact_part` below.
 #include <ATen/Parallel.h>
 #include <torch/extension.h>
 
@@ -35,7 +35,6 @@ constexpr int64_t PV_VECS = 8;    // P.V accumulators held at once (of a row's D
 constexpr float MASKED = -1e30f;  // finite: built with -ffast-math, which assumes no infinities
 
 alignas(64) constexpr float ZERO_ROW[128] = {};  // the query rows that pad a run to RB
-
 
 // keys [first, first + KT) of a (sequence, KV head), read through its block table into kt[d][n]
 // (transposed) and vt[n][d]; an int8 row times its scale; keys past the context are zeros
